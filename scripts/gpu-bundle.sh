@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Builds, on any machine (no GPU, no CUDA needed), what a GPU machine runs:
+#   build/gpu/gpukit-gpu.tar.gz  holding
+#     bin/        static, stripped tool binaries
+#     tests/      `go test -c` binaries of every package with GPU tests,
+#                 each with the list of its GPU tests and its testdata/
+#     bench/      the benchmark driver, bench/run.sh and bench/reference/*.py
+#     run.sh      runs every GPU test with GPUKIT_REQUIRE_GPU=1 and ends with
+#                 one line "N passed, N failed"
+#   build/gpu/run.sh   unpacks the archive into a temp dir and runs it
+# A GPU test is a Test function whose body calls RequireGPU (libgpu/cuda/cudatest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=build/gpu
+stage=build/gpu-stage
+rm -rf "$out" "$stage"
+mkdir -p "$out" "$stage/bin" "$stage/tests" "$stage/bench"
+export CGO_ENABLED=0 GOOS=linux GOARCH=amd64
+ldflags='-s -w'
+
+for t in gpupool kernelc trainer sampler optimizer tracer; do
+	(cd "$t" && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bin/$t" .)
+done
+if [ -d bench/cmd ]; then
+	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-bench" ./cmd/gpukit-bench)
+fi
+cp -r bench/run.sh bench/reference "$stage/bench/" 2>/dev/null || true
+
+# Packages with GPU tests, and the names of those tests.
+n=0
+while IFS= read -r dir; do
+	names=$(awk '
+		/^func Test[A-Za-z0-9_]*\(/ { match($0, /Test[A-Za-z0-9_]*/); fn = substr($0, RSTART, RLENGTH) }
+		/[Rr]equireGPU\(/ && fn != "" { print fn; fn = "" }
+	' "$dir"/*_test.go | sort -u)
+	[ -n "$names" ] || continue
+	mod=${dir%%/*}
+	rel=${dir#"$mod"}; rel=${rel#/}
+	name=$(echo "$dir" | tr '/' '_')
+	(cd "$mod" && go test -c -trimpath -ldflags="$ldflags" -o "$root/$stage/tests/$name.test" "./$rel")
+	mkdir -p "$stage/tests/$name.d"
+	echo "$names" >"$stage/tests/$name.d/TESTS"
+	[ -d "$dir/testdata" ] && cp -r "$dir/testdata" "$stage/tests/$name.d/"
+	n=$((n + 1))
+done < <(grep -rlE '[Rr]equireGPU\(' --include='*_test.go' libgpu gpupool kernelc trainer sampler optimizer tracer 2>/dev/null | xargs -r -n1 dirname | sort -u)
+
+cat >"$stage/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs every GPU test binary with GPUKIT_REQUIRE_GPU=1 (a GPU test that skips
+# fails) and ends with one line: N passed, N failed.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export GPUKIT_REQUIRE_GPU=1 PATH="$here/bin:$PATH" GPUKIT_BIN="$here/bin"
+export GPUKIT_CACHE_DIR=${GPUKIT_CACHE_DIR:-$(mktemp -d)}
+logdir=${GPUKIT_LOG_DIR:-$here/logs}
+mkdir -p "$logdir"
+pass=0 fail=0
+for t in "$here"/tests/*.test; do
+	name=$(basename "$t" .test)
+	d="$here/tests/$name.d"
+	re="^($(paste -sd'|' "$d/TESTS"))\$"
+	[ -n "${GPUKIT_TEST_RUN:-}" ] && re=$GPUKIT_TEST_RUN
+	echo "== $name"
+	(cd "$d" && "$t" -test.v -test.count=1 -test.timeout=20m -test.run "$re" 2>&1) >"$logdir/$name.log"
+	p=$(grep -cE '^--- PASS: ' "$logdir/$name.log" || true)
+	f=$(grep -cE '^--- (FAIL|SKIP): ' "$logdir/$name.log" || true)
+	if ! grep -qE '^(ok|PASS)$' "$logdir/$name.log" && [ "$f" = 0 ]; then f=1; fi
+	grep -E '^(--- (PASS|FAIL|SKIP)|panic:|FAIL)' "$logdir/$name.log" | sed 's/^/   /'
+	[ "$f" != 0 ] && grep -B2 -A20 -E '^--- (FAIL|SKIP)|panic:' "$logdir/$name.log" | head -80 | sed 's/^/   | /'
+	pass=$((pass + p)) fail=$((fail + f))
+done
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
+RUN
+chmod +x "$stage/run.sh"
+
+tar -C "$stage" -czf "$out/gpukit-gpu.tar.gz" .
+cat >"$out/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Unpacks the bundle next to this script into a temp dir and runs its run.sh
+# (or, with an argument, that script inside the bundle: bench/run.sh, ...).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+dest=${GPUKIT_BUNDLE_DIR:-$(mktemp -d)}
+tar -C "$dest" -xzf "$here/gpukit-gpu.tar.gz"
+script=${1:-run.sh}
+shift || true
+exec bash "$dest/$script" "$@"
+RUN
+chmod +x "$out/run.sh"
+rm -rf "$stage"
+echo "gpu bundle: $out/gpukit-gpu.tar.gz ($(du -h "$out/gpukit-gpu.tar.gz" | cut -f1), $n test binaries)"
