@@ -1,0 +1,14 @@
+// Package nn holds gpukit's layers and models over static, preallocated
+// buffers: Linear layers and an MLP classifier trained with softmax
+// cross-entropy. A model allocates its parameters, gradients and activations
+// once through a device.Allocator (named, so a pool can share them with other
+// processes), records its graph once on an autograd.Tape, and then runs
+// Forward and Backward every step without allocating.
+//
+// Initialisation is PyTorch's nn.Linear default: weights and biases drawn
+// from U(−1/√fan_in, 1/√fan_in), which for weights is kaiming_uniform_ with
+// a = √5 (He et al. 2015, "Delving Deep into Rectifiers"; bound
+// gain·√(3/fan_in) with gain = √(2/(1+a²))). The draws come from math/rand/v2's
+// PCG seeded by MLPConfig.Seed, layer by layer (weight row-major, then bias),
+// so the same seed gives the same weights on every machine.
+package nn

@@ -1,0 +1,235 @@
+package nn
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"gpukit/libgpu/autograd"
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
+)
+
+// ErrConfig: an MLPConfig is unusable.
+var ErrConfig = errors.New("nn: invalid configuration")
+
+// Param is a trainable tensor and its gradient (same shape, f32). Name is
+// PyTorch-style: "fc0.weight" ([out, in]), "fc0.bias" ([out]).
+type Param struct {
+	Name        string
+	Value, Grad *tensor.Tensor
+}
+
+// MLPConfig describes a multi-layer perceptron classifier.
+type MLPConfig struct {
+	// Widths are the layer widths: Widths[0] inputs, Widths[last] classes,
+	// at least two entries, all positive. Layer i (named "fc<i>") maps
+	// Widths[i] → Widths[i+1].
+	Widths []int
+	// Act follows every layer but the last (whose output is the logits).
+	Act ops.Act
+	// Batch is the static number of rows per step.
+	Batch int
+	// Seed makes the initialisation deterministic.
+	Seed uint64
+	// Prefix starts every buffer name: Prefix+"/params/fc0.weight",
+	// Prefix+"/grads/fc0.weight", Prefix+"/acts/...". Empty: no prefix.
+	Prefix string
+}
+
+// MLP is a stack of Linear layers with a fused activation, ending in
+// softmax cross-entropy. All buffers live on the allocator's device.
+type MLP struct {
+	cfg    MLPConfig
+	params []Param
+	bufs   []*tensor.Tensor // everything to free
+	input  *tensor.Tensor
+	labels *tensor.Tensor
+	logits *autograd.Var
+	loss   *tensor.Tensor
+	tape   autograd.Tape
+}
+
+func join(prefix, kind, name string) string {
+	if prefix == "" {
+		return kind + "/" + name
+	}
+	return prefix + "/" + kind + "/" + name
+}
+
+// NewMLP allocates parameters (initialised as the package doc says),
+// gradients, activations, labels and loss, and records the graph. Buffers:
+// params and grads per layer; acts "input" [Batch, Widths[0]], "labels"
+// [Batch] i32, "fc<i>.out" and "fc<i>.out.grad" [Batch, Widths[i+1]] (the
+// last layer's are the logits and their gradient), "fc<i>.pre" (the
+// pre-activation, only for GELU) and "loss" [1]. Errors wrap ErrConfig or
+// the allocator's error; nothing stays allocated on error.
+func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
+	if len(cfg.Widths) < 2 {
+		return nil, fmt.Errorf("%w: need at least 2 widths, got %v", ErrConfig, cfg.Widths)
+	}
+	for _, w := range cfg.Widths {
+		if w <= 0 {
+			return nil, fmt.Errorf("%w: widths must be positive, got %v", ErrConfig, cfg.Widths)
+		}
+	}
+	if cfg.Batch <= 0 {
+		return nil, fmt.Errorf("%w: batch must be positive, got %d", ErrConfig, cfg.Batch)
+	}
+	if cfg.Act > ops.ActGELU {
+		return nil, fmt.Errorf("%w: unknown activation %v", ErrConfig, cfg.Act)
+	}
+	cfg.Widths = append([]int(nil), cfg.Widths...)
+	m = &MLP{cfg: cfg}
+	defer func() {
+		if err != nil {
+			m.Free()
+			m = nil
+		}
+	}()
+	alloc := func(kind, name string, dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
+		full := join(cfg.Prefix, kind, name)
+		t, err := tensor.Alloc(a, full, dt, shape...)
+		if err != nil {
+			return nil, fmt.Errorf("nn: allocating %s: %w", full, err)
+		}
+		m.bufs = append(m.bufs, t)
+		return t, nil
+	}
+	param := func(name string, shape ...int) (*autograd.Var, error) {
+		v, err := alloc("params", name, tensor.F32, shape...)
+		if err != nil {
+			return nil, err
+		}
+		g, err := alloc("grads", name, tensor.F32, shape...)
+		if err != nil {
+			return nil, err
+		}
+		m.params = append(m.params, Param{Name: name, Value: v, Grad: g})
+		return autograd.NewVar(v, g), nil
+	}
+
+	B := cfg.Batch
+	if m.input, err = alloc("acts", "input", tensor.F32, B, cfg.Widths[0]); err != nil {
+		return m, err
+	}
+	if m.labels, err = alloc("acts", "labels", tensor.I32, B); err != nil {
+		return m, err
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6770756b6974)) // "gpukit"
+	x := autograd.NewVar(m.input, nil)
+	L := len(cfg.Widths) - 1
+	for i := 0; i < L; i++ {
+		in, out := cfg.Widths[i], cfg.Widths[i+1]
+		name := fmt.Sprintf("fc%d", i)
+		w, err := param(name+".weight", out, in)
+		if err != nil {
+			return m, err
+		}
+		b, err := param(name+".bias", out)
+		if err != nil {
+			return m, err
+		}
+		bound := 1 / math.Sqrt(float64(in))
+		if err := uniformInit(rng, w.Value, bound); err != nil {
+			return m, err
+		}
+		if err := uniformInit(rng, b.Value, bound); err != nil {
+			return m, err
+		}
+		act := cfg.Act
+		if i == L-1 {
+			act = ops.ActNone
+		}
+		yv, err := alloc("acts", name+".out", tensor.F32, B, out)
+		if err != nil {
+			return m, err
+		}
+		yg, err := alloc("acts", name+".out.grad", tensor.F32, B, out)
+		if err != nil {
+			return m, err
+		}
+		var aux *tensor.Tensor
+		if act == ops.ActGELU {
+			if aux, err = alloc("acts", name+".pre", tensor.F32, B, out); err != nil {
+				return m, err
+			}
+		}
+		y := autograd.NewVar(yv, yg)
+		if err := m.tape.Linear(name, y, x, w, b, aux, act); err != nil {
+			return m, err
+		}
+		x = y
+	}
+	m.logits = x
+	if m.loss, err = alloc("acts", "loss", tensor.F32, 1); err != nil {
+		return m, err
+	}
+	if err := m.tape.SoftmaxCrossEntropy("loss", m.loss, m.logits, m.labels); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+// uniformInit writes U(−bound, bound) draws into t through tensor.WriteF32
+// (works on any device).
+func uniformInit(rng *rand.Rand, t *tensor.Tensor, bound float64) error {
+	v := make([]float32, t.Numel())
+	for i := range v {
+		v[i] = float32((2*rng.Float64() - 1) * bound)
+	}
+	if err := t.WriteF32(v); err != nil {
+		return fmt.Errorf("nn: initialising parameters: %w", err)
+	}
+	return nil
+}
+
+// Config is the configuration the model was made with.
+func (m *MLP) Config() MLPConfig { return m.cfg }
+
+// Params lists weights and biases layer by layer: fc0.weight, fc0.bias, fc1.weight, ...
+// The slice is shared; do not modify it.
+func (m *MLP) Params() []Param { return m.params }
+
+// Input is the static [Batch, Widths[0]] f32 input the caller writes each step.
+func (m *MLP) Input() *tensor.Tensor { return m.input }
+
+// Labels is the static [Batch] i32 class labels (in [0, Widths[last])) the caller writes each step.
+func (m *MLP) Labels() *tensor.Tensor { return m.labels }
+
+// Logits is the [Batch, Widths[last]] f32 output of the last layer.
+func (m *MLP) Logits() *tensor.Tensor { return m.logits.Value }
+
+// Loss is the [1] f32 mean cross-entropy of the batch.
+func (m *MLP) Loss() *tensor.Tensor { return m.loss }
+
+// Forward computes the logits and the loss from Input and Labels (and, fused
+// with the loss, the gradient of the loss with respect to the logits). Labels
+// must be valid even for evaluation-only use.
+func (m *MLP) Forward(e *ops.Engine) error { return m.tape.Forward(e) }
+
+// Backward fills every Param.Grad with the gradient of Loss (overwriting).
+// It needs a Forward since the last Backward (else autograd.ErrNoForward).
+func (m *MLP) Backward(e *ops.Engine) error { return m.tape.Backward(e) }
+
+// Predict writes out[Batch] (i32) = argmax of each row of the logits of the
+// last Forward. It always predicts Batch rows: to evaluate N examples with N
+// not a multiple of Batch, pad the last batch and ignore the padded rows.
+func (m *MLP) Predict(e *ops.Engine, out *tensor.Tensor) error {
+	return e.Argmax(out, m.logits.Value)
+}
+
+// Free releases every buffer the model allocated. Further use is an error
+// of the device (device.ErrFreed).
+func (m *MLP) Free() error {
+	var errs []error
+	for _, t := range m.bufs {
+		if err := t.Buf.Free(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	m.bufs = nil
+	return errors.Join(errs...)
+}
