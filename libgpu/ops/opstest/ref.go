@@ -1,0 +1,227 @@
+package opstest
+
+import (
+	"math"
+	"math/rand/v2"
+
+	"gpukit/libgpu/ops"
+)
+
+// RelErr is ‖got − want‖₂ / ‖want‖₂ (‖got − want‖₂ when want is all zero).
+// A length mismatch or a NaN anywhere gives +Inf.
+func RelErr(got, want []float64) float64 {
+	if len(got) != len(want) {
+		return math.Inf(1)
+	}
+	var num, den float64
+	for i := range got {
+		d := got[i] - want[i]
+		if math.IsNaN(d) {
+			return math.Inf(1)
+		}
+		num += d * d
+		den += want[i] * want[i]
+	}
+	if den == 0 {
+		return math.Sqrt(num)
+	}
+	return math.Sqrt(num / den)
+}
+
+// RelErrFloor is ‖got − want‖₂ / max(‖want‖₂, floor): a relative error
+// that becomes absolute below floor, for results whose exact value may be
+// near zero while their natural scale is not (a confident cross-entropy loss
+// is e^−30 ≈ 1e−13, but f32 log-sum-exp is only accurate to ~1e−7 of the
+// logits' scale). NaN or a length mismatch gives +Inf.
+func RelErrFloor(got, want []float64, floor float64) float64 {
+	if len(got) != len(want) {
+		return math.Inf(1)
+	}
+	var num, den float64
+	for i := range got {
+		d := got[i] - want[i]
+		if math.IsNaN(d) {
+			return math.Inf(1)
+		}
+		num += d * d
+		den += want[i] * want[i]
+	}
+	return math.Sqrt(num) / math.Max(math.Sqrt(den), floor)
+}
+
+// Rand returns n draws from U(−1, 1).
+func Rand(r *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(2*r.Float64() - 1)
+	}
+	return v
+}
+
+// F64 widens a float32 slice.
+func F64(v []float32) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out
+}
+
+// F32 narrows a float64 slice (round to nearest).
+func F32(v []float64) []float32 {
+	out := make([]float32, len(v))
+	for i, x := range v {
+		out[i] = float32(x)
+	}
+	return out
+}
+
+// FiniteDiff returns the central-difference gradient of f at x,
+// (f(x+h·eᵢ) − f(x−h·eᵢ)) / 2h for every i. x is restored on return.
+func FiniteDiff(f func(x []float64) float64, x []float64, h float64) []float64 {
+	g := make([]float64, len(x))
+	for i := range x {
+		old := x[i]
+		x[i] = old + h
+		fp := f(x)
+		x[i] = old - h
+		fm := f(x)
+		x[i] = old
+		g[i] = (fp - fm) / (2 * h)
+	}
+	return g
+}
+
+// ActRef is the activation in float64: identity, max(0, z), or the tanh
+// approximation of GELU 0.5z(1+tanh(√(2/π)(z+0.044715z³))).
+func ActRef(act ops.Act, z float64) float64 {
+	switch act {
+	case ops.ActReLU:
+		return math.Max(0, z)
+	case ops.ActGELU:
+		return 0.5 * z * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(z+0.044715*z*z*z)))
+	}
+	return z
+}
+
+// ActGradRef is d ActRef / dz (0 at z = 0 for ReLU, as PyTorch).
+func ActGradRef(act ops.Act, z float64) float64 {
+	switch act {
+	case ops.ActReLU:
+		if z > 0 {
+			return 1
+		}
+		return 0
+	case ops.ActGELU:
+		c := math.Sqrt(2 / math.Pi)
+		t := math.Tanh(c * (z + 0.044715*z*z*z))
+		return 0.5*(1+t) + 0.5*z*(1-t*t)*c*(1+3*0.044715*z*z)
+	}
+	return 1
+}
+
+// LinearRef returns z = x·wᵀ + b and y = act(z) for row-major x[m,k],
+// w[n,k], b[n] (b may be nil).
+func LinearRef(x, w, b []float64, m, k, n int, act ops.Act) (y, z []float64) {
+	y, z = make([]float64, m*n), make([]float64, m*n)
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			var s float64
+			for p := 0; p < k; p++ {
+				s += x[i*k+p] * w[j*k+p]
+			}
+			if b != nil {
+				s += b[j]
+			}
+			z[i*n+j] = s
+			y[i*n+j] = ActRef(act, s)
+		}
+	}
+	return y, z
+}
+
+// LinearBackwardRef returns dx[m,k], dw[n,k], db[n] for dy[m,n] given the
+// pre-activation z[m,n].
+func LinearBackwardRef(dy, x, w, z []float64, m, k, n int, act ops.Act) (dx, dw, db []float64) {
+	dz := make([]float64, m*n)
+	for i := range dz {
+		dz[i] = dy[i] * ActGradRef(act, z[i])
+	}
+	dx, dw, db = make([]float64, m*k), make([]float64, n*k), make([]float64, n)
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			g := dz[i*n+j]
+			db[j] += g
+			for p := 0; p < k; p++ {
+				dx[i*k+p] += g * w[j*k+p]
+				dw[j*k+p] += g * x[i*k+p]
+			}
+		}
+	}
+	return dx, dw, db
+}
+
+// SoftmaxCrossEntropyRef returns the mean cross-entropy of logits[m,c]
+// against labels and its gradient (softmax − onehot)/m.
+func SoftmaxCrossEntropyRef(logits []float64, labels []int32, m, c int) (loss float64, dlogits []float64) {
+	dlogits = make([]float64, m*c)
+	for i := 0; i < m; i++ {
+		row := logits[i*c : (i+1)*c]
+		mx := math.Inf(-1)
+		for _, v := range row {
+			mx = math.Max(mx, v)
+		}
+		var s float64
+		for _, v := range row {
+			s += math.Exp(v - mx)
+		}
+		lse := mx + math.Log(s)
+		loss += lse - row[labels[i]]
+		for j, v := range row {
+			dlogits[i*c+j] = math.Exp(v-lse) / float64(m)
+		}
+		dlogits[i*c+int(labels[i])] -= 1 / float64(m)
+	}
+	return loss / float64(m), dlogits
+}
+
+// AdamWRef applies AdamW step t (1-based) in place, as torch.optim.AdamW:
+// p ← p(1 − lr·wd) then p ← p − lr·m̂/(√v̂ + eps).
+func AdamWRef(p, g, m, v []float64, t int, cfg ops.AdamWConfig) {
+	lr, b1, b2 := float64(cfg.LR), float64(cfg.Beta1), float64(cfg.Beta2)
+	eps, wd := float64(cfg.Eps), float64(cfg.WeightDecay)
+	bc1 := 1 - math.Pow(b1, float64(t))
+	bc2 := 1 - math.Pow(b2, float64(t))
+	for i := range p {
+		p[i] *= 1 - lr*wd
+		m[i] = b1*m[i] + (1-b1)*g[i]
+		v[i] = b2*v[i] + (1-b2)*g[i]*g[i]
+		p[i] -= lr * (m[i] / bc1) / (math.Sqrt(v[i]/bc2) + eps)
+	}
+}
+
+// SGDRef applies one step of torch.optim.SGD (dampening 0, no Nesterov) in
+// place, with buf zero before the first step.
+func SGDRef(p, g, buf []float64, cfg ops.SGDConfig) {
+	lr, mu, wd := float64(cfg.LR), float64(cfg.Momentum), float64(cfg.WeightDecay)
+	for i := range p {
+		d := g[i] + wd*p[i]
+		buf[i] = mu*buf[i] + d
+		p[i] -= lr * buf[i]
+	}
+}
+
+// ArgmaxRef is the first index of the maximum of each row of x[m,n].
+func ArgmaxRef(x []float32, m, n int) []int32 {
+	out := make([]int32, m)
+	for i := 0; i < m; i++ {
+		best := 0
+		for j := 1; j < n; j++ {
+			if x[i*n+j] > x[i*n+best] {
+				best = j
+			}
+		}
+		out[i] = int32(best)
+	}
+	return out
+}

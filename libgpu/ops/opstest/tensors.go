@@ -1,0 +1,99 @@
+package opstest
+
+import (
+	"math"
+	"testing"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/tensor"
+)
+
+// PoisonI32 is the value Poison writes into i32 tensors.
+const PoisonI32 = math.MinInt32
+
+// Poison overwrites every element of a contiguous tensor through
+// tensor.Write, so a test can prove an op wrote every element: f32 with NaN,
+// i32 with PoisonI32, other dtypes with all-ones bytes (NaN for bf16/f16).
+func Poison(t *tensor.Tensor) error {
+	n := t.Numel()
+	switch t.DType {
+	case tensor.F32:
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(math.NaN())
+		}
+		return t.Write(tensor.AsBytes(v))
+	case tensor.I32:
+		v := make([]int32, n)
+		for i := range v {
+			v[i] = PoisonI32
+		}
+		return t.Write(tensor.AsBytes(v))
+	}
+	b := make([]byte, t.Bytes())
+	for i := range b {
+		b[i] = 0xff
+	}
+	return t.Write(b)
+}
+
+// Upload allocates a contiguous f32 tensor on a's device, writes v into it
+// and frees it when the test ends.
+func Upload(tb testing.TB, a device.Allocator, v []float32, shape ...int) *tensor.Tensor {
+	tb.Helper()
+	t := Empty(tb, a, tensor.F32, shape...)
+	if err := t.WriteF32(v); err != nil {
+		tb.Fatalf("upload %v: %v", shape, err)
+	}
+	return t
+}
+
+// UploadI32 is Upload for i32 data.
+func UploadI32(tb testing.TB, a device.Allocator, v []int32, shape ...int) *tensor.Tensor {
+	tb.Helper()
+	t := Empty(tb, a, tensor.I32, shape...)
+	if err := t.Write(tensor.AsBytes(v)); err != nil {
+		tb.Fatalf("upload %v: %v", shape, err)
+	}
+	return t
+}
+
+// Empty allocates a poisoned contiguous tensor freed when the test ends.
+func Empty(tb testing.TB, a device.Allocator, dt tensor.DType, shape ...int) *tensor.Tensor {
+	tb.Helper()
+	t, err := tensor.Alloc(a, "", dt, shape...)
+	if err != nil {
+		tb.Fatalf("alloc %v %v: %v", dt, shape, err)
+	}
+	tb.Cleanup(func() { t.Buf.Free() })
+	if err := Poison(t); err != nil {
+		tb.Fatalf("poison: %v", err)
+	}
+	return t
+}
+
+// Download waits for the device and reads an f32 tensor as float64.
+func Download(tb testing.TB, t *tensor.Tensor) []float64 {
+	tb.Helper()
+	if err := t.Device().Sync(); err != nil {
+		tb.Fatalf("sync: %v", err)
+	}
+	v, err := t.ReadF32()
+	if err != nil {
+		tb.Fatalf("read %v: %v", t, err)
+	}
+	return F64(v)
+}
+
+// DownloadI32 waits for the device and reads an i32 tensor.
+func DownloadI32(tb testing.TB, t *tensor.Tensor) []int32 {
+	tb.Helper()
+	if err := t.Device().Sync(); err != nil {
+		tb.Fatalf("sync: %v", err)
+	}
+	b, err := t.Read()
+	if err != nil {
+		tb.Fatalf("read %v: %v", t, err)
+	}
+	return append([]int32(nil), tensor.BytesAs[int32](b)...)
+}
