@@ -1,0 +1,219 @@
+package ipc
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Network is the net package's name for SOCK_SEQPACKET Unix sockets.
+const Network = "unixpacket"
+
+// Conn is one SOCK_SEQPACKET connection: every Send is one message, every
+// Recv returns one. Send may be called from several goroutines; Recv from one
+// at a time.
+type Conn struct {
+	uc  *net.UnixConn
+	rmu sync.Mutex
+	buf []byte
+	oob []byte
+}
+
+// NewConn wraps a connected unixpacket socket.
+func NewConn(uc *net.UnixConn) *Conn {
+	// Room for one full frame plus slack; best effort (capped by wmem_max).
+	uc.SetWriteBuffer(2 * MaxMessage)
+	return &Conn{
+		uc:  uc,
+		buf: make([]byte, MaxMessage+1),
+		oob: make([]byte, unix.CmsgSpace(4*MaxFDs)),
+	}
+}
+
+// Dial connects to the unixpacket socket at path.
+func Dial(path string) (*Conn, error) {
+	uc, err := net.DialUnix(Network, nil, &net.UnixAddr{Name: path, Net: Network})
+	if err != nil {
+		return nil, err
+	}
+	return NewConn(uc), nil
+}
+
+// Pair returns two connected Conns (socketpair(AF_UNIX, SOCK_SEQPACKET)).
+func Pair() (*Conn, *Conn, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ipc: socketpair: %w", err)
+	}
+	a, err := FileConn(fds[0])
+	if err != nil {
+		unix.Close(fds[1])
+		return nil, nil, err
+	}
+	b, err := FileConn(fds[1])
+	if err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, b, nil
+}
+
+// FileConn makes a Conn of a connected SOCK_SEQPACKET socket fd, taking
+// ownership of fd.
+func FileConn(fd int) (*Conn, error) {
+	f := fdFile(fd)
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, fmt.Errorf("ipc: fd %d: %w", fd, err)
+	}
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("ipc: fd %d is not a Unix socket", fd)
+	}
+	return NewConn(uc), nil
+}
+
+// Send encodes m and sends it as one message with fds attached (SCM_RIGHTS).
+// The fds stay owned by the caller.
+func (c *Conn) Send(m *Message, fds ...int) error {
+	b, err := Encode(m)
+	if err != nil {
+		return err
+	}
+	return c.SendRaw(b, fds...)
+}
+
+// SendRaw sends b as one message, as it is, with fds attached. It exists for
+// tests of malformed input and for relays; use Send.
+func (c *Conn) SendRaw(b []byte, fds ...int) error {
+	if len(fds) > MaxFDs {
+		return fmt.Errorf("%w: %d > %d", ErrTooManyFDs, len(fds), MaxFDs)
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	if _, _, err := c.uc.WriteMsgUnix(b, oob, nil); err != nil {
+		if errors.Is(err, net.ErrClosed) || errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET) {
+			return fmt.Errorf("%w: %v", ErrClosed, err)
+		}
+		return fmt.Errorf("ipc: send: %w", err)
+	}
+	return nil
+}
+
+// Recv reads one message and the fds that came with it; the caller owns
+// the fds. At the end of the connection it returns io.EOF (a zero-length
+// message reads as the end too). A frame that does not decode gives an error
+// wrapping ErrTooLarge, ErrTooManyFDs, ErrMalformed or ErrVersion (with the
+// message, so its ID can be answered); its fds are closed.
+func (c *Conn) Recv() (*Message, []int, error) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	n, oobn, flags, _, err := c.uc.ReadMsgUnix(c.buf, c.oob)
+	if err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, unix.ECONNRESET) {
+			return nil, nil, io.EOF
+		}
+		return nil, nil, fmt.Errorf("ipc: recv: %w", err)
+	}
+	if n == 0 && oobn == 0 {
+		return nil, nil, io.EOF
+	}
+	fds, ferr := parseFDs(c.oob[:oobn])
+	switch {
+	case ferr != nil:
+	case flags&unix.MSG_CTRUNC != 0:
+		ferr = fmt.Errorf("%w: more than %d", ErrTooManyFDs, MaxFDs)
+	case flags&unix.MSG_TRUNC != 0 || n > MaxMessage:
+		ferr = fmt.Errorf("%w: more than %d bytes", ErrTooLarge, MaxMessage)
+	}
+	if ferr != nil {
+		closeFDs(fds)
+		return nil, nil, ferr
+	}
+	m, err := Decode(c.buf[:n])
+	if err != nil {
+		closeFDs(fds)
+		return m, nil, err
+	}
+	// The message must not alias the read buffer.
+	m.Body = append([]byte(nil), m.Body...)
+	return m, fds, nil
+}
+
+func parseFDs(oob []byte) ([]int, error) {
+	if len(oob) == 0 {
+		return nil, nil
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("%w: control message: %v", ErrMalformed, err)
+	}
+	var fds []int
+	var bad error
+	for i := range msgs {
+		if msgs[i].Header.Level != unix.SOL_SOCKET || msgs[i].Header.Type != unix.SCM_RIGHTS {
+			continue
+		}
+		got, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			bad = fmt.Errorf("%w: SCM_RIGHTS: %v", ErrMalformed, err)
+			continue
+		}
+		fds = append(fds, got...)
+	}
+	if bad != nil {
+		closeFDs(fds)
+		return nil, bad
+	}
+	return fds, nil
+}
+
+// CloseFDs closes every fd in fds, ignoring errors.
+func CloseFDs(fds []int) { closeFDs(fds) }
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// Cred is who is on the other end of a connection (SO_PEERCRED: the
+// credentials at connect time).
+type Cred struct {
+	PID int32
+	UID uint32
+	GID uint32
+}
+
+// PeerCred returns the peer's credentials.
+func (c *Conn) PeerCred() (Cred, error) {
+	rc, err := c.uc.SyscallConn()
+	if err != nil {
+		return Cred{}, fmt.Errorf("ipc: peer credentials: %w", err)
+	}
+	var uc *unix.Ucred
+	var gerr error
+	if err := rc.Control(func(fd uintptr) {
+		uc, gerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return Cred{}, fmt.Errorf("ipc: peer credentials: %w", err)
+	}
+	if gerr != nil {
+		return Cred{}, fmt.Errorf("ipc: SO_PEERCRED: %w", gerr)
+	}
+	return Cred{PID: uc.Pid, UID: uc.Uid, GID: uc.Gid}, nil
+}
+
+// Close closes the connection; a Recv in progress returns io.EOF.
+func (c *Conn) Close() error { return c.uc.Close() }
+
+// CloseWrite shuts down the sending side; the peer's Recv returns io.EOF.
+func (c *Conn) CloseWrite() error { return c.uc.CloseWrite() }

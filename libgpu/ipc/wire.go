@@ -1,0 +1,233 @@
+package ipc
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Version is the protocol version this package speaks. A peer that receives
+// a message with another version answers with ErrVersion and closes the
+// connection (PROTOCOL.md, "Versions").
+const Version = 1
+
+// Limits of one message (PROTOCOL.md, "Limits").
+const (
+	// MaxMessage is the largest encoded message in bytes (128 KiB). A
+	// SOCK_SEQPACKET message must fit in the sender's socket buffer
+	// (net.core.wmem_default is 208 KiB on stock Linux), so 1 MiB frames would
+	// need a sysctl on every machine.
+	MaxMessage = 128 << 10
+	// MaxFDs is the most file descriptors one message may carry.
+	MaxFDs = 8
+	// MaxDepth is the deepest nesting of msgpack arrays and maps accepted.
+	MaxDepth = 32
+)
+
+// Type says whether a message is a request or a reply.
+type Type uint8
+
+const (
+	// TypeRequest asks the peer to run Op.
+	TypeRequest Type = 1
+	// TypeReply answers the request with the same ID.
+	TypeReply Type = 2
+)
+
+// Message is one framed message. Body is the op's msgpack-encoded argument or
+// result; Err is set on a failed reply (and then Body is empty).
+type Message struct {
+	Version uint16             `msgpack:"v"`
+	Type    Type               `msgpack:"t"`
+	ID      uint64             `msgpack:"id"`
+	Op      string             `msgpack:"op"`
+	Flow    uint64             `msgpack:"flow,omitempty"`
+	Body    msgpack.RawMessage `msgpack:"body,omitempty"`
+	Err     *WireError         `msgpack:"err,omitempty"`
+}
+
+// WireError is an error as it travels: Code names the sentinel (see
+// RegisterError), Message is the full text of the error on the sender.
+type WireError struct {
+	Code    string `msgpack:"code"`
+	Message string `msgpack:"message"`
+}
+
+// Encode returns the wire form of m. It fails with ErrTooLarge when the
+// result exceeds MaxMessage bytes.
+func Encode(m *Message) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.UseCompactInts(true)
+	if err := enc.Encode(m); err != nil {
+		return nil, fmt.Errorf("ipc: encode %s: %w", m.Op, err)
+	}
+	if buf.Len() > MaxMessage {
+		return nil, fmt.Errorf("%w: %s message of %d bytes", ErrTooLarge, m.Op, buf.Len())
+	}
+	return buf.Bytes(), nil
+}
+
+// Decode parses one frame. Errors wrap ErrTooLarge, ErrMalformed or
+// ErrVersion; with ErrVersion the decoded message is returned too, so the
+// receiver can answer its ID. Unknown envelope fields are ignored.
+func Decode(b []byte) (*Message, error) {
+	if len(b) > MaxMessage {
+		return nil, fmt.Errorf("%w: %d bytes", ErrTooLarge, len(b))
+	}
+	if err := Validate(b); err != nil {
+		return nil, err
+	}
+	if len(b) == 0 || !isMap(b[0]) {
+		return nil, fmt.Errorf("%w: envelope is not a map", ErrMalformed)
+	}
+	var m Message
+	if err := msgpack.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if m.Version != Version {
+		return &m, fmt.Errorf("%w: peer speaks %d, this side %d", ErrVersion, m.Version, Version)
+	}
+	if m.Type != TypeRequest && m.Type != TypeReply {
+		return nil, fmt.Errorf("%w: message type %d", ErrMalformed, m.Type)
+	}
+	if m.Op == "" {
+		return nil, fmt.Errorf("%w: empty op", ErrMalformed)
+	}
+	return &m, nil
+}
+
+// UnmarshalBody decodes a message body into v. An empty body leaves v
+// untouched. Errors wrap ErrMalformed.
+func UnmarshalBody(body msgpack.RawMessage, v any) error {
+	if len(body) == 0 || v == nil {
+		return nil
+	}
+	if err := Validate(body); err != nil {
+		return err
+	}
+	if err := msgpack.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("%w: body: %v", ErrMalformed, err)
+	}
+	return nil
+}
+
+// MarshalBody encodes v as a message body (nil gives an empty body).
+func MarshalBody(v any) (msgpack.RawMessage, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.UseCompactInts(true)
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("ipc: encode body: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func isMap(c byte) bool { return c>>4 == 0x8 || c == 0xde || c == 0xdf }
+
+var errShort = errors.New("truncated")
+
+// Validate checks that b is exactly one well-formed msgpack value, nested at
+// most MaxDepth deep, whose declared lengths fit in b. It walks b without
+// recursion or allocation proportional to declared sizes, so a hostile frame
+// cannot exhaust the stack or memory of the decoder behind it. Errors wrap
+// ErrMalformed.
+func Validate(b []byte) error {
+	var stack [MaxDepth + 1]int // remaining values per open container
+	depth := 0
+	stack[0] = 1
+	p := 0
+	for {
+		for depth > 0 && stack[depth] == 0 {
+			depth--
+		}
+		if stack[depth] == 0 {
+			break
+		}
+		stack[depth]--
+		if p >= len(b) {
+			return fmt.Errorf("%w: %v at byte %d", ErrMalformed, errShort, p)
+		}
+		c := b[p]
+		p++
+		var skip, n int // bytes to skip; children to read
+		var lenBytes int
+		switch {
+		case c <= 0x7f || c >= 0xe0, c == 0xc0, c == 0xc2, c == 0xc3:
+		case c>>4 == 0x8:
+			n = 2 * int(c&0x0f)
+		case c>>4 == 0x9:
+			n = int(c & 0x0f)
+		case c>>5 == 0x5:
+			skip = int(c & 0x1f)
+		case c == 0xc1:
+			return fmt.Errorf("%w: reserved byte 0xc1 at %d", ErrMalformed, p-1)
+		case c == 0xc4, c == 0xd9:
+			lenBytes = 1
+		case c == 0xc5, c == 0xda:
+			lenBytes = 2
+		case c == 0xc6, c == 0xdb:
+			lenBytes = 4
+		case c == 0xc7, c == 0xc8, c == 0xc9:
+			lenBytes = 1 << (c - 0xc7)
+		case c == 0xca:
+			skip = 4
+		case c == 0xcb:
+			skip = 8
+		case c >= 0xcc && c <= 0xcf:
+			skip = 1 << (c - 0xcc)
+		case c >= 0xd0 && c <= 0xd3:
+			skip = 1 << (c - 0xd0)
+		case c >= 0xd4 && c <= 0xd8:
+			skip = 1 + 1<<(c-0xd4)
+		case c == 0xdc, c == 0xde:
+			lenBytes = 2
+		case c == 0xdd, c == 0xdf:
+			lenBytes = 4
+		}
+		if lenBytes > 0 {
+			if p+lenBytes > len(b) {
+				return fmt.Errorf("%w: %v length at byte %d", ErrMalformed, errShort, p)
+			}
+			l := 0
+			for i := 0; i < lenBytes; i++ {
+				l = l<<8 | int(b[p+i])
+			}
+			p += lenBytes
+			switch {
+			case c >= 0xc7 && c <= 0xc9: // ext: type byte then data
+				skip = 1 + l
+			case c == 0xdc || c == 0xdd:
+				n = l
+			case c == 0xde || c == 0xdf:
+				n = 2 * l
+			default:
+				skip = l
+			}
+		}
+		if skip > len(b)-p {
+			return fmt.Errorf("%w: %v: %d bytes declared at byte %d, %d left", ErrMalformed, errShort, skip, p, len(b)-p)
+		}
+		p += skip
+		if n > 0 {
+			// Every child takes at least one byte.
+			if n > len(b)-p {
+				return fmt.Errorf("%w: %v: %d values declared at byte %d, %d bytes left", ErrMalformed, errShort, n, p, len(b)-p)
+			}
+			if depth == MaxDepth {
+				return fmt.Errorf("%w: nested deeper than %d", ErrMalformed, MaxDepth)
+			}
+			depth++
+			stack[depth] = n
+		}
+	}
+	if p != len(b) {
+		return fmt.Errorf("%w: %d trailing bytes", ErrMalformed, len(b)-p)
+	}
+	return nil
+}

@@ -1,0 +1,169 @@
+package ipc
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+func mustEncode(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, uint64(rand.Int64())))
+	for i := 0; i < 200; i++ {
+		body := map[string]any{"name": "w", "size": r.Int64N(1 << 40)}
+		raw, _ := MarshalBody(body)
+		m := &Message{Version: Version, Type: Type(1 + r.IntN(2)), ID: r.Uint64(), Op: "alloc", Flow: r.Uint64(), Body: raw}
+		if r.IntN(3) == 0 {
+			m.Body, m.Err = nil, &WireError{Code: "pool.no_such_name", Message: "pool: no such name: w"}
+		}
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := Decode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ID != m.ID || got.Flow != m.Flow || got.Type != m.Type || got.Op != m.Op ||
+			!bytes.Equal(got.Body, m.Body) || (m.Err == nil) != (got.Err == nil) ||
+			(m.Err != nil && *m.Err != *got.Err) {
+			t.Fatalf("round trip: sent %+v got %+v", m, got)
+		}
+	}
+}
+
+func TestDecodeIgnoresUnknownFields(t *testing.T) {
+	b := mustEncode(t, map[string]any{"v": Version, "t": 1, "id": 7, "op": "ls", "future": []int{1, 2, 3}, "x": map[string]int{"a": 1}})
+	m, err := Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.ID != 7 || m.Op != "ls" {
+		t.Fatalf("got %+v", m)
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	deep := bytes.Repeat([]byte{0x91}, 100000)
+	deep = append(deep, 0x01)
+	cases := map[string]struct {
+		b    []byte
+		want error
+	}{
+		"empty":         {nil, ErrMalformed},
+		"not a map":     {mustEncode(t, []int{1, 2}), ErrMalformed},
+		"truncated":     {mustEncode(t, map[string]any{"v": 1, "t": 1, "id": 1, "op": "hello"})[:9], ErrMalformed},
+		"trailing":      {append(mustEncode(t, map[string]any{"v": 1, "t": 1, "id": 1, "op": "x"}), 0), ErrMalformed},
+		"huge array":    {[]byte{0x81, 0xa1, 'x', 0xdd, 0xff, 0xff, 0xff, 0xff, 1, 2}, ErrMalformed},
+		"huge str":      {[]byte{0x81, 0xa1, 'x', 0xdb, 0x7f, 0xff, 0xff, 0xff, 'a'}, ErrMalformed},
+		"deep":          {append([]byte{0x81, 0xa1, 'x'}, deep...), ErrMalformed},
+		"reserved c1":   {[]byte{0x81, 0xa1, 'x', 0xc1}, ErrMalformed},
+		"bad version":   {mustEncode(t, map[string]any{"v": 99, "t": 1, "id": 1, "op": "hello"}), ErrVersion},
+		"bad type":      {mustEncode(t, map[string]any{"v": Version, "t": 9, "id": 1, "op": "hello"}), ErrMalformed},
+		"no op":         {mustEncode(t, map[string]any{"v": Version, "t": 1, "id": 1}), ErrMalformed},
+		"op wrong type": {mustEncode(t, map[string]any{"v": Version, "t": 1, "id": 1, "op": 5}), ErrMalformed},
+		"too large":     {make([]byte, MaxMessage+1), ErrTooLarge},
+	}
+	for name, c := range cases {
+		_, err := Decode(c.b)
+		if !errors.Is(err, c.want) {
+			t.Errorf("%s: got %v, want %v", name, err, c.want)
+		}
+	}
+}
+
+func TestEncodeTooLarge(t *testing.T) {
+	body, _ := MarshalBody(string(make([]byte, MaxMessage)))
+	if _, err := Encode(&Message{Version: Version, Type: TypeRequest, ID: 1, Op: "x", Body: body}); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// TestValidateAgreesWithMsgpack checks the validator accepts what msgpack
+// writes, for random nested values.
+func TestValidateAgreesWithMsgpack(t *testing.T) {
+	r := rand.New(rand.NewPCG(2, uint64(rand.Int64())))
+	var gen func(d int) any
+	gen = func(d int) any {
+		switch k := r.IntN(9); {
+		case d > 4 || k == 0:
+			return r.Int64() >> r.IntN(64)
+		case k == 1:
+			return r.Float64()
+		case k == 2:
+			return string(make([]byte, r.IntN(70000)>>r.IntN(16)))
+		case k == 3:
+			return make([]byte, r.IntN(300))
+		case k == 4:
+			return nil
+		case k == 5:
+			return r.IntN(2) == 0
+		case k == 6:
+			m := map[string]any{}
+			for i := r.IntN(20); i > 0; i-- {
+				m[string(rune('a'+i))] = gen(d + 1)
+			}
+			return m
+		default:
+			a := make([]any, r.IntN(20))
+			for i := range a {
+				a[i] = gen(d + 1)
+			}
+			return a
+		}
+	}
+	for i := 0; i < 300; i++ {
+		v := gen(0)
+		b := mustEncode(t, v)
+		if err := Validate(b); err != nil {
+			t.Fatalf("valid msgpack rejected: %v", err)
+		}
+		if len(b) > 1 {
+			if err := Validate(b[:len(b)-1]); err == nil {
+				t.Fatalf("truncated msgpack accepted")
+			}
+		}
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, m := range []*Message{
+		{Version: Version, Type: TypeRequest, ID: 1, Op: "hello"},
+		{Version: Version, Type: TypeReply, ID: 2, Op: "alloc", Flow: 9, Body: mustEncode(f, map[string]any{"slab": 1, "offset": 256, "size": 1000})},
+		{Version: Version, Type: TypeReply, ID: 3, Op: "open", Err: &WireError{Code: "pool.no_such_name", Message: "pool: no such name"}},
+	} {
+		b, err := Encode(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := Decode(b)
+		if err != nil {
+			return
+		}
+		b2, err := Encode(m)
+		if err != nil {
+			t.Fatalf("decoded message does not encode: %v", err)
+		}
+		m2, err := Decode(b2)
+		if err != nil {
+			t.Fatalf("re-encoded message does not decode: %v", err)
+		}
+		if m2.ID != m.ID || m2.Op != m.Op || m2.Flow != m.Flow || !bytes.Equal(m2.Body, m.Body) {
+			t.Fatalf("round trip changed %+v to %+v", m, m2)
+		}
+	})
+}
