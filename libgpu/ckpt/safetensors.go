@@ -312,7 +312,7 @@ type Named struct {
 }
 
 // Save writes tensors (read from any device with Tensor.Read) and metadata to
-// path atomically: into a temporary file in the same directory, fsynced,
+// path atomically (mode 0644): into a temporary file in the same directory, fsynced,
 // renamed over path, then the directory fsynced, so a crash leaves either
 // the old file or the new one.
 func Save(path string, tensors []Named, meta map[string]string) error {
@@ -340,6 +340,9 @@ func WriteFile(path string, entries []Entry, meta map[string]string) (err error)
 			os.Remove(tmp.Name())
 		}
 	}()
+	if err = tmp.Chmod(0o644); err != nil {
+		return fmt.Errorf("ckpt: %w", err)
+	}
 	bw := &errWriter{w: tmp}
 	if err = Encode(bw, entries, meta); err != nil {
 		return err
