@@ -1,0 +1,97 @@
+package app
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
+
+	"gpukit/libgpu/data"
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/ops"
+)
+
+// Flags shared by several subcommands.
+var (
+	dataFlag = &cli.StringFlag{Name: "data", Value: data.DefaultDir,
+		Usage: "directory with the Fashion-MNIST IDX files (gzip'd or not)"}
+	deviceFlag = &cli.StringFlag{Name: "device", Value: "auto",
+		Usage: "host, cuda[:N] or auto (a GPU when one answers, else the host); with --pool, the pool's device"}
+	graphFlag = &cli.StringFlag{Name: "graph", Value: "on",
+		Usage: "on|off: capture the training step as one CUDA graph (a no-op on the host)"}
+	precisionFlag = &cli.StringFlag{Name: "precision", Value: "tf32",
+		Usage: "f32|tf32|bf16 for GEMMs (the host always computes in f32)"}
+	poolFlag = &cli.StringFlag{Name: "pool",
+		Usage: "gpupool socket: allocate through the pool daemon instead of in-process"}
+	widthsFlag = &cli.StringFlag{Name: "widths", Value: "784,256,256,10",
+		Usage: "MLP layer widths, inputs first and classes last"}
+	actFlag  = &cli.StringFlag{Name: "act", Value: "relu", Usage: "relu|gelu activation between layers"}
+	seedFlag = &cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initialisation and of the data order"}
+)
+
+func parseWidths(s string) ([]int, error) {
+	var ws []int
+	for _, f := range strings.Split(s, ",") {
+		w, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || w < 1 {
+			return nil, fmt.Errorf("--widths %q: want positive integers separated by commas", s)
+		}
+		ws = append(ws, w)
+	}
+	return ws, nil
+}
+
+func parsePrecision(s string) (ops.Precision, error) {
+	switch s {
+	case "f32":
+		return ops.PrecF32, nil
+	case "tf32":
+		return ops.PrecTF32, nil
+	case "bf16":
+		return ops.PrecBF16, nil
+	}
+	return 0, fmt.Errorf("--precision %q: want f32, tf32 or bf16", s)
+}
+
+// commonChecks validates --graph and --precision.
+func commonChecks(c *cli.Context) (ops.Precision, error) {
+	if g := c.String("graph"); g != "on" && g != "off" {
+		return 0, fmt.Errorf("--graph %q: want on or off", g)
+	}
+	return parsePrecision(c.String("precision"))
+}
+
+// allocator returns where to allocate: the pool at --pool, or the device
+// --device names in this process. close releases it.
+func allocator(c *cli.Context) (a device.Allocator, closeFn func(), err error) {
+	dev := c.String("device")
+	if sock := c.String("pool"); sock != "" {
+		a, closeFn, err := dialPool(sock)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--pool %s: %w (is `gpupool serve --socket %s` running?)", sock, err, sock)
+		}
+		if k := a.Device().Kind().String(); dev != "auto" && !strings.HasPrefix(dev, k) {
+			closeFn()
+			return nil, nil, fmt.Errorf("--device %s: the pool at %s serves %s memory", dev, sock, a.Device())
+		}
+		return a, closeFn, nil
+	}
+	switch {
+	case dev == "auto" || dev == "host":
+		return device.Local{Dev: device.NewHost()}, func() {}, nil
+	case dev == "cuda" || strings.HasPrefix(dev, "cuda:"):
+		return nil, nil, fmt.Errorf("--device %s: the CUDA backend is %w (use --device host)", dev, errNotBuilt)
+	}
+	return nil, nil, fmt.Errorf("--device %q: want host, cuda[:N] or auto", dev)
+}
+
+// isTerminal reports whether f is a terminal (TCGETS succeeds).
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+func allocHost() device.Allocator { return device.Local{Dev: device.NewHost()} }

@@ -1,0 +1,150 @@
+package app
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"gpukit/libgpu/data"
+	"gpukit/trainer/internal/train"
+)
+
+func runCommand() *cli.Command {
+	def := train.Default()
+	return &cli.Command{
+		Name:  "run",
+		Usage: "train a model; writes model.safetensors, metrics.jsonl and loss.png to --out",
+		Description: "JSON lines on stdout: {step, epoch, loss, lr, samples_per_s, step_ms} every --log-every steps\n" +
+			"(loss of that step's batch, epoch 1-based) and {step, epoch, test_accuracy} after every epoch;\n" +
+			"the same lines go to OUT/metrics.jsonl. The last partial batch of every epoch is dropped.\n" +
+			"SIGINT/SIGTERM: the current step finishes, OUT/model.safetensors gets the model, optimizer state\n" +
+			"and data position, and trainer exits 0; `trainer run --resume OUT` continues with the same losses.\n" +
+			"On the host --graph is a no-op and --precision computes in f32.",
+		OnUsageError: usageError,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "out", Usage: "run directory (default: the --resume directory)"},
+			&cli.StringFlag{Name: "model", Value: def.Model, Usage: "model to train (mlp)"},
+			dataFlag,
+			&cli.IntFlag{Name: "epochs", Value: def.Epochs, Usage: "passes over the training set (with --resume: the new total)"},
+			&cli.IntFlag{Name: "batch", Value: def.Batch, Usage: "examples per step"},
+			&cli.Float64Flag{Name: "lr", Value: float64(def.LR), Usage: "learning rate"},
+			&cli.Float64Flag{Name: "weight-decay", Usage: "weight decay (default 0.01 for adamw, 0 for sgd)"},
+			&cli.Float64Flag{Name: "momentum", Value: float64(def.Momentum), Usage: "SGD momentum"},
+			seedFlag, widthsFlag, actFlag,
+			&cli.StringFlag{Name: "optim", Value: def.Optim, Usage: "adamw|sgd"},
+			&cli.IntFlag{Name: "limit", Usage: "train on the first N training examples only (0: all)"},
+			&cli.IntFlag{Name: "log-every", Value: 50, Usage: "steps between loss lines"},
+			&cli.StringFlag{Name: "resume", Usage: "continue the run in DIR from DIR/model.safetensors"},
+			poolFlag,
+			&cli.StringFlag{Name: "run", Usage: "run name, the prefix of pool buffer names (default: base name of --out)"},
+			deviceFlag, graphFlag, precisionFlag,
+		},
+		Action: runAction,
+	}
+}
+
+// modelFlags may not change on --resume: the checkpoint fixes them.
+var modelFlags = []string{"model", "batch", "lr", "weight-decay", "momentum", "seed", "widths", "act", "optim", "limit"}
+
+func runAction(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return fmt.Errorf("run: unexpected argument %q (see --help)", c.Args().First())
+	}
+	prec, err := commonChecks(c)
+	if err != nil {
+		return err
+	}
+	out := c.String("out")
+	opts := train.Options{LogEvery: c.Int("log-every"), Stdout: c.App.Writer, Precision: prec}
+	var cfg train.Config
+	if dir := c.String("resume"); dir != "" {
+		for _, f := range modelFlags {
+			if c.IsSet(f) {
+				return fmt.Errorf("--%s cannot change on --resume: the checkpoint fixes it", f)
+			}
+		}
+		f, ccfg, pos, err := train.ReadCheckpoint(filepath.Join(dir, train.ModelFile), "relu")
+		if err != nil {
+			return fmt.Errorf("--resume %s: %w", dir, err)
+		}
+		cfg, opts.Resume, opts.Pos = ccfg, f, pos
+		if c.IsSet("epochs") {
+			cfg.Epochs = c.Int("epochs")
+		}
+		if out == "" {
+			out = dir
+		}
+	} else {
+		if cfg, err = configFromFlags(c); err != nil {
+			return err
+		}
+	}
+	if out == "" {
+		return fmt.Errorf("run: --out DIR is required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	opts.Out = out
+	opts.Run = c.String("run")
+	if opts.Run == "" {
+		abs, err := filepath.Abs(out)
+		if err != nil {
+			return err
+		}
+		opts.Run = filepath.Base(abs)
+	}
+	if opts.Train, opts.Test, err = data.LoadFashionMNIST(c.String("data")); err != nil {
+		return fmt.Errorf("%w (install the Debian package dataset-fashion-mnist or pass --data)", err)
+	}
+	a, closeFn, err := allocator(c)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	opts.Alloc = a
+	if isTerminal(os.Stderr) {
+		opts.Progress = c.App.ErrWriter
+	}
+	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	go func() { <-ctx.Done(); stop() }() // a second signal kills as usual
+	res, err := train.Run(ctx, cfg, opts)
+	if err != nil {
+		return err
+	}
+	model := filepath.Join(out, train.ModelFile)
+	if res.Interrupted {
+		fmt.Fprintf(c.App.ErrWriter, "trainer: interrupted after step %d; checkpoint in %s (continue with: trainer run --resume %s)\n", res.Pos.Step, model, out)
+		return nil
+	}
+	if res.TestAccuracy >= 0 {
+		fmt.Fprintf(c.App.ErrWriter, "trainer: %d epochs, %d steps in %.1fs; test accuracy %.2f%%; wrote %s\n",
+			cfg.Epochs, res.Pos.Step, res.Elapsed.Seconds(), 100*res.TestAccuracy, model)
+	} else {
+		fmt.Fprintf(c.App.ErrWriter, "trainer: nothing to do: the checkpoint already has %d epochs (raise --epochs)\n", cfg.Epochs)
+	}
+	return nil
+}
+
+func configFromFlags(c *cli.Context) (train.Config, error) {
+	cfg := train.Default()
+	ws, err := parseWidths(c.String("widths"))
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Model, cfg.Widths, cfg.Act, cfg.Optim = c.String("model"), ws, c.String("act"), c.String("optim")
+	cfg.LR, cfg.Momentum = float32(c.Float64("lr")), float32(c.Float64("momentum"))
+	cfg.Batch, cfg.Seed, cfg.Epochs, cfg.Limit = c.Int("batch"), c.Uint64("seed"), c.Int("epochs"), c.Int("limit")
+	switch {
+	case c.IsSet("weight-decay"):
+		cfg.WeightDecay = float32(c.Float64("weight-decay"))
+	case cfg.Optim == "sgd":
+		cfg.WeightDecay = 0
+	}
+	return cfg, cfg.Validate()
+}

@@ -1,0 +1,172 @@
+package train
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"gpukit/libgpu/ckpt"
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/nn"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/optim"
+)
+
+// Checkpoint layout (one safetensors file, written atomically):
+//
+//	<param>            every model parameter under its PyTorch-style name ("fc0.weight")
+//	optim/<state>      the optimizer's state ("fc0.weight.exp_avg", "step", ...)
+//	metadata: format, config (JSON Config), step (steps done), epoch and
+//	batch (the next batch to run: batch `batch` of epoch `epoch`, 0-based),
+//	seed.
+const (
+	optimPrefix = "optim/"
+	formatName  = "gpukit.trainer/1"
+)
+
+// ErrCheckpoint reports a checkpoint that cannot be used.
+var ErrCheckpoint = errors.New("train: unusable checkpoint")
+
+// Position is how far a run has gone.
+type Position struct {
+	Step  int // optimizer steps done
+	Epoch int // epoch of the next batch (0-based)
+	Batch int // next batch within Epoch (0-based)
+}
+
+// model is an MLP and its optimizer on one allocator.
+type model struct {
+	cfg Config
+	mlp *nn.MLP
+	opt optim.Optimizer
+}
+
+func newModel(a device.Allocator, cfg Config, run string, batch int, withOptim bool) (*model, error) {
+	mlp, err := nn.NewMLP(a, nn.MLPConfig{Widths: cfg.Widths, Act: cfg.act(), Batch: batch, Seed: cfg.Seed, Prefix: run})
+	if err != nil {
+		return nil, fmt.Errorf("building the model: %w", err)
+	}
+	m := &model{cfg: cfg, mlp: mlp}
+	if !withOptim {
+		return m, nil
+	}
+	switch cfg.Optim {
+	case "adamw":
+		c := ops.DefaultAdamW
+		c.LR, c.WeightDecay = cfg.LR, cfg.WeightDecay
+		m.opt, err = optim.NewAdamW(a, run, mlp.Params(), c)
+	case "sgd":
+		m.opt, err = optim.NewSGD(a, run, mlp.Params(), ops.SGDConfig{LR: cfg.LR, Momentum: cfg.Momentum, WeightDecay: cfg.WeightDecay})
+	default:
+		err = fmt.Errorf("%w: optimizer %q", ErrConfig, cfg.Optim)
+	}
+	if err != nil {
+		mlp.Free()
+		return nil, fmt.Errorf("building the optimizer: %w", err)
+	}
+	return m, nil
+}
+
+func (m *model) free() {
+	if m.opt != nil {
+		m.opt.Free()
+	}
+	m.mlp.Free()
+}
+
+// tensors lists what a checkpoint holds: parameters, then (withOptim) the
+// optimizer state under optim/.
+func (m *model) tensors(withOptim bool) []ckpt.Named {
+	var out []ckpt.Named
+	for _, p := range m.mlp.Params() {
+		out = append(out, ckpt.Named{Name: p.Name, T: p.Value})
+	}
+	if withOptim && m.opt != nil {
+		for _, s := range m.opt.State() {
+			out = append(out, ckpt.Named{Name: optimPrefix + s.Name, T: s.Value})
+		}
+	}
+	return out
+}
+
+// save writes the model (and optimizer state) with the run position to path.
+func (m *model) save(path string, pos Position, withOptim bool) error {
+	meta := map[string]string{
+		"format": formatName,
+		"config": m.cfg.marshal(),
+		"step":   strconv.Itoa(pos.Step),
+		"epoch":  strconv.Itoa(pos.Epoch),
+		"batch":  strconv.Itoa(pos.Batch),
+		"seed":   strconv.FormatUint(m.cfg.Seed, 10),
+	}
+	if err := ckpt.Save(path, m.tensors(withOptim), meta); err != nil {
+		return fmt.Errorf("writing checkpoint: %w", err)
+	}
+	return nil
+}
+
+// load copies parameters (and, withOptim, the optimizer state) from f.
+func (m *model) load(f *ckpt.File, withOptim bool) error {
+	for _, nt := range m.tensors(withOptim) {
+		if err := f.Load(nt.Name, nt.T); err != nil {
+			return fmt.Errorf("%w: %v", ErrCheckpoint, err)
+		}
+	}
+	return nil
+}
+
+// ReadCheckpoint reads a checkpoint and the Config and Position in its
+// metadata. A file without trainer metadata (e.g. written by PyTorch's
+// safetensors.torch.save_file) gets a Config inferred from the shapes of
+// fc<i>.weight, with act, and a zero Position.
+func ReadCheckpoint(path, act string) (*ckpt.File, Config, Position, error) {
+	f, err := ckpt.ReadFile(path)
+	if err != nil {
+		return nil, Config{}, Position{}, err
+	}
+	var pos Position
+	s, ok := f.Metadata["config"]
+	if !ok {
+		cfg, err := inferConfig(f, act)
+		return f, cfg, pos, err
+	}
+	cfg, err := parseConfig(s)
+	if err != nil {
+		return nil, cfg, pos, fmt.Errorf("%s: %w", path, err)
+	}
+	for _, kv := range []struct {
+		key string
+		dst *int
+	}{{"step", &pos.Step}, {"epoch", &pos.Epoch}, {"batch", &pos.Batch}} {
+		v, err := strconv.Atoi(f.Metadata[kv.key])
+		if err != nil || v < 0 {
+			return nil, cfg, pos, fmt.Errorf("%s: %w: metadata %q is %q", path, ErrCheckpoint, kv.key, f.Metadata[kv.key])
+		}
+		*kv.dst = v
+	}
+	return f, cfg, pos, nil
+}
+
+func inferConfig(f *ckpt.File, act string) (Config, error) {
+	cfg := Default()
+	cfg.Act = act
+	cfg.Widths = nil
+	for i := 0; ; i++ {
+		in, ok := f.Tensors["fc"+strconv.Itoa(i)+".weight"]
+		if !ok {
+			break
+		}
+		if len(in.Shape) != 2 || (i > 0 && cfg.Widths[i] != in.Shape[1]) {
+			return cfg, fmt.Errorf("%w: fc%d.weight has shape %v", ErrCheckpoint, i, in.Shape)
+		}
+		if i == 0 {
+			cfg.Widths = append(cfg.Widths, in.Shape[1])
+		}
+		cfg.Widths = append(cfg.Widths, in.Shape[0])
+	}
+	if len(cfg.Widths) < 2 {
+		return cfg, fmt.Errorf("%w: no trainer metadata and no fc0.weight (tensors: %s)", ErrCheckpoint, strings.Join(f.Names(), ", "))
+	}
+	return cfg, cfg.Validate()
+}

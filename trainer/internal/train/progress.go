@@ -1,0 +1,39 @@
+package train
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// progress draws a one-line bar on a terminal, at most ten times a second.
+type progress struct {
+	w             io.Writer
+	epochs, total int
+	last          time.Time
+	drawn         bool
+}
+
+func newProgress(w io.Writer, epochs, batches int) *progress {
+	return &progress{w: w, epochs: epochs, total: batches}
+}
+
+func (p *progress) update(epoch, batch int, loss float32) {
+	if p.w == nil || (time.Since(p.last) < 100*time.Millisecond && batch != p.total) {
+		return
+	}
+	p.last = time.Now()
+	const width = 30
+	fill := width * batch / p.total
+	fmt.Fprintf(p.w, "\repoch %d/%d [%s%s] %d/%d loss %.4f ", epoch+1, p.epochs,
+		strings.Repeat("=", fill), strings.Repeat(" ", width-fill), batch, p.total, loss)
+	p.drawn = true
+}
+
+func (p *progress) done() {
+	if p.w != nil && p.drawn {
+		fmt.Fprintln(p.w)
+		p.drawn = false
+	}
+}
