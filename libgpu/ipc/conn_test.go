@@ -373,8 +373,11 @@ func TestServerClosesOnMalformed(t *testing.T) {
 	path := startServer(t, e)
 	good := dialClient(t, path)
 	for name, frame := range map[string][]byte{
-		"garbage":   []byte("\xc1\xc1 not msgpack"),
-		"truncated": func() []byte { b, _ := Encode(&Message{Version: Version, Type: TypeRequest, ID: 5, Op: "echo"}); return b[:len(b)-2] }(),
+		"garbage": []byte("\xc1\xc1 not msgpack"),
+		"truncated": func() []byte {
+			b, _ := Encode(&Message{Version: Version, Type: TypeRequest, ID: 5, Op: "echo"})
+			return b[:len(b)-2]
+		}(),
 		"oversized": make([]byte, MaxMessage+10),
 		"version":   mustEncode(t, map[string]any{"v": Version + 1, "t": 1, "id": 5, "op": "echo"}),
 	} {

@@ -1,0 +1,68 @@
+package server
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"gpukit/libgpu/device"
+)
+
+// Slab is one block of shareable memory the pool sub-allocates.
+type Slab interface {
+	// FD is the handle sent to clients (SCM_RIGHTS); owned by the slab.
+	FD() int
+	// Size is the slab's length in bytes.
+	Size() int64
+	// Kind says how a client maps FD (device.ShareMemfd, device.ShareVMM).
+	Kind() device.ShareKind
+	// Close releases the slab. Clients that mapped it keep their mapping
+	// until they unmap it; the memory returns to the system after that.
+	Close() error
+}
+
+// SlabSource makes slabs. A CUDA VMM source (cuMemCreate with the POSIX fd
+// handle type, exported with cuMemExportToShareableHandle) implements it the
+// same way as Memfd, without a change to the protocol.
+type SlabSource interface {
+	// NewSlab returns a slab of at least size bytes (a multiple of Granularity).
+	NewSlab(size int64) (Slab, error)
+	// Granularity is the unit of slab sizes in bytes (page size; 2 MiB for VMM on H200).
+	Granularity() int64
+	// Backend names the memory for hello: "host" or "cuda".
+	Backend() string
+}
+
+// Memfd is the host SlabSource: memfd_create slabs, sized with ftruncate.
+// Pages are allocated by the kernel when first touched and read as zero.
+type Memfd struct{}
+
+type memfdSlab struct {
+	fd   int
+	size int64
+}
+
+// NewSlab implements SlabSource.
+func (Memfd) NewSlab(size int64) (Slab, error) {
+	size = device.RoundUp(size, Memfd{}.Granularity())
+	fd, err := unix.MemfdCreate("gpupool-slab", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("gpupool: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("gpupool: size memfd slab to %d bytes: %w", size, err)
+	}
+	return &memfdSlab{fd: fd, size: size}, nil
+}
+
+// Granularity implements SlabSource: the page size.
+func (Memfd) Granularity() int64 { return int64(unix.Getpagesize()) }
+
+// Backend implements SlabSource.
+func (Memfd) Backend() string { return "host" }
+
+func (s *memfdSlab) FD() int                { return s.fd }
+func (s *memfdSlab) Size() int64            { return s.size }
+func (s *memfdSlab) Kind() device.ShareKind { return device.ShareMemfd }
+func (s *memfdSlab) Close() error           { return unix.Close(s.fd) }
