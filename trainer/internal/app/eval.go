@@ -19,7 +19,7 @@ func evalCommand() *cli.Command {
 			"shapes of fc<i>.weight, with --act between layers.",
 		OnUsageError: usageError,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "ckpt", Required: true, Usage: "safetensors file written by trainer run or init"},
+			&cli.StringFlag{Name: "ckpt", Usage: "(required) safetensors file written by trainer run or init"},
 			dataFlag,
 			&cli.IntFlag{Name: "batch", Value: 500, Usage: "examples per forward pass"},
 			&cli.StringFlag{Name: "act", Value: "relu", Usage: "relu|gelu, for checkpoints without trainer metadata"},
@@ -34,6 +34,9 @@ func evalCommand() *cli.Command {
 				return err
 			}
 			path := c.String("ckpt")
+			if path == "" {
+				return fmt.Errorf("eval: --ckpt FILE is required")
+			}
 			f, cfg, _, err := train.ReadCheckpoint(path, c.String("act"))
 			if err != nil {
 				return fmt.Errorf("--ckpt: %w", err)
@@ -66,13 +69,16 @@ func initCommand() *cli.Command {
 		Usage:        "write a model's initial weights (as run would draw them) to a safetensors file",
 		OnUsageError: usageError,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "out", Required: true, Usage: "safetensors file to write"},
+			&cli.StringFlag{Name: "out", Usage: "(required) safetensors file to write"},
 			&cli.StringFlag{Name: "model", Value: "mlp", Usage: "model (mlp)"},
 			widthsFlag, actFlag, seedFlag,
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return fmt.Errorf("init: unexpected argument %q (see --help)", c.Args().First())
+			}
+			if c.String("out") == "" {
+				return fmt.Errorf("init: --out FILE is required")
 			}
 			cfg := train.Default()
 			ws, err := parseWidths(c.String("widths"))

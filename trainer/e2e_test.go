@@ -1,0 +1,380 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"gpukit/libgpu/ckpt"
+	"gpukit/libgpu/data"
+)
+
+// binDir holds the trainer binary built once by TestMain.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "trainer-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "trainer"), ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building trainer: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// requireData fails (not skips) without Fashion-MNIST: `make deps` installs it.
+func requireData(t *testing.T) string {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(data.DefaultDir, "train-images-idx3-ubyte.gz")); err != nil {
+		t.Fatalf("Fashion-MNIST is not installed in %s (make deps): %v", data.DefaultDir, err)
+	}
+	return data.DefaultDir
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+func trainer(t *testing.T, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "trainer"), args...)
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return result{so.String(), se.String(), code}
+}
+
+func mustOK(t *testing.T, r result) {
+	t.Helper()
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+}
+
+// line is one JSON line of trainer run, without the timing fields (which
+// differ between runs).
+type line struct {
+	Step         int      `json:"step"`
+	Epoch        int      `json:"epoch"`
+	Loss         *float32 `json:"loss"`
+	LR           *float32 `json:"lr"`
+	TestAccuracy *float64 `json:"test_accuracy"`
+}
+
+func (l line) String() string {
+	b, _ := json.Marshal(l)
+	return string(b)
+}
+
+func parseLines(t *testing.T, s string) []line {
+	t.Helper()
+	var out []line
+	for _, text := range strings.Split(strings.TrimSpace(s), "\n") {
+		if text == "" {
+			continue
+		}
+		var l line
+		if err := json.Unmarshal([]byte(text), &l); err != nil {
+			t.Fatalf("not a JSON line: %q", text)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+func losses(ls []line) []float32 {
+	var out []float32
+	for _, l := range ls {
+		if l.Loss != nil {
+			out = append(out, *l.Loss)
+		}
+	}
+	return out
+}
+
+func mean(v []float32) float64 {
+	s := 0.0
+	for _, x := range v {
+		s += float64(x)
+	}
+	return s / float64(len(v))
+}
+
+// TestRunLowersLossAndEvalAgrees trains 200 steps on a subset: the loss falls,
+// the outputs are written, and eval of the checkpoint reproduces the
+// run's own test accuracy exactly.
+func TestRunLowersLossAndEvalAgrees(t *testing.T) {
+	dir := requireData(t)
+	out := t.TempDir()
+	seed := strconv.FormatUint(rand.Uint64N(1000), 10)
+	r := trainer(t, "run", "--data", dir, "--out", out, "--limit", "6400", "--batch", "32", "--epochs", "1", "--log-every", "10", "--seed", seed)
+	mustOK(t, r)
+	ls := parseLines(t, r.stdout)
+	l := losses(ls)
+	if len(l) != 20 {
+		t.Fatalf("%d loss lines, want 20", len(l))
+	}
+	if first, last := mean(l[:3]), mean(l[len(l)-5:]); !(last < 0.8*first) {
+		t.Fatalf("loss did not fall: first %.4f, last %.4f", first, last)
+	}
+	final := ls[len(ls)-1]
+	if final.TestAccuracy == nil || final.Step != 200 || final.Epoch != 1 || *final.TestAccuracy < 0.5 {
+		t.Fatalf("last line %v", final)
+	}
+	metrics, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+	if err != nil || string(metrics) != r.stdout {
+		t.Fatalf("metrics.jsonl differs from stdout (%v)", err)
+	}
+	png, err := os.ReadFile(filepath.Join(out, "loss.png"))
+	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG\r\n\x1a\n")) {
+		t.Fatalf("loss.png is not a PNG (%v)", err)
+	}
+	f, err := ckpt.ReadFile(filepath.Join(out, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Metadata["step"] != "200" || f.Tensors["fc2.weight"].Shape[0] != 10 || f.Tensors["optim/fc0.weight.exp_avg"].End == 0 {
+		t.Fatalf("checkpoint metadata %v, tensors %v", f.Metadata, f.Names())
+	}
+
+	e := trainer(t, "eval", "--ckpt", filepath.Join(out, "model.safetensors"), "--data", dir, "--batch", "32")
+	mustOK(t, e)
+	var ev struct {
+		TestAccuracy float64 `json:"test_accuracy"`
+	}
+	if err := json.Unmarshal([]byte(e.stdout), &ev); err != nil {
+		t.Fatalf("eval stdout %q", e.stdout)
+	}
+	if ev.TestAccuracy != *final.TestAccuracy {
+		t.Fatalf("eval says %v, the run said %v", ev.TestAccuracy, *final.TestAccuracy)
+	}
+	if strings.Count(strings.TrimSpace(e.stderr), "\n") != 0 || !strings.Contains(e.stderr, "test accuracy") {
+		t.Fatalf("eval stderr %q", e.stderr)
+	}
+}
+
+// TestInitDeterministic: init writes the same bytes for the same seed and
+// other weights for another.
+func TestInitDeterministic(t *testing.T) {
+	dir := t.TempDir()
+	seed := rand.Uint64N(1 << 40)
+	var files [3][]byte
+	for i, s := range []uint64{seed, seed, seed + 1} {
+		p := filepath.Join(dir, fmt.Sprintf("init%d.safetensors", i))
+		mustOK(t, trainer(t, "init", "--out", p, "--widths", "784,64,10", "--seed", strconv.FormatUint(s, 10)))
+		files[i], _ = os.ReadFile(p)
+	}
+	if !bytes.Equal(files[0], files[1]) {
+		t.Fatal("same seed, different files")
+	}
+	a, err1 := ckpt.Decode(files[0])
+	b, err2 := ckpt.Decode(files[2])
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	_, wa, _ := a.Bytes("fc0.weight")
+	_, wb, _ := b.Bytes("fc0.weight")
+	if bytes.Equal(wa, wb) || len(a.Tensors) != 4 {
+		t.Fatalf("other seed, same weights (or %d tensors)", len(a.Tensors))
+	}
+}
+
+// TestResumeEqualsUninterrupted: SIGTERM in the middle, --resume, and the
+// loss lines and final weights are bitwise those of an uninterrupted run.
+func TestResumeEqualsUninterrupted(t *testing.T) {
+	dir := requireData(t)
+	seed := strconv.FormatUint(rand.Uint64N(1000), 10)
+	args := func(out string) []string {
+		return []string{"run", "--data", dir, "--out", out, "--limit", "3200", "--batch", "32", "--epochs", "2", "--log-every", "5", "--seed", seed}
+	}
+	whole := t.TempDir()
+	r := trainer(t, args(whole)...)
+	mustOK(t, r)
+	want := parseLines(t, r.stdout)
+
+	split := t.TempDir()
+	cmd := exec.Command(filepath.Join(binDir, "trainer"), args(split)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var first bytes.Buffer
+	sc := bufio.NewScanner(stdout)
+	signalled := false
+	for sc.Scan() {
+		first.Write(sc.Bytes())
+		first.WriteByte('\n')
+		var l line
+		json.Unmarshal(sc.Bytes(), &l)
+		if !signalled && l.Step >= 40 {
+			cmd.Process.Signal(syscall.SIGTERM)
+			signalled = true
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("interrupted run: %v: %s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "interrupted after step") {
+		t.Fatalf("the run was not interrupted: %s", stderr.String())
+	}
+	r2 := trainer(t, "run", "--resume", split, "--log-every", "5", "--data", dir)
+	mustOK(t, r2)
+	got := append(parseLines(t, first.String()), parseLines(t, r2.stdout)...)
+	if len(got) != len(want) {
+		t.Fatalf("%d lines after resume, %d uninterrupted", len(got), len(want))
+	}
+	for i := range want {
+		if got[i].String() != want[i].String() {
+			t.Fatalf("line %d: resumed %v, uninterrupted %v", i, got[i], want[i])
+		}
+	}
+	a, err1 := ckpt.ReadFile(filepath.Join(whole, "model.safetensors"))
+	b, err2 := ckpt.ReadFile(filepath.Join(split, "model.safetensors"))
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	if !reflect.DeepEqual(a.Names(), b.Names()) || !reflect.DeepEqual(a.Metadata, b.Metadata) {
+		t.Fatalf("checkpoints differ: %v %v", a.Metadata, b.Metadata)
+	}
+	for _, n := range a.Names() {
+		_, x, _ := a.Bytes(n)
+		_, y, _ := b.Bytes(n)
+		if !bytes.Equal(x, y) {
+			t.Fatalf("%s differs after resume", n)
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	dir := requireData(t)
+	// A data directory whose training images are truncated.
+	bad := t.TempDir()
+	for _, n := range []string{"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"} {
+		os.Symlink(filepath.Join(dir, n), filepath.Join(bad, n))
+	}
+	raw, err := readGz(filepath.Join(dir, "train-images-idx3-ubyte.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(bad, "train-images-idx3-ubyte"), raw[:len(raw)/3], 0o644)
+	junk := filepath.Join(t.TempDir(), "junk.safetensors")
+	os.WriteFile(junk, []byte("\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":{\"dtype\":"), 0o644)
+	out := filepath.Join(t.TempDir(), "out")
+	cases := []struct {
+		args []string
+		code int
+		say  string
+	}{
+		{[]string{"run", "--out", out, "--data", t.TempDir()}, 1, "not found"},
+		{[]string{"run", "--out", out, "--data", bad}, 1, "train-images-idx3-ubyte"},
+		{[]string{"run", "--data", dir}, 1, "--out"},
+		{[]string{"run", "--out", out, "--lr", "0"}, 1, "--lr"},
+		{[]string{"run", "--out", out, "--lr", "abc"}, 1, "lr"},
+		{[]string{"run", "--out", out, "--act", "tanh"}, 1, "--act"},
+		{[]string{"run", "--out", out, "--optim", "lbfgs"}, 1, "--optim"},
+		{[]string{"run", "--out", out, "--widths", "784,x,10"}, 1, "--widths"},
+		{[]string{"run", "--out", out, "--widths", "100,10", "--data", dir}, 1, "784 pixels"},
+		{[]string{"run", "--out", out, "--batch", "0"}, 1, "--batch"},
+		{[]string{"run", "--out", out, "--epochs", "0"}, 1, "--epochs"},
+		{[]string{"run", "--out", out, "--model", "cnn"}, 1, "--model"},
+		{[]string{"run", "--out", out, "--graph", "maybe"}, 1, "--graph"},
+		{[]string{"run", "--out", out, "--precision", "fp8"}, 1, "--precision"},
+		{[]string{"run", "--out", out, "--device", "tpu"}, 1, "--device"},
+		{[]string{"run", "--out", out, "--no-such-flag"}, 1, "no-such-flag"},
+		{[]string{"run", "--out", out, "--data", dir, "--pool", filepath.Join(t.TempDir(), "none.sock")}, 1, "--pool"},
+		{[]string{"run", "--resume", t.TempDir()}, 1, "--resume"},
+		{[]string{"run", "--out", out, "--data", dir, "--limit", "10"}, 1, "no batch"},
+		{[]string{"run", "--out", out, "--device", "cuda"}, 2, "not built yet"},
+		{[]string{"eval", "--ckpt", junk, "--data", dir}, 1, "junk.safetensors"},
+		{[]string{"eval", "--ckpt", filepath.Join(t.TempDir(), "none.safetensors")}, 1, "none.safetensors"},
+		{[]string{"eval"}, 1, "ckpt"},
+		{[]string{"init", "--out", junk, "--widths", "0,1"}, 1, "--widths"},
+		{[]string{"bench"}, 2, "not built yet"},
+		{[]string{"serve", "--x"}, 2, "not built yet"},
+	}
+	for _, c := range cases {
+		r := trainer(t, c.args...)
+		lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+		if r.code != c.code || len(lines) != 1 || !strings.HasPrefix(lines[0], "trainer") || !strings.Contains(lines[0], c.say) || r.stdout != "" {
+			t.Errorf("%v: exit %d (want %d), stdout %q, stderr %q (want one line with %q)", c.args, r.code, c.code, r.stdout, r.stderr, c.say)
+		}
+	}
+}
+
+func readGz(p string) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	z, err := gzip.NewReader(f)
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(z)
+}
+
+// TestPipeline runs examples/pipelines/train-fashion.sh in short mode with
+// freshly built gpupool and trainer binaries.
+func TestPipeline(t *testing.T) {
+	dir := requireData(t)
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", filepath.Join(bin, "gpupool"), ".")
+	build.Dir = filepath.Join("..", "gpupool")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Skipf("gpupool does not build yet: %v: %s", err, out)
+	}
+	if err := os.Link(filepath.Join(binDir, "trainer"), filepath.Join(bin, "trainer")); err != nil {
+		b, _ := os.ReadFile(filepath.Join(binDir, "trainer"))
+		os.WriteFile(filepath.Join(bin, "trainer"), b, 0o755)
+	}
+	out := t.TempDir()
+	cmd := exec.Command("bash", filepath.Join("..", "examples", "pipelines", "train-fashion.sh"))
+	cmd.Env = append(os.Environ(), "GPUKIT_BIN="+bin, "DATA="+dir, "OUT="+out, "EPOCHS=1", "LIMIT=3000", "MIN_ACCURACY=0.5", "TMPDIR="+t.TempDir())
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("pipeline: %v\nstderr:\n%s", err, se.String())
+	}
+	ls := parseLines(t, so.String())
+	last := ls[len(ls)-1]
+	if last.TestAccuracy == nil || *last.TestAccuracy < 0.5 {
+		t.Fatalf("last line %v", last)
+	}
+	for _, f := range []string{"model.safetensors", "metrics.jsonl", "loss.png"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
