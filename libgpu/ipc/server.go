@@ -42,11 +42,13 @@ type Server struct {
 	sessions sync.WaitGroup
 }
 
-// Serve accepts on l until Shutdown; it returns nil after Shutdown.
+// Serve accepts on l until Shutdown, which closes l; it returns nil after
+// Shutdown.
 func (s *Server) Serve(l *net.UnixListener) error {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
+		l.Close()
 		return nil
 	}
 	s.l = l
