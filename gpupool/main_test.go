@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 
@@ -42,6 +43,7 @@ func TestScripts(t *testing.T) {
 			e.Setenv("PATH", binDir+string(os.PathListSeparator)+e.Getenv("PATH"))
 			e.Setenv("GPUKIT_POOL_SOCKET", "")
 			e.Setenv("XDG_RUNTIME_DIR", e.WorkDir+"/run")
+			e.Setenv("UID", strconv.Itoa(os.Getuid()))
 			return nil
 		},
 	})

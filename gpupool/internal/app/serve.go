@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/coreos/go-systemd/v22/daemon"
@@ -24,6 +26,8 @@ the socket and exits 0.`,
 	Flags: []cli.Flag{
 		socketFlag(),
 		&cli.StringFlag{Name: "slab", Value: "64MiB", Usage: "size of a shared slab; larger allocations get a slab of their own"},
+		&cli.StringSliceFlag{Name: "quota-uid", Usage: "UID=BYTES: the most the buffers a uid creates may hold at once (repeatable)"},
+		&cli.StringSliceFlag{Name: "allow-uid", Usage: "UID: only these uids may connect (repeatable; default: anyone the socket's mode lets in)"},
 		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "log slabs and connection problems on stderr"},
 	},
 	Action: serve,
@@ -38,6 +42,28 @@ func serve(c *cli.Context) error {
 		return fmt.Errorf("--slab: %w", err)
 	}
 	cfg := server.Config{SlabSize: slab}
+	for _, q := range c.StringSlice("quota-uid") {
+		uidStr, bytesStr, ok := strings.Cut(q, "=")
+		uid, err := strconv.ParseUint(uidStr, 10, 32)
+		if !ok || err != nil {
+			return fmt.Errorf("%w: --quota-uid %q: want UID=BYTES", ErrUsage, q)
+		}
+		n, err := ParseSize(bytesStr)
+		if err != nil {
+			return fmt.Errorf("--quota-uid: %w", err)
+		}
+		if cfg.Quota == nil {
+			cfg.Quota = map[uint32]int64{}
+		}
+		cfg.Quota[uint32(uid)] = n
+	}
+	for _, a := range c.StringSlice("allow-uid") {
+		uid, err := strconv.ParseUint(a, 10, 32)
+		if err != nil {
+			return fmt.Errorf("%w: --allow-uid %q: want a numeric uid", ErrUsage, a)
+		}
+		cfg.AllowUID = append(cfg.AllowUID, uint32(uid))
+	}
 	logf := func(string, ...any) {}
 	if c.Bool("verbose") {
 		logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
@@ -65,6 +91,7 @@ func serve(c *cli.Context) error {
 		logf("gpupool: %v: shutting down", sig)
 		srv.Shutdown()
 		<-done
+		l.Close() // removes the socket file
 		p.Close()
 		return nil
 	case err := <-done:

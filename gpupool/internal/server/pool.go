@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 
@@ -29,6 +30,12 @@ const DefaultSlabSize = 64 << 20
 type Config struct {
 	Source   SlabSource // nil: Memfd
 	SlabSize int64      // shared slab size in bytes; 0: DefaultSlabSize
+	// Quota bounds the bytes (aligned) that the buffers created by a uid
+	// may hold at once; uids not in the map are unbounded.
+	Quota map[uint32]int64
+	// AllowUID, when non-nil, lists the only uids (SO_PEERCRED) that may
+	// connect; others get ErrPermission. The daemon's own uid is not implied.
+	AllowUID []uint32
 	// Logf, if set, gets one line per notable event.
 	Logf func(format string, args ...any)
 }
@@ -47,6 +54,7 @@ type Pool struct {
 	used     int64
 	peak     int64
 	reserved int64
+	byUID    map[uint32]int64 // bytes held by buffers each uid created
 	closed   bool
 }
 
@@ -85,6 +93,7 @@ func New(cfg Config) *Pool {
 		allocs:   map[*allocation]struct{}{},
 		names:    map[string]*allocation{},
 		sessions: map[*session]struct{}{},
+		byUID:    map[uint32]int64{},
 	}
 }
 
@@ -99,6 +108,10 @@ func (p *Pool) Connect(c *ipc.Conn) (ipc.Session, error) {
 	cred, err := c.PeerCred()
 	if err != nil {
 		return nil, err
+	}
+	if p.cfg.AllowUID != nil && !slices.Contains(p.cfg.AllowUID, cred.UID) {
+		p.logf("gpupool: refused uid %d (pid %d)", cred.UID, cred.PID)
+		return nil, fmt.Errorf("%w: uid %d may not use this pool", ipc.ErrPermission, cred.UID)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -196,6 +209,9 @@ func (p *Pool) release(a *allocation) {
 		p.logf("gpupool: %v", err)
 	}
 	p.used -= a.taken
+	if p.byUID[a.ownerUID] -= a.taken; p.byUID[a.ownerUID] == 0 {
+		delete(p.byUID, a.ownerUID)
+	}
 	if a.slab.dedicated && a.slab.arena.Len() == 0 {
 		p.dropSlab(a.slab)
 	}
@@ -295,6 +311,11 @@ func (s *session) alloc(req pool.AllocRequest) (any, []int, error) {
 	if req.Name != "" && p.names[req.Name] != nil {
 		return nil, nil, fmt.Errorf("%w: %q", pool.ErrNameTaken, req.Name)
 	}
+	if q, ok := p.cfg.Quota[s.cred.UID]; ok {
+		if held := p.byUID[s.cred.UID]; held+device.RoundUp(req.Size, Align) > q {
+			return nil, nil, fmt.Errorf("%w: uid %d holds %d of %d bytes, asks %d more", pool.ErrQuota, s.cred.UID, held, q, device.RoundUp(req.Size, Align))
+		}
+	}
 	sl, off, err := p.place(req.Size)
 	if err != nil {
 		return nil, nil, err
@@ -309,6 +330,7 @@ func (s *session) alloc(req pool.AllocRequest) (any, []int, error) {
 		p.names[a.name] = a
 	}
 	p.used += a.taken
+	p.byUID[a.ownerUID] += a.taken
 	p.peak = max(p.peak, p.used)
 	lease, fds, err := s.lease(a)
 	if err != nil {

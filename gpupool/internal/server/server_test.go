@@ -512,3 +512,39 @@ func TestUnreachable(t *testing.T) {
 		t.Fatalf("dial of a missing socket: %v", err)
 	}
 }
+
+func TestQuota(t *testing.T) {
+	uid := uint32(os.Getuid())
+	path, _ := startPool(t, Config{Quota: map[uint32]int64{uid: 4096, uid + 1: 1}})
+	c := dial(t, path)
+	b, err := c.Alloc("", 4000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Alloc("", 200); !errors.Is(err, pool.ErrQuota) {
+		t.Fatalf("over quota: %v", err)
+	}
+	// The refusal changes nothing and the connection goes on.
+	s, _ := c.Stats()
+	if s.Allocations != 1 || s.Used != 4096 {
+		t.Fatalf("stats after refusal: %+v", s)
+	}
+	b.Free()
+	if _, err := c.Alloc("", 4096); err != nil {
+		t.Fatalf("within quota after free: %v", err)
+	}
+}
+
+func TestAllowUID(t *testing.T) {
+	uid := uint32(os.Getuid())
+	path, _ := startPool(t, Config{AllowUID: []uint32{uid + 1}})
+	_, err := pool.Dial(path)
+	if !errors.Is(err, pool.ErrPermission) || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("dial by a uid not allowed: %v", err)
+	}
+	path2, _ := startPool(t, Config{AllowUID: []uint32{uid}})
+	c := dial(t, path2)
+	if _, err := c.Alloc("", 10); err != nil {
+		t.Fatalf("allowed uid: %v", err)
+	}
+}
