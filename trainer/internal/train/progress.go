@@ -7,7 +7,8 @@ import (
 	"time"
 )
 
-// progress draws a one-line bar on a terminal, at most ten times a second.
+// progress draws a one-line bar on a terminal, at most ten times a second;
+// loss is the last logged loss (0: none yet).
 type progress struct {
 	w             io.Writer
 	epochs, total int
@@ -26,8 +27,12 @@ func (p *progress) update(epoch, batch int, loss float32) {
 	p.last = time.Now()
 	const width = 30
 	fill := width * batch / p.total
-	fmt.Fprintf(p.w, "\repoch %d/%d [%s%s] %d/%d loss %.4f ", epoch+1, p.epochs,
-		strings.Repeat("=", fill), strings.Repeat(" ", width-fill), batch, p.total, loss)
+	l := "-"
+	if loss != 0 {
+		l = fmt.Sprintf("%.4f", loss)
+	}
+	fmt.Fprintf(p.w, "\repoch %d/%d [%s%s] %d/%d loss %s ", epoch+1, p.epochs,
+		strings.Repeat("=", fill), strings.Repeat(" ", width-fill), batch, p.total, l)
 	p.drawn = true
 }
 
