@@ -28,6 +28,7 @@ the socket and exits 0.`,
 		&cli.StringFlag{Name: "slab", Value: "64MiB", Usage: "size of a shared slab; larger allocations get a slab of their own"},
 		&cli.StringSliceFlag{Name: "quota-uid", Usage: "UID=BYTES: the most the buffers a uid creates may hold at once (repeatable)"},
 		&cli.StringSliceFlag{Name: "allow-uid", Usage: "UID: only these uids may connect (repeatable; default: anyone the socket's mode lets in)"},
+		&cli.DurationFlag{Name: "idle", Usage: "release a shared slab that stays empty this long (0: keep empty slabs)"},
 		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "log slabs and connection problems on stderr"},
 	},
 	Action: serve,
@@ -41,7 +42,10 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("--slab: %w", err)
 	}
-	cfg := server.Config{SlabSize: slab}
+	cfg := server.Config{SlabSize: slab, Idle: c.Duration("idle")}
+	if cfg.Idle < 0 {
+		return fmt.Errorf("%w: --idle must not be negative", ErrUsage)
+	}
 	for _, q := range c.StringSlice("quota-uid") {
 		uidStr, bytesStr, ok := strings.Cut(q, "=")
 		uid, err := strconv.ParseUint(uidStr, 10, 32)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -36,6 +37,9 @@ type Config struct {
 	// AllowUID, when non-nil, lists the only uids (SO_PEERCRED) that may
 	// connect; others get ErrPermission. The daemon's own uid is not implied.
 	AllowUID []uint32
+	// Idle, when positive, releases a shared slab that has stayed empty
+	// this long; 0 keeps empty shared slabs for reuse.
+	Idle time.Duration
 	// Logf, if set, gets one line per notable event.
 	Logf func(format string, args ...any)
 }
@@ -63,6 +67,7 @@ type slab struct {
 	s         Slab
 	arena     *arena.Arena
 	dedicated bool // holds one large allocation; closed when it is freed
+	idle      *time.Timer
 }
 
 type allocation struct {
@@ -212,8 +217,23 @@ func (p *Pool) release(a *allocation) {
 	if p.byUID[a.ownerUID] -= a.taken; p.byUID[a.ownerUID] == 0 {
 		delete(p.byUID, a.ownerUID)
 	}
-	if a.slab.dedicated && a.slab.arena.Len() == 0 {
-		p.dropSlab(a.slab)
+	sl := a.slab
+	switch {
+	case sl.arena.Len() > 0:
+	case sl.dedicated:
+		p.dropSlab(sl)
+	case p.cfg.Idle > 0:
+		if sl.idle != nil {
+			sl.idle.Stop()
+		}
+		sl.idle = time.AfterFunc(p.cfg.Idle, func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.slabs[sl.id] == sl && sl.arena.Len() == 0 && !p.closed {
+				p.logf("gpupool: slab %d idle: released", sl.id)
+				p.dropSlab(sl)
+			}
+		})
 	}
 }
 

@@ -548,3 +548,26 @@ func TestAllowUID(t *testing.T) {
 		t.Fatalf("allowed uid: %v", err)
 	}
 }
+
+func TestIdleSlabsReleased(t *testing.T) {
+	path, _ := startPool(t, Config{SlabSize: 1 << 20, Idle: time.Millisecond})
+	c := dial(t, path)
+	b, err := c.Alloc("", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := c.Stats(); s.Slabs != 1 {
+		t.Fatalf("slabs %d", s.Slabs)
+	}
+	b.Free()
+	waitStats(t, c, func(s pool.Stats) bool { return s.Slabs == 0 && s.Reserved == 0 })
+	// A new allocation gets a new slab (a new id, its fd sent again).
+	b2, err := c.Alloc("", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2.Bytes()[0] = 1
+	if b2.Share().FD == b.Share().FD {
+		t.Fatalf("new slab reuses the old fd %d", b.Share().FD)
+	}
+}
