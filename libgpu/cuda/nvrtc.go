@@ -113,11 +113,11 @@ func cstr(s string) []byte {
 }
 
 // cstrArray builds a C array of C strings (const char* const*) whose memory
-// is pinned with pin, so C may read it until pin.Unpin. It returns 0 for an
+// is pinned with pin, so C may read it until pin.Unpin. It returns nil for an
 // empty list.
-func cstrArray(pin *runtime.Pinner, ss []string) uintptr {
+func cstrArray(pin *runtime.Pinner, ss []string) unsafe.Pointer {
 	if len(ss) == 0 {
-		return 0
+		return nil
 	}
 	arr := make([]*byte, len(ss))
 	for i, s := range ss {
@@ -126,7 +126,7 @@ func cstrArray(pin *runtime.Pinner, ss []string) uintptr {
 		arr[i] = &b[0]
 	}
 	pin.Pin(&arr[0])
-	return uintptr(unsafe.Pointer(&arr[0]))
+	return unsafe.Pointer(&arr[0])
 }
 
 // gostr copies a NUL-terminated C string owned by a library.
@@ -163,7 +163,7 @@ func CreateProgram(src, name string, headers map[string]string) (*Program, error
 	csrc, cname := cstr(src), cstr(name)
 	var h uintptr
 	err := pNvrtcCreateProgram.nvrtc(uintptr(unsafe.Pointer(&h)), uintptr(unsafe.Pointer(&csrc[0])),
-		uintptr(unsafe.Pointer(&cname[0])), uintptr(len(names)), hdrs, incs)
+		uintptr(unsafe.Pointer(&cname[0])), uintptr(len(names)), uintptr(hdrs), uintptr(incs))
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +198,7 @@ func (p *Program) Compile(opts []string) error {
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	copts := cstrArray(&pin, opts)
-	err := pNvrtcCompileProgram.nvrtc(p.h, uintptr(len(opts)), copts)
+	err := pNvrtcCompileProgram.nvrtc(p.h, uintptr(len(opts)), uintptr(copts))
 	if err == nil {
 		return nil
 	}
