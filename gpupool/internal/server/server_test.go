@@ -337,8 +337,8 @@ func TestBadRequestsKeepOthersServed(t *testing.T) {
 			t.Fatalf("after %s: another client's buffer changed", tc.name)
 		}
 	}
-	s, _ := good.Stats()
-	if s.Clients != 1 || s.Allocations != 1 {
+	s := waitStats(t, good, func(s pool.Stats) bool { return s.Clients == 1 })
+	if s.Allocations != 1 {
 		t.Fatalf("stats after bad clients left: %+v", s)
 	}
 }
@@ -405,7 +405,8 @@ func TestNamedBuffers(t *testing.T) {
 	if err := b.FreeName("kept"); err != nil {
 		t.Fatal(err)
 	}
-	s, _ := b.Stats()
+	// a's connection ends asynchronously on the daemon's side.
+	s := waitStats(t, b, func(s pool.Stats) bool { return s.Clients == 1 })
 	if s.Allocations != 0 || s.Used != 0 || s.Named != 0 {
 		t.Fatalf("after freeing everything: %+v", s)
 	}
