@@ -49,6 +49,7 @@ func devBF16(t *testing.T, x []float32) (cuda.DevicePtr, []float64) {
 	must(t, err)
 	t.Cleanup(func() { cuda.MemFree(p) })
 	must(t, cuda.MemcpyHtoD(p, unsafe.Pointer(&h[0]), int64(2*len(h))))
+	must(t, cuda.CtxSynchronize())
 	return p, r
 }
 
