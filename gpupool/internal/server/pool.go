@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -308,8 +309,17 @@ func checkName(name string) error {
 		return fmt.Errorf("%w: %d bytes (at most %d)", pool.ErrBadName, len(name), pool.MaxNameLen)
 	}
 	for _, r := range name {
-		if r < 0x20 || r == 0x7f || r == '/' {
-			return fmt.Errorf("%w: %q has a control character or '/'", pool.ErrBadName, name)
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("%w: %q has a control character", pool.ErrBadName, name)
+		}
+	}
+	// Names are '/'-separated paths ("run1/params/fc0.weight"): no empty,
+	// "." or ".." segment, so a name reads the same everywhere it is shown.
+	if name != "" {
+		for _, seg := range strings.Split(name, "/") {
+			if seg == "" || seg == "." || seg == ".." {
+				return fmt.Errorf("%w: %q has an empty, \".\" or \"..\" path segment", pool.ErrBadName, name)
+			}
 		}
 	}
 	return nil

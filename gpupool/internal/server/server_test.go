@@ -357,8 +357,17 @@ func TestNamedBuffers(t *testing.T) {
 	if _, err := b.Alloc("x", 8); !errors.Is(err, pool.ErrNameTaken) {
 		t.Fatalf("duplicate name: %v", err)
 	}
-	if _, err := a.Alloc("bad/name", 8); !errors.Is(err, pool.ErrBadName) {
-		t.Fatalf("bad name: %v", err)
+	for _, bad := range []string{"bad//name", "/abs", "trail/", "run/../x", "ctl\x01"} {
+		if _, err := a.Alloc(bad, 8); !errors.Is(err, pool.ErrBadName) {
+			t.Fatalf("bad name %q: %v", bad, err)
+		}
+	}
+	nested, err := a.Alloc("run1/params/fc0.weight", 8)
+	if err != nil {
+		t.Fatalf("path-like name: %v", err)
+	}
+	if err := nested.Free(); err != nil {
+		t.Fatal(err)
 	}
 	xb, err := b.Open("x")
 	if err != nil {
