@@ -197,7 +197,8 @@ func appendString(b []byte, s string) []byte {
 
 var errPayload = errors.New("kernels: malformed cache payload")
 
-// decodePayload is the inverse of encodePayload; it never panics.
+// decodePayload is the inverse of encodePayload (it accepts exactly what
+// encodePayload writes); it never panics.
 func decodePayload(b []byte) (img []byte, lowered map[string]string, log string, err error) {
 	if len(b) < 8 || string(b[:4]) != payloadMagic {
 		return nil, nil, "", errPayload
@@ -223,13 +224,14 @@ func decodePayload(b []byte) (img []byte, lowered map[string]string, log string,
 	if n > 0 {
 		lowered = make(map[string]string, n)
 	}
+	prev := ""
 	for i := uint32(0); i < n; i++ {
 		k, ok1 := readString()
 		v, ok2 := readString()
-		if !ok1 || !ok2 {
+		if !ok1 || !ok2 || (i > 0 && k <= prev) { // names strictly ascending, as written
 			return nil, nil, "", errPayload
 		}
-		lowered[k] = v
+		lowered[k], prev = v, k
 	}
 	log, ok := readString()
 	if !ok {
