@@ -88,6 +88,7 @@ func TestLtLinearReLUBias(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			cudatest.RequireGPU(t) // a subtest runs on its own goroutine: pin it too
 			x, w := randF32(r, m*k), randF32(r, n*k)
 			b1, b2 := randF32(r, n), randF32(r, n)
 			spec := cuda.GemmSpec{

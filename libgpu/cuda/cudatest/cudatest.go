@@ -24,7 +24,8 @@ var (
 // goroutine to its OS thread (runtime.LockOSThread, undone in t.Cleanup) and
 // makes the primary context of device 0 current on that thread, so the test
 // body can call the driver directly. Goroutines the test starts must pin
-// themselves and call Context().SetCurrent.
+// themselves and call Context().SetCurrent; subtests (t.Run) run on goroutines
+// of their own, so each calls RequireGPU again.
 //
 // The primary context is retained once per process and never released, so
 // tests do not pay for creating it again.
