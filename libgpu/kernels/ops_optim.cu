@@ -60,6 +60,20 @@ __device__ __forceinline__ int mt_find(const int* start, int count, int blk) {
     return lo;
 }
 
+// powi is b^t for t >= 0 by repeated squaring in double (no math library
+// needed; a few ulps of double, far below f32 resolution).
+__device__ __forceinline__ double powi(double b, int t) {
+    double r = 1.0;
+    while (t > 0) {
+        if (t & 1) {
+            r *= b;
+        }
+        b *= b;
+        t >>= 1;
+    }
+    return r;
+}
+
 // adamw_step advances the step counter and the bias corrections, one
 // thread: t = ++*step; bc = {1 - b1^t, 1 - b2^t} (computed in double). It
 // runs before adamw_multi on the same stream, so every block of the update
@@ -68,8 +82,8 @@ extern "C" __global__ void adamw_step(int* step, float* bc, float b1, float b2) 
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         int t = *step + 1;
         *step = t;
-        bc[0] = (float)(1.0 - pow((double)b1, (double)t));
-        bc[1] = (float)(1.0 - pow((double)b2, (double)t));
+        bc[0] = (float)(1.0 - powi((double)b1, t));
+        bc[1] = (float)(1.0 - powi((double)b2, t));
     }
 }
 
