@@ -38,6 +38,11 @@ import (
 //   - Linear with aux and ReLU or none: BIAS (DEFAULT) into y, then bias_act
 //     stores aux = z and y = act(z). cuBLASLt's ReLU aux is a bit-mask, not
 //     the z that the Impl contract promises.
+//   - GELU under PrecF32 is never fused: BIAS (DEFAULT), then bias_act with
+//     the full-precision tanhf. cuBLASLt does not document the accuracy of
+//     its GELU epilogue's tanh (GEMM epilogues commonly use the hardware
+//     tanh.approx, ~2⁻¹¹ relative error), and PrecF32 promises f32
+//     arithmetic; under TF32 and bf16 the GEMM's own error dominates.
 //   - LinearBackward: dz = dy ⊙ act'(aux) is one element-wise kernel
 //     (act_bwd_colsum; skipped for ActNone, where dz is dy itself). The
 //     DRELU/DGELU epilogues apply act' to a GEMM's *output*, so they would
@@ -163,6 +168,9 @@ func (c *cudaImpl) Linear(y, x, w, b, aux *tensor.Tensor, act Act) error {
 		spec.Epilogue = actEpilogue(act, b != nil)
 		post := false // bias_act(y, aux, nil, act) after the fused GEMM
 		switch {
+		case act == ActGELU && c.prec == PrecF32:
+			spec.Epilogue = actEpilogue(ActNone, b != nil)
+			post = true
 		case aux != nil && act == ActGELU:
 			spec.Epilogue, spec.AuxLD, args.Aux = cuda.EpilogueGELUAux, n, zp
 			if b != nil {
