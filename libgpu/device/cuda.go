@@ -143,8 +143,8 @@ func (d *CUDA) ComputeCapability() (major, minor int) { return d.major, d.minor 
 // TotalMem is the device's memory in bytes.
 func (d *CUDA) TotalMem() int64 { return d.totalMem }
 
-// CUDADevice is the driver's device handle.
-func (d *CUDA) CUDADevice() cuda.Device { return d.dev }
+// DriverDevice is the driver's device handle (CUdevice).
+func (d *CUDA) DriverDevice() cuda.Device { return d.dev }
 
 // Context is the retained primary context.
 func (d *CUDA) Context() *cuda.Context { return d.ctx }
