@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"os"
 	"unsafe"
 
 	"gpukit/libgpu/cuda"
@@ -57,9 +58,9 @@ func (b *bench) workspace() (cuda.DevicePtr, int64, error) {
 	return p, workspaceBytes, err
 }
 
-// tune times up to 8 heuristic candidates and pins the fastest for spec.
+// tune times up to 16 heuristic candidates and pins the fastest for spec.
 func (b *bench) tune(spec cuda.GemmSpec, args cuda.GemmArgs, iters int) (string, error) {
-	cands, err := b.lt.Candidates(spec, 8)
+	cands, err := b.lt.Candidates(spec, 16)
 	if err != nil {
 		return "", err
 	}
@@ -72,6 +73,7 @@ func (b *bench) tune(spec cuda.GemmSpec, args cuda.GemmArgs, iters int) (string,
 		if err != nil {
 			continue
 		}
+		fmt.Fprintf(os.Stderr, "gpukit-bench: %dx%dx%d candidate %d: %.4f ms (workspace %d, waves %.2f)\n", spec.M, spec.N, spec.K, i, ms, algo.WorkspaceSize, algo.Waves)
 		if ms < bestMS {
 			best, bestMS = i, ms
 		}
