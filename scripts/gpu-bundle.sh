@@ -27,13 +27,25 @@ if [ -d bench/cmd ]; then
 fi
 cp -r bench/run.sh bench/reference "$stage/bench/" 2>/dev/null || true
 
-# Packages with GPU tests, and the names of those tests.
+# Packages with GPU tests, and the names of those tests: Test functions that
+# call RequireGPU, plus the ones named in scripts/gpu-tests.txt (tests that
+# need a GPU another way, such as testscript scripts guarded by [gpu]).
 n=0
 while IFS= read -r dir; do
-	names=$(awk '
-		/^func Test[A-Za-z0-9_]*\(/ { match($0, /Test[A-Za-z0-9_]*/); fn = substr($0, RSTART, RLENGTH) }
-		/[Rr]equireGPU\(/ && fn != "" { print fn; fn = "" }
-	' "$dir"/*_test.go | sort -u)
+	names=$( {
+		# Helpers whose body calls RequireGPU, then Test functions whose body
+		# calls RequireGPU or one of those helpers.
+		fnname='/^func / { match($0, /^func (\([^)]*\) )?[A-Za-z0-9_]+/); fn = substr($0, RSTART, RLENGTH); sub(/.* /, "", fn) }'
+		helpers=$(awk "$fnname"' /[Rr]equireGPU\(/ && fn !~ /^Test/ { print fn }' "$dir"/*_test.go | sort -u | paste -sd' ')
+		awk -v helpers="$helpers" "$fnname"'
+		BEGIN { n = split(helpers, h, " ") }
+		fn ~ /^Test/ {
+			if ($0 ~ /[Rr]equireGPU\(/) { print fn; next }
+			for (i = 1; i <= n; i++) if (index($0, h[i] "(")) { print fn; next }
+		}
+		' "$dir"/*_test.go
+		awk -v d="$dir" '$1 == d { print $2 }' scripts/gpu-tests.txt
+	} | sort -u)
 	[ -n "$names" ] || continue
 	mod=${dir%%/*}
 	rel=${dir#"$mod"}; rel=${rel#/}
@@ -43,7 +55,10 @@ while IFS= read -r dir; do
 	echo "$names" >"$stage/tests/$name.d/TESTS"
 	[ -d "$dir/testdata" ] && cp -r "$dir/testdata" "$stage/tests/$name.d/"
 	n=$((n + 1))
-done < <(grep -rlE '[Rr]equireGPU\(' --include='*_test.go' libgpu gpupool kernelc trainer sampler optimizer tracer 2>/dev/null | xargs -r -n1 dirname | sort -u)
+done < <( {
+	grep -rlE '[Rr]equireGPU\(' --include='*_test.go' libgpu gpupool kernelc trainer sampler optimizer tracer | xargs -r -n1 dirname
+	awk '!/^#/ && NF { print $1 }' scripts/gpu-tests.txt
+} | sort -u)
 
 cat >"$stage/run.sh" <<'RUN'
 #!/usr/bin/env bash
