@@ -94,6 +94,9 @@ func ParseCubin(data []byte) (info *CubinInfo, err error) {
 	flags := binary.LittleEndian.Uint32(data[48:52]) // e_flags of an ELF64 header
 	info = &CubinInfo{ABIVersion: int(f.ABIVersion)}
 	info.Arch, info.VirtualArch = archFromFlags(f.ABIVersion, flags)
+	if a := archFromToolkitNote(f); a != "" {
+		info.Arch = a
+	}
 
 	syms, _ := f.Symbols() // index i here is symbol table index i+1
 	symName := func(idx uint32) string {
@@ -151,6 +154,18 @@ func ParseCubin(data []byte) (info *CubinInfo, err error) {
 			}
 		}
 	}
+	if sm, _, err := ParseArch(info.Arch); err == nil && sm >= 90 && f.Section(".nv.shared.reserved.0") != nil {
+		// Measured with NVRTC 13.0 on an H200: on sm_90 the size of
+		// ".nv.shared.<kernel>" includes the 1 KiB that the driver reserves per
+		// block (CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK), which
+		// cuFuncGetAttribute's SHARED_SIZE_BYTES leaves out (2048 bytes of
+		// section for a kernel with float tile[256]); sm_80 cubins do not.
+		for _, k := range kernels {
+			if k.SharedBytes >= reservedSharedSM90 {
+				k.SharedBytes -= reservedSharedSM90
+			}
+		}
+	}
 	for _, k := range kernels {
 		info.Kernels = append(info.Kernels, *k)
 	}
@@ -192,8 +207,10 @@ func walkEIATTR(b []byte, fn func(attr byte, val []byte)) error {
 		format, attr := b[0], b[1]
 		switch format {
 		case eifmtNVAL:
+			// Two bytes, padded to four like every record (an sm_80 cubin
+			// from NVRTC 13.0 has EIATTR 0x35 as 01 35 00 00).
 			fn(attr, nil)
-			b = b[2:]
+			b = b[min(4, len(b)):]
 		case eifmtBVAL, eifmtHVAL:
 			if len(b) < 4 {
 				return fmt.Errorf("truncated record")
@@ -257,4 +274,32 @@ func applyAttr(attr byte, val []byte, owner *KernelInfo, kernels map[string]*Ker
 			owner.ReqThreads = [3]int{int(x & 0x7fffffff), int(y & 0x7fffffff), int(z & 0x7fffffff)}
 		}
 	}
+}
+
+// reservedSharedSM90 is the per-block shared memory the driver reserves on
+// sm_90, included in sm_90 cubins' shared sections (see ParseCubin).
+const reservedSharedSM90 = 1024
+
+// archFromToolkitNote reads the real arch from the ".note.nv.tkinfo" note,
+// which records ptxas's options ("-arch sm_90a"). CUDA 13's e_flags do not
+// tell sm_90a from sm_90 (both 0x6005a04, measured on NVRTC 13.0); the note
+// and .nv.compat do. Empty when the note is missing.
+func archFromToolkitNote(f *elf.File) string {
+	s := f.Section(".note.nv.tkinfo")
+	if s == nil {
+		return ""
+	}
+	b, err := s.Data()
+	if err != nil {
+		return ""
+	}
+	_, rest, ok := bytes.Cut(b, []byte("-arch sm_"))
+	if !ok {
+		return ""
+	}
+	end := bytes.IndexFunc(rest, func(r rune) bool { return !(r >= '0' && r <= '9' || r >= 'a' && r <= 'z') })
+	if end <= 0 {
+		return ""
+	}
+	return "sm_" + string(rest[:end])
 }

@@ -101,7 +101,7 @@ func Build(c Cubin) []byte {
 		} else {
 			secs[global].data = append(secs[global].data, recs...)
 		}
-		per = append(per, 1, 0x2a)             // an NVAL record (EIATTR_SW1850030_WAR), to be skipped
+		per = append(per, 1, 0x2a, 0, 0)       // an NVAL record (EIATTR_SW1850030_WAR), padded to 4 bytes as NVRTC writes it, to be skipped
 		per = append(per, 3, 0x19, 0x20, 0x00) // an HVAL record (CBANK_PARAM_SIZE 32)
 		if k.MaxThreads != [3]int{} {
 			per = rec(per, 0x05, uint32(k.MaxThreads[0]), uint32(k.MaxThreads[1]), uint32(k.MaxThreads[2]))

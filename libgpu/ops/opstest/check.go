@@ -72,8 +72,9 @@ func (s *suite) near(t *testing.T, what string, got, want []float64) {
 	}
 }
 
-// nearScaled compares optimizer tensors, whose elements can cancel to near
-// zero (m = β1·m + (1−β1)·g with g of the other sign): relative to
+// nearScaled compares tensors whose elements can cancel to near zero
+// (optimizer moments; reduced-precision gradients, see LinearGradFD)
+// — m = β1·m + (1−β1)·g with g of the other sign — relative to
 // max(‖want‖, 0.1·√n), a tenth of the inputs' natural scale (U(−1,1) has
 // RMS 0.58).
 func (s *suite) nearScaled(t *testing.T, what string, got, want []float64) {
@@ -229,9 +230,18 @@ func (s *suite) linearGradFD(t *testing.T) {
 			}
 			f := func([]float64) float64 { return loss() }
 			const h = 1e-6
-			s.near(t, name+" dx", Download(t, dx), FiniteDiff(f, xf, h))
-			s.near(t, name+" dw", Download(t, dw), FiniteDiff(f, wf, h))
-			s.near(t, name+" db", Download(t, db), FiniteDiff(f, bf, h))
+			// Finite differences check the gradient formula. Under reduced
+			// precision every element carries the rounding of its bf16/TF32
+			// operands, and a tiny sum (db over 3 rows) can cancel, so there
+			// the error is measured against max(‖ref‖, 0.1·√n), as for the
+			// optimizer state; f32 keeps the plain relative error.
+			near := s.near
+			if s.tol > 1e-4 {
+				near = s.nearScaled
+			}
+			near(t, name+" dx", Download(t, dx), FiniteDiff(f, xf, h))
+			near(t, name+" dw", Download(t, dw), FiniteDiff(f, wf, h))
+			near(t, name+" db", Download(t, db), FiniteDiff(f, bf, h))
 		}
 	}
 }
