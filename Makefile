@@ -35,7 +35,7 @@ lint:
 
 ## tidy-check: each module builds alone (GOWORK=off) and go.mod is tidy
 tidy-check:
-	@for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) build ./... && GOWORK=off $(GO) mod tidy) || exit 1; done
+	@for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod tidy && GOWORK=off $(GO) build ./...) || exit 1; done
 	@git diff --exit-code -- '*/go.mod' '*/go.sum' || { echo "go.mod/go.sum not tidy: run make tidy-check and commit"; exit 1; }
 
 ## deps: the Debian package with Fashion-MNIST, when missing
