@@ -287,3 +287,13 @@ func FuzzDecodePayload(f *testing.F) {
 		}
 	})
 }
+
+func TestDropPCHNotes(t *testing.T) {
+	in := "\"a.cu\": creating precompiled header file \"/tmp/__nvrtc_auto_pch_1/a_0.pch\"\na.cu(3): warning: unused variable"
+	if got := dropPCHNotes(in); got != "a.cu(3): warning: unused variable" {
+		t.Fatalf("got %q", got)
+	}
+	if got := dropPCHNotes("a.cu(1): error: x"); got != "a.cu(1): error: x" {
+		t.Fatalf("plain log changed: %q", got)
+	}
+}

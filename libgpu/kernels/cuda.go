@@ -3,6 +3,7 @@ package kernels
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"gpukit/libgpu/cuda"
@@ -21,6 +22,10 @@ import (
 // reason other than the source (an option this NVRTC rejects) is retried once
 // without -pch, and PCH is then left off.
 func NewNVRTC() NVRTC { return &cudaNVRTC{} }
+
+// NewNVRTCWithoutPCH is NewNVRTC with precompiled headers left off (for
+// comparing compile times, and for NVRTC builds whose PCH misbehaves).
+func NewNVRTCWithoutPCH() NVRTC { return &cudaNVRTC{pchOff: true} }
 
 type cudaNVRTC struct {
 	once   sync.Once
@@ -85,6 +90,7 @@ func (n *cudaNVRTC) compile(j Job, flags []string) (out Output, sourceErr bool, 
 		return Output{}, false, err
 	}
 	out.Log, _ = prog.Log()
+	out.Log = dropPCHNotes(out.Log)
 	if j.PTX {
 		out.Image, err = prog.PTX()
 	} else {
@@ -111,6 +117,22 @@ func (n *cudaNVRTC) compile(j Job, flags []string) (out Output, sourceErr bool, 
 		}
 	}
 	return out, false, nil
+}
+
+// dropPCHNotes removes the lines automatic PCH adds to every log
+// (`"x.cu": creating precompiled header file "/tmp/..."`, "... using
+// precompiled header ..."): they are not diagnostics about the source.
+func dropPCHNotes(log string) string {
+	if !strings.Contains(log, "precompiled header") {
+		return log
+	}
+	var keep []string
+	for _, l := range strings.Split(log, "\n") {
+		if !strings.Contains(l, "precompiled header") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.TrimSpace(strings.Join(keep, "\n"))
 }
 
 func hasPCH(flags []string) bool {
