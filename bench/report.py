@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Summarises side-by-side benchmark rounds and renders BENCHMARKS.md.
 
-    report.py --out DIR gpukit.jsonl torch.jsonl   # table + DIR/<date>-<gpu>.json
+    report.py --out DIR gpukit.jsonl ref.jsonl   # table + DIR/<date>-<gpu>.json
     report.py --markdown results/                  # BENCHMARKS.md from the newest result file
 
 Each input line: {"impl", "key", "ms" (per launch), "flops", "bytes", "device"}.
-Per workload and impl the median over rounds is taken. ratio = torch_ms /
+Per workload and impl the median over rounds is taken. ratio = reference_ms /
 gpukit_ms (above 1: gpukit is faster). The floor is max(flops / peak,
 bytes / bandwidth) with bandwidth from the "copy" workload (bytes read plus
 written) and peak from the fastest measured GEMM of the same dtype, both
@@ -44,8 +44,8 @@ def summarise(rows, device):
     for (k, impl), rs in rows.items():
         med[(k, impl)] = (statistics.median(r["ms"] for r in rs), rs[0]["flops"], rs[0]["bytes"], len(rs))
     bw = None
-    if ("copy bytes=4294967296", "torch") in med:
-        ms, _, b, _ = med[("copy bytes=4294967296", "torch")]
+    if ("copy bytes=4294967296", "ref") in med:
+        ms, _, b, _ = med[("copy bytes=4294967296", "ref")]
         bw = b / (ms * 1e-3)
     peak = {}
     for (k, impl), (ms, fl, _, _) in med.items():
@@ -55,9 +55,9 @@ def summarise(rows, device):
     out = []
     for k in keys:
         g = med.get((k, "gpukit"))
-        t = med.get((k, "torch"))
+        t = med.get((k, "ref"))
         row = {"key": k}
-        for name, m in (("gpukit", g), ("torch", t)):
+        for name, m in (("gpukit", g), ("ref", t)):
             if m:
                 row[name + "_ms"] = m[0]
                 row["rounds"] = m[3]
@@ -95,15 +95,15 @@ def table(res):
         f"Measured on {res['device']}, {res['date']}; copy bandwidth {fmt(res['bandwidth_tbps'], 2)} TB/s (read+write); "
         + "GEMM peak " + ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in sorted(res["peak_tflops"].items())) + ".",
         "",
-        "| workload | gpukit ms | PyTorch ms | ratio (PyTorch/gpukit) | gpukit TFLOP/s | PyTorch TFLOP/s | floor ms | gpukit/floor |",
+        "| workload | gpukit ms | reference ms | ratio (reference/gpukit) | gpukit TFLOP/s | reference TFLOP/s | floor ms | gpukit/floor |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in res["rows"]:
-        g, t, fl = r.get("gpukit_ms"), r.get("torch_ms"), r.get("floor_ms")
+        g, t, fl = r.get("gpukit_ms"), r.get("ref_ms"), r.get("floor_ms")
         p = 4 if (g or t or 1) < 0.1 else 3
         lines.append(
             f"| {r['key']} | {fmt(g, p)} | {fmt(t, p)} | {fmt(r.get('ratio'), 2)} | {fmt(r.get('gpukit_tflops'), 0)} | "
-            f"{fmt(r.get('torch_tflops'), 0)} | {fmt(fl, p)} | {fmt(g / fl if g and fl else None, 2)} |"
+            f"{fmt(r.get('ref_tflops'), 0)} | {fmt(fl, p)} | {fmt(g / fl if g and fl else None, 2)} |"
         )
     return "\n".join(lines)
 

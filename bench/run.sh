@@ -16,8 +16,8 @@ export PYTHONUNBUFFERED=1
 for r in $(seq "$rounds"); do
 	echo "round $r/$rounds" >&2
 	"$here/gpukit-bench" --spec "$here/workloads.json" ${filter:+--filter "$filter"} >>"$work/gpukit.jsonl"
-	python3 "$here/reference/bench.py" $filter >>"$work/torch.jsonl"
+	python3 "$here/reference/bench.py" $filter >>"$work/ref.jsonl"
 done
 dest=${BENCH_OUT:-${OUT:-$here/results}}
 mkdir -p "$dest"
-python3 "$here/report.py" --out "$dest" "$work/gpukit.jsonl" "$work/torch.jsonl"
+python3 "$here/report.py" --out "$dest" "$work/gpukit.jsonl" "$work/ref.jsonl"

@@ -26,6 +26,7 @@ if [ -d bench/cmd ]; then
 	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-bench" ./cmd/gpukit-bench)
 fi
 cp -r bench/run.sh bench/report.py bench/workloads.json bench/reference "$stage/bench/"
+mkdir -p "$stage/bench/kernels" && cp libgpu/kernels/*.cu libgpu/kernels/*.cuh "$stage/bench/kernels/"
 
 # Packages with GPU tests, and the names of those tests: Test functions that
 # call RequireGPU, plus the ones named in scripts/gpu-tests.txt (tests that

@@ -3,7 +3,7 @@
 
 Runs every workload of ../workloads.json once (one repeat: warm-up, then
 `iters` launches between two CUDA events) and prints one JSON line per
-workload: {"impl": "torch", "key": ..., "ms": per-launch milliseconds,
+workload: {"impl": "ref", "key": ..., "ms": per-launch milliseconds,
 "flops": ..., "bytes": ...}. bench/run.sh alternates this with gpukit's driver
 and takes medians over rounds.
 """
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 
 def key(w):
-    parts = [w["name"]] + [f"{k}={w[k]}" for k in ("dtype", "act", "m", "n", "k", "bytes", "kernels") if k in w]
+    parts = [w["name"]] + [f"{k}={w[k]}" for k in ("dtype", "act", "m", "n", "k", "bytes", "kernels", "pch") if k in w]
     return " ".join(parts)
 
 
@@ -98,7 +98,56 @@ def run(w, gen):
         with torch.cuda.graph(g):
             eager()
         return timed(g.replay, w["iters"]) / kern, 0, 0
+    if name in ("compile_cold", "compile_warm"):
+        return compile_cupy(w), 0, 0
     raise SystemExit(f"bench.py: unknown workload {name!r}")
+
+
+def compile_cupy(w):
+    """CuPy RawModule on the same .cu sources libgpu embeds (bench/kernels/),
+    host milliseconds per source: cold = empty disk cache and no in-memory
+    cache (pch=on/off has no CuPy counterpart: both rows compile plainly);
+    warm = disk cache hit plus module load."""
+    import glob
+    import shutil
+    import tempfile
+    import time
+
+    import cupy
+    from cupy.cuda import compiler
+
+    kdir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels")
+    srcs = sorted(glob.glob(os.path.join(kdir, "*.cu")))
+    opts = ("-std=c++17", "-I" + kdir)
+    cache = tempfile.mkdtemp(prefix="cupy-cache-")
+    os.environ["CUPY_CACHE_DIR"] = cache
+    os.environ["CUPY_CACHE_IN_MEMORY"] = "0"
+
+    def load(path):
+        with open(path) as f:
+            code = f.read()
+        mod = cupy.RawModule(code=code, options=opts)
+        mod.compile()
+        return mod
+
+    try:
+        if w["name"] == "compile_cold":
+            t0 = time.perf_counter()
+            for s in srcs:
+                shutil.rmtree(cache, ignore_errors=True)
+                os.makedirs(cache, exist_ok=True)
+                load(s)
+            return (time.perf_counter() - t0) * 1e3 / len(srcs)
+        for s in srcs:
+            load(s)
+        reps = 20
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            for s in srcs:
+                load(s)
+        return (time.perf_counter() - t0) * 1e3 / (reps * len(srcs))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def main():
@@ -112,7 +161,7 @@ def main():
         if only and only not in key(w):
             continue
         ms, flops, nbytes = run(w, gen)
-        print(json.dumps({"impl": "torch", "key": key(w), "ms": ms, "flops": flops, "bytes": nbytes,
+        print(json.dumps({"impl": "ref", "key": key(w), "ms": ms, "flops": flops, "bytes": nbytes,
                           "device": torch.cuda.get_device_name()}), flush=True)
         torch.cuda.empty_cache()
 

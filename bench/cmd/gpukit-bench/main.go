@@ -30,6 +30,7 @@ type Workload struct {
 	K       int    `json:"k,omitempty"`
 	Bytes   int64  `json:"bytes,omitempty"`
 	Kernels int    `json:"kernels,omitempty"`
+	PCH     string `json:"pch,omitempty"`
 	Iters   int    `json:"iters"`
 }
 
@@ -50,6 +51,9 @@ func (w Workload) Key() string {
 	}
 	if w.Kernels != 0 {
 		parts = append(parts, fmt.Sprintf("kernels=%d", w.Kernels))
+	}
+	if w.PCH != "" {
+		parts = append(parts, "pch="+w.PCH)
 	}
 	return strings.Join(parts, " ")
 }
@@ -206,6 +210,8 @@ func (b *bench) run(w Workload) (Result, error) {
 		return b.linear(w)
 	case "launch_eager", "launch_graph":
 		return b.launch(w)
+	case "compile_cold", "compile_warm":
+		return b.compile(w)
 	}
 	return Result{}, fmt.Errorf("unknown workload %q", w.Name)
 }
