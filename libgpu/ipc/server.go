@@ -36,16 +36,26 @@ type Server struct {
 	Logf func(format string, args ...any)
 
 	mu       sync.Mutex
+	ctx      context.Context // cancelled by Shutdown; handlers get it
+	cancel   context.CancelFunc
 	conns    map[*Conn]struct{}
 	l        net.Listener
 	closing  bool
 	sessions sync.WaitGroup
 }
 
+// init sets up the context handlers get. Called with s.mu held.
+func (s *Server) init() {
+	if s.ctx == nil {
+		s.ctx, s.cancel = context.WithCancel(context.Background())
+	}
+}
+
 // Serve accepts on l until Shutdown, which closes l; it returns nil after
 // Shutdown.
 func (s *Server) Serve(l *net.UnixListener) error {
 	s.mu.Lock()
+	s.init()
 	if s.closing {
 		s.mu.Unlock()
 		l.Close()
@@ -85,11 +95,14 @@ func (s *Server) Serve(l *net.UnixListener) error {
 	}
 }
 
-// Shutdown stops accepting, closes every connection and waits until each
-// session's Close has run.
+// Shutdown stops accepting, cancels the context of handlers in progress
+// (a handler that waits returns early), closes every connection and waits
+// until each session's Close has run.
 func (s *Server) Shutdown() {
 	s.mu.Lock()
+	s.init()
 	s.closing = true
+	s.cancel()
 	if s.l != nil {
 		s.l.Close()
 	}
@@ -118,7 +131,9 @@ func (s *Server) serveConn(c *Conn) {
 	if sess != nil {
 		defer sess.Close()
 	}
-	ctx := context.Background()
+	s.mu.Lock()
+	ctx := s.ctx
+	s.mu.Unlock()
 	for {
 		m, fds, err := c.Recv()
 		if err != nil {

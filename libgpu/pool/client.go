@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -18,32 +19,54 @@ import (
 // Client is a connection to gpupool. It is safe for concurrent use by
 // several goroutines. Buffers it returns are views into slabs it has mapped;
 // they are valid until freed or until Close, which unmaps every slab.
+//
+// If the daemon dies, the client's next call fails with an error wrapping
+// ErrClosed that says so; memory the client has mapped stays valid until
+// Close (or Free) unmaps it.
 type Client struct {
-	path  string
-	rpc   *ipc.Client
-	dev   device.Device
-	hello HelloReply
+	path   string
+	rpc    *ipc.Client
+	dev    device.Device
+	cdev   *device.CUDA // nil for a host pool
+	ownDev bool
+	hello  HelloReply
 
 	mu     sync.Mutex
 	slabs  map[uint64]*slabMap
+	events map[[64]byte]eventRef // events of other processes, opened here
 	closed bool
 }
 
-// slabMap is one slab mapped into this process; ready is closed once mem
-// (or err) is set.
+// slabMap is one slab mapped into this process; ready is closed once the
+// mapping (or err) is set.
 type slabMap struct {
 	ready chan struct{}
 	fd    int
 	size  int64
 	kind  device.ShareKind
-	mem   []byte
+	mem   []byte         // memfd slabs: the host mapping
+	imp   *device.Buffer // VMM and legacy slabs: the device mapping
+	base  uintptr        // address of byte 0 (host or device)
 	err   error
+}
+
+// Options change how Dial connects.
+type Options struct {
+	// Device is the GPU to map a cuda pool's slabs on. nil: the client
+	// opens the daemon's device (device.NewCUDA(hello.Device)) and closes
+	// it in Close. Pass the device your code already uses so the pool's
+	// buffers belong to it (device.CUDA methods check that).
+	Device *device.CUDA
 }
 
 // Dial connects to the daemon at path and says hello. An absent or dead
 // socket gives an error wrapping ErrUnreachable that names the path and how
-// to start a daemon; a refused peer gets ErrPermission.
-func Dial(path string) (*Client, error) {
+// to start a daemon; a refused peer gets ErrPermission. When the daemon
+// shares CUDA memory the client opens the GPU it names.
+func Dial(path string) (*Client, error) { return DialOptions(path, Options{}) }
+
+// DialOptions is Dial with options.
+func DialOptions(path string, o Options) (*Client, error) {
 	conn, err := ipc.Dial(path)
 	if err != nil {
 		var why error = err
@@ -53,7 +76,7 @@ func Dial(path string) (*Client, error) {
 		}
 		return nil, fmt.Errorf("%w at %s: %v (start one with: gpupool serve --socket %s)", ErrUnreachable, path, why, path)
 	}
-	c := &Client{path: path, rpc: ipc.NewClient(conn), dev: device.NewHost(), slabs: map[uint64]*slabMap{}}
+	c := &Client{path: path, rpc: ipc.NewClient(conn), slabs: map[uint64]*slabMap{}, events: map[[64]byte]eventRef{}}
 	if _, err := c.rpc.Call(context.Background(), OpHello, HelloRequest{Client: filepath.Base(os.Args[0])}, &c.hello); err != nil {
 		c.rpc.Close()
 		if errors.Is(err, ipc.ErrClosed) {
@@ -65,9 +88,24 @@ func Dial(path string) (*Client, error) {
 		c.rpc.Close()
 		return nil, fmt.Errorf("%w: %s answers as %q, not gpupool", ErrProtocol, path, c.hello.Server)
 	}
-	if c.hello.Share != device.ShareMemfd {
+	switch c.hello.Share {
+	case device.ShareMemfd:
+		c.dev = device.NewHost()
+	case device.ShareVMM:
+		if o.Device != nil {
+			c.cdev = o.Device
+		} else {
+			d, err := device.NewCUDA(c.hello.Device)
+			if err != nil {
+				c.rpc.Close()
+				return nil, fmt.Errorf("pool: the daemon at %s shares CUDA memory of device %d: %w", path, c.hello.Device, err)
+			}
+			c.cdev, c.ownDev = d, true
+		}
+		c.dev = c.cdev
+	default:
 		c.rpc.Close()
-		return nil, fmt.Errorf("%w: daemon at %s shares %s slabs; this client maps memfd slabs only", ErrProtocol, path, c.hello.Share)
+		return nil, fmt.Errorf("%w: daemon at %s shares %s slabs, which this client cannot map", ErrProtocol, path, c.hello.Share)
 	}
 	return c, nil
 }
@@ -78,47 +116,105 @@ func (c *Client) Path() string { return c.path }
 // Hello is what the daemon said about itself when the client connected.
 func (c *Client) Hello() HelloReply { return c.hello }
 
-// Device is where the client's buffers live: host memory for a memfd pool.
+// Device is where the client's buffers live: host memory for a memfd pool,
+// the GPU (a *device.CUDA) for a cuda pool.
 func (c *Client) Device() device.Device { return c.dev }
 
 // Alloc implements device.Allocator: a new buffer of size bytes (contents
 // undefined), leased by this connection. A non-empty name makes it openable
-// by other clients while it lives (ErrNameTaken if the name is bound).
+// by other clients while it lives (ErrNameTaken if the name is bound); it
+// is sealed at once and goes with this connection (see Create for named
+// buffers that outlive it).
 func (c *Client) Alloc(name string, size int64) (*device.Buffer, error) {
-	return c.alloc(AllocRequest{Name: name, Size: size})
+	b, err := c.AllocRequest(AllocRequest{Name: name, Size: size})
+	if err != nil {
+		return nil, err
+	}
+	return b.Buffer, nil
 }
 
 // AllocKeep allocates a named buffer that the daemon keeps after this
-// connection ends, until FreeName(name) and the last lease are gone.
+// connection ends, until it is removed by name (Remove) and the last lease
+// is gone.
 func (c *Client) AllocKeep(name string, size int64) (*device.Buffer, error) {
 	if name == "" {
 		return nil, fmt.Errorf("%w: a kept buffer needs a name", ErrBadName)
 	}
-	return c.alloc(AllocRequest{Name: name, Size: size, Keep: true})
+	b, err := c.AllocRequest(AllocRequest{Name: name, Size: size, Keep: true})
+	if err != nil {
+		return nil, err
+	}
+	return b.Buffer, nil
 }
 
-func (c *Client) alloc(req AllocRequest) (*device.Buffer, error) {
+// CreateOptions describe a named buffer made by Create.
+type CreateOptions struct {
+	DType string  // metadata, e.g. "f32" (tensor.DType's names)
+	Shape []int64 // metadata
+	// Legacy makes a cuMemAlloc buffer with a CUipcMemHandle that CuPy and
+	// PyTorch can open (cuda pools only; ErrUnsupported otherwise).
+	Legacy bool
+	// Ephemeral ties the buffer to this connection: it goes when the
+	// connection ends. By default the daemon keeps it until Remove.
+	Ephemeral bool
+	// Sealed creates it sealed: openers need not wait for Seal.
+	Sealed bool
+}
+
+// Create makes a named buffer in the create → write → seal life cycle: it is
+// unsealed, so Open by other clients waits (or fails with ErrNotSealed)
+// until b.Seal(); write it, then seal it. Unless o.Ephemeral, it outlives
+// this connection until Remove(name).
+func (c *Client) Create(name string, size int64, o CreateOptions) (*Buffer, error) {
+	if name == "" {
+		return nil, fmt.Errorf("%w: Create needs a name", ErrBadName)
+	}
+	return c.AllocRequest(AllocRequest{
+		Name: name, Size: size, Keep: !o.Ephemeral, Unsealed: !o.Sealed,
+		Legacy: o.Legacy, DType: o.DType, Shape: o.Shape,
+	})
+}
+
+// AllocRequest sends an alloc with every field of req.
+func (c *Client) AllocRequest(req AllocRequest) (*Buffer, error) {
 	if req.Size <= 0 {
 		return nil, fmt.Errorf("%w: %d bytes", ErrBadSize, req.Size)
 	}
 	return c.lease(OpAlloc, req)
 }
 
-// Open returns a new lease on the named buffer: the same memory its creator
-// and other openers see. ErrNoSuchName if no buffer has that name.
+// Open returns a new lease on the named, sealed buffer: the same memory its
+// creator and other openers see. ErrNoSuchName if no buffer has that name,
+// ErrNotSealed if it is still being written (see OpenWait).
 func (c *Client) Open(name string) (*device.Buffer, error) {
+	b, err := c.OpenWait(name, 0)
+	if err != nil {
+		return nil, err
+	}
+	return b.Buffer, nil
+}
+
+// OpenWait is Open that waits up to timeout for the buffer to be sealed
+// (the daemon caps the wait, 5 minutes by default). The daemon serves this
+// connection's other requests after the wait.
+func (c *Client) OpenWait(name string, timeout time.Duration) (*Buffer, error) {
 	if name == "" {
 		return nil, fmt.Errorf("%w: empty name", ErrBadName)
 	}
-	return c.lease(OpOpen, OpenRequest{Name: name})
+	ms := timeout.Milliseconds()
+	if timeout > 0 && ms == 0 {
+		ms = 1
+	}
+	return c.lease(OpOpen, OpenRequest{Name: name, WaitMS: ms})
 }
 
-func (c *Client) lease(op string, req any) (*device.Buffer, error) {
+func (c *Client) lease(op string, req any) (*Buffer, error) {
 	var l Lease
 	fds, err := c.rpc.Call(context.Background(), op, req, &l)
 	if err != nil {
 		return nil, c.wrap(op, err)
 	}
+	c.unmap(l.Dropped)
 	s, err := c.slab(l, fds)
 	if err != nil {
 		c.freeHandle(l.Handle)
@@ -128,19 +224,26 @@ func (c *Client) lease(op string, req any) (*device.Buffer, error) {
 		c.freeHandle(l.Handle)
 		return nil, fmt.Errorf("%w: lease [%d,+%d) outside slab %d of %d bytes", ErrProtocol, l.Offset, l.Size, l.Slab, s.size)
 	}
-	mem := s.mem[l.Offset : l.Offset+l.Size : l.Offset+l.Size]
 	share := device.Shareable{Kind: s.kind, FD: s.fd, SlabSize: s.size, Offset: l.Offset, Size: l.Size}
-	handle := l.Handle
-	return device.NewBuffer(c.dev, uintptr(unsafe.Pointer(&mem[0])), l.Size, mem, share, func() error {
-		return c.freeHandle(handle)
-	}), nil
+	if s.kind == device.ShareLegacyIPC {
+		copy(share.Legacy[:], l.Legacy)
+	}
+	var host []byte
+	if s.mem != nil {
+		host = s.mem[l.Offset : l.Offset+l.Size : l.Offset+l.Size]
+	}
+	b := &Buffer{c: c, lease: l}
+	b.Buffer = device.NewBuffer(c.dev, s.base+uintptr(l.Offset), l.Size, host, share, b.release)
+	return b, nil
 }
 
 // slab returns the mapping of the lease's slab, mapping it from the fd that
-// came with the reply the first time. A reply without an fd for a slab whose
-// fd is still on its way in another goroutine's reply waits for that one.
+// came with the reply (or the legacy handle in it) the first time. A reply
+// without an fd for a slab whose fd is still on its way in another
+// goroutine's reply waits for that one.
 func (c *Client) slab(l Lease, fds []int) (*slabMap, error) {
-	if len(fds) > 1 || (len(fds) == 1) != l.FD {
+	legacy := l.Kind == device.ShareLegacyIPC
+	if len(fds) > 1 || (len(fds) == 1) != l.FD || (legacy && l.FD) {
 		ipc.CloseFDs(fds)
 		return nil, fmt.Errorf("%w: reply says fd=%v and carries %d fds", ErrProtocol, l.FD, len(fds))
 	}
@@ -156,17 +259,20 @@ func (c *Client) slab(l Lease, fds []int) (*slabMap, error) {
 		c.slabs[l.Slab] = s
 	}
 	c.mu.Unlock()
-	if l.FD {
+	if l.FD || (legacy && !ok) {
 		select {
 		case <-s.ready:
-			unix.Close(fds[0])
+			ipc.CloseFDs(fds)
 			return nil, fmt.Errorf("%w: slab %d sent twice", ErrProtocol, l.Slab)
 		default:
 		}
-		s.fd, s.size, s.kind = fds[0], l.SlabSize, l.Kind
+		s.size, s.kind = l.SlabSize, l.Kind
+		if len(fds) == 1 {
+			s.fd = fds[0]
+		}
 		if l.SlabSize <= 0 {
 			s.err = fmt.Errorf("%w: slab %d of %d bytes", ErrProtocol, l.Slab, l.SlabSize)
-		} else if s.mem, s.err = device.MapFD(fds[0], l.SlabSize); s.err != nil {
+		} else if s.err = c.mapSlab(s, l); s.err != nil {
 			s.err = fmt.Errorf("pool: map slab %d: %w", l.Slab, s.err)
 		}
 		close(s.ready)
@@ -187,6 +293,87 @@ func (c *Client) slab(l Lease, fds []int) (*slabMap, error) {
 	return s, nil
 }
 
+// mapSlab maps a slab that just arrived: mmap for memfd, import and map for
+// VMM (cuMemImportFromShareableHandle, cuMemMap), cuIpcOpenMemHandle for
+// legacy buffers.
+func (c *Client) mapSlab(s *slabMap, l Lease) error {
+	switch l.Kind {
+	case device.ShareMemfd:
+		if c.cdev != nil {
+			return fmt.Errorf("%w: a memfd slab from a cuda daemon", ErrProtocol)
+		}
+		mem, err := device.MapFD(s.fd, l.SlabSize)
+		if err != nil {
+			return err
+		}
+		s.mem, s.base = mem, uintptr(unsafe.Pointer(&mem[0]))
+		return nil
+	case device.ShareVMM:
+		if c.cdev == nil {
+			return fmt.Errorf("%w: a VMM slab for a host client", ErrProtocol)
+		}
+		b, err := c.cdev.ImportVMM(device.Shareable{Kind: device.ShareVMM, FD: s.fd, SlabSize: l.SlabSize, Size: l.SlabSize})
+		if err != nil {
+			return err
+		}
+		s.imp, s.base = b, b.Ptr()
+		return nil
+	case device.ShareLegacyIPC:
+		if c.cdev == nil || len(l.Legacy) != 64 {
+			return fmt.Errorf("%w: legacy lease with a %d-byte handle", ErrProtocol, len(l.Legacy))
+		}
+		sh := device.Shareable{Kind: device.ShareLegacyIPC, FD: -1, SlabSize: l.SlabSize, Size: l.SlabSize}
+		copy(sh.Legacy[:], l.Legacy)
+		b, err := c.cdev.OpenIPC(sh)
+		if err != nil {
+			return err
+		}
+		s.imp, s.base = b, b.Ptr()
+		return nil
+	}
+	return fmt.Errorf("%w: slab kind %v", ErrProtocol, l.Kind)
+}
+
+func (s *slabMap) close() {
+	select {
+	case <-s.ready:
+	default:
+		return
+	}
+	if s.mem != nil {
+		unix.Munmap(s.mem)
+		s.mem = nil
+	}
+	if s.imp != nil {
+		s.imp.Free()
+		s.imp = nil
+	}
+	if s.fd >= 0 {
+		unix.Close(s.fd)
+		s.fd = -1
+	}
+}
+
+// unmap drops the mappings of slabs the daemon released (their ids are
+// never reused, and a released slab holds none of this client's buffers).
+func (c *Client) unmap(ids []uint64) {
+	if len(ids) == 0 {
+		return
+	}
+	c.mu.Lock()
+	var gone []*slabMap
+	for _, id := range ids {
+		if s, ok := c.slabs[id]; ok {
+			gone = append(gone, s)
+			delete(c.slabs, id)
+		}
+	}
+	c.mu.Unlock()
+	for _, s := range gone {
+		s.close()
+	}
+}
+
 func (c *Client) freeHandle(h uint64) error {
 	c.mu.Lock()
 	closed := c.closed
@@ -195,23 +382,35 @@ func (c *Client) freeHandle(h uint64) error {
 		// The daemon dropped every lease of this connection already.
 		return nil
 	}
-	_, err := c.rpc.Call(context.Background(), OpFree, FreeRequest{Handle: h}, nil)
+	var r FreeReply
+	_, err := c.rpc.Call(context.Background(), OpFree, FreeRequest{Handle: h}, &r)
+	if err == nil {
+		c.unmap(r.Dropped)
+	}
 	return c.wrap(OpFree, err)
 }
 
 // Free frees b (a buffer this client returned); the same as b.Free().
 func (c *Client) Free(b *device.Buffer) error { return b.Free() }
 
-// FreeName unbinds name and drops the daemon's own lease on it (see
-// AllocKeep). Clients that hold leases keep their memory until they free
-// it. Only the creator's uid (or root) may do this (ErrNotOwner).
-func (c *Client) FreeName(name string) error {
+// Remove removes a named buffer (gpupool rm): the name is unbound at once
+// and the daemon drops its own lease; the memory returns when the last
+// client lease on it is freed. Only the creator's uid (or root) may do this
+// (ErrNotOwner).
+func (c *Client) Remove(name string) error {
 	if name == "" {
 		return fmt.Errorf("%w: empty name", ErrBadName)
 	}
-	_, err := c.rpc.Call(context.Background(), OpFree, FreeRequest{Name: name}, nil)
+	var r FreeReply
+	_, err := c.rpc.Call(context.Background(), OpFree, FreeRequest{Name: name}, &r)
+	if err == nil {
+		c.unmap(r.Dropped)
+	}
 	return c.wrap(OpFree, err)
 }
+
+// FreeName is Remove (the name it had before rm existed).
+func (c *Client) FreeName(name string) error { return c.Remove(name) }
 
 // Ls lists the daemon's allocations.
 func (c *Client) Ls() ([]BufferInfo, error) {
@@ -232,13 +431,21 @@ func (c *Client) wrap(op string, err error) error {
 		return nil
 	}
 	if errors.Is(err, ipc.ErrClosed) && !errors.Is(err, ErrClosed) {
-		return fmt.Errorf("%w: %s: %w", ErrClosed, op, err)
+		c.mu.Lock()
+		closed := c.closed
+		c.mu.Unlock()
+		if closed {
+			return fmt.Errorf("%w: %s: %w", ErrClosed, op, err)
+		}
+		return fmt.Errorf("%w: %s: the daemon at %s is gone (%w); buffers mapped here stay valid until freed or Close", ErrClosed, op, c.path, err)
 	}
 	return err
 }
 
-// Close ends the connection (the daemon releases every lease it held) and
-// unmaps the slabs. Buffers of this client must not be used afterwards.
+// Close ends the connection (the daemon releases every lease it held),
+// unmaps the slabs and destroys the events this client opened; a device the
+// client opened itself is closed. Buffers of this client must not be used
+// afterwards.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -249,20 +456,18 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	err := c.rpc.Close()
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, s := range c.slabs {
-		select {
-		case <-s.ready:
-			if s.mem != nil {
-				unix.Munmap(s.mem)
-			}
-			if s.fd >= 0 {
-				unix.Close(s.fd)
-			}
-		default:
+	slabs, events := c.slabs, c.events
+	c.slabs, c.events = nil, nil
+	c.mu.Unlock()
+	for _, s := range slabs {
+		s.close()
+	}
+	c.closeEvents(events)
+	if c.ownDev {
+		if e := c.cdev.Close(); err == nil {
+			err = e
 		}
 	}
-	c.slabs = nil
 	return err
 }
 

@@ -28,19 +28,40 @@ const MaxAlloc = 1 << 40
 // DefaultSlabSize is the size of a shared slab (64 MiB).
 const DefaultSlabSize = 64 << 20
 
+// DefaultMaxWait caps how long an open waits for a buffer to be sealed.
+const DefaultMaxWait = 5 * time.Minute
+
 // Config is what the daemon is told at start.
 type Config struct {
 	Source   SlabSource // nil: Memfd
 	SlabSize int64      // shared slab size in bytes; 0: DefaultSlabSize
+	// Limit bounds the bytes all slabs may reserve together; 0: no bound.
+	// Empty shared slabs are released to make room before an allocation
+	// fails with pool.ErrNoMemory.
+	Limit int64
 	// Quota bounds the bytes (aligned) that the buffers created by a uid
 	// may hold at once; uids not in the map are unbounded.
 	Quota map[uint32]int64
-	// AllowUID, when non-nil, lists the only uids (SO_PEERCRED) that may
-	// connect; others get ErrPermission. The daemon's own uid is not implied.
+	// AllowUID and AllowGID, when either is non-nil, admit only peers
+	// (SO_PEERCRED) whose uid is in AllowUID or whose primary or
+	// supplementary group is in AllowGID; others get ErrPermission and
+	// nothing else. The daemon's own uid is not implied.
 	AllowUID []uint32
+	AllowGID []uint32
 	// Idle, when positive, releases a shared slab that has stayed empty
-	// this long; 0 keeps empty shared slabs for reuse.
+	// this long; 0 keeps empty shared slabs for reuse (up to Limit).
 	Idle time.Duration
+	// LegacyAll makes every allocation a legacy-IPC buffer (the source
+	// must be a LegacySource).
+	LegacyAll bool
+	// Ephemeral ties every named buffer to its creator's connection
+	// (AllocRequest.Keep is ignored).
+	Ephemeral bool
+	// Isolate gives each uid slabs of its own and refuses to open one
+	// uid's named buffer for another, so no client maps another uid's memory.
+	Isolate bool
+	// MaxWait caps OpenRequest.WaitMS; 0: DefaultMaxWait.
+	MaxWait time.Duration
 	// Logf, if set, gets one line per notable event.
 	Logf func(format string, args ...any)
 }
@@ -60,6 +81,7 @@ type Pool struct {
 	peak     int64
 	reserved int64
 	byUID    map[uint32]int64 // bytes held by buffers each uid created
+	changed  chan struct{}    // closed (and replaced) when a name is sealed or unbound
 	closed   bool
 }
 
@@ -67,7 +89,9 @@ type slab struct {
 	id        uint64
 	s         Slab
 	arena     *arena.Arena
-	dedicated bool // holds one large allocation; closed when it is freed
+	dedicated bool   // holds one large (or legacy) allocation; closed when it is freed
+	legacy    []byte // CUipcMemHandle of a legacy slab
+	uid       uint32 // owner under Config.Isolate
 	idle      *time.Timer
 }
 
@@ -80,6 +104,12 @@ type allocation struct {
 	bound    bool // name is bound to this allocation in Pool.names
 	leases   int  // connection leases
 	kept     bool // the daemon's own lease (AllocRequest.Keep)
+	sealed   bool
+	dtype    string
+	shape    []int64
+	created  time.Time
+	event    []byte   // CUipcEventHandle set by eventBy
+	eventBy  *session // the connection whose process owns the event
 	ownerUID uint32
 	ownerPID int32
 }
@@ -92,6 +122,9 @@ func New(cfg Config) *Pool {
 	if cfg.SlabSize <= 0 {
 		cfg.SlabSize = DefaultSlabSize
 	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = DefaultMaxWait
+	}
 	cfg.SlabSize = device.RoundUp(cfg.SlabSize, cfg.Source.Granularity())
 	return &Pool{
 		cfg:      cfg,
@@ -100,13 +133,66 @@ func New(cfg Config) *Pool {
 		names:    map[string]*allocation{},
 		sessions: map[*session]struct{}{},
 		byUID:    map[uint32]int64{},
+		changed:  make(chan struct{}),
 	}
 }
+
+// Config returns the configuration the pool runs with (defaults filled in).
+func (p *Pool) Config() Config { return p.cfg }
 
 func (p *Pool) logf(format string, args ...any) {
 	if p.cfg.Logf != nil {
 		p.cfg.Logf(format, args...)
 	}
+}
+
+// notify wakes opens waiting for a seal. Called with p.mu held.
+func (p *Pool) notify() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// admitted reports whether a peer may connect.
+func (p *Pool) admitted(cred ipc.Cred) bool {
+	if p.cfg.AllowUID == nil && p.cfg.AllowGID == nil {
+		return true
+	}
+	if slices.Contains(p.cfg.AllowUID, cred.UID) || slices.Contains(p.cfg.AllowGID, cred.GID) {
+		return true
+	}
+	if len(p.cfg.AllowGID) == 0 {
+		return false
+	}
+	for _, g := range supplementaryGroups(cred.PID) {
+		if slices.Contains(p.cfg.AllowGID, g) {
+			return true
+		}
+	}
+	return false
+}
+
+// supplementaryGroups reads the "Groups:" line of /proc/PID/status. The
+// peer is connected, so its pid is live (SO_PEERCRED is taken at connect).
+func supplementaryGroups(pid int32) []uint32 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "Groups:")
+		if !ok {
+			continue
+		}
+		var out []uint32
+		for _, f := range strings.Fields(rest) {
+			var g uint32
+			if _, err := fmt.Sscan(f, &g); err == nil {
+				out = append(out, g)
+			}
+		}
+		return out
+	}
+	return nil
 }
 
 // Connect implements ipc.Handler.
@@ -115,16 +201,16 @@ func (p *Pool) Connect(c *ipc.Conn) (ipc.Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	if p.cfg.AllowUID != nil && !slices.Contains(p.cfg.AllowUID, cred.UID) {
-		p.logf("gpupool: refused uid %d (pid %d)", cred.UID, cred.PID)
-		return nil, fmt.Errorf("%w: uid %d may not use this pool", ipc.ErrPermission, cred.UID)
+	if !p.admitted(cred) {
+		p.logf("gpupool: refused uid %d gid %d (pid %d)", cred.UID, cred.GID, cred.PID)
+		return nil, ipc.ErrPermission
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil, pool.ErrClosed
 	}
-	s := &session{p: p, cred: cred, leases: map[uint64]*allocation{}, sent: map[uint64]bool{}}
+	s := &session{p: p, cred: cred, leases: map[uint64]*allocation{}, sent: map[uint64]bool{}, events: map[*allocation]struct{}{}}
 	p.sessions[s] = struct{}{}
 	return s, nil
 }
@@ -133,9 +219,24 @@ func (p *Pool) Connect(c *ipc.Conn) (ipc.Session, error) {
 func (p *Pool) Stats() pool.Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var free, stray int64
+	for _, s := range p.slabs {
+		if s.dedicated {
+			continue
+		}
+		f := s.arena.Size() - s.arena.Used()
+		free += f
+		stray += f - s.arena.Largest()
+	}
+	frag := 0.0
+	if free > 0 {
+		frag = float64(stray) / float64(free)
+	}
 	return pool.Stats{
-		Reserved: p.reserved, Used: p.used, Free: p.reserved - p.used, Peak: p.peak,
+		Backend:  p.cfg.Source.Backend(),
+		Reserved: p.reserved, Used: p.used, Free: p.reserved - p.used, Peak: p.peak, Limit: p.cfg.Limit,
 		Slabs: len(p.slabs), Clients: len(p.sessions), Allocations: len(p.allocs), Named: len(p.names),
+		Fragmentation: frag,
 	}
 }
 
@@ -143,9 +244,15 @@ func (p *Pool) Stats() pool.Stats {
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.closed = true
+	if !p.closed {
+		p.closed = true
+		p.notify()
+	}
 	var first error
 	for id, s := range p.slabs {
+		if s.idle != nil {
+			s.idle.Stop()
+		}
 		if err := s.s.Close(); err != nil && first == nil {
 			first = err
 		}
@@ -155,13 +262,13 @@ func (p *Pool) Close() error {
 	return first
 }
 
-// place finds room for n bytes: the best fit over the shared slabs, else a
-// new shared slab, or a slab of its own when n exceeds the slab size.
-// Called with p.mu held.
-func (p *Pool) place(n int64) (*slab, int64, error) {
+// place finds room for n bytes for uid: the best fit over the shared slabs
+// (of that uid under Isolate), else a new shared slab, or a slab of its own
+// when n exceeds the slab size or legacy is set. Called with p.mu held.
+func (p *Pool) place(n int64, uid uint32, legacy bool) (*slab, int64, error) {
 	taken := device.RoundUp(n, Align)
-	if taken > p.cfg.SlabSize {
-		s, err := p.newSlab(device.RoundUp(taken, p.cfg.Source.Granularity()), true)
+	if legacy || taken > p.cfg.SlabSize {
+		s, err := p.newSlab(taken, true, legacy, uid)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -171,7 +278,7 @@ func (p *Pool) place(n int64) (*slab, int64, error) {
 	var best *slab
 	var bestHole int64
 	for _, s := range p.slabs {
-		if s.dedicated {
+		if s.dedicated || (p.cfg.Isolate && s.uid != uid) {
 			continue
 		}
 		if hole, ok := s.arena.Fit(n); ok && (best == nil || hole < bestHole || (hole == bestHole && s.id < best.id)) {
@@ -179,27 +286,75 @@ func (p *Pool) place(n int64) (*slab, int64, error) {
 		}
 	}
 	if best == nil {
-		s, err := p.newSlab(p.cfg.SlabSize, false)
+		s, err := p.newSlab(p.cfg.SlabSize, false, false, uid)
 		if err != nil {
 			return nil, 0, err
 		}
 		best = s
 	}
+	if best.idle != nil {
+		best.idle.Stop()
+		best.idle = nil
+	}
 	off, err := best.arena.Alloc(n)
 	return best, off, err
 }
 
-func (p *Pool) newSlab(size int64, dedicated bool) (*slab, error) {
-	sl, err := p.cfg.Source.NewSlab(size)
+// newSlab makes a slab of at least size bytes, within Limit: empty shared
+// slabs are released first when the limit (or the source) says there is no
+// room. Called with p.mu held.
+func (p *Pool) newSlab(size int64, dedicated, legacy bool, uid uint32) (*slab, error) {
+	var ls LegacySource
+	if legacy {
+		var ok bool
+		if ls, ok = p.cfg.Source.(LegacySource); !ok {
+			return nil, fmt.Errorf("%w: legacy IPC buffers need the cuda backend (this daemon runs %s)", pool.ErrUnsupported, p.cfg.Source.Backend())
+		}
+	} else {
+		size = device.RoundUp(size, p.cfg.Source.Granularity())
+	}
+	if lim := p.cfg.Limit; lim > 0 && p.reserved+size > lim {
+		p.dropEmpty()
+		if p.reserved+size > lim {
+			return nil, fmt.Errorf("%w: %d bytes reserved of a %d-byte limit, a slab of %d more does not fit", pool.ErrNoMemory, p.reserved, lim, size)
+		}
+	}
+	mk := func() (Slab, error) {
+		if legacy {
+			return ls.NewLegacy(size)
+		}
+		return p.cfg.Source.NewSlab(size)
+	}
+	sl, err := mk()
+	if err != nil && p.dropEmpty() {
+		sl, err = mk()
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", pool.ErrNoMemory, err)
 	}
 	p.nextSlab++
-	s := &slab{id: p.nextSlab, s: sl, arena: arena.New(sl.Size(), Align), dedicated: dedicated}
+	s := &slab{id: p.nextSlab, s: sl, arena: arena.New(sl.Size(), Align), dedicated: dedicated, uid: uid}
+	if h, ok := sl.(interface{ IPCHandle() [64]byte }); ok && sl.Kind() == device.ShareLegacyIPC {
+		hh := h.IPCHandle()
+		s.legacy = hh[:]
+	}
 	p.slabs[s.id] = s
 	p.reserved += sl.Size()
-	p.logf("gpupool: slab %d: %d bytes", s.id, sl.Size())
+	p.logf("gpupool: slab %d: %d bytes (%s)", s.id, sl.Size(), sl.Kind())
 	return s, nil
+}
+
+// dropEmpty releases every empty shared slab and reports whether it
+// released any. Called with p.mu held.
+func (p *Pool) dropEmpty() bool {
+	dropped := false
+	for _, s := range p.slabs {
+		if !s.dedicated && s.arena.Len() == 0 {
+			p.dropSlab(s)
+			dropped = true
+		}
+	}
+	return dropped
 }
 
 // release returns a's memory when nothing holds it. Called with p.mu held.
@@ -209,8 +364,12 @@ func (p *Pool) release(a *allocation) {
 	}
 	if a.bound && p.names[a.name] == a {
 		delete(p.names, a.name)
+		p.notify()
 	}
 	delete(p.allocs, a)
+	if a.eventBy != nil {
+		delete(a.eventBy.events, a)
+	}
 	if err := a.slab.arena.Free(a.off); err != nil {
 		p.logf("gpupool: %v", err)
 	}
@@ -239,38 +398,52 @@ func (p *Pool) release(a *allocation) {
 }
 
 func (p *Pool) dropSlab(s *slab) {
+	if s.idle != nil {
+		s.idle.Stop()
+		s.idle = nil
+	}
 	delete(p.slabs, s.id)
 	p.reserved -= s.s.Size()
 	for sess := range p.sessions {
-		delete(sess.sent, s.id)
+		if sess.sent[s.id] {
+			delete(sess.sent, s.id)
+			sess.dropped = append(sess.dropped, s.id)
+		}
 	}
 	if err := s.s.Close(); err != nil {
 		p.logf("gpupool: close slab %d: %v", s.id, err)
 	}
 }
 
-// session is one connection's view: its peer, its leases by handle, and
-// which slabs' fds it has been sent.
+// session is one connection's view: its peer, its leases by handle, which
+// slabs' fds it has been sent, and the events it set.
 type session struct {
 	p          *Pool
 	cred       ipc.Cred
 	nextHandle uint64
 	leases     map[uint64]*allocation
-	sent       map[uint64]bool
+	sent       map[uint64]bool // slabs whose fd (or legacy handle) it has
+	dropped    []uint64        // sent slabs released since the last lease or free reply
+	events     map[*allocation]struct{}
 }
 
 // Handle implements ipc.Session.
-func (s *session) Handle(_ context.Context, m *ipc.Message, _ []int) (any, []int, error) {
+func (s *session) Handle(ctx context.Context, m *ipc.Message, _ []int) (any, []int, error) {
 	switch m.Op {
 	case pool.OpHello:
 		var req pool.HelloRequest
 		if err := ipc.UnmarshalBody(m.Body, &req); err != nil {
 			return nil, nil, err
 		}
-		return pool.HelloReply{
+		_, legacy := s.p.cfg.Source.(LegacySource)
+		r := pool.HelloReply{
 			Server: "gpupool", PID: os.Getpid(), Backend: s.p.cfg.Source.Backend(),
-			Share: s.p.shareKind(), SlabSize: s.p.cfg.SlabSize, Align: Align, UID: s.cred.UID,
-		}, nil, nil
+			Share: s.p.shareKind(), SlabSize: s.p.cfg.SlabSize, Align: Align, UID: s.cred.UID, Legacy: legacy,
+		}
+		if o, ok := s.p.cfg.Source.(interface{ Ordinal() int }); ok {
+			r.Device = o.Ordinal()
+		}
+		return r, nil, nil
 	case pool.OpAlloc:
 		var req pool.AllocRequest
 		if err := ipc.UnmarshalBody(m.Body, &req); err != nil {
@@ -282,13 +455,33 @@ func (s *session) Handle(_ context.Context, m *ipc.Message, _ []int) (any, []int
 		if err := ipc.UnmarshalBody(m.Body, &req); err != nil {
 			return nil, nil, err
 		}
-		return s.open(req.Name)
+		return s.open(ctx, req)
+	case pool.OpSeal:
+		var req pool.SealRequest
+		if err := ipc.UnmarshalBody(m.Body, &req); err != nil {
+			return nil, nil, err
+		}
+		return nil, nil, s.seal(req.Handle)
+	case pool.OpEvent:
+		var req pool.EventRequest
+		if err := ipc.UnmarshalBody(m.Body, &req); err != nil {
+			return nil, nil, err
+		}
+		r, err := s.event(req)
+		return r, nil, err
 	case pool.OpFree:
 		var req pool.FreeRequest
 		if err := ipc.UnmarshalBody(m.Body, &req); err != nil {
 			return nil, nil, err
 		}
-		return nil, nil, s.free(req)
+		if err := s.free(req); err != nil {
+			return nil, nil, err
+		}
+		s.p.mu.Lock()
+		r := pool.FreeReply{Dropped: s.dropped}
+		s.dropped = nil
+		s.p.mu.Unlock()
+		return r, nil, nil
 	case pool.OpLs:
 		return s.p.ls(), nil, nil
 	case pool.OpStats:
@@ -325,11 +518,34 @@ func checkName(name string) error {
 	return nil
 }
 
+func checkMeta(dtype string, shape []int64) error {
+	if len(dtype) > pool.MaxDTypeLen {
+		return fmt.Errorf("%w: dtype of %d bytes (at most %d)", ipc.ErrBadRequest, len(dtype), pool.MaxDTypeLen)
+	}
+	for _, r := range dtype {
+		if r <= 0x20 || r >= 0x7f {
+			return fmt.Errorf("%w: dtype %q", ipc.ErrBadRequest, dtype)
+		}
+	}
+	if len(shape) > pool.MaxDims {
+		return fmt.Errorf("%w: shape of %d dims (at most %d)", ipc.ErrBadRequest, len(shape), pool.MaxDims)
+	}
+	for _, d := range shape {
+		if d < 0 {
+			return fmt.Errorf("%w: shape %v has a negative dimension", ipc.ErrBadRequest, shape)
+		}
+	}
+	return nil
+}
+
 func (s *session) alloc(req pool.AllocRequest) (any, []int, error) {
 	if req.Size <= 0 || req.Size > MaxAlloc {
 		return nil, nil, fmt.Errorf("%w: %d bytes (1 to %d)", pool.ErrBadSize, req.Size, int64(MaxAlloc))
 	}
 	if err := checkName(req.Name); err != nil {
+		return nil, nil, err
+	}
+	if err := checkMeta(req.DType, req.Shape); err != nil {
 		return nil, nil, err
 	}
 	if req.Keep && req.Name == "" {
@@ -338,6 +554,9 @@ func (s *session) alloc(req pool.AllocRequest) (any, []int, error) {
 	p := s.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return nil, nil, pool.ErrClosed
+	}
 	if req.Name != "" && p.names[req.Name] != nil {
 		return nil, nil, fmt.Errorf("%w: %q", pool.ErrNameTaken, req.Name)
 	}
@@ -346,13 +565,15 @@ func (s *session) alloc(req pool.AllocRequest) (any, []int, error) {
 			return nil, nil, fmt.Errorf("%w: uid %d holds %d of %d bytes, asks %d more", pool.ErrQuota, s.cred.UID, held, q, device.RoundUp(req.Size, Align))
 		}
 	}
-	sl, off, err := p.place(req.Size)
+	sl, off, err := p.place(req.Size, s.cred.UID, req.Legacy || p.cfg.LegacyAll)
 	if err != nil {
 		return nil, nil, err
 	}
 	a := &allocation{
 		slab: sl, off: off, size: req.Size, taken: sl.arena.Round(req.Size),
-		name: req.Name, bound: req.Name != "", kept: req.Keep,
+		name: req.Name, bound: req.Name != "", kept: req.Keep && !p.cfg.Ephemeral,
+		sealed: !req.Unsealed || req.Name == "", dtype: req.DType, shape: slices.Clone(req.Shape),
+		created:  time.Now(),
 		ownerUID: s.cred.UID, ownerPID: s.cred.PID,
 	}
 	p.allocs[a] = struct{}{}
@@ -370,15 +591,44 @@ func (s *session) alloc(req pool.AllocRequest) (any, []int, error) {
 	return lease, fds, err
 }
 
-func (s *session) open(name string) (any, []int, error) {
+func (s *session) open(ctx context.Context, req pool.OpenRequest) (any, []int, error) {
+	wait := min(time.Duration(max(req.WaitMS, 0))*time.Millisecond, s.p.cfg.MaxWait)
+	deadline := time.Now().Add(wait)
 	p := s.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	a := p.names[name]
-	if a == nil {
-		return nil, nil, fmt.Errorf("%w: %q", pool.ErrNoSuchName, name)
+	for {
+		if p.closed {
+			return nil, nil, pool.ErrClosed
+		}
+		a := p.names[req.Name]
+		if a == nil {
+			return nil, nil, fmt.Errorf("%w: %q", pool.ErrNoSuchName, req.Name)
+		}
+		if p.cfg.Isolate && a.ownerUID != s.cred.UID {
+			return nil, nil, fmt.Errorf("%w: %q belongs to another uid", ipc.ErrPermission, req.Name)
+		}
+		if a.sealed {
+			return s.lease(a)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, nil, fmt.Errorf("%w: %q (waited %v)", pool.ErrNotSealed, req.Name, wait)
+		}
+		ch := p.changed
+		p.mu.Unlock()
+		t := time.NewTimer(left)
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		p.mu.Lock()
+		if ctx.Err() != nil {
+			return nil, nil, fmt.Errorf("%w: daemon shutting down", pool.ErrClosed)
+		}
 	}
-	return s.lease(a)
 }
 
 // lease gives the session a handle on a, with the slab's fd if the session
@@ -386,20 +636,80 @@ func (s *session) open(name string) (any, []int, error) {
 func (s *session) lease(a *allocation) (any, []int, error) {
 	var fds []int
 	if !s.sent[a.slab.id] {
-		fd, err := unix.FcntlInt(uintptr(a.slab.s.FD()), unix.F_DUPFD_CLOEXEC, 0)
-		if err != nil {
-			return nil, nil, fmt.Errorf("gpupool: dup slab fd: %w", err)
+		if a.slab.legacy == nil {
+			fd, err := unix.FcntlInt(uintptr(a.slab.s.FD()), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				return nil, nil, fmt.Errorf("gpupool: dup slab fd: %w", err)
+			}
+			fds = []int{fd}
 		}
-		fds = []int{fd}
 		s.sent[a.slab.id] = true
 	}
+	dropped := s.dropped
+	s.dropped = nil
 	s.nextHandle++
 	s.leases[s.nextHandle] = a
 	a.leases++
+	name := ""
+	if a.bound {
+		name = a.name
+	}
 	return pool.Lease{
-		Handle: s.nextHandle, Name: a.name, Slab: a.slab.id, SlabSize: a.slab.s.Size(),
+		Handle: s.nextHandle, Name: name, Slab: a.slab.id, SlabSize: a.slab.s.Size(),
 		Kind: a.slab.s.Kind(), Offset: a.off, Size: a.size, FD: fds != nil,
+		Legacy: a.slab.legacy, Sealed: a.sealed, DType: a.dtype, Shape: a.shape, Event: a.event,
+		Dropped: dropped,
 	}, fds, nil
+}
+
+func (s *session) leased(h uint64) (*allocation, error) {
+	a := s.leases[h]
+	if a == nil {
+		return nil, fmt.Errorf("%w: handle %d", pool.ErrNoSuchLease, h)
+	}
+	return a, nil
+}
+
+func (s *session) seal(h uint64) error {
+	p := s.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	a, err := s.leased(h)
+	if err != nil {
+		return err
+	}
+	if s.cred.UID != 0 && s.cred.UID != a.ownerUID {
+		return fmt.Errorf("%w: %q belongs to uid %d", pool.ErrNotOwner, a.name, a.ownerUID)
+	}
+	if !a.sealed {
+		a.sealed = true
+		p.notify()
+	}
+	return nil
+}
+
+func (s *session) event(req pool.EventRequest) (pool.EventReply, error) {
+	p := s.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	a, err := s.leased(req.Handle)
+	if err != nil {
+		return pool.EventReply{}, err
+	}
+	if req.IPC != nil {
+		if p.cfg.Source.Backend() != "cuda" {
+			return pool.EventReply{}, fmt.Errorf("%w: interprocess events need the cuda backend", pool.ErrUnsupported)
+		}
+		if len(req.IPC) != 64 {
+			return pool.EventReply{}, fmt.Errorf("%w: event handle of %d bytes (want 64)", ipc.ErrBadRequest, len(req.IPC))
+		}
+		if a.eventBy != nil {
+			delete(a.eventBy.events, a)
+		}
+		a.event, a.eventBy = slices.Clone(req.IPC), s
+		s.events[a] = struct{}{}
+	}
+	return pool.EventReply{IPC: a.event}, nil
 }
 
 func (s *session) free(req pool.FreeRequest) error {
@@ -415,14 +725,15 @@ func (s *session) free(req pool.FreeRequest) error {
 			return fmt.Errorf("%w: %q belongs to uid %d", pool.ErrNotOwner, req.Name, a.ownerUID)
 		}
 		delete(p.names, req.Name)
+		p.notify()
 		a.bound = false
 		a.kept = false
 		p.release(a)
 		return nil
 	}
-	a := s.leases[req.Handle]
-	if a == nil {
-		return fmt.Errorf("%w: handle %d", pool.ErrNoSuchLease, req.Handle)
+	a, err := s.leased(req.Handle)
+	if err != nil {
+		return err
 	}
 	delete(s.leases, req.Handle)
 	a.leases--
@@ -430,11 +741,18 @@ func (s *session) free(req pool.FreeRequest) error {
 	return nil
 }
 
-// Close implements ipc.Session: the connection's leases are dropped.
+// Close implements ipc.Session: the connection's leases are dropped, and
+// the events its process owned are forgotten (they die with it).
 func (s *session) Close() {
 	p := s.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	for a := range s.events {
+		if a.eventBy == s {
+			a.event, a.eventBy = nil, nil
+		}
+	}
+	s.events = nil
 	for h, a := range s.leases {
 		delete(s.leases, h)
 		a.leases--
@@ -446,6 +764,7 @@ func (s *session) Close() {
 func (p *Pool) ls() pool.LsReply {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	now := time.Now()
 	out := make([]pool.BufferInfo, 0, len(p.allocs))
 	for a := range p.allocs {
 		name := ""
@@ -454,7 +773,9 @@ func (p *Pool) ls() pool.LsReply {
 		}
 		out = append(out, pool.BufferInfo{
 			Name: name, Size: a.size, Slab: a.slab.id, Offset: a.off,
-			Leases: a.leases, Kept: a.kept, OwnerUID: a.ownerUID, OwnerPID: a.ownerPID,
+			Leases: a.leases, Kept: a.kept, Sealed: a.sealed, Legacy: a.slab.legacy != nil,
+			DType: a.dtype, Shape: a.shape,
+			OwnerUID: a.ownerUID, OwnerPID: a.ownerPID, AgeMS: now.Sub(a.created).Milliseconds(),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -472,3 +793,4 @@ func (p *Pool) ls() pool.LsReply {
 	})
 	return pool.LsReply{Buffers: out}
 }
+

@@ -66,3 +66,12 @@ func (s *memfdSlab) FD() int                { return s.fd }
 func (s *memfdSlab) Size() int64            { return s.size }
 func (s *memfdSlab) Kind() device.ShareKind { return device.ShareMemfd }
 func (s *memfdSlab) Close() error           { return unix.Close(s.fd) }
+
+// LegacySource is a SlabSource that can also make legacy-IPC buffers:
+// cuMemAlloc memory with a 64-byte CUipcMemHandle, which CuPy and PyTorch
+// open (cudaIpcOpenMemHandle). The returned Slab has Kind
+// device.ShareLegacyIPC, FD -1, and an IPCHandle() [64]byte method.
+type LegacySource interface {
+	SlabSource
+	NewLegacy(size int64) (Slab, error)
+}
