@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 
 	"gpukit/libgpu/ops"
 )
@@ -25,6 +26,7 @@ type Config struct {
 	Seed        uint64  `json:"seed"`         // initialisation and data order
 	Epochs      int     `json:"epochs"`       // passes over the training set
 	Limit       int     `json:"limit"`        // use the first Limit training examples (0: all)
+	Clip        float32 `json:"clip,omitempty"` // max gradient norm (0: no clipping)
 }
 
 // Default is the configuration of `trainer run` without flags: a
@@ -58,6 +60,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: --epochs %d (want at least 1)", ErrConfig, c.Epochs)
 	case c.Limit < 0:
 		return fmt.Errorf("%w: --limit %d (want >= 0)", ErrConfig, c.Limit)
+	case !(c.Clip >= 0) || math.IsInf(float64(c.Clip), 1):
+		return fmt.Errorf("%w: --clip %v (want a finite norm >= 0; 0 turns clipping off)", ErrConfig, c.Clip)
 	}
 	for _, w := range c.Widths {
 		if w < 1 || w > 1<<16 {

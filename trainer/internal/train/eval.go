@@ -22,6 +22,7 @@ func Evaluate(a device.Allocator, prec ops.Precision, f *ckpt.File, cfg Config, 
 	if err != nil {
 		return 0, err
 	}
+	defer closeEngine(eng)
 	m, err := newModel(a, cfg, "eval", batch, false)
 	if err != nil {
 		return 0, err

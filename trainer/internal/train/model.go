@@ -11,6 +11,7 @@ import (
 	"gpukit/libgpu/nn"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/optim"
+	"gpukit/libgpu/tensor"
 )
 
 // Checkpoint layout (one safetensors file, written atomically):
@@ -37,9 +38,11 @@ type Position struct {
 
 // model is an MLP and its optimizer on one allocator.
 type model struct {
-	cfg Config
-	mlp *nn.MLP
-	opt optim.Optimizer
+	cfg   Config
+	mlp   *nn.MLP
+	opt   optim.Optimizer
+	grads []*tensor.Tensor // every Param.Grad, for clipping
+	norm  *tensor.Tensor   // [1] f32: the gradient norm before clipping (cfg.Clip > 0)
 }
 
 func newModel(a device.Allocator, cfg Config, run string, batch int, withOptim bool) (*model, error) {
@@ -65,14 +68,45 @@ func newModel(a device.Allocator, cfg Config, run string, batch int, withOptim b
 		mlp.Free()
 		return nil, fmt.Errorf("building the optimizer: %w", err)
 	}
+	if cfg.Clip > 0 {
+		for _, p := range mlp.Params() {
+			m.grads = append(m.grads, p.Grad)
+		}
+		if m.norm, err = tensor.Alloc(a, join(run, "acts/grad_norm"), tensor.F32, 1); err != nil {
+			m.free()
+			return nil, fmt.Errorf("building the model: %w", err)
+		}
+	}
 	return m, nil
 }
 
 func (m *model) free() {
+	if m.norm != nil {
+		m.norm.Buf.Free()
+	}
 	if m.opt != nil {
 		m.opt.Free()
 	}
 	m.mlp.Free()
+}
+
+// compute runs one training step on the batch already in the model's input
+// and label buffers: forward, loss, backward, gradient clipping (cfg.Clip >
+// 0) and the optimizer. On a GPU everything is queued on the engine's
+// stream with no host synchronisation.
+func (m *model) compute(e *ops.Engine) error {
+	if err := m.mlp.Forward(e); err != nil {
+		return err
+	}
+	if err := m.mlp.Backward(e); err != nil {
+		return err
+	}
+	if m.cfg.Clip > 0 {
+		if err := e.ClipGradNorm(m.grads, m.cfg.Clip, m.norm); err != nil {
+			return err
+		}
+	}
+	return m.opt.Step(e)
 }
 
 // tensors lists what a checkpoint holds: parameters, then (withOptim) the

@@ -27,6 +27,9 @@ const (
 type Options struct {
 	Alloc     device.Allocator // where parameters, gradients, state and activations live
 	Precision ops.Precision
+	// Graph captures the training step as CUDA graphs and replays them
+	// (CUDA devices only; the host ignores it).
+	Graph bool
 	Run       string // buffer name prefix: <Run>/params/fc0.weight, ...
 	Train     *data.Set
 	Test      *data.Set
@@ -42,14 +45,21 @@ type Options struct {
 // StepLine is the JSON line written every LogEvery steps. Epoch is 1-based;
 // Loss is the mean cross-entropy of that step's batch (not an average over
 // the interval, so an interrupted and resumed run prints the same lines);
-// SamplesPerS and StepMS are measured over the interval since the last line.
+// SamplesPerS and StepMS are measured over the interval since the last line
+// (wall clock, including the host's batch preparation). MFU, present when
+// the device's peak is known (ops.PeakFLOPS), is the GEMM FLOP/s of those
+// steps (nn.MLP.StepFLOPs) over that peak for the run's precision.
+// GradNorm, with clipping on, is the norm of that step's gradients before
+// clipping.
 type StepLine struct {
-	Step        int     `json:"step"`
-	Epoch       int     `json:"epoch"`
-	Loss        float32 `json:"loss"`
-	LR          float32 `json:"lr"`
-	SamplesPerS float64 `json:"samples_per_s"`
-	StepMS      float64 `json:"step_ms"`
+	Step        int      `json:"step"`
+	Epoch       int      `json:"epoch"`
+	Loss        float32  `json:"loss"`
+	LR          float32  `json:"lr"`
+	SamplesPerS float64  `json:"samples_per_s"`
+	StepMS      float64  `json:"step_ms"`
+	MFU         *float64 `json:"mfu,omitempty"`
+	GradNorm    *float32 `json:"grad_norm,omitempty"`
 }
 
 // EpochLine is the JSON line written after every epoch: the accuracy of the
@@ -94,6 +104,7 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 	if err != nil {
 		return res, err
 	}
+	defer closeEngine(eng)
 	m, err := newModel(o.Alloc, cfg, o.Run, cfg.Batch, true)
 	if err != nil {
 		return res, err
@@ -131,9 +142,13 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 		return Plot(filepath.Join(o.Out, MetricsFile), filepath.Join(o.Out, PlotFile))
 	}
 
-	d := trainSet.Dim()
-	x := make([]float32, cfg.Batch*d)
-	y := make([]int32, cfg.Batch)
+	st, err := newStepper(eng, m, o.Graph)
+	if err != nil {
+		return res, err
+	}
+	defer st.close()
+	peak, havePeak := ops.PeakFLOPS(o.Alloc.Device(), o.Precision)
+	flops := m.mlp.StepFLOPs()
 	bar := newProgress(o.Progress, cfg.Epochs, nb)
 	last, lastStep := time.Now(), pos.Step
 	var lastLoss float32
@@ -144,10 +159,14 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 			first = pos.Batch
 		}
 		for b := first; b < nb; b++ {
-			if err := trainSet.Fill(x, y, data.Batch(order, cfg.Batch, b)); err != nil {
+			x, y, err := st.batch()
+			if err != nil {
 				return res, err
 			}
-			if err := m.step(eng, x, y); err != nil {
+			if err := fill(trainSet, x, y, data.Batch(order, cfg.Batch, b)); err != nil {
+				return res, err
+			}
+			if err := st.run(); err != nil {
 				return res, fmt.Errorf("step %d: %w", pos.Step+1, err)
 			}
 			pos = Position{Step: pos.Step + 1, Epoch: epoch, Batch: b + 1}
@@ -160,8 +179,20 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 				now := time.Now()
 				n := pos.Step - lastStep
 				dt := now.Sub(last).Seconds()
-				if err := emit(StepLine{Step: pos.Step, Epoch: epoch + 1, Loss: l[0], LR: cfg.LR,
-					SamplesPerS: round(float64(n*cfg.Batch)/dt, 1), StepMS: round(dt*1000/float64(n), 3)}); err != nil {
+				line := StepLine{Step: pos.Step, Epoch: epoch + 1, Loss: l[0], LR: cfg.LR,
+					SamplesPerS: round(float64(n*cfg.Batch)/dt, 1), StepMS: round(dt*1000/float64(n), 3)}
+				if havePeak {
+					u := round(flops*float64(n)/dt/peak, 4)
+					line.MFU = &u
+				}
+				if m.norm != nil {
+					g, err := m.norm.ReadF32()
+					if err != nil {
+						return res, err
+					}
+					line.GradNorm = &g[0]
+				}
+				if err := emit(line); err != nil {
 					return res, err
 				}
 				last, lastStep = now, pos.Step
@@ -214,23 +245,6 @@ func checkShapes(cfg Config, sets ...*data.Set) error {
 		}
 	}
 	return nil
-}
-
-// step runs forward, backward and the optimizer on one batch.
-func (m *model) step(e *ops.Engine, x []float32, y []int32) error {
-	if err := m.mlp.Input().WriteF32(x); err != nil {
-		return err
-	}
-	if err := m.mlp.Labels().Write(tensor.AsBytes(y)); err != nil {
-		return err
-	}
-	if err := m.mlp.Forward(e); err != nil {
-		return err
-	}
-	if err := m.mlp.Backward(e); err != nil {
-		return err
-	}
-	return m.opt.Step(e)
 }
 
 // evaluate returns the fraction of set the model classifies correctly, in

@@ -3,6 +3,7 @@ package train
 import (
 	"bytes"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -29,7 +30,13 @@ func randomSteps(t *testing.T, m *model, e *ops.Engine, rng *rand.Rand, n int) {
 		for i := range y {
 			y[i] = int32(rng.IntN(m.cfg.Widths[len(m.cfg.Widths)-1]))
 		}
-		if err := m.step(e, x, y); err != nil {
+		if err := m.mlp.Input().WriteF32(x); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.mlp.Labels().Write(tensor.AsBytes(y)); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.compute(e); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -153,6 +160,8 @@ func TestValidate(t *testing.T) {
 		func(c *Config) { c.Batch = 0 },
 		func(c *Config) { c.Epochs = 0 },
 		func(c *Config) { c.Limit = -1 },
+		func(c *Config) { c.Clip = -1 },
+		func(c *Config) { c.Clip = float32(math.Inf(1)) },
 	} {
 		c := Default()
 		edit(&c)
