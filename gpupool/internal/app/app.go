@@ -17,15 +17,12 @@ import (
 // ErrUsage marks bad command-line input (exit status 2).
 var ErrUsage = errors.New("usage")
 
-// ErrNotBuilt marks a subcommand that a later issue builds (exit status 2).
-var ErrNotBuilt = errors.New("not yet built (issue: gpupool complete)")
-
 // ExitCode is the process exit status for an error returned by Run.
 func ExitCode(err error) int {
 	switch {
 	case err == nil:
 		return 0
-	case errors.Is(err, ErrUsage), errors.Is(err, ErrNotBuilt):
+	case errors.Is(err, ErrUsage):
 		return 2
 	}
 	return 1
@@ -42,9 +39,10 @@ func Main(args []string) int {
 }
 
 const description = `gpupool owns memory that several processes share: it hands out buffers from
-slabs (memfd in host memory; CUDA VMM on a GPU later) over a Unix socket, passes
+slabs (CUDA VMM on a GPU, memfd in host memory) over a Unix socket, passes
 each slab's fd once per client (SCM_RIGHTS), keeps named buffers other
-processes can open, and releases a client's buffers when its connection ends.
+processes can open (legacy CUDA IPC handles for CuPy and PyTorch on request),
+and releases a client's buffers when its connection ends.
 Start it with "gpupool serve"; the other subcommands are clients of a running
 daemon. Tools reach it through gpukit/libgpu/pool.`
 
@@ -55,10 +53,7 @@ func New() *cli.App {
 		Usage:       "share GPU or host memory between processes",
 		Description: description,
 		Commands: []*cli.Command{
-			serveCommand, allocCommand, freeCommand, lsCommand, statsCommand,
-			notBuilt("put", "NAME FILE|-", "store a file's bytes in a named buffer"),
-			notBuilt("get", "NAME", "write a named buffer's bytes to stdout"),
-			notBuilt("rm", "NAME", "remove a named buffer"),
+			serveCommand, allocCommand, freeCommand, rmCommand, putCommand, getCommand, lsCommand, statsCommand,
 		},
 		HideHelpCommand: true,
 		Action: func(c *cli.Context) error {
@@ -82,13 +77,6 @@ func usageError(c *cli.Context, err error, isSub bool) error {
 		name += " " + c.Command.Name
 	}
 	return fmt.Errorf("%w: %v (see %s --help)", ErrUsage, err, name)
-}
-
-func notBuilt(name, args, usage string) *cli.Command {
-	return &cli.Command{
-		Name: name, ArgsUsage: args, Usage: usage + " (not yet built)",
-		Action: func(*cli.Context) error { return fmt.Errorf("%s: %w", name, ErrNotBuilt) },
-	}
 }
 
 // DefaultSocket is $GPUKIT_POOL_SOCKET, else $XDG_RUNTIME_DIR/gpukit/pool.sock,

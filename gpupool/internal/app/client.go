@@ -3,16 +3,46 @@ package app
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/urfave/cli/v2"
+
+	"gpukit/libgpu/pool"
 )
+
+func metaFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "dtype", Usage: "dtype metadata stored with the buffer (f32, bf16, ...)"},
+		&cli.StringFlag{Name: "shape", Usage: "shape metadata stored with the buffer, comma separated (e.g. 784,128)"},
+		&cli.BoolFlag{Name: "legacy", Usage: "a cuMemAlloc buffer with a legacy CUDA IPC handle (for CuPy and PyTorch; cuda pools only)"},
+	}
+}
+
+func parseShape(s string) ([]int64, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []int64
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%w: --shape %q: want non-negative integers separated by commas", ErrUsage, s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
 
 var allocCommand = &cli.Command{
 	Name:      "alloc",
-	Usage:     "allocate a named buffer that stays in the pool until freed by name",
+	Usage:     "allocate a named buffer that stays in the pool until removed (gpupool rm)",
 	ArgsUsage: "NAME SIZE",
-	Flags:     clientFlags(),
+	Flags:     append(clientFlags(), metaFlags()...),
 	Action: func(c *cli.Context) error {
 		if c.NArg() != 2 {
 			return fmt.Errorf("%w: alloc takes NAME SIZE (see gpupool alloc --help)", ErrUsage)
@@ -21,12 +51,17 @@ var allocCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
+		shape, err := parseShape(c.String("shape"))
+		if err != nil {
+			return err
+		}
 		cl, err := dial(c)
 		if err != nil {
 			return err
 		}
 		defer cl.Close()
-		b, err := cl.AllocKeep(c.Args().Get(0), size)
+		b, err := cl.Create(c.Args().Get(0), size, pool.CreateOptions{
+			DType: c.String("dtype"), Shape: shape, Legacy: c.Bool("legacy"), Sealed: true})
 		if err != nil {
 			return err
 		}
@@ -36,27 +71,134 @@ var allocCommand = &cli.Command{
 	},
 }
 
-var freeCommand = &cli.Command{
-	Name:      "free",
-	Usage:     "unbind a named buffer; its memory returns when no client holds it",
+func removeAction(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return fmt.Errorf("%w: %s takes NAME (see gpupool %s --help)", ErrUsage, c.Command.Name, c.Command.Name)
+	}
+	cl, err := dial(c)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	return cl.Remove(c.Args().First())
+}
+
+var rmCommand = &cli.Command{
+	Name:      "rm",
+	Usage:     "remove a named buffer; its memory returns once no client holds a lease on it",
 	ArgsUsage: "NAME",
 	Flags:     clientFlags(),
+	Action:    removeAction,
+}
+
+var freeCommand = &cli.Command{
+	Name:      "free",
+	Usage:     "the same as rm",
+	ArgsUsage: "NAME",
+	Flags:     clientFlags(),
+	Action:    removeAction,
+}
+
+var putCommand = &cli.Command{
+	Name:      "put",
+	Usage:     "store a file's bytes (or stdin's, with -) in a new named buffer: create, write, seal",
+	ArgsUsage: "NAME FILE|-",
+	Flags: append(clientFlags(), append(metaFlags(),
+		&cli.BoolFlag{Name: "ephemeral", Usage: "remove the buffer when this command exits (for tests)"})...),
 	Action: func(c *cli.Context) error {
-		if c.NArg() != 1 {
-			return fmt.Errorf("%w: free takes NAME (see gpupool free --help)", ErrUsage)
+		if c.NArg() != 2 {
+			return fmt.Errorf("%w: put takes NAME FILE|- (see gpupool put --help)", ErrUsage)
+		}
+		shape, err := parseShape(c.String("shape"))
+		if err != nil {
+			return err
+		}
+		var data []byte
+		if f := c.Args().Get(1); f == "-" {
+			data, err = io.ReadAll(os.Stdin)
+		} else {
+			data, err = os.ReadFile(f)
+		}
+		if err != nil {
+			return err
+		}
+		if len(data) == 0 {
+			return fmt.Errorf("%w: put: no bytes to store (an empty buffer cannot exist)", ErrUsage)
 		}
 		cl, err := dial(c)
 		if err != nil {
 			return err
 		}
 		defer cl.Close()
-		return cl.FreeName(c.Args().First())
+		b, err := cl.Create(c.Args().Get(0), int64(len(data)), pool.CreateOptions{
+			DType: c.String("dtype"), Shape: shape, Legacy: c.Bool("legacy"), Ephemeral: c.Bool("ephemeral")})
+		if err != nil {
+			return err
+		}
+		if err := cl.Device().CopyIn(b.Buffer, 0, data); err != nil {
+			cl.Remove(b.Name())
+			return err
+		}
+		return b.Seal()
 	},
+}
+
+var getCommand = &cli.Command{
+	Name:      "get",
+	Usage:     "write a named buffer's bytes to stdout",
+	ArgsUsage: "NAME",
+	Flags: append(clientFlags(),
+		&cli.DurationFlag{Name: "timeout", Usage: "wait this long for a buffer still being written to be sealed"}),
+	Action: func(c *cli.Context) error {
+		if c.NArg() != 1 {
+			return fmt.Errorf("%w: get takes NAME (see gpupool get --help)", ErrUsage)
+		}
+		cl, err := dial(c)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		b, err := cl.OpenWait(c.Args().First(), c.Duration("timeout"))
+		if err != nil {
+			return err
+		}
+		defer b.Free()
+		data := make([]byte, b.Size())
+		if err := cl.Device().CopyOut(data, b.Buffer, 0); err != nil {
+			return err
+		}
+		_, err = c.App.Writer.Write(data)
+		return err
+	},
+}
+
+func age(ms int64) string {
+	d := time.Duration(ms) * time.Millisecond
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+func shapeString(s []int64) string {
+	if len(s) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(s))
+	for i, d := range s {
+		parts[i] = strconv.FormatInt(d, 10)
+	}
+	return strings.Join(parts, "x")
 }
 
 var lsCommand = &cli.Command{
 	Name:  "ls",
-	Usage: "list the pool's allocations",
+	Usage: "list the pool's allocations: name, size, dtype, shape, owner uid, age",
 	Flags: append(clientFlags(), &cli.BoolFlag{Name: "json", Usage: "print JSON"}),
 	Action: func(c *cli.Context) error {
 		if c.Args().Present() {
@@ -74,16 +216,23 @@ var lsCommand = &cli.Command{
 		if c.Bool("json") {
 			enc := json.NewEncoder(c.App.Writer)
 			enc.SetIndent("", "  ")
+			if bufs == nil {
+				bufs = []pool.BufferInfo{}
+			}
 			return enc.Encode(bufs)
 		}
 		w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "NAME\tSIZE\tSLAB\tOFFSET\tLEASES\tKEPT\tUID\tPID")
+		fmt.Fprintln(w, "NAME\tSIZE\tDTYPE\tSHAPE\tSLAB\tOFFSET\tLEASES\tKEPT\tSEALED\tUID\tPID\tAGE")
 		for _, b := range bufs {
-			name := b.Name
+			name, dtype := b.Name, b.DType
 			if name == "" {
 				name = "-"
 			}
-			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%v\t%d\t%d\n", name, b.Size, b.Slab, b.Offset, b.Leases, b.Kept, b.OwnerUID, b.OwnerPID)
+			if dtype == "" {
+				dtype = "-"
+			}
+			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%d\t%d\t%d\t%v\t%v\t%d\t%d\t%s\n", name, b.Size, dtype, shapeString(b.Shape),
+				b.Slab, b.Offset, b.Leases, b.Kept, b.Sealed, b.OwnerUID, b.OwnerPID, age(b.AgeMS))
 		}
 		return w.Flush()
 	},
@@ -91,7 +240,7 @@ var lsCommand = &cli.Command{
 
 var statsCommand = &cli.Command{
 	Name:  "stats",
-	Usage: "print the pool's counters as JSON (bytes reserved, used, free, peak; slabs, clients, allocations)",
+	Usage: "print the pool's counters as JSON (bytes reserved, used, free, peak; slabs, clients, allocations, fragmentation)",
 	Flags: clientFlags(),
 	Action: func(c *cli.Context) error {
 		if c.Args().Present() {

@@ -1,18 +1,25 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
+	"os/user"
 	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"gpukit/gpupool/internal/server"
+	"gpukit/libgpu/device"
 	"gpukit/libgpu/ipc"
 )
 
@@ -20,18 +27,136 @@ var serveCommand = &cli.Command{
 	Name:  "serve",
 	Usage: "run the pool daemon on a socket",
 	Description: `serve listens on --socket (refusing a socket a live daemon answers on,
-replacing a stale one), prints the socket path on stdout when it is ready,
-and serves until SIGTERM or SIGINT, when it closes every connection, removes
-the socket and exits 0.`,
+replacing a stale one), or on the socket systemd passes (LISTEN_FDS), prints
+the socket path on stdout when it is ready, tells systemd READY=1, and serves
+until SIGTERM or SIGINT, when it stops accepting, ends waits in progress,
+closes every connection, removes the socket it made and exits 0.
+
+On a GPU (--backend auto picks CUDA when a device answers) slabs are CUDA VMM
+allocations shared as fds; on the host they are memfds.`,
 	Flags: []cli.Flag{
 		socketFlag(),
-		&cli.StringFlag{Name: "slab", Value: "64MiB", Usage: "size of a shared slab; larger allocations get a slab of their own"},
-		&cli.StringSliceFlag{Name: "quota-uid", Usage: "UID=BYTES: the most the buffers a uid creates may hold at once (repeatable)"},
-		&cli.StringSliceFlag{Name: "allow-uid", Usage: "UID: only these uids may connect (repeatable; default: anyone the socket's mode lets in)"},
+		&cli.StringFlag{Name: "backend", Value: "auto", Usage: "auto, cuda or host: where slabs live (auto: a GPU when one answers, else host memory)"},
+		&cli.IntFlag{Name: "device", Usage: "CUDA device ordinal"},
+		&cli.StringFlag{Name: "slab", Value: "64MiB", Usage: "size of a shared slab (rounded up to the VMM granularity on a GPU); larger allocations get a slab of their own"},
+		&cli.StringFlag{Name: "limit", Usage: "most bytes all slabs may reserve: a size, or N% of free device memory (cuda) or of RAM (host) (default: 90% on cuda, none on host)"},
 		&cli.DurationFlag{Name: "idle", Usage: "release a shared slab that stays empty this long (0: keep empty slabs)"},
+		&cli.BoolFlag{Name: "legacy-ipc", Usage: "make every buffer a cuMemAlloc buffer with a legacy CUipcMemHandle (CuPy, PyTorch); cuda only"},
+		&cli.BoolFlag{Name: "ephemeral", Usage: "tie named buffers to their creator's connection instead of keeping them until rm"},
+		&cli.BoolFlag{Name: "isolate", Usage: "give each uid slabs of its own and refuse to open another uid's buffers"},
+		&cli.StringFlag{Name: "group", Usage: "GROUP (name or gid): the socket's group (mode 0660), and members may connect"},
+		&cli.StringSliceFlag{Name: "allow-uid", Usage: "UID: only these uids (and --group's members) may connect (repeatable; default: anyone the socket's mode lets in)"},
+		&cli.StringSliceFlag{Name: "quota-uid", Usage: "UID=BYTES: the most the buffers a uid creates may hold at once (repeatable)"},
+		&cli.StringFlag{Name: "metrics-addr", Usage: "HOST:PORT: serve the stats as Prometheus text at /metrics"},
 		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "log slabs and connection problems on stderr"},
 	},
 	Action: serve,
+}
+
+// source opens the slab source --backend names.
+func source(c *cli.Context) (server.SlabSource, func(), error) {
+	ord := c.Int("device")
+	switch b := c.String("backend"); b {
+	case "host":
+		return server.Memfd{}, func() {}, nil
+	case "cuda", "auto":
+		d, err := device.NewCUDA(ord)
+		if err != nil {
+			if b == "auto" && device.NoGPU(err) {
+				return server.Memfd{}, func() {}, nil
+			}
+			return nil, nil, fmt.Errorf("--backend %s: %w", b, err)
+		}
+		src, err := server.NewCUDA(d)
+		if err != nil {
+			d.Close()
+			return nil, nil, err
+		}
+		return src, func() { d.Close() }, nil
+	default:
+		return nil, nil, fmt.Errorf("%w: --backend %q: want auto, cuda or host", ErrUsage, b)
+	}
+}
+
+// parseLimit reads --limit against the memory the backend has.
+func parseLimit(s string, src server.SlabSource) (int64, error) {
+	var avail int64
+	if cs, ok := src.(*server.CUDA); ok {
+		free, _, err := cs.MemInfo()
+		if err != nil {
+			return 0, fmt.Errorf("--limit: device memory: %w", err)
+		}
+		avail = free
+		if s == "" {
+			s = "90%"
+		}
+	} else {
+		var si unix.Sysinfo_t
+		if err := unix.Sysinfo(&si); err == nil {
+			avail = int64(si.Totalram) * int64(si.Unit)
+		}
+	}
+	if s == "" || s == "0" {
+		return 0, nil
+	}
+	if pct, ok := strings.CutSuffix(s, "%"); ok {
+		f, err := strconv.ParseFloat(pct, 64)
+		if err != nil || f <= 0 || f > 100 {
+			return 0, fmt.Errorf("%w: --limit %q: want a size or a percentage in (0,100]", ErrUsage, s)
+		}
+		return int64(float64(avail) * f / 100), nil
+	}
+	n, err := ParseSize(s)
+	if err != nil {
+		return 0, fmt.Errorf("--limit: %w", err)
+	}
+	return n, nil
+}
+
+func lookupGroup(g string) (uint32, error) {
+	if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+		return uint32(n), nil
+	}
+	gr, err := user.LookupGroup(g)
+	if err != nil {
+		return 0, fmt.Errorf("%w: --group %q: %v", ErrUsage, g, err)
+	}
+	n, err := strconv.ParseUint(gr.Gid, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("%w: --group %q has gid %q", ErrUsage, g, gr.Gid)
+	}
+	return uint32(n), nil
+}
+
+// listen returns the socket systemd passed (LISTEN_FDS) or a new one at
+// --socket, and the path to print.
+func listen(c *cli.Context) (*net.UnixListener, string, error) {
+	if files := activation.Files(true); len(files) > 0 {
+		for _, f := range files[1:] {
+			f.Close()
+		}
+		fl, err := net.FileListener(files[0])
+		files[0].Close()
+		if err != nil {
+			return nil, "", fmt.Errorf("socket from systemd: %w", err)
+		}
+		l, ok := fl.(*net.UnixListener)
+		if !ok || l.Addr().Network() != ipc.Network {
+			fl.Close()
+			return nil, "", fmt.Errorf("socket from systemd is %s, want a unix SOCK_SEQPACKET socket (ListenSequentialPacket=)", fl.Addr().Network())
+		}
+		l.SetUnlinkOnClose(false) // systemd owns the file
+		return l, l.Addr().String(), nil
+	}
+	path := socketPath(c)
+	l, err := ipc.Listen(path)
+	if err != nil {
+		if errors.Is(err, ipc.ErrSocketInUse) {
+			return nil, "", fmt.Errorf("a daemon is already serving %s", path)
+		}
+		return nil, "", err
+	}
+	return l, path, nil
 }
 
 func serve(c *cli.Context) error {
@@ -42,7 +167,8 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("--slab: %w", err)
 	}
-	cfg := server.Config{SlabSize: slab, Idle: c.Duration("idle")}
+	cfg := server.Config{SlabSize: slab, Idle: c.Duration("idle"), LegacyAll: c.Bool("legacy-ipc"),
+		Ephemeral: c.Bool("ephemeral"), Isolate: c.Bool("isolate")}
 	if cfg.Idle < 0 {
 		return fmt.Errorf("%w: --idle must not be negative", ErrUsage)
 	}
@@ -68,40 +194,88 @@ func serve(c *cli.Context) error {
 		}
 		cfg.AllowUID = append(cfg.AllowUID, uint32(uid))
 	}
+	gid := -1
+	if g := c.String("group"); g != "" {
+		n, err := lookupGroup(g)
+		if err != nil {
+			return err
+		}
+		gid = int(n)
+		cfg.AllowGID = []uint32{n}
+	}
 	logf := func(string, ...any) {}
 	if c.Bool("verbose") {
 		logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
 	}
 	cfg.Logf = logf
-	path := socketPath(c)
-	l, err := ipc.Listen(path)
+
+	src, closeSrc, err := source(c)
 	if err != nil {
-		if errors.Is(err, ipc.ErrSocketInUse) {
-			return fmt.Errorf("a daemon is already serving %s", path)
-		}
 		return err
+	}
+	defer closeSrc()
+	if cfg.LegacyAll {
+		if _, ok := src.(server.LegacySource); !ok {
+			return fmt.Errorf("%w: --legacy-ipc needs the cuda backend (this one is %s)", ErrUsage, src.Backend())
+		}
+	}
+	cfg.Source = src
+	if cfg.Limit, err = parseLimit(c.String("limit"), src); err != nil {
+		return err
+	}
+
+	l, path, err := listen(c)
+	if err != nil {
+		return err
+	}
+	if gid >= 0 && !strings.HasPrefix(path, "@") {
+		if err := os.Chown(path, -1, gid); err != nil {
+			l.Close()
+			return fmt.Errorf("--group: %w", err)
+		}
 	}
 	p := server.New(cfg)
 	srv := &ipc.Server{Handler: p, Logf: logf}
+
+	var metrics *http.Server
+	if addr := c.String("metrics-addr"); addr != "" {
+		ml, err := net.Listen("tcp", addr)
+		if err != nil {
+			l.Close()
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+			server.WriteMetrics(w, p.Stats())
+		})
+		metrics = &http.Server{Handler: mux}
+		go metrics.Serve(ml)
+		logf("gpupool: metrics at http://%s/metrics", ml.Addr())
+	}
+
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
+	logf("gpupool: %s backend, slabs of %d bytes, limit %d", src.Backend(), p.Config().SlabSize, cfg.Limit)
 	fmt.Fprintln(c.App.Writer, path)
 	daemon.SdNotify(false, daemon.SdNotifyReady)
+	var serr error
 	select {
 	case sig := <-sigs:
-		logf("gpupool: %v: shutting down", sig)
+		logf("gpupool: %v: draining", sig)
+		daemon.SdNotify(false, daemon.SdNotifyStopping)
 		srv.Shutdown()
 		<-done
-		l.Close() // removes the socket file
-		p.Close()
-		return nil
-	case err := <-done:
+	case serr = <-done:
 		srv.Shutdown()
-		p.Close()
-		l.Close()
-		return err
 	}
+	if metrics != nil {
+		metrics.Shutdown(context.Background())
+	}
+	l.Close() // removes the socket file it made
+	p.Close()
+	return serr
 }

@@ -793,4 +793,3 @@ func (p *Pool) ls() pool.LsReply {
 	})
 	return pool.LsReply{Buffers: out}
 }
-
