@@ -24,7 +24,13 @@ import (
 // binDir holds the trainer binary built once by TestMain.
 var binDir string
 
+// TestMain builds the trainer once, or, when GPUKIT_BIN is set (the GPU
+// machine, which has no Go toolchain), uses $GPUKIT_BIN/trainer.
 func TestMain(m *testing.M) {
+	if bin := os.Getenv("GPUKIT_BIN"); bin != "" {
+		binDir = bin
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "trainer-e2e")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -41,13 +47,18 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// requireData fails (not skips) without Fashion-MNIST: `make deps` installs it.
+// requireData fails (not skips) without Fashion-MNIST: `make deps` installs
+// it; GPUKIT_DATA_DIR names another directory (as on the GPU machine).
 func requireData(t *testing.T) string {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(data.DefaultDir, "train-images-idx3-ubyte.gz")); err != nil {
-		t.Fatalf("Fashion-MNIST is not installed in %s (make deps): %v", data.DefaultDir, err)
+	dir := data.DefaultDir
+	if d := os.Getenv("GPUKIT_DATA_DIR"); d != "" {
+		dir = d
 	}
-	return data.DefaultDir
+	if _, err := os.Stat(filepath.Join(dir, "train-images-idx3-ubyte.gz")); err != nil {
+		t.Fatalf("Fashion-MNIST is not installed in %s (make deps, or set GPUKIT_DATA_DIR): %v", dir, err)
+	}
+	return dir
 }
 
 type result struct {
@@ -208,10 +219,17 @@ func TestInitDeterministic(t *testing.T) {
 // TestResumeEqualsUninterrupted: SIGTERM in the middle, --resume, and the
 // loss lines and final weights are bitwise those of an uninterrupted run.
 func TestResumeEqualsUninterrupted(t *testing.T) {
-	dir := requireData(t)
+	resumeEqualsUninterrupted(t, requireData(t), "3200", "--device", "host")
+}
+
+// resumeEqualsUninterrupted trains on the first limit examples for two
+// epochs twice: once whole, once stopped by SIGTERM after step 40 and
+// continued with --resume; the lines and checkpoints must be identical.
+func resumeEqualsUninterrupted(t *testing.T, dir, limit string, extra ...string) {
+	t.Helper()
 	seed := strconv.FormatUint(rand.Uint64N(1000), 10)
 	args := func(out string) []string {
-		return []string{"run", "--data", dir, "--out", out, "--limit", "3200", "--batch", "32", "--epochs", "2", "--log-every", "5", "--seed", seed}
+		return append([]string{"run", "--data", dir, "--out", out, "--limit", limit, "--batch", "32", "--epochs", "2", "--log-every", "5", "--seed", seed}, extra...)
 	}
 	whole := t.TempDir()
 	r := trainer(t, args(whole)...)
@@ -248,7 +266,7 @@ func TestResumeEqualsUninterrupted(t *testing.T) {
 	if !strings.Contains(stderr.String(), "interrupted after step") {
 		t.Fatalf("the run was not interrupted: %s", stderr.String())
 	}
-	r2 := trainer(t, "run", "--resume", split, "--log-every", "5", "--data", dir)
+	r2 := trainer(t, append([]string{"run", "--resume", split, "--log-every", "5", "--data", dir}, extra...)...)
 	mustOK(t, r2)
 	got := append(parseLines(t, first.String()), parseLines(t, r2.stdout)...)
 	if len(got) != len(want) {
@@ -315,7 +333,10 @@ func TestBadInput(t *testing.T) {
 		{[]string{"run", "--out", out, "--data", dir, "--pool", filepath.Join(t.TempDir(), "none.sock")}, 1, "--pool"},
 		{[]string{"run", "--resume", t.TempDir()}, 1, "--resume"},
 		{[]string{"run", "--out", out, "--data", dir, "--limit", "10"}, 1, "no batch"},
-		{[]string{"run", "--out", out, "--device", "cuda"}, 2, "not built yet"},
+		{[]string{"run", "--out", out, "--data", dir, "--device", "cuda:99"}, 1, "no such GPU"},
+		{[]string{"run", "--out", out, "--device", "gpu1"}, 1, "--device"},
+		{[]string{"run", "--out", out, "--clip", "-1"}, 1, "--clip"},
+		{[]string{"run", "--resume", t.TempDir(), "--clip", "1"}, 1, "--clip"},
 		{[]string{"eval", "--ckpt", junk, "--data", dir}, 1, "junk.safetensors"},
 		{[]string{"eval", "--ckpt", filepath.Join(t.TempDir(), "none.safetensors")}, 1, "none.safetensors"},
 		{[]string{"eval"}, 1, "ckpt"},

@@ -16,12 +16,12 @@ import (
 
 // Flags shared by several subcommands.
 var (
-	dataFlag = &cli.StringFlag{Name: "data", Value: data.DefaultDir,
+	dataFlag = &cli.StringFlag{Name: "data", Value: data.DefaultDir, EnvVars: []string{"GPUKIT_DATA_DIR"},
 		Usage: "directory with the Fashion-MNIST IDX files (gzip'd or not)"}
 	deviceFlag = &cli.StringFlag{Name: "device", Value: "auto",
-		Usage: "host, cuda[:N] or auto (a GPU when one answers, else the host); with --pool, the pool's device"}
+		Usage: "host, cuda[:N], N (= cuda:N) or auto (GPU 0 when one answers, else the host); with --pool, the pool's device"}
 	graphFlag = &cli.StringFlag{Name: "graph", Value: "on",
-		Usage: "on|off: capture the training step as one CUDA graph (a no-op on the host)"}
+		Usage: "on|off: capture the training step as CUDA graphs and replay them (a no-op on the host)"}
 	precisionFlag = &cli.StringFlag{Name: "precision", Value: "tf32",
 		Usage: "f32|tf32|bf16 for GEMMs (the host always computes in f32)"}
 	poolFlag = &cli.StringFlag{Name: "pool",
@@ -79,13 +79,44 @@ func allocator(c *cli.Context) (a device.Allocator, closeFn func(), err error) {
 		}
 		return a, closeFn, nil
 	}
+	var d device.Device
 	switch {
-	case dev == "auto" || dev == "host":
+	case dev == "host":
 		return device.Local{Dev: device.NewHost()}, func() {}, nil
-	case dev == "cuda" || strings.HasPrefix(dev, "cuda:"):
-		return nil, nil, fmt.Errorf("--device %s: the CUDA backend is %w (use --device host)", dev, errNotBuilt)
+	case dev == "auto":
+		var err error
+		if d, err = device.Auto(0); err != nil {
+			return nil, nil, fmt.Errorf("--device auto: %w", err)
+		}
+	default:
+		n, ok := cudaOrdinal(dev)
+		if !ok {
+			return nil, nil, fmt.Errorf("--device %q: want host, cuda[:N], N or auto", dev)
+		}
+		cd, err := device.NewCUDA(n)
+		if err != nil {
+			if device.NoGPU(err) {
+				return nil, nil, fmt.Errorf("--device %s: no such GPU here (%v); use --device host", dev, err)
+			}
+			return nil, nil, fmt.Errorf("--device %s: %w", dev, err)
+		}
+		d = cd
 	}
-	return nil, nil, fmt.Errorf("--device %q: want host, cuda[:N] or auto", dev)
+	closeFn = func() {}
+	if c, ok := d.(interface{ Close() error }); ok {
+		closeFn = func() { c.Close() }
+	}
+	return device.Local{Dev: d}, closeFn, nil
+}
+
+// cudaOrdinal parses "cuda", "cuda:N" and "N".
+func cudaOrdinal(s string) (int, bool) {
+	if s == "cuda" {
+		return 0, true
+	}
+	s = strings.TrimPrefix(s, "cuda:")
+	n, err := strconv.Atoi(s)
+	return n, err == nil && n >= 0
 }
 
 // isTerminal reports whether f is a terminal (TCGETS succeeds).

@@ -23,6 +23,10 @@ func runCommand() *cli.Command {
 			"the same lines go to OUT/metrics.jsonl. The last partial batch of every epoch is dropped.\n" +
 			"SIGINT/SIGTERM: the current step finishes, OUT/model.safetensors gets the model, optimizer state\n" +
 			"and data position, and trainer exits 0; `trainer run --resume OUT` continues with the same losses.\n" +
+			"On a GPU each batch goes through pinned host memory into static input buffers; with --graph on\n" +
+			"the whole step (copy, forward, loss, backward, --clip, optimizer) is one CUDA graph launch and the\n" +
+			"host synchronises only to read the loss every --log-every steps. Loss lines then also carry mfu\n" +
+			"(model FLOPs utilisation against the GPU's data-sheet peak for --precision).\n" +
 			"On the host --graph is a no-op and --precision computes in f32.",
 		OnUsageError: usageError,
 		Flags: []cli.Flag{
@@ -37,6 +41,8 @@ func runCommand() *cli.Command {
 			seedFlag, widthsFlag, actFlag,
 			&cli.StringFlag{Name: "optim", Value: def.Optim, Usage: "adamw|sgd"},
 			&cli.IntFlag{Name: "limit", Usage: "train on the first N training examples only (0: all)"},
+			&cli.Float64Flag{Name: "clip", Usage: "clip the gradients' joint L2 norm to this (0: off), as torch.nn.utils.clip_grad_norm_"},
+			&cli.StringFlag{Name: "batches-out", Usage: "also write the example indices of every step to this safetensors file (for bench/reference/mlp.py)"},
 			&cli.IntFlag{Name: "log-every", Value: 50, Usage: "steps between loss lines"},
 			&cli.StringFlag{Name: "resume", Usage: "continue the run in DIR from DIR/model.safetensors"},
 			poolFlag,
@@ -48,7 +54,7 @@ func runCommand() *cli.Command {
 }
 
 // modelFlags may not change on --resume: the checkpoint fixes them.
-var modelFlags = []string{"model", "batch", "lr", "weight-decay", "momentum", "seed", "widths", "act", "optim", "limit"}
+var modelFlags = []string{"model", "batch", "lr", "weight-decay", "momentum", "seed", "widths", "act", "optim", "limit", "clip"}
 
 func runAction(c *cli.Context) error {
 	if c.NArg() > 0 {
@@ -59,7 +65,7 @@ func runAction(c *cli.Context) error {
 		return err
 	}
 	out := c.String("out")
-	opts := train.Options{LogEvery: c.Int("log-every"), Stdout: c.App.Writer, Precision: prec}
+	opts := train.Options{LogEvery: c.Int("log-every"), Stdout: c.App.Writer, Precision: prec, Graph: c.String("graph") == "on"}
 	var cfg train.Config
 	if dir := c.String("resume"); dir != "" {
 		for _, f := range modelFlags {
@@ -101,12 +107,18 @@ func runAction(c *cli.Context) error {
 	if opts.Train, opts.Test, err = data.LoadFashionMNIST(c.String("data")); err != nil {
 		return fmt.Errorf("%w (install the Debian package dataset-fashion-mnist or pass --data)", err)
 	}
+	if p := c.String("batches-out"); p != "" {
+		if err := train.WriteBatches(p, cfg, opts.Train.N); err != nil {
+			return fmt.Errorf("--batches-out: %w", err)
+		}
+	}
 	a, closeFn, err := allocator(c)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
 	opts.Alloc = a
+	opts.Log = c.App.ErrWriter
 	if isTerminal(os.Stderr) {
 		opts.Progress = c.App.ErrWriter
 	}
@@ -140,6 +152,7 @@ func configFromFlags(c *cli.Context) (train.Config, error) {
 	cfg.Model, cfg.Widths, cfg.Act, cfg.Optim = c.String("model"), ws, c.String("act"), c.String("optim")
 	cfg.LR, cfg.Momentum = float32(c.Float64("lr")), float32(c.Float64("momentum"))
 	cfg.Batch, cfg.Seed, cfg.Epochs, cfg.Limit = c.Int("batch"), c.Uint64("seed"), c.Int("epochs"), c.Int("limit")
+	cfg.Clip = float32(c.Float64("clip"))
 	switch {
 	case c.IsSet("weight-decay"):
 		cfg.WeightDecay = float32(c.Float64("weight-decay"))

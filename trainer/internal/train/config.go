@@ -15,17 +15,17 @@ var ErrConfig = errors.New("train: invalid configuration")
 // Config is what defines a training run; it is stored in every checkpoint
 // (metadata "config") so eval and resume rebuild the same model.
 type Config struct {
-	Model       string  `json:"model"`        // "mlp"
-	Widths      []int   `json:"widths"`       // layer widths, inputs first, classes last
-	Act         string  `json:"act"`          // "relu" or "gelu"
-	Optim       string  `json:"optim"`        // "adamw" or "sgd"
-	LR          float32 `json:"lr"`           // learning rate
-	WeightDecay float32 `json:"weight_decay"` // decoupled (AdamW) or L2 (SGD)
-	Momentum    float32 `json:"momentum"`     // SGD only
-	Batch       int     `json:"batch"`        // examples per step
-	Seed        uint64  `json:"seed"`         // initialisation and data order
-	Epochs      int     `json:"epochs"`       // passes over the training set
-	Limit       int     `json:"limit"`        // use the first Limit training examples (0: all)
+	Model       string  `json:"model"`          // "mlp"
+	Widths      []int   `json:"widths"`         // layer widths, inputs first, classes last
+	Act         string  `json:"act"`            // "relu" or "gelu"
+	Optim       string  `json:"optim"`          // "adamw" or "sgd"
+	LR          float32 `json:"lr"`             // learning rate
+	WeightDecay float32 `json:"weight_decay"`   // decoupled (AdamW) or L2 (SGD)
+	Momentum    float32 `json:"momentum"`       // SGD only
+	Batch       int     `json:"batch"`          // examples per step
+	Seed        uint64  `json:"seed"`           // initialisation and data order
+	Epochs      int     `json:"epochs"`         // passes over the training set
+	Limit       int     `json:"limit"`          // use the first Limit training examples (0: all)
 	Clip        float32 `json:"clip,omitempty"` // max gradient norm (0: no clipping)
 }
 

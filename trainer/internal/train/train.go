@@ -29,14 +29,15 @@ type Options struct {
 	Precision ops.Precision
 	// Graph captures the training step as CUDA graphs and replays them
 	// (CUDA devices only; the host ignores it).
-	Graph bool
-	Run       string // buffer name prefix: <Run>/params/fc0.weight, ...
-	Train     *data.Set
-	Test      *data.Set
-	Out       string // run directory (created if missing)
-	LogEvery  int    // steps between loss lines (>= 1)
-	Stdout    io.Writer
-	Progress  io.Writer // progress bar target (a terminal), or nil
+	Graph    bool
+	Run      string // buffer name prefix: <Run>/params/fc0.weight, ...
+	Train    *data.Set
+	Test     *data.Set
+	Out      string // run directory (created if missing)
+	LogEvery int    // steps between loss lines (>= 1)
+	Stdout   io.Writer
+	Log      io.Writer // human messages (stderr), or nil
+	Progress io.Writer // progress bar target (a terminal), or nil
 	// Resume, when non-nil, is a checkpoint to continue from at Pos.
 	Resume *ckpt.File
 	Pos    Position
@@ -147,6 +148,13 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 		return res, err
 	}
 	defer st.close()
+	if o.Log != nil {
+		how := "f32 (the host computes every precision in f32)"
+		if _, gpu := st.(*cudaStepper); gpu {
+			how = fmt.Sprintf("%s GEMMs, CUDA graph %s", precisionName(o.Precision), map[bool]string{true: "on", false: "off"}[o.Graph])
+		}
+		fmt.Fprintf(o.Log, "trainer: training on %v: %s\n", o.Alloc.Device(), how)
+	}
 	peak, havePeak := ops.PeakFLOPS(o.Alloc.Device(), o.Precision)
 	flops := m.mlp.StepFLOPs()
 	bar := newProgress(o.Progress, cfg.Epochs, nb)
@@ -305,4 +313,16 @@ func join(run, name string) string {
 		return name
 	}
 	return run + "/" + name
+}
+
+func precisionName(p ops.Precision) string {
+	switch p {
+	case ops.PrecF32:
+		return "f32"
+	case ops.PrecTF32:
+		return "tf32"
+	case ops.PrecBF16:
+		return "bf16"
+	}
+	return fmt.Sprintf("precision(%d)", p)
 }

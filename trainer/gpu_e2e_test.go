@@ -1,0 +1,140 @@
+package main
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"gpukit/libgpu/cuda/cudatest"
+)
+
+// gpuData is requireData on a machine that must have a GPU (skips on CI,
+// fails on the GPU machine where GPUKIT_REQUIRE_GPU=1).
+func gpuData(t *testing.T) string {
+	t.Helper()
+	cudatest.RequireGPU(t)
+	return requireData(t)
+}
+
+// TestGPUResumeEqualsUninterrupted: on the GPU with the step captured as a
+// CUDA graph, kill -TERM writes a checkpoint and --resume continues with
+// bitwise the same loss lines and final state (the resumed run replays its
+// first step eagerly, then captures again).
+func TestGPUResumeEqualsUninterrupted(t *testing.T) {
+	// The whole training set, so the run is still going when the signal
+	// arrives (a GPU does 200 steps of a small subset in milliseconds).
+	resumeEqualsUninterrupted(t, gpuData(t), "0", "--device", "cuda", "--graph", "on")
+}
+
+// stepLosses reads the loss of every step from trainer's JSON lines
+// (--log-every 1), with the mfu values.
+func stepLosses(t *testing.T, stdout string) (loss []float64, mfu []float64) {
+	t.Helper()
+	for _, text := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		var l struct {
+			Step int      `json:"step"`
+			Loss *float64 `json:"loss"`
+			MFU  *float64 `json:"mfu"`
+		}
+		if err := json.Unmarshal([]byte(text), &l); err != nil {
+			t.Fatalf("not a JSON line: %q", text)
+		}
+		if l.Loss == nil {
+			continue
+		}
+		if l.Step != len(loss)+1 {
+			t.Fatalf("loss line of step %d after %d steps", l.Step, len(loss))
+		}
+		loss = append(loss, *l.Loss)
+		if l.MFU != nil {
+			mfu = append(mfu, *l.MFU)
+		}
+	}
+	return loss, mfu
+}
+
+func python(t *testing.T, args ...string) string {
+	t.Helper()
+	script := mlpScript
+	if _, err := os.Stat(script); err != nil {
+		script = filepath.Base(mlpScript) // the GPU bundle runs us inside testdata/
+	}
+	cmd := exec.Command("python3", append([]string{script}, args...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("python3 %s %v: %v\n%s", script, args, err, stderr.String())
+	}
+	return string(out)
+}
+
+func accuracy(t *testing.T, out string) float64 {
+	t.Helper()
+	var v struct {
+		TestAccuracy *float64 `json:"test_accuracy"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &v); err != nil || v.TestAccuracy == nil {
+		t.Fatalf("no test_accuracy in %q", out)
+	}
+	return *v.TestAccuracy
+}
+
+// TestGPUParityWithPyTorch: trainer init writes the initial weights;
+// trainer run (default device: the GPU; f32; CUDA graph) trains 200 steps
+// and writes its batch order; bench/reference/mlp.py trains the same MLP in
+// PyTorch from the same weights on the same batches. The losses agree
+// within 1e-4 relative at every step. PyTorch's accuracy of the trainer's
+// model.safetensors equals the trainer's own within 0.1%, and the other
+// way round for PyTorch's trained weights.
+func TestGPUParityWithPyTorch(t *testing.T) {
+	dir := gpuData(t)
+	work := t.TempDir()
+	seed := strconv.FormatUint(1+uint64(os.Getpid()%1000), 10)
+	initFile, batches, out := filepath.Join(work, "init.safetensors"), filepath.Join(work, "batches.safetensors"), filepath.Join(work, "run")
+	mustOK(t, trainer(t, "init", "--out", initFile, "--seed", seed))
+	r := trainer(t, "run", "--data", dir, "--out", out, "--seed", seed, "--limit", "25600", "--batch", "128",
+		"--epochs", "1", "--log-every", "1", "--precision", "f32", "--batches-out", batches)
+	mustOK(t, r)
+	if !strings.Contains(r.stderr, "training on cuda:") || !strings.Contains(r.stderr, "CUDA graph on") {
+		t.Fatalf("the default device is not the GPU with graphs: %s", r.stderr)
+	}
+	got, mfu := stepLosses(t, r.stdout)
+	if len(got) != 200 {
+		t.Fatalf("%d loss lines, want 200", len(got))
+	}
+	for _, u := range mfu {
+		if !(u > 0 && u < 1) {
+			t.Fatalf("mfu %v", u)
+		}
+	}
+	torchModel := filepath.Join(work, "torch.safetensors")
+	want, _ := stepLosses(t, python(t, "train", "--init", initFile, "--batches", batches, "--data", dir, "--precision", "f32", "--out", torchModel))
+	if len(want) != 200 {
+		t.Fatalf("PyTorch wrote %d losses", len(want))
+	}
+	worst := 0.0
+	for i := range got {
+		rel := math.Abs(got[i]-want[i]) / math.Abs(want[i])
+		worst = max(worst, rel)
+		if !(rel <= 1e-4) {
+			t.Fatalf("step %d: trainer loss %.7g, PyTorch %.7g (relative %.2g)", i+1, got[i], want[i], rel)
+		}
+	}
+	t.Logf("200 steps: largest relative loss difference %.2g; loss %.4f → %.4f", worst, got[0], got[199])
+
+	model := filepath.Join(out, "model.safetensors")
+	for _, m := range []string{model, torchModel} {
+		ours := accuracy(t, trainer(t, "eval", "--ckpt", m, "--data", dir, "--precision", "f32").stdout)
+		theirs := accuracy(t, python(t, "eval", "--ckpt", m, "--data", dir))
+		if math.Abs(ours-theirs) > 0.001 {
+			t.Errorf("%s: trainer eval %.4f, PyTorch %.4f", filepath.Base(m), ours, theirs)
+		}
+		t.Logf("%s: test accuracy trainer %.4f, PyTorch %.4f", filepath.Base(m), ours, theirs)
+	}
+}
