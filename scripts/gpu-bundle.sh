@@ -24,6 +24,7 @@ for t in gpupool kernelc trainer sampler optimizer tracer; do
 done
 if [ -d bench/cmd ]; then
 	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-bench" ./cmd/gpukit-bench)
+	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-trainbench" ./cmd/gpukit-trainbench)
 fi
 cp -r bench/run.sh bench/report.py bench/workloads.json bench/reference "$stage/bench/"
 mkdir -p "$stage/bench/kernels" && cp libgpu/kernels/*.cu libgpu/kernels/*.cuh "$stage/bench/kernels/"
