@@ -10,7 +10,9 @@ import (
 
 func main() {
 	if err := app.New().Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "tracer:", err)
+		if msg := err.Error(); msg != "" {
+			fmt.Fprintln(os.Stderr, "tracer:", msg)
+		}
 		os.Exit(app.ExitCode(err))
 	}
 }

@@ -1,0 +1,103 @@
+package app
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"gpukit/libgpu/ipc"
+	"gpukit/tracer/internal/chrome"
+	"gpukit/tracer/internal/collect"
+)
+
+var serveCommand = &cli.Command{
+	Name:  "serve",
+	Usage: "collect events from traced processes into a trace file",
+	Description: "serve listens on --socket (SOCK_SEQPACKET), prints the socket path on stdout when ready, and " +
+		"writes every event it receives to --out as it goes. Run tools with --trace SOCK or GPUKIT_TRACE=SOCK. " +
+		"SIGTERM or SIGINT ends it; the file is valid JSON after any stop.",
+	Flags: []cli.Flag{
+		&cli.StringFlag{Name: "socket", Aliases: []string{"s"}, Required: true, Usage: "socket path to listen on ('@name': abstract)"},
+		outFlag, maxSizeFlag,
+	},
+	Action: runServe,
+}
+
+// session is a collector listening on a socket and writing a file.
+type session struct {
+	l   *net.UnixListener
+	c   *collect.Collector
+	out string
+	err chan error
+}
+
+func startSession(socket, out, maxSize string) (*session, error) {
+	max, err := parseSize(maxSize)
+	if err != nil {
+		return nil, err
+	}
+	w, err := chrome.Create(out, max, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	l, err := ipc.Listen(socket)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	s := &session{l: l, c: collect.New(w, 0), out: out, err: make(chan error, 1)}
+	go func() { s.err <- s.c.Serve(l) }()
+	return s, nil
+}
+
+// stop ends the session: no new connections, open ones get drain to finish,
+// and the file is closed. It returns the collector's counts.
+func (s *session) stop(drain time.Duration) (collect.Stats, error) {
+	s.l.Close()
+	serr := <-s.err
+	s.c.Drain(drain)
+	err := s.c.Close()
+	st := s.c.Stats()
+	if err == nil {
+		err = serr
+	}
+	return st, err
+}
+
+func summary(out string, st collect.Stats) string {
+	line := fmt.Sprintf("tracer: wrote %d events from %d processes to %s", st.Written, st.Processes, out)
+	if st.ClientDropped > 0 {
+		line += fmt.Sprintf("; %d events dropped by clients", st.ClientDropped)
+	}
+	if st.Capped > 0 {
+		line += fmt.Sprintf("; %d events over --max-size left out", st.Capped)
+	}
+	if st.Rejected > 0 {
+		line += fmt.Sprintf("; %d malformed batches refused", st.Rejected)
+	}
+	return line
+}
+
+func runServe(c *cli.Context) error {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sig)
+	s, err := startSession(c.String("socket"), c.String("out"), c.String("max-size"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.App.Writer, c.String("socket"))
+	select {
+	case <-sig:
+	case err := <-s.err: // the listener failed
+		s.err <- err
+	}
+	st, err := s.stop(500 * time.Millisecond)
+	fmt.Fprintln(c.App.ErrWriter, summary(s.out, st))
+	return err
+}

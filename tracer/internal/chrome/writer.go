@@ -1,0 +1,128 @@
+package chrome
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+)
+
+const (
+	head = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n"
+	tail = "\n]}\n"
+)
+
+// ErrClosed is returned by a closed Writer.
+var ErrClosed = errors.New("chrome: writer closed")
+
+// Writer appends events to a trace file that is valid JSON after every
+// Flush: each Flush writes the buffered events followed by the closing "]}"
+// in one pwrite at the offset where the previous closing began. It is not
+// safe for concurrent use.
+type Writer struct {
+	f        *os.File
+	end      int64 // offset of the closing tail
+	max      int64 // size cap in bytes (0: none)
+	buf      []byte
+	events   uint64 // events written or buffered
+	capped   uint64 // events refused by the size cap
+	syncGap  time.Duration
+	lastSync time.Time
+	closed   bool
+}
+
+// Create makes (or truncates) path and writes an empty trace. maxSize caps
+// the file in bytes (0: no cap); events that would pass it are refused and
+// counted (Capped). The file is fsynced at most every syncEvery (0: 1 s)
+// during Flush, and at Close.
+func Create(path string, maxSize int64, syncEvery time.Duration) (*Writer, error) {
+	if maxSize != 0 && maxSize < int64(len(head)+len(tail)) {
+		return nil, fmt.Errorf("chrome: size cap %d bytes is too small", maxSize)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("chrome: %w", err)
+	}
+	if syncEvery <= 0 {
+		syncEvery = time.Second
+	}
+	w := &Writer{f: f, max: maxSize, syncGap: syncEvery, lastSync: time.Now(), end: int64(len(head))}
+	if _, err := f.WriteAt([]byte(head+tail), 0); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("chrome: %w", err)
+	}
+	return w, nil
+}
+
+// Add buffers one encoded event (a JSON object); false when the size cap
+// refused it.
+func (w *Writer) Add(ev []byte) bool {
+	if w.closed {
+		return false
+	}
+	sep := 2 // ",\n"
+	if w.events == 0 {
+		sep = 0
+	}
+	if w.max > 0 && w.end+int64(len(w.buf)+sep+len(ev)+len(tail)) > w.max {
+		w.capped++
+		return false
+	}
+	if sep != 0 {
+		w.buf = append(w.buf, ",\n"...)
+	}
+	w.buf = append(w.buf, ev...)
+	w.events++
+	return true
+}
+
+// Buffered is the number of bytes waiting for Flush.
+func (w *Writer) Buffered() int { return len(w.buf) }
+
+// Events is the number of events accepted so far.
+func (w *Writer) Events() uint64 { return w.events }
+
+// Capped is the number of events the size cap refused.
+func (w *Writer) Capped() uint64 { return w.capped }
+
+// Size is the current file size in bytes (after the last Flush).
+func (w *Writer) Size() int64 { return w.end + int64(len(tail)) }
+
+// Flush writes the buffered events and the closing brackets in one write,
+// and fsyncs when the last sync is older than the sync interval.
+func (w *Writer) Flush() error {
+	if w.closed {
+		return ErrClosed
+	}
+	if len(w.buf) > 0 {
+		w.buf = append(w.buf, tail...)
+		if _, err := w.f.WriteAt(w.buf, w.end); err != nil {
+			return fmt.Errorf("chrome: write: %w", err)
+		}
+		w.end += int64(len(w.buf) - len(tail))
+		w.buf = w.buf[:0]
+	}
+	if time.Since(w.lastSync) >= w.syncGap {
+		w.lastSync = time.Now()
+		if err := w.f.Sync(); err != nil {
+			return fmt.Errorf("chrome: sync: %w", err)
+		}
+	}
+	return nil
+}
+
+// Close flushes, fsyncs and closes the file.
+func (w *Writer) Close() error {
+	if w.closed {
+		return ErrClosed
+	}
+	err := w.Flush()
+	w.closed = true
+	if serr := w.f.Sync(); err == nil && serr != nil {
+		err = fmt.Errorf("chrome: sync: %w", serr)
+	}
+	if cerr := w.f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("chrome: close: %w", cerr)
+	}
+	return err
+}
