@@ -199,3 +199,10 @@ func (c *Client) closeEvents(m map[[64]byte]eventRef) {
 	}
 }
 
+
+// Lease is what the daemon replied when this buffer was leased.
+func (b *Buffer) Lease() Lease {
+	l := b.lease
+	l.Shape = slices.Clone(l.Shape)
+	return l
+}
