@@ -58,8 +58,9 @@ func startSession(socket, out, maxSize string) (*session, error) {
 // stop ends the session: no new connections, open ones get drain to finish,
 // and the file is closed. It returns the collector's counts.
 func (s *session) stop(drain time.Duration) (collect.Stats, error) {
-	s.l.Close()
+	s.c.StopServing(s.l)
 	serr := <-s.err
+	s.l.Close()
 	s.c.Drain(drain)
 	err := s.c.Close()
 	st := s.c.Stats()

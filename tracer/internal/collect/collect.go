@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"gpukit/libgpu/trace"
@@ -58,6 +59,7 @@ type Collector struct {
 	flowOrder []uint64
 	stats     Stats
 	done      bool
+	stopping  atomic.Bool
 
 	conns   map[*net.UnixConn]bool
 	connsWG sync.WaitGroup
@@ -98,7 +100,16 @@ func New(w *chrome.Writer, flushEvery time.Duration) *Collector {
 	return c
 }
 
-// Serve accepts connections on l until l is closed; it returns nil then.
+// StopServing makes Serve(l) return after it has accepted the connections
+// already waiting in l's backlog (a process that connected, sent and exited
+// just before is not lost). Close l after Serve has returned.
+func (c *Collector) StopServing(l *net.UnixListener) {
+	c.stopping.Store(true)
+	l.SetDeadline(time.Now().Add(20 * time.Millisecond))
+}
+
+// Serve accepts connections on l until l is closed or StopServing; it
+// returns nil then.
 func (c *Collector) Serve(l *net.UnixListener) error {
 	for {
 		conn, err := l.AcceptUnix()
@@ -108,6 +119,9 @@ func (c *Collector) Serve(l *net.UnixListener) error {
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
+				if c.stopping.Load() {
+					return nil
+				}
 				continue
 			}
 			return fmt.Errorf("collect: accept: %w", err)
