@@ -138,3 +138,41 @@ func TestGPUParityWithPyTorch(t *testing.T) {
 		t.Logf("%s: test accuracy trainer %.4f, PyTorch %.4f", filepath.Base(m), ours, theirs)
 	}
 }
+
+// TestGPUPipeline runs examples/pipelines/train-fashion.sh with its defaults
+// on a GPU: the pool serves GPU memory, the trainer replays CUDA graphs, and
+// the script itself fails unless the test accuracy reaches 89%.
+func TestGPUPipeline(t *testing.T) {
+	dir := gpuData(t)
+	bin := os.Getenv("GPUKIT_BIN")
+	script := filepath.Join("..", "examples", "pipelines", "train-fashion.sh")
+	if bin == "" {
+		bin = t.TempDir()
+		build := exec.Command("go", "build", "-o", filepath.Join(bin, "gpupool"), ".")
+		build.Dir = filepath.Join("..", "gpupool")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("building gpupool: %v: %s", err, out)
+		}
+		if err := os.Symlink(filepath.Join(binDir, "trainer"), filepath.Join(bin, "trainer")); err != nil {
+			t.Fatal(err)
+		}
+	} else if _, err := os.Stat(script); err != nil {
+		script = "train-fashion.sh" // the GPU bundle runs us inside testdata/
+	}
+	out := t.TempDir()
+	cmd := exec.Command("bash", script)
+	cmd.Env = append(os.Environ(), "GPUKIT_BIN="+bin, "DATA="+dir, "OUT="+out, "TMPDIR="+t.TempDir())
+	var so, se strings.Builder
+	cmd.Stdout, cmd.Stderr = &so, &se
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("pipeline: %v\nstderr:\n%s", err, se.String())
+	}
+	if !strings.Contains(se.String(), "cuda:") {
+		t.Fatalf("the pipeline did not pick the GPU:\n%s", se.String())
+	}
+	ls := parseLines(t, so.String())
+	if last := ls[len(ls)-1]; last.TestAccuracy == nil || *last.TestAccuracy < 0.89 {
+		t.Fatalf("last line %v", last)
+	}
+	t.Logf("%s", strings.TrimSpace(se.String()[strings.LastIndex(strings.TrimSpace(se.String()), "\n")+1:]))
+}

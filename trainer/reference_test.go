@@ -16,16 +16,20 @@ import (
 // GPU bundle (which ships each package's testdata/) carries it.
 const mlpScript = "testdata/mlp.py"
 
-// TestReferenceCopyIsCurrent: testdata/mlp.py is bench/reference/mlp.py
-// (copy it over after editing the original).
+// TestReferenceCopyIsCurrent: testdata/ holds copies of
+// bench/reference/mlp.py and examples/pipelines/train-fashion.sh (the GPU
+// bundle ships each package's testdata/ and no other source); copy them
+// over after editing the originals.
 func TestReferenceCopyIsCurrent(t *testing.T) {
-	a, err1 := os.ReadFile(filepath.Join("..", "bench", "reference", "mlp.py"))
-	b, err2 := os.ReadFile(mlpScript)
-	if err1 != nil || err2 != nil {
-		t.Fatal(err1, err2)
-	}
-	if !bytes.Equal(a, b) {
-		t.Fatal("trainer/testdata/mlp.py differs from bench/reference/mlp.py: cp bench/reference/mlp.py trainer/testdata/")
+	for _, orig := range []string{"../bench/reference/mlp.py", "../examples/pipelines/train-fashion.sh"} {
+		a, err1 := os.ReadFile(orig)
+		b, err2 := os.ReadFile(filepath.Join("testdata", filepath.Base(orig)))
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		if !bytes.Equal(a, b) {
+			t.Errorf("trainer/testdata/%s differs from %s: cp %s trainer/testdata/", filepath.Base(orig), orig, orig)
+		}
 	}
 }
 

@@ -24,9 +24,10 @@ func New(stdout, stderr io.Writer) *cli.App {
 	return &cli.App{
 		Name:  "trainer",
 		Usage: "train and evaluate models on gpukit ops (an MLP on Fashion-MNIST today)",
-		Description: "trainer runs the forward pass, backward pass and optimizer step of a model on the host\n" +
-			"or (later) a GPU, with parameters, gradients and optimizer state allocated in-process or through\n" +
-			"a gpupool daemon (--pool). JSON lines go to stdout, human messages to stderr.",
+		Description: "trainer runs the forward pass, backward pass and optimizer step of a model on a GPU (the\n" +
+			"whole step replayed as CUDA graphs) or on the host, with parameters, gradients and optimizer state\n" +
+			"allocated in-process or through a gpupool daemon (--pool). JSON lines go to stdout, human messages\n" +
+			"to stderr.",
 		Writer:          stdout,
 		ErrWriter:       stderr,
 		HideHelpCommand: true,
@@ -37,6 +38,7 @@ func New(stdout, stderr io.Writer) *cli.App {
 			runCommand(),
 			evalCommand(),
 			initCommand(),
+			infoCommand(),
 			notBuilt("bench", "time training steps against bench/reference (with the CUDA backend)"),
 			notBuilt("serve", "serve a model's weights to other tools through the pool"),
 		},
