@@ -199,7 +199,6 @@ func (c *Client) closeEvents(m map[[64]byte]eventRef) {
 	}
 }
 
-
 // Lease is what the daemon replied when this buffer was leased.
 func (b *Buffer) Lease() Lease {
 	l := b.lease
