@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+
+	"gpukit/libgpu/trace"
 )
 
 // Source is one CUDA C++ translation unit.
@@ -92,7 +94,31 @@ func (c *Compiler) NVRTCVersion() (string, error) {
 // Compile compiles src with opts, or loads the result from the cache. A
 // corrupt cache entry is removed and the source recompiled (Result.Recovered
 // says so); it is never loaded. A source NVRTC rejects gives a *CompileError.
-func (c *Compiler) Compile(src Source, opts Options) (Result, error) {
+//
+// With tracing on (trace.Default), each call is a span "compile" of category
+// "kernels" with the source name, the arch and cache = "hit", "miss" or "off".
+func (c *Compiler) Compile(src Source, opts Options) (res Result, err error) {
+	sp := trace.Default().Begin("kernels", "compile")
+	defer func() {
+		sp.Arg(trace.Str("source", src.Name))
+		sp.Arg(trace.Str("arch", opts.Arch))
+		switch {
+		case c.cache == nil:
+			sp.Arg(trace.Str("cache", "off"))
+		case res.CacheHit:
+			sp.Arg(trace.Str("cache", "hit"))
+		default:
+			sp.Arg(trace.Str("cache", "miss"))
+		}
+		if err != nil {
+			sp.Arg(trace.Str("error", "failed"))
+		}
+		sp.End()
+	}()
+	return c.compile(src, opts)
+}
+
+func (c *Compiler) compile(src Source, opts Options) (Result, error) {
 	flags, err := opts.Flags()
 	if err != nil {
 		return Result{}, err

@@ -12,6 +12,7 @@ import (
 
 	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/kernels"
+	"gpukit/libgpu/trace"
 )
 
 // New returns the kernelc command.
@@ -27,6 +28,11 @@ func New() *cli.App {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "cache-dir", Usage: "kernel cache directory", EnvVars: []string{"GPUKIT_CACHE_DIR"},
 				DefaultText: "$XDG_CACHE_HOME/gpukit/kernels or ~/.cache/gpukit/kernels"},
+			&cli.StringFlag{Name: "trace", Usage: "send trace events to the tracer collector at this socket", EnvVars: []string{trace.EnvSocket}},
+		},
+		Before: func(c *cli.Context) error {
+			trace.Setup(c.String("trace"), "kernelc")
+			return nil
 		},
 		Commands: []*cli.Command{buildCommand, infoCommand, cacheCommand},
 	}
@@ -35,7 +41,14 @@ func New() *cli.App {
 // Main runs kernelc with args (os.Args) and returns the exit status: 0, or 1
 // after printing the error on stderr.
 func Main(args []string) int {
-	if err := New().Run(args); err != nil {
+	err := New().Run(args)
+	if t := trace.Default(); t != nil {
+		t.Close()
+		if s := t.Summary(); s != "" {
+			fmt.Fprintln(os.Stderr, "kernelc: "+s)
+		}
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "kernelc: "+message(err))
 		return ExitCode(err)
 	}
