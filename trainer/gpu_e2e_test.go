@@ -156,8 +156,15 @@ func TestGPUPipeline(t *testing.T) {
 		if err := os.Symlink(filepath.Join(binDir, "trainer"), filepath.Join(bin, "trainer")); err != nil {
 			t.Fatal(err)
 		}
-	} else if _, err := os.Stat(script); err != nil {
-		script = "train-fashion.sh" // the GPU bundle runs us inside testdata/
+	} else {
+		// The GPU bundle has no source tree: the copy in testdata/ (from the
+		// package directory, or from inside testdata/).
+		for _, p := range []string{script, "testdata/train-fashion.sh", "train-fashion.sh"} {
+			if _, err := os.Stat(p); err == nil {
+				script = p
+				break
+			}
+		}
 	}
 	out := t.TempDir()
 	cmd := exec.Command("bash", script)
