@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, on any machine (no GPU, no CUDA needed), what a GPU machine runs:
-#   build/gpu/gpukit-gpu.tar.gz  holding
+#   build/gpu/gpukit-gpu.tar.xz  holding
 #     bin/        static, stripped tool binaries
 #     tests/      `go test -c` binaries of every package with GPU tests,
 #                 each with the list of its GPU tests and its testdata/
@@ -24,6 +24,7 @@ for t in gpupool kernelc trainer sampler optimizer tracer; do
 done
 if [ -d bench/cmd ]; then
 	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-bench" ./cmd/gpukit-bench)
+	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-poolbench" ./cmd/gpukit-poolbench)
 	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-trainbench" ./cmd/gpukit-trainbench)
 fi
 cp -r bench/run.sh bench/report.py bench/workloads.json bench/reference "$stage/bench/"
@@ -92,7 +93,7 @@ echo "$pass passed, $fail failed"
 RUN
 chmod +x "$stage/run.sh"
 
-tar -C "$stage" -czf "$out/gpukit-gpu.tar.gz" .
+tar -C "$stage" -cf - . | xz -T2 -6 >"$out/gpukit-gpu.tar.xz"
 cat >"$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Unpacks the bundle next to this script into a temp dir and runs its run.sh
@@ -100,11 +101,11 @@ cat >"$out/run.sh" <<'RUN'
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dest=${GPUKIT_BUNDLE_DIR:-$(mktemp -d)}
-tar -C "$dest" -xzf "$here/gpukit-gpu.tar.gz"
+tar -C "$dest" -xJf "$here/gpukit-gpu.tar.xz"
 script=${1:-run.sh}
 shift || true
 exec bash "$dest/$script" "$@"
 RUN
 chmod +x "$out/run.sh"
 rm -rf "$stage"
-echo "gpu bundle: $out/gpukit-gpu.tar.gz ($(du -h "$out/gpukit-gpu.tar.gz" | cut -f1), $n test binaries)"
+echo "gpu bundle: $out/gpukit-gpu.tar.xz ($(du -h "$out/gpukit-gpu.tar.xz" | cut -f1), $n test binaries)"

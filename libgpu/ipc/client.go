@@ -38,12 +38,18 @@ type result struct {
 	fds []int
 }
 
+// waiter is a request in flight: a caller waiting on ch, or a callback.
+type waiter struct {
+	ch chan result
+	fn func(m *Message, fds []int)
+}
+
 // Client sends requests over a Conn and matches replies by ID. It is safe
 // for concurrent use; requests from several goroutines are in flight at once.
 type Client struct {
 	conn    *Conn
 	mu      sync.Mutex
-	pending map[uint64]chan result
+	pending map[uint64]waiter
 	nextID  uint64
 	err     error // why the connection ended; set once
 	done    chan struct{}
@@ -51,7 +57,7 @@ type Client struct {
 
 // NewClient starts reading replies from conn. Close the Client, not conn.
 func NewClient(conn *Conn) *Client {
-	c := &Client{conn: conn, pending: map[uint64]chan result{}, done: make(chan struct{})}
+	c := &Client{conn: conn, pending: map[uint64]waiter{}, done: make(chan struct{})}
 	go c.read()
 	return c
 }
@@ -75,7 +81,7 @@ func (c *Client) read() {
 			continue
 		}
 		c.mu.Lock()
-		ch, ok := c.pending[m.ID]
+		w, ok := c.pending[m.ID]
 		delete(c.pending, m.ID)
 		c.mu.Unlock()
 		if !ok {
@@ -87,15 +93,23 @@ func (c *Client) read() {
 			}
 			continue
 		}
-		ch <- result{m, fds}
+		if w.fn != nil {
+			w.fn(m, fds)
+			continue
+		}
+		w.ch <- result{m, fds}
 	}
 	c.mu.Lock()
 	c.err = end
 	pend := c.pending
 	c.pending = nil
 	c.mu.Unlock()
-	for _, ch := range pend {
-		close(ch)
+	for _, w := range pend {
+		if w.fn != nil {
+			w.fn(nil, nil)
+		} else {
+			close(w.ch)
+		}
 	}
 	close(c.done)
 }
@@ -124,7 +138,7 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any, fds ...int)
 	}
 	c.nextID++
 	id := c.nextID
-	c.pending[id] = ch
+	c.pending[id] = waiter{ch: ch}
 	c.mu.Unlock()
 
 	m := &Message{Version: Version, Type: TypeRequest, ID: id, Op: op, Flow: flow, Body: body}
@@ -158,6 +172,42 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any, fds ...int)
 		}
 		return nil, ctx.Err()
 	}
+}
+
+// Go sends op with body req and returns once it is sent, without waiting
+// for the reply: fn, if not nil, gets the reply and its fds (which it owns)
+// on the connection's reader goroutine, or (nil, nil) if the connection
+// ends first; it must not block or call c. With fn nil the reply is
+// dropped (its fds closed). Replies to one connection's requests keep their
+// order on the server, so a later Call sees the effect of an earlier Go.
+func (c *Client) Go(ctx context.Context, op string, req any, fn func(m *Message, fds []int)) error {
+	body, err := MarshalBody(req)
+	if err != nil {
+		return err
+	}
+	flow, ok := FlowFrom(ctx)
+	if !ok {
+		flow = NewFlow()
+	}
+	if fn == nil {
+		fn = func(_ *Message, fds []int) { closeFDs(fds) }
+	}
+	c.mu.Lock()
+	if c.pending == nil {
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	c.nextID++
+	id := c.nextID
+	c.pending[id] = waiter{fn: fn}
+	c.mu.Unlock()
+	m := &Message{Version: Version, Type: TypeRequest, ID: id, Op: op, Flow: flow, Body: body}
+	if err := c.conn.Send(m); err != nil {
+		c.forget(id)
+		return fmt.Errorf("ipc: %s: %w", op, err)
+	}
+	return nil
 }
 
 // forget drops a pending call; it reports whether the call was still pending.

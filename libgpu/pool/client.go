@@ -374,6 +374,10 @@ func (c *Client) unmap(ids []uint64) {
 	}
 }
 
+// freeHandle drops a lease without waiting for the reply (one message,
+// not a round trip): the daemon serves a connection's requests in order, so
+// every later call of this client sees the memory freed. The reply's
+// released slabs are unmapped when it arrives.
 func (c *Client) freeHandle(h uint64) error {
 	c.mu.Lock()
 	closed := c.closed
@@ -382,11 +386,13 @@ func (c *Client) freeHandle(h uint64) error {
 		// The daemon dropped every lease of this connection already.
 		return nil
 	}
-	var r FreeReply
-	_, err := c.rpc.Call(context.Background(), OpFree, FreeRequest{Handle: h}, &r)
-	if err == nil {
-		c.unmap(r.Dropped)
-	}
+	err := c.rpc.Go(context.Background(), OpFree, FreeRequest{Handle: h}, func(m *ipc.Message, fds []int) {
+		ipc.CloseFDs(fds)
+		var r FreeReply
+		if m != nil && m.Err == nil && ipc.UnmarshalBody(m.Body, &r) == nil {
+			c.unmap(r.Dropped)
+		}
+	})
 	return c.wrap(OpFree, err)
 }
 

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -76,18 +75,6 @@ type testConfig struct {
 func (tc testConfig) config() Config {
 	return Config{SlabSize: tc.SlabSize, Limit: tc.Limit, Quota: tc.Quota, AllowUID: tc.AllowUID, AllowGID: tc.AllowGID,
 		Idle: tc.Idle, LegacyAll: tc.LegacyAll, Ephemeral: tc.Ephemeral, Isolate: tc.Isolate}
-}
-
-var (
-	cudaOnce sync.Once
-	cudaDev  *device.CUDA
-	cudaErr  error
-)
-
-// testCUDA is this process's one CUDA device (never closed).
-func testCUDA() (*device.CUDA, error) {
-	cudaOnce.Do(func() { cudaDev, cudaErr = device.NewCUDA(0) })
-	return cudaDev, cudaErr
 }
 
 // startPool starts a daemon with tc. The host daemon runs in this process
