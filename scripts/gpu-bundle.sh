@@ -81,11 +81,11 @@ for t in "$here"/tests/*.test; do
 	[ -n "${GPUKIT_TEST_RUN:-}" ] && re=$GPUKIT_TEST_RUN
 	echo "== $name"
 	(cd "$d" && "$t" -test.v -test.count=1 -test.timeout=20m -test.run "$re" 2>&1) >"$logdir/$name.log"
-	p=$(grep -cE '^--- PASS: ' "$logdir/$name.log" || true)
-	f=$(grep -cE '^--- (FAIL|SKIP): ' "$logdir/$name.log" || true)
-	if ! grep -qE '^(ok|PASS)$' "$logdir/$name.log" && [ "$f" = 0 ]; then f=1; fi
-	grep -E '^(--- (PASS|FAIL|SKIP)|panic:|FAIL)' "$logdir/$name.log" | sed 's/^/   /'
-	[ "$f" != 0 ] && grep -B2 -A20 -E '^--- (FAIL|SKIP)|panic:' "$logdir/$name.log" | head -80 | sed 's/^/   | /'
+	p=$(grep -acE '^--- PASS: ' "$logdir/$name.log" || true)
+	f=$(grep -acE '^--- (FAIL|SKIP): ' "$logdir/$name.log" || true)
+	if ! grep -aqE '^(ok|PASS)$' "$logdir/$name.log" && [ "$f" = 0 ]; then f=1; fi
+	grep -aE '^(--- (PASS|FAIL|SKIP)|panic:|FAIL)' "$logdir/$name.log" | sed 's/^/   /'
+	[ "$f" != 0 ] && grep -a -B2 -A20 -E '^--- (FAIL|SKIP)|panic:' "$logdir/$name.log" | head -80 | sed 's/^/   | /'
 	pass=$((pass + p)) fail=$((fail + f))
 done
 echo "$pass passed, $fail failed"

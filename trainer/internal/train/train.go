@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"gpukit/libgpu/ckpt"
@@ -190,7 +192,10 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 				line := StepLine{Step: pos.Step, Epoch: epoch + 1, Loss: l[0], LR: cfg.LR,
 					SamplesPerS: round(float64(n*cfg.Batch)/dt, 1), StepMS: round(dt*1000/float64(n), 3)}
 				if havePeak {
-					u := round(flops*float64(n)/dt/peak, 4)
+					// Significant digits, not decimals: the first interval
+					// includes kernel compilation and graph capture, and its
+					// MFU is tiny but not zero.
+					u := roundSig(flops*float64(n)/dt/peak, 3)
 					line.MFU = &u
 				}
 				if m.norm != nil {
@@ -230,6 +235,15 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 	bar.done()
 	res.Pos, res.Elapsed = pos, time.Since(start)
 	return res, finish(pos)
+}
+
+// roundSig rounds v to digits significant decimal digits.
+func roundSig(v float64, digits int) float64 {
+	if v == 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return v
+	}
+	r, _ := strconv.ParseFloat(strconv.FormatFloat(v, 'g', digits, 64), 64)
+	return r
 }
 
 func round(v float64, digits int) float64 {
