@@ -7,7 +7,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"sync"
+
+	"gpukit/libgpu/trace"
 )
+
+// traceCategory is the category of the span a client puts on the process's
+// trace (trace.Default) around each request: named by the op, from before
+// the send to the reply (Call) or to the send (Go).
+const traceCategory = "ipc"
 
 type flowKey struct{}
 
@@ -120,6 +127,11 @@ func (c *Client) read() {
 // matches the registered sentinel with errors.Is. fds are sent with the
 // request and stay owned by the caller. The flow id comes from ctx
 // (WithFlow) or is made fresh.
+//
+// With tracing on (trace.Default), the call is a span of category "ipc"
+// named op on the main track; a fresh flow id is its outgoing flow (the
+// daemon's handler span is the incoming end), while a caller that passed
+// one with WithFlow marks its own sending span (trace.Span.FlowOut).
 func (c *Client) Call(ctx context.Context, op string, req, resp any, fds ...int) ([]int, error) {
 	body, err := MarshalBody(req)
 	if err != nil {
@@ -129,6 +141,11 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any, fds ...int)
 	if !ok {
 		flow = NewFlow()
 	}
+	sp := trace.Default().Begin(traceCategory, op)
+	if !ok {
+		sp.FlowOut(flow)
+	}
+	defer sp.End()
 	ch := make(chan result, 1)
 	c.mu.Lock()
 	if c.pending == nil {
@@ -180,6 +197,7 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any, fds ...int)
 // ends first; it must not block or call c. With fn nil the reply is
 // dropped (its fds closed). Replies to one connection's requests keep their
 // order on the server, so a later Call sees the effect of an earlier Go.
+// Traced as Call is, the span ending once the request is sent.
 func (c *Client) Go(ctx context.Context, op string, req any, fn func(m *Message, fds []int)) error {
 	body, err := MarshalBody(req)
 	if err != nil {
@@ -189,6 +207,11 @@ func (c *Client) Go(ctx context.Context, op string, req any, fn func(m *Message,
 	if !ok {
 		flow = NewFlow()
 	}
+	sp := trace.Default().Begin(traceCategory, op)
+	if !ok {
+		sp.FlowOut(flow)
+	}
+	defer sp.End()
 	if fn == nil {
 		fn = func(_ *Message, fds []int) { closeFDs(fds) }
 	}
