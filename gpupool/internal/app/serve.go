@@ -21,6 +21,7 @@ import (
 	"gpukit/gpupool/internal/server"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ipc"
+	"gpukit/libgpu/trace"
 )
 
 var serveCommand = &cli.Command{
@@ -49,6 +50,7 @@ allocations shared as fds; on the host they are memfds.`,
 		&cli.StringSliceFlag{Name: "quota-uid", Usage: "UID=BYTES: the most the buffers a uid creates may hold at once (repeatable)"},
 		&cli.StringFlag{Name: "metrics-addr", Usage: "HOST:PORT: serve the stats as Prometheus text at /metrics"},
 		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "log slabs and connection problems on stderr"},
+		&cli.StringFlag{Name: "trace", EnvVars: []string{trace.EnvSocket}, Usage: "SOCK: send a span per request and the reserved/used byte counters to the tracer collector at SOCK (tracer serve, or set by tracer record)"},
 	},
 	Action: serve,
 }
@@ -208,6 +210,13 @@ func serve(c *cli.Context) error {
 		logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
 	}
 	cfg.Logf = logf
+	tr := trace.Setup(c.String("trace"), "gpupool")
+	defer func() {
+		tr.Close()
+		if s := tr.Summary(); s != "" {
+			fmt.Fprintln(c.App.ErrWriter, "gpupool: "+s)
+		}
+	}()
 
 	src, closeSrc, err := source(c)
 	if err != nil {

@@ -16,6 +16,16 @@ import (
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ipc"
 	"gpukit/libgpu/pool"
+	"gpukit/libgpu/trace"
+)
+
+// Names on the trace (libgpu/trace, when the daemon runs with --trace): a
+// span of category traceCategory named by the op for every request, on a
+// track per connection, and two counters of bytes.
+const (
+	traceCategory   = "pool"
+	counterReserved = "pool.reserved" // bytes all slabs hold (Stats.Reserved)
+	counterUsed     = "pool.used"     // bytes allocations take (Stats.Used)
 )
 
 // Align is the alignment of every allocation's offset and length in bytes.
@@ -211,6 +221,9 @@ func (p *Pool) Connect(c *ipc.Conn) (ipc.Session, error) {
 		return nil, pool.ErrClosed
 	}
 	s := &session{p: p, cred: cred, leases: map[uint64]*allocation{}, sent: map[uint64]bool{}, events: map[*allocation]struct{}{}}
+	if t := trace.Default(); t != nil {
+		s.trk = t.Track(fmt.Sprintf("conn pid %d", cred.PID))
+	}
 	p.sessions[s] = struct{}{}
 	return s, nil
 }
@@ -259,6 +272,7 @@ func (p *Pool) Close() error {
 		delete(p.slabs, id)
 	}
 	p.reserved = 0
+	p.traceBytes()
 	return first
 }
 
@@ -340,6 +354,7 @@ func (p *Pool) newSlab(size int64, dedicated, legacy bool, uid uint32) (*slab, e
 	}
 	p.slabs[s.id] = s
 	p.reserved += sl.Size()
+	p.traceBytes()
 	p.logf("gpupool: slab %d: %d bytes (%s)", s.id, sl.Size(), sl.Kind())
 	return s, nil
 }
@@ -374,6 +389,7 @@ func (p *Pool) release(a *allocation) {
 		p.logf("gpupool: %v", err)
 	}
 	p.used -= a.taken
+	p.traceBytes()
 	if p.byUID[a.ownerUID] -= a.taken; p.byUID[a.ownerUID] == 0 {
 		delete(p.byUID, a.ownerUID)
 	}
@@ -397,6 +413,15 @@ func (p *Pool) release(a *allocation) {
 	}
 }
 
+// traceBytes samples the reserved and used counters on the trace (nothing
+// when tracing is off). Called with p.mu held, after they change.
+func (p *Pool) traceBytes() {
+	if t := trace.Default(); t != nil {
+		t.Counter(counterReserved, float64(p.reserved))
+		t.Counter(counterUsed, float64(p.used))
+	}
+}
+
 func (p *Pool) dropSlab(s *slab) {
 	if s.idle != nil {
 		s.idle.Stop()
@@ -404,6 +429,7 @@ func (p *Pool) dropSlab(s *slab) {
 	}
 	delete(p.slabs, s.id)
 	p.reserved -= s.s.Size()
+	p.traceBytes()
 	for sess := range p.sessions {
 		if sess.sent[s.id] {
 			delete(sess.sent, s.id)
@@ -425,10 +451,17 @@ type session struct {
 	sent       map[uint64]bool // slabs whose fd (or legacy handle) it has
 	dropped    []uint64        // sent slabs released since the last lease or free reply
 	events     map[*allocation]struct{}
+	trk        *trace.Track // its row on the trace (nil: tracing off)
 }
 
 // Handle implements ipc.Session.
+//
+// With tracing on, each request is a span named by its op on the
+// connection's track, the incoming end of the request's flow.
 func (s *session) Handle(ctx context.Context, m *ipc.Message, _ []int) (any, []int, error) {
+	sp := s.trk.Begin(traceCategory, m.Op)
+	sp.FlowIn(m.Flow)
+	defer sp.End()
 	switch m.Op {
 	case pool.OpHello:
 		var req pool.HelloRequest
@@ -583,6 +616,7 @@ func (s *session) alloc(req pool.AllocRequest) (any, []int, error) {
 	p.used += a.taken
 	p.byUID[a.ownerUID] += a.taken
 	p.peak = max(p.peak, p.used)
+	p.traceBytes()
 	lease, fds, err := s.lease(a)
 	if err != nil {
 		a.kept = false
