@@ -23,7 +23,7 @@ func evalCommand() *cli.Command {
 			dataFlag,
 			&cli.IntFlag{Name: "batch", Value: 500, Usage: "examples per forward pass"},
 			&cli.StringFlag{Name: "act", Value: "relu", Usage: "relu|gelu, for checkpoints without trainer metadata"},
-			poolFlag, deviceFlag, graphFlag, precisionFlag,
+			poolFlag, deviceFlag, graphFlag, precisionFlag, traceFlag,
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
@@ -33,6 +33,7 @@ func evalCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			defer setupTrace(c)()
 			path := c.String("ckpt")
 			if path == "" {
 				return fmt.Errorf("eval: --ckpt FILE is required")

@@ -12,6 +12,7 @@ import (
 	"gpukit/libgpu/data"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
+	"gpukit/libgpu/trace"
 )
 
 // Flags shared by several subcommands.
@@ -28,9 +29,25 @@ var (
 		Usage: "gpupool socket: allocate through the pool daemon instead of in-process"}
 	widthsFlag = &cli.StringFlag{Name: "widths", Value: "784,256,256,10",
 		Usage: "MLP layer widths, inputs first and classes last"}
-	actFlag  = &cli.StringFlag{Name: "act", Value: "relu", Usage: "relu|gelu activation between layers"}
-	seedFlag = &cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initialisation and of the data order"}
+	actFlag   = &cli.StringFlag{Name: "act", Value: "relu", Usage: "relu|gelu activation between layers"}
+	seedFlag  = &cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initialisation and of the data order"}
+	traceFlag = &cli.StringFlag{Name: "trace", EnvVars: []string{trace.EnvSocket},
+		Usage: "SOCK: send spans (step, data, forward, backward, optimizer, graph replay, checkpoint) and GPU times to the tracer collector at SOCK (tracer serve, or set by tracer record)"}
 )
+
+// setupTrace turns tracing on when --trace (or GPUKIT_TRACE) names a
+// collector socket; the returned func flushes and closes the tracer and
+// reports lost events on stderr. Call it before anything is traced and
+// defer the func before the allocator's close, so it runs last.
+func setupTrace(c *cli.Context) func() {
+	tr := trace.Setup(c.String("trace"), "trainer")
+	return func() {
+		tr.Close()
+		if s := tr.Summary(); s != "" {
+			fmt.Fprintln(c.App.ErrWriter, "trainer: "+s)
+		}
+	}
+}
 
 func parseWidths(s string) ([]int, error) {
 	var ws []int

@@ -27,7 +27,10 @@ func runCommand() *cli.Command {
 			"the whole step (copy, forward, loss, backward, --clip, optimizer) is one CUDA graph launch and the\n" +
 			"host synchronises only to read the loss every --log-every steps. Loss lines then also carry mfu\n" +
 			"(model FLOPs utilisation against the GPU's data-sheet peak for --precision).\n" +
-			"On the host --graph is a no-op and --precision computes in f32.",
+			"On the host --graph is a no-op and --precision computes in f32.\n" +
+			"With --trace SOCK (or GPUKIT_TRACE, as tracer record sets it) each step is a span with its phases\n" +
+			"(data, forward, backward, optimizer, graph replay) and, on a GPU, the GPU time of each graph replay\n" +
+			"or eager phase; evaluation and checkpoints too.",
 		OnUsageError: usageError,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "out", Usage: "run directory (default: the --resume directory)"},
@@ -47,7 +50,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "resume", Usage: "continue the run in DIR from DIR/model.safetensors"},
 			poolFlag,
 			&cli.StringFlag{Name: "run", Usage: "run name, the prefix of pool buffer names (default: base name of --out)"},
-			deviceFlag, graphFlag, precisionFlag,
+			deviceFlag, graphFlag, precisionFlag, traceFlag,
 		},
 		Action: runAction,
 	}
@@ -64,6 +67,7 @@ func runAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	defer setupTrace(c)()
 	out := c.String("out")
 	opts := train.Options{LogEvery: c.Int("log-every"), Stdout: c.App.Writer, Precision: prec, Graph: c.String("graph") == "on"}
 	var cfg train.Config

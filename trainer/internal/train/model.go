@@ -12,6 +12,7 @@ import (
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/optim"
 	"gpukit/libgpu/tensor"
+	"gpukit/libgpu/trace"
 )
 
 // Checkpoint layout (one safetensors file, written atomically):
@@ -93,20 +94,34 @@ func (m *model) free() {
 // compute runs one training step on the batch already in the model's input
 // and label buffers: forward, loss, backward, gradient clipping (cfg.Clip >
 // 0) and the optimizer. On a GPU everything is queued on the engine's
-// stream with no host synchronisation.
-func (m *model) compute(e *ops.Engine) error {
-	if err := m.mlp.Forward(e); err != nil {
+// stream with no host synchronisation. Each phase is a host span on the
+// trace and, with gt set (an eager GPU step: the caller runs compute inside
+// the device's Do, never while capturing), a GPU span.
+func (m *model) compute(e *ops.Engine, gt *trace.GPUTimer) error {
+	p := beginPhase(gt, spanForward)
+	err := m.mlp.Forward(e)
+	p.end()
+	if err != nil {
 		return err
 	}
-	if err := m.mlp.Backward(e); err != nil {
+	p = beginPhase(gt, spanBackward)
+	err = m.mlp.Backward(e)
+	p.end()
+	if err != nil {
 		return err
 	}
 	if m.cfg.Clip > 0 {
-		if err := e.ClipGradNorm(m.grads, m.cfg.Clip, m.norm); err != nil {
+		p = beginPhase(gt, spanClip)
+		err = e.ClipGradNorm(m.grads, m.cfg.Clip, m.norm)
+		p.end()
+		if err != nil {
 			return err
 		}
 	}
-	return m.opt.Step(e)
+	p = beginPhase(gt, spanOptimizer)
+	err = m.opt.Step(e)
+	p.end()
+	return err
 }
 
 // tensors lists what a checkpoint holds: parameters, then (withOptim) the

@@ -11,6 +11,7 @@ import (
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
+	"gpukit/libgpu/trace"
 )
 
 // stepper runs training steps of a model on an engine. Each step: batch()
@@ -54,7 +55,7 @@ func (h *hostStepper) run() error {
 	if err := h.m.mlp.Labels().Write(tensor.AsBytes(h.y)); err != nil {
 		return err
 	}
-	return h.m.compute(h.e)
+	return h.m.compute(h.e, nil)
 }
 
 func (h *hostStepper) close() error { return nil }
@@ -92,6 +93,7 @@ type cudaStepper struct {
 	used   [slots]bool
 	graphs [slots]cuda.Graph
 	execs  [slots]cuda.GraphExec
+	gt     *trace.GPUTimer // GPU spans on the stream (nil: tracing off)
 }
 
 func newCUDAStepper(e *ops.Engine, cd device.CUDADevice, s cuda.Stream, m *model, graph bool) (*cudaStepper, error) {
@@ -108,7 +110,9 @@ func newCUDAStepper(e *ops.Engine, cd device.CUDADevice, s cuda.Stream, m *model
 				return err
 			}
 		}
-		return nil
+		var err error
+		c.gt, err = trace.NewGPUTimer(trace.Default(), cd.Context(), s, gpuTimerName)
+		return err
 	})
 	if err != nil {
 		c.close()
@@ -131,18 +135,20 @@ func (c *cudaStepper) batch() ([]float32, []int32, error) {
 	return x, y, nil
 }
 
-// queue queues the copies of slot s and the whole step on the stream.
-func (c *cudaStepper) queue(s int) error {
-	err := c.dev.Do(func() error {
-		if err := cuda.MemcpyHtoDAsync(cuda.DevicePtr(c.m.mlp.Input().Ptr()), c.host[s], c.xBytes, c.stream); err != nil {
-			return err
+// queue queues the copies of slot s and the whole step on the stream, on
+// one pinned thread with the context current. gt, when set, times each
+// phase on the GPU: pass nil while capturing.
+func (c *cudaStepper) queue(s int, gt *trace.GPUTimer) error {
+	return c.dev.Do(func() error {
+		err := cuda.MemcpyHtoDAsync(cuda.DevicePtr(c.m.mlp.Input().Ptr()), c.host[s], c.xBytes, c.stream)
+		if err == nil {
+			err = cuda.MemcpyHtoDAsync(cuda.DevicePtr(c.m.mlp.Labels().Ptr()), unsafe.Add(c.host[s], c.xBytes), c.yBytes, c.stream)
 		}
-		return cuda.MemcpyHtoDAsync(cuda.DevicePtr(c.m.mlp.Labels().Ptr()), unsafe.Add(c.host[s], c.xBytes), c.yBytes, c.stream)
+		if err != nil {
+			return fmt.Errorf("train: batch copy: %w", err)
+		}
+		return c.m.compute(c.e, gt)
 	})
-	if err != nil {
-		return fmt.Errorf("train: batch copy: %w", err)
-	}
-	return c.m.compute(c.e)
 }
 
 // capture records the step of slot s into a graph and instantiates it, on
@@ -152,7 +158,7 @@ func (c *cudaStepper) capture(s int) error {
 		if err := c.stream.BeginCapture(cuda.CaptureModeThreadLocal); err != nil {
 			return err
 		}
-		qerr := c.queue(s)
+		qerr := c.queue(s, nil) // no events may be recorded into the graph
 		g, err := c.stream.EndCapture()
 		if qerr != nil {
 			if err == nil {
@@ -177,16 +183,25 @@ func (c *cudaStepper) run() error {
 	s := c.slot()
 	switch {
 	case !c.graph || c.n == 0:
-		if err := c.queue(s); err != nil {
+		if err := c.queue(s, c.gt); err != nil {
 			return err
 		}
 	default:
 		if c.execs[s] == 0 {
-			if err := c.capture(s); err != nil {
+			p := beginPhase(nil, spanCapture)
+			err := c.capture(s)
+			p.end()
+			if err != nil {
 				return fmt.Errorf("train: capturing the step as a CUDA graph: %w", err)
 			}
 		}
-		if err := c.dev.Do(func() error { return c.execs[s].Launch(c.stream) }); err != nil {
+		err := c.dev.Do(func() error {
+			p := beginPhase(c.gt, spanReplay)
+			err := c.execs[s].Launch(c.stream)
+			p.end()
+			return err
+		})
+		if err != nil {
 			return fmt.Errorf("train: graph launch: %w", err)
 		}
 	}
@@ -203,6 +218,10 @@ func (c *cudaStepper) close() error {
 	return c.dev.Do(func() error {
 		var errs []error
 		errs = append(errs, c.stream.Synchronize())
+		if err := c.gt.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("trace: %w", err))
+		}
+		c.gt = nil
 		for i := range slots {
 			if c.execs[i] != 0 {
 				errs = append(errs, c.execs[i].Destroy())

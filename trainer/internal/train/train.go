@@ -16,6 +16,7 @@ import (
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
+	"gpukit/libgpu/trace"
 )
 
 // Output file names inside the run directory.
@@ -138,8 +139,14 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 		}
 		return nil
 	}
+	save := func(pos Position) error {
+		sp := trace.Default().Begin(traceCat, spanCheckpoint)
+		sp.Arg(trace.Int(argStep, int64(pos.Step)))
+		defer sp.End()
+		return m.save(filepath.Join(o.Out, ModelFile), pos, true)
+	}
 	finish := func(pos Position) error {
-		if err := m.save(filepath.Join(o.Out, ModelFile), pos, true); err != nil {
+		if err := save(pos); err != nil {
 			return err
 		}
 		return Plot(filepath.Join(o.Out, MetricsFile), filepath.Join(o.Out, PlotFile))
@@ -160,6 +167,7 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 	peak, havePeak := ops.PeakFLOPS(o.Alloc.Device(), o.Precision)
 	flops := m.mlp.StepFLOPs()
 	bar := newProgress(o.Progress, cfg.Epochs, nb)
+	tk := trace.Default().Main() // nil: tracing off
 	last, lastStep := time.Now(), pos.Step
 	var lastLoss float32
 	for epoch := pos.Epoch; epoch < cfg.Epochs; epoch++ {
@@ -169,6 +177,9 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 			first = pos.Batch
 		}
 		for b := first; b < nb; b++ {
+			step := tk.Begin(traceCat, spanStep)
+			step.Arg(trace.Int(argStep, int64(pos.Step+1)))
+			dp := tk.Begin(traceCat, spanData)
 			x, y, err := st.batch()
 			if err != nil {
 				return res, err
@@ -176,11 +187,13 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 			if err := fill(trainSet, x, y, data.Batch(order, cfg.Batch, b)); err != nil {
 				return res, err
 			}
+			dp.End()
 			if err := st.run(); err != nil {
 				return res, fmt.Errorf("step %d: %w", pos.Step+1, err)
 			}
 			pos = Position{Step: pos.Step + 1, Epoch: epoch, Batch: b + 1}
 			if pos.Step%o.LogEvery == 0 {
+				lp := tk.Begin(traceCat, spanLog)
 				l, err := m.mlp.Loss().ReadF32()
 				if err != nil {
 					return res, err
@@ -209,7 +222,9 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 					return res, err
 				}
 				last, lastStep = now, pos.Step
+				lp.End()
 			}
+			step.End()
 			bar.update(epoch, b+1, lastLoss)
 			if ctx.Err() != nil {
 				bar.done()
@@ -227,7 +242,7 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 			return res, err
 		}
 		// A checkpoint per epoch: a crash loses at most one epoch.
-		if err := m.save(filepath.Join(o.Out, ModelFile), pos, true); err != nil {
+		if err := save(pos); err != nil {
 			return res, err
 		}
 		last = time.Now() // evaluation is not training time
@@ -272,6 +287,8 @@ func checkShapes(cfg Config, sets ...*data.Set) error {
 // evaluate returns the fraction of set the model classifies correctly, in
 // batches of the model's static size (the last one padded with zeros).
 func evaluate(e *ops.Engine, a device.Allocator, run string, m *model, set *data.Set) (float64, error) {
+	sp := trace.Default().Begin(traceCat, spanEvaluate)
+	defer sp.End()
 	if set == nil || set.N == 0 {
 		return 0, fmt.Errorf("%w: empty evaluation set", ErrConfig)
 	}

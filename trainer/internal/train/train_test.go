@@ -36,7 +36,7 @@ func randomSteps(t *testing.T, m *model, e *ops.Engine, rng *rand.Rand, n int) {
 		if err := m.mlp.Labels().Write(tensor.AsBytes(y)); err != nil {
 			t.Fatal(err)
 		}
-		if err := m.compute(e); err != nil {
+		if err := m.compute(e, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
