@@ -53,6 +53,8 @@ demo: deps build
 ## ci: what .ci/run runs — lint, module checks, the README's test command, a clean tree
 ci: deps lint tidy-check
 	$(MAKE) test
+	@echo "pipeline (short mode): examples/pipelines/train-fashion.sh"
+	EPOCHS=1 LIMIT=3000 OUT=$$(mktemp -d) GPUKIT_BIN=$(CURDIR)/$(BIN) bash examples/pipelines/train-fashion.sh >/dev/null
 	@git status --porcelain | grep -v '^??' && { echo "tracked files changed during ci"; exit 1; } || true
 
 ## gpu-bundle: static tools and GPU test binaries in build/gpu/ for a GPU machine
