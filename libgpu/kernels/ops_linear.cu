@@ -131,3 +131,28 @@ extern "C" __global__ void cast_f32_bf16(gpukit_bf16* out, const float* in, long
         out[k] = gpukit_f32_to_bf16(in[k]);
     }
 }
+
+// relu_mask writes the ReLU bit-mask of the row-major y[m,n] (ops.ReLUMaskCols):
+// row i has ld_bytes = ceil(n/128)*16 bytes, and bit j%8 (least significant
+// first) of byte [i, j/8] is 1 exactly when y[i,j] > 0; bits for j >= n are
+// 0. This is the layout of cuBLASLt's RELU_AUX bit-mask for the column-major
+// D = y^T (n x m) with a leading dimension of ld_bytes*8 bits, so a mask
+// written here when the RELU_AUX_BIAS epilogue was not available can be
+// read by a fused DRELU(_BGRAD) GEMM. One thread per byte, grid-stride.
+extern "C" __global__ void relu_mask(unsigned char* mask, const float* y,
+                                     long long m, int n, int ld_bytes) {
+    long long total = m * (long long)ld_bytes;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += stride) {
+        long long i = k / ld_bytes;
+        int j0 = (int)(k % ld_bytes) * 8;
+        unsigned int bits = 0;
+        for (int b = 0; b < 8; b++) {
+            int j = j0 + b;
+            if (j < n && y[i * n + j] > 0.0f) {
+                bits |= 1u << b;
+            }
+        }
+        mask[k] = (unsigned char)bits;
+    }
+}

@@ -84,6 +84,7 @@ type scratchBuf struct {
 
 type cudaFuncs struct {
 	biasAct, actBwdColsum, colsumFinal, castBF16 cuda.Function
+	reluMask                                     cuda.Function
 	xent, argmax                                 cuda.Function
 	adamStep, adamMulti, sgdMulti                cuda.Function
 }
@@ -147,6 +148,7 @@ func (c *cudaImpl) loadKernels() error {
 		{&c.fn.actBwdColsum, "ops_linear.cu", "act_bwd_colsum"},
 		{&c.fn.colsumFinal, "ops_linear.cu", "colsum_final"},
 		{&c.fn.castBF16, "ops_linear.cu", "cast_f32_bf16"},
+		{&c.fn.reluMask, "ops_linear.cu", "relu_mask"},
 		{&c.fn.xent, "ops_loss.cu", "softmax_xent"},
 		{&c.fn.argmax, "ops_argmax.cu", "argmax_rows"},
 		{&c.fn.adamStep, "ops_optim.cu", "adamw_step"},

@@ -162,21 +162,32 @@ func (c *cudaImpl) Linear(y, x, w, b, aux *tensor.Tensor, act Act) error {
 			}
 		}
 		yp, bp, zp := devPtr(y), devPtr(b), devPtr(aux)
+		var maskp cuda.DevicePtr // a u8 aux is the ReLU bit-mask, not z
+		if aux != nil && aux.DType == tensor.U8 {
+			maskp, zp = zp, 0
+		}
 		spec := cuda.GemmSpec{TransA: true, M: n, N: m, K: k, LDA: k, LDB: k, LDC: n, LDD: n}
 		args := cuda.GemmArgs{A: wp, B: xp, D: yp, Bias: bp}
 
 		spec.Epilogue = actEpilogue(act, b != nil)
 		post := false // bias_act(y, aux, nil, act) after the fused GEMM
 		switch {
+		case maskp != 0:
+			// RELU_AUX(_BIAS) on yᶜ (N×M): the mask has one bit per element
+			// of D, ld in bits = ReLUMaskCols(N)·8 (a multiple of 128, ≥ N).
+			spec.Epilogue, spec.AuxLD, args.Aux = cuda.EpilogueReLUAux, ReLUMaskCols(n)*8, maskp
+			if b != nil {
+				spec.Epilogue = cuda.EpilogueReLUAuxBias
+			}
 		case act == ActGELU && c.prec == PrecF32:
 			spec.Epilogue = actEpilogue(ActNone, b != nil)
 			post = true
-		case aux != nil && act == ActGELU:
+		case zp != 0 && act == ActGELU:
 			spec.Epilogue, spec.AuxLD, args.Aux = cuda.EpilogueGELUAux, n, zp
 			if b != nil {
 				spec.Epilogue = cuda.EpilogueGELUAuxBias
 			}
-		case aux != nil:
+		case zp != 0:
 			spec.Epilogue = actEpilogue(ActNone, b != nil)
 			post = true
 		}
@@ -200,8 +211,20 @@ func (c *cudaImpl) Linear(y, x, w, b, aux *tensor.Tensor, act Act) error {
 		if b == nil && aux == nil && act == ActNone {
 			return nil
 		}
-		return c.biasAct(yp, zp, bp, act, m, n)
+		if err := c.biasAct(yp, zp, bp, act, m, n); err != nil || maskp == 0 {
+			return err
+		}
+		return c.reluMask(maskp, yp, m, n)
 	})
+}
+
+// reluMask queues relu_mask: the ReLU bit-mask (ReLUMaskCols) of y[m,n] > 0
+// into mask, for when cuBLASLt's RELU_AUX epilogue is not used.
+func (c *cudaImpl) reluMask(mask, y cuda.DevicePtr, m, n int) error {
+	ld := ReLUMaskCols(n)
+	mm, nn, l := int64(m), int32(n), int32(ld)
+	return c.launch(c.fn.reluMask, gridFor(int64(m)*int64(ld), 256), [3]uint32{256, 1, 1},
+		unsafe.Pointer(&mask), unsafe.Pointer(&y), unsafe.Pointer(&mm), unsafe.Pointer(&nn), unsafe.Pointer(&l))
 }
 
 // biasAct queues bias_act: z = y + b (b may be 0), aux = z (aux may be 0),

@@ -68,8 +68,11 @@ func checkAct(act Act) error {
 // Linear computes y[M,N] = act(x[M,K]·w[N,K]ᵀ + b[N]), all f32 and contiguous
 // on the engine's device (row-major, PyTorch's nn.Linear layout). b may be
 // nil. aux, when non-nil ([M,N] f32), receives the pre-activation z; it is
-// required for act = ActGELU when LinearBackward will follow. Errors wrap
-// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or ErrDevice.
+// required for act = ActGELU when LinearBackward will follow. With
+// act = ActReLU, aux may instead be a u8 tensor [M, ReLUMaskCols(N)] that
+// receives the ReLU bit-mask [z > 0] for LinearBackwardChain (backends with
+// HasLinearChain only, else ErrNoBackend). Errors wrap tensor.ErrShape,
+// tensor.ErrDType, tensor.ErrLayout or ErrDevice.
 func (e *Engine) Linear(y, x, w, b, aux *tensor.Tensor, act Act) error {
 	if err := checkAct(act); err != nil {
 		return err
@@ -96,7 +99,18 @@ func (e *Engine) Linear(y, x, w, b, aux *tensor.Tensor, act Act) error {
 	if err := e.check("linear y", y, tensor.F32, m, n); err != nil {
 		return err
 	}
-	if aux != nil {
+	switch {
+	case aux != nil && aux.DType == tensor.U8:
+		if act != ActReLU {
+			return fmt.Errorf("%w: linear u8 aux (a ReLU bit-mask) with activation %v", tensor.ErrDType, act)
+		}
+		if err := e.check("linear aux (ReLU mask)", aux, tensor.U8, m, ReLUMaskCols(n)); err != nil {
+			return err
+		}
+		if !e.HasLinearChain() {
+			return fmt.Errorf("%w: %v has no ReLU bit-masks", ErrNoBackend, e.dev)
+		}
+	case aux != nil:
 		if err := e.check("linear aux", aux, tensor.F32, m, n); err != nil {
 			return err
 		}

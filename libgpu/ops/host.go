@@ -58,6 +58,14 @@ func f32s(ts ...*tensor.Tensor) ([][]float32, error) {
 }
 
 func (h *hostImpl) Linear(y, x, w, b, aux *tensor.Tensor, act Act) error {
+	var mask []uint8 // u8 aux: the ReLU bit-mask, from y > 0 ⇔ z > 0
+	if aux != nil && aux.DType == tensor.U8 {
+		var err error
+		if mask, err = aux.U8(); err != nil {
+			return fmt.Errorf("ops: host backend: %w", err)
+		}
+		aux = nil
+	}
 	s, err := f32s(y, x, w, b, aux)
 	if err != nil {
 		return err
@@ -85,6 +93,9 @@ func (h *hostImpl) Linear(y, x, w, b, aux *tensor.Tensor, act Act) error {
 			}
 			row[j] = z
 		}
+	}
+	if mask != nil {
+		writeReLUMask(mask, ys, m, n)
 	}
 	return nil
 }

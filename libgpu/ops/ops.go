@@ -87,7 +87,9 @@ type SGDConfig struct {
 type Impl interface {
 	// Linear computes y[M,N] = act(x[M,K]·w[N,K]ᵀ + b[N]). b may be nil. When aux
 	// is non-nil ([M,N], same dtype as y) it receives the pre-activation z, which
-	// LinearBackward needs for GELU (for ReLU, y itself is enough).
+	// LinearBackward needs for GELU (for ReLU, y itself is enough). Backends
+	// that implement LinearChainer also take, for act = ActReLU, a u8 aux
+	// [M, ReLUMaskCols(N)] that receives the ReLU bit-mask.
 	Linear(y, x, w, b, aux *tensor.Tensor, act Act) error
 	// LinearBackward, given dy[M,N] and aux (z for GELU, y for ReLU, unused for
 	// none), computes dz = dy ⊙ act'(z) and then dx[M,K] = dz·w, dw[N,K] = dzᵀ·x,

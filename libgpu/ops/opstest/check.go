@@ -33,7 +33,9 @@ type suite struct {
 // each output with the float64 references of this package (relative error
 // ≤ tol, exact for Argmax, Fill and the AdamW step counter); checks Linear's
 // and SoftmaxCrossEntropy's gradients against central finite differences
-// of the references; poisons every output with NaN first; and checks that
+// of the references; checks the chained backward (LinearBackwardChain and
+// Linear's ReLU bit-mask) the same ways when the backend has it, and
+// ErrNoBackend when it has not; poisons every output with NaN first; and checks that
 // the Engine rejects bad shapes, dtypes and layouts. Inputs are fresh random
 // draws each run; the seed is logged, and GPUKIT_OPSTEST_SEED repeats it. tol is 1e-5
 // for f32 arithmetic; looser for TF32/BF16 GEMMs.
@@ -56,6 +58,10 @@ func CheckImpl(t *testing.T, dev device.Device, opts ops.Options, tol float64) {
 	t.Run("LinearView", s.linearView)
 	t.Run("LinearBackward", s.linearBackward)
 	t.Run("LinearGradFD", s.linearGradFD)
+	t.Run("LinearReLUMask", s.linearReLUMask)
+	t.Run("LinearBackwardChain", s.linearChain)
+	t.Run("LinearChainGradFD", s.linearChainGradFD)
+	t.Run("LinearChainValidation", s.chainValidation)
 	t.Run("SoftmaxCrossEntropy", s.softmaxCE)
 	t.Run("SoftmaxCrossEntropyGradFD", s.softmaxCEGradFD)
 	t.Run("AdamW", s.adamw)

@@ -225,3 +225,44 @@ func ArgmaxRef(x []float32, m, n int) []int32 {
 	}
 	return out
 }
+
+// ReLUMaskRef is the ReLU bit-mask of z[m,n] (ops.ReLUMaskCols): m rows of
+// ops.ReLUMaskCols(n) bytes, bit j%8 of byte [i, j/8] set when z[i,j] > 0,
+// padding bits 0 (a backend's padding bits are not compared).
+func ReLUMaskRef(z []float64, m, n int) []uint8 {
+	ld := ops.ReLUMaskCols(n)
+	out := make([]uint8, m*ld)
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			if z[i*n+j] > 0 {
+				out[i*ld+j/8] |= 1 << (j % 8)
+			}
+		}
+	}
+	return out
+}
+
+// LinearBackwardChainRef is ops.Engine.LinearBackwardChain in float64, for
+// dz[m,n], x[m,k], w[n,k] and the previous layer's pre-activation
+// zPrev[m,k] (read only for actPrev ≠ ActNone): dw = dzᵀ·x, db = Σ_rows dz,
+// dxPrev = (dz·w) ⊙ act_prev'(zPrev), dbPrev = Σ_rows dxPrev.
+func LinearBackwardChainRef(dz, x, w, zPrev []float64, m, k, n int, actPrev ops.Act) (dxPrev, dw, db, dbPrev []float64) {
+	dxPrev, dw, db, dbPrev = make([]float64, m*k), make([]float64, n*k), make([]float64, n), make([]float64, k)
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			g := dz[i*n+j]
+			db[j] += g
+			for p := 0; p < k; p++ {
+				dxPrev[i*k+p] += g * w[j*k+p]
+				dw[j*k+p] += g * x[i*k+p]
+			}
+		}
+	}
+	for i := range dxPrev {
+		if actPrev != ops.ActNone {
+			dxPrev[i] *= ActGradRef(actPrev, zPrev[i])
+		}
+		dbPrev[i%k] += dxPrev[i]
+	}
+	return dxPrev, dw, db, dbPrev
+}

@@ -97,3 +97,26 @@ func DownloadI32(tb testing.TB, t *tensor.Tensor) []int32 {
 	}
 	return append([]int32(nil), tensor.BytesAs[int32](b)...)
 }
+
+// UploadU8 is Upload for u8 data.
+func UploadU8(tb testing.TB, a device.Allocator, v []uint8, shape ...int) *tensor.Tensor {
+	tb.Helper()
+	t := Empty(tb, a, tensor.U8, shape...)
+	if err := t.Write(v); err != nil {
+		tb.Fatalf("upload %v: %v", shape, err)
+	}
+	return t
+}
+
+// DownloadU8 waits for the device and reads a u8 tensor.
+func DownloadU8(tb testing.TB, t *tensor.Tensor) []uint8 {
+	tb.Helper()
+	if err := t.Device().Sync(); err != nil {
+		tb.Fatalf("sync: %v", err)
+	}
+	b, err := t.Read()
+	if err != nil {
+		tb.Fatalf("read %v: %v", t, err)
+	}
+	return b
+}
