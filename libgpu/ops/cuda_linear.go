@@ -35,9 +35,11 @@ import (
 //     without a bias): one GEMM.
 //   - Linear with aux and GELU: GELU_AUX_BIAS (GELU_AUX) stores z in aux and
 //     gelu(z) in y: one GEMM.
-//   - Linear with aux and ReLU or none: BIAS (DEFAULT) into y, then bias_act
-//     stores aux = z and y = act(z). cuBLASLt's ReLU aux is a bit-mask, not
-//     the z that the Impl contract promises.
+//   - Linear with an f32 aux and ReLU or none: BIAS (DEFAULT) into y, then
+//     bias_act stores aux = z and y = act(z). cuBLASLt's ReLU aux is a
+//     bit-mask, not the z that the Impl contract promises.
+//   - Linear with a u8 aux (ReLU bit-mask, ReLUMaskCols): RELU_AUX_BIAS
+//     (RELU_AUX): one GEMM; unfused, bias_act then relu_mask.
 //   - GELU under PrecF32 is never fused: BIAS (DEFAULT), then bias_act with
 //     the full-precision tanhf. cuBLASLt does not document the accuracy of
 //     its GELU epilogue's tanh (GEMM epilogues commonly use the hardware
@@ -49,6 +51,8 @@ import (
 //     fuse this layer's act' into the *next* layer's dx GEMM, across two
 //     Impl calls; the Impl contract keeps each layer's backward separate.
 //     db comes from the weight-gradient GEMM's BGRADB epilogue.
+//     LinearBackwardChain (cuda_chain.go) is that cross-layer fusion:
+//     DRELU_BGRAD / DGELU_BGRAD on the dx GEMM.
 //   - Unfused: plain GEMMs, bias_act for bias and activation, and
 //     act_bwd_colsum (+ colsum_final) computing dz and db in one pass with a
 //     fixed-order (deterministic) two-stage column sum.

@@ -94,8 +94,129 @@ func TestCUDACheckImpl(t *testing.T) {
 	for _, p := range precs {
 		e := cudaEngine(t, d, p.prec)
 		runLinears(t, e, 61, 130, 31)
+		runChain(t, e, 61, 130, 31)
 		for spec, err := range ops.CUDARejectedEpilogues(e) {
 			t.Logf("%s: epilogue %d rejected for %dx%dx%d: %v", p.name, spec.Epilogue, spec.M, spec.N, spec.K, err)
+		}
+	}
+}
+
+// TestCUDAChainEpiloguesFused: at the trainer's kind of shape (every
+// dimension a multiple of 128) under TF32, cuBLASLt accepts every epilogue
+// the chained backward relies on — RELU_AUX_BIAS and GELU_AUX_BIAS forward,
+// DRELU_BGRAD and DGELU_BGRAD on the dx GEMM, BGRADB on the dw GEMM — so
+// nothing falls back to the element-wise kernels.
+func TestCUDAChainEpiloguesFused(t *testing.T) {
+	d := gpu(t)
+	e := cudaEngine(t, d, ops.PrecTF32)
+	runChain(t, e, 256, 384, 128)
+	for spec, err := range ops.CUDARejectedEpilogues(e) {
+		t.Errorf("tf32: epilogue %d rejected for %dx%dx%d (falls back to unfused kernels): %v", spec.Epilogue, spec.M, spec.N, spec.K, err)
+	}
+}
+
+// runChain runs Linear with the chained backward's aux (ReLU bit-mask,
+// GELU z) and LinearBackwardChain with every previous activation once.
+func runChain(t *testing.T, e *ops.Engine, m, k, n int) {
+	t.Helper()
+	a := device.Local{Dev: e.Device()}
+	r := rand.New(rand.NewPCG(3, 4))
+	x := opstest.Upload(t, a, opstest.Rand(r, m*k), m, k)
+	w := opstest.Upload(t, a, opstest.Rand(r, n*k), n, k)
+	b := opstest.Upload(t, a, opstest.Rand(r, n), n)
+	dz := opstest.Upload(t, a, opstest.Rand(r, m*n), m, n)
+	y := opstest.Empty(t, a, tensor.F32, m, n)
+	mask := opstest.Empty(t, a, tensor.U8, m, ops.ReLUMaskCols(n))
+	z := opstest.Empty(t, a, tensor.F32, m, n)
+	if err := e.Linear(y, x, w, b, mask, ops.ActReLU); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Linear(y, x, w, b, z, ops.ActGELU); err != nil {
+		t.Fatal(err)
+	}
+	// The backward of a layer n → k whose input x came from the layer above.
+	prevMask := opstest.Empty(t, a, tensor.U8, m, ops.ReLUMaskCols(k))
+	if err := e.Linear(x, opstest.Upload(t, a, opstest.Rand(r, m*n), m, n), opstest.Upload(t, a, opstest.Rand(r, k*n), k, n), nil, prevMask, ops.ActReLU); err != nil {
+		t.Fatal(err)
+	}
+	zPrev := opstest.Upload(t, a, opstest.Rand(r, m*k), m, k)
+	dx, dw, db, dbPrev := opstest.Empty(t, a, tensor.F32, m, k), opstest.Empty(t, a, tensor.F32, n, k), opstest.Empty(t, a, tensor.F32, n), opstest.Empty(t, a, tensor.F32, k)
+	for _, c := range []struct {
+		act ops.Act
+		aux *tensor.Tensor
+	}{{ops.ActNone, nil}, {ops.ActReLU, prevMask}, {ops.ActGELU, zPrev}} {
+		if err := e.LinearBackwardChain(dx, dw, db, dbPrev, dz, x, w, c.aux, c.act); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Device().Sync(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCUDALinearChainManyRows: the chained backward with a batch of 1000
+// rows (many column tiles feeding the fused bias-gradient reductions; more
+// than one block of the unfused column sum), fused and unfused, against the
+// float64 reference, and bitwise equal on a second run (determinism of the
+// BGRAD epilogues, which the trainer's graph-vs-eager check relies on).
+func TestCUDALinearChainManyRows(t *testing.T) {
+	d := gpu(t)
+	a := device.Local{Dev: d}
+	r := rand.New(rand.NewPCG(rand.Uint64(), 11))
+	const m, k, n = 1000, 136, 45
+	for _, fused := range []bool{true, false} {
+		for _, p := range precs[:2] { // f32, tf32
+			restore := ops.SetCUDAFusion(fused)
+			e := cudaEngine(t, d, p.prec)
+			restore()
+			for _, act := range []ops.Act{ops.ActNone, ops.ActReLU, ops.ActGELU} {
+				name := fmt.Sprintf("%s/fused=%v/%v", p.name, fused, act)
+				zf := opstest.F64(opstest.Rand(r, m*k))
+				xf := make([]float64, len(zf))
+				for i, z := range zf {
+					xf[i] = opstest.ActRef(act, z)
+				}
+				x := opstest.Upload(t, a, opstest.F32(xf), m, k)
+				xf = opstest.F64(opstest.F32(xf))
+				wv, dzv := opstest.Rand(r, n*k), opstest.Rand(r, m*n)
+				w, dz := opstest.Upload(t, a, wv, n, k), opstest.Upload(t, a, dzv, m, n)
+				var aux *tensor.Tensor
+				switch act {
+				case ops.ActReLU:
+					aux = opstest.UploadU8(t, a, opstest.ReLUMaskRef(zf, m, k), m, ops.ReLUMaskCols(k))
+				case ops.ActGELU:
+					aux = opstest.Upload(t, a, opstest.F32(zf), m, k)
+				}
+				var first [][]byte
+				for run := 0; run < 2; run++ {
+					dx, dw := opstest.Empty(t, a, tensor.F32, m, k), opstest.Empty(t, a, tensor.F32, n, k)
+					db, dbPrev := opstest.Empty(t, a, tensor.F32, n), opstest.Empty(t, a, tensor.F32, k)
+					if err := e.LinearBackwardChain(dx, dw, db, dbPrev, dz, x, w, aux, act); err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					outs := []*tensor.Tensor{dx, dw, db, dbPrev}
+					if run == 0 {
+						wdx, wdw, wdb, wdbPrev := opstest.LinearBackwardChainRef(opstest.F64(dzv), xf, opstest.F64(wv), zf, m, k, n, act)
+						for i, want := range [][]float64{wdx, wdw, wdb, wdbPrev} {
+							near(t, fmt.Sprintf("%s %s", name, []string{"dxPrev", "dw", "db", "dbPrev"}[i]), opstest.Download(t, outs[i]), want, p.tol)
+						}
+					}
+					for i, o := range outs {
+						if err := d.Sync(); err != nil {
+							t.Fatal(err)
+						}
+						b, err := o.Read()
+						if err != nil {
+							t.Fatal(err)
+						}
+						if run == 0 {
+							first = append(first, b)
+						} else if !bytes.Equal(b, first[i]) {
+							t.Errorf("%s: %s differs between two runs", name, []string{"dxPrev", "dw", "db", "dbPrev"}[i])
+						}
+					}
+				}
+			}
 		}
 	}
 }
@@ -295,9 +416,13 @@ func TestCUDASoftmaxCrossEntropyDeterministic(t *testing.T) {
 
 // mlp is a three-layer classifier with every op of a training step:
 // Linear (GELU, saving z) → Linear (ReLU) → Linear → softmax cross-entropy
-// → three LinearBackward → AdamW.
+// → three LinearBackward → AdamW. With chain, the ReLU layer saves its
+// bit-mask and the backward is three LinearBackwardChain (as nn.MLP runs
+// it), where dy1 and dy2 hold the gradients of the pre-activations.
 type mlp struct {
 	e                      *ops.Engine
+	chain                  bool
+	mask2                  *tensor.Tensor
 	x, labels, step, loss  *tensor.Tensor
 	w, b, gw, gb, mw, vw   [3]*tensor.Tensor
 	mb, vb                 [3]*tensor.Tensor
@@ -305,7 +430,7 @@ type mlp struct {
 	dy1, dy2               *tensor.Tensor
 }
 
-func newMLP(t *testing.T, e *ops.Engine, seed uint64) *mlp {
+func newMLP(t *testing.T, e *ops.Engine, seed uint64, chain bool) *mlp {
 	const m, k, h1, h2, c = 37, 29, 45, 23, 11
 	a := device.Local{Dev: e.Device()}
 	r := rand.New(rand.NewPCG(seed, 10))
@@ -313,7 +438,10 @@ func newMLP(t *testing.T, e *ops.Engine, seed uint64) *mlp {
 	zeros := func(shape ...int) *tensor.Tensor {
 		return opstest.Upload(t, a, make([]float32, tensor.Numel(shape)), shape...)
 	}
-	n := &mlp{e: e, x: opstest.Upload(t, a, opstest.Rand(r, m*k), m, k)}
+	n := &mlp{e: e, chain: chain, x: opstest.Upload(t, a, opstest.Rand(r, m*k), m, k)}
+	if chain {
+		n.mask2 = opstest.Empty(t, a, tensor.U8, m, ops.ReLUMaskCols(h2))
+	}
 	lab := make([]int32, m)
 	for i := range lab {
 		lab[i] = int32(r.IntN(c))
@@ -343,12 +471,26 @@ func (n *mlp) trainStep() error {
 	e := n.e
 	steps := []func() error{
 		func() error { return e.Linear(n.y1, n.x, n.w[0], n.b[0], n.z1, ops.ActGELU) },
-		func() error { return e.Linear(n.y2, n.y1, n.w[1], n.b[1], nil, ops.ActReLU) },
+		func() error { return e.Linear(n.y2, n.y1, n.w[1], n.b[1], n.mask2, ops.ActReLU) },
 		func() error { return e.Linear(n.logits, n.y2, n.w[2], n.b[2], nil, ops.ActNone) },
 		func() error { return e.SoftmaxCrossEntropy(n.loss, n.dl, n.logits, n.labels) },
-		func() error { return e.LinearBackward(n.dy2, n.gw[2], n.gb[2], n.dl, n.y2, n.w[2], nil, ops.ActNone) },
-		func() error { return e.LinearBackward(n.dy1, n.gw[1], n.gb[1], n.dy2, n.y1, n.w[1], n.y2, ops.ActReLU) },
-		func() error { return e.LinearBackward(nil, n.gw[0], n.gb[0], n.dy1, n.x, n.w[0], n.z1, ops.ActGELU) },
+	}
+	if n.chain {
+		steps = append(steps,
+			func() error {
+				return e.LinearBackwardChain(n.dy2, n.gw[2], n.gb[2], n.gb[1], n.dl, n.y2, n.w[2], n.mask2, ops.ActReLU)
+			},
+			func() error {
+				return e.LinearBackwardChain(n.dy1, n.gw[1], nil, n.gb[0], n.dy2, n.y1, n.w[1], n.z1, ops.ActGELU)
+			},
+			func() error { return e.LinearBackwardChain(nil, n.gw[0], nil, nil, n.dy1, n.x, n.w[0], nil, ops.ActNone) })
+	} else {
+		steps = append(steps,
+			func() error { return e.LinearBackward(n.dy2, n.gw[2], n.gb[2], n.dl, n.y2, n.w[2], nil, ops.ActNone) },
+			func() error { return e.LinearBackward(n.dy1, n.gw[1], n.gb[1], n.dy2, n.y1, n.w[1], n.y2, ops.ActReLU) },
+			func() error { return e.LinearBackward(nil, n.gw[0], n.gb[0], n.dy1, n.x, n.w[0], n.z1, ops.ActGELU) })
+	}
+	steps = append(steps,
 		func() error {
 			var ps, gs, ms, vs []*tensor.Tensor
 			for i := range n.w {
@@ -356,8 +498,7 @@ func (n *mlp) trainStep() error {
 				ms, vs = append(ms, n.mw[i], n.mb[i]), append(vs, n.vw[i], n.vb[i])
 			}
 			return e.AdamW(ps, gs, ms, vs, n.step, ops.AdamWConfig{LR: 1e-2, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 1e-2})
-		},
-	}
+		})
 	for _, s := range steps {
 		if err := s(); err != nil {
 			return err
@@ -377,6 +518,9 @@ func (n *mlp) state(t *testing.T) [][]byte {
 	for i := range n.w {
 		ts = append(ts, n.w[i], n.b[i], n.gw[i], n.gb[i], n.mw[i], n.vw[i], n.mb[i], n.vb[i])
 	}
+	if n.chain {
+		ts = append(ts, n.mask2)
+	}
 	for _, x := range ts {
 		b, err := x.Read()
 		if err != nil {
@@ -395,11 +539,15 @@ func (n *mlp) state(t *testing.T) [][]byte {
 func TestCUDAGraphReplayMatchesEager(t *testing.T) {
 	d := gpu(t)
 	const replays = 50
-	for _, p := range []ops.Precision{ops.PrecTF32, ops.PrecBF16, ops.PrecF32} {
-		t.Run(fmt.Sprint(p), func(t *testing.T) {
+	for _, tc := range []struct {
+		p     ops.Precision
+		chain bool
+	}{{ops.PrecTF32, false}, {ops.PrecBF16, false}, {ops.PrecF32, false}, {ops.PrecTF32, true}, {ops.PrecBF16, true}, {ops.PrecF32, true}} {
+		p := tc.p
+		t.Run(fmt.Sprintf("%v/chain=%v", p, tc.chain), func(t *testing.T) {
 			e := cudaEngine(t, d, p)
 			seed := rand.Uint64()
-			eager := newMLP(t, e, seed)
+			eager := newMLP(t, e, seed, tc.chain)
 			if err := eager.trainStep(); err != nil {
 				t.Fatal(err)
 			}
@@ -411,7 +559,7 @@ func TestCUDAGraphReplayMatchesEager(t *testing.T) {
 			}
 			want := eager.state(t)
 
-			graphed := newMLP(t, e, seed)
+			graphed := newMLP(t, e, seed, tc.chain)
 			if err := graphed.trainStep(); err != nil { // warm-up: scratch, algorithms
 				t.Fatal(err)
 			}
