@@ -483,7 +483,9 @@ func (n *mlp) trainStep() error {
 			func() error {
 				return e.LinearBackwardChain(n.dy1, n.gw[1], nil, n.gb[0], n.dy2, n.y1, n.w[1], n.z1, ops.ActGELU)
 			},
-			func() error { return e.LinearBackwardChain(nil, n.gw[0], nil, nil, n.dy1, n.x, n.w[0], nil, ops.ActNone) })
+			func() error {
+				return e.LinearBackwardChain(nil, n.gw[0], nil, nil, n.dy1, n.x, n.w[0], nil, ops.ActNone)
+			})
 	} else {
 		steps = append(steps,
 			func() error { return e.LinearBackward(n.dy2, n.gw[2], n.gb[2], n.dl, n.y2, n.w[2], nil, ops.ActNone) },
