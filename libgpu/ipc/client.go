@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sync"
+	"time"
 
 	"gpukit/libgpu/trace"
 )
@@ -51,65 +52,138 @@ type waiter struct {
 	fn func(m *Message, fds []int)
 }
 
+// lazyRead is how long replies to Go requests may wait unread for a Call
+// to read them before the client's own goroutine does.
+const lazyRead = time.Millisecond
+
 // Client sends requests over a Conn and matches replies by ID. It is safe
 // for concurrent use; requests from several goroutines are in flight at once.
+//
+// One goroutine at a time reads the connection. A Call (without a
+// cancellable context) that finds nobody reading reads its own reply,
+// dispatching the replies it meets on the way; a Call that finds a reader
+// waits for it to hand its reply over. The client's own goroutine reads
+// while replies are awaited and no Call reads: at once for waiting Calls,
+// after lazyRead for replies to Go, for ever once Done was asked for.
 type Client struct {
 	conn    *Conn
 	mu      sync.Mutex
+	wake    *sync.Cond // the reader goroutine waits on it for work
 	pending map[uint64]waiter
 	nextID  uint64
+	reading bool  // a goroutine holds the right to read conn
+	waiting int   // Calls waiting on their channel
+	lazy    bool  // replies to Go wait unread
+	watch   bool  // Done was asked for: read even when idle
 	err     error // why the connection ended; set once
 	done    chan struct{}
+	why     error       // the server's last word before it closed (ID 0 error)
+	timer   *time.Timer // wakes the reader goroutine for lazy replies
 }
 
-// NewClient starts reading replies from conn. Close the Client, not conn.
+// NewClient starts a client on conn. Close the Client, not conn.
 func NewClient(conn *Conn) *Client {
 	c := &Client{conn: conn, pending: map[uint64]waiter{}, done: make(chan struct{})}
+	c.wake = sync.NewCond(&c.mu)
+	c.timer = time.AfterFunc(time.Hour, func() {
+		c.mu.Lock()
+		if c.lazy {
+			c.lazy = false
+			c.wake.Signal()
+		}
+		c.mu.Unlock()
+	})
+	c.timer.Stop()
 	go c.read()
 	return c
 }
 
-func (c *Client) read() {
-	var end, why error
-	for {
-		m, fds, err := c.conn.Recv()
-		if err != nil {
-			if why != nil {
-				end = fmt.Errorf("%w: %w", ErrClosed, why)
-			} else if errors.Is(err, io.EOF) {
-				end = ErrClosed
-			} else {
-				end = fmt.Errorf("%w: %w", ErrClosed, err)
-			}
-			break
-		}
-		if m.Type != TypeReply {
-			closeFDs(fds)
-			continue
-		}
-		c.mu.Lock()
-		w, ok := c.pending[m.ID]
-		delete(c.pending, m.ID)
-		c.mu.Unlock()
-		if !ok {
-			closeFDs(fds)
-			if m.ID == 0 && m.Err != nil {
-				// The server's answer to a frame it could not read; it
-				// closes the connection next.
-				why = FromWire(m.Err)
-			}
-			continue
-		}
-		if w.fn != nil {
-			w.fn(m, fds)
-			continue
-		}
-		w.ch <- result{m, fds}
+// wanted reports whether the reader goroutine should read now. Called
+// with c.mu held.
+func (c *Client) wanted() bool {
+	if c.pending == nil || c.reading {
+		return false
 	}
+	return c.watch || (len(c.pending) > 0 && (c.waiting > 0 || !c.lazy))
+}
+
+// read is the client's own reader goroutine.
+func (c *Client) read() {
 	c.mu.Lock()
-	c.err = end
+	defer c.mu.Unlock()
+	for {
+		for c.pending != nil && !c.wanted() {
+			c.wake.Wait()
+		}
+		if c.pending == nil {
+			return
+		}
+		c.reading = true
+		c.mu.Unlock()
+		m, fds, err := c.conn.Recv()
+		c.mu.Lock()
+		c.reading = false
+		c.dispatch(m, fds, err, nil)
+	}
+}
+
+// dispatch hands one received message (or the error that ended the
+// connection) to its waiter. mine, if not nil, is the waiter of the
+// calling goroutine: its reply is returned instead of sent. Called with
+// c.mu held; it may drop it to run callbacks.
+func (c *Client) dispatch(m *Message, fds []int, err error, mine chan result) (res result, got bool) {
+	if err != nil {
+		var end error
+		switch {
+		case c.why != nil:
+			end = fmt.Errorf("%w: %w", ErrClosed, c.why)
+		case errors.Is(err, io.EOF):
+			end = ErrClosed
+		default:
+			end = fmt.Errorf("%w: %w", ErrClosed, err)
+		}
+		c.end(end)
+		return result{}, false
+	}
+	if m.Type != TypeReply {
+		closeFDs(fds)
+		return result{}, false
+	}
+	w, ok := c.pending[m.ID]
+	if !ok {
+		closeFDs(fds)
+		if m.ID == 0 && m.Err != nil {
+			// The server's answer to a frame it could not read; it
+			// closes the connection next.
+			c.why = FromWire(m.Err)
+		}
+		return result{}, false
+	}
+	delete(c.pending, m.ID)
+	if w.fn != nil {
+		c.mu.Unlock()
+		w.fn(m, fds)
+		c.mu.Lock()
+		return result{}, false
+	}
+	if w.ch == mine {
+		return result{m, fds}, true
+	}
+	w.ch <- result{m, fds}
+	return result{}, false
+}
+
+// end records why the connection ended and fails every request in flight.
+// Called with c.mu held, once per client (later calls do nothing).
+func (c *Client) end(err error) {
+	if c.pending == nil {
+		return
+	}
+	c.err = err
 	pend := c.pending
 	c.pending = nil
+	c.timer.Stop()
+	c.wake.Broadcast()
 	c.mu.Unlock()
 	for _, w := range pend {
 		if w.fn != nil {
@@ -119,6 +193,7 @@ func (c *Client) read() {
 		}
 	}
 	close(c.done)
+	c.mu.Lock()
 }
 
 // Call sends op with body req and waits for the reply. A successful reply's
@@ -163,23 +238,81 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any, fds ...int)
 		c.forget(id)
 		return nil, fmt.Errorf("ipc: %s: %w", op, err)
 	}
-	select {
-	case r, ok := <-ch:
-		if !ok {
-			c.mu.Lock()
-			err := c.err
+	r, ok, err := c.await(ctx, id, ch)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		c.mu.Lock()
+		err := c.err
+		c.mu.Unlock()
+		return nil, fmt.Errorf("ipc: %s: %w", op, err)
+	}
+	if r.m.Err != nil {
+		closeFDs(r.fds)
+		return nil, FromWire(r.m.Err)
+	}
+	if err := UnmarshalBody(r.m.Body, resp); err != nil {
+		closeFDs(r.fds)
+		return nil, fmt.Errorf("ipc: %s reply: %w", op, err)
+	}
+	return r.fds, nil
+}
+
+// await returns the reply to request id: read by this goroutine when
+// nobody else reads and ctx cannot be cancelled (a Recv cannot be
+// interrupted), else handed over on ch by the reader. ok is false when the
+// connection ended first; err is ctx's error.
+func (c *Client) await(ctx context.Context, id uint64, ch chan result) (r result, ok bool, err error) {
+	if ctx.Done() == nil {
+		c.mu.Lock()
+		for !c.reading && c.pending != nil {
+			if _, mine := c.pending[id]; !mine {
+				break // handed over already
+			}
+			c.reading = true
 			c.mu.Unlock()
-			return nil, fmt.Errorf("ipc: %s: %w", op, err)
+			m, fds, rerr := c.conn.Recv()
+			c.mu.Lock()
+			c.reading = false
+			if r, got := c.dispatch(m, fds, rerr, ch); got {
+				if len(c.pending) == 0 && c.lazy {
+					c.lazy = false
+					c.timer.Stop()
+				}
+				if c.wanted() {
+					c.wake.Signal()
+				}
+				c.mu.Unlock()
+				return r, true, nil
+			}
 		}
-		if r.m.Err != nil {
-			closeFDs(r.fds)
-			return nil, FromWire(r.m.Err)
+		// Somebody else reads: wait for them.
+		c.waiting++
+		if c.wanted() {
+			c.wake.Signal()
 		}
-		if err := UnmarshalBody(r.m.Body, resp); err != nil {
-			closeFDs(r.fds)
-			return nil, fmt.Errorf("ipc: %s reply: %w", op, err)
-		}
-		return r.fds, nil
+		c.mu.Unlock()
+		r, ok = <-ch
+		c.mu.Lock()
+		c.waiting--
+		c.mu.Unlock()
+		return r, ok, nil
+	}
+	c.mu.Lock()
+	c.waiting++
+	if c.wanted() {
+		c.wake.Signal()
+	}
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.waiting--
+		c.mu.Unlock()
+	}()
+	select {
+	case r, ok = <-ch:
+		return r, ok, nil
 	case <-ctx.Done():
 		if !c.forget(id) {
 			// The reader took the reply already: drop it with its fds.
@@ -187,14 +320,15 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any, fds ...int)
 				closeFDs(r.fds)
 			}
 		}
-		return nil, ctx.Err()
+		return result{}, false, ctx.Err()
 	}
 }
 
 // Go sends op with body req and returns once it is sent, without waiting
 // for the reply: fn, if not nil, gets the reply and its fds (which it owns)
-// on the connection's reader goroutine, or (nil, nil) if the connection
-// ends first; it must not block or call c. With fn nil the reply is
+// on the goroutine that reads the connection (a later Call's, or within
+// lazyRead the client's own), or (nil, nil) if the connection ends first;
+// it must not block or call c. With fn nil the reply is
 // dropped (its fds closed). Replies to one connection's requests keep their
 // order on the server, so a later Call sees the effect of an earlier Go.
 // Traced as Call is, the span ending once the request is sent.
@@ -224,6 +358,10 @@ func (c *Client) Go(ctx context.Context, op string, req any, fn func(m *Message,
 	c.nextID++
 	id := c.nextID
 	c.pending[id] = waiter{fn: fn}
+	if !c.lazy {
+		c.lazy = true
+		c.timer.Reset(lazyRead)
+	}
 	c.mu.Unlock()
 	m := &Message{Version: Version, Type: TypeRequest, ID: id, Op: op, Flow: flow, Body: body}
 	if err := c.conn.Send(m); err != nil {
@@ -244,10 +382,21 @@ func (c *Client) forget(id uint64) bool {
 	return false
 }
 
-// Done is closed when the connection has ended.
-func (c *Client) Done() <-chan struct{} { return c.done }
+// Done is closed when the connection has ended. From the first call of
+// Done on, the client's own goroutine reads the connection even when no
+// request is in flight, so that the end is seen.
+func (c *Client) Done() <-chan struct{} {
+	c.mu.Lock()
+	if !c.watch {
+		c.watch = true
+		c.wake.Signal()
+	}
+	c.mu.Unlock()
+	return c.done
+}
 
-// Err says why the connection ended (nil while it is up).
+// Err says why the connection ended (nil while it is up, and while the
+// end has not been seen: see Done).
 func (c *Client) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -258,6 +407,6 @@ func (c *Client) Err() error {
 // flight fail with ErrClosed.
 func (c *Client) Close() error {
 	err := c.conn.Close()
-	<-c.done
+	<-c.Done() // the reader sees the end
 	return err
 }

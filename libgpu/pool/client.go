@@ -279,11 +279,16 @@ func (c *Client) slab(l Lease, fds []int) (*slabMap, error) {
 	} else {
 		select {
 		case <-s.ready:
-		case <-c.rpc.Done():
+		default:
+			// The fd is on its way in another goroutine's reply.
 			select {
 			case <-s.ready:
-			default:
-				return nil, fmt.Errorf("%w: connection ended before slab %d arrived", ErrClosed, l.Slab)
+			case <-c.rpc.Done():
+				select {
+				case <-s.ready:
+				default:
+					return nil, fmt.Errorf("%w: connection ended before slab %d arrived", ErrClosed, l.Slab)
+				}
 			}
 		}
 	}
