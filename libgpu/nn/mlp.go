@@ -62,10 +62,13 @@ func join(prefix, kind, name string) string {
 // NewMLP allocates parameters (initialised as the package doc says),
 // gradients, activations, labels and loss, and records the graph. Buffers:
 // params and grads per layer; acts "input" [Batch, Widths[0]], "labels"
-// [Batch] i32, "fc<i>.out" and "fc<i>.out.grad" [Batch, Widths[i+1]] (the
-// last layer's are the logits and their gradient), "fc<i>.pre" (the
-// pre-activation, only for GELU) and "loss" [1]. Errors wrap ErrConfig or
-// the allocator's error; nothing stays allocated on error.
+// [Batch] i32, "fc<i>.out" [Batch, Widths[i+1]] (the last layer's are the
+// logits), "fc<i>.pre.grad" [Batch, Widths[i+1]] (∂L/∂z_i, the gradient of
+// the layer's pre-activation; for the last layer the gradient of the
+// logits), "fc<i>.pre" (the pre-activation z_i, only for GELU),
+// "fc<i>.mask" (u8 [Batch, ops.ReLUMaskCols(Widths[i+1])], the ReLU
+// bit-mask, only for ReLU) and "loss" [1]. Errors wrap ErrConfig or the
+// allocator's error; nothing stays allocated on error.
 func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 	if len(cfg.Widths) < 2 {
 		return nil, fmt.Errorf("%w: need at least 2 widths, got %v", ErrConfig, cfg.Widths)
@@ -121,6 +124,7 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6770756b6974)) // "gpukit"
 	x := autograd.NewVar(m.input, nil)
 	L := len(cfg.Widths) - 1
+	var layers []*layer
 	for i := 0; i < L; i++ {
 		in, out := cfg.Widths[i], cfg.Widths[i+1]
 		name := fmt.Sprintf("fc%d", i)
@@ -147,21 +151,30 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 		if err != nil {
 			return m, err
 		}
-		yg, err := alloc("acts", name+".out.grad", tensor.F32, B, out)
+		yg, err := alloc("acts", name+".pre.grad", tensor.F32, B, out)
 		if err != nil {
 			return m, err
 		}
-		var aux *tensor.Tensor
-		if act == ops.ActGELU {
-			if aux, err = alloc("acts", name+".pre", tensor.F32, B, out); err != nil {
+		l := &layer{name: name, x: x, y: autograd.NewVar(yv, yg), w: w, b: b, act: act}
+		switch act {
+		case ops.ActGELU:
+			if l.pre, err = alloc("acts", name+".pre", tensor.F32, B, out); err != nil {
+				return m, err
+			}
+		case ops.ActReLU:
+			if l.mask, err = alloc("acts", name+".mask", tensor.U8, B, ops.ReLUMaskCols(out)); err != nil {
 				return m, err
 			}
 		}
-		y := autograd.NewVar(yv, yg)
-		if err := m.tape.Linear(name, y, x, w, b, aux, act); err != nil {
-			return m, err
+		layers = append(layers, l)
+		x = l.y
+	}
+	for i, l := range layers {
+		var prev *layer
+		if i > 0 {
+			prev = layers[i-1]
 		}
-		x = y
+		m.tape.Record(l.name, l.forward, func(e *ops.Engine) error { return l.backward(e, prev, i == L-1) })
 	}
 	m.logits = x
 	if m.loss, err = alloc("acts", "loss", tensor.F32, 1); err != nil {
@@ -171,6 +184,67 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 		return m, err
 	}
 	return m, nil
+}
+
+// layer is one recorded Linear: y = act(x·wᵀ + b).
+type layer struct {
+	name    string
+	x, y    *autograd.Var // y.Grad holds ∂L/∂z (the chain) or ∂L/∂y (LinearBackward)
+	w, b    *autograd.Var
+	act     ops.Act
+	pre     *tensor.Tensor // z, for GELU
+	mask    *tensor.Tensor // ReLU bit-mask, for ReLU with LinearBackwardChain
+	chained bool           // the last forward wrote mask (the engine has the chain)
+}
+
+// forward runs y = act(x·wᵀ + b), saving what the backward will read: z
+// for GELU; for ReLU the bit-mask when the engine has LinearBackwardChain
+// (else y itself is what LinearBackward reads).
+func (l *layer) forward(e *ops.Engine) error {
+	aux := l.pre
+	l.chained = e.HasLinearChain()
+	if l.act == ops.ActReLU && l.chained {
+		aux = l.mask
+	}
+	return e.Linear(l.y.Value, l.x.Value, l.w.Value, l.b.Value, aux, l.act)
+}
+
+// backward, with the chain (ops.Engine.LinearBackwardChain): y.Grad holds
+// this layer's ∂L/∂z (the last layer's is ∂L/∂logits from the loss); one
+// call writes dw, and the previous layer's ∂L/∂z and bias gradient straight
+// from the dx GEMM, fused with the previous activation's derivative. A
+// layer's own db is computed here only when no later layer did (the last
+// layer, and layers followed by no activation). Layer 0 computes no dx.
+//
+// Without the chain (a backend lacking it), each layer runs LinearBackward
+// from ∂L/∂y as autograd's Linear does.
+func (l *layer) backward(e *ops.Engine, prev *layer, last bool) error {
+	if !l.chained {
+		saved := l.pre
+		if l.act == ops.ActReLU {
+			saved = l.y.Value
+		}
+		var dx *tensor.Tensor
+		if prev != nil {
+			dx = prev.y.Grad
+		}
+		return e.LinearBackward(dx, l.w.Grad, l.b.Grad, l.y.Grad, l.x.Value, l.w.Value, saved, l.act)
+	}
+	db := l.b.Grad
+	if !last && l.act != ops.ActNone {
+		db = nil // the next layer's dx GEMM wrote it
+	}
+	if prev == nil {
+		return e.LinearBackwardChain(nil, l.w.Grad, db, nil, l.y.Grad, l.x.Value, l.w.Value, nil, ops.ActNone)
+	}
+	var dbPrev, auxPrev *tensor.Tensor
+	switch prev.act {
+	case ops.ActReLU:
+		dbPrev, auxPrev = prev.b.Grad, prev.mask
+	case ops.ActGELU:
+		dbPrev, auxPrev = prev.b.Grad, prev.pre
+	}
+	return e.LinearBackwardChain(prev.y.Grad, l.w.Grad, db, dbPrev, l.y.Grad, l.x.Value, l.w.Value, auxPrev, prev.act)
 }
 
 // uniformInit writes U(−bound, bound) draws into t through tensor.WriteF32
@@ -211,7 +285,12 @@ func (m *MLP) Loss() *tensor.Tensor { return m.loss }
 func (m *MLP) Forward(e *ops.Engine) error { return m.tape.Forward(e) }
 
 // Backward fills every Param.Grad with the gradient of Loss (overwriting).
-// It needs a Forward since the last Backward (else autograd.ErrNoForward).
+// It needs a Forward on the same engine since the last Backward (else
+// autograd.ErrNoForward). On engines with ops.Engine.HasLinearChain (host
+// and CUDA) it runs one LinearBackwardChain per layer: each layer's data
+// gradient GEMM yields the previous layer's pre-activation gradient and
+// bias gradient directly (cuBLASLt's DRELU_BGRAD / DGELU_BGRAD epilogues
+// on a GPU), and layer 0 computes no data gradient.
 func (m *MLP) Backward(e *ops.Engine) error { return m.tape.Backward(e) }
 
 // Predict writes out[Batch] (i32) = argmax of each row of the logits of the

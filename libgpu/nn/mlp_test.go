@@ -111,6 +111,11 @@ func TestNamesAndShapes(t *testing.T) {
 			t.Errorf("no buffer named %q in %v", want, a.names)
 		}
 	}
+	// ReLU keeps its bit-mask for the chained backward instead of z.
+	_, _, ra := setup(t, nn.MLPConfig{Widths: []int{4, 6, 3}, Act: ops.ActReLU, Batch: 5, Seed: 1})
+	if !slices.Contains(ra.names, "acts/fc0.mask") || slices.Contains(ra.names, "acts/fc0.pre") {
+		t.Errorf("ReLU buffers %v: want acts/fc0.mask and no acts/fc0.pre", ra.names)
+	}
 	var got []string
 	for _, p := range m.Params() {
 		got = append(got, fmt.Sprintf("%s%v%v", p.Name, p.Value.Shape, p.Grad.Shape))
@@ -245,5 +250,108 @@ func TestPredictAndStaticBuffers(t *testing.T) {
 	}
 	if len(a.names) != nalloc {
 		t.Fatalf("steps allocated %d buffers", len(a.names)-nalloc)
+	}
+}
+
+// plainDevice is a host device of a kind whose ops backend lacks
+// ops.LinearChainer, to run MLP's per-layer LinearBackward path.
+type plainDevice struct{ *device.Host }
+
+const plainKind = device.Kind(201)
+
+func (plainDevice) Kind() device.Kind { return plainKind }
+func (plainDevice) String() string    { return "host without chain" }
+
+// CopyIn and CopyOut copy through the host bytes (the embedded Host would
+// refuse buffers labelled with another device).
+func (plainDevice) CopyIn(b *device.Buffer, off int64, src []byte) error {
+	copy(b.Bytes()[off:], src)
+	return nil
+}
+
+func (plainDevice) CopyOut(dst []byte, b *device.Buffer, off int64) error {
+	copy(dst, b.Bytes()[off:])
+	return nil
+}
+
+// plainImpl hides the host backend's LinearBackwardChain.
+type plainImpl struct{ ops.Impl }
+
+func init() {
+	ops.Register(plainKind, func(_ device.Device, opts ops.Options) (ops.Impl, error) {
+		e, err := ops.NewEngine(device.NewHost(), opts)
+		if err != nil {
+			return nil, err
+		}
+		return plainImpl{e.Impl()}, nil
+	})
+}
+
+// plainAlloc allocates host memory and labels it as the plain device's.
+type plainAlloc struct{ dev plainDevice }
+
+func (a plainAlloc) Alloc(_ string, size int64) (*device.Buffer, error) {
+	b, err := a.dev.Host.Alloc(size)
+	if err != nil {
+		return nil, err
+	}
+	return device.NewBuffer(a.dev, b.Ptr(), b.Size(), b.Bytes(), b.Share(), b.Free), nil
+}
+
+func (a plainAlloc) Device() device.Device { return a.dev }
+
+// TestChainMatchesPerLayer: the chained backward (one LinearBackwardChain
+// per layer, ReLU through its bit-mask) gives the gradients of the
+// per-layer LinearBackward path that a backend without the chain takes,
+// on the same weights and batch.
+func TestChainMatchesPerLayer(t *testing.T) {
+	widths := []int{9, 17, 130, 6, 4}
+	const batch = 11
+	for _, act := range []ops.Act{ops.ActNone, ops.ActReLU, ops.ActGELU} {
+		t.Run(act.String(), func(t *testing.T) {
+			cfg := nn.MLPConfig{Widths: widths, Act: act, Batch: batch, Seed: 5}
+			chained, e, _ := setup(t, cfg)
+			if !e.HasLinearChain() {
+				t.Fatal("the host backend has no LinearBackwardChain")
+			}
+			pd := plainDevice{device.NewHost()}
+			plain, err := nn.NewMLP(plainAlloc{pd}, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer plain.Free()
+			pe, err := ops.NewEngine(pd, ops.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pe.HasLinearChain() {
+				t.Fatal("the plain engine has LinearBackwardChain")
+			}
+			r := rand.New(rand.NewPCG(uint64(act), 17))
+			x, labels := writeBatch(t, chained, r, widths, batch)
+			if err := plain.Input().WriteF32(opstest.F32(x)); err != nil {
+				t.Fatal(err)
+			}
+			if err := plain.Labels().Write(tensor.AsBytes(labels)); err != nil {
+				t.Fatal(err)
+			}
+			for _, run := range []struct {
+				m *nn.MLP
+				e *ops.Engine
+			}{{chained, e}, {plain, pe}} {
+				if err := run.m.Forward(run.e); err != nil {
+					t.Fatal(err)
+				}
+				if err := run.m.Backward(run.e); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i, p := range chained.Params() {
+				q := plain.Params()[i]
+				if err := opstest.RelErr(opstest.Download(t, p.Grad), opstest.Download(t, q.Grad)); !(err <= 1e-5) {
+					t.Errorf("%s: chained gradient differs from per-layer by %.3g", p.Name, err)
+				}
+			}
+		})
 	}
 }
