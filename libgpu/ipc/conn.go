@@ -82,12 +82,18 @@ func FileConn(fd int) (*Conn, error) {
 // Send encodes m and sends it as one message with fds attached (SCM_RIGHTS).
 // The fds stay owned by the caller.
 func (c *Conn) Send(m *Message, fds ...int) error {
-	b, err := Encode(m)
-	if err != nil {
-		return err
+	bp := sendBufs.Get().(*[]byte)
+	b, err := appendEncode((*bp)[:0], m)
+	if err == nil {
+		err = c.SendRaw(b, fds...)
+		*bp = b[:0]
 	}
-	return c.SendRaw(b, fds...)
+	sendBufs.Put(bp)
+	return err
 }
+
+// sendBufs holds encode buffers of Send (a frame is at most MaxMessage).
+var sendBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 
 // SendRaw sends b as one message, as it is, with fds attached. It exists for
 // tests of malformed input and for relays; use Send.
@@ -143,9 +149,7 @@ func (c *Conn) Recv() (*Message, []int, error) {
 		closeFDs(fds)
 		return m, nil, err
 	}
-	// The message must not alias the read buffer.
-	m.Body = append([]byte(nil), m.Body...)
-	return m, fds, nil
+	return m, fds, nil // Decode copied what it kept of c.buf
 }
 
 func parseFDs(oob []byte) ([]int, error) {

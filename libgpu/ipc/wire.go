@@ -57,22 +57,22 @@ type WireError struct {
 
 // Encode returns the wire form of m. It fails with ErrTooLarge when the
 // result exceeds MaxMessage bytes.
-func Encode(m *Message) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := msgpack.NewEncoder(&buf)
-	enc.UseCompactInts(true)
-	if err := enc.Encode(m); err != nil {
-		return nil, fmt.Errorf("ipc: encode %s: %w", m.Op, err)
+func Encode(m *Message) ([]byte, error) { return appendEncode(nil, m) }
+
+// appendEncode appends the wire form of m to b.
+func appendEncode(b []byte, m *Message) ([]byte, error) {
+	start := len(b)
+	b = appendMessage(b, m)
+	if n := len(b) - start; n > MaxMessage {
+		return nil, fmt.Errorf("%w: %s message of %d bytes", ErrTooLarge, m.Op, n)
 	}
-	if buf.Len() > MaxMessage {
-		return nil, fmt.Errorf("%w: %s message of %d bytes", ErrTooLarge, m.Op, buf.Len())
-	}
-	return buf.Bytes(), nil
+	return b, nil
 }
 
 // Decode parses one frame. Errors wrap ErrTooLarge, ErrMalformed or
 // ErrVersion; with ErrVersion the decoded message is returned too, so the
-// receiver can answer its ID. Unknown envelope fields are ignored.
+// receiver can answer its ID. Unknown envelope fields are ignored. The
+// message does not alias b.
 func Decode(b []byte) (*Message, error) {
 	if len(b) > MaxMessage {
 		return nil, fmt.Errorf("%w: %d bytes", ErrTooLarge, len(b))
@@ -84,8 +84,13 @@ func Decode(b []byte) (*Message, error) {
 		return nil, fmt.Errorf("%w: envelope is not a map", ErrMalformed)
 	}
 	var m Message
-	if err := msgpack.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	if parseMessage(b, &m) {
+		m.Body = bytes.Clone(m.Body) // the message must not alias b
+	} else {
+		m = Message{}
+		if err := msgpack.Unmarshal(b, &m); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+		}
 	}
 	if m.Version != Version {
 		return &m, fmt.Errorf("%w: peer speaks %d, this side %d", ErrVersion, m.Version, Version)
@@ -138,10 +143,22 @@ var errShort = errors.New("truncated")
 // cannot exhaust the stack or memory of the decoder behind it. Errors wrap
 // ErrMalformed.
 func Validate(b []byte) error {
+	p, err := skip(b, 0)
+	if err != nil {
+		return err
+	}
+	if p != len(b) {
+		return fmt.Errorf("%w: %d trailing bytes", ErrMalformed, len(b)-p)
+	}
+	return nil
+}
+
+// skip walks the one msgpack value at b[p:] as Validate does and returns
+// the offset just past it.
+func skip(b []byte, p int) (int, error) {
 	var stack [MaxDepth + 1]int // remaining values per open container
 	depth := 0
 	stack[0] = 1
-	p := 0
 	for {
 		for depth > 0 && stack[depth] == 0 {
 			depth--
@@ -151,7 +168,7 @@ func Validate(b []byte) error {
 		}
 		stack[depth]--
 		if p >= len(b) {
-			return fmt.Errorf("%w: %v at byte %d", ErrMalformed, errShort, p)
+			return 0, fmt.Errorf("%w: %v at byte %d", ErrMalformed, errShort, p)
 		}
 		c := b[p]
 		p++
@@ -166,7 +183,7 @@ func Validate(b []byte) error {
 		case c>>5 == 0x5:
 			skip = int(c & 0x1f)
 		case c == 0xc1:
-			return fmt.Errorf("%w: reserved byte 0xc1 at %d", ErrMalformed, p-1)
+			return 0, fmt.Errorf("%w: reserved byte 0xc1 at %d", ErrMalformed, p-1)
 		case c == 0xc4, c == 0xd9:
 			lenBytes = 1
 		case c == 0xc5, c == 0xda:
@@ -192,7 +209,7 @@ func Validate(b []byte) error {
 		}
 		if lenBytes > 0 {
 			if p+lenBytes > len(b) {
-				return fmt.Errorf("%w: %v length at byte %d", ErrMalformed, errShort, p)
+				return 0, fmt.Errorf("%w: %v length at byte %d", ErrMalformed, errShort, p)
 			}
 			l := 0
 			for i := 0; i < lenBytes; i++ {
@@ -211,23 +228,20 @@ func Validate(b []byte) error {
 			}
 		}
 		if skip > len(b)-p {
-			return fmt.Errorf("%w: %v: %d bytes declared at byte %d, %d left", ErrMalformed, errShort, skip, p, len(b)-p)
+			return 0, fmt.Errorf("%w: %v: %d bytes declared at byte %d, %d left", ErrMalformed, errShort, skip, p, len(b)-p)
 		}
 		p += skip
 		if n > 0 {
 			// Every child takes at least one byte.
 			if n > len(b)-p {
-				return fmt.Errorf("%w: %v: %d values declared at byte %d, %d bytes left", ErrMalformed, errShort, n, p, len(b)-p)
+				return 0, fmt.Errorf("%w: %v: %d values declared at byte %d, %d bytes left", ErrMalformed, errShort, n, p, len(b)-p)
 			}
 			if depth == MaxDepth {
-				return fmt.Errorf("%w: nested deeper than %d", ErrMalformed, MaxDepth)
+				return 0, fmt.Errorf("%w: nested deeper than %d", ErrMalformed, MaxDepth)
 			}
 			depth++
 			stack[depth] = n
 		}
 	}
-	if p != len(b) {
-		return fmt.Errorf("%w: %d trailing bytes", ErrMalformed, len(b)-p)
-	}
-	return nil
+	return p, nil
 }

@@ -150,6 +150,17 @@ func FuzzDecode(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
+		// The hand-written reader, where it accepts a frame, agrees with
+		// msgpack's.
+		var fast, slow Message
+		if Validate(b) == nil && parseMessage(b, &fast) {
+			if err := msgpack.Unmarshal(b, &slow); err != nil {
+				t.Fatalf("fast reader accepted what msgpack refuses: %v", err)
+			}
+			if !messagesEqual(&fast, &slow) {
+				t.Fatalf("fast %+v, reflection %+v", fast, slow)
+			}
+		}
 		m, err := Decode(b)
 		if err != nil {
 			return
@@ -166,4 +177,60 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("round trip changed %+v to %+v", m, m2)
 		}
 	})
+}
+
+// randMessage is a message with fields of every size class of msgpack.
+func randMessage(r *rand.Rand) *Message {
+	u := func() uint64 { return r.Uint64() >> r.IntN(64) }
+	s := func() string {
+		return string(bytes.Repeat([]byte{'x'}, []int{0, 1, 31, 32, 255, 256, 70000}[r.IntN(7)]))
+	}
+	m := &Message{Version: uint16(u()), Type: Type(u()), ID: u(), Op: s()}
+	if r.IntN(2) == 0 {
+		m.Flow = u()
+	}
+	if r.IntN(2) == 0 {
+		m.Body, _ = msgpack.Marshal(map[string]any{"size": u(), "name": s()})
+	}
+	if r.IntN(3) == 0 {
+		m.Err = &WireError{Code: s(), Message: s()}
+	}
+	return m
+}
+
+// The hand-written envelope encoder writes what msgpack's reflection
+// encoder writes, and the hand-written reader reads it back as msgpack does.
+func TestEnvelopeMatchesReflection(t *testing.T) {
+	r := rand.New(rand.NewPCG(rand.Uint64(), 1))
+	for range 2000 {
+		m := randMessage(r)
+		var buf bytes.Buffer
+		enc := msgpack.NewEncoder(&buf)
+		enc.UseCompactInts(true)
+		if err := enc.Encode(m); err != nil {
+			t.Fatal(err)
+		}
+		got := appendMessage(nil, m)
+		if !bytes.Equal(got, buf.Bytes()) {
+			t.Fatalf("%+v:\nhand %x\nrefl %x", m, got, buf.Bytes())
+		}
+		var fast, slow Message
+		if !parseMessage(got, &fast) {
+			t.Fatalf("%+v: the fast reader refused its own encoding", m)
+		}
+		if err := msgpack.Unmarshal(got, &slow); err != nil {
+			t.Fatal(err)
+		}
+		if !messagesEqual(&fast, &slow) {
+			t.Fatalf("fast %+v, reflection %+v", fast, slow)
+		}
+	}
+}
+
+func messagesEqual(a, b *Message) bool {
+	if (a.Err == nil) != (b.Err == nil) || (a.Err != nil && *a.Err != *b.Err) {
+		return false
+	}
+	return a.Version == b.Version && a.Type == b.Type && a.ID == b.ID && a.Op == b.Op &&
+		a.Flow == b.Flow && bytes.Equal(a.Body, b.Body)
 }
