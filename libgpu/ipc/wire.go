@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -124,14 +125,28 @@ func MarshalBody(v any) (msgpack.RawMessage, error) {
 	if v == nil {
 		return nil, nil
 	}
-	var buf bytes.Buffer
-	enc := msgpack.NewEncoder(&buf)
-	enc.UseCompactInts(true)
-	if err := enc.Encode(v); err != nil {
+	e := bodyEncoders.Get().(*bodyEncoder)
+	defer bodyEncoders.Put(e)
+	e.buf.Reset()
+	if err := e.enc.Encode(v); err != nil {
 		return nil, fmt.Errorf("ipc: encode body: %w", err)
 	}
-	return buf.Bytes(), nil
+	return bytes.Clone(e.buf.Bytes()), nil
 }
+
+// bodyEncoder is a msgpack encoder with compact integers and its buffer,
+// kept for reuse in bodyEncoders.
+type bodyEncoder struct {
+	buf bytes.Buffer
+	enc *msgpack.Encoder
+}
+
+var bodyEncoders = sync.Pool{New: func() any {
+	e := &bodyEncoder{}
+	e.enc = msgpack.NewEncoder(&e.buf)
+	e.enc.UseCompactInts(true)
+	return e
+}}
 
 func isMap(c byte) bool { return c>>4 == 0x8 || c == 0xde || c == 0xdf }
 
