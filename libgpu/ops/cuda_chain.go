@@ -67,22 +67,26 @@ func (c *cudaImpl) LinearBackwardChain(dxPrev, dw, db, dbPrev, dz, x, w, auxPrev
 		// dw (and db through BGRADB).
 		spec := cuda.GemmSpec{TransB: true, M: k, N: n, K: m, LDA: k, LDB: n, LDC: k, LDD: k}
 		args := cuda.GemmArgs{A: xB, B: dzB, D: dwp}
-		dbDone := db == nil
-		if !dbDone {
+		fusedDB := false
+		if db != nil {
 			spec.Epilogue, args.Bias = cuda.EpilogueBGradB, dbp
 			ok, err := c.tryFused(spec, args)
 			if err != nil {
 				return fmt.Errorf("ops: linear chain dw %dx%dx%d: %w", m, k, n, err)
 			}
-			dbDone = ok
+			fusedDB = ok
 		}
-		if !dbDone {
+		if !fusedDB {
+			// Without db (the chain's caller got it from the layer above as
+			// its dbPrev) or when BGRADB is refused: a plain dw GEMM.
 			spec.Epilogue, args.Bias = cuda.EpilogueDefault, 0
 			if err := c.gemm(spec, args); err != nil {
 				return fmt.Errorf("ops: linear chain dw %dx%dx%d: %w", m, k, n, err)
 			}
-			if err := c.actBwd(0, dzp, 0, ActNone, m, n, dbp); err != nil {
-				return err
+			if db != nil {
+				if err := c.actBwd(0, dzp, 0, ActNone, m, n, dbp); err != nil {
+					return err
+				}
 			}
 		}
 		if dxPrev == nil {

@@ -148,8 +148,10 @@ func gpuCheck(t *testing.T, n int, region func(i int, s cuda.Stream)) {
 		want := float64(ms) * 1e6
 		got := float64(sp.Dur)
 		// The plain pair encloses the span's pair: it is at least as long, and
-		// longer only by two event records (a few µs at most).
-		if got > want+1000 || got < want-5000-0.01*want {
+		// longer only by two event records. On an idle stream that is up to a
+		// launch's latency (the first region measured 6.6 µs longer on an
+		// H200), so allow 10 µs plus 1%.
+		if got > want+1000 || got < want-10000-0.01*want {
 			t.Errorf("region %d: GPU span %.1f µs, plain events %.1f µs", i, got/1e3, want/1e3)
 		}
 		worst = math.Max(worst, math.Abs(got-want))
