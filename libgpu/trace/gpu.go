@@ -17,7 +17,7 @@ const (
 	DefaultGPUSlots = 256
 	// DefaultGPUPoll is how often the poller asks whether the oldest region
 	// has finished while regions are in flight.
-	DefaultGPUPoll = 200 * time.Microsecond
+	DefaultGPUPoll = time.Millisecond
 	// CategoryGPU is the category of every GPU span.
 	CategoryGPU = "gpu"
 	// gpuCloseWait bounds how long Close waits for regions in flight.
@@ -69,9 +69,13 @@ type GPUTimer struct {
 	head   atomic.Uint64 // next slot the poller resolves
 	closed atomic.Bool
 	wake   chan struct{}
-	quit   chan struct{}
-	done   chan struct{}
-	err    atomic.Pointer[error] // first CUDA error of the poller
+	// sleeping is set while the poller waits with nothing in flight; only
+	// then does End wake it. While regions are in flight it polls on its own
+	// timer, so a region costs its owner two event records and no wake-up.
+	sleeping atomic.Bool
+	quit     chan struct{}
+	done     chan struct{}
+	err      atomic.Pointer[error] // first CUDA error of the poller
 
 	// poller state: the previous resolved region, kept as the chain anchor
 	prevStart cuda.Event
@@ -170,9 +174,11 @@ func (s GPUSpan) End() {
 		s.s.end = 0
 	}
 	s.s.state.Store(slotEnded)
-	select {
-	case s.g.wake <- struct{}{}:
-	default:
+	if s.g.sleeping.Load() {
+		select {
+		case s.g.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -214,6 +220,8 @@ func (g *GPUTimer) poller() {
 	defer g.destroy()
 	var deadline time.Time
 	quit := g.quit
+	timer := time.NewTimer(g.poll)
+	defer timer.Stop()
 	for {
 		for g.resolve() {
 		}
@@ -227,7 +235,16 @@ func (g *GPUTimer) poller() {
 		}
 		var wait <-chan time.Time
 		if g.inFlight() > 0 {
-			wait = time.After(g.poll)
+			timer.Reset(g.poll)
+			wait = timer.C
+		} else {
+			// Nothing in flight: sleep until End wakes us. Re-check after
+			// raising the flag, so a region ended in between is not missed.
+			g.sleeping.Store(true)
+			if g.inFlight() > 0 {
+				g.sleeping.Store(false)
+				continue
+			}
 		}
 		select {
 		case <-g.wake:
@@ -235,6 +252,13 @@ func (g *GPUTimer) poller() {
 		case <-quit:
 			deadline = time.Now().Add(gpuCloseWait)
 			quit = nil // a closed channel would spin the select
+		}
+		g.sleeping.Store(false)
+		if wait != nil && !timer.Stop() {
+			select { // drain a fired timer before the next Reset
+			case <-timer.C:
+			default:
+			}
 		}
 	}
 }
