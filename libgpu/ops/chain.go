@@ -36,7 +36,7 @@ func ReLUMaskCols(n int) int { return (n + 127) / 128 * 16 }
 // LinearChainer (LinearBackwardChain, and ReLU bit-masks in Linear).
 func (e *Engine) HasLinearChain() bool {
 	_, ok := e.impl.(LinearChainer)
-	return ok
+	return ok && !e.opts.NoLinearChain
 }
 
 // LinearBackwardChain is the backward pass of a linear layer

@@ -136,6 +136,10 @@ func Register(k device.Kind, newImpl func(device.Device, Options) (Impl, error))
 type Options struct {
 	// Precision for f32 GEMMs (default PrecF32 on the zero value; tools pick TF32 on GPUs).
 	Precision Precision
+	// NoLinearChain makes HasLinearChain false, so models take the per-layer
+	// backward (LinearBackward) even where the backend fuses the previous
+	// layer's activation derivative into the dx GEMM (LinearBackwardChain).
+	NoLinearChain bool
 }
 
 // Engine runs ops on one device. Not safe for concurrent use: on CUDA it owns

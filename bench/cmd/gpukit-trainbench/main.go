@@ -72,12 +72,17 @@ type Result struct {
 
 var precisions = map[string]ops.Precision{"f32": ops.PrecF32, "tf32": ops.PrecTF32, "bf16": ops.PrecBF16}
 
+// noLinearChain is the --no-chain flag.
+var noLinearChain bool
+
 func main() {
 	precs := flag.String("precision", "tf32", "comma-separated precisions: f32, tf32, bf16")
 	modes := flag.String("modes", "graph,eager,gemm", "comma-separated modes: graph, eager, gemm")
 	repeats := flag.Int("repeats", 7, "timed repeats per line (the median is printed; at least 5)")
 	only := flag.String("shape", "", "run only shapes whose key contains this (e.g. batch=4096)")
+	noChain := flag.Bool("no-chain", false, "per-layer backward instead of the fused chain (ops.Options.NoLinearChain)")
 	flag.Parse()
+	noLinearChain = *noChain
 	if err := run(strings.Split(*precs, ","), strings.Split(*modes, ","), max(*repeats, 5), *only); err != nil {
 		fmt.Fprintln(os.Stderr, "gpukit-trainbench:", err)
 		os.Exit(1)
@@ -131,7 +136,7 @@ type setup struct {
 }
 
 func newSetup(d *device.CUDA, s Shape, prec ops.Precision) (*setup, error) {
-	e, err := ops.NewEngine(d, ops.Options{Precision: prec})
+	e, err := ops.NewEngine(d, ops.Options{Precision: prec, NoLinearChain: noLinearChain})
 	if err != nil {
 		return nil, err
 	}
