@@ -93,29 +93,23 @@ func accuracy(t *testing.T, out string) float64 {
 // model.safetensors equals the trainer's own within 0.1%, and the other
 // way round for PyTorch's trained weights.
 func TestGPUParityWithPyTorch(t *testing.T) {
-	// SGD with momentum: the update is linear in the gradient, so f32
-	// rounding differences between cuBLASLt and PyTorch's cuBLAS stay at
-	// rounding level: 1e-4 at every one of the 200 steps.
-	t.Run("sgd", func(t *testing.T) {
-		cudatest.RequireGPU(t)
-		parity(t, "sgd", 200, 1e-4)
-	})
-	// AdamW divides by √v̂: for a weight whose gradient is at rounding level,
-	// the two libraries' different summation orders give different update
-	// directions of size lr, and the losses drift apart as such weights
-	// accumulate (seen on an H200: 2e-4 at step 57). 1e-4 must hold for the
-	// first 50 steps and 1e-3 over all 200.
-	t.Run("adamw", func(t *testing.T) {
-		cudatest.RequireGPU(t)
-		rel := parity(t, "adamw", 50, 1e-4)
-		worst := 0.0
-		for _, r := range rel {
-			worst = max(worst, r)
-		}
-		if !(worst <= 1e-3) {
-			t.Errorf("200 steps: largest relative loss difference %.2g > 1e-3", worst)
-		}
-	})
+	cudatest.RequireGPU(t)
+	// AdamW as the trainer defaults to. cuBLASLt and PyTorch's cuBLAS sum in
+	// different orders, so a pre-activation within rounding of 0 can take
+	// the other side of ReLU's kink in one of them; Adam's division by √v̂
+	// then turns that one gradient element into a full lr-sized step, and
+	// the losses part by more than rounding from there on. Measured on an
+	// H200 (2026-11-22), seeds differing: largest difference 4.2e-7 over 200
+	// steps in one run, 2e-4 from step 57 in another. So: 1e-4 for the
+	// first 50 steps, 1e-3 over all 200.
+	rel := parity(t, "adamw", 50, 1e-4)
+	worst := 0.0
+	for _, r := range rel {
+		worst = max(worst, r)
+	}
+	if !(worst <= 1e-3) {
+		t.Errorf("200 steps: largest relative loss difference %.2g > 1e-3", worst)
+	}
 }
 
 // parity trains 200 f32 steps with the optimizer named in the trainer and in
@@ -131,9 +125,6 @@ func parity(t *testing.T, optim string, strict int, tol float64) []float64 {
 	mustOK(t, trainer(t, "init", "--out", initFile, "--seed", seed))
 	args := []string{"run", "--data", dir, "--out", out, "--seed", seed, "--limit", "25600", "--batch", "128",
 		"--epochs", "1", "--log-every", "1", "--precision", "f32", "--batches-out", batches, "--optim", optim}
-	if optim == "sgd" {
-		args = append(args, "--lr", "0.05")
-	}
 	r := trainer(t, args...)
 	mustOK(t, r)
 	if !strings.Contains(r.stderr, "training on cuda:") || !strings.Contains(r.stderr, "CUDA graph on") {

@@ -72,7 +72,7 @@ type Result struct {
 
 var precisions = map[string]ops.Precision{"f32": ops.PrecF32, "tf32": ops.PrecTF32, "bf16": ops.PrecBF16}
 
-// noLinearChain is the --no-chain flag.
+// noLinearChain is the opposite of --fuse-backward (the trainer's default: off).
 var noLinearChain bool
 
 func main() {
@@ -80,9 +80,9 @@ func main() {
 	modes := flag.String("modes", "graph,eager,gemm", "comma-separated modes: graph, eager, gemm")
 	repeats := flag.Int("repeats", 7, "timed repeats per line (the median is printed; at least 5)")
 	only := flag.String("shape", "", "run only shapes whose key contains this (e.g. batch=4096)")
-	noChain := flag.Bool("no-chain", false, "per-layer backward instead of the fused chain (ops.Options.NoLinearChain)")
+	fuse := flag.Bool("fuse-backward", false, "fuse activation derivatives into the dx GEMMs, as trainer run --fuse-backward")
 	flag.Parse()
-	noLinearChain = *noChain
+	noLinearChain = !*fuse
 	if err := run(strings.Split(*precs, ","), strings.Split(*modes, ","), max(*repeats, 5), *only); err != nil {
 		fmt.Fprintln(os.Stderr, "gpukit-trainbench:", err)
 		os.Exit(1)

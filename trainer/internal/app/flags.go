@@ -23,6 +23,8 @@ var (
 		Usage: "host, cuda[:N], N (= cuda:N) or auto (GPU 0 when one answers, else the host); with --pool, the pool's device"}
 	graphFlag = &cli.StringFlag{Name: "graph", Value: "on",
 		Usage: "on|off: capture the training step as CUDA graphs and replay them (a no-op on the host)"}
+	fuseBackwardFlag = &cli.BoolFlag{Name: "fuse-backward",
+		Usage: "fuse each ReLU/GELU derivative into the next layer's dx GEMM (cuBLASLt DRELU/DGELU_BGRAD epilogues); off by default: on an H200 it is faster at 784-256-256-10 but slower at 1024 and 4096 wide (BENCHMARKS.md)"}
 	precisionFlag = &cli.StringFlag{Name: "precision", Value: "tf32",
 		Usage: "f32|tf32|bf16 for GEMMs (the host always computes in f32)"}
 	poolFlag = &cli.StringFlag{Name: "pool",

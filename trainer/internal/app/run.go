@@ -50,7 +50,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "resume", Usage: "continue the run in DIR from DIR/model.safetensors"},
 			poolFlag,
 			&cli.StringFlag{Name: "run", Usage: "run name, the prefix of pool buffer names (default: base name of --out)"},
-			deviceFlag, graphFlag, precisionFlag, traceFlag,
+			deviceFlag, graphFlag, precisionFlag, fuseBackwardFlag, traceFlag,
 		},
 		Action: runAction,
 	}
@@ -69,7 +69,8 @@ func runAction(c *cli.Context) error {
 	}
 	defer setupTrace(c)()
 	out := c.String("out")
-	opts := train.Options{LogEvery: c.Int("log-every"), Stdout: c.App.Writer, Precision: prec, Graph: c.String("graph") == "on"}
+	opts := train.Options{LogEvery: c.Int("log-every"), Stdout: c.App.Writer, Precision: prec, Graph: c.String("graph") == "on",
+		FuseBackward: c.Bool("fuse-backward")}
 	var cfg train.Config
 	if dir := c.String("resume"); dir != "" {
 		for _, f := range modelFlags {

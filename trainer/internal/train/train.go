@@ -32,15 +32,19 @@ type Options struct {
 	Precision ops.Precision
 	// Graph captures the training step as CUDA graphs and replays them
 	// (CUDA devices only; the host ignores it).
-	Graph    bool
-	Run      string // buffer name prefix: <Run>/params/fc0.weight, ...
-	Train    *data.Set
-	Test     *data.Set
-	Out      string // run directory (created if missing)
-	LogEvery int    // steps between loss lines (>= 1)
-	Stdout   io.Writer
-	Log      io.Writer // human messages (stderr), or nil
-	Progress io.Writer // progress bar target (a terminal), or nil
+	Graph bool
+	// FuseBackward lets the model fuse each activation derivative into the
+	// next layer's dx GEMM (ops.Engine.LinearBackwardChain). It changes the
+	// rounding, not the formula: keep it the same across a resume.
+	FuseBackward bool
+	Run          string // buffer name prefix: <Run>/params/fc0.weight, ...
+	Train        *data.Set
+	Test         *data.Set
+	Out          string // run directory (created if missing)
+	LogEvery     int    // steps between loss lines (>= 1)
+	Stdout       io.Writer
+	Log          io.Writer // human messages (stderr), or nil
+	Progress     io.Writer // progress bar target (a terminal), or nil
 	// Resume, when non-nil, is a checkpoint to continue from at Pos.
 	Resume *ckpt.File
 	Pos    Position
@@ -104,7 +108,7 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return res, fmt.Errorf("train: %w", err)
 	}
-	eng, err := ops.NewEngine(o.Alloc.Device(), ops.Options{Precision: o.Precision})
+	eng, err := ops.NewEngine(o.Alloc.Device(), ops.Options{Precision: o.Precision, NoLinearChain: !o.FuseBackward})
 	if err != nil {
 		return res, err
 	}
