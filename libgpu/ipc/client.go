@@ -371,6 +371,43 @@ func (c *Client) Go(ctx context.Context, op string, req any, fn func(m *Message,
 	return nil
 }
 
+// Tell sends op with body req as a request that wants no reply
+// (Message.NoReply) and returns once it is sent: one socket message, no
+// reply to read. Its outcome, failure included, is not reported. The
+// server must honour NoReply (PROTOCOL.md, "noreply"); an older server
+// answers anyway, and the client drops those replies when it reads them.
+// Requests of one connection are served in order, so a later Call sees
+// the effect of an earlier Tell. Traced as Go is.
+func (c *Client) Tell(ctx context.Context, op string, req any) error {
+	body, err := MarshalBody(req)
+	if err != nil {
+		return err
+	}
+	flow, ok := FlowFrom(ctx)
+	if !ok {
+		flow = NewFlow()
+	}
+	sp := trace.Default().Begin(traceCategory, op)
+	if !ok {
+		sp.FlowOut(flow)
+	}
+	defer sp.End()
+	c.mu.Lock()
+	if c.pending == nil {
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	c.nextID++
+	id := c.nextID
+	c.mu.Unlock()
+	m := &Message{Version: Version, Type: TypeRequest, ID: id, Op: op, Flow: flow, Body: body, NoReply: true}
+	if err := c.conn.Send(m); err != nil {
+		return fmt.Errorf("ipc: %s: %w", op, err)
+	}
+	return nil
+}
+
 // forget drops a pending call; it reports whether the call was still pending.
 func (c *Client) forget(id uint64) bool {
 	c.mu.Lock()

@@ -51,6 +51,9 @@ func appendMessage(b []byte, m *Message) []byte {
 	if m.Err != nil {
 		n++
 	}
+	if m.NoReply {
+		n++
+	}
 	b = append(b, 0x80|byte(n))
 	b = appendUint(append(b, 0xa1, 'v'), uint64(m.Version))
 	b = appendUint(append(b, 0xa1, 't'), uint64(m.Type))
@@ -66,6 +69,9 @@ func appendMessage(b []byte, m *Message) []byte {
 		b = append(b, 0xa3, 'e', 'r', 'r', 0x82)
 		b = appendString(append(b, 0xa4, 'c', 'o', 'd', 'e'), m.Err.Code)
 		b = appendString(append(b, 0xa7, 'm', 'e', 's', 's', 'a', 'g', 'e'), m.Err.Message)
+	}
+	if m.NoReply {
+		b = append(b, 0xa7, 'n', 'o', 'r', 'e', 'p', 'l', 'y', 0xc3)
 	}
 	return b
 }
@@ -208,6 +214,14 @@ func parseMessage(b []byte, m *Message) bool {
 				default:
 					r.skip()
 				}
+			}
+		case "noreply":
+			switch r.b[r.p] {
+			case 0xc2, 0xc3:
+				m.NoReply = r.b[r.p] == 0xc3
+				r.p++
+			default:
+				r.ok = false
 			}
 		default:
 			r.skip()

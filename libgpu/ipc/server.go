@@ -171,6 +171,13 @@ func (s *Server) serveConn(c *Conn) {
 		}
 		body, out, herr := s.handle(sess, ctx, m, fds)
 		closeFDs(fds)
+		if m.NoReply {
+			closeFDs(out)
+			if herr != nil {
+				s.logf("ipc: %s (no reply wanted): %v", m.Op, herr)
+			}
+			continue
+		}
 		if herr == nil {
 			reply.Body, herr = MarshalBody(body)
 		}

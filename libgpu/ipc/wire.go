@@ -47,6 +47,10 @@ type Message struct {
 	Flow    uint64             `msgpack:"flow,omitempty"`
 	Body    msgpack.RawMessage `msgpack:"body,omitempty"`
 	Err     *WireError         `msgpack:"err,omitempty"`
+	// NoReply (requests only) asks the server not to answer: it runs the
+	// request and sends nothing back, whatever the outcome. A server that
+	// predates the key ignores it and answers.
+	NoReply bool `msgpack:"noreply,omitempty"`
 }
 
 // WireError is an error as it travels: Code names the sentinel (see
@@ -114,6 +118,9 @@ func UnmarshalBody(body msgpack.RawMessage, v any) error {
 	if err := Validate(body); err != nil {
 		return err
 	}
+	if p, ok := v.(BodyParser); ok && p.ParseBody(body) {
+		return nil
+	}
 	if err := msgpack.Unmarshal(body, v); err != nil {
 		return fmt.Errorf("%w: body: %v", ErrMalformed, err)
 	}
@@ -124,6 +131,9 @@ func UnmarshalBody(body msgpack.RawMessage, v any) error {
 func MarshalBody(v any) (msgpack.RawMessage, error) {
 	if v == nil {
 		return nil, nil
+	}
+	if a, ok := v.(BodyAppender); ok {
+		return a.AppendBody(make([]byte, 0, 64)), nil
 	}
 	e := bodyEncoders.Get().(*bodyEncoder)
 	defer bodyEncoders.Put(e)

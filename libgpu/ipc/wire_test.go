@@ -142,6 +142,7 @@ func FuzzDecode(f *testing.F) {
 		{Version: Version, Type: TypeRequest, ID: 1, Op: "hello"},
 		{Version: Version, Type: TypeReply, ID: 2, Op: "alloc", Flow: 9, Body: mustEncode(f, map[string]any{"slab": 1, "offset": 256, "size": 1000})},
 		{Version: Version, Type: TypeReply, ID: 3, Op: "open", Err: &WireError{Code: "pool.no_such_name", Message: "pool: no such name"}},
+		{Version: Version, Type: TypeRequest, ID: 4, Op: "free", Flow: 5, Body: mustEncode(f, map[string]any{"handle": 7}), NoReply: true},
 	} {
 		b, err := Encode(m)
 		if err != nil {
@@ -195,6 +196,7 @@ func randMessage(r *rand.Rand) *Message {
 	if r.IntN(3) == 0 {
 		m.Err = &WireError{Code: s(), Message: s()}
 	}
+	m.NoReply = r.IntN(3) == 0
 	return m
 }
 
@@ -232,5 +234,5 @@ func messagesEqual(a, b *Message) bool {
 		return false
 	}
 	return a.Version == b.Version && a.Type == b.Type && a.ID == b.ID && a.Op == b.Op &&
-		a.Flow == b.Flow && bytes.Equal(a.Body, b.Body)
+		a.Flow == b.Flow && bytes.Equal(a.Body, b.Body) && a.NoReply == b.NoReply
 }
