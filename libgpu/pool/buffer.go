@@ -121,7 +121,7 @@ func (b *Buffer) Wait(s cuda.Stream) error {
 // release is the embedded device.Buffer's free: drop the lease, then the
 // event this buffer owns.
 func (b *Buffer) release() error {
-	err := b.c.freeHandle(b.lease.Handle)
+	err := b.c.freeHandle(b.lease.Handle, b.c.quietFree(b.lease))
 	b.mu.Lock()
 	ev := b.own
 	b.own = 0

@@ -217,11 +217,11 @@ func (c *Client) lease(op string, req any) (*Buffer, error) {
 	c.unmap(l.Dropped)
 	s, err := c.slab(l, fds)
 	if err != nil {
-		c.freeHandle(l.Handle)
+		c.freeHandle(l.Handle, false)
 		return nil, err
 	}
 	if l.Offset < 0 || l.Size <= 0 || l.Offset+l.Size > s.size {
-		c.freeHandle(l.Handle)
+		c.freeHandle(l.Handle, false)
 		return nil, fmt.Errorf("%w: lease [%d,+%d) outside slab %d of %d bytes", ErrProtocol, l.Offset, l.Size, l.Slab, s.size)
 	}
 	share := device.Shareable{Kind: s.kind, FD: s.fd, SlabSize: s.size, Offset: l.Offset, Size: l.Size}
@@ -379,17 +379,31 @@ func (c *Client) unmap(ids []uint64) {
 	}
 }
 
+// quietFree says whether the lease can be freed by a request that wants no
+// reply: the daemon honours NoReply and the lease is in a shared slab, which
+// a free never releases (a buffer in a slab of its own, legacy buffers
+// included, releases its slab with it, and the free's reply says so at
+// once). Shared slabs the daemon releases later are listed in the next
+// lease reply.
+func (c *Client) quietFree(l Lease) bool {
+	return c.hello.NoReply && l.Kind != device.ShareLegacyIPC && l.SlabSize == c.hello.SlabSize
+}
+
 // freeHandle drops a lease without waiting for the reply (one message,
 // not a round trip): the daemon serves a connection's requests in order, so
-// every later call of this client sees the memory freed. The reply's
-// released slabs are unmapped when it arrives.
-func (c *Client) freeHandle(h uint64) error {
+// every later call of this client sees the memory freed. quiet asks for no
+// reply at all (see quietFree); otherwise the reply's released slabs are
+// unmapped when it arrives.
+func (c *Client) freeHandle(h uint64, quiet bool) error {
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
 	if closed {
 		// The daemon dropped every lease of this connection already.
 		return nil
+	}
+	if quiet {
+		return c.wrap(OpFree, c.rpc.Tell(context.Background(), OpFree, FreeRequest{Handle: h}))
 	}
 	err := c.rpc.Go(context.Background(), OpFree, FreeRequest{Handle: h}, func(m *ipc.Message, fds []int) {
 		ipc.CloseFDs(fds)

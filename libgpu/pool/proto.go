@@ -83,6 +83,10 @@ type HelloReply struct {
 	UID      uint32           `msgpack:"uid"`       // the caller, as SO_PEERCRED saw it
 	Device   int              `msgpack:"device"`    // CUDA device ordinal (cuda backend)
 	Legacy   bool             `msgpack:"legacy"`    // the daemon can make legacy-IPC buffers
+	// NoReply: the daemon honours requests that want no reply
+	// (ipc.Message.NoReply), so a free can be one message (absent from
+	// daemons that predate it).
+	NoReply bool `msgpack:"noreply,omitempty"`
 }
 
 // AllocRequest asks for Size bytes.
