@@ -449,7 +449,7 @@ type session struct {
 	nextHandle uint64
 	leases     map[uint64]*allocation
 	sent       map[uint64]bool // slabs whose fd (or legacy handle) it has
-	dropped    []uint64        // sent slabs released since the last lease or free reply
+	dropped    []uint64        // sent slabs released since the last lease or free reply sent
 	events     map[*allocation]struct{}
 	trk        *trace.Track // its row on the trace (nil: tracing off)
 }
@@ -472,6 +472,7 @@ func (s *session) Handle(ctx context.Context, m *ipc.Message, _ []int) (any, []i
 		r := pool.HelloReply{
 			Server: "gpupool", PID: os.Getpid(), Backend: s.p.cfg.Source.Backend(),
 			Share: s.p.shareKind(), SlabSize: s.p.cfg.SlabSize, Align: Align, UID: s.cred.UID, Legacy: legacy,
+			NoReply: true,
 		}
 		if o, ok := s.p.cfg.Source.(interface{ Ordinal() int }); ok {
 			r.Device = o.Ordinal()
@@ -509,6 +510,10 @@ func (s *session) Handle(ctx context.Context, m *ipc.Message, _ []int) (any, []i
 		}
 		if err := s.free(req); err != nil {
 			return nil, nil, err
+		}
+		if m.NoReply {
+			// Released slabs wait for the next reply.
+			return nil, nil, nil
 		}
 		s.p.mu.Lock()
 		r := pool.FreeReply{Dropped: s.dropped}
