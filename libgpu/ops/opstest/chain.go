@@ -225,7 +225,12 @@ func (s *suite) linearChainGradFD(t *testing.T) {
 			}
 			near := s.near
 			if s.tol > 1e-4 {
-				near = s.nearScaled
+				// Two layers deep: dw1 and db1 come from operands rounded twice
+				// (dy and w2 for dz1, then dz1 and x), so twice the one-GEMM
+				// tolerance (a bf16 db1 over 3 rows measured 1.4e-2 on an H200).
+				deep := *s
+				deep.tol = 2 * s.tol
+				near = deep.nearScaled
 			}
 			const eps = 1e-6
 			near(t, name+" dw1", Download(t, dw1), FiniteDiff(loss, w1f, eps))
