@@ -12,7 +12,6 @@ measured in the same run.
 """
 import argparse
 import datetime
-import glob
 import json
 import os
 import statistics
