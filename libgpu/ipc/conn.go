@@ -21,6 +21,8 @@ type Conn struct {
 	rmu sync.Mutex
 	buf []byte
 	oob []byte
+	// spin is how this connection's spins went (spin.go); under rmu.
+	spin spinState
 }
 
 // NewConn wraps a connected unixpacket socket.
@@ -119,10 +121,14 @@ func (c *Conn) SendRaw(b []byte, fds ...int) error {
 // message reads as the end too). A frame that does not decode gives an error
 // wrapping ErrTooLarge, ErrTooManyFDs, ErrMalformed or ErrVersion (with the
 // message, so its ID can be answered); its fds are closed.
-func (c *Conn) Recv() (*Message, []int, error) {
+func (c *Conn) Recv() (*Message, []int, error) { return c.recv(false) }
+
+// recv is Recv; with spin, a message that is due soon is waited for by
+// spinning rather than sleeping, as far as spin.go's policy allows.
+func (c *Conn) recv(spin bool) (*Message, []int, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
-	n, oobn, flags, _, err := c.uc.ReadMsgUnix(c.buf, c.oob)
+	n, oobn, flags, err := c.readSpin(spin)
 	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, unix.ECONNRESET) {
 			return nil, nil, io.EOF
