@@ -272,7 +272,7 @@ func (c *Client) await(ctx context.Context, id uint64, ch chan result) (r result
 			}
 			c.reading = true
 			c.mu.Unlock()
-			m, fds, rerr := c.conn.Recv()
+			m, fds, rerr := c.conn.recv(true) // a reply is due: may spin
 			c.mu.Lock()
 			c.reading = false
 			if r, got := c.dispatch(m, fds, rerr, ch); got {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 )
 
 // Handler makes one Session per accepted connection.
@@ -134,8 +135,12 @@ func (s *Server) serveConn(c *Conn) {
 	s.mu.Lock()
 	ctx := s.ctx
 	s.mu.Unlock()
+	var last time.Time // when the previous request came
 	for {
-		m, fds, err := c.Recv()
+		// A connection whose last request came within spinActive is
+		// likely to send its next one at once: spin for it (spin.go).
+		m, fds, err := c.recv(!last.IsZero() && time.Since(last) < spinActive)
+		last = time.Now()
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return
