@@ -67,3 +67,21 @@ func BenchmarkCallParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkCallNoSpin is BenchmarkCall with spinning off (spin.go) in the
+// client and the server, for comparison: on a machine with spinCoresPer
+// procs or more, the difference is what spinning saves per round trip; on
+// a smaller one neither spins.
+func BenchmarkCallNoSpin(b *testing.B) {
+	old := spinMode.Swap(spinNever)
+	defer spinMode.Store(old)
+	BenchmarkCall(b)
+}
+
+// BenchmarkCallSpin is BenchmarkCall with spinning on whatever the number
+// of procs (spinAlways).
+func BenchmarkCallSpin(b *testing.B) {
+	old := spinMode.Swap(spinAlways)
+	defer spinMode.Store(old)
+	BenchmarkCall(b)
+}
