@@ -31,8 +31,9 @@ import (
 //   - cores: at most GOMAXPROCS/spinCoresPer goroutines of a process spin
 //     at once, none at all with fewer than spinCoresPer procs (on a
 //     2-core machine the peer needs the core a spinner takes: spinning
-//     there, forced, left alloc_free's p50 within noise and doubled the
-//     worst client's p99 under 8 concurrent clients, BENCHMARKS.md);
+//     there, forced, cut alloc_free's p50 by a sixth but made the worst
+//     of 8 concurrent clients' p99 2.5 times longer and an in-process
+//     round trip 40% slower, BENCHMARKS.md);
 //   - success: a connection whose spins missed spinMisses times in a row
 //     (the peer is slow or idle) spins again only on every spinProbe-th Recv,
 //     to notice when it speeds up.
