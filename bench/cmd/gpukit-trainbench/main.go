@@ -9,11 +9,7 @@
 // Modes: "graph" replays the step captured as one CUDA graph; "eager"
 // launches its ops one by one; "gemm" replays a graph of the step's GEMMs
 // alone (forward x·wᵀ, dx = dz·w, dw = dzᵀ·x; no bias, activation, loss or
-// optimizer), the floor the fused step is measured against. The step is the
-// trainer's (optim.BackwardStep): each layer's AdamW update runs on the
-// engine's side stream as soon as the backward has made its gradients
-// final; "graph-serial" and "eager-serial" time the serial order (the
-// whole backward, then one AdamW call) for comparison. Inputs are
+// optimizer), the floor the fused step is measured against. Inputs are
 // random and stay on the device (no dataset, no host copy in the step),
 // as in trainstep.py. Each repeat times --iters steps (or at least 20 ms of
 // them) between two CUDA events after warm-up.
@@ -81,7 +77,7 @@ var noLinearChain bool
 
 func main() {
 	precs := flag.String("precision", "tf32", "comma-separated precisions: f32, tf32, bf16")
-	modes := flag.String("modes", "graph,eager,gemm,graph-serial", "comma-separated modes: graph, eager, gemm, graph-serial, eager-serial")
+	modes := flag.String("modes", "graph,eager,gemm", "comma-separated modes: graph, eager, gemm")
 	repeats := flag.Int("repeats", 7, "timed repeats per line (the median is printed; at least 5)")
 	only := flag.String("shape", "", "run only shapes whose key contains this (e.g. batch=4096)")
 	fuse := flag.Bool("fuse-backward", false, "fuse activation derivatives into the dx GEMMs, as trainer run --fuse-backward")
@@ -100,10 +96,8 @@ func run(precs, modes []string, repeats int, only string) error {
 		}
 	}
 	for _, m := range modes {
-		switch m {
-		case "graph", "eager", "gemm", "graph-serial", "eager-serial":
-		default:
-			return fmt.Errorf("--modes %q: want graph, eager, gemm, graph-serial or eager-serial", m)
+		if m != "graph" && m != "eager" && m != "gemm" {
+			return fmt.Errorf("--modes %q: want graph, eager or gemm", m)
 		}
 	}
 	d, err := device.NewCUDA(0)
@@ -186,14 +180,15 @@ func (u *setup) close() {
 	}
 }
 
-// step queues one whole training step as the trainer does without
-// clipping: forward, then optim.BackwardStep (with overlap, each layer's
-// update on the side stream during the backward).
-func (u *setup) step(overlap bool) error {
+// step queues one whole training step.
+func (u *setup) step() error {
 	if err := u.mlp.Forward(u.e); err != nil {
 		return err
 	}
-	return optim.BackwardStep(u.e, u.mlp, u.opt, overlap)
+	if err := u.mlp.Backward(u.e); err != nil {
+		return err
+	}
+	return u.opt.Step(u.e)
 }
 
 // gemms queues the step's GEMMs alone: per layer the forward product, the
@@ -336,13 +331,11 @@ func benchShape(d *device.CUDA, s Shape, precName string, modes []string, repeat
 	var out []Result
 	for _, mode := range modes {
 		var fn func() error
-		overlap := !strings.HasSuffix(mode, "-serial")
-		step := func() error { return u.step(overlap) }
 		switch mode {
-		case "eager", "eager-serial":
-			fn = step
-		case "graph", "gemm", "graph-serial":
-			body := step
+		case "eager":
+			fn = u.step
+		case "graph", "gemm":
+			body := u.step
 			if mode == "gemm" {
 				body = u.gemms
 			}
