@@ -44,9 +44,6 @@ type model struct {
 	opt   optim.Optimizer
 	grads []*tensor.Tensor // every Param.Grad, for clipping
 	norm  *tensor.Tensor   // [1] f32: the gradient norm before clipping (cfg.Clip > 0)
-	// serial turns off the overlap of the optimizer with the backward
-	// (tests compare both orders).
-	serial bool
 }
 
 func newModel(a device.Allocator, cfg Config, run string, batch int, withOptim bool) (*model, error) {
@@ -94,35 +91,17 @@ func (m *model) free() {
 	m.mlp.Free()
 }
 
-// overlap reports whether compute queues each layer's optimizer update on
-// the engine's side stream during the backward (optim.BackwardStep): on
-// engines with one (CUDA), without clipping (the global norm needs every
-// gradient before any update). The host keeps the serial order.
-func (m *model) overlap(e *ops.Engine) bool {
-	return !m.serial && m.cfg.Clip <= 0 && e.HasSide()
-}
-
 // compute runs one training step on the batch already in the model's input
 // and label buffers: forward, loss, backward, gradient clipping (cfg.Clip >
 // 0) and the optimizer. On a GPU everything is queued on the engine's
-// stream with no host synchronisation; without clipping each layer's
-// update runs on the engine's side stream as soon as the backward has
-// made its gradients final, joined before compute returns (then the
-// "backward" span covers the optimizer and there is no "optimizer" span).
-// Each phase is a host span on the trace and, with gt set (an eager GPU
-// step: the caller runs compute inside the device's Do, never while
-// capturing), a GPU span.
+// stream with no host synchronisation. Each phase is a host span on the
+// trace and, with gt set (an eager GPU step: the caller runs compute inside
+// the device's Do, never while capturing), a GPU span.
 func (m *model) compute(e *ops.Engine, gt *trace.GPUTimer) error {
 	p := beginPhase(gt, spanForward)
 	err := m.mlp.Forward(e)
 	p.end()
 	if err != nil {
-		return err
-	}
-	if m.overlap(e) {
-		p = beginPhase(gt, spanBackward)
-		err = optim.BackwardStep(e, m.mlp, m.opt, true)
-		p.end()
 		return err
 	}
 	p = beginPhase(gt, spanBackward)
