@@ -50,8 +50,6 @@ type MLP struct {
 	logits *autograd.Var
 	loss   *tensor.Tensor
 	tape   autograd.Tape
-	// done, during BackwardEach, is called after each layer's backward.
-	done func(layer int) error
 }
 
 func join(prefix, kind, name string) string {
@@ -176,15 +174,7 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 		if i > 0 {
 			prev = layers[i-1]
 		}
-		m.tape.Record(l.name, l.forward, func(e *ops.Engine) error {
-			if err := l.backward(e, prev, i == L-1); err != nil {
-				return err
-			}
-			if m.done != nil {
-				return m.done(i)
-			}
-			return nil
-		})
+		m.tape.Record(l.name, l.forward, func(e *ops.Engine) error { return l.backward(e, prev, i == L-1) })
 	}
 	m.logits = x
 	if m.loss, err = alloc("acts", "loss", tensor.F32, 1); err != nil {
@@ -302,18 +292,6 @@ func (m *MLP) Forward(e *ops.Engine) error { return m.tape.Forward(e) }
 // bias gradient directly (cuBLASLt's DRELU_BGRAD / DGELU_BGRAD epilogues
 // on a GPU), and layer 0 computes no data gradient.
 func (m *MLP) Backward(e *ops.Engine) error { return m.tape.Backward(e) }
-
-// BackwardEach is Backward calling done(i) for i = L−1, ..., 0 (L layers)
-// as soon as layer i's parameter gradients (Params()[2i], fc<i>.weight, and
-// Params()[2i+1], fc<i>.bias) are final and its weight is no longer read by
-// the backward, before the backward of layer i−1 is queued: the point where
-// an optimizer may update layer i (optim.BackwardStep). An error from done
-// stops the backward and is returned wrapped.
-func (m *MLP) BackwardEach(e *ops.Engine, done func(layer int) error) error {
-	m.done = done
-	defer func() { m.done = nil }()
-	return m.tape.Backward(e)
-}
 
 // Predict writes out[Batch] (i32) = argmax of each row of the logits of the
 // last Forward. It always predicts Batch rows: to evaluate N examples with N
