@@ -51,17 +51,9 @@ const cudaWorkspace = 32 << 20
 type cudaImpl struct {
 	dev    device.CUDADevice
 	prec   Precision
-	stream cuda.Stream // where ops are queued: main, or sideS inside side
-
-	// The side stream (Engine.Side): fork is recorded on the main stream
-	// and waited for by the side stream; joinEv the other way. Created
-	// once, reused by every fork and join (a wait follows the event's
-	// latest record at the time of the wait, in eager runs and captures).
-	main, sideS     cuda.Stream
-	fork, joinEv    cuda.Event
-	onSide, pending bool
-	lt              *cuda.LtHandle
-	ws              cuda.DevicePtr
+	stream cuda.Stream
+	lt     *cuda.LtHandle
+	ws     cuda.DevicePtr
 
 	// Small fixed device state: the cross-entropy ticket counter (u32, zero
 	// between launches) and AdamW's bias corrections (2 × f32).
@@ -118,16 +110,6 @@ func newCUDAImpl(dev device.Device, opts Options) (Impl, error) {
 		if c.stream, err = cuda.StreamCreate(true); err != nil {
 			return err
 		}
-		c.main = c.stream
-		if c.sideS, err = cuda.StreamCreate(true); err != nil {
-			return err
-		}
-		if c.fork, err = cuda.EventCreate(cuda.EventDisableTiming); err != nil {
-			return err
-		}
-		if c.joinEv, err = cuda.EventCreate(cuda.EventDisableTiming); err != nil {
-			return err
-		}
 		if c.lt, err = cuda.LtCreate(); err != nil {
 			return err
 		}
@@ -180,9 +162,8 @@ func (c *cudaImpl) loadKernels() error {
 	return nil
 }
 
-// Stream is the stream every op of this backend is queued on (but those
-// inside Engine.Side, which go to a side stream joined back by Join).
-func (c *cudaImpl) Stream() cuda.Stream { return c.main }
+// Stream is the stream every op of this backend is queued on.
+func (c *cudaImpl) Stream() cuda.Stream { return c.stream }
 
 // Close waits for the stream, then frees the workspace and scratch buffers
 // and destroys the stream and the cuBLASLt handle. Graphs captured from the
@@ -201,10 +182,6 @@ func (c *cudaImpl) Close() error {
 				first = err
 			}
 		}
-		c.stream = c.main
-		if c.sideS != 0 {
-			keep(c.sideS.Synchronize())
-		}
 		if c.stream != 0 {
 			keep(c.stream.Synchronize())
 		}
@@ -222,14 +199,6 @@ func (c *cudaImpl) Close() error {
 		if c.lt != nil {
 			keep(c.lt.Destroy())
 		}
-		for _, ev := range []cuda.Event{c.fork, c.joinEv} {
-			if ev != 0 {
-				keep(ev.Destroy())
-			}
-		}
-		if c.sideS != 0 {
-			keep(c.sideS.Destroy())
-		}
 		if c.stream != 0 {
 			keep(c.stream.Destroy())
 		}
@@ -244,9 +213,6 @@ func (c *cudaImpl) scratchPtr(name string, n int64) (cuda.DevicePtr, error) {
 	defer c.mu.Unlock()
 	if c.closed {
 		return 0, fmt.Errorf("%w: %v", device.ErrClosed, c.dev)
-	}
-	if c.onSide {
-		return 0, fmt.Errorf("%w: scratch %q", ErrSide, name)
 	}
 	s := c.scratch[name]
 	if s.size >= n {

@@ -92,9 +92,6 @@ func actEpilogue(act Act, bias bool) cuda.Epilogue {
 // precision: spec's types and compute type are set here (A and B must
 // already be bf16 under PrecBF16), C and D are f32, beta is 0.
 func (c *cudaImpl) gemm(spec cuda.GemmSpec, args cuda.GemmArgs) error {
-	if c.onSide { // the workspace is shared with the main stream
-		return fmt.Errorf("%w: GEMM", ErrSide)
-	}
 	spec.CType, spec.DType = cuda.R32F, cuda.R32F
 	switch c.prec {
 	case PrecTF32:

@@ -93,43 +93,19 @@ func numels(ts []*tensor.Tensor) []int {
 // 1−β1ᵗ, 1−β2ᵗ (computed in double) for the new t; then adamw_multi updates
 // every tensor, reading t's corrections from the device. Both are stream
 // ordered, so every block sees the same t, and a replayed graph advances the
-// counter once per replay. It is adamWAdvance then adamWApply.
+// counter once per replay.
 func (c *cudaImpl) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tensor, cfg AdamWConfig) error {
-	if _, err := mtPlan(numels(params)); err != nil { // before the counter moves
-		return err
-	}
-	return c.dev.Do(func() error {
-		if err := c.adamWAdvance(step, cfg); err != nil {
-			return err
-		}
-		return c.adamWApply(params, grads, m, v, step, cfg)
-	})
-}
-
-// adamWAdvance implements splitAdamW: adamw_step alone, on the main stream
-// (never inside side: the bias corrections it writes are read by updates
-// that may be queued on either stream).
-func (c *cudaImpl) adamWAdvance(step *tensor.Tensor, cfg AdamWConfig) error {
-	return c.dev.Do(func() error {
-		if c.onSide {
-			return fmt.Errorf("%w: AdamW's step counter", ErrSide)
-		}
-		sp, bc := devPtr(step), c.bc
-		b1, b2 := cfg.Beta1, cfg.Beta2
-		return c.launch(c.fn.adamStep, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1},
-			unsafe.Pointer(&sp), unsafe.Pointer(&bc), unsafe.Pointer(&b1), unsafe.Pointer(&b2))
-	})
-}
-
-// adamWApply implements splitAdamW: adamw_multi over params (one launch per
-// mtMax tensors), reading the bias corrections the last adamw_step stored.
-// step is not read: the corrections carry t.
-func (c *cudaImpl) adamWApply(params, grads, m, v []*tensor.Tensor, _ *tensor.Tensor, cfg AdamWConfig) error {
 	groups, err := mtPlan(numels(params))
 	if err != nil {
 		return err
 	}
 	return c.dev.Do(func() error {
+		sp, bc := devPtr(step), c.bc
+		b1, b2 := cfg.Beta1, cfg.Beta2
+		if err := c.launch(c.fn.adamStep, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1},
+			unsafe.Pointer(&sp), unsafe.Pointer(&bc), unsafe.Pointer(&b1), unsafe.Pointer(&b2)); err != nil {
+			return err
+		}
 		for _, g := range groups {
 			if g.blocks() == 0 {
 				continue
@@ -148,55 +124,6 @@ func (c *cudaImpl) adamWApply(params, grads, m, v []*tensor.Tensor, _ *tensor.Te
 		return nil
 	})
 }
-
-// side implements sider: fork (record fork on the main stream, the side
-// stream waits for it), then fn with every op queued on the side stream.
-// Inside a capture of the main stream the wait pulls the side stream into
-// the same capture.
-func (c *cudaImpl) side(fn func() error) error {
-	return c.dev.Do(func() error {
-		if c.onSide {
-			return fmt.Errorf("%w: nested Side", ErrSide)
-		}
-		if err := c.fork.Record(c.main); err != nil {
-			return fmt.Errorf("ops: fork: %w", err)
-		}
-		if err := c.sideS.WaitEvent(c.fork); err != nil {
-			return fmt.Errorf("ops: fork: %w", err)
-		}
-		c.pending = true
-		c.stream, c.onSide = c.sideS, true
-		defer func() { c.stream, c.onSide = c.main, false }()
-		return fn()
-	})
-}
-
-// join implements sider: record joinEv on the side stream after its last
-// op; the main stream waits for it.
-func (c *cudaImpl) join() error {
-	return c.dev.Do(func() error {
-		if !c.pending {
-			return nil
-		}
-		if c.onSide {
-			return fmt.Errorf("%w: Join inside Side", ErrSide)
-		}
-		if err := c.joinEv.Record(c.sideS); err != nil {
-			return fmt.Errorf("ops: join: %w", err)
-		}
-		if err := c.main.WaitEvent(c.joinEv); err != nil {
-			return fmt.Errorf("ops: join: %w", err)
-		}
-		c.pending = false
-		return nil
-	})
-}
-
-var (
-	_ sider      = (*cudaImpl)(nil)
-	_ splitAdamW = (*cudaImpl)(nil)
-	_ splitAdamW = (*hostImpl)(nil)
-)
 
 // SGD implements Impl with sgd_multi, one launch per mtMax tensors.
 func (c *cudaImpl) SGD(params, grads, mom []*tensor.Tensor, cfg SGDConfig) error {

@@ -218,14 +218,6 @@ func (e *Engine) checkGroups(op string, names []string, groups ...[]*tensor.Tens
 // for the bias corrections 1−β1ᵗ, 1−β2ᵗ. Requires 0 ≤ β1, β2 < 1, eps > 0
 // (else ErrConfig). Errors as Linear.
 func (e *Engine) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tensor, cfg AdamWConfig) error {
-	if err := e.checkAdamW(params, grads, m, v, step, cfg); err != nil {
-		return err
-	}
-	return e.impl.AdamW(params, grads, m, v, step, cfg)
-}
-
-// checkAdamW validates AdamW's arguments (AdamW, AdamWAdvance, AdamWApply).
-func (e *Engine) checkAdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tensor, cfg AdamWConfig) error {
 	if !(cfg.Beta1 >= 0 && cfg.Beta1 < 1 && cfg.Beta2 >= 0 && cfg.Beta2 < 1 && cfg.Eps > 0 && cfg.LR >= 0 && cfg.WeightDecay >= 0) {
 		return fmt.Errorf("%w: AdamW %+v", ErrConfig, cfg)
 	}
@@ -241,7 +233,10 @@ func (e *Engine) checkAdamW(params, grads, m, v []*tensor.Tensor, step *tensor.T
 	if step.Numel() != 1 {
 		return fmt.Errorf("%w: adamw step is %v, want one element", tensor.ErrShape, step.Shape)
 	}
-	return e.checkPlace("adamw step", step)
+	if err := e.checkPlace("adamw step", step); err != nil {
+		return err
+	}
+	return e.impl.AdamW(params, grads, m, v, step, cfg)
 }
 
 // SGD applies one step of SGD with momentum (PyTorch's torch.optim.SGD with

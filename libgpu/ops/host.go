@@ -196,35 +196,7 @@ func (h *hostImpl) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tens
 	if err != nil {
 		return fmt.Errorf("ops: host backend: %w", err)
 	}
-	if err := hostAdamW(params, grads, m, v, float64(st[0])+1, cfg); err != nil {
-		return err
-	}
-	st[0]++
-	return nil
-}
-
-// adamWAdvance implements splitAdamW: the counter alone.
-func (h *hostImpl) adamWAdvance(step *tensor.Tensor, _ AdamWConfig) error {
-	st, err := step.I32()
-	if err != nil {
-		return fmt.Errorf("ops: host backend: %w", err)
-	}
-	st[0]++
-	return nil
-}
-
-// adamWApply implements splitAdamW: AdamW's update at the counter's t.
-func (h *hostImpl) adamWApply(params, grads, m, v []*tensor.Tensor, step *tensor.Tensor, cfg AdamWConfig) error {
-	st, err := step.I32()
-	if err != nil {
-		return fmt.Errorf("ops: host backend: %w", err)
-	}
-	return hostAdamW(params, grads, m, v, float64(st[0]), cfg)
-}
-
-// hostAdamW updates every params[i] at step t (in float64, rounded to f32
-// per element).
-func hostAdamW(params, grads, m, v []*tensor.Tensor, t float64, cfg AdamWConfig) error {
+	t := float64(st[0]) + 1
 	bc1 := 1 - math.Pow(float64(cfg.Beta1), t)
 	bc2 := 1 - math.Pow(float64(cfg.Beta2), t)
 	lr, b1, b2 := float64(cfg.LR), float64(cfg.Beta1), float64(cfg.Beta2)
@@ -243,6 +215,7 @@ func hostAdamW(params, grads, m, v []*tensor.Tensor, t float64, cfg AdamWConfig)
 			ps[j] = float32(p - lr*((mj/bc1)/(math.Sqrt(vj/bc2)+eps)+wd*p))
 		}
 	}
+	st[0]++
 	return nil
 }
 

@@ -31,8 +31,7 @@ type suite struct {
 
 // CheckImpl runs every op through an Engine on dev with opts and compares
 // each output with the float64 references of this package (relative error
-// ≤ tol, exact for Argmax, Fill and the AdamW step counter); checks that AdamW split
-// per parameter (AdamWAdvance, AdamWApply inside Side) equals AdamW bitwise; checks Linear's
+// ≤ tol, exact for Argmax, Fill and the AdamW step counter); checks Linear's
 // and SoftmaxCrossEntropy's gradients against central finite differences
 // of the references; checks the chained backward (LinearBackwardChain and
 // Linear's ReLU bit-mask) the same ways when the backend has it, and
@@ -66,7 +65,6 @@ func CheckImpl(t *testing.T, dev device.Device, opts ops.Options, tol float64) {
 	t.Run("SoftmaxCrossEntropy", s.softmaxCE)
 	t.Run("SoftmaxCrossEntropyGradFD", s.softmaxCEGradFD)
 	t.Run("AdamW", s.adamw)
-	t.Run("AdamWSplit", s.adamwSplit)
 	t.Run("SGD", s.sgd)
 	t.Run("Argmax", s.argmax)
 	t.Run("Fill", s.fill)
