@@ -57,6 +57,9 @@ while IFS= read -r dir; do
 	mkdir -p "$stage/tests/$name.d"
 	echo "$names" >"$stage/tests/$name.d/TESTS"
 	[ -d "$dir/testdata" ] && cp -r "$dir/testdata" "$stage/tests/$name.d/"
+	awk -v d="$dir" '$1 == d { print $2 }' scripts/gpu-files.txt | while read -r f; do
+		mkdir -p "$stage/tests/$name.d/testdata" && cp "$f" "$stage/tests/$name.d/testdata/"
+	done
 	n=$((n + 1))
 done < <( {
 	grep -rlE '[Rr]equireGPU\(' --include='*_test.go' libgpu gpupool kernelc trainer sampler optimizer tracer | xargs -r -n1 dirname

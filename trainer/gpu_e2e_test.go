@@ -60,10 +60,7 @@ func stepLosses(t *testing.T, stdout string) (loss []float64, mfu []float64) {
 
 func python(t *testing.T, args ...string) string {
 	t.Helper()
-	script := mlpScript
-	if _, err := os.Stat(script); err != nil {
-		script = filepath.Base(mlpScript) // the GPU bundle runs us inside testdata/
-	}
+	script := bundled(mlpScript)
 	cmd := exec.Command("python3", append([]string{script}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -184,14 +181,7 @@ func TestGPUPipeline(t *testing.T) {
 			t.Fatal(err)
 		}
 	} else {
-		// The GPU bundle has no source tree: the copy in testdata/ (from the
-		// package directory, or from inside testdata/).
-		for _, p := range []string{script, "testdata/train-fashion.sh", "train-fashion.sh"} {
-			if _, err := os.Stat(p); err == nil {
-				script = p
-				break
-			}
-		}
+		script = bundled(script)
 	}
 	out := t.TempDir()
 	cmd := exec.Command("bash", script)

@@ -215,7 +215,7 @@ func TestCuPyReadsGoBuffer(t *testing.T) {
 	if err := b.Seal(); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("python3", "testdata/gpupool_cupy.py", "--socket", path, "--head", "5", "py/weights")
+	cmd := exec.Command("python3", cupyExample(), "--socket", path, "--head", "5", "py/weights")
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
@@ -242,4 +242,14 @@ func TestCuPyReadsGoBuffer(t *testing.T) {
 			t.Fatalf("python's value %d is %v, Go wrote %v", i, v, vals[i])
 		}
 	}
+}
+
+// cupyExample is examples/python/gpupool_cupy.py, or the copy the GPU bundle
+// (no source tree) puts in testdata/ (scripts/gpu-files.txt).
+func cupyExample() string {
+	const rel = "../../../examples/python/gpupool_cupy.py"
+	if _, err := os.Stat(rel); err == nil {
+		return rel
+	}
+	return "testdata/gpupool_cupy.py"
 }
