@@ -4,7 +4,7 @@
 # rounds (default 5); each round times every workload once with CUDA events
 # after warm-up. report.py takes the median per workload, the ratio and the
 # physical floor, prints a table and writes results/<date>-<gpu>.json
-# (to $OUT or $BENCH_OUT when set, else results/).
+# (to $BENCH_OUT when set, else results/).
 #   usage: bench/run.sh [FILTER]   (FILTER: substring of a workload key)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,6 +18,6 @@ for r in $(seq "$rounds"); do
 	"$here/gpukit-bench" --spec "$here/workloads.json" ${filter:+--filter "$filter"} >>"$work/gpukit.jsonl"
 	python3 "$here/reference/bench.py" $filter >>"$work/ref.jsonl"
 done
-dest=${BENCH_OUT:-${OUT:-$here/results}}
+dest=${BENCH_OUT:-$here/results}
 mkdir -p "$dest"
 python3 "$here/report.py" --out "$dest" "$work/gpukit.jsonl" "$work/ref.jsonl"
