@@ -208,30 +208,16 @@ func (c *Client) end(err error) {
 // daemon's handler span is the incoming end), while a caller that passed
 // one with WithFlow marks its own sending span (trace.Span.FlowOut).
 func (c *Client) Call(ctx context.Context, op string, req, resp any, fds ...int) ([]int, error) {
-	body, err := MarshalBody(req)
+	body, flow, sp, err := start(ctx, op, req)
 	if err != nil {
 		return nil, err
 	}
-	flow, ok := FlowFrom(ctx)
-	if !ok {
-		flow = NewFlow()
-	}
-	sp := trace.Default().Begin(traceCategory, op)
-	if !ok {
-		sp.FlowOut(flow)
-	}
 	defer sp.End()
 	ch := make(chan result, 1)
-	c.mu.Lock()
-	if c.pending == nil {
-		err := c.err
-		c.mu.Unlock()
+	id, err := c.register(&waiter{ch: ch}, false)
+	if err != nil {
 		return nil, err
 	}
-	c.nextID++
-	id := c.nextID
-	c.pending[id] = waiter{ch: ch}
-	c.mu.Unlock()
 
 	m := &Message{Version: Version, Type: TypeRequest, ID: id, Op: op, Flow: flow, Body: body}
 	if err := c.conn.Send(m, fds...); err != nil {
@@ -333,36 +319,18 @@ func (c *Client) await(ctx context.Context, id uint64, ch chan result) (r result
 // order on the server, so a later Call sees the effect of an earlier Go.
 // Traced as Call is, the span ending once the request is sent.
 func (c *Client) Go(ctx context.Context, op string, req any, fn func(m *Message, fds []int)) error {
-	body, err := MarshalBody(req)
+	body, flow, sp, err := start(ctx, op, req)
 	if err != nil {
 		return err
-	}
-	flow, ok := FlowFrom(ctx)
-	if !ok {
-		flow = NewFlow()
-	}
-	sp := trace.Default().Begin(traceCategory, op)
-	if !ok {
-		sp.FlowOut(flow)
 	}
 	defer sp.End()
 	if fn == nil {
 		fn = func(_ *Message, fds []int) { closeFDs(fds) }
 	}
-	c.mu.Lock()
-	if c.pending == nil {
-		err := c.err
-		c.mu.Unlock()
+	id, err := c.register(&waiter{fn: fn}, true)
+	if err != nil {
 		return err
 	}
-	c.nextID++
-	id := c.nextID
-	c.pending[id] = waiter{fn: fn}
-	if !c.lazy {
-		c.lazy = true
-		c.timer.Reset(lazyRead)
-	}
-	c.mu.Unlock()
 	m := &Message{Version: Version, Type: TypeRequest, ID: id, Op: op, Flow: flow, Body: body}
 	if err := c.conn.Send(m); err != nil {
 		c.forget(id)
@@ -379,33 +347,59 @@ func (c *Client) Go(ctx context.Context, op string, req any, fn func(m *Message,
 // Requests of one connection are served in order, so a later Call sees
 // the effect of an earlier Tell. Traced as Go is.
 func (c *Client) Tell(ctx context.Context, op string, req any) error {
-	body, err := MarshalBody(req)
+	body, flow, sp, err := start(ctx, op, req)
 	if err != nil {
 		return err
 	}
-	flow, ok := FlowFrom(ctx)
-	if !ok {
-		flow = NewFlow()
-	}
-	sp := trace.Default().Begin(traceCategory, op)
-	if !ok {
-		sp.FlowOut(flow)
-	}
 	defer sp.End()
-	c.mu.Lock()
-	if c.pending == nil {
-		err := c.err
-		c.mu.Unlock()
+	id, err := c.register(nil, false)
+	if err != nil {
 		return err
 	}
-	c.nextID++
-	id := c.nextID
-	c.mu.Unlock()
 	m := &Message{Version: Version, Type: TypeRequest, ID: id, Op: op, Flow: flow, Body: body, NoReply: true}
 	if err := c.conn.Send(m); err != nil {
 		return fmt.Errorf("ipc: %s: %w", op, err)
 	}
 	return nil
+}
+
+// start is the common beginning of Call, Go and Tell: it encodes req,
+// takes the context's flow id or a new one, and opens the request's trace
+// span (marking the flow's start when the id is new). The caller ends sp.
+func start(ctx context.Context, op string, req any) (body []byte, flow uint64, sp trace.Span, err error) {
+	if body, err = MarshalBody(req); err != nil {
+		return nil, 0, sp, err
+	}
+	flow, ok := FlowFrom(ctx)
+	if !ok {
+		flow = NewFlow()
+	}
+	sp = trace.Default().Begin(traceCategory, op)
+	if !ok {
+		sp.FlowOut(flow)
+	}
+	return body, flow, sp, nil
+}
+
+// register takes the next request id and, when w is not nil, records w as
+// the request's pending waiter; lazy arms the lazy-read timer (replies to
+// Go that no Call will read). It fails with the connection's error once the
+// connection has ended.
+func (c *Client) register(w *waiter, lazy bool) (uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pending == nil {
+		return 0, c.err
+	}
+	c.nextID++
+	if w != nil {
+		c.pending[c.nextID] = *w
+	}
+	if lazy && !c.lazy {
+		c.lazy = true
+		c.timer.Reset(lazyRead)
+	}
+	return c.nextID, nil
 }
 
 // forget drops a pending call; it reports whether the call was still pending.
