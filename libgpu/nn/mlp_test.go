@@ -16,31 +16,10 @@ import (
 	"gpukit/libgpu/tensor"
 )
 
-// recAlloc records buffer names and fills new buffers with 0xff bytes (NaN
-// as f32), so nothing passes by relying on memfd's zero pages.
-type recAlloc struct {
-	dev   device.Device
-	names []string
-}
-
-func (r *recAlloc) Alloc(name string, size int64) (*device.Buffer, error) {
-	b, err := r.dev.Alloc(size)
-	if err != nil {
-		return nil, err
-	}
-	for i := range b.Bytes() {
-		b.Bytes()[i] = 0xff
-	}
-	r.names = append(r.names, name)
-	return b, nil
-}
-
-func (r *recAlloc) Device() device.Device { return r.dev }
-
-func setup(t *testing.T, cfg nn.MLPConfig) (*nn.MLP, *ops.Engine, *recAlloc) {
+func setup(t *testing.T, cfg nn.MLPConfig) (*nn.MLP, *ops.Engine, *opstest.PoisonAlloc) {
 	t.Helper()
 	h := device.NewHost()
-	a := &recAlloc{dev: h}
+	a := &opstest.PoisonAlloc{Dev: h}
 	m, err := nn.NewMLP(a, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -107,14 +86,14 @@ func TestNamesAndShapes(t *testing.T) {
 	m, _, a := setup(t, nn.MLPConfig{Widths: []int{4, 6, 3}, Act: ops.ActGELU, Batch: 5, Seed: 1, Prefix: "run1"})
 	for _, want := range []string{"run1/params/fc0.weight", "run1/params/fc1.bias", "run1/grads/fc0.weight",
 		"run1/grads/fc1.bias", "run1/acts/input", "run1/acts/labels", "run1/acts/loss", "run1/acts/fc0.pre"} {
-		if !slices.Contains(a.names, want) {
-			t.Errorf("no buffer named %q in %v", want, a.names)
+		if !slices.Contains(a.Names, want) {
+			t.Errorf("no buffer named %q in %v", want, a.Names)
 		}
 	}
 	// ReLU keeps its bit-mask for the chained backward instead of z.
 	_, _, ra := setup(t, nn.MLPConfig{Widths: []int{4, 6, 3}, Act: ops.ActReLU, Batch: 5, Seed: 1})
-	if !slices.Contains(ra.names, "acts/fc0.mask") || slices.Contains(ra.names, "acts/fc0.pre") {
-		t.Errorf("ReLU buffers %v: want acts/fc0.mask and no acts/fc0.pre", ra.names)
+	if !slices.Contains(ra.Names, "acts/fc0.mask") || slices.Contains(ra.Names, "acts/fc0.pre") {
+		t.Errorf("ReLU buffers %v: want acts/fc0.mask and no acts/fc0.pre", ra.Names)
 	}
 	var got []string
 	for _, p := range m.Params() {
@@ -223,7 +202,7 @@ func TestGradFiniteDifferences(t *testing.T) {
 func TestPredictAndStaticBuffers(t *testing.T) {
 	widths := []int{6, 8, 5}
 	m, e, a := setup(t, nn.MLPConfig{Widths: widths, Act: ops.ActReLU, Batch: 9, Seed: 3})
-	nalloc := len(a.names)
+	nalloc := len(a.Names)
 	if err := m.Backward(e); !errors.Is(err, autograd.ErrNoForward) {
 		t.Fatalf("Backward before Forward: %v", err)
 	}
@@ -248,8 +227,8 @@ func TestPredictAndStaticBuffers(t *testing.T) {
 			t.Fatalf("Predict %v, want %v", got, want)
 		}
 	}
-	if len(a.names) != nalloc {
-		t.Fatalf("steps allocated %d buffers", len(a.names)-nalloc)
+	if len(a.Names) != nalloc {
+		t.Fatalf("steps allocated %d buffers", len(a.Names)-nalloc)
 	}
 }
 

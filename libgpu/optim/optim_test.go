@@ -15,31 +15,10 @@ import (
 	"gpukit/libgpu/tensor"
 )
 
-// recAlloc records names and fills new buffers with 0xff bytes, so zeroing
-// is proved rather than inherited from memfd's zero pages.
-type recAlloc struct {
-	dev   device.Device
-	names []string
-}
-
-func (r *recAlloc) Alloc(name string, size int64) (*device.Buffer, error) {
-	b, err := r.dev.Alloc(size)
-	if err != nil {
-		return nil, err
-	}
-	for i := range b.Bytes() {
-		b.Bytes()[i] = 0xff
-	}
-	r.names = append(r.names, name)
-	return b, nil
-}
-
-func (r *recAlloc) Device() device.Device { return r.dev }
-
-func newModel(t *testing.T, cfg nn.MLPConfig) (*nn.MLP, *ops.Engine, *recAlloc) {
+func newModel(t *testing.T, cfg nn.MLPConfig) (*nn.MLP, *ops.Engine, *opstest.PoisonAlloc) {
 	t.Helper()
 	h := device.NewHost()
-	a := &recAlloc{dev: h}
+	a := &opstest.PoisonAlloc{Dev: h}
 	m, err := nn.NewMLP(a, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +145,7 @@ func TestTrainingLowersLoss(t *testing.T) {
 func TestAdamWStepMatchesReference(t *testing.T) {
 	m, e, a := newModel(t, nn.MLPConfig{Widths: []int{5, 7, 3}, Act: ops.ActReLU, Batch: 2, Seed: 1})
 	cfg := ops.AdamWConfig{LR: 1e-2, Beta1: 0.9, Beta2: 0.99, Eps: 1e-8, WeightDecay: 0.05}
-	nbefore := len(a.names)
+	nbefore := len(a.Names)
 	o, err := optim.NewAdamW(a, "exp", m.Params(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -187,8 +166,8 @@ func TestAdamWStepMatchesReference(t *testing.T) {
 	for _, n := range want {
 		gotAlloc = append(gotAlloc, "exp/optim/"+n)
 	}
-	if !slices.Equal(got, want) || !slices.Equal(a.names[nbefore:], gotAlloc) {
-		t.Fatalf("state %v allocated as %v, want %v", got, a.names[nbefore:], want)
+	if !slices.Equal(got, want) || !slices.Equal(a.Names[nbefore:], gotAlloc) {
+		t.Fatalf("state %v allocated as %v, want %v", got, a.Names[nbefore:], want)
 	}
 	for _, s := range o.State()[:len(o.State())-1] {
 		for _, v := range opstest.Download(t, s.Value) {
@@ -264,7 +243,7 @@ func TestSGDStepMatchesReference(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer o.Free()
-	if got := a.names[len(a.names)-1]; got != "optim/fc0.bias.momentum_buffer" {
+	if got := a.Names[len(a.Names)-1]; got != "optim/fc0.bias.momentum_buffer" {
 		t.Fatalf("last state buffer named %q", got)
 	}
 	r := rand.New(rand.NewPCG(9, 9))

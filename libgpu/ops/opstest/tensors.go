@@ -120,3 +120,28 @@ func DownloadU8(tb testing.TB, t *tensor.Tensor) []uint8 {
 	}
 	return b
 }
+
+// PoisonAlloc is a host device.Allocator for tests: it records every name it
+// is asked for (Names) and fills each new buffer with 0xff bytes (NaN as
+// f32), so a test cannot pass on memfd's zero pages: whatever a model or an
+// optimizer reads must have been written.
+type PoisonAlloc struct {
+	Dev   device.Device
+	Names []string
+}
+
+// Alloc implements device.Allocator.
+func (p *PoisonAlloc) Alloc(name string, size int64) (*device.Buffer, error) {
+	b, err := p.Dev.Alloc(size)
+	if err != nil {
+		return nil, err
+	}
+	for i := range b.Bytes() {
+		b.Bytes()[i] = 0xff
+	}
+	p.Names = append(p.Names, name)
+	return b, nil
+}
+
+// Device implements device.Allocator.
+func (p *PoisonAlloc) Device() device.Device { return p.Dev }
