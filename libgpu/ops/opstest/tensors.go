@@ -75,19 +75,22 @@ func Empty(tb testing.TB, a device.Allocator, dt tensor.DType, shape ...int) *te
 // Download waits for the device and reads an f32 tensor as float64.
 func Download(tb testing.TB, t *tensor.Tensor) []float64 {
 	tb.Helper()
-	if err := t.Device().Sync(); err != nil {
-		tb.Fatalf("sync: %v", err)
-	}
-	v, err := t.ReadF32()
-	if err != nil {
-		tb.Fatalf("read %v: %v", t, err)
-	}
-	return F64(v)
+	return F64(tensor.BytesAs[float32](readSynced(tb, t, tensor.F32)))
 }
 
 // DownloadI32 waits for the device and reads an i32 tensor.
 func DownloadI32(tb testing.TB, t *tensor.Tensor) []int32 {
 	tb.Helper()
+	return append([]int32(nil), tensor.BytesAs[int32](readSynced(tb, t, tensor.I32))...)
+}
+
+// readSynced waits for t's device and copies out t's bytes, failing the test
+// unless t has dtype dt.
+func readSynced(tb testing.TB, t *tensor.Tensor, dt tensor.DType) []byte {
+	tb.Helper()
+	if t.DType != dt {
+		tb.Fatalf("read %v: want %v", t, dt)
+	}
 	if err := t.Device().Sync(); err != nil {
 		tb.Fatalf("sync: %v", err)
 	}
@@ -95,7 +98,7 @@ func DownloadI32(tb testing.TB, t *tensor.Tensor) []int32 {
 	if err != nil {
 		tb.Fatalf("read %v: %v", t, err)
 	}
-	return append([]int32(nil), tensor.BytesAs[int32](b)...)
+	return b
 }
 
 // UploadU8 is Upload for u8 data.
@@ -111,14 +114,7 @@ func UploadU8(tb testing.TB, a device.Allocator, v []uint8, shape ...int) *tenso
 // DownloadU8 waits for the device and reads a u8 tensor.
 func DownloadU8(tb testing.TB, t *tensor.Tensor) []uint8 {
 	tb.Helper()
-	if err := t.Device().Sync(); err != nil {
-		tb.Fatalf("sync: %v", err)
-	}
-	b, err := t.Read()
-	if err != nil {
-		tb.Fatalf("read %v: %v", t, err)
-	}
-	return b
+	return readSynced(tb, t, tensor.U8)
 }
 
 // PoisonAlloc is a host device.Allocator for tests: it records every name it
