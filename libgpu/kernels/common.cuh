@@ -37,3 +37,19 @@ __device__ __forceinline__ float gpukit_warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+
+// gpukit_mt_find returns the tensor of a multi-tensor launch that owns block
+// blk: the largest i with start[i] <= blk (start is non-decreasing over the
+// count tensors, start[count] is the grid size).
+__device__ __forceinline__ int gpukit_mt_find(const int* start, int count, int blk) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) >> 1;
+    if (start[mid] <= blk) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}

@@ -28,19 +28,6 @@ struct ops_clip_args {
 };
 static_assert(sizeof(ops_clip_args) == 648, "ops_clip_args layout changed: update cuda_clip.go");
 
-__device__ __forceinline__ int clip_find(const int* start, int count, int blk) {
-    int lo = 0, hi = count - 1;
-    while (lo < hi) {  // largest i with start[i] <= blk
-        int mid = (lo + hi + 1) >> 1;
-        if (start[mid] <= blk) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    return lo;
-}
-
 __device__ __forceinline__ double clip_warp_sum(double v) {
     for (int o = 16; o > 0; o >>= 1) {
         v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -69,7 +56,7 @@ __device__ __forceinline__ double clip_block_sum(double v) {
 // clip_sumsq_multi writes partial[blockIdx.x] = sum of g^2 over the block's
 // chunk of its tensor.
 extern "C" __global__ void clip_sumsq_multi(const __grid_constant__ ops_clip_args a, double* partial) {
-    int ti = clip_find(a.start, a.count, blockIdx.x);
+    int ti = gpukit_mt_find(a.start, a.count, blockIdx.x);
     const ops_clip_tensor& T = a.t[ti];
     long long lo = (long long)(blockIdx.x - a.start[ti]) * OPS_CLIP_CHUNK;
     long long hi = lo + OPS_CLIP_CHUNK;
@@ -107,7 +94,7 @@ extern "C" __global__ void clip_finalize(const double* partial, int count, float
 
 // clip_scale_multi: g *= coef[0] over every tensor of the list.
 extern "C" __global__ void clip_scale_multi(const __grid_constant__ ops_clip_args a, const float* coef) {
-    int ti = clip_find(a.start, a.count, blockIdx.x);
+    int ti = gpukit_mt_find(a.start, a.count, blockIdx.x);
     const ops_clip_tensor& T = a.t[ti];
     long long lo = (long long)(blockIdx.x - a.start[ti]) * OPS_CLIP_CHUNK;
     long long hi = lo + OPS_CLIP_CHUNK;

@@ -45,21 +45,6 @@ struct ops_sgd_args {
 };
 static_assert(sizeof(ops_sgd_args) == 1176, "ops_sgd_args layout changed: update cuda_optim.go");
 
-// mt_find returns the tensor that owns block blk (start is non-decreasing,
-// start[count] is the grid size).
-__device__ __forceinline__ int mt_find(const int* start, int count, int blk) {
-    int lo = 0, hi = count - 1;
-    while (lo < hi) {  // largest i with start[i] <= blk
-        int mid = (lo + hi + 1) >> 1;
-        if (start[mid] <= blk) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    return lo;
-}
-
 // powi is b^t for t >= 0 by repeated squaring in double (no math library
 // needed; a few ulps of double, far below f32 resolution).
 __device__ __forceinline__ double powi(double b, int t) {
@@ -94,7 +79,7 @@ extern "C" __global__ void adamw_step(int* step, float* bc, float b1, float b2) 
 //	m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
 //	p <- p - lr (m / bc1) / (sqrt(v / bc2) + eps)
 extern "C" __global__ void adamw_multi(const __grid_constant__ ops_adam_args a) {
-    int ti = mt_find(a.start, a.count, blockIdx.x);
+    int ti = gpukit_mt_find(a.start, a.count, blockIdx.x);
     const ops_adam_tensor& T = a.t[ti];
     long long lo = (long long)(blockIdx.x - a.start[ti]) * OPS_MT_CHUNK;
     long long hi = lo + OPS_MT_CHUNK;
@@ -118,7 +103,7 @@ extern "C" __global__ void adamw_multi(const __grid_constant__ ops_adam_args a) 
 //
 //	d <- g + wd p;  buf <- mu buf + d;  p <- p - lr buf
 extern "C" __global__ void sgd_multi(const __grid_constant__ ops_sgd_args a) {
-    int ti = mt_find(a.start, a.count, blockIdx.x);
+    int ti = gpukit_mt_find(a.start, a.count, blockIdx.x);
     const ops_sgd_tensor& T = a.t[ti];
     long long lo = (long long)(blockIdx.x - a.start[ti]) * OPS_MT_CHUNK;
     long long hi = lo + OPS_MT_CHUNK;
