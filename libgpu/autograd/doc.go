@@ -1,12 +1,14 @@
-// Package autograd is gpukit's reverse-mode differentiation: a Tape of
-// recorded nodes, each a forward function and the backward closure that
-// propagates gradients through it, over buffers allocated once by the
-// caller. Graphs are static: a model records its nodes once when it is built,
-// and every step then runs Tape.Forward and Tape.Backward over the same
-// buffers with no allocation, which is what lets a CUDA backend capture a
-// whole training step as one graph and replay it.
+// Package autograd is gpukit's reverse-mode differentiation over a static
+// graph: a Tape of recorded nodes, each a forward step and a backward step
+// over buffers allocated once, so a whole training step can be captured as
+// one CUDA graph and replayed.
 //
-// Gradients are written, not accumulated: every Var that carries a gradient
-// may be consumed by at most one recorded op (chains and trees, as in an MLP);
-// recording a second consumer fails with ErrFanOut.
+// The tape knows nothing of devices or kernels: op families (package ops)
+// record their nodes through Tape.Op and Tape.Loss with closures that call
+// their kernels. The tape decides which Vars need gradients, allocates
+// them, and tells each node whether to overwrite or accumulate each input
+// gradient (Grads.Acc), so any DAG — residual streams, tied weights, a
+// value read by several ops — gets summed gradients with no zeroing pass.
+// Aliases (reshapes, permutations and casts of a Var) share their root's
+// gradient.
 package autograd

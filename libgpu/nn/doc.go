@@ -2,8 +2,11 @@
 // buffers: Linear layers and an MLP classifier trained with softmax
 // cross-entropy. A model allocates its parameters, gradients and activations
 // once through a device.Allocator (named, so a pool can share them with other
-// processes), records its graph once on an autograd.Tape, and then runs
-// Forward and Backward every step without allocating.
+// processes), records its graph once, and then runs Forward and Backward
+// every step without allocating. The MLP keeps a hand-fused chain of
+// layers (each activation derivative fused into the next layer's data
+// gradient GEMM); the GPT records its forward on an ops.Graph, whose
+// autograd.Tape derives the backward of any DAG.
 //
 // Initialisation is PyTorch's nn.Linear default: weights and biases drawn
 // from U(−1/√fan_in, 1/√fan_in), which for weights is kaiming_uniform_ with

@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 
-	"gpukit/libgpu/autograd"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
@@ -47,9 +46,9 @@ type MLP struct {
 	bufs   []*tensor.Tensor // everything to free
 	input  *tensor.Tensor
 	labels *tensor.Tensor
-	logits *autograd.Var
+	logits *slot
 	loss   *tensor.Tensor
-	tape   autograd.Tape
+	tape   steps
 }
 
 func join(prefix, kind, name string) string {
@@ -101,7 +100,7 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 		m.bufs = append(m.bufs, t)
 		return t, nil
 	}
-	param := func(name string, shape ...int) (*autograd.Var, error) {
+	param := func(name string, shape ...int) (*slot, error) {
 		v, err := alloc("params", name, tensor.F32, shape...)
 		if err != nil {
 			return nil, err
@@ -111,7 +110,7 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 			return nil, err
 		}
 		m.params = append(m.params, Param{Name: name, Value: v, Grad: g})
-		return autograd.NewVar(v, g), nil
+		return &slot{Value: v, Grad: g}, nil
 	}
 
 	B := cfg.Batch
@@ -122,7 +121,7 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 		return m, err
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6770756b6974)) // "gpukit"
-	x := autograd.NewVar(m.input, nil)
+	x := &slot{Value: m.input}
 	L := len(cfg.Widths) - 1
 	var layers []*layer
 	for i := 0; i < L; i++ {
@@ -155,7 +154,7 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 		if err != nil {
 			return m, err
 		}
-		l := &layer{name: name, x: x, y: autograd.NewVar(yv, yg), w: w, b: b, act: act}
+		l := &layer{name: name, x: x, y: &slot{Value: yv, Grad: yg}, w: w, b: b, act: act}
 		switch act {
 		case ops.ActGELU:
 			if l.pre, err = alloc("acts", name+".pre", tensor.F32, B, out); err != nil {
@@ -174,23 +173,24 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 		if i > 0 {
 			prev = layers[i-1]
 		}
-		m.tape.Record(l.name, l.forward, func(e *ops.Engine) error { return l.backward(e, prev, i == L-1) })
+		m.tape.record(l.name, l.forward, func(e *ops.Engine) error { return l.backward(e, prev, i == L-1) })
 	}
 	m.logits = x
 	if m.loss, err = alloc("acts", "loss", tensor.F32, 1); err != nil {
 		return m, err
 	}
-	if err := m.tape.SoftmaxCrossEntropy("loss", m.loss, m.logits, m.labels); err != nil {
-		return m, err
-	}
+	logits := m.logits
+	m.tape.record("loss", func(e *ops.Engine) error {
+		return e.SoftmaxCrossEntropy(m.loss, logits.Grad, logits.Value, m.labels)
+	}, nil)
 	return m, nil
 }
 
 // layer is one recorded Linear: y = act(x·wᵀ + b).
 type layer struct {
 	name    string
-	x, y    *autograd.Var // y.Grad holds ∂L/∂z (the chain) or ∂L/∂y (LinearBackward)
-	w, b    *autograd.Var
+	x, y    *slot // y.Grad holds ∂L/∂z (the chain) or ∂L/∂y (LinearBackward)
+	w, b    *slot
 	act     ops.Act
 	pre     *tensor.Tensor // z, for GELU
 	mask    *tensor.Tensor // ReLU bit-mask, for ReLU with LinearBackwardChain
@@ -217,7 +217,7 @@ func (l *layer) forward(e *ops.Engine) error {
 // layer, and layers followed by no activation). Layer 0 computes no dx.
 //
 // Without the chain (a backend lacking it), each layer runs LinearBackward
-// from ∂L/∂y as autograd's Linear does.
+// from ∂L/∂y (ops.Engine.LinearBackward).
 func (l *layer) backward(e *ops.Engine, prev *layer, last bool) error {
 	if !l.chained {
 		saved := l.pre
@@ -282,7 +282,7 @@ func (m *MLP) Loss() *tensor.Tensor { return m.loss }
 // Forward computes the logits and the loss from Input and Labels (and, fused
 // with the loss, the gradient of the loss with respect to the logits). Labels
 // must be valid even for evaluation-only use.
-func (m *MLP) Forward(e *ops.Engine) error { return m.tape.Forward(e) }
+func (m *MLP) Forward(e *ops.Engine) error { return m.tape.runForward(e) }
 
 // Backward fills every Param.Grad with the gradient of Loss (overwriting).
 // It needs a Forward on the same engine since the last Backward (else
@@ -291,7 +291,7 @@ func (m *MLP) Forward(e *ops.Engine) error { return m.tape.Forward(e) }
 // gradient GEMM yields the previous layer's pre-activation gradient and
 // bias gradient directly (cuBLASLt's DRELU_BGRAD / DGELU_BGRAD epilogues
 // on a GPU), and layer 0 computes no data gradient.
-func (m *MLP) Backward(e *ops.Engine) error { return m.tape.Backward(e) }
+func (m *MLP) Backward(e *ops.Engine) error { return m.tape.runBackward(e) }
 
 // Predict writes out[Batch] (i32) = argmax of each row of the logits of the
 // last Forward. It always predicts Batch rows: to evaluate N examples with N
