@@ -38,10 +38,10 @@ type Var struct {
 	param    bool
 	requires bool // a gradient is wanted (a param, or computed from one)
 	producer *node
-	// alias: the gradient of this Var is gradOf(root's gradient); writers
-	// of this Var's gradient are writers of the root's.
+	// alias: the gradient of this Var is gradOf(alias's gradient);
+	// writers of this Var's gradient are writers of the root's.
 	alias  *Var
-	gradOf func(root *tensor.Tensor) (*tensor.Tensor, error)
+	gradOf func(baseGrad *tensor.Tensor) (*tensor.Tensor, error)
 	// writers of this (root) Var's gradient, in backward order.
 	writers []writer
 }
@@ -79,7 +79,7 @@ type Grads struct{ n *node }
 // Out is the gradient of output i, or nil when nothing downstream of it
 // has a gradient (treat it as zero).
 func (g *Grads) Out(i int) *tensor.Tensor {
-	if !g.n.outNeeded[i] {
+	if i < 0 || i >= len(g.n.out) || !g.n.outNeeded[i] {
 		return nil
 	}
 	return g.n.out[i].Grad
@@ -88,7 +88,7 @@ func (g *Grads) Out(i int) *tensor.Tensor {
 // In is where the gradient of input i goes, or nil when input i wants
 // none (a constant, an index tensor, a value computed from no param).
 func (g *Grads) In(i int) *tensor.Tensor {
-	if !g.n.wantsIn[i] {
+	if i < 0 || i >= len(g.n.in) || !g.n.wantsIn[i] {
 		return nil
 	}
 	return g.n.in[i].Grad
@@ -97,7 +97,7 @@ func (g *Grads) In(i int) *tensor.Tensor {
 // Acc reports whether the gradient of input i must be added to what In(i)
 // holds (another consumer of the same value wrote first) rather than
 // overwrite it. Ops implement both, so fan-out costs no extra pass.
-func (g *Grads) Acc(i int) bool { return g.n.acc[i] }
+func (g *Grads) Acc(i int) bool { return i >= 0 && i < len(g.n.in) && g.n.acc[i] }
 
 // Tape records a static graph of nodes over buffers allocated once. Record
 // every node (Op, Loss), call Build once, then Forward and Backward every
@@ -176,12 +176,12 @@ func (t *Tape) Alloc(name string, dt tensor.DType, shape ...int) (*Var, error) {
 }
 
 // Alias registers value as another form of base whose gradient is
-// gradOf(the gradient of base's root): a reshape or permutation of base
-// (gradOf makes the same view of the gradient) or a cast (value a bf16
-// copy that an op fills; gradOf returns the root's gradient itself, so
-// gradients reach the f32 master directly). Writers of the alias's
-// gradient are ordered with the root's own writers.
-func (t *Tape) Alias(name string, base *Var, value *tensor.Tensor, gradOf func(root *tensor.Tensor) (*tensor.Tensor, error)) (*Var, error) {
+// gradOf(base's gradient): a reshape or permutation of base (gradOf makes
+// the same view of the gradient) or a cast (value a bf16 copy that an op
+// fills; gradOf returns base's gradient itself, so gradients reach the
+// f32 master directly). Writers of the alias's gradient are ordered with
+// those of base's root (the Var at the end of the chain of aliases).
+func (t *Tape) Alias(name string, base *Var, value *tensor.Tensor, gradOf func(baseGrad *tensor.Tensor) (*tensor.Tensor, error)) (*Var, error) {
 	if t.built {
 		return nil, ErrBuilt
 	}

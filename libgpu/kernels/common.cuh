@@ -53,3 +53,42 @@ __device__ __forceinline__ int gpukit_mt_find(const int* start, int count, int b
   }
   return lo;
 }
+
+// Element load and store for the dtypes ops take (f32, bf16), so one
+// template serves both instances of a kernel (<name>_f32, <name>_bf16):
+// gpukit_ld widens to f32, gpukit_st rounds from f32.
+__device__ __forceinline__ float gpukit_ld(const float* p) { return *p; }
+__device__ __forceinline__ float gpukit_ld(const gpukit_bf16* p) { return gpukit_bf16_to_f32(*p); }
+__device__ __forceinline__ void gpukit_st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void gpukit_st(gpukit_bf16* p, float v) { *p = gpukit_f32_to_bf16(v); }
+
+// gpukit_blk_sum returns the sum of v over a block whose size is a
+// multiple of 32 (at most 1024), to every thread. The order of additions
+// depends only on blockDim.x, so results are bitwise reproducible. sh
+// needs 32 floats; the function synchronises before reusing it.
+__device__ __forceinline__ float gpukit_blk_sum(float v, float* sh) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = gpukit_warp_sum(v);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? sh[lane] : 0.0f;
+  return gpukit_warp_sum(t);
+}
+
+// gpukit_warp_max returns the maximum of v over the 32 lanes of a warp.
+__device__ __forceinline__ float gpukit_warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// gpukit_blk_max is gpukit_blk_sum for the maximum.
+__device__ __forceinline__ float gpukit_blk_max(float v, float* sh) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = gpukit_warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  float t = lane < nw ? sh[lane] : -__int_as_float(0x7f800000);
+  return gpukit_warp_max(t);
+}

@@ -61,6 +61,7 @@ type cudaImpl struct {
 	bc      cuda.DevicePtr
 
 	fn cudaFuncs
+	kc kernelCache
 
 	// noFuse turns off every cuBLASLt epilogue: GEMMs store the plain
 	// product and NVRTC kernels add bias, activation and bias gradients.
@@ -135,8 +136,14 @@ func newCUDAImpl(dev device.Device, opts Options) (Impl, error) {
 	return c, nil
 }
 
+// kernelCompiler is the process's compiler of embedded kernels for c's
+// context.
+func kernelCompiler(c *cudaImpl) (*kernels.DeviceCompiler, error) {
+	return kernels.ForContext(c.dev.Context())
+}
+
 func (c *cudaImpl) loadKernels() error {
-	kc, err := kernels.ForContext(c.dev.Context())
+	kc, err := kernelCompiler(c)
 	if err != nil {
 		return err
 	}

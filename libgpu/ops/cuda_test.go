@@ -101,6 +101,23 @@ func TestCUDACheckImpl(t *testing.T) {
 	}
 }
 
+// TestCUDAFamilies runs every registered op family's checks (forward
+// against float64 references with outputs poisoned, gradients against
+// finite differences, accumulation, validation) on the GPU at f32, TF32 and
+// bf16, with cuBLASLt's fused epilogues and without them.
+func TestCUDAFamilies(t *testing.T) {
+	d := gpu(t)
+	for _, fused := range []bool{true, false} {
+		for _, p := range precs {
+			t.Run(fmt.Sprintf("%s/fused=%v", p.name, fused), func(t *testing.T) {
+				cudatest.RequireGPU(t)
+				defer ops.SetCUDAFusion(fused)()
+				opstest.CheckFamilies(t, d, ops.Options{Precision: p.prec}, func(t *testing.T) { cudatest.RequireGPU(t) })
+			})
+		}
+	}
+}
+
 // TestCUDAChainEpiloguesFused: at the trainer's kind of shape (every
 // dimension a multiple of 128) under TF32, cuBLASLt accepts every epilogue
 // the chained backward relies on — RELU_AUX_BIAS and GELU_AUX_BIAS forward,

@@ -75,3 +75,8 @@ func TestNoBackend(t *testing.T) {
 type otherKind struct{ *device.Host }
 
 func (otherKind) Kind() device.Kind { return device.Kind(200) }
+
+// TestHostFamilies runs every registered op family's checks on the host.
+func TestHostFamilies(t *testing.T) {
+	opstest.CheckFamilies(t, device.NewHost(), ops.Options{}, nil)
+}

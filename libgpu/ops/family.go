@@ -1,0 +1,250 @@
+package ops
+
+// The op-family pattern. An op family (layernorm, attention, embedding,
+// ...) lives in one place and is added without editing any central table:
+//
+//   - libgpu/ops/<family>.go: the Engine methods (forward and backward,
+//     argument checks), the host implementation, the CUDA launch code with
+//     one typed Go function per kernel, and the Graph method that records
+//     the op on an autograd tape (forward and backward in one closure pair);
+//   - libgpu/kernels/<family>.cu: the kernels, extern "C", one instance per
+//     dtype named <kernel>_f32 / <kernel>_bf16 (dtSuffix);
+//   - libgpu/ops/opstest/<family>.go: the float64 reference and the checks
+//     (forward against the reference with outputs poisoned first, backward
+//     against finite differences, accumulation, validation), registered
+//     with opstest.Register so opstest.CheckFamilies runs them on every
+//     backend and precision.
+//
+// Engine methods dispatch with e.dispatch(host, cuda); CUDA code reaches
+// its kernels with c.kernel(file, name), compiled from the embedded source
+// through the kernel cache on first use.
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"unsafe"
+
+	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/tensor"
+)
+
+// dispatch runs host on the host backend and gpu on the CUDA backend (on
+// the device's thread, its context current). Other backends get
+// ErrNoBackend.
+func (e *Engine) dispatch(host func(h *hostImpl) error, gpu func(c *cudaImpl) error) error {
+	switch b := e.impl.(type) {
+	case *hostImpl:
+		if host == nil {
+			break
+		}
+		return host(b)
+	case *cudaImpl:
+		if gpu == nil {
+			break
+		}
+		return b.dev.Do(func() error { return gpu(b) })
+	}
+	return fmt.Errorf("%w: %v", ErrNoBackend, e.dev)
+}
+
+// kernelCache holds the kernels a CUDA backend looked up by (file, name).
+type kernelCache struct {
+	mu sync.Mutex
+	m  map[[2]string]cuda.Function
+}
+
+// kernel returns the kernel name of the embedded source file, compiling
+// and loading the module on first use. Must run inside Do.
+func (c *cudaImpl) kernel(file, name string) (cuda.Function, error) {
+	c.kc.mu.Lock()
+	defer c.kc.mu.Unlock()
+	key := [2]string{file, name}
+	if f, ok := c.kc.m[key]; ok {
+		return f, nil
+	}
+	if capturing, err := c.stream.IsCapturing(); err == nil && capturing {
+		return 0, fmt.Errorf("ops: kernel %s/%s first used while capturing (run the step once eagerly first)", file, name)
+	}
+	d, err := kernelCompiler(c)
+	if err != nil {
+		return 0, err
+	}
+	f, err := d.Function(file, name)
+	if err != nil {
+		return 0, err
+	}
+	if c.kc.m == nil {
+		c.kc.m = map[[2]string]cuda.Function{}
+	}
+	c.kc.m[key] = f
+	return f, nil
+}
+
+// dtSuffix is the kernel-name suffix of a floating dtype's instance.
+func dtSuffix(dt tensor.DType) string {
+	switch dt {
+	case tensor.BF16:
+		return "_bf16"
+	case tensor.F16:
+		return "_f16"
+	}
+	return "_f32"
+}
+
+// karg is one kernel argument: a pointer to a value of exactly the
+// kernel's parameter type. Build them with the typed constructors so the
+// Go side states each parameter's type.
+type karg = unsafe.Pointer
+
+func kPtr(t *tensor.Tensor) karg { p := devPtr(t); return unsafe.Pointer(&p) }
+func kDev(p cuda.DevicePtr) karg { return unsafe.Pointer(&p) }
+func kI32(v int) karg            { x := int32(v); return unsafe.Pointer(&x) }
+func kI64(v int64) karg          { return unsafe.Pointer(&v) }
+func kU64(v uint64) karg         { return unsafe.Pointer(&v) }
+func kF32(v float32) karg        { return unsafe.Pointer(&v) }
+func kBool(v bool) karg {
+	x := int32(0)
+	if v {
+		x = 1
+	}
+	return unsafe.Pointer(&x)
+}
+
+// launchK queues kernel name of file on the backend's stream with
+// dynamic shared memory smem bytes. Must run inside Do.
+func (c *cudaImpl) launchK(file, name string, grid, block [3]uint32, smem uint32, args ...karg) error {
+	f, err := c.kernel(file, name)
+	if err != nil {
+		return err
+	}
+	if err := cuda.LaunchKernel(f, grid, block, smem, c.stream, args...); err != nil {
+		return fmt.Errorf("ops: launch %s: %w", name, err)
+	}
+	return nil
+}
+
+// grid1 is the 1-D grid of n blocks (at least 1, at most 2³¹−1).
+func grid1(n int) [3]uint32 { return [3]uint32{uint32(min(max(n, 1), math.MaxInt32)), 1, 1} }
+
+// block1 is a 1-D block of n threads.
+func block1(n int) [3]uint32 { return [3]uint32{uint32(n), 1, 1} }
+
+// hostIn returns the elements of an f32, bf16 or f16 host tensor of any
+// strides as row-major f32: the tensor's own memory when it is contiguous
+// f32 (do not write to it), else a widened copy.
+func hostIn(t *tensor.Tensor) ([]float32, error) {
+	if t == nil {
+		return nil, nil
+	}
+	if t.DType == tensor.F32 && t.Contiguous() {
+		s, err := t.F32()
+		if err != nil {
+			return nil, fmt.Errorf("ops: host backend: %w", err)
+		}
+		return s, nil
+	}
+	s, err := t.ReadFloat32()
+	if err != nil {
+		return nil, fmt.Errorf("ops: host backend: %w", err)
+	}
+	return s, nil
+}
+
+// hostOut returns row-major f32 space for an op's result for t (f32,
+// bf16 or f16, any strides, host memory) and the commit that stores it:
+// rounding to t's dtype, and adding to t's values when acc. For a
+// contiguous f32 t written without acc the space is t's memory and commit
+// does nothing.
+func hostOut(t *tensor.Tensor, acc bool) ([]float32, func() error, error) {
+	if t == nil {
+		return nil, func() error { return nil }, nil
+	}
+	if t.DType == tensor.F32 && t.Contiguous() && !acc {
+		s, err := t.F32()
+		if err != nil {
+			return nil, nil, fmt.Errorf("ops: host backend: %w", err)
+		}
+		return s, func() error { return nil }, nil
+	}
+	buf := make([]float32, t.Numel())
+	return buf, func() error {
+		if acc {
+			old, err := t.ReadFloat32()
+			if err != nil {
+				return err
+			}
+			for i := range buf {
+				buf[i] += old[i]
+			}
+		}
+		return t.WriteFloat32(buf)
+	}, nil
+}
+
+// floatTypes are the dtypes floating-point ops take.
+var floatTypes = []tensor.DType{tensor.F32, tensor.BF16}
+
+// checkView verifies that t is present, of one of the dtypes dts, of shape
+// want (a nil want accepts any shape), inside its buffer and on the
+// engine's device; with contig, that it is contiguous, else that its last
+// dimension is (row-strided views).
+func (e *Engine) checkView(what string, t *tensor.Tensor, contig bool, dts []tensor.DType, want ...int) error {
+	if t == nil {
+		return fmt.Errorf("%w: %s is missing", tensor.ErrShape, what)
+	}
+	okType := false
+	for _, d := range dts {
+		okType = okType || t.DType == d
+	}
+	if !okType {
+		return fmt.Errorf("%w: %s is %v, want one of %v", tensor.ErrDType, what, t.DType, dts)
+	}
+	if want != nil && !tensor.SameShape(t.Shape, want) {
+		return fmt.Errorf("%w: %s is %v, want %v", tensor.ErrShape, what, t.Shape, want)
+	}
+	if t.Buf == nil {
+		return fmt.Errorf("%w: %s has no buffer", tensor.ErrShape, what)
+	}
+	for _, s := range t.Strides {
+		if s < 0 {
+			return fmt.Errorf("%w: %s has a negative stride %v", tensor.ErrLayout, what, t.Strides)
+		}
+	}
+	if contig && !t.Contiguous() {
+		return fmt.Errorf("%w: %s %v strides %v (want contiguous)", tensor.ErrLayout, what, t.Shape, t.Strides)
+	}
+	if !t.InnerContiguous() {
+		return fmt.Errorf("%w: %s %v strides %v (want the last dimension contiguous)", tensor.ErrLayout, what, t.Shape, t.Strides)
+	}
+	if !sameDevice(t.Device(), e.dev) {
+		return fmt.Errorf("%w: %s is on %v, engine on %v", ErrDevice, what, t.Device(), e.dev)
+	}
+	if int64(t.Offset+t.Extent())*int64(t.DType.Size()) > t.Buf.Size() {
+		return fmt.Errorf("%w: %s view runs past its buffer", tensor.ErrShape, what)
+	}
+	return nil
+}
+
+// sameShapes fails unless every tensor has ref's shape.
+func sameShapes(op string, ref *tensor.Tensor, ts ...*tensor.Tensor) error {
+	for _, t := range ts {
+		if t != nil && !tensor.SameShape(t.Shape, ref.Shape) {
+			return fmt.Errorf("%w: %s: %v and %v", tensor.ErrShape, op, ref.Shape, t.Shape)
+		}
+	}
+	return nil
+}
+
+// rowsCols views a tensor of rank ≥ 1 as rows × cols, cols the last
+// dimension (a scalar is 1 × 1).
+func rowsCols(t *tensor.Tensor) (rows, cols int) {
+	if len(t.Shape) == 0 {
+		return 1, 1
+	}
+	cols = t.Shape[len(t.Shape)-1]
+	if cols == 0 {
+		return 0, 0
+	}
+	return t.Numel() / cols, cols
+}
