@@ -11,7 +11,7 @@ GO          ?= go
 STATICCHECK_VERSION := v0.8.2
 export CGO_ENABLED := 0
 
-.PHONY: all build test test-short lint demo ci gpu-bundle bench tidy-check clean deps
+.PHONY: all build test test-short lint demo ci gpu-bundle bench tidy-check clean deps cuda-check
 
 all: build
 
@@ -60,6 +60,10 @@ ci: deps lint tidy-check
 ## gpu-bundle: static tools and GPU test binaries in build/gpu/ for a GPU machine
 gpu-bundle:
 	bash scripts/gpu-bundle.sh
+
+## cuda-check: compile every kernel to PTX with clang (no CUDA needed) to catch C++ errors early
+cuda-check:
+	bash scripts/cuda-check.sh
 
 ## bench: build the bundle; run build/gpu/bench.sh on a GPU machine
 bench: gpu-bundle
