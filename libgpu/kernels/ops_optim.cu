@@ -19,16 +19,20 @@ struct ops_adam_tensor {
     float* m;
     float* v;
     long long n;
+    float wd;  // this tensor's weight decay (0 for biases and norms)
 };
 
 struct ops_adam_args {
     ops_adam_tensor t[OPS_MT_MAX];
     int start[OPS_MT_MAX + 1];
     int count;
-    float lr, b1, b2, eps, wd;
-    const float* bc;  // {1 - b1^t, 1 - b2^t}, written by adamw_step
+    float lr, b1, b2, eps;
+    const float* bc;        // {1 - b1^t, 1 - b2^t}, written by adamw_step
+    const float* lr_scale;  // null, or a device scalar multiplying lr (a schedule)
 };
-static_assert(sizeof(ops_adam_args) == 1448, "ops_adam_args layout changed: update cuda_optim.go");
+static_assert(sizeof(ops_adam_args) == 1704, "ops_adam_args layout changed: update cuda_optim.go");
+static_assert(__builtin_offsetof(ops_adam_args, lr_scale) == 1696, "ops_adam_args layout changed");
+static_assert(__builtin_offsetof(ops_adam_tensor, wd) == 40, "ops_adam_tensor layout changed");
 
 struct ops_sgd_tensor {
     float* p;
@@ -78,6 +82,9 @@ extern "C" __global__ void adamw_step(int* step, float* bc, float b1, float b2) 
 //	p <- p (1 - lr wd)
 //	m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
 //	p <- p - lr (m / bc1) / (sqrt(v / bc2) + eps)
+//
+// with lr = a.lr · *a.lr_scale when lr_scale is set (read on the device, so
+// a replayed graph follows a schedule) and wd per tensor (param groups).
 extern "C" __global__ void adamw_multi(const __grid_constant__ ops_adam_args a) {
     int ti = gpukit_mt_find(a.start, a.count, blockIdx.x);
     const ops_adam_tensor& T = a.t[ti];
@@ -87,14 +94,15 @@ extern "C" __global__ void adamw_multi(const __grid_constant__ ops_adam_args a) 
         hi = T.n;
     }
     float bc1 = a.bc[0], bc2 = a.bc[1];
-    float decay = 1.0f - a.lr * a.wd;
+    float lr = a.lr_scale ? a.lr * *a.lr_scale : a.lr;
+    float decay = 1.0f - lr * T.wd;
     for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {
         float g = T.g[k];
         float m = a.b1 * T.m[k] + (1.0f - a.b1) * g;
         float v = a.b2 * T.v[k] + (1.0f - a.b2) * g * g;
         T.m[k] = m;
         T.v[k] = v;
-        T.p[k] = T.p[k] * decay - a.lr * (m / bc1) / (sqrtf(v / bc2) + a.eps);
+        T.p[k] = T.p[k] * decay - lr * (m / bc1) / (sqrtf(v / bc2) + a.eps);
     }
 }
 

@@ -15,12 +15,14 @@ func TestCUDAMultiTensorArgsLayout(t *testing.T) {
 		what      string
 		got, want uintptr
 	}{
-		{"sizeof(ops_adam_tensor)", unsafe.Sizeof(mtAdamTensor{}), 40},
-		{"sizeof(ops_adam_args)", unsafe.Sizeof(a), 1448},
-		{"offsetof(ops_adam_args, start)", unsafe.Offsetof(a.start), 1280},
-		{"offsetof(ops_adam_args, count)", unsafe.Offsetof(a.count), 1412},
-		{"offsetof(ops_adam_args, lr)", unsafe.Offsetof(a.lr), 1416},
-		{"offsetof(ops_adam_args, bc)", unsafe.Offsetof(a.bc), 1440},
+		{"sizeof(ops_adam_tensor)", unsafe.Sizeof(mtAdamTensor{}), 48},
+		{"sizeof(ops_adam_args)", unsafe.Sizeof(a), 1704},
+		{"offsetof(ops_adam_tensor, wd)", unsafe.Offsetof(mtAdamTensor{}.wd), 40},
+		{"offsetof(ops_adam_args, start)", unsafe.Offsetof(a.start), 1536},
+		{"offsetof(ops_adam_args, count)", unsafe.Offsetof(a.count), 1668},
+		{"offsetof(ops_adam_args, lr)", unsafe.Offsetof(a.lr), 1672},
+		{"offsetof(ops_adam_args, bc)", unsafe.Offsetof(a.bc), 1688},
+		{"offsetof(ops_adam_args, lr_scale)", unsafe.Offsetof(a.lrScale), 1696},
 		{"sizeof(ops_sgd_tensor)", unsafe.Sizeof(mtSGDTensor{}), 32},
 		{"sizeof(ops_sgd_args)", unsafe.Sizeof(s), 1176},
 		{"offsetof(ops_sgd_args, count)", unsafe.Offsetof(s.count), 1156},

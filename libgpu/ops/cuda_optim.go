@@ -25,16 +25,19 @@ const (
 type mtAdamTensor struct {
 	p, g, m, v cuda.DevicePtr
 	n          int64
+	wd         float32
+	_          [4]byte
 }
 
-// mtAdamArgs mirrors ops_adam_args (1448 bytes, asserted in the .cu and in
+// mtAdamArgs mirrors ops_adam_args (1704 bytes, asserted in the .cu and in
 // the tests).
 type mtAdamArgs struct {
-	t                   [mtMax]mtAdamTensor
-	start               [mtMax + 1]int32
-	count               int32
-	lr, b1, b2, eps, wd float32
-	bc                  cuda.DevicePtr
+	t               [mtMax]mtAdamTensor
+	start           [mtMax + 1]int32
+	count           int32
+	lr, b1, b2, eps float32
+	bc              cuda.DevicePtr
+	lrScale         cuda.DevicePtr
 }
 
 // mtSGDTensor mirrors ops_sgd_tensor.
@@ -111,10 +114,10 @@ func (c *cudaImpl) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tens
 				continue
 			}
 			a := &mtAdamArgs{start: g.start, count: int32(g.hi - g.lo),
-				lr: cfg.LR, b1: cfg.Beta1, b2: cfg.Beta2, eps: cfg.Eps, wd: cfg.WeightDecay, bc: c.bc}
+				lr: cfg.LR, b1: cfg.Beta1, b2: cfg.Beta2, eps: cfg.Eps, bc: c.bc, lrScale: devPtr(cfg.LRScale)}
 			for i := g.lo; i < g.hi; i++ {
 				a.t[i-g.lo] = mtAdamTensor{p: devPtr(params[i]), g: devPtr(grads[i]), m: devPtr(m[i]),
-					v: devPtr(v[i]), n: int64(params[i].Numel())}
+					v: devPtr(v[i]), n: int64(params[i].Numel()), wd: cfg.decay(i)}
 			}
 			if err := c.launch(c.fn.adamMulti, [3]uint32{g.blocks(), 1, 1}, [3]uint32{mtBlock, 1, 1},
 				unsafe.Pointer(a)); err != nil {

@@ -224,6 +224,14 @@ func (e *Engine) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tensor
 	if err := e.checkGroups("adamw", []string{"params", "grads", "m", "v"}, params, grads, m, v); err != nil {
 		return err
 	}
+	if cfg.NoDecay != nil && len(cfg.NoDecay) != len(params) {
+		return fmt.Errorf("%w: adamw NoDecay has %d entries for %d params", ErrConfig, len(cfg.NoDecay), len(params))
+	}
+	if cfg.LRScale != nil {
+		if err := e.check("adamw LRScale", cfg.LRScale, tensor.F32, 1); err != nil {
+			return err
+		}
+	}
 	if step == nil {
 		return fmt.Errorf("%w: adamw step is missing", tensor.ErrShape)
 	}

@@ -200,8 +200,16 @@ func (h *hostImpl) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tens
 	bc1 := 1 - math.Pow(float64(cfg.Beta1), t)
 	bc2 := 1 - math.Pow(float64(cfg.Beta2), t)
 	lr, b1, b2 := float64(cfg.LR), float64(cfg.Beta1), float64(cfg.Beta2)
-	eps, wd := float64(cfg.Eps), float64(cfg.WeightDecay)
+	eps := float64(cfg.Eps)
+	if cfg.LRScale != nil {
+		sc, err := cfg.LRScale.F32()
+		if err != nil {
+			return fmt.Errorf("ops: host backend: %w", err)
+		}
+		lr = float64(float32(cfg.LR) * sc[0]) // the f32 product, as the kernel forms it
+	}
 	for i := range params {
+		wd := float64(cfg.decay(i))
 		s, err := f32s(params[i], grads[i], m[i], v[i])
 		if err != nil {
 			return err

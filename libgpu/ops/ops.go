@@ -65,8 +65,25 @@ const (
 //	m ← β1·m + (1−β1)·g;  v ← β2·v + (1−β2)·g²
 //	m̂ = m/(1−β1ᵗ);  v̂ = v/(1−β2ᵗ)
 //	p ← p − lr·(m̂/(√v̂ + eps) + wd·p)
+//
+// LRScale, when set, is an f32 scalar on the engine's device that
+// multiplies LR when the update runs (a learning-rate schedule that a
+// captured CUDA graph follows: the caller rewrites the scalar, not the
+// graph). NoDecay, when set (one entry per parameter), exempts parameters
+// from weight decay, as PyTorch parameter groups with weight_decay 0 do for
+// biases and norm weights.
 type AdamWConfig struct {
 	LR, Beta1, Beta2, Eps, WeightDecay float32
+	LRScale                            *tensor.Tensor
+	NoDecay                            []bool
+}
+
+// decay is the weight decay of parameter i.
+func (c AdamWConfig) decay(i int) float32 {
+	if i < len(c.NoDecay) && c.NoDecay[i] {
+		return 0
+	}
+	return c.WeightDecay
 }
 
 // DefaultAdamW is PyTorch's torch.optim.AdamW default (lr 1e-3, betas

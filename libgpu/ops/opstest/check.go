@@ -351,7 +351,13 @@ func (s *suite) softmaxCEGradFD(t *testing.T) {
 var paramShapes = [][]int{{5, 3}, {7}, {1}, {17, 9}}
 
 func (s *suite) adamw(t *testing.T) {
-	for _, cfg := range []ops.AdamWConfig{ops.DefaultAdamW, {LR: 3e-2, Beta1: 0.8, Beta2: 0.95, Eps: 1e-6, WeightDecay: 0.1}} {
+	// The third configuration follows a schedule through LRScale (a device
+	// scalar rewritten before every step) and exempts two params from
+	// weight decay (NoDecay).
+	sched := Upload(t, s.a, []float32{1}, 1)
+	scheduled := ops.AdamWConfig{LR: 2e-2, Beta1: 0.9, Beta2: 0.99, Eps: 1e-8, WeightDecay: 0.1,
+		LRScale: sched, NoDecay: []bool{false, true, true, false}}
+	for _, cfg := range []ops.AdamWConfig{ops.DefaultAdamW, {LR: 3e-2, Beta1: 0.8, Beta2: 0.95, Eps: 1e-6, WeightDecay: 0.1}, scheduled} {
 		for _, start := range []int32{0, 41} {
 			var ps, gs, ms, vs []*tensor.Tensor
 			var pf, mf, vf [][]float64
@@ -381,13 +387,25 @@ func (s *suite) adamw(t *testing.T) {
 			}
 			step := UploadI32(t, s.a, []int32{start}, 1)
 			for k := 1; k <= 5; k++ {
-				name := fmt.Sprintf("%+v/start=%d/step %d", cfg, start, k)
+				name := fmt.Sprintf("lr=%g,wd=%g,scheduled=%v/start=%d/step %d", cfg.LR, cfg.WeightDecay, cfg.LRScale != nil, start, k)
+				ref := cfg
+				if cfg.LRScale != nil {
+					scale := float32(0.5 + 0.25*float64(k))
+					if err := cfg.LRScale.WriteF32([]float32{scale}); err != nil {
+						t.Fatal(err)
+					}
+					ref.LR = cfg.LR * scale
+				}
 				for i, g := range gs {
 					gv := Rand(s.r, g.Numel())
 					if err := g.WriteF32(gv); err != nil {
 						t.Fatal(err)
 					}
-					AdamWRef(pf[i], F64(gv), mf[i], vf[i], int(start)+k, cfg)
+					ri := ref
+					if i < len(cfg.NoDecay) && cfg.NoDecay[i] {
+						ri.WeightDecay = 0
+					}
+					AdamWRef(pf[i], F64(gv), mf[i], vf[i], int(start)+k, ri)
 				}
 				if err := s.e.AdamW(ps, gs, ms, vs, step, cfg); err != nil {
 					t.Fatalf("%s: %v", name, err)

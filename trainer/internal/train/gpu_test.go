@@ -46,8 +46,8 @@ func trainRandom(t *testing.T, d *device.CUDA, cfg Config, prec ops.Precision, g
 		t.Fatal(err)
 	}
 	defer st.close()
-	if _, ok := st.(*cudaStepper); !ok {
-		t.Fatalf("stepper %T on %v", st, d)
+	if !e.IsGraphCapable() {
+		t.Fatalf("engine on %v is not a CUDA engine", d)
 	}
 	r := rand.New(rand.NewPCG(seed, 4))
 	var losses, norms []float32

@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"unsafe"
 
-	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/data"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
@@ -14,231 +12,191 @@ import (
 	"gpukit/libgpu/trace"
 )
 
-// stepper runs training steps of a model on an engine. Each step: batch()
-// returns host slices for the next batch (waiting, on a GPU, until the
-// staging memory is free), the caller fills them, then run() trains on them.
-type stepper interface {
-	batch() (x []float32, y []int32, err error)
-	run() error
-	close() error
+// stepRunner runs training steps whose inputs (a batch, a learning rate)
+// go through staging memory into static tensors on the engine's device:
+// stage returns a slot's staging bytes for the host to fill, run queues
+// the copies into the inputs and the step (compute) on the engine. Slots
+// cycle, so the host fills one while the device runs the step that reads
+// another; before a slot is refilled, stage waits for the event recorded
+// after its last step. Nothing inside a step waits for the host.
+//
+// With graph (CUDA only), the first step runs eagerly — it sizes scratch
+// buffers, compiles kernels and picks GEMM algorithms — and then the step
+// is captured once per slot (the copies' source addresses differ) and
+// every later step is one graph launch. State that changes across steps
+// (the optimizer's step counter, dropout's counter) lives on the device,
+// and what the host changes (the learning rate) travels as an input, so
+// replays need no re-capture.
+type stepRunner struct {
+	e       *ops.Engine
+	inputs  []*tensor.Tensor
+	offs    []int64
+	compute func(gt *trace.GPUTimer) error
+	graph   bool
+
+	n     int // steps run
+	slots [slots]runSlot
+	gt    *trace.GPUTimer // GPU spans on the stream (nil: tracing off or host)
 }
 
-// newStepper picks the stepper for e's device: the host one, or the CUDA
-// one (pinned staging, and with graph a CUDA graph of the whole step).
-func newStepper(e *ops.Engine, m *model, graph bool) (stepper, error) {
-	cd, ok := e.Device().(device.CUDADevice)
-	if !ok || e.Device().Kind() != device.KindCUDA {
-		b, d := m.mlp.Config().Batch, m.cfg.Widths[0]
-		return &hostStepper{e: e, m: m, x: make([]float32, b*d), y: make([]int32, b)}, nil
-	}
-	st, ok := e.Impl().(ops.Streamer)
-	if !ok {
-		return nil, fmt.Errorf("%w: the CUDA backend exposes no stream", ops.ErrNoBackend)
-	}
-	return newCUDAStepper(e, cd, st.Stream(), m, graph)
+type runSlot struct {
+	staging *ops.Staging
+	done    *ops.Event
+	g       *ops.CapturedGraph
+	used    bool
 }
 
-// hostStepper writes the batch with tensor writes and runs the ops eagerly.
-type hostStepper struct {
-	e *ops.Engine
-	m *model
-	x []float32
-	y []int32
-}
-
-func (h *hostStepper) batch() ([]float32, []int32, error) { return h.x, h.y, nil }
-
-func (h *hostStepper) run() error {
-	if err := h.m.mlp.Input().WriteF32(h.x); err != nil {
-		return err
-	}
-	if err := h.m.mlp.Labels().Write(tensor.AsBytes(h.y)); err != nil {
-		return err
-	}
-	return h.m.compute(h.e, nil)
-}
-
-func (h *hostStepper) close() error { return nil }
-
-// slots is the number of pinned staging buffers (and graphs) the CUDA
-// stepper cycles through: the host fills one while the GPU runs the step
-// that reads another.
+// slots is the number of staging buffers (and graphs) the runner cycles through.
 const slots = 2
 
-// cudaStepper moves each batch through pinned host memory: the host fills
-// slot s, then the step queues cuMemcpyHtoDAsync from slot s into the
-// model's static input and label buffers, forward, backward, clipping and
-// the optimizer, all on the engine's stream, and records slot s's event.
-// Before slot s is filled again the host waits for that event (the step
-// two steps back), so filling overlaps the GPU's work and nothing inside a
-// step waits for the host.
-//
-// With graph, the first step runs eagerly (it sizes the backend's scratch
-// buffers and picks GEMM algorithms); then the step is captured once per
-// slot (the copy's source address differs) and every later step is one
-// cuGraphLaunch. The AdamW step counter lives on the device, so replays
-// advance it; the learning rate is baked into the graphs.
-type cudaStepper struct {
-	e      *ops.Engine
-	dev    device.CUDADevice
-	stream cuda.Stream
-	m      *model
-	graph  bool
-
-	n      int // steps run
-	xBytes int64
-	yBytes int64
-	host   [slots]unsafe.Pointer // pinned: x then y
-	done   [slots]cuda.Event
-	used   [slots]bool
-	graphs [slots]cuda.Graph
-	execs  [slots]cuda.GraphExec
-	gt     *trace.GPUTimer // GPU spans on the stream (nil: tracing off)
-}
-
-func newCUDAStepper(e *ops.Engine, cd device.CUDADevice, s cuda.Stream, m *model, graph bool) (*cudaStepper, error) {
-	c := &cudaStepper{e: e, dev: cd, stream: s, m: m, graph: graph,
-		xBytes: m.mlp.Input().Bytes(), yBytes: m.mlp.Labels().Bytes()}
-	err := cd.Do(func() error {
-		for i := range slots {
-			p, err := cuda.MemHostAlloc(c.xBytes + c.yBytes)
-			if err != nil {
-				return fmt.Errorf("pinned staging of %d bytes: %w", c.xBytes+c.yBytes, err)
-			}
-			c.host[i] = p
-			if c.done[i], err = cuda.EventCreate(cuda.EventDisableTiming); err != nil {
-				return err
-			}
-		}
+// newStepRunner makes a runner for inputs (contiguous device tensors,
+// copied in this order from each slot's staging memory) and compute, which
+// queues one step on e (gt: time its phases on the GPU when non-nil).
+// graph asks for CUDA graph replay; the host ignores it.
+func newStepRunner(e *ops.Engine, inputs []*tensor.Tensor, compute func(gt *trace.GPUTimer) error, graph bool) (*stepRunner, error) {
+	r := &stepRunner{e: e, inputs: inputs, compute: compute, graph: graph && e.IsGraphCapable()}
+	var size int64
+	for _, t := range inputs {
+		r.offs = append(r.offs, size)
+		size += (t.Bytes() + 15) / 16 * 16
+	}
+	for i := range r.slots {
 		var err error
-		c.gt, err = trace.NewGPUTimer(trace.Default(), cd.Context(), s, gpuTimerName)
-		return err
-	})
-	if err != nil {
-		c.close()
-		return nil, fmt.Errorf("train: %w", err)
-	}
-	return c, nil
-}
-
-func (c *cudaStepper) slot() int { return c.n % slots }
-
-func (c *cudaStepper) batch() ([]float32, []int32, error) {
-	s := c.slot()
-	if c.used[s] {
-		if err := c.dev.Do(c.done[s].Synchronize); err != nil {
-			return nil, nil, fmt.Errorf("train: waiting for step %d: %w", c.n-slots+1, err)
+		if r.slots[i].staging, err = e.NewStaging(max(size, 16)); err != nil {
+			r.close()
+			return nil, fmt.Errorf("train: %w", err)
+		}
+		if r.slots[i].done, err = e.NewEvent(false); err != nil {
+			r.close()
+			return nil, fmt.Errorf("train: %w", err)
 		}
 	}
-	x := unsafe.Slice((*float32)(c.host[s]), c.xBytes/4)
-	y := unsafe.Slice((*int32)(unsafe.Add(c.host[s], c.xBytes)), c.yBytes/4)
-	return x, y, nil
-}
-
-// queue queues the copies of slot s and the whole step on the stream, on
-// one pinned thread with the context current. gt, when set, times each
-// phase on the GPU: pass nil while capturing.
-func (c *cudaStepper) queue(s int, gt *trace.GPUTimer) error {
-	return c.dev.Do(func() error {
-		err := cuda.MemcpyHtoDAsync(cuda.DevicePtr(c.m.mlp.Input().Ptr()), c.host[s], c.xBytes, c.stream)
-		if err == nil {
-			err = cuda.MemcpyHtoDAsync(cuda.DevicePtr(c.m.mlp.Labels().Ptr()), unsafe.Add(c.host[s], c.xBytes), c.yBytes, c.stream)
-		}
-		if err != nil {
-			return fmt.Errorf("train: batch copy: %w", err)
-		}
-		return c.m.compute(c.e, gt)
-	})
-}
-
-// capture records the step of slot s into a graph and instantiates it, on
-// one pinned thread (thread-local capture mode).
-func (c *cudaStepper) capture(s int) error {
-	return c.dev.Do(func() error {
-		if err := c.stream.BeginCapture(cuda.CaptureModeThreadLocal); err != nil {
-			return err
-		}
-		qerr := c.queue(s, nil) // no events may be recorded into the graph
-		g, err := c.stream.EndCapture()
-		if qerr != nil {
-			if err == nil {
-				g.Destroy()
+	if cd, ok := e.Device().(device.CUDADevice); ok {
+		if st, ok := e.Impl().(ops.Streamer); ok {
+			var err error
+			if r.gt, err = trace.NewGPUTimer(trace.Default(), cd.Context(), st.Stream(), gpuTimerName); err != nil {
+				r.close()
+				return nil, fmt.Errorf("train: %w", err)
 			}
-			return qerr
 		}
-		if err != nil {
-			return err
+	}
+	return r, nil
+}
+
+func (r *stepRunner) slot() int { return r.n % slots }
+
+// stage waits until the current slot's staging memory is free and returns
+// it; input i occupies [offs[i], offs[i]+Bytes) (see view).
+func (r *stepRunner) stage() ([]byte, error) {
+	s := &r.slots[r.slot()]
+	if s.used {
+		if err := s.done.Wait(); err != nil {
+			return nil, fmt.Errorf("train: waiting for step %d: %w", r.n-slots+1, err)
 		}
-		x, err := g.Instantiate()
-		if err != nil {
-			g.Destroy()
-			return err
+	}
+	return s.staging.Bytes(), nil
+}
+
+// view is input i's part of a slot's staging bytes.
+func (r *stepRunner) view(b []byte, i int) []byte {
+	return b[r.offs[i] : r.offs[i]+r.inputs[i].Bytes()]
+}
+
+// queue queues the slot's copies and the step on one device thread.
+func (r *stepRunner) queue(s int, gt *trace.GPUTimer) error {
+	return r.e.Do(func() error {
+		for i, t := range r.inputs {
+			if err := r.e.CopyIn(t, r.slots[s].staging, r.offs[i]); err != nil {
+				return fmt.Errorf("train: input copy: %w", err)
+			}
 		}
-		c.graphs[s], c.execs[s] = g, x
-		return nil
+		return r.compute(gt)
 	})
 }
 
-func (c *cudaStepper) run() error {
-	s := c.slot()
+// run queues the step on the slot staged last (see stage).
+func (r *stepRunner) run() error {
+	si := r.slot()
+	s := &r.slots[si]
 	switch {
-	case !c.graph || c.n == 0:
-		if err := c.queue(s, c.gt); err != nil {
+	case !r.graph || r.n == 0:
+		if err := r.queue(si, r.gt); err != nil {
 			return err
 		}
 	default:
-		if c.execs[s] == 0 {
+		if s.g == nil {
 			p := beginPhase(nil, spanCapture)
-			err := c.capture(s)
+			g, err := r.e.Capture(func() error { return r.queue(si, nil) }) // no events inside a graph
 			p.end()
 			if err != nil {
 				return fmt.Errorf("train: capturing the step as a CUDA graph: %w", err)
 			}
+			s.g = g
 		}
-		err := c.dev.Do(func() error {
-			p := beginPhase(c.gt, spanReplay)
-			err := c.execs[s].Launch(c.stream)
-			p.end()
-			return err
-		})
+		p := beginPhase(r.gt, spanReplay)
+		err := s.g.Launch()
+		p.end()
 		if err != nil {
 			return fmt.Errorf("train: graph launch: %w", err)
 		}
 	}
-	if err := c.dev.Do(func() error { return c.done[s].Record(c.stream) }); err != nil {
+	if err := s.done.Record(); err != nil {
 		return err
 	}
-	c.used[s] = true
-	c.n++
+	s.used = true
+	r.n++
 	return nil
 }
 
-// close waits for the stream and frees graphs, events and staging memory.
-func (c *cudaStepper) close() error {
-	return c.dev.Do(func() error {
-		var errs []error
-		errs = append(errs, c.stream.Synchronize())
-		if err := c.gt.Close(); err != nil {
+// close waits for the device and frees graphs, events and staging memory.
+func (r *stepRunner) close() error {
+	errs := []error{r.e.Sync()}
+	if r.gt != nil {
+		if err := r.gt.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("trace: %w", err))
 		}
-		c.gt = nil
-		for i := range slots {
-			if c.execs[i] != 0 {
-				errs = append(errs, c.execs[i].Destroy())
-			}
-			if c.graphs[i] != 0 {
-				errs = append(errs, c.graphs[i].Destroy())
-			}
-			if c.done[i] != 0 {
-				errs = append(errs, c.done[i].Destroy())
-			}
-			if c.host[i] != nil {
-				errs = append(errs, cuda.MemFreeHost(c.host[i]))
-			}
+		r.gt = nil
+	}
+	for i := range r.slots {
+		s := &r.slots[i]
+		if s.g != nil {
+			errs = append(errs, s.g.Close())
 		}
-		c.execs, c.graphs, c.done, c.host = [slots]cuda.GraphExec{}, [slots]cuda.Graph{}, [slots]cuda.Event{}, [slots]unsafe.Pointer{}
-		return errors.Join(errs...)
-	})
+		if s.done != nil {
+			errs = append(errs, s.done.Close())
+		}
+		if s.staging != nil {
+			errs = append(errs, s.staging.Close())
+		}
+		*s = runSlot{}
+	}
+	return errors.Join(errs...)
+}
+
+// mlpStepper runs the MLP's steps: the batch's normalised pixels and labels
+// are its inputs.
+type mlpStepper struct {
+	*stepRunner
+	m *model
+}
+
+// newStepper makes the MLP's step runner on e (graph: CUDA graph replay).
+func newStepper(e *ops.Engine, m *model, graph bool) (*mlpStepper, error) {
+	r, err := newStepRunner(e, []*tensor.Tensor{m.mlp.Input(), m.mlp.Labels()},
+		func(gt *trace.GPUTimer) error { return m.compute(e, gt) }, graph)
+	if err != nil {
+		return nil, err
+	}
+	return &mlpStepper{stepRunner: r, m: m}, nil
+}
+
+// batch waits for a free slot and returns its input and label memory.
+func (s *mlpStepper) batch() ([]float32, []int32, error) {
+	b, err := s.stage()
+	if err != nil {
+		return nil, nil, err
+	}
+	return tensor.BytesAs[float32](s.view(b, 0)), tensor.BytesAs[int32](s.view(b, 1)), nil
 }
 
 // closeEngine releases the engine's backend resources (the CUDA backend's

@@ -163,7 +163,7 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 	defer st.close()
 	if o.Log != nil {
 		how := "f32 (the host computes every precision in f32)"
-		if _, gpu := st.(*cudaStepper); gpu {
+		if eng.IsGraphCapable() {
 			how = fmt.Sprintf("%s GEMMs, CUDA graph %s", precisionName(o.Precision), map[bool]string{true: "on", false: "off"}[o.Graph])
 		}
 		fmt.Fprintf(o.Log, "trainer: training on %v: %s\n", o.Alloc.Device(), how)
