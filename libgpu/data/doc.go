@@ -1,5 +1,7 @@
 // Package data owns datasets: the Fashion-MNIST IDX reader, pixel
-// normalisation, seeded per-epoch shuffling and fixed-size batches.
+// normalisation, seeded per-epoch shuffling and fixed-size batches; and
+// text corpora for language models (a character tokenizer, the train and
+// validation split, seeded random blocks).
 //
 // Files are the four IDX files of Fashion-MNIST (Xiao, Rasul & Vollgraf 2017,
 // https://github.com/zalandoresearch/fashion-mnist), gzip'd or not; on Debian
