@@ -136,6 +136,11 @@ func (o *AdamW) Step(e *ops.Engine) error {
 	return e.AdamW(o.s.params, o.s.grads, o.m, o.v, o.step, o.cfg)
 }
 
+// Counter is the device's i32 step counter ([1]): the number of steps
+// taken, incremented on the device by every Step (dropout keys its masks
+// on it, so a replayed graph draws new ones).
+func (o *AdamW) Counter() *tensor.Tensor { return o.step }
+
 // State implements Optimizer: exp_avg and exp_avg_sq per param in param
 // order, then "step".
 func (o *AdamW) State() []nn.Param { return o.s.state }
