@@ -1,3 +1,6 @@
+// NVRTC rejects some things clang takes (seen: __builtin_offsetof in a
+// static_assert); keep kernels to standard CUDA C++.
+#define __builtin_offsetof(t, m) __gpukit_no_offsetof_in_nvrtc
 // shim.h: enough of the CUDA toolkit's declarations for clang to compile
 // gpukit's kernels without the toolkit (-nocudainc -nocudalib), so
 // scripts/cuda-check.sh can catch C++ errors in kernels on a machine
