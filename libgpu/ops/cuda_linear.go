@@ -111,13 +111,20 @@ func (c *cudaImpl) gemm(spec cuda.GemmSpec, args cuda.GemmArgs) error {
 // with these shapes and types (remembered per spec); the caller then takes
 // the unfused path.
 func (c *cudaImpl) tryFused(spec cuda.GemmSpec, args cuda.GemmArgs) (bool, error) {
+	return c.tryFusedWith(spec, args, c.gemm)
+}
+
+// tryFusedWith is tryFused running the GEMM through gemm: c.gemm, which
+// sets the types from the engine's precision (the MLP's f32 Linear), or
+// c.ltMatmul, which keeps the spec's own (the GEMM family).
+func (c *cudaImpl) tryFusedWith(spec cuda.GemmSpec, args cuda.GemmArgs, gemm func(cuda.GemmSpec, cuda.GemmArgs) error) (bool, error) {
 	if c.noFuse {
 		return false, nil
 	}
 	if _, bad := c.rejected[spec]; bad {
 		return false, nil
 	}
-	err := c.gemm(spec, args)
+	err := gemm(spec, args)
 	switch {
 	case err == nil:
 		return true, nil

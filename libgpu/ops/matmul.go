@@ -350,7 +350,7 @@ func (c *cudaImpl) matmul(m *Matmul, s *mmShape) error {
 		if hasBias {
 			fa.Bias = devPtr(m.Bias)
 		}
-		ok, err := c.tryFused(fs, fa)
+		ok, err := c.tryFusedWith(fs, fa, c.ltMatmul)
 		if err != nil || ok {
 			return err
 		}
@@ -368,6 +368,11 @@ func (c *cudaImpl) matmul(m *Matmul, s *mmShape) error {
 		return c.mmColsum(m.D.DType, devPtr(m.BiasGrad), devPtr(s.a), int64(s.k), s.m, s.lda, m.Accumulate)
 	}
 	return nil
+}
+
+// ltMatmul runs a GEMM exactly as specified on the backend's stream.
+func (c *cudaImpl) ltMatmul(spec cuda.GemmSpec, args cuda.GemmArgs) error {
+	return c.lt.Matmul(spec, args, c.stream)
 }
 
 // matmulEmptyK handles K = 0: the product is zero.
