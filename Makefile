@@ -10,16 +10,65 @@ BIN         ?= bin
 GO          ?= go
 STATICCHECK_VERSION := v0.8.2
 export CGO_ENABLED := 0
+# BIN as an absolute path: the tools build in their module directories.
+BINDIR_BUILD := $(abspath $(BIN))
+# --version prints this (libgpu/cli); without it, "devel".
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+LDFLAGS     := -X gpukit/libgpu/cli.version=$(VERSION)
 
-.PHONY: all build test test-short lint demo ci gpu-bundle bench tidy-check clean deps cuda-check
+# make install: where things go. DESTDIR stages (packaging); the units name
+# $(BINDIR) and $(TMPFILESDIR) without it.
+PREFIX      ?= /usr/local
+DESTDIR     ?=
+BINDIR      ?= $(PREFIX)/bin
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
+UNITS       := gpupool.socket gpupool.service
+
+.PHONY: all build install systemd-check test test-short lint demo ci gpu-bundle bench tidy-check clean deps cuda-check
 
 all: build
 
-## build: static binaries of every tool into ./bin
+## build: static binaries of every tool into ./bin (BIN=DIR: elsewhere; a relative DIR is from here)
 build:
-	@mkdir -p $(BIN)
-	@for t in $(TOOLS); do (cd $$t && $(GO) build -trimpath -o ../$(BIN)/$$t .) || exit 1; done
-	@echo "built $(TOOLS) into $(BIN)/"
+	@mkdir -p $(BINDIR_BUILD)
+	@for t in $(TOOLS); do (cd $$t && $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BINDIR_BUILD)/$$t .) || exit 1; done
+	@echo "built $(TOOLS) into $(BINDIR_BUILD)/"
+
+## install: the tools into $(DESTDIR)$(BINDIR), the systemd units (their paths filled in) into $(UNITDIR), gpukit.conf into $(TMPFILESDIR)
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(TMPFILESDIR)
+	install -m 0755 $(addprefix $(BINDIR_BUILD)/,$(TOOLS)) $(DESTDIR)$(BINDIR)/
+	@for u in $(UNITS); do \
+		sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@TMPFILESDIR@|$(TMPFILESDIR)|g' examples/systemd/$$u.in >$(DESTDIR)$(UNITDIR)/$$u && \
+		chmod 0644 $(DESTDIR)$(UNITDIR)/$$u && echo "wrote $(DESTDIR)$(UNITDIR)/$$u" || exit 1; \
+	done
+	install -m 0644 examples/systemd/gpukit.conf $(DESTDIR)$(TMPFILESDIR)/gpukit.conf
+	@echo "installed $(TOOLS) into $(DESTDIR)$(BINDIR)/; for the pool under systemd, as root:" \
+		"groupadd --system gpukit && systemctl daemon-reload && systemctl enable --now gpupool.socket"
+
+## systemd-check: install into a temporary PREFIX and check the units with systemd-analyze verify, and that gpukit.conf gives the gpukit group the socket's directory (apt-get installs systemd when missing)
+systemd-check:
+	@if ! command -v systemd-analyze >/dev/null || ! command -v systemd-tmpfiles >/dev/null; then \
+		echo "installing systemd for systemd-analyze (apt-get)"; \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends systemd; \
+	fi
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(MAKE) --no-print-directory install PREFIX=$$tmp/prefix BIN=$$tmp/bin >/dev/null; \
+	if grep -rn '@[A-Z]*@\|/usr/local/bin' $$tmp/prefix/lib/systemd/system; then echo "systemd-check: a path left unfilled"; exit 1; fi; \
+	out=$$(cd $$tmp/prefix/lib/systemd/system && SYSTEMD_LOG_LEVEL=notice systemd-analyze verify $(UNITS) 2>&1) && [ -z "$$out" ] || \
+		{ echo "$$out"; echo "systemd-check: systemd-analyze verify $(UNITS) failed or warned"; exit 1; }; \
+	echo "systemd-check: systemd-analyze verify $(UNITS): ok"; \
+	if [ "$$(id -u)" = 0 ]; then \
+		mkdir -p $$tmp/root/etc $$tmp/root/run; \
+		printf 'root:x:0:0::/root:/bin/sh\n' >$$tmp/root/etc/passwd; \
+		printf 'root:x:0:\ngpukit:x:4242:\n' >$$tmp/root/etc/group; \
+		systemd-tmpfiles --create --root=$$tmp/root $$tmp/prefix/lib/tmpfiles.d/gpukit.conf; \
+		got=$$(stat -c '%U:%g %a' $$tmp/root/run/gpukit); \
+		[ "$$got" = "root:4242 750" ] || { echo "systemd-check: /run/gpukit is $$got, want root:gpukit(4242) 750"; exit 1; }; \
+		echo "systemd-check: gpukit.conf makes /run/gpukit root:gpukit 0750: ok"; \
+	else echo "systemd-check: not root; skipping the gpukit.conf check (it chowns)"; fi
 
 ## test: every package's tests (no GPU needed; GPU tests skip unless GPUKIT_REQUIRE_GPU=1)
 test: deps build
@@ -48,13 +97,13 @@ deps:
 
 ## demo: train a Fashion-MNIST classifier through the pool (GPU when there is one, else CPU)
 demo: deps build
-	GPUKIT_BIN=$(CURDIR)/$(BIN) bash examples/pipelines/train-fashion.sh
+	GPUKIT_BIN=$(BINDIR_BUILD) bash examples/pipelines/train-fashion.sh
 
-## ci: what .ci/run runs — lint, module checks, the README's test command, a clean tree
-ci: deps lint tidy-check
+## ci: what .ci/run runs — lint, module checks, the systemd units, the README's test command, a clean tree
+ci: deps lint tidy-check systemd-check
 	$(MAKE) test
 	@echo "pipeline (short mode): examples/pipelines/train-fashion.sh"
-	EPOCHS=1 LIMIT=3000 OUT=$$(mktemp -d) GPUKIT_BIN=$(CURDIR)/$(BIN) bash examples/pipelines/train-fashion.sh >/dev/null
+	EPOCHS=1 LIMIT=3000 OUT=$$(mktemp -d) GPUKIT_BIN=$(BINDIR_BUILD) bash examples/pipelines/train-fashion.sh >/dev/null
 	@git status --porcelain | grep -v '^??' && { echo "tracked files changed during ci"; exit 1; } || true
 
 ## gpu-bundle: static tools and GPU test binaries in build/gpu/ for a GPU machine

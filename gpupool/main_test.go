@@ -18,6 +18,7 @@ import (
 
 	"github.com/rogpeppe/go-internal/testscript"
 
+	"gpukit/libgpu/cli/clitest"
 	"gpukit/libgpu/pool"
 )
 
@@ -45,7 +46,8 @@ func TestMain(m *testing.M) {
 
 func TestScripts(t *testing.T) {
 	testscript.Run(t, testscript.Params{
-		Dir: "testdata/script",
+		Dir:  "testdata/script",
+		Cmds: clitest.Cmds(),
 		Setup: func(e *testscript.Env) error {
 			e.Setenv("PATH", binDir+string(os.PathListSeparator)+e.Getenv("PATH"))
 			e.Setenv("GPUKIT_POOL_SOCKET", "")

@@ -9,6 +9,7 @@ import (
 	"github.com/rogpeppe/go-internal/testscript"
 
 	"gpukit/kernelc/internal/app"
+	"gpukit/libgpu/cli/clitest"
 	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/kernels"
 	"gpukit/libgpu/kernels/cubintest"
@@ -30,7 +31,13 @@ func TestMain(m *testing.M) {
 //	                        16 B local) and gpukit_bound (12 regs, bound 256)
 //	cacheput DIR FILE       store FILE's bytes in the cache at DIR under Key(FILE)
 //	corruptone DIR          invert the last byte of the first cache entry in DIR
+//
+// and status, jsonlines and validjson from libgpu/cli/clitest.
 func TestScripts(t *testing.T) {
+	cmds := clitest.Cmds()
+	for name, f := range scriptCmds {
+		cmds[name] = f
+	}
 	testscript.Run(t, testscript.Params{
 		Dir: "testdata/script",
 		Setup: func(e *testscript.Env) error {
@@ -56,36 +63,38 @@ func TestScripts(t *testing.T) {
 			}
 			return false, nil
 		},
-		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
-			"mkcubin": func(ts *testscript.TestScript, neg bool, args []string) {
-				img := cubintest.Build(cubintest.Cubin{ABIVersion: 7, Flags: cubintest.Flags(7, 90, true),
-					Kernels: []cubintest.Kernel{
-						{Name: "gpukit_axpy", Registers: 37, RegRecord: true, SharedBytes: 1024, FrameBytes: 16},
-						{Name: "gpukit_bound", TextRegs: 12, MaxThreads: [3]int{256, 1, 1}},
-					}})
-				ts.Check(os.WriteFile(ts.MkAbs(args[0]), img, 0o644))
-			},
-			"cacheput": func(ts *testscript.TestScript, neg bool, args []string) {
-				c, err := kernels.OpenCache(ts.MkAbs(args[0]))
-				ts.Check(err)
-				b, err := os.ReadFile(ts.MkAbs(args[1]))
-				ts.Check(err)
-				ts.Check(c.Put(kernels.Key(b, nil, "test", "sm_90a"), b))
-			},
-			"corruptone": func(ts *testscript.TestScript, neg bool, args []string) {
-				c, err := kernels.OpenCache(ts.MkAbs(args[0]))
-				ts.Check(err)
-				es, err := c.List()
-				ts.Check(err)
-				if len(es) == 0 {
-					ts.Fatalf("no entries in %s", args[0])
-				}
-				p := filepath.Join(c.Dir(), es[0].Key)
-				b, err := os.ReadFile(p)
-				ts.Check(err)
-				b[len(b)-1] ^= 0xff
-				ts.Check(os.WriteFile(p, b, 0o644))
-			},
-		},
+		Cmds: cmds,
 	})
+}
+
+var scriptCmds = map[string]func(ts *testscript.TestScript, neg bool, args []string){
+	"mkcubin": func(ts *testscript.TestScript, neg bool, args []string) {
+		img := cubintest.Build(cubintest.Cubin{ABIVersion: 7, Flags: cubintest.Flags(7, 90, true),
+			Kernels: []cubintest.Kernel{
+				{Name: "gpukit_axpy", Registers: 37, RegRecord: true, SharedBytes: 1024, FrameBytes: 16},
+				{Name: "gpukit_bound", TextRegs: 12, MaxThreads: [3]int{256, 1, 1}},
+			}})
+		ts.Check(os.WriteFile(ts.MkAbs(args[0]), img, 0o644))
+	},
+	"cacheput": func(ts *testscript.TestScript, neg bool, args []string) {
+		c, err := kernels.OpenCache(ts.MkAbs(args[0]))
+		ts.Check(err)
+		b, err := os.ReadFile(ts.MkAbs(args[1]))
+		ts.Check(err)
+		ts.Check(c.Put(kernels.Key(b, nil, "test", "sm_90a"), b))
+	},
+	"corruptone": func(ts *testscript.TestScript, neg bool, args []string) {
+		c, err := kernels.OpenCache(ts.MkAbs(args[0]))
+		ts.Check(err)
+		es, err := c.List()
+		ts.Check(err)
+		if len(es) == 0 {
+			ts.Fatalf("no entries in %s", args[0])
+		}
+		p := filepath.Join(c.Dir(), es[0].Key)
+		b, err := os.ReadFile(p)
+		ts.Check(err)
+		b[len(b)-1] ^= 0xff
+		ts.Check(os.WriteFile(p, b, 0o644))
+	},
 }

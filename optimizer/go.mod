@@ -2,12 +2,19 @@ module gpukit/optimizer
 
 go 1.26.8
 
-require github.com/urfave/cli/v2 v2.27.7
+require (
+	github.com/rogpeppe/go-internal v1.16.0
+	github.com/urfave/cli/v2 v2.27.7
+	gpukit/libgpu v0.0.0-00010101000000-000000000000
+)
 
 require (
 	github.com/cpuguy83/go-md2man/v2 v2.0.7 // indirect
+	github.com/ebitengine/purego v0.11.3 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
 	github.com/xrash/smetrics v0.0.0-20240521201337-686a1a2994c1 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/tools v0.30.0 // indirect
 )
 
 replace gpukit/libgpu => ../libgpu

@@ -2,15 +2,10 @@
 package main
 
 import (
-	"fmt"
 	"os"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/sampler/internal/app"
 )
 
-func main() {
-	if err := app.New().Run(os.Args); err != nil {
-		fmt.Fprintln(os.Stderr, "sampler:", err)
-		os.Exit(app.ExitCode(err))
-	}
-}
+func main() { os.Exit(kit.Main(app.New(), os.Args)) }

@@ -17,7 +17,7 @@ stage=build/gpu-stage
 rm -rf "$out" "$stage"
 mkdir -p "$out" "$stage/bin" "$stage/tests" "$stage/bench"
 export CGO_ENABLED=0 GOOS=linux GOARCH=amd64
-ldflags='-s -w'
+ldflags="-s -w -X gpukit/libgpu/cli.version=$(git describe --tags --always --dirty 2>/dev/null || echo devel)"
 
 for t in gpupool kernelc trainer sampler optimizer tracer; do
 	(cd "$t" && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bin/$t" .)

@@ -2,17 +2,10 @@
 package main
 
 import (
-	"fmt"
 	"os"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/tracer/internal/app"
 )
 
-func main() {
-	if err := app.New().Run(os.Args); err != nil {
-		if msg := err.Error(); msg != "" {
-			fmt.Fprintln(os.Stderr, "tracer:", msg)
-		}
-		os.Exit(app.ExitCode(err))
-	}
-}
+func main() { os.Exit(kit.Main(app.New(), os.Args)) }

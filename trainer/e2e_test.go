@@ -266,7 +266,8 @@ func resumeEqualsUninterrupted(t *testing.T, dir, limit string, extra ...string)
 	if !strings.Contains(stderr.String(), "interrupted after step") {
 		t.Fatalf("the run was not interrupted: %s", stderr.String())
 	}
-	r2 := trainer(t, append([]string{"run", "--resume", split, "--log-every", "5", "--data", dir}, extra...)...)
+	// No --log-every: the resumed run keeps the run's own (5, not the default).
+	r2 := trainer(t, append([]string{"run", "--resume", split, "--data", dir}, extra...)...)
 	mustOK(t, r2)
 	got := append(parseLines(t, first.String()), parseLines(t, r2.stdout)...)
 	if len(got) != len(want) {
@@ -316,31 +317,35 @@ func TestBadInput(t *testing.T) {
 	}{
 		{[]string{"run", "--out", out, "--data", t.TempDir()}, 1, "not found"},
 		{[]string{"run", "--out", out, "--data", bad}, 1, "train-images-idx3-ubyte"},
-		{[]string{"run", "--data", dir}, 1, "--out"},
-		{[]string{"run", "--out", out, "--lr", "0"}, 1, "--lr"},
-		{[]string{"run", "--out", out, "--lr", "abc"}, 1, "lr"},
-		{[]string{"run", "--out", out, "--act", "tanh"}, 1, "--act"},
-		{[]string{"run", "--out", out, "--optim", "lbfgs"}, 1, "--optim"},
-		{[]string{"run", "--out", out, "--widths", "784,x,10"}, 1, "--widths"},
-		{[]string{"run", "--out", out, "--widths", "100,10", "--data", dir}, 1, "784 pixels"},
-		{[]string{"run", "--out", out, "--batch", "0"}, 1, "--batch"},
-		{[]string{"run", "--out", out, "--epochs", "0"}, 1, "--epochs"},
-		{[]string{"run", "--out", out, "--model", "cnn"}, 1, "--model"},
-		{[]string{"run", "--out", out, "--graph", "maybe"}, 1, "--graph"},
-		{[]string{"run", "--out", out, "--precision", "fp8"}, 1, "--precision"},
-		{[]string{"run", "--out", out, "--device", "tpu"}, 1, "--device"},
-		{[]string{"run", "--out", out, "--no-such-flag"}, 1, "no-such-flag"},
+		{[]string{"run", "--data", dir}, 2, "--out"},
+		{[]string{"run", "--out", out, "--lr", "0"}, 2, "--lr"},
+		{[]string{"run", "--out", out, "--lr", "abc"}, 2, "lr"},
+		{[]string{"run", "--out", out, "--act", "tanh"}, 2, "--act"},
+		{[]string{"run", "--out", out, "--optim", "lbfgs"}, 2, "--optim"},
+		{[]string{"run", "--out", out, "--widths", "784,x,10"}, 2, "--widths"},
+		{[]string{"run", "--out", out, "--widths", "100,10", "--data", dir}, 2, "784 pixels"},
+		{[]string{"run", "--out", out, "--batch", "0"}, 2, "--batch"},
+		{[]string{"run", "--out", out, "--epochs", "0"}, 2, "--epochs"},
+		{[]string{"run", "--out", out, "--model", "cnn"}, 2, "--model"},
+		{[]string{"run", "--out", out, "--graph", "maybe"}, 2, "--graph"},
+		{[]string{"run", "--out", out, "--precision", "fp8"}, 2, "--precision"},
+		{[]string{"run", "--out", out, "--device", "tpu"}, 2, "--device"},
+		{[]string{"run", "--out", out, "--no-such-flag"}, 2, "no-such-flag"},
+		{[]string{"run", "--out", out, "--log-every", "0", "--data", dir}, 2, "--log-every"},
+		{[]string{"run", "stray", "--out", out}, 2, `unexpected argument "stray"`},
 		{[]string{"run", "--out", out, "--data", dir, "--pool", filepath.Join(t.TempDir(), "none.sock")}, 1, "--pool"},
 		{[]string{"run", "--resume", t.TempDir()}, 1, "--resume"},
-		{[]string{"run", "--out", out, "--data", dir, "--limit", "10"}, 1, "no batch"},
+		{[]string{"run", "--out", out, "--data", dir, "--limit", "10"}, 2, "no batch"},
 		{[]string{"run", "--out", out, "--data", dir, "--device", "cuda:99"}, 1, "no such GPU"},
-		{[]string{"run", "--out", out, "--device", "gpu1"}, 1, "--device"},
-		{[]string{"run", "--out", out, "--clip", "-1"}, 1, "--clip"},
-		{[]string{"run", "--resume", t.TempDir(), "--clip", "1"}, 1, "--clip"},
+		{[]string{"run", "--out", out, "--device", "gpu1"}, 2, "--device"},
+		{[]string{"run", "--out", out, "--clip", "-1"}, 2, "--clip"},
+		{[]string{"run", "--resume", t.TempDir(), "--clip", "1"}, 2, "--clip"},
 		{[]string{"eval", "--ckpt", junk, "--data", dir}, 1, "junk.safetensors"},
 		{[]string{"eval", "--ckpt", filepath.Join(t.TempDir(), "none.safetensors")}, 1, "none.safetensors"},
-		{[]string{"eval"}, 1, "ckpt"},
-		{[]string{"init", "--out", junk, "--widths", "0,1"}, 1, "--widths"},
+		{[]string{"eval"}, 2, "ckpt"},
+		{[]string{"init", "--out", junk, "--widths", "0,1"}, 2, "--widths"},
+		{[]string{"init", "--out", junk}, 1, "exists; pass --force"},
+		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
 		{[]string{"bench"}, 2, "not built yet"},
 		{[]string{"serve", "--x"}, 2, "not built yet"},
 	}

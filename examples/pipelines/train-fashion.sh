@@ -12,7 +12,7 @@
 # Environment (all optional):
 #   GPUKIT_BIN    directory with the gpupool and trainer binaries (./bin)
 #   DATA          Fashion-MNIST IDX directory ($GPUKIT_DATA_DIR or /usr/share/datasets/fashion-mnist)
-#   OUT           run directory (${TMPDIR:-/tmp}/gpukit-train-fashion)
+#   OUT           run directory (${TMPDIR:-/tmp}/gpukit-train-fashion); a run already there is replaced
 #   DEVICE        auto, host or cuda[:N] (auto: a GPU when one answers)
 #   EPOCHS        passes over the training set (GPU 30, host 5)
 #   WIDTHS        MLP widths (GPU 784,1024,1024,10; host 784,256,256,10)
@@ -69,7 +69,7 @@ exec 3<&-
 [ -S "$sock" ] || { echo "train-fashion: gpupool printed $sock, which is not a socket" >&2; exit 1; }
 echo "train-fashion: pool ready at $sock" >&2
 
-"$bin/trainer" run --pool "$sock" --data "$data" --out "$out" --epochs "$epochs" --limit "$limit" \
+"$bin/trainer" run --pool "$sock" --data "$data" --out "$out" --force --epochs "$epochs" --limit "$limit" \
 	--widths "$widths" --batch "$batch" --log-every 100
 result=$("$bin/trainer" eval --ckpt "$out/model.safetensors" --data "$data")
 echo "$result"

@@ -5,38 +5,23 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/pool"
 )
 
-// ErrUsage marks bad command-line input (exit status 2).
-var ErrUsage = errors.New("usage")
+// ErrUsage marks bad command-line input (exit status 2); it is libgpu/cli's.
+var ErrUsage = kit.ErrUsage
 
 // ExitCode is the process exit status for an error returned by Run.
-func ExitCode(err error) int {
-	switch {
-	case err == nil:
-		return 0
-	case errors.Is(err, ErrUsage):
-		return 2
-	}
-	return 1
-}
+func ExitCode(err error) int { return kit.ExitCode(err) }
 
-// Main runs the app on args and returns the exit status, having printed
-// any error as one line on stderr.
-func Main(args []string) int {
-	err := New().Run(args)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "gpupool:", err)
-	}
-	return ExitCode(err)
-}
+// Main runs the app on args through libgpu/cli and returns the exit status,
+// having printed any error as one line on stderr.
+func Main(args []string) int { return kit.Main(New(), args) }
 
 const description = `gpupool owns memory that several processes share: it hands out buffers from
 slabs (CUDA VMM on a GPU, memfd in host memory) over a Unix socket, passes
@@ -55,28 +40,8 @@ func New() *cli.App {
 		Commands: []*cli.Command{
 			serveCommand, allocCommand, freeCommand, rmCommand, putCommand, getCommand, lsCommand, statsCommand,
 		},
-		HideHelpCommand: true,
-		Action: func(c *cli.Context) error {
-			if c.Args().Present() {
-				return fmt.Errorf("%w: unknown command %q (see gpupool --help)", ErrUsage, c.Args().First())
-			}
-			return cli.ShowAppHelp(c)
-		},
-		OnUsageError:   usageError,
-		ExitErrHandler: func(*cli.Context, error) {},
-	}
-	for _, c := range a.Commands {
-		c.OnUsageError = usageError
 	}
 	return a
-}
-
-func usageError(c *cli.Context, err error, isSub bool) error {
-	name := "gpupool"
-	if isSub && c.Command != nil {
-		name += " " + c.Command.Name
-	}
-	return fmt.Errorf("%w: %v (see %s --help)", ErrUsage, err, name)
 }
 
 // DefaultSocket is $GPUKIT_POOL_SOCKET, else $XDG_RUNTIME_DIR/gpukit/pool.sock,
@@ -125,29 +90,15 @@ func dial(c *cli.Context) (*pool.Client, error) {
 
 func clientFlags() []cli.Flag { return []cli.Flag{socketFlag(), waitFlag} }
 
-// ParseSize reads a byte count: a plain integer, or one with a suffix
-// K/M/G/T (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024), any case.
+// ParseSize reads a positive byte count as libgpu/cli spells sizes: 4096,
+// 64KiB (= 64K), 64KB (= 64000), 1.5GiB.
 func ParseSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	units := []struct {
-		suf string
-		mul int64
-	}{
-		{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30}, {"tib", 1 << 40},
-		{"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
-		{"k", 1e3}, {"m", 1e6}, {"g", 1e9}, {"t", 1e12}, {"b", 1},
+	n, err := kit.ParseSize(s)
+	if err == nil && n <= 0 {
+		err = fmt.Errorf("bad size %q: want a positive byte count like 4096, 64MiB or 1GB", s)
 	}
-	mul := int64(1)
-	lower := strings.ToLower(t)
-	for _, u := range units {
-		if strings.HasSuffix(lower, u.suf) {
-			t, mul = t[:len(t)-len(u.suf)], u.mul
-			break
-		}
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrUsage, err)
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(t), 10, 64)
-	if err != nil || n <= 0 || n > (1<<62)/mul {
-		return 0, fmt.Errorf("%w: bad size %q (a positive byte count like 4096, 64MiB or 1G)", ErrUsage, s)
-	}
-	return n * mul, nil
+	return n, nil
 }

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/pool"
 )
 
@@ -199,7 +199,7 @@ func shapeString(s []int64) string {
 var lsCommand = &cli.Command{
 	Name:  "ls",
 	Usage: "list the pool's allocations: name, size, dtype, shape, owner uid, age",
-	Flags: append(clientFlags(), &cli.BoolFlag{Name: "json", Usage: "print JSON"}),
+	Flags: append(clientFlags(), &cli.BoolFlag{Name: "json", Usage: "print JSON lines: one object per buffer"}),
 	Action: func(c *cli.Context) error {
 		if c.Args().Present() {
 			return fmt.Errorf("%w: ls takes no arguments (see gpupool ls --help)", ErrUsage)
@@ -214,12 +214,12 @@ var lsCommand = &cli.Command{
 			return err
 		}
 		if c.Bool("json") {
-			enc := json.NewEncoder(c.App.Writer)
-			enc.SetIndent("", "  ")
-			if bufs == nil {
-				bufs = []pool.BufferInfo{}
+			for _, b := range bufs {
+				if err := kit.JSONLine(c.App.Writer, b); err != nil {
+					return err
+				}
 			}
-			return enc.Encode(bufs)
+			return nil
 		}
 		w := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "NAME\tSIZE\tDTYPE\tSHAPE\tSLAB\tOFFSET\tLEASES\tKEPT\tSEALED\tUID\tPID\tAGE")
@@ -240,7 +240,7 @@ var lsCommand = &cli.Command{
 
 var statsCommand = &cli.Command{
 	Name:  "stats",
-	Usage: "print the pool's counters as JSON (bytes reserved, used, free, peak; slabs, clients, allocations, fragmentation)",
+	Usage: "print the pool's counters as one JSON line (bytes reserved, used, free, peak; slabs, clients, allocations, fragmentation)",
 	Flags: clientFlags(),
 	Action: func(c *cli.Context) error {
 		if c.Args().Present() {
@@ -255,8 +255,6 @@ var statsCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		enc := json.NewEncoder(c.App.Writer)
-		enc.SetIndent("", "  ")
-		return enc.Encode(s)
+		return kit.JSONLine(c.App.Writer, s)
 	},
 }

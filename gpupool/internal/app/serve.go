@@ -19,9 +19,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"gpukit/gpupool/internal/server"
+	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ipc"
-	"gpukit/libgpu/trace"
 )
 
 var serveCommand = &cli.Command{
@@ -39,7 +39,7 @@ allocations shared as fds; on the host they are memfds.`,
 		socketFlag(),
 		&cli.StringFlag{Name: "backend", Value: "auto", Usage: "auto, cuda or host: where slabs live (auto: a GPU when one answers, else host memory)"},
 		&cli.IntFlag{Name: "device", Usage: "CUDA device ordinal"},
-		&cli.StringFlag{Name: "slab", Value: "64MiB", Usage: "size of a shared slab (rounded up to the VMM granularity on a GPU); larger allocations get a slab of their own"},
+		kit.SizeFlag("slab", "64MiB", "size of a shared slab (rounded up to the VMM granularity on a GPU); larger allocations get a slab of their own"),
 		&cli.StringFlag{Name: "limit", Usage: "most bytes all slabs may reserve: a size, or N% of free device memory (cuda) or of RAM (host) (default: 90% on cuda, none on host)"},
 		&cli.DurationFlag{Name: "idle", Usage: "release a shared slab that stays empty this long (0: keep empty slabs)"},
 		&cli.BoolFlag{Name: "legacy-ipc", Usage: "make every buffer a cuMemAlloc buffer with a legacy CUipcMemHandle (CuPy, PyTorch); cuda only"},
@@ -50,7 +50,7 @@ allocations shared as fds; on the host they are memfds.`,
 		&cli.StringSliceFlag{Name: "quota-uid", Usage: "UID=BYTES: the most the buffers a uid creates may hold at once (repeatable)"},
 		&cli.StringFlag{Name: "metrics-addr", Usage: "HOST:PORT: serve the stats as Prometheus text at /metrics"},
 		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "log slabs and connection problems on stderr"},
-		&cli.StringFlag{Name: "trace", EnvVars: []string{trace.EnvSocket}, Usage: "SOCK: send a span per request and the reserved/used byte counters to the tracer collector at SOCK (tracer serve, or set by tracer record)"},
+		kit.TraceFlag("a span per request and the reserved/used byte counters"),
 	},
 	Action: serve,
 }
@@ -151,6 +151,15 @@ func listen(c *cli.Context) (*net.UnixListener, string, error) {
 		return l, l.Addr().String(), nil
 	}
 	path := socketPath(c)
+	// A socket path the user named must be in an existing directory; the
+	// default one's directory is made, and that is said on stderr.
+	mkdir, err := kit.CheckSocketDir(path, c.IsSet("socket") || os.Getenv("GPUKIT_POOL_SOCKET") != "")
+	if err != nil {
+		return nil, "", err
+	}
+	if mkdir != "" {
+		fmt.Fprintf(c.App.ErrWriter, "gpupool: making the socket directory %s\n", mkdir)
+	}
 	l, err := ipc.Listen(path)
 	if err != nil {
 		if errors.Is(err, ipc.ErrSocketInUse) {
@@ -210,13 +219,7 @@ func serve(c *cli.Context) error {
 		logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
 	}
 	cfg.Logf = logf
-	tr := trace.Setup(c.String("trace"), "gpupool")
-	defer func() {
-		tr.Close()
-		if s := tr.Summary(); s != "" {
-			fmt.Fprintln(c.App.ErrWriter, "gpupool: "+s)
-		}
-	}()
+	defer kit.StartTrace(c)()
 
 	src, closeSrc, err := source(c)
 	if err != nil {
@@ -268,7 +271,11 @@ func serve(c *cli.Context) error {
 	defer signal.Stop(sigs)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
-	logf("gpupool: %s backend, slabs of %d bytes, limit %d", src.Backend(), p.Config().SlabSize, cfg.Limit)
+	limit := "none"
+	if cfg.Limit > 0 {
+		limit = kit.FormatSize(cfg.Limit)
+	}
+	logf("gpupool: %s backend, slabs of %s, limit %s", src.Backend(), kit.FormatSize(p.Config().SlabSize), limit)
 	fmt.Fprintln(c.App.Writer, path)
 	daemon.SdNotify(false, daemon.SdNotifyReady)
 	var serr error

@@ -1,58 +1,54 @@
 package app
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/urfave/cli/v2"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/kernels"
-	"gpukit/libgpu/trace"
 )
 
-// New returns the kernelc command.
+// New returns the kernelc command; Main runs it.
 func New() *cli.App {
+	var stopTrace func()
 	return &cli.App{
 		Name:  "kernelc",
 		Usage: "compile CUDA C++ with NVRTC, report kernel resources, manage the kernel cache",
 		Description: "kernelc compiles .cu files to cubins (or PTX) for one GPU architecture through the " +
 			"content-addressed cache libgpu uses, reads registers, shared and local memory of each kernel " +
 			"from a cubin (no GPU needed), and lists, verifies and clears the cache.",
-		HideHelpCommand: true,
-		ExitErrHandler:  func(*cli.Context, error) {},
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "cache-dir", Usage: "kernel cache directory", EnvVars: []string{"GPUKIT_CACHE_DIR"},
 				DefaultText: "$XDG_CACHE_HOME/gpukit/kernels or ~/.cache/gpukit/kernels"},
-			&cli.StringFlag{Name: "trace", Usage: "send trace events to the tracer collector at this socket", EnvVars: []string{trace.EnvSocket}},
+			kit.TraceFlag("a span per compilation and cache lookup"),
 		},
 		Before: func(c *cli.Context) error {
-			trace.Setup(c.String("trace"), "kernelc")
+			stopTrace = kit.StartTrace(c)
+			return nil
+		},
+		After: func(*cli.Context) error {
+			if stopTrace != nil {
+				stopTrace()
+			}
 			return nil
 		},
 		Commands: []*cli.Command{buildCommand, infoCommand, cacheCommand},
 	}
 }
 
-// Main runs kernelc with args (os.Args) and returns the exit status: 0, or 1
-// after printing the error on stderr.
+// Main runs kernelc with args (os.Args) through libgpu/cli and returns the
+// exit status (0, 1, or 2 for bad usage), having printed an error on stderr.
 func Main(args []string) int {
-	err := New().Run(args)
-	if t := trace.Default(); t != nil {
-		t.Close()
-		if s := t.Summary(); s != "" {
-			fmt.Fprintln(os.Stderr, "kernelc: "+s)
-		}
-	}
+	err := kit.Run(New(), args)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "kernelc: "+message(err))
-		return ExitCode(err)
+		fmt.Fprintln(os.Stderr, message(err))
 	}
-	return 0
+	return kit.ExitCode(err)
 }
 
 // message is the error as kernelc prints it: compile errors keep NVRTC's
@@ -60,18 +56,17 @@ func Main(args []string) int {
 func message(err error) string {
 	var ce *kernels.CompileError
 	if errors.As(err, &ce) {
-		return err.Error()
+		return "kernelc: " + err.Error()
 	}
-	return strings.Join(strings.Fields(err.Error()), " ")
+	return kit.Message("kernelc", err)
 }
 
-// ExitCode maps an error from Run to the process exit status.
-func ExitCode(err error) int {
-	var ec cli.ExitCoder
-	if errors.As(err, &ec) && ec.ExitCode() != 0 {
-		return ec.ExitCode()
+// usage marks err (bad flag input found by libgpu) as a usage error: exit 2.
+func usage(err error) error {
+	if err == nil || errors.Is(err, kit.ErrUsage) {
+		return err
 	}
-	return 1
+	return fmt.Errorf("%w: %w", kit.ErrUsage, err)
 }
 
 // openCache opens the cache named by --cache-dir / GPUKIT_CACHE_DIR, else the
@@ -102,7 +97,7 @@ func resolveArch(arch string) (string, error) {
 		return kernels.Arch(ma, mi), nil
 	}
 	if _, _, err := kernels.ParseArch(arch); err != nil {
-		return "", err
+		return "", usage(err)
 	}
 	return arch, nil
 }
@@ -110,10 +105,6 @@ func resolveArch(arch string) (string, error) {
 func stdout(c *cli.Context) io.Writer { return c.App.Writer }
 func stderr(c *cli.Context) io.Writer { return c.App.ErrWriter }
 
-// writeJSON writes v as one JSON line, without HTML escaping (kernel names
-// such as "scale<float>" stay readable).
-func writeJSON(w io.Writer, v any) {
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
-}
+// writeJSON writes v as one JSON line (kit.JSONLine: kernel names such as
+// "scale<float>" stay readable).
+func writeJSON(w io.Writer, v any) { _ = kit.JSONLine(w, v) }

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/kernels"
 )
 
@@ -89,12 +89,12 @@ func runBuild(c *cli.Context) error {
 		return buildLibgpu(c)
 	}
 	if c.NArg() == 0 {
-		return errors.New("build: no input files (give FILE.cu..., or - for stdin)")
+		return kit.Usagef("build: no input files (give FILE.cu..., or - for stdin)")
 	}
 	// Validate options before touching NVRTC or the GPU.
 	if c.String("arch") != "native" {
 		if _, err := (kernels.Options{Arch: c.String("arch"), Defines: c.StringSlice("define")}).Flags(); err != nil {
-			return err
+			return usage(err)
 		}
 	}
 	jobs, err := planJobs(c)
@@ -179,7 +179,7 @@ func planJobs(c *cli.Context) ([]job, error) {
 		srcName := name
 		if name == "-" {
 			if len(in) > 1 {
-				return nil, errors.New("build: '-' (stdin) must be the only input")
+				return nil, kit.Usagef("build: '-' (stdin) must be the only input")
 			}
 			code, err = io.ReadAll(os.Stdin)
 			srcName, dir = "stdin.cu", "."
@@ -244,10 +244,10 @@ func writeOutput(c *cli.Context, path string, img []byte) error {
 // options libgpu uses at run time (kernels.EmbeddedOptions).
 func buildLibgpu(c *cli.Context) error {
 	if c.Bool("no-cache") {
-		return errors.New("build --libgpu fills the cache; it cannot be combined with --no-cache")
+		return kit.Usagef("build --libgpu fills the cache; it cannot be combined with --no-cache")
 	}
 	if c.NArg() > 0 {
-		return errors.New("build --libgpu takes no files")
+		return kit.Usagef("build --libgpu takes no files")
 	}
 	arch, err := resolveArch(c.String("arch"))
 	if err != nil {

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -88,8 +87,5 @@ var cacheCommand = &cli.Command{
 			fmt.Fprintf(stdout(c), "removed %d entries\n", n)
 			return nil
 		}},
-	},
-	Action: func(c *cli.Context) error {
-		return errors.New("cache: give a subcommand: path, ls, stats, verify or clear")
 	},
 }

@@ -2,7 +2,6 @@ package app
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/kernels"
 )
 
@@ -17,8 +17,9 @@ var infoCommand = &cli.Command{
 	Name:      "info",
 	Usage:     "per kernel: registers, static shared memory, local bytes, launch bound, arch",
 	ArgsUsage: "FILE.cubin|FILE.cu...",
-	Description: "Reads the cubin's ELF sections (no GPU needed). A .cu file (anything that is not an ELF) " +
-		"is compiled first, which needs NVRTC and --arch. --json writes one JSON object per kernel.",
+	Description: "Reads the cubin's ELF sections (no GPU needed). A .cu file is compiled first, which needs " +
+		"NVRTC and --arch (native: the GPU's). Any other file that is not an ELF is refused as not a cubin. " +
+		"--json writes one JSON object per kernel.",
 	Flags: append([]cli.Flag{
 		&cli.BoolFlag{Name: "json", Usage: "one JSON object per kernel on stdout"},
 	}, compileFlags...),
@@ -34,7 +35,7 @@ type infoLine struct {
 
 func runInfo(c *cli.Context) error {
 	if c.NArg() == 0 {
-		return errors.New("info: no input files")
+		return kit.Usagef("info: no input files (give FILE.cubin or FILE.cu)")
 	}
 	var comp *kernels.Compiler
 	for _, name := range c.Args().Slice() {
@@ -43,6 +44,9 @@ func runInfo(c *cli.Context) error {
 			return fmt.Errorf("info: %w", err)
 		}
 		if !bytes.HasPrefix(data, []byte("\x7fELF")) {
+			if filepath.Ext(name) != ".cu" {
+				return fmt.Errorf("info: %s is not a cubin (no ELF header); info reads cubins, and compiles .cu sources first", name)
+			}
 			if comp == nil {
 				if comp, err = compilerFor(c); err != nil {
 					return err

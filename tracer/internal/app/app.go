@@ -1,60 +1,48 @@
 package app
 
 import (
-	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	kit "gpukit/libgpu/cli"
 )
 
-// New returns the tracer command.
+// New returns the tracer command; run it with kit.Main (gpukit/libgpu/cli),
+// which owns exit statuses and error lines.
 func New() *cli.App {
 	return &cli.App{
-		Name:            "tracer",
-		Usage:           "one timeline across all gpukit tools, as Chrome trace JSON for Perfetto",
-		Description:     `tracer collects spans, counters and GPU timings from every gpukit process into one Chrome Trace Event file that opens in Perfetto or chrome://tracing, and reports where the time went. Tools trace when given --trace SOCK or GPUKIT_TRACE=SOCK.`,
-		HideHelpCommand: true,
-		ExitErrHandler:  func(*cli.Context, error) {},
-		Commands:        []*cli.Command{serveCommand, recordCommand, reportCommand},
+		Name:        "tracer",
+		Usage:       "one timeline across all gpukit tools, as Chrome trace JSON for Perfetto",
+		Description: `tracer collects spans, counters and GPU timings from every gpukit process into one Chrome Trace Event file that opens in Perfetto or chrome://tracing, and reports where the time went. Tools trace when given --trace SOCK or GPUKIT_TRACE=SOCK.`,
+		Commands:    []*cli.Command{serveCommand, recordCommand, reportCommand},
 	}
 }
 
-// ExitCode maps an error from Run to the process exit status.
-func ExitCode(err error) int {
-	var ec cli.ExitCoder
-	if errors.As(err, &ec) {
-		return ec.ExitCode()
-	}
-	return 1
-}
+var maxSizeFlag = kit.SizeFlag("max-size", "1GiB", "stop adding events once the file would pass this size (0: no cap)")
 
-var maxSizeFlag = &cli.StringFlag{Name: "max-size", Value: "1G",
-	Usage: "stop adding events once the file would pass this size (bytes, or with K, M, G suffix; 0: no cap)"}
+var outFlag = &cli.StringFlag{Name: "out", Aliases: []string{"o"}, Usage: "(required) trace file to write (Chrome Trace Event JSON); an existing one is replaced only with --force"}
 
-var outFlag = &cli.StringFlag{Name: "out", Aliases: []string{"o"}, Required: true, Usage: "trace file to write (Chrome Trace Event JSON)"}
-
-// parseSize reads "1234", "64K", "512M", "1G" (powers of 1024).
+// parseSize reads --max-size (kit.ParseSize's syntax).
 func parseSize(s string) (int64, error) {
-	t := strings.ToUpper(strings.TrimSpace(s))
-	mul := int64(1)
-	if t != "" {
-		switch t[len(t)-1] {
-		case 'K':
-			mul = 1 << 10
-		case 'M':
-			mul = 1 << 20
-		case 'G':
-			mul = 1 << 30
-		}
-		if mul != 1 {
-			t = t[:len(t)-1]
-		}
+	n, err := kit.ParseSize(s)
+	if err != nil {
+		return 0, kit.Usagef("--max-size: %v", err)
 	}
-	n, err := strconv.ParseInt(t, 10, 64)
-	if err != nil || n < 0 || n > (1<<62)/mul {
-		return 0, fmt.Errorf("--max-size %q: want bytes, or a number with K, M or G", s)
+	return n, nil
+}
+
+// checkOut validates --out before anything else happens: given, and not an
+// existing file unless --force.
+func checkOut(c *cli.Context) error {
+	if err := kit.Require(c, "out"); err != nil {
+		return err
 	}
-	return n * mul, nil
+	if _, err := parseSize(c.String("max-size")); err != nil {
+		return err
+	}
+	if err := kit.CheckOut(c, "out", c.String("out")); err != nil {
+		return fmt.Errorf("%s: %w", c.Command.Name, err)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/trace"
 )
 
@@ -22,9 +24,11 @@ var recordCommand = &cli.Command{
 	ArgsUsage: "-- CMD [ARGS...]",
 	Description: "record starts a collector on a private socket, runs CMD with GPUKIT_TRACE pointing at it (so " +
 		"every gpukit tool it starts, directly or through a script, traces), waits for it, lets the traced " +
-		"processes flush, and closes the file. It exits with CMD's status. SIGINT and SIGTERM are passed to CMD.",
+		"processes flush, and closes the file. It exits with CMD's status (127 when CMD is not found, 126 when it " +
+		"cannot be run, 128+N when signal N killed it), and writes the file in every case. SIGINT and SIGTERM are " +
+		"passed to CMD. record's own flags come before CMD; everything from CMD on is CMD's.",
 	Flags: []cli.Flag{
-		outFlag, maxSizeFlag,
+		outFlag, maxSizeFlag, kit.ForceFlag(),
 		&cli.DurationFlag{Name: "drain", Value: 2 * time.Second, Usage: "after CMD exits, wait this long at most for traced processes still connected"},
 	},
 	Action: runRecord,
@@ -36,12 +40,14 @@ func runRecord(c *cli.Context) error {
 		args = args[1:]
 	}
 	if len(args) == 0 {
-		return errors.New("record: no command (tracer record --out FILE -- CMD ARGS...)")
+		return kit.Usagef("record: no command (tracer record --out FILE -- CMD ARGS...)")
 	}
-	path, err := exec.LookPath(args[0])
-	if err != nil {
-		return fmt.Errorf("record: %w", err)
+	if err := checkOut(c); err != nil {
+		return err
 	}
+	// A command that cannot be found or run still gets a (valid) trace file,
+	// and the status a shell would give: 127 not found, 126 not runnable.
+	path, lookErr := exec.LookPath(args[0])
 	dir, err := os.MkdirTemp("", "tracer-record-")
 	if err != nil {
 		return fmt.Errorf("record: %w", err)
@@ -61,7 +67,14 @@ func runRecord(c *cli.Context) error {
 	defer signal.Stop(sig)
 	sp := self.Begin("tracer", "record")
 	sp.Arg(trace.Str("command", strings.Join(args, " ")))
-	runErr := cmd.Start()
+	runErr := lookErr
+	if runErr == nil {
+		runErr = cmd.Start()
+	}
+	startErr := runErr
+	if startErr != nil {
+		fmt.Fprintf(c.App.ErrWriter, "tracer: record: %s: %s\n", args[0], notRunnable(startErr))
+	}
 	if runErr == nil {
 		sp.Arg(trace.Int("pid", int64(cmd.Process.Pid)))
 		done := make(chan error, 1)
@@ -85,6 +98,8 @@ func runRecord(c *cli.Context) error {
 	}
 	var ee *exec.ExitError
 	switch {
+	case startErr != nil:
+		return cli.Exit("", notRunnableStatus(startErr))
 	case errors.As(runErr, &ee):
 		code := ee.ExitCode()
 		if code < 0 { // killed by a signal
@@ -95,4 +110,28 @@ func runRecord(c *cli.Context) error {
 		return fmt.Errorf("record: %w", runErr)
 	}
 	return nil
+}
+
+// notRunnableStatus is a shell's status for a command that did not start:
+// 127 when it is not found, 126 when it is found but cannot be run.
+func notRunnableStatus(err error) int {
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+		return 127
+	}
+	return 126
+}
+
+// notRunnable says why a command did not start, as a shell would.
+func notRunnable(err error) string {
+	switch {
+	case errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist):
+		return "command not found"
+	case errors.Is(err, fs.ErrPermission):
+		return "permission denied"
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err.Error()
+	}
+	return err.Error()
 }

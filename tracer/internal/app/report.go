@@ -1,11 +1,11 @@
 package app
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/urfave/cli/v2"
+
+	kit "gpukit/libgpu/cli"
 
 	"gpukit/tracer/internal/chrome"
 	"gpukit/tracer/internal/report"
@@ -16,7 +16,7 @@ var reportCommand = &cli.Command{
 	Usage:     "summarise a trace file",
 	ArgsUsage: "TRACE.json",
 	Description: "report prints the top names, categories and processes by total and self time, the GPU busy " +
-		"fraction, and the trainer's per-step breakdown. --json prints the same as one JSON object. --check " +
+		"fraction, and the trainer's per-step breakdown. --json prints the same as one JSON line. --check " +
 		"also validates the file (fields, durations, flow pairs, process and thread names) and fails on the first problem.",
 	Flags: []cli.Flag{
 		&cli.IntFlag{Name: "top", Aliases: []string{"n"}, Value: 10, Usage: "rows per table (0: all)"},
@@ -28,7 +28,7 @@ var reportCommand = &cli.Command{
 
 func runReport(c *cli.Context) error {
 	if c.NArg() != 1 {
-		return errors.New("report: give one trace file")
+		return kit.Usagef("report: give one trace file (see tracer report --help)")
 	}
 	tr, err := chrome.ReadFile(c.Args().First())
 	if err != nil {
@@ -49,9 +49,7 @@ func runReport(c *cli.Context) error {
 		if c.Bool("check") {
 			out.Check = &sum
 		}
-		enc := json.NewEncoder(c.App.Writer)
-		enc.SetEscapeHTML(false)
-		return enc.Encode(out)
+		return kit.JSONLine(c.App.Writer, out)
 	}
 	if err := r.WriteText(c.App.Writer); err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/ipc"
 	"gpukit/tracer/internal/chrome"
 	"gpukit/tracer/internal/collect"
@@ -22,8 +23,8 @@ var serveCommand = &cli.Command{
 		"writes every event it receives to --out as it goes. Run tools with --trace SOCK or GPUKIT_TRACE=SOCK. " +
 		"SIGTERM or SIGINT ends it; the file is valid JSON after any stop.",
 	Flags: []cli.Flag{
-		&cli.StringFlag{Name: "socket", Aliases: []string{"s"}, Required: true, Usage: "socket path to listen on ('@name': abstract)"},
-		outFlag, maxSizeFlag,
+		&cli.StringFlag{Name: "socket", Aliases: []string{"s"}, Usage: "(required) socket path to listen on, in an existing directory ('@name': abstract)"},
+		outFlag, maxSizeFlag, kit.ForceFlag(),
 	},
 	Action: runServe,
 }
@@ -85,6 +86,18 @@ func summary(out string, st collect.Stats) string {
 }
 
 func runServe(c *cli.Context) error {
+	if err := kit.NoArgs(c); err != nil {
+		return err
+	}
+	if err := kit.Require(c, "socket"); err != nil {
+		return err
+	}
+	if err := checkOut(c); err != nil {
+		return err
+	}
+	if _, err := kit.CheckSocketDir(c.String("socket"), true); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sig)

@@ -1,11 +1,11 @@
 package app
 
 import (
-	"encoding/json"
 	"fmt"
 
 	"github.com/urfave/cli/v2"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/data"
 	"gpukit/trainer/internal/train"
 )
@@ -17,7 +17,6 @@ func evalCommand() *cli.Command {
 		Description: "Prints {\"test_accuracy\": A, \"correct\": C, \"examples\": N, \"ckpt\": FILE} on stdout and a\n" +
 			"human line on stderr. A checkpoint without trainer metadata (e.g. from PyTorch) is read by the\n" +
 			"shapes of fc<i>.weight, with --act between layers.",
-		OnUsageError: usageError,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "ckpt", Usage: "(required) safetensors file written by trainer run or init"},
 			dataFlag,
@@ -26,8 +25,11 @@ func evalCommand() *cli.Command {
 			poolFlag, deviceFlag, graphFlag, precisionFlag, traceFlag,
 		},
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return fmt.Errorf("eval: unexpected argument %q (see --help)", c.Args().First())
+			if err := kit.NoArgs(c); err != nil {
+				return err
+			}
+			if err := kit.Require(c, "ckpt"); err != nil {
+				return err
 			}
 			prec, err := commonChecks(c)
 			if err != nil {
@@ -35,9 +37,6 @@ func evalCommand() *cli.Command {
 			}
 			defer setupTrace(c)()
 			path := c.String("ckpt")
-			if path == "" {
-				return fmt.Errorf("eval: --ckpt FILE is required")
-			}
 			f, cfg, _, err := train.ReadCheckpoint(path, c.String("act"))
 			if err != nil {
 				return fmt.Errorf("--ckpt: %w", err)
@@ -56,8 +55,9 @@ func evalCommand() *cli.Command {
 				return err
 			}
 			correct := int(acc*float64(test.N) + 0.5)
-			b, _ := json.Marshal(map[string]any{"test_accuracy": acc, "correct": correct, "examples": test.N, "ckpt": path})
-			fmt.Fprintln(c.App.Writer, string(b))
+			if err := kit.JSONLine(c.App.Writer, map[string]any{"test_accuracy": acc, "correct": correct, "examples": test.N, "ckpt": path}); err != nil {
+				return err
+			}
 			fmt.Fprintf(c.App.ErrWriter, "trainer: %s: test accuracy %.2f%% (%d of %d)\n", path, 100*acc, correct, test.N)
 			return nil
 		},
@@ -66,20 +66,20 @@ func evalCommand() *cli.Command {
 
 func initCommand() *cli.Command {
 	return &cli.Command{
-		Name:         "init",
-		Usage:        "write a model's initial weights (as run would draw them) to a safetensors file",
-		OnUsageError: usageError,
+		Name:  "init",
+		Usage: "write a model's initial weights (as run would draw them) to a safetensors file",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "out", Usage: "(required) safetensors file to write"},
+			&cli.StringFlag{Name: "out", Usage: "(required) safetensors file to write; an existing one is replaced only with --force"},
+			kit.ForceFlag(),
 			&cli.StringFlag{Name: "model", Value: "mlp", Usage: "model (mlp)"},
 			widthsFlag, actFlag, seedFlag,
 		},
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return fmt.Errorf("init: unexpected argument %q (see --help)", c.Args().First())
+			if err := kit.NoArgs(c); err != nil {
+				return err
 			}
-			if c.String("out") == "" {
-				return fmt.Errorf("init: --out FILE is required")
+			if err := kit.Require(c, "out"); err != nil {
+				return err
 			}
 			cfg := train.Default()
 			ws, err := parseWidths(c.String("widths"))
@@ -87,6 +87,12 @@ func initCommand() *cli.Command {
 				return err
 			}
 			cfg.Model, cfg.Widths, cfg.Act, cfg.Seed = c.String("model"), ws, c.String("act"), c.Uint64("seed")
+			if err := cfg.Validate(); err != nil {
+				return usage(err)
+			}
+			if err := kit.CheckOut(c, "out", c.String("out")); err != nil {
+				return fmt.Errorf("init: %w", err)
+			}
 			if err := train.Init(allocHost(), cfg, c.String("out")); err != nil {
 				return err
 			}

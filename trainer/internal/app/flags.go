@@ -9,10 +9,10 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/data"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
-	"gpukit/libgpu/trace"
 )
 
 // Flags shared by several subcommands.
@@ -33,30 +33,21 @@ var (
 		Usage: "MLP layer widths, inputs first and classes last"}
 	actFlag   = &cli.StringFlag{Name: "act", Value: "relu", Usage: "relu|gelu activation between layers"}
 	seedFlag  = &cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the initialisation and of the data order"}
-	traceFlag = &cli.StringFlag{Name: "trace", EnvVars: []string{trace.EnvSocket},
-		Usage: "SOCK: send spans (step, data, forward, backward, optimizer, graph replay, checkpoint) and GPU times to the tracer collector at SOCK (tracer serve, or set by tracer record)"}
+	traceFlag = kit.TraceFlag("spans (step, data, forward, backward, optimizer, graph replay, checkpoint) and GPU times")
 )
 
 // setupTrace turns tracing on when --trace (or GPUKIT_TRACE) names a
 // collector socket; the returned func flushes and closes the tracer and
 // reports lost events on stderr. Call it before anything is traced and
 // defer the func before the allocator's close, so it runs last.
-func setupTrace(c *cli.Context) func() {
-	tr := trace.Setup(c.String("trace"), "trainer")
-	return func() {
-		tr.Close()
-		if s := tr.Summary(); s != "" {
-			fmt.Fprintln(c.App.ErrWriter, "trainer: "+s)
-		}
-	}
-}
+func setupTrace(c *cli.Context) func() { return kit.StartTrace(c) }
 
 func parseWidths(s string) ([]int, error) {
 	var ws []int
 	for _, f := range strings.Split(s, ",") {
 		w, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || w < 1 {
-			return nil, fmt.Errorf("--widths %q: want positive integers separated by commas", s)
+			return nil, kit.Usagef("--widths %q: want positive integers separated by commas", s)
 		}
 		ws = append(ws, w)
 	}
@@ -72,13 +63,13 @@ func parsePrecision(s string) (ops.Precision, error) {
 	case "bf16":
 		return ops.PrecBF16, nil
 	}
-	return 0, fmt.Errorf("--precision %q: want f32, tf32 or bf16", s)
+	return 0, kit.Usagef("--precision %q: want f32, tf32 or bf16", s)
 }
 
 // commonChecks validates --graph and --precision.
 func commonChecks(c *cli.Context) (ops.Precision, error) {
 	if g := c.String("graph"); g != "on" && g != "off" {
-		return 0, fmt.Errorf("--graph %q: want on or off", g)
+		return 0, kit.Usagef("--graph %q: want on or off", g)
 	}
 	return parsePrecision(c.String("precision"))
 }
@@ -110,7 +101,7 @@ func allocator(c *cli.Context) (a device.Allocator, closeFn func(), err error) {
 	default:
 		n, ok := cudaOrdinal(dev)
 		if !ok {
-			return nil, nil, fmt.Errorf("--device %q: want host, cuda[:N], N or auto", dev)
+			return nil, nil, kit.Usagef("--device %q: want host, cuda[:N], N or auto", dev)
 		}
 		cd, err := device.NewCUDA(n)
 		if err != nil {

@@ -1,11 +1,9 @@
 package app
 
 import (
-	"encoding/json"
-	"fmt"
-
 	"github.com/urfave/cli/v2"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
 )
@@ -16,11 +14,10 @@ func infoCommand() *cli.Command {
 		Usage: "print the device --device selects, as one JSON line",
 		Description: "Prints {\"device\": NAME, \"kind\": \"cuda\"|\"host\", \"peak_flops\": {\"f32\", \"tf32\", \"bf16\"}} (peaks only for\n" +
 			"GPUs in ops.PeakFLOPS's table). Pipelines use it to pick settings for the device run will use.",
-		OnUsageError: usageError,
-		Flags:        []cli.Flag{deviceFlag},
+		Flags: []cli.Flag{deviceFlag},
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return fmt.Errorf("info: unexpected argument %q (see --help)", c.Args().First())
+			if err := kit.NoArgs(c); err != nil {
+				return err
 			}
 			a, closeFn, err := allocator(c)
 			if err != nil {
@@ -38,9 +35,7 @@ func infoCommand() *cli.Command {
 			if len(peaks) > 0 {
 				out["peak_flops"] = peaks
 			}
-			b, _ := json.Marshal(out)
-			fmt.Fprintln(c.App.Writer, string(b))
-			return nil
+			return kit.JSONLine(c.App.Writer, out)
 		},
 	}
 }

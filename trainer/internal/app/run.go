@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/data"
 	"gpukit/trainer/internal/train"
 )
@@ -30,23 +31,25 @@ func runCommand() *cli.Command {
 			"On the host --graph is a no-op and --precision computes in f32.\n" +
 			"With --trace SOCK (or GPUKIT_TRACE, as tracer record sets it) each step is a span with its phases\n" +
 			"(data, forward, backward, optimizer, graph replay) and, on a GPU, the GPU time of each graph replay\n" +
-			"or eager phase; evaluation and checkpoints too.",
-		OnUsageError: usageError,
+			"or eager phase; evaluation and checkpoints too.\n" +
+			"An --out directory that already holds a run (model.safetensors or metrics.jsonl) is refused unless\n" +
+			"--force (or --resume continues it). --resume keeps the run's --log-every unless it is given.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "out", Usage: "run directory (default: the --resume directory)"},
+			kit.ForceFlag(),
 			&cli.StringFlag{Name: "model", Value: def.Model, Usage: "model to train (mlp)"},
 			dataFlag,
 			&cli.IntFlag{Name: "epochs", Value: def.Epochs, Usage: "passes over the training set (with --resume: the new total)"},
 			&cli.IntFlag{Name: "batch", Value: def.Batch, Usage: "examples per step"},
-			&cli.Float64Flag{Name: "lr", Value: float64(def.LR), Usage: "learning rate"},
+			&cli.Float64Flag{Name: "lr", Value: kit.F32(def.LR), Usage: "learning rate"},
 			&cli.Float64Flag{Name: "weight-decay", Usage: "weight decay (default 0.01 for adamw, 0 for sgd)"},
-			&cli.Float64Flag{Name: "momentum", Value: float64(def.Momentum), Usage: "SGD momentum"},
+			&cli.Float64Flag{Name: "momentum", Value: kit.F32(def.Momentum), Usage: "SGD momentum"},
 			seedFlag, widthsFlag, actFlag,
 			&cli.StringFlag{Name: "optim", Value: def.Optim, Usage: "adamw|sgd"},
 			&cli.IntFlag{Name: "limit", Usage: "train on the first N training examples only (0: all)"},
 			&cli.Float64Flag{Name: "clip", Usage: "clip the gradients' joint L2 norm to this (0: off), as torch.nn.utils.clip_grad_norm_"},
 			&cli.StringFlag{Name: "batches-out", Usage: "also write the example indices of every step to this safetensors file (for bench/reference/mlp.py)"},
-			&cli.IntFlag{Name: "log-every", Value: 50, Usage: "steps between loss lines"},
+			&cli.IntFlag{Name: "log-every", Value: defaultLogEvery, Usage: "steps between loss lines (with --resume: the run's own unless given)"},
 			&cli.StringFlag{Name: "resume", Usage: "continue the run in DIR from DIR/model.safetensors"},
 			poolFlag,
 			&cli.StringFlag{Name: "run", Usage: "run name, the prefix of pool buffer names (default: base name of --out)"},
@@ -56,12 +59,20 @@ func runCommand() *cli.Command {
 	}
 }
 
+const defaultLogEvery = 50
+
 // modelFlags may not change on --resume: the checkpoint fixes them.
 var modelFlags = []string{"model", "batch", "lr", "weight-decay", "momentum", "seed", "widths", "act", "optim", "limit", "clip"}
 
 func runAction(c *cli.Context) error {
-	if c.NArg() > 0 {
-		return fmt.Errorf("run: unexpected argument %q (see --help)", c.Args().First())
+	// SIGINT/SIGTERM from the start: one during the slow start-up (data,
+	// device) ends the run after its first step, with a checkpoint, instead
+	// of killing it with nothing written.
+	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	go func() { <-ctx.Done(); stop() }() // a second signal kills as usual
+	if err := kit.NoArgs(c); err != nil {
+		return err
 	}
 	prec, err := commonChecks(c)
 	if err != nil {
@@ -69,13 +80,13 @@ func runAction(c *cli.Context) error {
 	}
 	defer setupTrace(c)()
 	out := c.String("out")
-	opts := train.Options{LogEvery: c.Int("log-every"), Stdout: c.App.Writer, Precision: prec, Graph: c.String("graph") == "on",
+	opts := train.Options{Stdout: c.App.Writer, Precision: prec, Graph: c.String("graph") == "on",
 		FuseBackward: c.Bool("fuse-backward")}
 	var cfg train.Config
 	if dir := c.String("resume"); dir != "" {
 		for _, f := range modelFlags {
 			if c.IsSet(f) {
-				return fmt.Errorf("--%s cannot change on --resume: the checkpoint fixes it", f)
+				return kit.Usagef("--%s cannot change on --resume: the checkpoint fixes it", f)
 			}
 		}
 		f, ccfg, pos, err := train.ReadCheckpoint(filepath.Join(dir, train.ModelFile), "relu")
@@ -86,19 +97,29 @@ func runAction(c *cli.Context) error {
 		if c.IsSet("epochs") {
 			cfg.Epochs = c.Int("epochs")
 		}
+		// The run's own cadence (checkpoints before it was stored: the default).
+		if c.IsSet("log-every") || cfg.LogEvery == 0 {
+			cfg.LogEvery = c.Int("log-every")
+		}
 		if out == "" {
 			out = dir
 		}
 	} else {
 		if cfg, err = configFromFlags(c); err != nil {
-			return err
+			return usage(err)
 		}
 	}
 	if out == "" {
-		return fmt.Errorf("run: --out DIR is required")
+		return kit.Usagef("run: --out DIR is required (see trainer run --help)")
 	}
 	if err := cfg.Validate(); err != nil {
-		return err
+		return usage(err)
+	}
+	opts.LogEvery = cfg.LogEvery
+	if dir := c.String("resume"); dir == "" || !sameDir(dir, out) {
+		if err := kit.CheckOut(c, "out", out, train.ModelFile, train.MetricsFile); err != nil {
+			return fmt.Errorf("run: %w (or continue it with --resume %s)", err, out)
+		}
 	}
 	opts.Out = out
 	opts.Run = c.String("run")
@@ -127,12 +148,9 @@ func runAction(c *cli.Context) error {
 	if isTerminal(os.Stderr) {
 		opts.Progress = c.App.ErrWriter
 	}
-	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	go func() { <-ctx.Done(); stop() }() // a second signal kills as usual
 	res, err := train.Run(ctx, cfg, opts)
 	if err != nil {
-		return err
+		return usage(err)
 	}
 	model := filepath.Join(out, train.ModelFile)
 	if res.Interrupted {
@@ -158,6 +176,7 @@ func configFromFlags(c *cli.Context) (train.Config, error) {
 	cfg.LR, cfg.Momentum = float32(c.Float64("lr")), float32(c.Float64("momentum"))
 	cfg.Batch, cfg.Seed, cfg.Epochs, cfg.Limit = c.Int("batch"), c.Uint64("seed"), c.Int("epochs"), c.Int("limit")
 	cfg.Clip = float32(c.Float64("clip"))
+	cfg.LogEvery = c.Int("log-every")
 	switch {
 	case c.IsSet("weight-decay"):
 		cfg.WeightDecay = float32(c.Float64("weight-decay"))
@@ -165,4 +184,14 @@ func configFromFlags(c *cli.Context) (train.Config, error) {
 		cfg.WeightDecay = 0
 	}
 	return cfg, cfg.Validate()
+}
+
+// sameDir reports whether paths a and b name the same directory.
+func sameDir(a, b string) bool {
+	fa, err1 := os.Stat(a)
+	fb, err2 := os.Stat(b)
+	if err1 != nil || err2 != nil {
+		return filepath.Clean(a) == filepath.Clean(b)
+	}
+	return os.SameFile(fa, fb)
 }

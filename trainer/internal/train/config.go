@@ -27,6 +27,10 @@ type Config struct {
 	Epochs      int     `json:"epochs"`         // passes over the training set
 	Limit       int     `json:"limit"`          // use the first Limit training examples (0: all)
 	Clip        float32 `json:"clip,omitempty"` // max gradient norm (0: no clipping)
+	// LogEvery is the run's steps between loss lines, kept in checkpoints
+	// so that a resumed run prints the lines an uninterrupted one would
+	// (Options.LogEvery is what Run uses; 0 in older checkpoints).
+	LogEvery int `json:"log_every,omitempty"`
 }
 
 // Default is the configuration of `trainer run` without flags: a
@@ -62,6 +66,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: --limit %d (want >= 0)", ErrConfig, c.Limit)
 	case !(c.Clip >= 0) || math.IsInf(float64(c.Clip), 1):
 		return fmt.Errorf("%w: --clip %v (want a finite norm >= 0; 0 turns clipping off)", ErrConfig, c.Clip)
+	case c.LogEvery < 0:
+		return fmt.Errorf("%w: --log-every %d (want >= 1)", ErrConfig, c.LogEvery)
 	}
 	for _, w := range c.Widths {
 		if w < 1 || w > 1<<16 {

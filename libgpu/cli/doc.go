@@ -1,0 +1,20 @@
+// Package cli is the command-line layer every gpukit tool shares, so that a
+// fix to CLI behaviour is made once. It owns, on top of urfave/cli/v2:
+//
+//   - exit statuses: 0 ok, 1 runtime failure, 2 usage (an unknown command or
+//     flag, a bad flag value, a missing argument) and for something not built
+//     yet; a command's own status where one is passed on (cli.Exit);
+//   - errors printed as ONE line on stderr, "TOOL: message", and never the
+//     whole help for a bad flag;
+//   - flags accepted after positional arguments (Permute);
+//   - --version on every tool (Version);
+//   - byte sizes spelled in IEC or SI units (ParseSize, FormatSize, SizeFlag);
+//   - --trace (TraceFlag, StartTrace), JSON lines (JSONLine), float32
+//     defaults shown without float64 noise (F32), the not-built-yet command
+//     (NotBuilt), refusing to replace an existing --out (ForceFlag,
+//     CheckOut) and to create a missing socket directory (CheckSocketDir).
+//
+// A tool's main is one line: os.Exit(cli.Main(app.New(), os.Args)). Flags
+// live only here and in the tools' CLI packages; no other library defines one.
+// TOOLS.md states the contract these functions implement.
+package cli
