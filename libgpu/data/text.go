@@ -7,8 +7,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -123,13 +123,21 @@ type Corpus struct {
 }
 
 // DefaultTextPath is the corpus every machine with Go has: Newton's
-// Opticks, in the Go distribution's testdata ($(go env GOROOT)).
+// Opticks, in the Go distribution's testdata: under $GOROOT when set, else
+// under `go env GOROOT` when a go command is on the PATH, else under
+// /usr/local/go.
 func DefaultTextPath() string {
-	root := runtime.GOROOT()
+	rel := filepath.Join("src", "testdata", "Isaac.Newton-Opticks.txt")
+	root := os.Getenv("GOROOT")
+	if root == "" {
+		if out, err := exec.Command("go", "env", "GOROOT").Output(); err == nil {
+			root = strings.TrimSpace(string(out))
+		}
+	}
 	if root == "" {
 		root = "/usr/local/go"
 	}
-	return filepath.Join(root, "src", "testdata", "Isaac.Newton-Opticks.txt")
+	return filepath.Join(root, rel)
 }
 
 // LoadText reads a UTF-8 text file and tokenizes it with a vocabulary built
