@@ -431,8 +431,8 @@ func (g *Graph) Linear(x, w, b *Var, act Act) *Var {
 	k, n := w.Value.Dim(1), w.Value.Dim(0)
 	shape := append(append([]int(nil), x.Value.Shape[:x.Value.Rank()-1]...), n)
 	y := g.NewOut("linear", dt, shape...)
-	var z *Var // the pre-activation, saved for the backward
-	if act != ActNone {
+	var z *Var // the pre-activation, saved for GELU's backward (ReLU's reads y: [z > 0] = [y > 0])
+	if act == ActGELU {
 		z = g.NewOut("linear.pre", dt, shape...)
 	}
 	if !g.ok(y) {
@@ -470,7 +470,11 @@ func (g *Graph) Linear(x, w, b *Var, act Act) *Var {
 		if act != ActNone {
 			// dz = dy ⊙ act'(z), into y's gradient buffer (y's gradient
 			// is not read after this node).
-			z2, _ := z.Value.View(-1, n)
+			saved := y.Value
+			if z != nil {
+				saved = z.Value
+			}
+			z2, _ := saved.View(-1, n)
 			if err := e.ActBackward(dz, dz, z2, act); err != nil {
 				return err
 			}
@@ -551,6 +555,7 @@ func (g *Graph) Matmul(a, b *Var, transB bool) *Var {
 
 // ActBackward computes dz = dy ⊙ act'(z) element-wise for ActReLU and
 // ActGELU (tanh form) over tensors of one shape and dtype (dz may be dy).
+// For ReLU, z may be the activation's output y ([z > 0] = [y > 0]).
 // Rows may be strided; the last dimension must be contiguous.
 func (e *Engine) ActBackward(dz, dy, z *tensor.Tensor, act Act) error {
 	for _, c := range []struct {
