@@ -9,6 +9,7 @@ package ops
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"gonum.org/v1/gonum/blas"
 
@@ -45,8 +46,15 @@ import (
 //     weight-gradient product dw = dyᵀ·x (cuBLASLt's BGRADB).
 //
 // Accumulate excludes Bias, Act and Aux (it adds a plain product); with
-// BiasGrad, BiasGrad is accumulated too. Errors wrap tensor.ErrShape,
-// tensor.ErrDType, tensor.ErrLayout, ErrDevice or ErrConfig.
+// BiasGrad, BiasGrad is accumulated too.
+//
+// Alpha and Beta scale a plain product (no Bias, Act, Aux or BiasGrad),
+// as cuBLAS's alpha and beta do: D[b] = Alpha·op(A[b])·op(B[b]), and with
+// Accumulate D[b] = Beta·D[b] + Alpha·op(A[b])·op(B[b]) (an exponential
+// moving average of products in one GEMM). Zero means 1 for both (the
+// zero value of Matmul is the unscaled product); Beta is read only with
+// Accumulate. Errors wrap tensor.ErrShape, tensor.ErrDType,
+// tensor.ErrLayout, ErrDevice or ErrConfig.
 type Matmul struct {
 	A, B, D        *tensor.Tensor
 	TransA, TransB bool
@@ -55,6 +63,20 @@ type Matmul struct {
 	Aux            *tensor.Tensor
 	BiasGrad       *tensor.Tensor
 	Accumulate     bool
+	Alpha, Beta    float32
+}
+
+// scales is the product's scale and, with Accumulate, the scale of D's old
+// value (zero means 1 for both).
+func (m *Matmul) scales() (alpha, beta float32) {
+	alpha, beta = m.Alpha, m.Beta
+	if alpha == 0 {
+		alpha = 1
+	}
+	if beta == 0 {
+		beta = 1
+	}
+	return alpha, beta
 }
 
 // mmShape is a validated Matmul's geometry: batch count, M, N, K, and
@@ -141,6 +163,14 @@ func (e *Engine) checkMatmul(m *Matmul) (mmShape, error) {
 	if m.Accumulate && (m.Bias != nil || m.Act != ActNone || m.Aux != nil) {
 		return s, fmt.Errorf("%w: matmul Accumulate with a bias or activation epilogue", ErrConfig)
 	}
+	if alpha, beta := m.scales(); alpha != 1 || beta != 1 {
+		if m.Bias != nil || m.Act != ActNone || m.Aux != nil || m.BiasGrad != nil {
+			return s, fmt.Errorf("%w: matmul Alpha or Beta with an epilogue", ErrConfig)
+		}
+		if math.IsInf(float64(alpha), 0) || math.IsNaN(float64(alpha)) || math.IsInf(float64(beta), 0) || math.IsNaN(float64(beta)) {
+			return s, fmt.Errorf("%w: matmul Alpha %v, Beta %v", ErrConfig, alpha, beta)
+		}
+	}
 	if m.Bias != nil {
 		if err := e.checkView("matmul Bias", m.Bias, true, []tensor.DType{m.D.DType}, s.n); err != nil {
 			return s, err
@@ -201,7 +231,14 @@ func (h *hostImpl) matmul(m *Matmul, s *mmShape) error {
 	if err != nil {
 		return err
 	}
-	d, commit, err := hostOut(m.D, m.Accumulate)
+	alpha, beta := m.scales()
+	var old []float32 // D's values before a scaled accumulation
+	if m.Accumulate && beta != 1 {
+		if old, err = m.D.ReadFloat32(); err != nil {
+			return err
+		}
+	}
+	d, commit, err := hostOut(m.D, m.Accumulate && old == nil)
 	if err != nil {
 		return err
 	}
@@ -229,7 +266,10 @@ func (h *hostImpl) matmul(m *Matmul, s *mmShape) error {
 			clear(out)
 			continue
 		}
-		h.blas.Sgemm(ta, tb, s.m, s.n, s.k, 1, a[i*aStride:], max(acols, 1), b[i*bStride:], max(bcols, 1), 0, out, s.n)
+		h.blas.Sgemm(ta, tb, s.m, s.n, s.k, alpha, a[i*aStride:], max(acols, 1), b[i*bStride:], max(bcols, 1), 0, out, s.n)
+	}
+	for i, v := range old {
+		d[i] += beta * v
 	}
 	if m.Bias != nil || m.Act != ActNone {
 		bias, err := hostIn(m.Bias)
@@ -316,10 +356,11 @@ func (c *cudaImpl) matmul(m *Matmul, s *mmShape) error {
 	if m.A.DType == tensor.F32 && c.prec != PrecF32 {
 		spec.Compute = cuda.Compute32FFastTF32
 	}
-	args := cuda.GemmArgs{A: devPtr(s.b), B: devPtr(s.a), D: devPtr(s.d), Alpha: 1,
+	alpha, beta := m.scales()
+	args := cuda.GemmArgs{A: devPtr(s.b), B: devPtr(s.a), D: devPtr(s.d), Alpha: alpha,
 		Workspace: c.ws, WorkspaceSize: cudaWorkspace}
 	if m.Accumulate {
-		args.C, args.Beta = args.D, 1
+		args.C, args.Beta = args.D, beta
 	}
 	if s.k == 0 {
 		return c.matmulEmptyK(m, s)
@@ -377,7 +418,7 @@ func (c *cudaImpl) ltMatmul(spec cuda.GemmSpec, args cuda.GemmArgs) error {
 
 // matmulEmptyK handles K = 0: the product is zero.
 func (c *cudaImpl) matmulEmptyK(m *Matmul, s *mmShape) error {
-	if m.Accumulate {
+	if _, beta := m.scales(); m.Accumulate && beta == 1 {
 		return nil
 	}
 	return errors.New("ops: matmul with K = 0 on CUDA is not supported (give the layer at least one input)")

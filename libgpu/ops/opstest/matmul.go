@@ -1,6 +1,7 @@
 package opstest
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -84,6 +85,7 @@ func checkMatmul(s *Suite) {
 			s.Run(fmt.Sprintf("%v/epilogue/%v", dt, act), func(s *Suite) { matmulEpilogue(s, dt, 61, 130, 31, act) })
 		}
 		s.Run(fmt.Sprintf("%v/accumulate+biasgrad", dt), func(s *Suite) { matmulAccumulate(s, dt, 45, 70, 19) })
+		s.Run(fmt.Sprintf("%v/alpha-beta", dt), func(s *Suite) { matmulScaled(s, dt, 29, 37, 11) })
 		s.Run(fmt.Sprintf("%v/strided", dt), func(s *Suite) { matmulStrided(s, dt) })
 		s.Run(fmt.Sprintf("%v/broadcast-b", dt), func(s *Suite) { matmulBroadcast(s, dt) })
 		s.Run(fmt.Sprintf("%v/linear-grad", dt), func(s *Suite) { linearGrad(s, dt) })
@@ -323,5 +325,39 @@ func matmulValidation(s *Suite) {
 	tr, _ := s.Empty(tensor.F32, 4, 3).Transpose(0, 1) // last dim strided
 	if err := s.E.Matmul(ops.Matmul{A: tr, B: b, D: d}); err == nil {
 		s.T.Error("an operand with a strided last dimension was accepted")
+	}
+}
+
+// matmulScaled checks Alpha and Beta: D = Alpha·op(A)·op(B) written, then
+// D = Beta·D + Alpha·op(A)·op(B) accumulated (batched, Aᵀ), as the
+// statistics of second-order optimizers are kept.
+func matmulScaled(s *Suite, dt tensor.DType, m, k, n int) {
+	const batch, alpha, beta = 2, 0.25, 0.9
+	a, av := s.Rand(dt, 1, batch, k, m)
+	b, bv := s.Rand(dt, 1, batch, k, n)
+	d := s.Empty(dt, batch, m, n)
+	s.NoErr("matmul", s.E.Matmul(ops.Matmul{A: a, B: b, D: d, TransA: true, Alpha: alpha}))
+	var want, mag []float64
+	for i := 0; i < batch; i++ {
+		ai, bi := av[i*m*k:(i+1)*m*k], bv[i*k*n:(i+1)*k*n]
+		p := RefMatmul(ai, bi, m, n, k, true, false)
+		for j := range p {
+			p[j] *= alpha
+		}
+		want = append(want, p...)
+		mag = append(mag, absRef(ai, bi, m, n, k, true, false)...)
+	}
+	tol := s.GemmTol(dt)
+	s.NearFloor("D = alpha·AᵀB", s.Read(d), want, alpha*norm(mag), tol)
+	old := s.Read(d)
+	s.NoErr("matmul", s.E.Matmul(ops.Matmul{A: a, B: b, D: d, TransA: true, Alpha: alpha, Beta: beta, Accumulate: true}))
+	for j := range want {
+		want[j] += beta * old[j]
+	}
+	s.NearFloor("D = beta·D + alpha·AᵀB", s.Read(d), want, 2*alpha*norm(mag), tol)
+	// Scales with an epilogue are refused.
+	bias := s.Empty(dt, n)
+	if err := s.E.Matmul(ops.Matmul{A: a, B: b, D: d, TransA: true, Alpha: 2, Bias: bias}); !errors.Is(err, ops.ErrConfig) {
+		s.T.Errorf("Alpha with a bias: %v, want ErrConfig", err)
 	}
 }
