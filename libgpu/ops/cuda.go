@@ -72,6 +72,9 @@ type cudaImpl struct {
 	// unfused path from then on without asking again.
 	rejected map[cuda.GemmSpec]error
 
+	// side is the side stream (side.go), made on the first Engine.Side.
+	side sideState
+
 	mu      sync.Mutex
 	scratch map[string]scratchBuf
 	retired []cuda.DevicePtr
@@ -189,6 +192,10 @@ func (c *cudaImpl) Close() error {
 				first = err
 			}
 		}
+		if c.side.on {
+			c.stream, c.ws = c.side.main, c.side.mainWS
+		}
+		c.sideClose(keep)
 		if c.stream != 0 {
 			keep(c.stream.Synchronize())
 		}
@@ -221,6 +228,7 @@ func (c *cudaImpl) scratchPtr(name string, n int64) (cuda.DevicePtr, error) {
 	if c.closed {
 		return 0, fmt.Errorf("%w: %v", device.ErrClosed, c.dev)
 	}
+	name = c.sideScratch(name)
 	s := c.scratch[name]
 	if s.size >= n {
 		return s.p, nil

@@ -20,6 +20,9 @@ func (c *cudaImpl) SoftmaxCrossEntropy(loss, dlogits, logits, labels *tensor.Ten
 	if err := checkDims(m, cl); err != nil {
 		return err
 	}
+	if c.onSide() {
+		return fmt.Errorf("%w: softmax cross-entropy (its ticket counter is shared backend state)", ErrSide)
+	}
 	return c.dev.Do(func() error {
 		rowloss, err := c.scratchPtr("rowloss", int64(m)*4)
 		if err != nil {

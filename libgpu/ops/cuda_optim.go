@@ -102,6 +102,9 @@ func (c *cudaImpl) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tens
 	if err != nil {
 		return err
 	}
+	if c.onSide() {
+		return fmt.Errorf("%w: AdamW (its bias corrections are shared backend state)", ErrSide)
+	}
 	return c.dev.Do(func() error {
 		sp, bc := devPtr(step), c.bc
 		b1, b2 := cfg.Beta1, cfg.Beta2

@@ -1,0 +1,98 @@
+package ops_test
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/ops/opstest"
+	"gpukit/libgpu/tensor"
+)
+
+// TestCUDASide queues GEMMs on the side stream (its own workspace), joins
+// them with WaitEvent and with Join, and checks the results are bitwise
+// those of the same GEMMs on the main stream; then captures a fork and
+// join into a graph and replays it. AdamW inside Side is refused.
+func TestCUDASide(t *testing.T) {
+	d := gpu(t)
+	e := cudaEngine(t, d, ops.PrecTF32)
+	a := device.Local{Dev: d}
+	if !e.HasSide() {
+		t.Fatal("CUDA engine without a side stream")
+	}
+	const n = 257
+	x := opstest.Upload(t, a, sideVec(n*n), n, n)
+	want := opstest.Empty(t, a, tensor.F32, n, n)
+	side := opstest.Empty(t, a, tensor.F32, n, n)
+	other := opstest.Empty(t, a, tensor.F32, n, n)
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	must("main", e.Matmul(ops.Matmul{A: x, B: x, D: want}))
+	ev, err := e.NewEvent(false)
+	must("event", err)
+	defer ev.Close()
+	must("side", e.Side(func() error {
+		if err := e.Matmul(ops.Matmul{A: x, B: x, D: side}); err != nil {
+			return err
+		}
+		return ev.Record()
+	}))
+	must("main meanwhile", e.Matmul(ops.Matmul{A: x, B: x, D: other, TransB: true}))
+	must("wait", e.WaitEvent(ev))
+	must("join", e.Join())
+	must("sync", e.Sync())
+	w, _ := want.ReadF32()
+	s, _ := side.ReadF32()
+	for i := range w {
+		if w[i] != s[i] {
+			t.Fatalf("side GEMM [%d] = %v, main %v", i, s[i], w[i])
+		}
+	}
+	// A fork and join inside a capture, replayed.
+	must("fill", e.Fill(side, 0))
+	g, err := e.Capture(func() error {
+		if err := e.Side(func() error { return e.Matmul(ops.Matmul{A: x, B: x, D: side}) }); err != nil {
+			return err
+		}
+		return e.Join()
+	})
+	must("capture", err)
+	defer g.Close()
+	must("launch", g.Launch())
+	must("sync", e.Sync())
+	s, _ = side.ReadF32()
+	for i := range w {
+		if w[i] != s[i] {
+			t.Fatalf("replayed side GEMM [%d] = %v, main %v", i, s[i], w[i])
+		}
+	}
+	// Shared backend state is refused on the side.
+	p := opstest.Upload(t, a, []float32{1}, 1)
+	st := opstest.UploadI32(t, a, []int32{0}, 1)
+	err = e.Side(func() error {
+		return e.AdamW([]*tensor.Tensor{p}, []*tensor.Tensor{p}, []*tensor.Tensor{p}, []*tensor.Tensor{p}, st, ops.DefaultAdamW)
+	})
+	if !errors.Is(err, ops.ErrSide) {
+		t.Errorf("AdamW inside Side: %v, want ErrSide", err)
+	}
+	if err := e.Side(func() error { return e.Side(func() error { return nil }) }); !errors.Is(err, ops.ErrSide) {
+		t.Errorf("nested Side: %v, want ErrSide", err)
+	}
+	must("join", e.Join())
+}
+
+// sideVec is n seeded draws from U(−1, 1).
+func sideVec(n int) []float32 {
+	r := rand.New(rand.NewPCG(13, 1))
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(2*r.Float64() - 1)
+	}
+	return v
+}
