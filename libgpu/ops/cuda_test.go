@@ -40,7 +40,7 @@ func TestCUDAEngineWithoutContext(t *testing.T) {
 	}
 }
 
-func gpu(t *testing.T) *device.CUDA {
+func gpu(t testing.TB) *device.CUDA {
 	t.Helper()
 	cudatest.RequireGPU(t)
 	d, err := device.NewCUDA(0)
@@ -51,7 +51,7 @@ func gpu(t *testing.T) *device.CUDA {
 	return d
 }
 
-func cudaEngine(t *testing.T, d device.Device, prec ops.Precision) *ops.Engine {
+func cudaEngine(t testing.TB, d device.Device, prec ops.Precision) *ops.Engine {
 	t.Helper()
 	e, err := ops.NewEngine(d, ops.Options{Precision: prec})
 	if err != nil {
