@@ -317,21 +317,30 @@ __device__ void embed_bwd_chunk(TT* dtable, const TY* dy, long long ldy, const i
 }
 
 // embed_bwd_span: for each run of equal keys that crosses a chunk boundary,
-// the block of the chunk where it starts (and the columns of blockIdx.y)
-// adds the run's partials in chunk order and adds the total into
-// dtable[key]. Other blocks return at once.
+// the blocks of the chunk where it starts add the run's partials and add
+// the total into dtable[key]; other blocks return at once. Block (32, 8):
+// 32 columns (blockIdx.y picks which), and 8 lanes that each sum every 8th
+// of the run's partials in chunk order, combined in lane order: a fixed
+// order, so the total is reproducible. The partials are the start chunk's
+// slot (1, or 0 when the run covers that chunk's start) and slot 0 of each
+// later chunk up to the one where the run ends.
 template <typename TT>
 __device__ void embed_bwd_span(TT* dtable, const int* skeys, const float* partial, int n, int c, int vocab) {
+  __shared__ float sh[8][33];
   int chunk = blockIdx.x;
   int p0 = chunk * EMB_P, last = min(p0 + EMB_P, n) - 1;
+  // Independent loads, so an early exit costs one round trip.
   int k = skeys[last];
-  if (k >= vocab || last + 1 >= n || skeys[last + 1] != k) return;  // no run leaves this chunk
+  int next = last + 1 < n ? skeys[last + 1] : -1;
+  int first = skeys[p0];
+  int before = p0 > 0 ? skeys[p0 - 1] : -1;
+  if (k >= vocab || next != k) return;  // no run leaves this chunk
   int slot = 1;
-  if (skeys[p0] == k) {
-    if (p0 > 0 && skeys[p0 - 1] == k) return;  // the run started in an earlier chunk
+  if (first == k) {
+    if (before == k) return;  // the run started in an earlier chunk
     slot = 0;
   }
-  // The run ends before end: the first position with a key > k (binary
+  // The run ends before lo: the first position with a key > k (binary
   // search: keys are sorted).
   int lo = last + 1, hi = n;
   while (lo < hi) {
@@ -342,23 +351,34 @@ __device__ void embed_bwd_span(TT* dtable, const int* skeys, const float* partia
       hi = mid;
     }
   }
-  int lastChunk = (lo - 1) / EMB_P;
-  for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < c; j += gridDim.y * blockDim.x) {
-    float s = partial[((long long)chunk * 2 + slot) * c + j];
-    int q = chunk + 1;
-    for (; q + 4 <= lastChunk + 1; q += 4) {
-      float a0 = partial[((long long)q * 2) * c + j];
-      float a1 = partial[((long long)(q + 1) * 2) * c + j];
-      float a2 = partial[((long long)(q + 2) * 2) * c + j];
-      float a3 = partial[((long long)(q + 3) * 2) * c + j];
+  int items = (lo - 1) / EMB_P - chunk + 1;  // partials: chunks chunk .. chunk+items-1
+  int j = blockIdx.y * 32 + threadIdx.x;
+  float s = 0.0f;
+  if (j < c) {
+    int i = threadIdx.y;
+    if (i == 0) {
+      s = partial[((long long)chunk * 2 + slot) * c + j];
+      i = 8;
+    }
+    for (; i + 24 < items; i += 32) {
+      float a0 = partial[((long long)(chunk + i) * 2) * c + j];
+      float a1 = partial[((long long)(chunk + i + 8) * 2) * c + j];
+      float a2 = partial[((long long)(chunk + i + 16) * 2) * c + j];
+      float a3 = partial[((long long)(chunk + i + 24) * 2) * c + j];
       s += a0;
       s += a1;
       s += a2;
       s += a3;
     }
-    for (; q <= lastChunk; q++) s += partial[((long long)q * 2) * c + j];
+    for (; i < items; i += 8) s += partial[((long long)(chunk + i) * 2) * c + j];
+  }
+  sh[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < c) {
+    float t = sh[0][threadIdx.x];
+    for (int l = 1; l < 8; l++) t += sh[l][threadIdx.x];
     TT* p = dtable + (long long)k * c + j;
-    gpukit_st(p, gpukit_ld(p) + s);
+    gpukit_st(p, gpukit_ld(p) + t);
   }
 }
 

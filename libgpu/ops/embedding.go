@@ -255,9 +255,8 @@ func (c *cudaImpl) embedBwd(dtable, dy, idx *tensor.Tensor, n, cols, v int, acc 
 		kI32(n), kI32(cols), kI32(v), kI32(vec)); err != nil {
 		return err
 	}
-	spanThreads := min((cols+31)/32*32, 256)
-	spanGrid := [3]uint32{uint32(chunks), uint32((cols + spanThreads - 1) / spanThreads), 1}
-	return c.launchK("embedding.cu", "embed_bwd_span"+dtSuffix(dtable.DType), spanGrid, block1(spanThreads), 0,
+	spanGrid := [3]uint32{uint32(chunks), uint32((cols + 31) / 32), 1}
+	return c.launchK("embedding.cu", "embed_bwd_span"+dtSuffix(dtable.DType), spanGrid, [3]uint32{32, 8, 1}, 0,
 		kPtr(dtable), kDev(inK), kDev(partial), kI32(n), kI32(cols), kI32(v))
 }
 
