@@ -26,7 +26,7 @@
 
 // xent_count: state[0] = 0 (the ticket counter of the main kernel) and
 // state[1] = the number of targets ≥ 0. One block of 1024 threads.
-extern "C" __global__ void xent_count(unsigned int* state, const int* targets, int n) {
+extern "C" __global__ void __launch_bounds__(1024) xent_count(unsigned int* state, const int* targets, int n) {
   __shared__ int sh[32];
   int cnt = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) cnt += targets[i] >= 0;
@@ -159,7 +159,8 @@ __device__ void xent_finish(float* loss, const float* rowloss, unsigned int* sta
   }
 }
 
-// xent_rows: one block per row (blockDim.x a multiple of 32, ≤ 1024),
+// xent_rows: one block per row (blockDim.x a multiple of 32, ≤ 1024:
+// launch bounds keep registers within what 1024 threads may have),
 // 16-byte vector loads from each row's first 16-byte boundary on, the
 // elements before it and after the last whole vector one by one.
 //
@@ -314,7 +315,7 @@ __device__ void xent_warp(float* loss, float* rowloss, TG* dl, long long ldg, co
 }
 
 #define XENT(SUF, TX, TG)                                                                                 \
-  extern "C" __global__ void xent_rows_##SUF(float* loss, float* rowloss, TG* dl, long long ldg,          \
+  extern "C" __global__ void __launch_bounds__(1024) xent_rows_##SUF(float* loss, float* rowloss, TG* dl, long long ldg,          \
                                              const TX* x, long long ldx, const int* targets, int n, int V, \
                                              unsigned int* state, int acc) {                              \
     xent_rows<TX, TG>(loss, rowloss, dl, ldg, x, ldx, targets, n, V, state, acc);                         \

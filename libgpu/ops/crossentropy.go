@@ -54,18 +54,13 @@ func (e *Engine) CrossEntropy(loss, dlogits, logits, targets *tensor.Tensor, acc
 		return e.Fill(loss, 0)
 	}
 	return e.dispatch(func(*hostImpl) error {
-		rows, err := hostXent(x, d, targets, accGrad)
+		rows, valid, err := hostXent(x, d, targets, accGrad)
 		if err != nil {
 			return err
 		}
 		var sum float64
-		valid := 0
-		tg, _ := targets.I32()
-		for i, l := range rows {
-			if tg[i] >= 0 {
-				sum += l
-				valid++
-			}
+		for _, l := range rows {
+			sum += l // 0 for ignored rows
 		}
 		mean := float32(0)
 		if valid > 0 {
@@ -110,7 +105,7 @@ func (e *Engine) CrossEntropyRows(rowloss, logits, targets *tensor.Tensor) error
 		return nil
 	}
 	return e.dispatch(func(*hostImpl) error {
-		rows, err := hostXent(x, nil, targets, false)
+		rows, _, err := hostXent(x, nil, targets, false)
 		if err != nil {
 			return err
 		}
@@ -159,18 +154,19 @@ func (e *Engine) checkXent(op string, logits, dlogits, targets *tensor.Tensor) (
 	return x, d, checkDims(lds...)
 }
 
-// hostXent returns each row's loss in float64 (0 for ignored rows) and,
-// when d is not nil, writes (or adds, with acc) the gradient of the mean.
-func hostXent(x, d, targets *tensor.Tensor, acc bool) ([]float64, error) {
+// hostXent returns each row's loss in float64 (0 for ignored rows) and
+// the number of rows not ignored and, when d is not nil, writes (or adds,
+// with acc) the gradient of the mean.
+func hostXent(x, d, targets *tensor.Tensor, acc bool) ([]float64, int, error) {
 	tg, err := targets.I32()
 	if err != nil {
-		return nil, fmt.Errorf("ops: host backend: %w", err)
+		return nil, 0, fmt.Errorf("ops: host backend: %w", err)
 	}
 	n, v := x.Dim(0), x.Dim(1)
 	valid := 0
 	for i, t := range tg {
 		if int(t) >= v {
-			return nil, fmt.Errorf("%w: cross-entropy target %d at row %d, vocabulary %d", ErrLabel, t, i, v)
+			return nil, 0, fmt.Errorf("%w: cross-entropy target %d at row %d, vocabulary %d", ErrLabel, t, i, v)
 		}
 		if t >= 0 {
 			valid++
@@ -178,11 +174,11 @@ func hostXent(x, d, targets *tensor.Tensor, acc bool) ([]float64, error) {
 	}
 	xs, err := hostIn(x)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	g, commit, err := hostOut(d, acc)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	rows := make([]float64, n)
 	for i := 0; i < n; i++ {
@@ -216,7 +212,7 @@ func hostXent(x, d, targets *tensor.Tensor, acc bool) ([]float64, error) {
 			gr[j] = float32(p * inv)
 		}
 	}
-	return rows, commit()
+	return rows, valid, commit()
 }
 
 // xent launches xent_warp (one warp per row, V ≤ 1024) or xent_rows (one
@@ -233,9 +229,11 @@ func (c *cudaImpl) xent(loss, rowloss karg, d, x, targets *tensor.Tensor, state 
 	if v <= 1024 {
 		return c.launchK("crossentropy.cu", "xent_warp"+suffix, grid1((n+7)/8), block1(256), 0, args...)
 	}
-	// Threads: about four 16-byte vectors each, 64 to 512.
+	// Threads: about four 16-byte vectors each, 64 to 1024. Large rows get
+	// large blocks: fewer rows in flight per SM (GPT-2's bf16 row is
+	// 100 KB), so the gradient pass's second read of a row finds it in L2.
 	nvec := v * x.DType.Size() / 16
-	bs := min(max((nvec/4+31)/32*32, 64), 512)
+	bs := min(max((nvec/4+31)/32*32, 64), 1024)
 	return c.launchK("crossentropy.cu", "xent_rows"+suffix, grid1(n), block1(bs), 0, args...)
 }
 

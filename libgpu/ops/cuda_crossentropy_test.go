@@ -59,7 +59,7 @@ func TestCUDACrossEntropyLarge(t *testing.T) {
 					if err := e.CrossEntropy(loss, dl, x, targets, false); err != nil {
 						t.Fatal(err)
 					}
-					lb, db := readBytes(t, e, loss), readBytes(t, e, dl)
+					lb, db := syncReadBytes(t, e, loss), syncReadBytes(t, e, dl)
 					if run == 0 {
 						first = [2][]byte{lb, db}
 						continue
@@ -69,14 +69,14 @@ func TestCUDACrossEntropyLarge(t *testing.T) {
 					}
 				}
 				_, mean, grad := opstest.RefCrossEntropy(xv, tg, n, v)
-				if err := opstest.RelErrFloor(readFloats(t, e, loss), []float64{mean}, 1); !(err <= 1e-5) {
+				if err := opstest.RelErrFloor(syncReadFloats(t, e, loss), []float64{mean}, 1); !(err <= 1e-5) {
 					t.Errorf("loss: error %.3g", err)
 				}
 				tol := 1e-5
 				if dt == tensor.BF16 {
 					tol = 1e-2
 				}
-				if err := opstest.RelErrFloor(readFloats(t, e, dl), grad, 1/float64(n)); !(err <= tol) {
+				if err := opstest.RelErrFloor(syncReadFloats(t, e, dl), grad, 1/float64(n)); !(err <= tol) {
 					t.Errorf("dlogits: error %.3g", err)
 				}
 			})
@@ -111,7 +111,7 @@ func TestCUDACrossEntropyGraphMatchesEager(t *testing.T) {
 			if err := step(); err != nil {
 				t.Fatal(err)
 			}
-			want := [][]byte{readBytes(t, e, loss), readBytes(t, e, dl), readBytes(t, e, rows)}
+			want := [][]byte{syncReadBytes(t, e, loss), syncReadBytes(t, e, dl), syncReadBytes(t, e, rows)}
 			for _, x := range []*tensor.Tensor{loss, dl, rows} {
 				if err := opstest.Poison(x); err != nil {
 					t.Fatal(err)
@@ -128,7 +128,7 @@ func TestCUDACrossEntropyGraphMatchesEager(t *testing.T) {
 				}
 			}
 			for i, x := range []*tensor.Tensor{loss, dl, rows} {
-				if !bytes.Equal(readBytes(t, e, x), want[i]) {
+				if !bytes.Equal(syncReadBytes(t, e, x), want[i]) {
 					t.Fatalf("output %d: graph replay differs from eager", i)
 				}
 			}
@@ -154,10 +154,10 @@ func BenchmarkCUDACrossEntropy(b *testing.B) {
 		dl := opstest.Empty(b, a, tensor.BF16, n, v)
 		bytesNV := int64(n) * int64(v) * 2
 		b.Run(fmt.Sprintf("fwd+bwd/N=%d,V=%d,bf16", n, v), func(b *testing.B) {
-			benchCaptured(b, e, 10, 2*bytesNV, func() error { return e.CrossEntropy(loss, dl, x, targets, false) })
+			benchGraphReplay(b, e, 10, 2*bytesNV, func() error { return e.CrossEntropy(loss, dl, x, targets, false) })
 		})
 		b.Run(fmt.Sprintf("loss-only/N=%d,V=%d,bf16", n, v), func(b *testing.B) {
-			benchCaptured(b, e, 10, bytesNV, func() error { return e.CrossEntropy(loss, nil, x, targets, false) })
+			benchGraphReplay(b, e, 10, bytesNV, func() error { return e.CrossEntropy(loss, nil, x, targets, false) })
 		})
 	}
 }
