@@ -146,7 +146,7 @@ extern "C" __global__ void embed_sort_hist(int* hist, const int* keys, const int
 // embed_sort_scan: exclusive prefix sum of hist[0, m) in place, one block
 // of 1024 threads (each scans a contiguous segment; segment totals are
 // scanned through shared memory).
-extern "C" __global__ void embed_sort_scan(int* hist, int m) {
+extern "C" __global__ void __launch_bounds__(1024) embed_sort_scan(int* hist, int m) {
   __shared__ int sh[1024];
   int per = (m + 1023) / 1024;
   int lo = min(m, (int)threadIdx.x * per), hi = min(m, lo + per);

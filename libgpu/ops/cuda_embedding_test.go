@@ -37,7 +37,9 @@ func TestCUDAEmbeddingLarge(t *testing.T) {
 	e := cudaEngine(t, d, ops.PrecBF16)
 	a := device.Local{Dev: d}
 	r := rand.New(rand.NewPCG(rand.Uint64(), 11))
-	for _, sh := range embedShapes {
+	// And GPT-2 XL's width (C 1600: two column blocks in the backward).
+	shapes := append(embedShapes[:len(embedShapes):len(embedShapes)], struct{ v, c, n int }{50257, 1600, 4096})
+	for _, sh := range shapes {
 		t.Run(fmt.Sprintf("V=%d,C=%d,N=%d", sh.v, sh.c, sh.n), func(t *testing.T) {
 			ix := skewedIndices(r, sh.n, sh.v)
 			idx := opstest.UploadI32(t, a, ix, 64, sh.n/64)
@@ -48,7 +50,7 @@ func TestCUDAEmbeddingLarge(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := opstest.RefEmbedding(opstest.F64(tv), ix, sh.c)
-			got := readFloats(t, e, y)
+			got := syncReadFloats(t, e, y)
 			if err := opstest.RelErr(got, opstest.F64(tensor.RoundBF16(opstest.F32(want)))); err != 0 {
 				t.Fatalf("forward: relative error %.3g, want 0", err)
 			}
@@ -63,7 +65,7 @@ func TestCUDAEmbeddingLarge(t *testing.T) {
 				if err := e.EmbeddingBackward(dt, dy, idx, false); err != nil {
 					t.Fatal(err)
 				}
-				b := readBytes(t, e, dt)
+				b := syncReadBytes(t, e, dt)
 				if run == 0 {
 					first = b
 					continue
@@ -73,7 +75,7 @@ func TestCUDAEmbeddingLarge(t *testing.T) {
 				}
 			}
 			ref := opstest.RefEmbeddingBackward(opstest.F64(dyv), ix, sh.v, sh.c, nil)
-			if err := opstest.RelErr(readFloats(t, e, dt), ref); !(err <= 1e-5) {
+			if err := opstest.RelErr(syncReadFloats(t, e, dt), ref); !(err <= 1e-5) {
 				t.Fatalf("backward: relative error %.3g", err)
 			}
 			// Accumulate: dtable += the same sums (twice the reference).
@@ -83,7 +85,7 @@ func TestCUDAEmbeddingLarge(t *testing.T) {
 			for i := range ref {
 				ref[i] *= 2
 			}
-			if err := opstest.RelErr(readFloats(t, e, dt), ref); !(err <= 1e-5) {
+			if err := opstest.RelErr(syncReadFloats(t, e, dt), ref); !(err <= 1e-5) {
 				t.Fatalf("backward (acc): relative error %.3g", err)
 			}
 		})
@@ -117,7 +119,7 @@ func TestCUDAEmbeddingGraphMatchesEager(t *testing.T) {
 	if err := step(); err != nil {
 		t.Fatal(err)
 	}
-	wantY, wantD := readBytes(t, e, y), readBytes(t, e, dt)
+	wantY, wantD := syncReadBytes(t, e, y), syncReadBytes(t, e, dt)
 	for _, x := range []*tensor.Tensor{y, dt} {
 		if err := opstest.Poison(x); err != nil {
 			t.Fatal(err)
@@ -133,13 +135,13 @@ func TestCUDAEmbeddingGraphMatchesEager(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if !bytes.Equal(readBytes(t, e, y), wantY) || !bytes.Equal(readBytes(t, e, dt), wantD) {
+	if !bytes.Equal(syncReadBytes(t, e, y), wantY) || !bytes.Equal(syncReadBytes(t, e, dt), wantD) {
 		t.Fatal("graph replay differs from eager")
 	}
 }
 
-// readBytes waits for the engine and reads t's bytes.
-func readBytes(tb testing.TB, e *ops.Engine, t *tensor.Tensor) []byte {
+// syncReadBytes waits for the engine and reads t's bytes.
+func syncReadBytes(tb testing.TB, e *ops.Engine, t *tensor.Tensor) []byte {
 	tb.Helper()
 	if err := e.Sync(); err != nil {
 		tb.Fatal(err)
@@ -151,8 +153,8 @@ func readBytes(tb testing.TB, e *ops.Engine, t *tensor.Tensor) []byte {
 	return b
 }
 
-// readFloats waits for the engine and reads a float tensor as float64.
-func readFloats(tb testing.TB, e *ops.Engine, t *tensor.Tensor) []float64 {
+// syncReadFloats waits for the engine and reads a float tensor as float64.
+func syncReadFloats(tb testing.TB, e *ops.Engine, t *tensor.Tensor) []float64 {
 	tb.Helper()
 	if err := e.Sync(); err != nil {
 		tb.Fatal(err)
@@ -164,11 +166,11 @@ func readFloats(tb testing.TB, e *ops.Engine, t *tensor.Tensor) []float64 {
 	return opstest.F64(v)
 }
 
-// benchCaptured times f (queued ops) replayed from a CUDA graph of calls
+// benchGraphReplay times f (queued ops) replayed from a CUDA graph of calls
 // copies of it, after one eager warm-up, and reports µs per call and the
 // bandwidth of bytes per call. Graph replay keeps the host's launch cost
 // out of the figure, as in a captured training step.
-func benchCaptured(b *testing.B, e *ops.Engine, calls int, bytes int64, f func() error) {
+func benchGraphReplay(b *testing.B, e *ops.Engine, calls int, bytes int64, f func() error) {
 	b.Helper()
 	if err := f(); err != nil {
 		b.Fatal(err)
@@ -208,7 +210,7 @@ func benchCaptured(b *testing.B, e *ops.Engine, calls int, bytes int64, f func()
 
 // BenchmarkCUDAEmbedding times the embedding at the GPT shapes: the
 // forward (f32 table → bf16 rows) and the backward (bf16 dy → f32 dtable,
-// overwritten: zeroing, sort, run sums). GB/s counts the bytes that must
+// overwritten: zeroing, sort, run sums; or accumulated). GB/s counts the bytes that must
 // move: forward 2·N·C (write) + N·C·4 (rows read), backward N·C·2 (dy) +
 // V·C·4 (dtable written).
 func BenchmarkCUDAEmbedding(b *testing.B) {
@@ -224,10 +226,20 @@ func BenchmarkCUDAEmbedding(b *testing.B) {
 		dt := opstest.Empty(b, a, tensor.F32, sh.v, sh.c)
 		nc := int64(sh.n * sh.c)
 		b.Run(fmt.Sprintf("forward/V=%d,C=%d,N=%d", sh.v, sh.c, sh.n), func(b *testing.B) {
-			benchCaptured(b, e, 10, nc*6, func() error { return e.Embedding(y, table, idx) })
+			benchGraphReplay(b, e, 10, nc*6, func() error { return e.Embedding(y, table, idx) })
 		})
 		b.Run(fmt.Sprintf("backward/V=%d,C=%d,N=%d", sh.v, sh.c, sh.n), func(b *testing.B) {
-			benchCaptured(b, e, 10, nc*2+int64(sh.v*sh.c)*4, func() error { return e.EmbeddingBackward(dt, y, idx, false) })
+			benchGraphReplay(b, e, 10, nc*2+int64(sh.v*sh.c)*4, func() error { return e.EmbeddingBackward(dt, y, idx, false) })
+		})
+		// Accumulating (a tied table whose gradient the lm_head's GEMM
+		// wrote first): no zeroing pass; the bytes are dy and a read and
+		// write of each row some index names.
+		uniq := map[int32]bool{}
+		for _, k := range ix {
+			uniq[k] = true
+		}
+		b.Run(fmt.Sprintf("backward-acc/V=%d,C=%d,N=%d", sh.v, sh.c, sh.n), func(b *testing.B) {
+			benchGraphReplay(b, e, 10, nc*2+int64(len(uniq)*sh.c)*8, func() error { return e.EmbeddingBackward(dt, y, idx, true) })
 		})
 	}
 }

@@ -148,9 +148,9 @@ func checkIndices(op string, ix []int32, v int) error {
 
 // ---- CUDA ----
 
-// aligned reports whether the address of t's element 0 and every row
+// embedAligned reports whether the address of t's element 0 and every row
 // stride in lds are multiples of vec elements of t's dtype.
-func aligned(t *tensor.Tensor, vec int, lds ...int) bool {
+func embedAligned(t *tensor.Tensor, vec int, lds ...int) bool {
 	if uint64(t.Ptr())%uint64(vec*t.DType.Size()) != 0 {
 		return false
 	}
@@ -167,7 +167,7 @@ func aligned(t *tensor.Tensor, vec int, lds ...int) bool {
 // allow.
 func (c *cudaImpl) embedFwd(y, table, idx *tensor.Tensor, n, cols, v int) error {
 	vec := 1
-	if cols%4 == 0 && aligned(y, 4, ldOf(y)) && aligned(table, 4) {
+	if cols%4 == 0 && embedAligned(y, 4, ldOf(y)) && embedAligned(table, 4) {
 		vec = 4
 	}
 	name := "embed_fwd" + dtSuffix(table.DType) + dtSuffix(y.DType)
@@ -243,7 +243,7 @@ func (c *cudaImpl) embedBwd(dtable, dy, idx *tensor.Tensor, n, cols, v int, acc 
 		cur = 1 - cur
 	}
 	vec := 1
-	if cols%4 == 0 && aligned(dy, 4, ldOf(dy)) && aligned(dtable, 4) {
+	if cols%4 == 0 && embedAligned(dy, 4, ldOf(dy)) && embedAligned(dtable, 4) {
 		vec = 4
 	}
 	threads := min((cols/vec+31)/32*32, 256)

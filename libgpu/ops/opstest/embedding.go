@@ -90,11 +90,11 @@ func embeddingForward(s *Suite, tdt, ydt tensor.DType, v, c int, idxShape []int)
 	idx := UploadI32(s.T, s.A, ix, idxShape...)
 	y := s.Empty(ydt, append(append([]int(nil), idxShape...), c)...)
 	s.NoErr("embedding", s.E.Embedding(y, table, idx))
-	s.Near("y", s.Read(y), roundTo(ydt, RefEmbedding(tv, ix, c)), 0)
+	s.Near("y", s.Read(y), embRound(ydt, RefEmbedding(tv, ix, c)), 0)
 }
 
-// roundTo rounds float64 values to what dtype dt stores.
-func roundTo(dt tensor.DType, v []float64) []float64 {
+// embRound rounds float64 values to what dtype dt stores.
+func embRound(dt tensor.DType, v []float64) []float64 {
 	f := F32(v)
 	if dt == tensor.BF16 {
 		f = tensor.RoundBF16(f)
