@@ -17,8 +17,11 @@ type GradCase struct {
 	// Params are the shapes of the differentiable inputs, drawn from
 	// N(0, Scale²) (Scale 0: 1), or taken from Init when it gives values.
 	Params [][]int
-	Scale  float64
-	Init   func(i int, n int) []float64
+	// PDTypes, where given and not 0, override DType for the param of the
+	// same index (f32 master parameters of a bf16 op: norm weights).
+	PDTypes []tensor.DType
+	Scale   float64
+	Init    func(i int, n int) []float64
 	// Consts are inputs without gradients (indices, labels), passed to
 	// Record as Inputs.
 	Consts []*tensor.Tensor
@@ -35,6 +38,9 @@ type GradCase struct {
 	// upstream gradients: every input gradient must be the sum of both
 	// (fan-out accumulation).
 	Twice bool
+	// Options are the graph's options (Train, Seed, Counter); Autocast is
+	// set to DType.
+	Options ops.GraphOptions
 }
 
 // GradCheck runs c: forward with the output poisoned first, a loss
@@ -56,24 +62,30 @@ func (s *Suite) GradCheck(c GradCase) {
 	if scale == 0 {
 		scale = 1
 	}
-	g := ops.NewGraph(s.E, s.A, "", ops.GraphOptions{Autocast: c.DType})
+	opts := c.Options
+	opts.Autocast = c.DType
+	g := ops.NewGraph(s.E, s.A, "", opts)
 	defer g.Free()
 	vals := make([][]float64, len(c.Params))
 	pv := make([]*ops.Var, len(c.Params))
 	for i, shape := range c.Params {
+		dt := c.DType
+		if i < len(c.PDTypes) && c.PDTypes[i] != 0 {
+			dt = c.PDTypes[i]
+		}
 		var t *tensor.Tensor
 		if c.Init != nil {
 			if v := c.Init(i, tensor.Numel(shape)); v != nil {
-				t, vals[i] = s.Const(c.DType, v, shape...), nil
+				t, vals[i] = s.Const(dt, v, shape...), nil
 				got, err := t.ReadFloat32()
 				s.NoErr("read init", err)
 				vals[i] = F64(got)
 			}
 		}
 		if t == nil {
-			t, vals[i] = s.Rand(c.DType, scale, shape...)
+			t, vals[i] = s.Rand(dt, scale, shape...)
 		}
-		grad := s.Empty(c.DType, shape...)
+		grad := s.Empty(dt, shape...)
 		pv[i] = g.Param(fmt.Sprintf("p%d", i), t, grad)
 	}
 	cv := make([]*ops.Var, len(c.Consts))
