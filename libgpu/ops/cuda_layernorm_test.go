@@ -1,0 +1,239 @@
+package ops_test
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/ops/opstest"
+	"gpukit/libgpu/tensor"
+)
+
+// lnProblem is one LayerNorm forward and backward problem on one engine.
+type lnProblem struct {
+	e                *ops.Engine
+	x, y, dy, dx     *tensor.Tensor
+	w, b, mean, rstd *tensor.Tensor
+	dw, db           *tensor.Tensor
+	rows, cols       int
+}
+
+// newLNProblem allocates rows × cols tensors on e's device filled from a
+// fixed seed (the same values on every engine).
+func newLNProblem(tb testing.TB, e *ops.Engine, dt tensor.DType, rows, cols int) *lnProblem {
+	tb.Helper()
+	a := device.Local{Dev: e.Device()}
+	r := rand.New(rand.NewPCG(uint64(rows), uint64(cols)))
+	fill := func(t *tensor.Tensor, shift float32) *tensor.Tensor {
+		v := opstest.Rand(r, t.Numel())
+		for i := range v {
+			v[i] += shift
+		}
+		if err := t.WriteFloat32(v); err != nil {
+			tb.Fatal(err)
+		}
+		return t
+	}
+	return &lnProblem{e: e, rows: rows, cols: cols,
+		x:  fill(opstest.Empty(tb, a, dt, rows, cols), 2),
+		dy: fill(opstest.Empty(tb, a, dt, rows, cols), 0),
+		w:  fill(opstest.Empty(tb, a, tensor.F32, cols), 1),
+		b:  fill(opstest.Empty(tb, a, tensor.F32, cols), 0),
+		y:  opstest.Empty(tb, a, dt, rows, cols), dx: opstest.Empty(tb, a, dt, rows, cols),
+		mean: opstest.Empty(tb, a, tensor.F32, rows), rstd: opstest.Empty(tb, a, tensor.F32, rows),
+		dw: opstest.Empty(tb, a, tensor.F32, cols), db: opstest.Empty(tb, a, tensor.F32, cols),
+	}
+}
+
+func (p *lnProblem) forward() error {
+	return p.e.LayerNorm(p.y, p.mean, p.rstd, p.x, p.w, p.b, 1e-5)
+}
+
+func (p *lnProblem) backward() error {
+	return p.e.LayerNormBackward(p.dx, p.dw, p.db, p.dy, p.x, p.w, p.mean, p.rstd, [3]bool{})
+}
+
+func (p *lnProblem) outputs() []*tensor.Tensor {
+	return []*tensor.Tensor{p.y, p.mean, p.rstd, p.dx, p.dw, p.db}
+}
+
+// TestCUDALayerNormLarge: at the GPT's shapes (16384 rows of 384 and 768),
+// a block-per-row width (4096) and one past the block cache (10000), the
+// GPU's forward and backward match the host backend's within the dtype's
+// bound, and a second backward gives the same bits (no atomics).
+func TestCUDALayerNormLarge(t *testing.T) {
+	d := gpu(t)
+	ge := cudaEngine(t, d, ops.PrecTF32)
+	he, err := ops.NewEngine(device.NewHost(), ops.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sh := range [][2]int{{16384, 384}, {16384, 768}, {1000, 4096}, {64, 10000}} {
+		for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
+			t.Run(fmt.Sprintf("%dx%d/%v", sh[0], sh[1], dt), func(t *testing.T) {
+				gp, hp := newLNProblem(t, ge, dt, sh[0], sh[1]), newLNProblem(t, he, dt, sh[0], sh[1])
+				for _, p := range []*lnProblem{gp, hp} {
+					if err := p.forward(); err != nil {
+						t.Fatal(err)
+					}
+					if err := p.backward(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				tol := 1e-5
+				if dt == tensor.BF16 {
+					tol = 1e-2
+				}
+				names := []string{"y", "mean", "rstd", "dx", "dw", "db"}
+				first := make([][]byte, len(names))
+				for i, o := range gp.outputs() {
+					want := opstest.F64(mustRead(t, hp.e, hp.outputs()[i]))
+					got := opstest.F64(mustRead(t, ge, o))
+					bound := tol
+					if o.DType == tensor.F32 && names[i] != "y" && names[i] != "dx" {
+						bound = 1e-5
+					}
+					if e := opstest.RelErr(got, want); !(e <= bound) {
+						t.Errorf("%s: relative error %.3g > %.3g", names[i], e, bound)
+					}
+					first[i] = readBytes(t, ge, o)
+				}
+				if err := gp.backward(); err != nil {
+					t.Fatal(err)
+				}
+				for i, o := range gp.outputs()[3:] {
+					if !bytes.Equal(first[3+i], readBytes(t, ge, o)) {
+						t.Errorf("%s: a second backward gave other bits", names[3+i])
+					}
+				}
+			})
+		}
+	}
+}
+
+func readBytes(t *testing.T, e *ops.Engine, x *tensor.Tensor) []byte {
+	t.Helper()
+	if err := e.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := x.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func mustRead(t *testing.T, e *ops.Engine, x *tensor.Tensor) []float32 {
+	t.Helper()
+	if err := e.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := x.ReadFloat32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestCUDALayerNormGraph: forward and backward captured into a CUDA graph
+// and replayed give bitwise the eager results.
+func TestCUDALayerNormGraph(t *testing.T) {
+	d := gpu(t)
+	e := cudaEngine(t, d, ops.PrecTF32)
+	p := newLNProblem(t, e, tensor.BF16, 4096, 768)
+	step := func() error {
+		if err := p.forward(); err != nil {
+			return err
+		}
+		return p.backward()
+	}
+	if err := step(); err != nil {
+		t.Fatal(err)
+	}
+	var eager [][]byte
+	for _, o := range p.outputs() {
+		eager = append(eager, readBytes(t, e, o))
+		if err := opstest.Poison(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := e.Capture(step)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Launch(); err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range p.outputs() {
+		if !bytes.Equal(eager[i], readBytes(t, e, o)) {
+			t.Errorf("output %d: graph replay differs from eager", i)
+		}
+	}
+}
+
+// BenchmarkCUDALayerNorm times the forward and the backward (dx, dw, db)
+// at 16384 rows (the GPT's batch 64 × block 256) of 384 and 768, bf16 and
+// f32, as 20 launches captured in one CUDA graph (so launch latency is not
+// measured). Metrics: µs per op and effective bandwidth from the bytes the
+// op must move (forward: x read, y written, mean and rstd written;
+// backward: x and dy read, dx written, w, mean and rstd read).
+func BenchmarkCUDALayerNorm(b *testing.B) {
+	d := gpu(b)
+	e := cudaEngine(b, d, ops.PrecTF32)
+	const rows, reps = 16384, 20
+	for _, cols := range []int{384, 768} {
+		for _, dt := range []tensor.DType{tensor.BF16, tensor.F32} {
+			p := newLNProblem(b, e, dt, rows, cols)
+			act := int64(rows * cols * dt.Size())
+			for _, c := range []struct {
+				name  string
+				op    func() error
+				bytes int64
+			}{
+				{"fwd", p.forward, 2*act + 8*rows},
+				{"bwd", p.backward, 3*act + 8*rows},
+			} {
+				b.Run(fmt.Sprintf("%s/%dx%d/%v", c.name, rows, cols, dt), func(b *testing.B) {
+					if err := p.forward(); err != nil { // eager once: compile, scratch
+						b.Fatal(err)
+					}
+					if err := c.op(); err != nil {
+						b.Fatal(err)
+					}
+					g, err := e.Capture(func() error {
+						for i := 0; i < reps; i++ {
+							if err := c.op(); err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer g.Close()
+					if err := e.Sync(); err != nil {
+						b.Fatal(err)
+					}
+					b.ResetTimer()
+					for i := 0; i < b.N; i++ {
+						if err := g.Launch(); err != nil {
+							b.Fatal(err)
+						}
+					}
+					if err := e.Sync(); err != nil {
+						b.Fatal(err)
+					}
+					b.StopTimer()
+					per := b.Elapsed().Seconds() / float64(b.N*reps)
+					b.ReportMetric(per*1e6, "µs/op")
+					b.ReportMetric(float64(c.bytes)/per/1e9, "GB/s")
+				})
+			}
+		}
+	}
+}
