@@ -1,0 +1,188 @@
+package ops
+
+// The GELU family: the standalone GELU activation in both of its forms and
+// its backward (libgpu/kernels/gelu.cu), and Graph.GELU. The GEMM family
+// fuses the tanh form as an epilogue (ActGELU); this op serves the erf form
+// (PyTorch's nn.GELU() default) and activations that follow no GEMM.
+// Reference and checks: opstest/gelu.go.
+
+import (
+	"fmt"
+	"math"
+
+	"gpukit/libgpu/tensor"
+)
+
+// GELUForm selects a form of GELU (Hendrycks & Gimpel 2016, "Gaussian Error
+// Linear Units").
+type GELUForm uint8
+
+const (
+	// GELUTanh is ½x(1 + tanh(√(2/π)(x + 0.044715x³))): PyTorch's
+	// nn.GELU(approximate="tanh"), GPT-2's, and the GEMM epilogue's.
+	GELUTanh GELUForm = iota
+	// GELUErf is ½x(1 + erf(x/√2)) = x·Φ(x): PyTorch's nn.GELU() default.
+	GELUErf
+)
+
+func (f GELUForm) String() string {
+	switch f {
+	case GELUTanh:
+		return "tanh"
+	case GELUErf:
+		return "erf"
+	}
+	return fmt.Sprintf("GELUForm(%d)", uint8(f))
+}
+
+// checkElem checks the contiguous float tensors of an element-wise op:
+// ref first (any float dtype), then others of ref's shape and, where
+// sameType, its dtype.
+func (e *Engine) checkElem(op string, sameType bool, ref *tensor.Tensor, names []string, ts ...*tensor.Tensor) error {
+	if err := e.checkView(op+" "+names[0], ref, true, floatTypes); err != nil {
+		return err
+	}
+	dts := floatTypes
+	if sameType {
+		dts = []tensor.DType{ref.DType}
+	}
+	for i, t := range ts {
+		if err := e.checkView(op+" "+names[i+1], t, true, dts, ref.Shape...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkGELUForm(f GELUForm) error {
+	if f > GELUErf {
+		return fmt.Errorf("%w: %v", ErrConfig, f)
+	}
+	return nil
+}
+
+// GELU computes y = GELU(x) element-wise in the given form, in f32: x and y
+// contiguous, of one shape and dtype (f32 or bf16); y may be x. Errors
+// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice or
+// ErrConfig (an unknown form).
+func (e *Engine) GELU(y, x *tensor.Tensor, form GELUForm) error {
+	if err := checkGELUForm(form); err != nil {
+		return err
+	}
+	if err := e.checkElem("gelu", true, x, []string{"x", "y"}, y); err != nil {
+		return err
+	}
+	n := x.Numel()
+	if n == 0 {
+		return nil
+	}
+	return e.dispatch(func(*hostImpl) error {
+		xs, err := hostIn(x)
+		if err != nil {
+			return err
+		}
+		ys, commit, err := hostOut(y, false)
+		if err != nil {
+			return err
+		}
+		for i, v := range xs {
+			ys[i] = hostGELU(v, form)
+		}
+		return commit()
+	}, func(c *cudaImpl) error {
+		inst := elemInst(x, y)
+		return c.launchK("gelu.cu", "gelu_fwd_"+inst+dtSuffix(x.DType), elemGrid(n, inst), block1(256), 0,
+			kPtr(y), kPtr(x), kI64(int64(n)), kI32(int(form)))
+	})
+}
+
+// GELUBackward computes dx = dy ⊙ GELU'(x) element-wise (GELU' of the given
+// form: erf: Φ(x) + x·φ(x); tanh: the derivative of the tanh expression),
+// or adds it to dx when acc. dx, dy and x contiguous, of one shape and
+// dtype; dx may be dy. Errors as GELU.
+func (e *Engine) GELUBackward(dx, dy, x *tensor.Tensor, form GELUForm, acc bool) error {
+	if err := checkGELUForm(form); err != nil {
+		return err
+	}
+	if err := e.checkElem("gelu backward", true, x, []string{"x", "dx", "dy"}, dx, dy); err != nil {
+		return err
+	}
+	n := x.Numel()
+	if n == 0 {
+		return nil
+	}
+	return e.dispatch(func(*hostImpl) error {
+		xs, err := hostIn(x)
+		if err != nil {
+			return err
+		}
+		gs, err := hostIn(dy)
+		if err != nil {
+			return err
+		}
+		dxs, commit, err := hostOut(dx, acc)
+		if err != nil {
+			return err
+		}
+		for i, v := range xs { // dx may be dy: each element is read before it is written
+			dxs[i] = gs[i] * hostGELUGrad(v, form)
+		}
+		return commit()
+	}, func(c *cudaImpl) error {
+		inst := elemInst(x, dx, dy)
+		return c.launchK("gelu.cu", "gelu_bwd_"+inst+dtSuffix(x.DType), elemGrid(n, inst), block1(256), 0,
+			kPtr(dx), kPtr(dy), kPtr(x), kI64(int64(n)), kI32(int(form)), kBool(acc))
+	})
+}
+
+// hostGELU is GELU in float64, rounded to f32. The tanh form is written
+// x·σ(2u) = x/(1 + e^(−2u)) (½(1 + tanh u) = σ(2u)) and the erf form
+// x·½erfc(−x/√2), so that neither cancels for negative x.
+func hostGELU(z float32, form GELUForm) float32 {
+	x := float64(z)
+	if form == GELUTanh {
+		return float32(x / (1 + math.Exp(-2*geluC*(x+geluA*x*x*x))))
+	}
+	return float32(0.5 * x * math.Erfc(-x/math.Sqrt2))
+}
+
+// hostGELUGrad is GELU' in float64, rounded to f32: for tanh,
+// s + 2x·s(1−s)·c(1 + 3a x²) with s = σ(2u) = 1/(1+e), e = e^(−2u), and
+// s(1−s) = 1/(2 + e + 1/e); for erf, Φ(x) + x·φ(x).
+func hostGELUGrad(z float32, form GELUForm) float32 {
+	x := float64(z)
+	if form == GELUTanh {
+		e := math.Exp(-2 * geluC * (x + geluA*x*x*x))
+		s, sd := 1/(1+e), 1/(2+e+1/e)
+		return float32(s + 2*x*sd*geluC*(1+3*geluA*x*x))
+	}
+	return float32(0.5*math.Erfc(-x/math.Sqrt2) + x*math.Exp(-0.5*x*x)/math.Sqrt(2*math.Pi))
+}
+
+// GELU records y = GELU(x) in the given form (Engine.GELU): y of x's shape
+// and dtype; x must be contiguous. The backward reads x.
+func (g *Graph) GELU(x *Var, form GELUForm) *Var {
+	if !g.ok(x) {
+		return nil
+	}
+	if err := graphFloat("gelu x", x); err != nil {
+		g.Fail("gelu", err)
+		return nil
+	}
+	if err := checkGELUForm(form); err != nil {
+		g.Fail("gelu", err)
+		return nil
+	}
+	y := g.NewOut("gelu", x.Value.DType, x.Value.Shape...)
+	e := g.e
+	g.Record("gelu", []*Var{x}, []*Var{y}, func(*Grads) error {
+		return e.GELU(y.Value, x.Value, form)
+	}, func(gr *Grads) error {
+		dy, dx := gr.Out(0), gr.In(0)
+		if dy == nil || dx == nil {
+			return nil
+		}
+		return e.GELUBackward(dx, dy, x.Value, form, gr.Acc(0))
+	})
+	return y
+}
