@@ -15,7 +15,7 @@ import (
 // place). Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or
 // ErrDevice.
 func (e *Engine) Add(y, a, b *tensor.Tensor) error {
-	if err := e.checkElem("add", true, a, []string{"a", "b", "y"}, b, y); err != nil {
+	if err := e.rwCheckElem("add", true, a, []string{"a", "b", "y"}, b, y); err != nil {
 		return err
 	}
 	n := a.Numel()
@@ -40,8 +40,8 @@ func (e *Engine) Add(y, a, b *tensor.Tensor) error {
 		}
 		return commit()
 	}, func(c *cudaImpl) error {
-		inst := elemInst(y, a, b)
-		return c.launchK("add.cu", "add_"+inst+dtSuffix(a.DType), elemGrid(n, inst), block1(256), 0,
+		inst := rwElemInst(y, a, b)
+		return c.launchK("add.cu", "add_"+inst+dtSuffix(a.DType), rwElemGrid(n, inst), block1(256), 0,
 			kPtr(y), kPtr(a), kPtr(b), kI64(int64(n)))
 	})
 }
@@ -51,7 +51,7 @@ func (e *Engine) Add(y, a, b *tensor.Tensor) error {
 // gradient added into an f32 master's). y may be x. With s = 1, no acc and
 // one dtype it is a plain device copy. Errors as Add.
 func (e *Engine) Scale(y, x *tensor.Tensor, s float32, acc bool) error {
-	if err := e.checkElem("scale", false, x, []string{"x", "y"}, y); err != nil {
+	if err := e.rwCheckElem("scale", false, x, []string{"x", "y"}, y); err != nil {
 		return err
 	}
 	n := x.Numel()
@@ -78,9 +78,9 @@ func (e *Engine) Scale(y, x *tensor.Tensor, s float32, acc bool) error {
 		}
 		return commit()
 	}, func(c *cudaImpl) error {
-		inst := elemInst(y, x)
+		inst := rwElemInst(y, x)
 		name := "scale_" + inst + dtSuffix(y.DType) + dtSuffix(x.DType)
-		return c.launchK("add.cu", name, elemGrid(n, inst), block1(256), 0,
+		return c.launchK("add.cu", name, rwElemGrid(n, inst), block1(256), 0,
 			kPtr(y), kPtr(x), kF32(s), kI64(int64(n)), kBool(acc))
 	})
 }
@@ -92,7 +92,7 @@ func (g *Graph) Add(a, b *Var) *Var {
 	if !g.ok(a, b) {
 		return nil
 	}
-	if err := graphFloat("add a", a); err != nil {
+	if err := rwFloat("add a", a); err != nil {
 		g.Fail("add", err)
 		return nil
 	}
@@ -126,7 +126,7 @@ func (g *Graph) Scale(x *Var, s float32) *Var {
 	if !g.ok(x) {
 		return nil
 	}
-	if err := graphFloat("scale x", x); err != nil {
+	if err := rwFloat("scale x", x); err != nil {
 		g.Fail("scale", err)
 		return nil
 	}

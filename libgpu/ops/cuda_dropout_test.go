@@ -78,7 +78,7 @@ func TestCUDADropoutHostBitwise(t *testing.T) {
 					if err := cp.ge.Dropout(cp.gy, cp.gx, p, seed, site, cp.gctr); err != nil {
 						t.Fatal(err)
 					}
-					if !bytes.Equal(readBytes(t, cp.he, cp.hy), readBytes(t, cp.ge, cp.gy)) {
+					if !bytes.Equal(lnReadBytes(t, cp.he, cp.hy), lnReadBytes(t, cp.ge, cp.gy)) {
 						t.Fatal("forward: GPU and host differ")
 					}
 					// Backward in place (dx = dy = x), from the same counter.
@@ -88,11 +88,11 @@ func TestCUDADropoutHostBitwise(t *testing.T) {
 					if err := cp.ge.DropoutBackward(cp.gx, cp.gx, p, seed, site, cp.gctr, false); err != nil {
 						t.Fatal(err)
 					}
-					hb, gb := readBytes(t, cp.he, cp.hx), readBytes(t, cp.ge, cp.gx)
+					hb, gb := lnReadBytes(t, cp.he, cp.hx), lnReadBytes(t, cp.ge, cp.gx)
 					if !bytes.Equal(hb, gb) {
 						t.Fatal("backward: GPU and host differ")
 					}
-					if !bytes.Equal(gb, readBytes(t, cp.ge, cp.gy)) {
+					if !bytes.Equal(gb, lnReadBytes(t, cp.ge, cp.gy)) {
 						t.Fatal("backward mask differs from the forward's")
 					}
 				})
@@ -112,7 +112,7 @@ func TestCUDADropoutHostBitwise(t *testing.T) {
 		if err := cp.ge.Dropout(gy, gx, 0.25, seed, site, cp.gctr); err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(readBytes(t, cp.he, hy), readBytes(t, cp.ge, gy)) {
+		if !bytes.Equal(lnReadBytes(t, cp.he, hy), lnReadBytes(t, cp.ge, gy)) {
 			t.Fatal("misaligned: GPU and host differ")
 		}
 	})
@@ -143,14 +143,14 @@ func TestCUDADropoutGraphReplay(t *testing.T) {
 		if err := g.Launch(); err != nil {
 			t.Fatal(err)
 		}
-		got := readBytes(t, cp.ge, cp.gy)
+		got := lnReadBytes(t, cp.ge, cp.gy)
 		if err := cp.he.Fill(cp.hctr, float64(step)); err != nil {
 			t.Fatal(err)
 		}
 		if err := cp.he.Dropout(cp.hy, cp.hx, p, seed, site, cp.hctr); err != nil {
 			t.Fatal(err)
 		}
-		if !bytes.Equal(got, readBytes(t, cp.he, cp.hy)) {
+		if !bytes.Equal(got, lnReadBytes(t, cp.he, cp.hy)) {
 			t.Fatalf("step %d: replay differs from the eager result", step)
 		}
 		if bytes.Equal(got, prev) {

@@ -90,8 +90,8 @@ func TestCUDALayerNormLarge(t *testing.T) {
 				names := []string{"y", "mean", "rstd", "dx", "dw", "db"}
 				first := make([][]byte, len(names))
 				for i, o := range gp.outputs() {
-					want := opstest.F64(mustRead(t, hp.e, hp.outputs()[i]))
-					got := opstest.F64(mustRead(t, ge, o))
+					want := opstest.F64(lnRead(t, hp.e, hp.outputs()[i]))
+					got := opstest.F64(lnRead(t, ge, o))
 					bound := tol
 					if o.DType == tensor.F32 && names[i] != "y" && names[i] != "dx" {
 						bound = 1e-5
@@ -99,13 +99,13 @@ func TestCUDALayerNormLarge(t *testing.T) {
 					if e := opstest.RelErr(got, want); !(e <= bound) {
 						t.Errorf("%s: relative error %.3g > %.3g", names[i], e, bound)
 					}
-					first[i] = readBytes(t, ge, o)
+					first[i] = lnReadBytes(t, ge, o)
 				}
 				if err := gp.backward(); err != nil {
 					t.Fatal(err)
 				}
 				for i, o := range gp.outputs()[3:] {
-					if !bytes.Equal(first[3+i], readBytes(t, ge, o)) {
+					if !bytes.Equal(first[3+i], lnReadBytes(t, ge, o)) {
 						t.Errorf("%s: a second backward gave other bits", names[3+i])
 					}
 				}
@@ -114,7 +114,7 @@ func TestCUDALayerNormLarge(t *testing.T) {
 	}
 }
 
-func readBytes(t *testing.T, e *ops.Engine, x *tensor.Tensor) []byte {
+func lnReadBytes(t *testing.T, e *ops.Engine, x *tensor.Tensor) []byte {
 	t.Helper()
 	if err := e.Sync(); err != nil {
 		t.Fatal(err)
@@ -126,7 +126,7 @@ func readBytes(t *testing.T, e *ops.Engine, x *tensor.Tensor) []byte {
 	return b
 }
 
-func mustRead(t *testing.T, e *ops.Engine, x *tensor.Tensor) []float32 {
+func lnRead(t *testing.T, e *ops.Engine, x *tensor.Tensor) []float32 {
 	t.Helper()
 	if err := e.Sync(); err != nil {
 		t.Fatal(err)
@@ -155,7 +155,7 @@ func TestCUDALayerNormGraph(t *testing.T) {
 	}
 	var eager [][]byte
 	for _, o := range p.outputs() {
-		eager = append(eager, readBytes(t, e, o))
+		eager = append(eager, lnReadBytes(t, e, o))
 		if err := opstest.Poison(o); err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +169,7 @@ func TestCUDALayerNormGraph(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, o := range p.outputs() {
-		if !bytes.Equal(eager[i], readBytes(t, e, o)) {
+		if !bytes.Equal(eager[i], lnReadBytes(t, e, o)) {
 			t.Errorf("output %d: graph replay differs from eager", i)
 		}
 	}

@@ -101,7 +101,7 @@ func (e *Engine) Dropout(y, x *tensor.Tensor, p float32, seed uint64, site int, 
 	if err := e.checkDropout(p, site, counter); err != nil {
 		return err
 	}
-	if err := e.checkElem("dropout", true, x, []string{"x", "y"}, y); err != nil {
+	if err := e.rwCheckElem("dropout", true, x, []string{"x", "y"}, y); err != nil {
 		return err
 	}
 	return e.dropout(y, x, p, seed, site, counter, false)
@@ -115,7 +115,7 @@ func (e *Engine) DropoutBackward(dx, dy *tensor.Tensor, p float32, seed uint64, 
 	if err := e.checkDropout(p, site, counter); err != nil {
 		return err
 	}
-	if err := e.checkElem("dropout backward", true, dy, []string{"dy", "dx"}, dx); err != nil {
+	if err := e.rwCheckElem("dropout backward", true, dy, []string{"dy", "dx"}, dx); err != nil {
 		return err
 	}
 	return e.dropout(dx, dy, p, seed, site, counter, acc)
@@ -159,17 +159,17 @@ func (e *Engine) dropout(y, x *tensor.Tensor, p float32, seed uint64, site int, 
 		return commit()
 	}, func(c *cudaImpl) error {
 		inst := "s"
-		if vecOK([]*tensor.Tensor{x, y}) {
+		if rwVecOK([]*tensor.Tensor{x, y}) {
 			inst = "v"
 		}
 		return c.launchK("dropout.cu", "dropout_"+inst+dtSuffix(x.DType), gridFor(int64((n+3)/4), 256), block1(256), 0,
 			kPtr(y), kPtr(x), kI64(int64(n)), kF32(p), kF32(scale),
-			kU64(seed), kU32(uint32(site)), kPtr(counter), kBool(acc))
+			kU64(seed), dropU32(uint32(site)), kPtr(counter), kBool(acc))
 	})
 }
 
-// kU32 is an unsigned int kernel argument (the same 4 bytes as kI32's).
-func kU32(v uint32) karg { return kI32(int(int32(v))) }
+// dropU32 is an unsigned int kernel argument (the same 4 bytes as kI32's).
+func dropU32(v uint32) karg { return kI32(int(int32(v))) }
 
 // Dropout records y = dropout(x, p) (Engine.Dropout) with the graph's Seed
 // and Counter and the next call-site number. Outside training
@@ -184,7 +184,7 @@ func (g *Graph) Dropout(x *Var, p float32) *Var {
 	if !g.opts.Train || p == 0 {
 		return x
 	}
-	if err := graphFloat("dropout x", x); err != nil {
+	if err := rwFloat("dropout x", x); err != nil {
 		g.Fail("dropout", err)
 		return nil
 	}

@@ -8,6 +8,6 @@ import "gpukit/libgpu/tensor"
 func CUDAPhilox(e *Engine, out *tensor.Tensor, ctr [4]uint32, key [2]uint32) error {
 	return e.dispatch(nil, func(c *cudaImpl) error {
 		return c.launchK("dropout.cu", "philox4x32_10_kat", grid1(1), block1(1), 0, kPtr(out),
-			kU32(ctr[0]), kU32(ctr[1]), kU32(ctr[2]), kU32(ctr[3]), kU32(key[0]), kU32(key[1]))
+			dropU32(ctr[0]), dropU32(ctr[1]), dropU32(ctr[2]), dropU32(ctr[3]), dropU32(key[0]), dropU32(key[1]))
 	})
 }

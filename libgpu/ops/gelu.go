@@ -35,25 +35,6 @@ func (f GELUForm) String() string {
 	return fmt.Sprintf("GELUForm(%d)", uint8(f))
 }
 
-// checkElem checks the contiguous float tensors of an element-wise op:
-// ref first (any float dtype), then others of ref's shape and, where
-// sameType, its dtype.
-func (e *Engine) checkElem(op string, sameType bool, ref *tensor.Tensor, names []string, ts ...*tensor.Tensor) error {
-	if err := e.checkView(op+" "+names[0], ref, true, floatTypes); err != nil {
-		return err
-	}
-	dts := floatTypes
-	if sameType {
-		dts = []tensor.DType{ref.DType}
-	}
-	for i, t := range ts {
-		if err := e.checkView(op+" "+names[i+1], t, true, dts, ref.Shape...); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func checkGELUForm(f GELUForm) error {
 	if f > GELUErf {
 		return fmt.Errorf("%w: %v", ErrConfig, f)
@@ -69,7 +50,7 @@ func (e *Engine) GELU(y, x *tensor.Tensor, form GELUForm) error {
 	if err := checkGELUForm(form); err != nil {
 		return err
 	}
-	if err := e.checkElem("gelu", true, x, []string{"x", "y"}, y); err != nil {
+	if err := e.rwCheckElem("gelu", true, x, []string{"x", "y"}, y); err != nil {
 		return err
 	}
 	n := x.Numel()
@@ -90,8 +71,8 @@ func (e *Engine) GELU(y, x *tensor.Tensor, form GELUForm) error {
 		}
 		return commit()
 	}, func(c *cudaImpl) error {
-		inst := elemInst(x, y)
-		return c.launchK("gelu.cu", "gelu_fwd_"+inst+dtSuffix(x.DType), elemGrid(n, inst), block1(256), 0,
+		inst := rwElemInst(x, y)
+		return c.launchK("gelu.cu", "gelu_fwd_"+inst+dtSuffix(x.DType), rwElemGrid(n, inst), block1(256), 0,
 			kPtr(y), kPtr(x), kI64(int64(n)), kI32(int(form)))
 	})
 }
@@ -104,7 +85,7 @@ func (e *Engine) GELUBackward(dx, dy, x *tensor.Tensor, form GELUForm, acc bool)
 	if err := checkGELUForm(form); err != nil {
 		return err
 	}
-	if err := e.checkElem("gelu backward", true, x, []string{"x", "dx", "dy"}, dx, dy); err != nil {
+	if err := e.rwCheckElem("gelu backward", true, x, []string{"x", "dx", "dy"}, dx, dy); err != nil {
 		return err
 	}
 	n := x.Numel()
@@ -129,8 +110,8 @@ func (e *Engine) GELUBackward(dx, dy, x *tensor.Tensor, form GELUForm, acc bool)
 		}
 		return commit()
 	}, func(c *cudaImpl) error {
-		inst := elemInst(x, dx, dy)
-		return c.launchK("gelu.cu", "gelu_bwd_"+inst+dtSuffix(x.DType), elemGrid(n, inst), block1(256), 0,
+		inst := rwElemInst(x, dx, dy)
+		return c.launchK("gelu.cu", "gelu_bwd_"+inst+dtSuffix(x.DType), rwElemGrid(n, inst), block1(256), 0,
 			kPtr(dx), kPtr(dy), kPtr(x), kI64(int64(n)), kI32(int(form)), kBool(acc))
 	})
 }
@@ -165,7 +146,7 @@ func (g *Graph) GELU(x *Var, form GELUForm) *Var {
 	if !g.ok(x) {
 		return nil
 	}
-	if err := graphFloat("gelu x", x); err != nil {
+	if err := rwFloat("gelu x", x); err != nil {
 		g.Fail("gelu", err)
 		return nil
 	}

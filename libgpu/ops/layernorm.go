@@ -69,10 +69,10 @@ func (e *Engine) LayerNorm(y, mean, rstd, x, w, b *tensor.Tensor, eps float32) e
 	}
 	var a lnArgs
 	var err error
-	if a.x, a.rows, a.cols, a.ldx, err = asRows("layernorm x", x); err != nil {
+	if a.x, a.rows, a.cols, a.ldx, err = rwRows("layernorm x", x); err != nil {
 		return err
 	}
-	if a.y, _, _, a.ldy, err = asRows("layernorm y", y); err != nil {
+	if a.y, _, _, a.ldy, err = rwRows("layernorm y", y); err != nil {
 		return err
 	}
 	if err := e.checkLNParam("layernorm w", w, a.cols); err != nil {
@@ -122,17 +122,17 @@ func (e *Engine) LayerNormBackward(dx, dw, db, dy, x, w, mean, rstd *tensor.Tens
 	}
 	var a lnArgs
 	var err error
-	if a.x, a.rows, a.cols, a.ldx, err = asRows("layernorm backward x", x); err != nil {
+	if a.x, a.rows, a.cols, a.ldx, err = rwRows("layernorm backward x", x); err != nil {
 		return err
 	}
-	if a.y, _, _, a.ldy, err = asRows("layernorm backward dy", dy); err != nil {
+	if a.y, _, _, a.ldy, err = rwRows("layernorm backward dy", dy); err != nil {
 		return err
 	}
 	if dx != nil {
 		if err := e.checkView("layernorm backward dx", dx, false, []tensor.DType{x.DType}, x.Shape...); err != nil {
 			return err
 		}
-		if a.dx, _, _, a.lddx, err = asRows("layernorm backward dx", dx); err != nil {
+		if a.dx, _, _, a.lddx, err = rwRows("layernorm backward dx", dx); err != nil {
 			return err
 		}
 	}
@@ -311,13 +311,13 @@ func hostLayerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Tensor, acc 
 // ---- CUDA ----
 
 func (c *cudaImpl) layerNorm(a *lnArgs, mean, rstd, w, b *tensor.Tensor, eps float32) error {
-	vec := vecOK([]*tensor.Tensor{a.x, a.y, w, b}, a.cols, a.ldx, a.ldy)
-	p := planRows(a.cols, vec)
+	vec := rwVecOK([]*tensor.Tensor{a.x, a.y, w, b}, a.cols, a.ldx, a.ldy)
+	p := rwPlanRows(a.cols, vec)
 	return c.lnFwd(a.x.DType, p, a.y, mean, rstd, a.x, w, b, a.rows, a.cols, a.ldx, a.ldy, eps)
 }
 
 // lnFwd launches ln_fwd_<inst>_<dt>.
-func (c *cudaImpl) lnFwd(dt tensor.DType, p rowPlan, y, mean, rstd, x, w, b *tensor.Tensor, rows, cols, ldx, ldy int, eps float32) error {
+func (c *cudaImpl) lnFwd(dt tensor.DType, p rwPlan, y, mean, rstd, x, w, b *tensor.Tensor, rows, cols, ldx, ldy int, eps float32) error {
 	return c.launchK("layernorm.cu", "ln_fwd_"+p.inst+dtSuffix(dt), p.fwdGrid(rows), block1(p.threads), 0,
 		kPtr(y), kPtr(mean), kPtr(rstd), kPtr(x), kPtr(w), kPtr(b),
 		kI64(int64(rows)), kI32(cols), kI64(int64(ldx)), kI64(int64(ldy)), kF32(eps), kBool(p.block))
@@ -328,9 +328,9 @@ func (c *cudaImpl) layerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Te
 	if a.dx != nil {
 		counts = append(counts, a.lddx)
 	}
-	vec := vecOK([]*tensor.Tensor{a.x, a.y, a.dx, w}, counts...)
-	p := planRows(a.cols, vec)
-	nb := min((a.rows+p.groups-1)/p.groups, maxRowBlocks)
+	vec := rwVecOK([]*tensor.Tensor{a.x, a.y, a.dx, w}, counts...)
+	p := rwPlanRows(a.cols, vec)
+	nb := min((a.rows+p.groups-1)/p.groups, rwMaxBlocks)
 	rpb := (a.rows + nb - 1) / nb
 	nb = (a.rows + rpb - 1) / rpb
 	var pdw, pdb cuda.DevicePtr
@@ -358,7 +358,7 @@ func (c *cudaImpl) layerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Te
 
 // lnBwd launches ln_bwd_<inst>_<dt> on nb blocks of rpb rows each; pdw and
 // pdb are device addresses of [nb, cols] f32 partials (0: not wanted).
-func (c *cudaImpl) lnBwd(dt tensor.DType, p rowPlan, nb int, dx *tensor.Tensor, pdw, pdb cuda.DevicePtr, dy, x, w, mean, rstd *tensor.Tensor,
+func (c *cudaImpl) lnBwd(dt tensor.DType, p rwPlan, nb int, dx *tensor.Tensor, pdw, pdb cuda.DevicePtr, dy, x, w, mean, rstd *tensor.Tensor,
 	rows, cols, lddx, lddy, ldx, rpb int, accdx bool) error {
 	return c.launchK("layernorm.cu", "ln_bwd_"+p.inst+dtSuffix(dt), grid1(nb), block1(p.threads), 0,
 		kPtr(dx), kDev(pdw), kDev(pdb), kPtr(dy), kPtr(x), kPtr(w), kPtr(mean), kPtr(rstd),
@@ -385,7 +385,7 @@ func (g *Graph) LayerNorm(x, w, b *Var, eps float32) *Var {
 	if !g.ok(x) {
 		return nil
 	}
-	if err := graphFloat("layernorm x", x); err != nil {
+	if err := rwFloat("layernorm x", x); err != nil {
 		g.Fail("layernorm", err)
 		return nil
 	}

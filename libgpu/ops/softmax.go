@@ -19,9 +19,9 @@ type smArgs struct {
 	lda, ldb, l int
 }
 
-// checkRowsLike checks a [..., C] float tensor of ref's shape and dtype
+// smCheckRows checks a [..., C] float tensor of ref's shape and dtype
 // (ref nil: any float tensor) and views it as rows.
-func (e *Engine) checkRowsLike(what string, t, ref *tensor.Tensor) (*tensor.Tensor, int, int, int, error) {
+func (e *Engine) smCheckRows(what string, t, ref *tensor.Tensor) (*tensor.Tensor, int, int, int, error) {
 	if ref == nil {
 		if err := e.checkView(what, t, false, floatTypes); err != nil {
 			return nil, 0, 0, 0, err
@@ -29,7 +29,7 @@ func (e *Engine) checkRowsLike(what string, t, ref *tensor.Tensor) (*tensor.Tens
 	} else if err := e.checkView(what, t, false, []tensor.DType{ref.DType}, ref.Shape...); err != nil {
 		return nil, 0, 0, 0, err
 	}
-	return asRows(what, t)
+	return rwRows(what, t)
 }
 
 // Softmax computes y = exp(x − max x) / Σ exp(x − max x) over the last
@@ -42,10 +42,10 @@ func (e *Engine) checkRowsLike(what string, t, ref *tensor.Tensor) (*tensor.Tens
 func (e *Engine) Softmax(y, x *tensor.Tensor) error {
 	var a smArgs
 	var err error
-	if a.a, a.rows, a.cols, a.lda, err = e.checkRowsLike("softmax x", x, nil); err != nil {
+	if a.a, a.rows, a.cols, a.lda, err = e.smCheckRows("softmax x", x, nil); err != nil {
 		return err
 	}
-	if a.out, _, _, a.l, err = e.checkRowsLike("softmax y", y, x); err != nil {
+	if a.out, _, _, a.l, err = e.smCheckRows("softmax y", y, x); err != nil {
 		return err
 	}
 	if a.rows == 0 || a.cols == 0 {
@@ -53,7 +53,7 @@ func (e *Engine) Softmax(y, x *tensor.Tensor) error {
 	}
 	return e.dispatch(func(*hostImpl) error { return hostSoftmax(&a) },
 		func(c *cudaImpl) error {
-			p := planRows(a.cols, vecOK([]*tensor.Tensor{a.a, a.out}, a.cols, a.lda, a.l))
+			p := rwPlanRows(a.cols, rwVecOK([]*tensor.Tensor{a.a, a.out}, a.cols, a.lda, a.l))
 			return c.smFwd(x.DType, p, a.out, a.a, a.rows, a.cols, a.lda, a.l)
 		})
 }
@@ -65,13 +65,13 @@ func (e *Engine) Softmax(y, x *tensor.Tensor) error {
 func (e *Engine) SoftmaxBackward(dx, dy, y *tensor.Tensor, acc bool) error {
 	var a smArgs
 	var err error
-	if a.b, a.rows, a.cols, a.ldb, err = e.checkRowsLike("softmax backward y", y, nil); err != nil {
+	if a.b, a.rows, a.cols, a.ldb, err = e.smCheckRows("softmax backward y", y, nil); err != nil {
 		return err
 	}
-	if a.a, _, _, a.lda, err = e.checkRowsLike("softmax backward dy", dy, y); err != nil {
+	if a.a, _, _, a.lda, err = e.smCheckRows("softmax backward dy", dy, y); err != nil {
 		return err
 	}
-	if a.out, _, _, a.l, err = e.checkRowsLike("softmax backward dx", dx, y); err != nil {
+	if a.out, _, _, a.l, err = e.smCheckRows("softmax backward dx", dx, y); err != nil {
 		return err
 	}
 	if a.rows == 0 || a.cols == 0 {
@@ -79,7 +79,7 @@ func (e *Engine) SoftmaxBackward(dx, dy, y *tensor.Tensor, acc bool) error {
 	}
 	return e.dispatch(func(*hostImpl) error { return hostSoftmaxBackward(&a, acc) },
 		func(c *cudaImpl) error {
-			p := planRows(a.cols, vecOK([]*tensor.Tensor{a.a, a.b, a.out}, a.cols, a.lda, a.ldb, a.l))
+			p := rwPlanRows(a.cols, rwVecOK([]*tensor.Tensor{a.a, a.b, a.out}, a.cols, a.lda, a.ldb, a.l))
 			return c.smBwd(y.DType, p, a.out, a.a, a.b, a.rows, a.cols, a.l, a.lda, a.ldb, acc)
 		})
 }
@@ -144,13 +144,13 @@ func hostSoftmaxBackward(a *smArgs, acc bool) error {
 // ---- CUDA ----
 
 // smFwd launches sm_fwd_<inst>_<dt>.
-func (c *cudaImpl) smFwd(dt tensor.DType, p rowPlan, y, x *tensor.Tensor, rows, cols, ldx, ldy int) error {
+func (c *cudaImpl) smFwd(dt tensor.DType, p rwPlan, y, x *tensor.Tensor, rows, cols, ldx, ldy int) error {
 	return c.launchK("softmax.cu", "sm_fwd_"+p.inst+dtSuffix(dt), p.fwdGrid(rows), block1(p.threads), 0,
 		kPtr(y), kPtr(x), kI64(int64(rows)), kI32(cols), kI64(int64(ldx)), kI64(int64(ldy)), kBool(p.block))
 }
 
 // smBwd launches sm_bwd_<inst>_<dt>.
-func (c *cudaImpl) smBwd(dt tensor.DType, p rowPlan, dx, dy, y *tensor.Tensor, rows, cols, lddx, lddy, ldy int, acc bool) error {
+func (c *cudaImpl) smBwd(dt tensor.DType, p rwPlan, dx, dy, y *tensor.Tensor, rows, cols, lddx, lddy, ldy int, acc bool) error {
 	return c.launchK("softmax.cu", "sm_bwd_"+p.inst+dtSuffix(dt), p.fwdGrid(rows), block1(p.threads), 0,
 		kPtr(dx), kPtr(dy), kPtr(y), kI64(int64(rows)), kI32(cols), kI64(int64(lddx)), kI64(int64(lddy)), kI64(int64(ldy)),
 		kBool(p.block), kBool(acc))
@@ -164,7 +164,7 @@ func (g *Graph) Softmax(x *Var) *Var {
 	if !g.ok(x) {
 		return nil
 	}
-	if err := graphFloat("softmax x", x); err != nil {
+	if err := rwFloat("softmax x", x); err != nil {
 		g.Fail("softmax", err)
 		return nil
 	}

@@ -58,7 +58,7 @@ func addCheck(s *Suite, dt tensor.DType, n int) {
 	b, bv := s.Rand(dt, 1, n)
 	y := s.Empty(dt, n)
 	s.NoErr("add", s.E.Add(y, a, b))
-	want := addF64(av, bv)
+	want := lnSum(av, bv)
 	s.Near("y", s.Read(y), want, s.Tol(dt))
 	// In place, as a residual update: a ← a + b.
 	s.NoErr("add in place", s.E.Add(a, a, b))
@@ -90,21 +90,21 @@ func addGrad(s *Suite, dt tensor.DType) {
 	s.GradCheck(GradCase{
 		Name: "add", DType: dt, Params: [][]int{{2, 3, 5}, {2, 3, 5}}, Twice: true,
 		Record: func(g *ops.Graph, p, _ []*ops.Var) *ops.Var { return g.Add(p[0], p[1]) },
-		Ref:    func(p [][]float64) []float64 { return addF64(p[0], p[1]) },
+		Ref:    func(p [][]float64) []float64 { return lnSum(p[0], p[1]) },
 	})
 	// A value added to itself: its gradient is 2·dy, through the second
 	// write accumulating onto the first.
 	s.GradCheck(GradCase{
 		Name: "add self", DType: dt, Params: [][]int{{n}},
 		Record: func(g *ops.Graph, p, _ []*ops.Var) *ops.Var { return g.Add(p[0], p[0]) },
-		Ref:    func(p [][]float64) []float64 { return addF64(p[0], p[0]) },
+		Ref:    func(p [][]float64) []float64 { return lnSum(p[0], p[0]) },
 	})
 	// A residual block: y = x + s·x.
 	s.GradCheck(GradCase{
 		Name: "residual scale", DType: dt, Params: [][]int{{n}}, Twice: true,
 		Record: func(g *ops.Graph, p, _ []*ops.Var) *ops.Var { return g.Add(p[0], g.Scale(p[0], -0.75)) },
 		Ref: func(p [][]float64) []float64 {
-			return mapF64(p[0], func(x float64) float64 { return x - 0.75*x })
+			return geluMap(p[0], func(x float64) float64 { return x - 0.75*x })
 		},
 	})
 }

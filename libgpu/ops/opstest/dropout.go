@@ -124,24 +124,24 @@ func dropExact(s *Suite, dt tensor.DType, n, off int) {
 	y := view(s.Empty(dt, n+off))
 	s.NoErr("dropout", s.E.Dropout(y, x, p, dropSeed, site, ctr))
 	m := RefDropoutMask(n, p, dropSeed, site, step)
-	want := roundTo(dt, RefDropout(xv, m, p))
+	want := dropRound(dt, RefDropout(xv, m, p))
 	dropEqual(s, "y", s.Read(y), want)
 
 	dyw, dywv := s.Rand(dt, 1, n+off)
 	dy, dyv := view(dyw), dywv[off:]
 	dx := view(s.Empty(dt, n+off))
 	s.NoErr("dropout backward", s.E.DropoutBackward(dx, dy, p, dropSeed, site, ctr, false))
-	wdx := roundTo(dt, RefDropout(dyv, m, p))
+	wdx := dropRound(dt, RefDropout(dyv, m, p))
 	dropEqual(s, "dx", s.Read(dx), wdx)
 	dx0w, dx0wv := s.Rand(dt, 1, n+off)
 	s.NoErr("dropout backward (acc)", s.E.DropoutBackward(view(dx0w), dy, p, dropSeed, site, ctr, true))
-	s.Near("dx (acc)", s.Read(view(dx0w)), addF64(dx0wv[off:], wdx), s.Tol(dt))
+	s.Near("dx (acc)", s.Read(view(dx0w)), lnSum(dx0wv[off:], wdx), s.Tol(dt))
 	s.NoErr("dropout backward in place", s.E.DropoutBackward(dy, dy, p, dropSeed, site, ctr, false))
 	dropEqual(s, "dx = dy in place", s.Read(dy), wdx)
 }
 
-// roundTo rounds float64 values to dt's precision (the stored values).
-func roundTo(dt tensor.DType, v []float64) []float64 {
+// dropRound rounds float64 values to dt's precision (the stored values).
+func dropRound(dt tensor.DType, v []float64) []float64 {
 	f := F32(v)
 	if dt == tensor.BF16 {
 		f = tensor.RoundBF16(f)
@@ -163,7 +163,7 @@ func dropEqual(s *Suite, what string, got, want []float64) {
 // step 0.
 func dropCounter(s *Suite, dt tensor.DType) {
 	const n, p = 4096, 0.5
-	x := s.Const(dt, ones(n), n)
+	x := s.Const(dt, dropOnes(n), n)
 	run := func(seed uint64, site int, ctr *tensor.Tensor) []float64 {
 		y := s.Empty(dt, n)
 		s.NoErr("dropout", s.E.Dropout(y, x, p, seed, site, ctr))
@@ -172,10 +172,10 @@ func dropCounter(s *Suite, dt tensor.DType) {
 	ctr := dropCounterAt(s, 41)
 	a, b := run(dropSeed, 0, ctr), run(dropSeed, 0, ctr)
 	dropEqual(s, "same counter", b, a)
-	dropEqual(s, "vs reference", a, roundTo(dt, RefDropout(ones(n), RefDropoutMask(n, p, dropSeed, 0, 41), p)))
+	dropEqual(s, "vs reference", a, dropRound(dt, RefDropout(dropOnes(n), RefDropoutMask(n, p, dropSeed, 0, 41), p)))
 	s.NoErr("advance", ctr.Write(tensor.AsBytes([]int32{42})))
 	c := run(dropSeed, 0, ctr)
-	dropEqual(s, "next counter vs reference", c, roundTo(dt, RefDropout(ones(n), RefDropoutMask(n, p, dropSeed, 0, 42), p)))
+	dropEqual(s, "next counter vs reference", c, dropRound(dt, RefDropout(dropOnes(n), RefDropoutMask(n, p, dropSeed, 0, 42), p)))
 	for what, other := range map[string][]float64{
 		"next counter": c, "another site": run(dropSeed, 1, dropCounterAt(s, 41)),
 		"another seed": run(dropSeed+1, 0, dropCounterAt(s, 41)),
@@ -192,10 +192,10 @@ func dropCounter(s *Suite, dt tensor.DType) {
 			s.T.Errorf("%s: masks agree on %d of %d elements, want about %d", what, same, n, n/2)
 		}
 	}
-	dropEqual(s, "nil counter = step 0", run(dropSeed, 3, nil), roundTo(dt, RefDropout(ones(n), RefDropoutMask(n, p, dropSeed, 3, 0), p)))
+	dropEqual(s, "nil counter = step 0", run(dropSeed, 3, nil), dropRound(dt, RefDropout(dropOnes(n), RefDropoutMask(n, p, dropSeed, 3, 0), p)))
 }
 
-func ones(n int) []float64 {
+func dropOnes(n int) []float64 {
 	v := make([]float64, n)
 	for i := range v {
 		v[i] = 1
@@ -214,7 +214,7 @@ func dropStats(s *Suite) {
 	const n, chunk = 1 << 18, 1024
 	seed := s.R.Uint64()
 	s.T.Logf("dropout statistics seed %#x", seed)
-	x := s.Const(tensor.F32, ones(n), n)
+	x := s.Const(tensor.F32, dropOnes(n), n)
 	y := s.Empty(tensor.F32, n)
 	for _, p := range []float32{0.1, 0.5, 0.9} {
 		s.NoErr("dropout", s.E.Dropout(y, x, p, seed, 2, nil))
@@ -267,7 +267,7 @@ func dropGrad(s *Suite, dt tensor.DType) {
 	s.GradCheck(GradCase{
 		Name: "x + dropout(x)", DType: dt, Params: [][]int{{2, 3, 7}}, Options: opts,
 		Record: func(g *ops.Graph, pv, _ []*ops.Var) *ops.Var { return g.Add(g.Dropout(pv[0], p), pv[0]) },
-		Ref:    func(pv [][]float64) []float64 { return addF64(RefDropout(pv[0], m0, p), pv[0]) },
+		Ref:    func(pv [][]float64) []float64 { return lnSum(RefDropout(pv[0], m0, p), pv[0]) },
 	})
 }
 
@@ -308,7 +308,7 @@ func dropValidation(s *Suite) {
 		}
 	}
 	// p = 1 drops everything.
-	one := s.Const(tensor.F32, ones(8), 8)
+	one := s.Const(tensor.F32, dropOnes(8), 8)
 	y := s.Empty(tensor.F32, 8)
 	s.NoErr("dropout p=1", s.E.Dropout(y, one, 1, 1, 0, nil))
 	dropEqual(s, "p = 1", s.Read(y), make([]float64, 8))

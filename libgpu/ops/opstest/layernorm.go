@@ -147,7 +147,7 @@ func lnForwardBackward(s *Suite, dt tensor.DType, rows, C int, affine bool) {
 		}{{"dx", dx0, dx0v, wdx, s.Tol(dt)}, {"dw", dw0, dw0v, wdw, 1e-5}, {"db", db0, db0v, wdb, 1e-5}} {
 			want := c.want
 			if acc[i] {
-				want = addF64(c.old, c.want)
+				want = lnSum(c.old, c.want)
 			}
 			s.Near(fmt.Sprintf("%s (acc=%v)", c.what, acc), s.Read(c.t), want, c.tol)
 		}
@@ -171,7 +171,7 @@ func lnShifted(s *Suite, dt tensor.DType, scale, c float64, shape ...int) (*tens
 	return t, s.Read(t)
 }
 
-func addF64(a, b []float64) []float64 {
+func lnSum(a, b []float64) []float64 {
 	out := make([]float64, len(a))
 	for i := range a {
 		out[i] = a[i] + b[i]
@@ -208,7 +208,7 @@ func lnStrided(s *Suite, dt tensor.DType) {
 	s.NoErr("layernorm", s.E.LayerNorm(y, mean, rstd, x, w, b, lnEps))
 	want, _, _ := RefLayerNorm(xv, wv, bv, rows, C, lnEps)
 	s.Near("y (strided)", s.Read(y), want, s.Tol(dt))
-	untouched(s, "y", s.Read(yw), rows, W, off, C)
+	lnUntouched(s, "y", s.Read(yw), rows, W, off, C)
 
 	dyw, dywv := s.Rand(dt, 1, b0, t0, W)
 	dy := view(dyw)
@@ -221,12 +221,12 @@ func lnStrided(s *Suite, dt tensor.DType) {
 	s.Near("dx (strided)", s.Read(dx), wdx, s.Tol(dt))
 	s.Near("dw (strided)", s.Read(dw), wdw, 1e-5)
 	s.Near("db (strided)", s.Read(db), wdb, 1e-5)
-	untouched(s, "dx", s.Read(dxw), rows, W, off, C)
+	lnUntouched(s, "dx", s.Read(dxw), rows, W, off, C)
 }
 
-// untouched fails unless every element of a poisoned [rows, W] tensor
+// lnUntouched fails unless every element of a poisoned [rows, W] tensor
 // outside columns [off, off+C) is still NaN.
-func untouched(s *Suite, what string, all []float64, rows, W, off, C int) {
+func lnUntouched(s *Suite, what string, all []float64, rows, W, off, C int) {
 	s.T.Helper()
 	for r := 0; r < rows; r++ {
 		for j := 0; j < W; j++ {
