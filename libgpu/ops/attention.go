@@ -14,6 +14,8 @@ import (
 	"sync"
 	"unsafe"
 
+	"gonum.org/v1/gonum/blas"
+
 	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/tensor"
 )
@@ -104,7 +106,7 @@ func (e *Engine) AttentionForward(o, lse, q, k, v *tensor.Tensor, causal bool, s
 	if s.b*s.h*s.tq == 0 {
 		return nil
 	}
-	return e.dispatch(func(*hostImpl) error { return hostAttnForward(o, lse, q, k, v, s, causal, scale) },
+	return e.dispatch(func(h *hostImpl) error { return h.attnForward(o, lse, q, k, v, s, causal, scale) },
 		func(c *cudaImpl) error {
 			a := newAttnArgs(s, causal, scale)
 			a.setQKV(q, k, v)
@@ -160,8 +162,8 @@ func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tenso
 	if s.b*s.h == 0 || s.tq+s.tk == 0 {
 		return nil
 	}
-	return e.dispatch(func(*hostImpl) error {
-		return hostAttnBackward(dq, dk, dv, do, q, k, v, o, lse, s, causal, scale, acc)
+	return e.dispatch(func(h *hostImpl) error {
+		return h.attnBackward(dq, dk, dv, do, q, k, v, o, lse, s, causal, scale, acc)
 	}, func(c *cudaImpl) error {
 		a := newAttnArgs(s, causal, scale)
 		a.setQKV(q, k, v)
@@ -182,7 +184,7 @@ func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tenso
 				return err
 			}
 		}
-		tc := attnTC(q.DType, s.d, q, k, v, o, do, dq, dk, dv)
+		tc := attnTC(q.DType, s.d, q, k, v, do, dq, dk, dv) // δ's kernel reads o at any alignment
 		if dk != nil || dv != nil {
 			var err error
 			if tc {
@@ -233,12 +235,12 @@ func (e *Engine) AttentionDecode(o, q, kcache, vcache, pos *tensor.Tensor, scale
 	if s.b*s.h == 0 {
 		return nil
 	}
-	return e.dispatch(func(*hostImpl) error {
+	return e.dispatch(func(h *hostImpl) error {
 		p, err := hostPos(pos, s.tk)
 		if err != nil {
 			return err
 		}
-		return hostAttnDecode(o, q, kcache, vcache, p, s, scale)
+		return h.attnDecode(o, q, kcache, vcache, p, s, scale)
 	}, func(c *cudaImpl) error {
 		return c.attnDecode(o, q, kcache, vcache, pos, s, scale)
 	})
@@ -345,9 +347,18 @@ func dot64(a, b []float32) float64 {
 	return s
 }
 
-// hostAttnForward: per (b, h) and query, the scores, their max, the
-// exponentials and the weighted sum of v, accumulated in float64.
-func hostAttnForward(o, lse, q, k, v *tensor.Tensor, s attnShape, causal bool, scale float32) error {
+// The host computes per (b, h) with materialised scores (it is the
+// reference backend, not a memory-bound one): the products through gonum's
+// Sgemm on rows of the row-major [B,T,H,D] copies (row stride H·D), the
+// softmax in float64.
+
+// attnOff is the offset of row 0 of head h of batch item b in a row-major
+// [B,T,H,D] array.
+func attnOff(s attnShape, t, b, h int) int { return attnIdx(s, t, b, 0, h) }
+
+// hostAttnForward: S = scale·Q·Kᵀ, P = softmax(S) row by row (lse kept),
+// O = P·V.
+func (hi *hostImpl) attnForward(o, lse, q, k, v *tensor.Tensor, s attnShape, causal bool, scale float32) error {
 	qs, err := hostIn(q)
 	if err != nil {
 		return err
@@ -368,40 +379,38 @@ func hostAttnForward(o, lse, q, k, v *tensor.Tensor, s attnShape, causal bool, s
 	if err != nil {
 		return err
 	}
-	d := s.d
+	hd := s.h * s.d
 	attnParallel(s.b*s.h, func(bh int) {
 		b, h := bh/s.h, bh%s.h
-		p := make([]float64, s.tk)
-		acc := make([]float64, d)
+		qo, ko := attnOff(s, s.tq, b, h), attnOff(s, s.tk, b, h)
+		p := make([]float32, s.tq*s.tk)
+		hi.blas.Sgemm(blas.NoTrans, blas.Trans, s.tq, s.tk, s.d, scale, qs[qo:], hd, ks[ko:], hd, 0, p, s.tk)
 		for i := 0; i < s.tq; i++ {
-			qi := qs[attnIdx(s, s.tq, b, i, h):][:d]
+			row := p[i*s.tk : (i+1)*s.tk]
 			n := s.tk
 			if causal {
 				n = i + 1
 			}
 			m := math.Inf(-1)
-			for j := 0; j < n; j++ {
-				p[j] = float64(scale) * dot64(qi, ks[attnIdx(s, s.tk, b, j, h):][:d])
-				m = math.Max(m, p[j])
+			for _, x := range row[:n] {
+				m = math.Max(m, float64(x))
 			}
 			var l float64
-			clear(acc)
-			for j := 0; j < n; j++ {
-				e := math.Exp(p[j] - m)
-				l += e
-				vj := vs[attnIdx(s, s.tk, b, j, h):][:d]
-				for c, x := range vj {
-					acc[c] += e * float64(x)
-				}
+			for _, x := range row[:n] {
+				l += math.Exp(float64(x) - m)
 			}
-			oi := out[attnIdx(s, s.tq, b, i, h):][:d]
-			for c := range oi {
-				oi[c] = float32(acc[c] / l)
+			for j := range row {
+				if j < n {
+					row[j] = float32(math.Exp(float64(row[j])-m) / l)
+				} else {
+					row[j] = 0
+				}
 			}
 			if ls != nil {
 				ls[(b*s.h+h)*s.tq+i] = float32(m + math.Log(l))
 			}
 		}
+		hi.blas.Sgemm(blas.NoTrans, blas.NoTrans, s.tq, s.d, s.tk, 1, p, s.tk, vs[ko:], hd, 0, out[qo:], hd)
 	})
 	if err := lcommit(); err != nil {
 		return err
@@ -409,9 +418,9 @@ func hostAttnForward(o, lse, q, k, v *tensor.Tensor, s attnShape, causal bool, s
 	return commit()
 }
 
-// hostAttnBackward: per (b, h), δ from o and do, then P from lse and the
-// gradients, accumulated in float64.
-func hostAttnBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, s attnShape, causal bool, scale float32, acc [3]bool) error {
+// hostAttnBackward: P = exp(scale·Q·Kᵀ − lse) (masked), δ_i = do_i·o_i,
+// dS = P∘(do·Vᵀ − δ), then dQ = scale·dS·K, dK = scale·dSᵀ·Q, dV = Pᵀ·do.
+func (hi *hostImpl) attnBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, s attnShape, causal bool, scale float32, acc [3]bool) error {
 	var in [6][]float32
 	for i, t := range []*tensor.Tensor{q, k, v, o, do, lse} {
 		var err error
@@ -429,53 +438,54 @@ func hostAttnBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, s attnShap
 		}
 	}
 	gq, gk, gv := outs[0], outs[1], outs[2]
-	d, sc := s.d, float64(scale)
+	hd := s.h * s.d
 	attnParallel(s.b*s.h, func(bh int) {
 		b, h := bh/s.h, bh%s.h
-		dk64 := make([]float64, s.tk*d)
-		dv64 := make([]float64, s.tk*d)
-		dq64 := make([]float64, d)
+		qo, ko := attnOff(s, s.tq, b, h), attnOff(s, s.tk, b, h)
+		p := make([]float32, s.tq*s.tk)
+		ds := make([]float32, s.tq*s.tk)
+		if s.tq > 0 {
+			hi.blas.Sgemm(blas.NoTrans, blas.Trans, s.tq, s.tk, s.d, scale, qs[qo:], hd, ks[ko:], hd, 0, p, s.tk)
+			hi.blas.Sgemm(blas.NoTrans, blas.Trans, s.tq, s.tk, s.d, 1, dos[qo:], hd, vs[ko:], hd, 0, ds, s.tk)
+		}
 		for i := 0; i < s.tq; i++ {
-			qi := qs[attnIdx(s, s.tq, b, i, h):][:d]
-			doi := dos[attnIdx(s, s.tq, b, i, h):][:d]
-			delta := dot64(doi, os[attnIdx(s, s.tq, b, i, h):][:d])
 			lse := float64(ls[(b*s.h+h)*s.tq+i])
+			r := qo + i*hd
+			delta := float32(dot64(dos[r:r+s.d], os[r:r+s.d]))
 			n := s.tk
 			if causal {
 				n = i + 1
 			}
-			clear(dq64)
-			for j := 0; j < n; j++ {
-				kj := ks[attnIdx(s, s.tk, b, j, h):][:d]
-				vj := vs[attnIdx(s, s.tk, b, j, h):][:d]
-				p := math.Exp(sc*dot64(qi, kj) - lse)
-				ds := p * (dot64(doi, vj) - delta)
-				for c := 0; c < d; c++ {
-					dq64[c] += ds * float64(kj[c])
-					dk64[j*d+c] += ds * float64(qi[c])
-					dv64[j*d+c] += p * float64(doi[c])
+			prow, drow := p[i*s.tk:(i+1)*s.tk], ds[i*s.tk:(i+1)*s.tk]
+			for j := range prow {
+				if j >= n {
+					prow[j], drow[j] = 0, 0
+					continue
 				}
-			}
-			if gq != nil {
-				row := gq[attnIdx(s, s.tq, b, i, h):][:d]
-				for c := range row {
-					row[c] = float32(sc * dq64[c])
-				}
+				pj := float32(math.Exp(float64(prow[j]) - lse))
+				prow[j] = pj
+				drow[j] = pj * (drow[j] - delta)
 			}
 		}
-		for j := 0; j < s.tk; j++ {
-			if gk != nil {
-				row := gk[attnIdx(s, s.tk, b, j, h):][:d]
-				for c := range row {
-					row[c] = float32(sc * dk64[j*d+c])
-				}
+		if gq != nil && s.tq > 0 {
+			hi.blas.Sgemm(blas.NoTrans, blas.NoTrans, s.tq, s.d, s.tk, scale, ds, s.tk, ks[ko:], hd, 0, gq[qo:], hd)
+		}
+		for _, c := range []struct {
+			g   []float32
+			a   []float32
+			x   []float32
+			mul float32
+		}{{gk, ds, qs, scale}, {gv, p, dos, 1}} {
+			if c.g == nil {
+				continue
 			}
-			if gv != nil {
-				row := gv[attnIdx(s, s.tk, b, j, h):][:d]
-				for c := range row {
-					row[c] = float32(dv64[j*d+c])
+			if s.tq == 0 {
+				for j := 0; j < s.tk; j++ {
+					clear(c.g[ko+j*hd : ko+j*hd+s.d])
 				}
+				continue
 			}
+			hi.blas.Sgemm(blas.Trans, blas.NoTrans, s.tk, s.d, s.tq, c.mul, c.a, s.tk, c.x[qo:], hd, 0, c.g[ko:], hd)
 		}
 	})
 	for _, c := range commits {
@@ -495,7 +505,7 @@ func hostPos(pos *tensor.Tensor, tmax int) (int, error) {
 	return min(max(int(ps[0]), 0), tmax-1), nil
 }
 
-func hostAttnDecode(o, q, kc, vc *tensor.Tensor, p int, s attnShape, scale float32) error {
+func (hi *hostImpl) attnDecode(o, q, kc, vc *tensor.Tensor, p int, s attnShape, scale float32) error {
 	// The cache is read up to row p only: narrow it first, so a long cache
 	// costs nothing (and rows past p may hold anything).
 	kn, err := kc.Narrow(1, 0, p+1)
@@ -507,14 +517,14 @@ func hostAttnDecode(o, q, kc, vc *tensor.Tensor, p int, s attnShape, scale float
 		return err
 	}
 	s.tk = p + 1
-	return hostAttnForward(o, nil, q, kn, vn, s, false, scale)
+	return hi.attnForward(o, nil, q, kn, vn, s, false, scale)
 }
 
 // ---- CUDA ----
 
 // attnArgs mirrors struct attn_args of attention.cu field for field (320
-// bytes, checked on both sides): the one parameter of the forward and
-// backward kernels. Strides are in elements: batch, time, head.
+// bytes; attention_layout_test.go checks): the one parameter of the
+// forward and backward kernels. Strides are in elements: batch, time, head.
 type attnArgs struct {
 	q, k, v, o, lse, dout, dq, dk, dv, delta cuda.DevicePtr
 	sq, sk, sv, so, sdo, sdq, sdk, sdv       [3]int64
@@ -524,12 +534,6 @@ type attnArgs struct {
 	accV, pad                                int32
 	scale, scaleLog2                         float32
 }
-
-// The kernels' struct is 320 bytes; these fail to compile otherwise.
-var (
-	_ [unsafe.Sizeof(attnArgs{}) - 320]struct{}
-	_ [320 - unsafe.Sizeof(attnArgs{})]struct{}
-)
 
 func newAttnArgs(s attnShape, causal bool, scale float32) attnArgs {
 	return attnArgs{b: int32(s.b), h: int32(s.h), tq: int32(s.tq), tk: int32(s.tk), d: int32(s.d),

@@ -7,7 +7,21 @@
 #include "../../libgpu/kernels/attention.cu"
 // clang-format on
 
+#include <cstddef>
 #include <string>
+
+// The C side of libgpu/ops/attention_layout_test.go (NVRTC rejects offsetof
+// in static_assert; the host compiler's LP64 layout is NVPTX's).
+static_assert(offsetof(attn_args, delta) == 72, "attn_args");
+static_assert(offsetof(attn_args, sq) == 80, "attn_args");
+static_assert(offsetof(attn_args, sdv) == 248, "attn_args");
+static_assert(offsetof(attn_args, B) == 272, "attn_args");
+static_assert(offsetof(attn_args, D) == 288, "attn_args");
+static_assert(offsetof(attn_args, acc_q) == 296, "attn_args");
+static_assert(offsetof(attn_args, acc_v) == 304, "attn_args");
+static_assert(offsetof(attn_args, scale) == 312, "attn_args");
+static_assert(offsetof(attn_args, scale_log2) == 316, "attn_args");
+static_assert(sizeof(attn_dec_strides) == 96, "attn_dec_strides");
 
 static int failures = 0;
 static uint64_t seed = 7;
