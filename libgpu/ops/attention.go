@@ -173,7 +173,7 @@ func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tenso
 		a.dq, a.sdq = devPtr(dq), attnStrides(dq)
 		a.dk, a.sdk = devPtr(dk), attnStrides(dk)
 		a.dv, a.sdv = devPtr(dv), attnStrides(dv)
-		a.accQ, a.accK, a.accV = b32(acc[0]), b32(acc[1]), b32(acc[2])
+		a.accQ, a.accK, a.accV = attnBool(acc[0]), attnBool(acc[1]), attnBool(acc[2])
 		if s.tq > 0 {
 			delta, err := c.scratchPtr("attention.delta", int64(4*s.b*s.h*s.tq))
 			if err != nil {
@@ -236,7 +236,7 @@ func (e *Engine) AttentionDecode(o, q, kcache, vcache, pos *tensor.Tensor, scale
 		return nil
 	}
 	return e.dispatch(func(h *hostImpl) error {
-		p, err := hostPos(pos, s.tk)
+		p, err := attnHostPos(pos, s.tk)
 		if err != nil {
 			return err
 		}
@@ -339,7 +339,7 @@ func attnParallel(n int, f func(i int)) {
 	wg.Wait()
 }
 
-func dot64(a, b []float32) float64 {
+func attnDot(a, b []float32) float64 {
 	var s float64
 	for i, x := range a {
 		s += float64(x) * float64(b[i])
@@ -451,7 +451,7 @@ func (hi *hostImpl) attnBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor,
 		for i := 0; i < s.tq; i++ {
 			lse := float64(ls[(b*s.h+h)*s.tq+i])
 			r := qo + i*hd
-			delta := float32(dot64(dos[r:r+s.d], os[r:r+s.d]))
+			delta := float32(attnDot(dos[r:r+s.d], os[r:r+s.d]))
 			n := s.tk
 			if causal {
 				n = i + 1
@@ -496,8 +496,8 @@ func (hi *hostImpl) attnBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor,
 	return nil
 }
 
-// hostPos reads a decoding position and clamps it to [0, tmax−1].
-func hostPos(pos *tensor.Tensor, tmax int) (int, error) {
+// attnHostPos reads a decoding position and clamps it to [0, tmax−1].
+func attnHostPos(pos *tensor.Tensor, tmax int) (int, error) {
 	ps, err := pos.I32()
 	if err != nil {
 		return 0, fmt.Errorf("ops: host backend: %w", err)
@@ -537,7 +537,7 @@ type attnArgs struct {
 
 func newAttnArgs(s attnShape, causal bool, scale float32) attnArgs {
 	return attnArgs{b: int32(s.b), h: int32(s.h), tq: int32(s.tq), tk: int32(s.tk), d: int32(s.d),
-		causal: b32(causal), scale: scale, scaleLog2: float32(float64(scale) * math.Log2E)}
+		causal: attnBool(causal), scale: scale, scaleLog2: float32(float64(scale) * math.Log2E)}
 }
 
 func (a *attnArgs) setQKV(q, k, v *tensor.Tensor) {
@@ -546,7 +546,7 @@ func (a *attnArgs) setQKV(q, k, v *tensor.Tensor) {
 	a.v, a.sv = devPtr(v), attnStrides(v)
 }
 
-func b32(v bool) int32 {
+func attnBool(v bool) int32 {
 	if v {
 		return 1
 	}
