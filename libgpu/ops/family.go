@@ -48,10 +48,35 @@ func (e *Engine) dispatch(host func(h *hostImpl) error, gpu func(c *cudaImpl) er
 	return fmt.Errorf("%w: %v", ErrNoBackend, e.dev)
 }
 
-// kernelCache holds the kernels a CUDA backend looked up by (file, name).
+// kernelCache holds the kernels a CUDA backend looked up by (file, name),
+// and the dynamic shared memory each was allowed beyond the default.
 type kernelCache struct {
-	mu sync.Mutex
-	m  map[[2]string]cuda.Function
+	mu   sync.Mutex
+	m    map[[2]string]cuda.Function
+	smem map[cuda.Function]uint32
+}
+
+// smemDefault is the dynamic shared memory a kernel may use without
+// raising CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (48 KiB on every
+// architecture; Hopper allows up to 227 KiB per block once raised).
+const smemDefault = 48 << 10
+
+// allowSmem raises f's dynamic shared memory limit to at least n bytes
+// (once per kernel and size).
+func (c *cudaImpl) allowSmem(f cuda.Function, n uint32) error {
+	c.kc.mu.Lock()
+	defer c.kc.mu.Unlock()
+	if c.kc.smem[f] >= n {
+		return nil
+	}
+	if err := f.SetAttribute(cuda.FuncMaxDynamicSharedSizeBytes, int(n)); err != nil {
+		return err
+	}
+	if c.kc.smem == nil {
+		c.kc.smem = map[cuda.Function]uint32{}
+	}
+	c.kc.smem[f] = n
+	return nil
 }
 
 // kernel returns the kernel name of the embedded source file, compiling
@@ -112,11 +137,17 @@ func kBool(v bool) karg {
 }
 
 // launchK queues kernel name of file on the backend's stream with
-// dynamic shared memory smem bytes. Must run inside Do.
+// dynamic shared memory smem bytes (above 48 KiB, the kernel's limit is
+// raised first). Must run inside Do.
 func (c *cudaImpl) launchK(file, name string, grid, block [3]uint32, smem uint32, args ...karg) error {
 	f, err := c.kernel(file, name)
 	if err != nil {
 		return err
+	}
+	if smem > smemDefault {
+		if err := c.allowSmem(f, smem); err != nil {
+			return fmt.Errorf("ops: %s: %d bytes of shared memory: %w", name, smem, err)
+		}
 	}
 	if err := cuda.LaunchKernel(f, grid, block, smem, c.stream, args...); err != nil {
 		return fmt.Errorf("ops: launch %s: %w", name, err)

@@ -16,6 +16,7 @@
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
 #define __grid_constant__
+#define __align__(n) __attribute__((aligned(n)))
 typedef unsigned long size_t;
 #include <__clang_cuda_builtin_vars.h>
 #define GPUKIT_VEC2(T, N, A) struct __attribute__((aligned(A))) N##2 { T x, y; };

@@ -1,0 +1,1093 @@
+// attention.cu: scaled dot-product attention (libgpu/ops/attention.go).
+//
+//   O = softmax(Q·Kᵀ·scale + mask)·V,   lse = log Σ_j exp(Q·Kᵀ·scale + mask)
+//
+// per batch item b and head h, with q [B,Tq,H,D], k and v [B,Tk,H,D], o
+// [B,Tq,H,D] (any strides, the last dimension contiguous) and lse [B,H,Tq]
+// f32. causal masks key j > query i (Tq == Tk). The algorithm is
+// FlashAttention-2's (Dao, "FlashAttention-2: Faster Attention with Better
+// Parallelism and Work Partitioning", 2023): K and V are streamed through
+// shared memory in tiles while each query row keeps a running maximum m, a
+// running sum l and an unnormalised output (the online softmax), so no
+// Tq×Tk matrix is ever stored; lse = m + log l is saved for the backward,
+// which recomputes P = exp(S − lse) tile by tile:
+//
+//   δ_i = Σ_d dO_id·O_id,   dS = P ∘ (dO·Vᵀ − δ),
+//   dV = Pᵀ·dO,   dK = scale·dSᵀ·Q,   dQ = scale·dS·K.
+//
+// The backward is two passes, both deterministic (fixed summation order,
+// no atomics): one over key blocks (dK, dV; loops over query tiles) and
+// one over query blocks (dQ; loops over key tiles). FA2 accumulates dQ
+// with float atomics from the key-block pass instead; the second pass
+// costs two more tile products (S and dP recomputed) but makes the
+// gradients bitwise reproducible, which graph-versus-eager checks need.
+//
+// Two implementations:
+//
+//   - *_tc_d64 / *_tc_d128: bf16 on tensor cores (mma.sync m16n8k16 bf16
+//     with f32 accumulation, fragments loaded with ldmatrix, tiles copied
+//     with cp.async double buffering). 64-row query and key tiles, 4 warps
+//     of 16 rows each. They need 16-byte aligned rows: every base address
+//     and every stride a multiple of 8 elements (ops checks).
+//   - *_simt_{f32,bf16}: plain FMA on CUDA cores, any D ≤ 128, any
+//     alignment: f32 inputs (full f32 accuracy) and the bf16 cases the
+//     tensor-core kernels do not take.
+//
+// Plus attn_bwd_delta (δ), attn_decode (one query against a KV cache up to
+// a position read on the device) and attn_kv_write (a step's k or v into
+// the cache at that position).
+//
+// The inline PTX sits in a few attn_* wrappers below; with GPUKIT_EMU
+// defined (scripts/cudaemu) they are replaced by a host emulation of the
+// same instructions, so the kernels can be run and checked on a machine
+// without a GPU.
+#include "common.cuh"
+
+#define ATTN_INF __int_as_float(0x7f800000)
+#define ATTN_LOG2E 1.4426950408889634f
+#define ATTN_LN2 0.6931471805599453f
+
+// attn_args is the one parameter of every attention kernel except decode
+// and kv_write; ops/attention.go mirrors it field for field (attnArgs).
+// Strides are in elements: [0] batch, [1] time, [2] head.
+struct attn_args {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;        // [B,H,Tq]: written by the forward (may be null), read by the backward
+  const void* dout;  // dO, o's shape
+  void* dq;          // q's shape; null: not wanted
+  void* dk;          // k's shape; null: not wanted
+  void* dv;          // v's shape; null: not wanted
+  float* delta;      // [B,H,Tq] f32: δ, written by attn_bwd_delta
+  long long sq[3], sk[3], sv[3], so[3], sdo[3], sdq[3], sdk[3], sdv[3];
+  int B, H, Tq, Tk;
+  int D, causal;
+  int acc_q, acc_k;  // add into dq / dk instead of overwriting
+  int acc_v, pad;
+  float scale;       // the softmax scale (usually 1/√D)
+  float scale_log2;  // scale·log2(e): scores are kept in base 2
+};
+static_assert(sizeof(attn_args) == 320, "attn_args layout (ops/attention.go attnArgs)");
+
+#ifndef ATTN_DYN_SMEM
+#define ATTN_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+// ---- PTX wrappers ----
+
+#ifndef GPUKIT_EMU
+// attn_smem_addr is the 32-bit shared-state-space address of p (a pointer
+// into shared memory); the wrappers below take such addresses.
+__device__ __forceinline__ unsigned attn_smem_addr(const void* p) {
+  unsigned r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+// attn_ldsm_x4 loads four 8×8 b16 matrices from shared memory: lane l gives
+// the address of row l%8 of matrix l/8 (16-byte aligned) and receives, in
+// r[i], elements (l/4, 2(l%4)) and (l/4, 2(l%4)+1) of matrix i (low half
+// first) — the layout of mma's A and B fragments.
+__device__ __forceinline__ void attn_ldsm_x4(unsigned r[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// attn_ldsm_x4_t is attn_ldsm_x4 with .trans: r[i] receives elements
+// (2(l%4), l/4) and (2(l%4)+1, l/4) of matrix i.
+__device__ __forceinline__ void attn_ldsm_x4_t(unsigned r[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// attn_mma is c += A·B for a 16×16 bf16 A (row), a 16×8 bf16 B (col) and
+// a 16×8 f32 c (mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32). With
+// g = lane/4 and t = lane%4: a[0] holds A(g, 2t..2t+1), a[1] A(g+8, 2t..),
+// a[2] A(g, 2t+8..), a[3] A(g+8, 2t+8..); b0 holds B(2t..2t+1, g), b1
+// B(2t+8.., g); c[0..1] are C(g, 2t..2t+1), c[2..3] C(g+8, 2t..2t+1).
+__device__ __forceinline__ void attn_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// attn_pack_bf16 rounds lo and hi to bf16 (nearest even) and packs them,
+// lo in the low half (cvt.rn.bf16x2.f32 puts its first source high).
+__device__ __forceinline__ unsigned attn_pack_bf16(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// attn_cp16 queues the copy of 16 bytes from global g to shared address s
+// (cp.async.cg), or of 16 zero bytes when !ok (src-size 0: nothing read).
+__device__ __forceinline__ void attn_cp16(unsigned s, const gpukit_bf16* g, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(g), "r"(ok ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void attn_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// attn_cp_wait0 waits until every copy this thread queued has landed.
+__device__ __forceinline__ void attn_cp_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+#else
+__device__ __forceinline__ unsigned attn_smem_addr(const void* p) { return gpukit_emu_smem_addr(p); }
+__device__ __forceinline__ void attn_ldsm_x4(unsigned r[4], unsigned addr) { gpukit_emu_ldsm_x4(r, addr, false); }
+__device__ __forceinline__ void attn_ldsm_x4_t(unsigned r[4], unsigned addr) { gpukit_emu_ldsm_x4(r, addr, true); }
+__device__ __forceinline__ void attn_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  gpukit_emu_mma_bf16_16816(c, a, b0, b1);
+}
+__device__ __forceinline__ unsigned attn_pack_bf16(float lo, float hi) {
+  return (unsigned)gpukit_f32_to_bf16(lo) | ((unsigned)gpukit_f32_to_bf16(hi) << 16);
+}
+__device__ __forceinline__ void attn_cp16(unsigned s, const gpukit_bf16* g, bool ok) { gpukit_emu_cp16(s, g, ok); }
+__device__ __forceinline__ void attn_cp_commit() { gpukit_emu_cp_commit(); }
+__device__ __forceinline__ void attn_cp_wait0() { gpukit_emu_cp_wait0(); }
+#endif
+
+// attn_unpack_lo / attn_unpack_hi widen the halves of a packed bf16 pair.
+__device__ __forceinline__ float attn_unpack_lo(unsigned x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float attn_unpack_hi(unsigned x) { return __uint_as_float(x & 0xffff0000u); }
+
+// attn_quad_max / attn_quad_sum reduce over the 4 lanes of a quad (lanes
+// that share g = lane/4, i.e. one row of an mma fragment).
+__device__ __forceinline__ float attn_quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float attn_quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// ---- tensor-core kernels (bf16, D = 64 or 128) ----
+//
+// Shared tiles are 64 rows of D bf16, rows padded to D+8 elements so that
+// the 8 rows an ldmatrix reads fall in 8 different 16-byte bank groups.
+// Every block has 128 threads: warp w owns rows 16w..16w+15 of its block's
+// 64 queries (forward, dQ) or keys (dK/dV).
+
+#define ATTN_TC_THREADS 128
+
+// attn_tile_load queues the cp.async copies of rows [r0, r0+64) of a
+// [T, D] matrix whose row 0 is at g (row stride ld elements) into the
+// shared tile at address s; rows at or past T are zero-filled.
+template <int D>
+__device__ __forceinline__ void attn_tile_load(unsigned s, const gpukit_bf16* g, long long ld, int r0, int T) {
+  constexpr int LDS = D + 8, CH = D / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int i = 0; i < 64 * CH / ATTN_TC_THREADS; i++) {
+    int c = threadIdx.x + i * ATTN_TC_THREADS;
+    int r = c / CH, col = (c % CH) * 8;
+    int row = r0 + r;
+    bool ok = row < T;
+    attn_cp16(s + (r * LDS + col) * 2, ok ? g + (long long)row * ld + col : g, ok);
+  }
+}
+
+// Fragment addresses for ldmatrix.x4 on a padded tile (row stride LDS):
+//   attn_a_addr: the A fragment (16 rows from row0, 16 columns from col0):
+//     matrices (rows +0, cols +0), (rows +8, cols +0), (rows +0, cols +8),
+//     (rows +8, cols +8) → a[0..3].
+//   attn_b_addr: B fragments of two n-tiles from a tile stored [n][k]
+//     (rows n0..n0+15, columns k0..k0+15): matrices (n +0, k +0), (n +0,
+//     k +8), (n +8, k +0), (n +8, k +8) → {r0, r1} for n-tile n0, {r2, r3}
+//     for n-tile n0+8 (no transpose).
+//   attn_bt_addr: B fragments of two n-tiles from a tile stored [k][n]
+//     (rows k0..k0+15, columns n0..n0+15), loaded with .trans: matrices
+//     (k +0, n +0), (k +8, n +0), (k +0, n +8), (k +8, n +8) → {r0, r1} for
+//     n-tile n0, {r2, r3} for n-tile n0+8.
+// All three take and return shared addresses (bytes).
+template <int LDS>
+__device__ __forceinline__ unsigned attn_a_addr(unsigned s, int row0, int col0, int lane) {
+  return s + ((row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + col0 + (lane >> 4) * 8) * 2;
+}
+template <int LDS>
+__device__ __forceinline__ unsigned attn_b_addr(unsigned s, int n0, int k0, int lane) {
+  return s + ((n0 + (lane & 7) + (lane >> 4) * 8) * LDS + k0 + ((lane >> 3) & 1) * 8) * 2;
+}
+template <int LDS>
+__device__ __forceinline__ unsigned attn_bt_addr(unsigned s, int k0, int n0, int lane) {
+  return s + ((k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8) * 2;
+}
+
+// attn_store_pair writes two adjacent outputs (4-byte aligned bf16 pair),
+// adding what is there when acc.
+__device__ __forceinline__ void attn_store_pair(gpukit_bf16* p, float x0, float x1, int acc) {
+  unsigned* u = (unsigned*)p;
+  if (acc) {
+    unsigned old = *u;
+    x0 += attn_unpack_lo(old);
+    x1 += attn_unpack_hi(old);
+  }
+  *u = attn_pack_bf16(x0, x1);
+}
+
+// attn_fwd_tc: grid (H, B, ⌈Tq/64⌉), the query blocks in reverse (the
+// longest causal rows start first). Shared memory: K and V tiles, two of
+// each (the next pair is copied while the current one is used); the Q tile
+// borrows the second K tile until it is in registers. 4·64·(D+8)·2 bytes.
+template <int D>
+__device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
+  constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned sK = attn_smem_addr(attn_smem);
+  const unsigned sV = sK + 2 * TILE;
+  const unsigned sQ = sK + TILE;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * 64;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int kend = a.causal ? min(a.Tk, q0 + 64) : a.Tk;
+  const int ntiles = (kend + 63) / 64;
+
+  attn_tile_load<D>(sQ, Q, a.sq[1], q0, a.Tq);
+  attn_tile_load<D>(sK, K, a.sk[1], 0, a.Tk);
+  attn_tile_load<D>(sV, V, a.sv[1], 0, a.Tk);
+  attn_cp_commit();
+  attn_cp_wait0();
+  __syncthreads();
+  unsigned qf[KD][4];
+#pragma unroll
+  for (int kk = 0; kk < KD; kk++) attn_ldsm_x4(qf[kk], attn_a_addr<LDS>(sQ, warp * 16, kk * 16, lane));
+  __syncthreads();  // the Q tile's space (K buffer 1) is free
+
+  float o[ND][4];
+#pragma unroll
+  for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f};
+  const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
+
+  for (int it = 0; it < ntiles; it++) {
+    const int buf = it & 1, kbase = it * 64;
+    if (it + 1 < ntiles) {
+      attn_tile_load<D>(sK + (buf ^ 1) * TILE, K, a.sk[1], kbase + 64, a.Tk);
+      attn_tile_load<D>(sV + (buf ^ 1) * TILE, V, a.sv[1], kbase + 64, a.Tk);
+      attn_cp_commit();
+    }
+    const unsigned ks = sK + buf * TILE, vs = sV + buf * TILE;
+
+    // S = Q·Kᵀ: 16 rows × 64 keys per warp, 8 n-tiles of 8 keys.
+    float s[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        unsigned kb[4];
+        attn_ldsm_x4(kb, attn_b_addr<LDS>(ks, np * 16, kk * 16, lane));
+        attn_mma(s[2 * np], qf[kk], kb[0], kb[1]);
+        attn_mma(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+      }
+    }
+    // Scale to base 2 and mask: keys past Tk, and (causal) keys after the query.
+    const bool mask = kbase + 64 > a.Tk || (a.causal && kbase + 63 > q0);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float x = s[j][e] * a.scale_log2;
+        if (mask) {
+          int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + (e >> 1) * 8;
+          if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
+        }
+        s[j][e] = x;
+      }
+    }
+    // Online softmax, per row r (elements 2r, 2r+1 of each n-tile).
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      float mx = -ATTN_INF;
+#pragma unroll
+      for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      mx = attn_quad_max(mx);
+      const float mnew = fmaxf(m[r], mx);
+      const float mu = mnew == -ATTN_INF ? 0.0f : mnew;  // a row with every key masked so far
+      const float alpha = exp2f(m[r] - mu);
+      float rs = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        float p0 = exp2f(s[j][2 * r] - mu), p1 = exp2f(s[j][2 * r + 1] - mu);
+        s[j][2 * r] = p0;
+        s[j][2 * r + 1] = p1;
+        rs += p0 + p1;
+      }
+      l[r] = l[r] * alpha + rs;  // this thread's part of the row sum; quads add up at the end
+      m[r] = mnew;
+#pragma unroll
+      for (int j = 0; j < ND; j++) {
+        o[j][2 * r] *= alpha;
+        o[j][2 * r + 1] *= alpha;
+      }
+    }
+    // O += P·V: P's accumulator fragments are the A fragments of the
+    // product (16 keys per k-step), V is stored [key][d]: .trans.
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      unsigned pa[4] = {attn_pack_bf16(s[2 * kk][0], s[2 * kk][1]), attn_pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                        attn_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                        attn_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < ND / 2; dp++) {
+        unsigned vb[4];
+        attn_ldsm_x4_t(vb, attn_bt_addr<LDS>(vs, kk * 16, dp * 16, lane));
+        attn_mma(o[2 * dp], pa, vb[0], vb[1]);
+        attn_mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+      }
+    }
+    if (it + 1 < ntiles) attn_cp_wait0();
+    __syncthreads();  // the next tiles have landed; this pair may be overwritten
+  }
+
+  gpukit_bf16* O = (gpukit_bf16*)a.o + b * a.so[0] + h * a.so[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float lr = attn_quad_sum(l[r]);
+    const int qi = qrow + r * 8;
+    if (qi >= a.Tq) continue;
+    const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+    gpukit_bf16* orow = O + (long long)qi * a.so[1];
+#pragma unroll
+    for (int j = 0; j < ND; j++) attn_store_pair(orow + j * 8 + 2 * t, o[j][2 * r] * inv, o[j][2 * r + 1] * inv, 0);
+    if (t == 0 && a.lse) {
+      a.lse[((long long)b * a.H + h) * a.Tq + qi] = lr > 0.0f ? (m[r] + log2f(lr)) * ATTN_LN2 : -ATTN_INF;
+    }
+  }
+}
+
+// attn_bwd_dq_tc: dQ = scale·dS·K over key tiles, grid (H, B, ⌈Tq/64⌉) in
+// reverse like the forward. Shared memory: the Q and dO tiles (resident)
+// and two K and two V tiles: 6·64·(D+8)·2 bytes.
+template <int D>
+__device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
+  constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned sQ = attn_smem_addr(attn_smem);
+  const unsigned sO = sQ + TILE;  // dO
+  const unsigned sK = sQ + 2 * TILE;
+  const unsigned sV = sQ + 4 * TILE;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * 64;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int kend = a.causal ? min(a.Tk, q0 + 64) : a.Tk;
+  const int ntiles = (kend + 63) / 64;
+
+  attn_tile_load<D>(sQ, Q, a.sq[1], q0, a.Tq);
+  attn_tile_load<D>(sO, dO, a.sdo[1], q0, a.Tq);
+  attn_tile_load<D>(sK, K, a.sk[1], 0, a.Tk);
+  attn_tile_load<D>(sV, V, a.sv[1], 0, a.Tk);
+  attn_cp_commit();
+
+  const int qrow = q0 + warp * 16 + g;
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    int qi = qrow + r * 8;
+    lse2[r] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
+    dl[r] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+  }
+  float dq[ND][4];
+#pragma unroll
+  for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+  attn_cp_wait0();
+  __syncthreads();
+
+  for (int it = 0; it < ntiles; it++) {
+    const int buf = it & 1, kbase = it * 64;
+    if (it + 1 < ntiles) {
+      attn_tile_load<D>(sK + (buf ^ 1) * TILE, K, a.sk[1], kbase + 64, a.Tk);
+      attn_tile_load<D>(sV + (buf ^ 1) * TILE, V, a.sv[1], kbase + 64, a.Tk);
+      attn_cp_commit();
+    }
+    const unsigned ks = sK + buf * TILE, vs = sV + buf * TILE;
+    // S = Q·Kᵀ and dP = dO·Vᵀ (both 16 × 64 per warp).
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      unsigned qa[4], oa[4];
+      attn_ldsm_x4(qa, attn_a_addr<LDS>(sQ, warp * 16, kk * 16, lane));
+      attn_ldsm_x4(oa, attn_a_addr<LDS>(sO, warp * 16, kk * 16, lane));
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        unsigned kb[4], vb[4];
+        attn_ldsm_x4(kb, attn_b_addr<LDS>(ks, np * 16, kk * 16, lane));
+        attn_mma(s[2 * np], qa, kb[0], kb[1]);
+        attn_mma(s[2 * np + 1], qa, kb[2], kb[3]);
+        attn_ldsm_x4(vb, attn_b_addr<LDS>(vs, np * 16, kk * 16, lane));
+        attn_mma(dp[2 * np], oa, vb[0], vb[1]);
+        attn_mma(dp[2 * np + 1], oa, vb[2], vb[3]);
+      }
+    }
+    // dS = P ∘ (dP − δ), P = exp2(S·scale·log2e − lse·log2e); masked → 0.
+    const bool mask = kbase + 64 > a.Tk || (a.causal && kbase + 63 > q0);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = e >> 1;
+        float p = exp2f(s[j][e] * a.scale_log2 - lse2[r]);
+        if (mask) {
+          int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + r * 8;
+          if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
+        }
+        s[j][e] = p * (dp[j][e] - dl[r]);
+      }
+    }
+    // dQ += dS·K: K is stored [key][d], the k dimension: .trans.
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      unsigned da[4] = {attn_pack_bf16(s[2 * kk][0], s[2 * kk][1]), attn_pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                        attn_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                        attn_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < ND / 2; np++) {
+        unsigned kb[4];
+        attn_ldsm_x4_t(kb, attn_bt_addr<LDS>(ks, kk * 16, np * 16, lane));
+        attn_mma(dq[2 * np], da, kb[0], kb[1]);
+        attn_mma(dq[2 * np + 1], da, kb[2], kb[3]);
+      }
+    }
+    if (it + 1 < ntiles) attn_cp_wait0();
+    __syncthreads();
+  }
+
+  gpukit_bf16* dQ = (gpukit_bf16*)a.dq + b * a.sdq[0] + h * a.sdq[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = qrow + r * 8;
+    if (qi >= a.Tq) continue;
+    gpukit_bf16* row = dQ + (long long)qi * a.sdq[1];
+#pragma unroll
+    for (int j = 0; j < ND; j++)
+      attn_store_pair(row + j * 8 + 2 * t, dq[j][2 * r] * a.scale, dq[j][2 * r + 1] * a.scale, a.acc_q);
+  }
+}
+
+// attn_bwd_dkdv_tc: dV = Pᵀ·dO and dK = scale·dSᵀ·Q over query tiles, grid
+// (H, B, ⌈Tk/64⌉) (key block 0, which sees every query under causal, first).
+// Each warp works on the transposed products (its 16 keys × 64 queries).
+// Shared memory: the K and V tiles (resident), two Q and two dO tiles, and
+// two tiles each of lse·log2e and δ: 6·64·(D+8)·2 + 4·64·4 bytes.
+template <int D>
+__device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
+  constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned sK = attn_smem_addr(attn_smem);
+  const unsigned sV = sK + TILE;
+  const unsigned sQ = sK + 2 * TILE;  // [2]
+  const unsigned sO = sK + 4 * TILE;  // dO [2]
+  float* sL = (float*)(attn_smem + 6 * TILE);  // [2][64] lse·log2e (+∞ past Tq)
+  float* sD = sL + 128;                 // [2][64] δ
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int k0 = blockIdx.z * 64;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  const int qstart = a.causal ? k0 / 64 : 0;  // causal: queries before k0 see none of these keys
+  const int qtiles = (a.Tq + 63) / 64;
+
+  attn_tile_load<D>(sK, K, a.sk[1], k0, a.Tk);
+  attn_tile_load<D>(sV, V, a.sv[1], k0, a.Tk);
+  if (qstart < qtiles) {
+    attn_tile_load<D>(sQ, Q, a.sq[1], qstart * 64, a.Tq);
+    attn_tile_load<D>(sO, dO, a.sdo[1], qstart * 64, a.Tq);
+    if (threadIdx.x < 64) {
+      int qi = qstart * 64 + threadIdx.x;
+      sL[threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
+      sD[threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+    }
+  }
+  attn_cp_commit();
+
+  float dk[ND][4], dv[ND][4];
+#pragma unroll
+  for (int j = 0; j < ND; j++) {
+    dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = 0.0f;
+    dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.0f;
+  }
+  const int krow = k0 + warp * 16 + g;  // this thread's keys: krow, krow + 8
+  attn_cp_wait0();
+  __syncthreads();
+
+  for (int qt = qstart; qt < qtiles; qt++) {
+    const int buf = (qt - qstart) & 1, qbase = qt * 64;
+    if (qt + 1 < qtiles) {
+      attn_tile_load<D>(sQ + (buf ^ 1) * TILE, Q, a.sq[1], qbase + 64, a.Tq);
+      attn_tile_load<D>(sO + (buf ^ 1) * TILE, dO, a.sdo[1], qbase + 64, a.Tq);
+      attn_cp_commit();
+      if (threadIdx.x < 64) {
+        int qi = qbase + 64 + threadIdx.x;
+        sL[(buf ^ 1) * 64 + threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
+        sD[(buf ^ 1) * 64 + threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+      }
+    }
+    const unsigned qs = sQ + buf * TILE, os = sO + buf * TILE;
+    const float* lt = sL + buf * 64;
+    const float* dt = sD + buf * 64;
+
+    // Sᵀ = K·Qᵀ (16 keys × 64 queries per warp); Pᵀ = exp2(Sᵀ·scale·log2e −
+    // lse·log2e), zero where masked (and past Tq, where lse is +∞).
+    float st[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) st[j][0] = st[j][1] = st[j][2] = st[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      unsigned ka[4];
+      attn_ldsm_x4(ka, attn_a_addr<LDS>(sK, warp * 16, kk * 16, lane));
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        unsigned qb[4];
+        attn_ldsm_x4(qb, attn_b_addr<LDS>(qs, np * 16, kk * 16, lane));
+        attn_mma(st[2 * np], ka, qb[0], qb[1]);
+        attn_mma(st[2 * np + 1], ka, qb[2], qb[3]);
+      }
+    }
+    const bool mask = a.causal && qbase < k0 + 64;  // the diagonal tile
+    // Pᵀ packed to bf16: the A fragments of dV += Pᵀ·dO (16 queries per k-step).
+    unsigned pp[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      float pv[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int qc = j * 8 + 2 * t + (e & 1);
+        float p = exp2f(st[j][e] * a.scale_log2 - lt[qc]);
+        if (mask && krow + (e >> 1) * 8 > qbase + qc) p = 0.0f;
+        pv[e] = p;
+      }
+      pp[j >> 1][(j & 1) * 2] = attn_pack_bf16(pv[0], pv[1]);
+      pp[j >> 1][(j & 1) * 2 + 1] = attn_pack_bf16(pv[2], pv[3]);
+    }
+    // dV += Pᵀ·dO: dO is stored [query][d], the k dimension: .trans.
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+#pragma unroll
+      for (int np = 0; np < ND / 2; np++) {
+        unsigned ob[4];
+        attn_ldsm_x4_t(ob, attn_bt_addr<LDS>(os, kk * 16, np * 16, lane));
+        attn_mma(dv[2 * np], pp[kk], ob[0], ob[1]);
+        attn_mma(dv[2 * np + 1], pp[kk], ob[2], ob[3]);
+      }
+    }
+    // dPᵀ = V·dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ − δ) (Pᵀ from its bf16 copy).
+    float dpt[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      unsigned va[4];
+      attn_ldsm_x4(va, attn_a_addr<LDS>(sV, warp * 16, kk * 16, lane));
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        unsigned ob[4];
+        attn_ldsm_x4(ob, attn_b_addr<LDS>(os, np * 16, kk * 16, lane));
+        attn_mma(dpt[2 * np], va, ob[0], ob[1]);
+        attn_mma(dpt[2 * np + 1], va, ob[2], ob[3]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const unsigned p01 = pp[j >> 1][(j & 1) * 2], p23 = pp[j >> 1][(j & 1) * 2 + 1];
+      const float d0 = dt[j * 8 + 2 * t], d1 = dt[j * 8 + 2 * t + 1];
+      const float ds0 = attn_unpack_lo(p01) * (dpt[j][0] - d0), ds1 = attn_unpack_hi(p01) * (dpt[j][1] - d1);
+      const float ds2 = attn_unpack_lo(p23) * (dpt[j][2] - d0), ds3 = attn_unpack_hi(p23) * (dpt[j][3] - d1);
+      pp[j >> 1][(j & 1) * 2] = attn_pack_bf16(ds0, ds1);
+      pp[j >> 1][(j & 1) * 2 + 1] = attn_pack_bf16(ds2, ds3);
+    }
+    // dK += dSᵀ·Q: Q is stored [query][d]: .trans.
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+#pragma unroll
+      for (int np = 0; np < ND / 2; np++) {
+        unsigned qb[4];
+        attn_ldsm_x4_t(qb, attn_bt_addr<LDS>(qs, kk * 16, np * 16, lane));
+        attn_mma(dk[2 * np], pp[kk], qb[0], qb[1]);
+        attn_mma(dk[2 * np + 1], pp[kk], qb[2], qb[3]);
+      }
+    }
+    if (qt + 1 < qtiles) attn_cp_wait0();
+    __syncthreads();
+  }
+
+  gpukit_bf16* dK = (gpukit_bf16*)a.dk + b * a.sdk[0] + h * a.sdk[2];
+  gpukit_bf16* dV = (gpukit_bf16*)a.dv + b * a.sdv[0] + h * a.sdv[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int kj = krow + r * 8;
+    if (kj >= a.Tk) continue;
+    if (a.dk) {
+      gpukit_bf16* row = dK + (long long)kj * a.sdk[1];
+#pragma unroll
+      for (int j = 0; j < ND; j++)
+        attn_store_pair(row + j * 8 + 2 * t, dk[j][2 * r] * a.scale, dk[j][2 * r + 1] * a.scale, a.acc_k);
+    }
+    if (a.dv) {
+      gpukit_bf16* row = dV + (long long)kj * a.sdv[1];
+#pragma unroll
+      for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[j][2 * r], dv[j][2 * r + 1], a.acc_v);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_fwd_tc_d64(const attn_args a) { attn_fwd_tc<64>(a); }
+extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_fwd_tc_d128(const attn_args a) { attn_fwd_tc<128>(a); }
+extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dq_tc_d64(const attn_args a) { attn_bwd_dq_tc<64>(a); }
+extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dq_tc_d128(const attn_args a) { attn_bwd_dq_tc<128>(a); }
+extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc_d64(const attn_args a) {
+  attn_bwd_dkdv_tc<64>(a);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc_d128(const attn_args a) {
+  attn_bwd_dkdv_tc<128>(a);
+}
+
+// ---- CUDA-core kernels (f32 or bf16, any D ≤ 128) ----
+//
+// 128 threads (4 warps). Each warp owns 4 rows of its block's 16 (queries
+// for the forward and dQ, keys for dK/dV) and streams tiles of 32 rows of
+// the other side through shared memory (f32), one lane per streamed row
+// for the dot products (tiles padded to D+1 columns so those reads are
+// free of bank conflicts) and one lane per output column (d = lane + 32c)
+// for the accumulations.
+
+#define ATTN_S_THREADS 128
+#define ATTN_S_ROWS 16  // owned rows per block
+#define ATTN_S_TILE 32  // streamed rows per tile
+
+// attn_s_load fills n rows × D columns of shared f32 (row stride lds) from
+// rows [r0, r0+n) of a [T, D] matrix at g (row stride ld); zeros past T.
+template <typename T>
+__device__ __forceinline__ void attn_s_load(float* s, int lds, const T* g, long long ld, int r0, int n, int T_, int D) {
+  for (int i = threadIdx.x; i < n * D; i += ATTN_S_THREADS) {
+    int r = i / D, c = i % D, row = r0 + r;
+    s[r * lds + c] = row < T_ ? gpukit_ld(g + (long long)row * ld + c) : 0.0f;
+  }
+}
+
+// attn_s_store writes out[c] = x (or out[c] + x when acc) for this lane's
+// columns of a row.
+template <typename T>
+__device__ __forceinline__ void attn_s_store(T* row, const float x[4], int D, int acc) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < 4; c++) {
+    int d = lane + 32 * c;
+    if (d < D) {
+      float v = x[c];
+      if (acc) v += gpukit_ld(row + d);
+      gpukit_st(row + d, v);
+    }
+  }
+}
+
+// attn_fwd_simt: grid (H, B, ⌈Tq/16⌉) in reverse. Shared memory: Q [16][D],
+// K [32][D+1], V [32][D] in f32.
+template <typename T>
+__device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
+  ATTN_DYN_SMEM(attn_smem);
+  const int D = a.D;
+  float* sQ = (float*)attn_smem;
+  float* sK = sQ + ATTN_S_ROWS * D;
+  float* sV = sK + ATTN_S_TILE * (D + 1);
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * ATTN_S_ROWS;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const T* Q = (const T*)a.q + b * a.sq[0] + h * a.sq[2];
+  const T* K = (const T*)a.k + b * a.sk[0] + h * a.sk[2];
+  const T* V = (const T*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int kend = a.causal ? min(a.Tk, q0 + ATTN_S_ROWS) : a.Tk;
+
+  attn_s_load(sQ, D, Q, a.sq[1], q0, ATTN_S_ROWS, a.Tq, D);
+  float m[4], l[4], acc[4][4];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    m[u] = -ATTN_INF;
+    l[u] = 0.0f;
+    acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
+  }
+  for (int kbase = 0; kbase < kend; kbase += ATTN_S_TILE) {
+    __syncthreads();  // the previous tile is used up (and sQ is written)
+    attn_s_load(sK, D + 1, K, a.sk[1], kbase, ATTN_S_TILE, a.Tk, D);
+    attn_s_load(sV, D, V, a.sv[1], kbase, ATTN_S_TILE, a.Tk, D);
+    __syncthreads();
+    const int key = kbase + lane;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int row = warp * 4 + u, qi = q0 + row;
+      const float* qr = sQ + row * D;
+      const float* kr = sK + lane * (D + 1);
+      float dot = 0.0f;
+      for (int d = 0; d < D; d++) dot += qr[d] * kr[d];
+      float x = dot * a.scale_log2;
+      if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
+      const float mnew = fmaxf(m[u], gpukit_warp_max(x));
+      const float mu = mnew == -ATTN_INF ? 0.0f : mnew;
+      const float alpha = exp2f(m[u] - mu);
+      const float p = exp2f(x - mu);
+      l[u] = l[u] * alpha + gpukit_warp_sum(p);
+      m[u] = mnew;
+#pragma unroll
+      for (int c = 0; c < 4; c++) acc[u][c] *= alpha;
+      for (int j = 0; j < ATTN_S_TILE; j++) {
+        const float pj = __shfl_sync(0xffffffffu, p, j);
+        const float* vr = sV + j * D;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          int d = lane + 32 * c;
+          if (d < D) acc[u][c] += pj * vr[d];
+        }
+      }
+    }
+  }
+  T* O = (T*)a.o + b * a.so[0] + h * a.so[2];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int qi = q0 + warp * 4 + u;
+    if (qi >= a.Tq) continue;
+    const float inv = l[u] > 0.0f ? 1.0f / l[u] : 0.0f;
+    float x[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) x[c] = acc[u][c] * inv;
+    attn_s_store(O + (long long)qi * a.so[1], x, D, 0);
+    if (lane == 0 && a.lse) {
+      a.lse[((long long)b * a.H + h) * a.Tq + qi] = l[u] > 0.0f ? (m[u] + log2f(l[u])) * ATTN_LN2 : -ATTN_INF;
+    }
+  }
+}
+
+// attn_bwd_dq_simt: grid (H, B, ⌈Tq/16⌉) in reverse. Shared memory: Q and
+// dO [16][D], K and V [32][D+1] in f32.
+template <typename T>
+__device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
+  ATTN_DYN_SMEM(attn_smem);
+  const int D = a.D;
+  float* sQ = (float*)attn_smem;
+  float* sO = sQ + ATTN_S_ROWS * D;
+  float* sK = sO + ATTN_S_ROWS * D;
+  float* sV = sK + ATTN_S_TILE * (D + 1);
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * ATTN_S_ROWS;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const T* Q = (const T*)a.q + b * a.sq[0] + h * a.sq[2];
+  const T* dO = (const T*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const T* K = (const T*)a.k + b * a.sk[0] + h * a.sk[2];
+  const T* V = (const T*)a.v + b * a.sv[0] + h * a.sv[2];
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  const int kend = a.causal ? min(a.Tk, q0 + ATTN_S_ROWS) : a.Tk;
+
+  attn_s_load(sQ, D, Q, a.sq[1], q0, ATTN_S_ROWS, a.Tq, D);
+  attn_s_load(sO, D, dO, a.sdo[1], q0, ATTN_S_ROWS, a.Tq, D);
+  float lse2[4], dl[4], acc[4][4];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int qi = q0 + warp * 4 + u;
+    lse2[u] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
+    dl[u] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+    acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
+  }
+  for (int kbase = 0; kbase < kend; kbase += ATTN_S_TILE) {
+    __syncthreads();
+    attn_s_load(sK, D + 1, K, a.sk[1], kbase, ATTN_S_TILE, a.Tk, D);
+    attn_s_load(sV, D + 1, V, a.sv[1], kbase, ATTN_S_TILE, a.Tk, D);
+    __syncthreads();
+    const int key = kbase + lane;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int row = warp * 4 + u, qi = q0 + row;
+      const float* qr = sQ + row * D;
+      const float* orow = sO + row * D;
+      const float* kr = sK + lane * (D + 1);
+      const float* vr = sV + lane * (D + 1);
+      float s = 0.0f, dp = 0.0f;
+      for (int d = 0; d < D; d++) {
+        s += qr[d] * kr[d];
+        dp += orow[d] * vr[d];
+      }
+      float p = exp2f(s * a.scale_log2 - lse2[u]);
+      if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
+      const float ds = p * (dp - dl[u]);
+      for (int j = 0; j < ATTN_S_TILE; j++) {
+        const float dsj = __shfl_sync(0xffffffffu, ds, j);
+        const float* kj = sK + j * (D + 1);
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          int d = lane + 32 * c;
+          if (d < D) acc[u][c] += dsj * kj[d];
+        }
+      }
+    }
+  }
+  T* dQ = (T*)a.dq + b * a.sdq[0] + h * a.sdq[2];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int qi = q0 + warp * 4 + u;
+    if (qi >= a.Tq) continue;
+    float x[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) x[c] = acc[u][c] * a.scale;
+    attn_s_store(dQ + (long long)qi * a.sdq[1], x, D, a.acc_q);
+  }
+}
+
+// attn_bwd_dkdv_simt: grid (H, B, ⌈Tk/16⌉). Shared memory: K and V [16][D]
+// (resident), Q and dO [32][D+1], lse·log2e and δ [32] in f32.
+template <typename T>
+__device__ __forceinline__ void attn_bwd_dkdv_simt(const attn_args& a) {
+  ATTN_DYN_SMEM(attn_smem);
+  const int D = a.D;
+  float* sK = (float*)attn_smem;
+  float* sV = sK + ATTN_S_ROWS * D;
+  float* sQ = sV + ATTN_S_ROWS * D;
+  float* sO = sQ + ATTN_S_TILE * (D + 1);
+  float* sL = sO + ATTN_S_TILE * (D + 1);
+  float* sD = sL + ATTN_S_TILE;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int k0 = blockIdx.z * ATTN_S_ROWS;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const T* Q = (const T*)a.q + b * a.sq[0] + h * a.sq[2];
+  const T* dO = (const T*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const T* K = (const T*)a.k + b * a.sk[0] + h * a.sk[2];
+  const T* V = (const T*)a.v + b * a.sv[0] + h * a.sv[2];
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  // causal: the first query tile holding a query ≥ k0
+  const int qstart = a.causal ? (k0 / ATTN_S_TILE) * ATTN_S_TILE : 0;
+
+  attn_s_load(sK, D, K, a.sk[1], k0, ATTN_S_ROWS, a.Tk, D);
+  attn_s_load(sV, D, V, a.sv[1], k0, ATTN_S_ROWS, a.Tk, D);
+  float dk[4][4], dv[4][4];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+#pragma unroll
+    for (int c = 0; c < 4; c++) dk[u][c] = dv[u][c] = 0.0f;
+  }
+  for (int qbase = qstart; qbase < a.Tq; qbase += ATTN_S_TILE) {
+    __syncthreads();
+    attn_s_load(sQ, D + 1, Q, a.sq[1], qbase, ATTN_S_TILE, a.Tq, D);
+    attn_s_load(sO, D + 1, dO, a.sdo[1], qbase, ATTN_S_TILE, a.Tq, D);
+    if (threadIdx.x < ATTN_S_TILE) {
+      const int qi = qbase + threadIdx.x;
+      sL[threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
+      sD[threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+    }
+    __syncthreads();
+    const int qi = qbase + lane;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int row = warp * 4 + u, kj = k0 + row;
+      const float* kr = sK + row * D;
+      const float* vr = sV + row * D;
+      const float* qr = sQ + lane * (D + 1);
+      const float* orow = sO + lane * (D + 1);
+      float s = 0.0f, dp = 0.0f;
+      for (int d = 0; d < D; d++) {
+        s += kr[d] * qr[d];
+        dp += vr[d] * orow[d];
+      }
+      float p = exp2f(s * a.scale_log2 - sL[lane]);  // 0 past Tq (lse +∞)
+      if (a.causal && kj > qi) p = 0.0f;
+      const float ds = p * (dp - sD[lane]);
+      for (int i = 0; i < ATTN_S_TILE; i++) {
+        const float pi = __shfl_sync(0xffffffffu, p, i);
+        const float dsi = __shfl_sync(0xffffffffu, ds, i);
+        const float* qi_ = sQ + i * (D + 1);
+        const float* oi = sO + i * (D + 1);
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          int d = lane + 32 * c;
+          if (d < D) {
+            dv[u][c] += pi * oi[d];
+            dk[u][c] += dsi * qi_[d];
+          }
+        }
+      }
+    }
+  }
+  T* dK = (T*)a.dk + b * a.sdk[0] + h * a.sdk[2];
+  T* dV = (T*)a.dv + b * a.sdv[0] + h * a.sdv[2];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int kj = k0 + warp * 4 + u;
+    if (kj >= a.Tk) continue;
+    float x[4];
+    if (a.dk) {
+#pragma unroll
+      for (int c = 0; c < 4; c++) x[c] = dk[u][c] * a.scale;
+      attn_s_store(dK + (long long)kj * a.sdk[1], x, D, a.acc_k);
+    }
+    if (a.dv) attn_s_store(dV + (long long)kj * a.sdv[1], dv[u], D, a.acc_v);
+  }
+}
+
+// attn_bwd_delta: δ[b,h,i] = Σ_d dO[b,i,h,d]·O[b,i,h,d] in f32, one warp
+// per row (grid-stride over the B·Tq·H rows, 4 warps per block).
+template <typename T>
+__device__ __forceinline__ void attn_bwd_delta(const attn_args& a) {
+  const int lane = threadIdx.x & 31;
+  const long long rows = (long long)a.B * a.Tq * a.H;
+  for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows;
+       r += ((long long)gridDim.x * blockDim.x) >> 5) {
+    const int h = (int)(r % a.H);
+    const long long bi = r / a.H;
+    const int i = (int)(bi % a.Tq), b = (int)(bi / a.Tq);
+    const T* o = (const T*)a.o + b * a.so[0] + (long long)i * a.so[1] + h * a.so[2];
+    const T* g = (const T*)a.dout + b * a.sdo[0] + (long long)i * a.sdo[1] + h * a.sdo[2];
+    float s = 0.0f;
+    for (int d = lane; d < a.D; d += 32) s += gpukit_ld(o + d) * gpukit_ld(g + d);
+    s = gpukit_warp_sum(s);
+    if (lane == 0) a.delta[((long long)b * a.H + h) * a.Tq + i] = s;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_fwd_simt_f32(const attn_args a) { attn_fwd_simt<float>(a); }
+extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_fwd_simt_bf16(const attn_args a) {
+  attn_fwd_simt<gpukit_bf16>(a);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dq_simt_f32(const attn_args a) {
+  attn_bwd_dq_simt<float>(a);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dq_simt_bf16(const attn_args a) {
+  attn_bwd_dq_simt<gpukit_bf16>(a);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dkdv_simt_f32(const attn_args a) {
+  attn_bwd_dkdv_simt<float>(a);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dkdv_simt_bf16(const attn_args a) {
+  attn_bwd_dkdv_simt<gpukit_bf16>(a);
+}
+extern "C" __global__ void attn_bwd_delta_f32(const attn_args a) { attn_bwd_delta<float>(a); }
+extern "C" __global__ void attn_bwd_delta_bf16(const attn_args a) { attn_bwd_delta<gpukit_bf16>(a); }
+
+// ---- decoding with a KV cache ----
+
+#define ATTN_DEC_WARPS 4
+
+// attn_decode: o[b,0,h,:] = softmax(q·Kᵀ·scale)·V over keys 0..pos of the
+// caches k, v [B,Tmax,H,D] (pos read on the device, clamped to
+// [0, Tmax−1]). Grid (H, B), 4 warps: warp w takes keys w, w+4, ... with
+// its own online softmax (lane owns d = lane + 32c); the warps' partial
+// results are merged in a fixed order. Strides as in attn_args: q, k, v, o
+// each [3] (batch, time, head).
+template <typename T>
+__device__ __forceinline__ void attn_decode(T* o, const T* q, const T* k, const T* v, const int* pos,
+                                            const long long* st, int Tmax, int D, float scale_log2) {
+  __shared__ float sm[ATTN_DEC_WARPS], sl[ATTN_DEC_WARPS], sacc[ATTN_DEC_WARPS][128];
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n = min(max(*pos, 0), Tmax - 1) + 1;
+  const T* qr = q + b * st[0] + h * st[2];
+  const T* kb = k + b * st[3] + h * st[5];
+  const T* vb = v + b * st[6] + h * st[8];
+  float qv[4], acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int c = 0; c < 4; c++) {
+    int d = lane + 32 * c;
+    qv[c] = d < D ? gpukit_ld(qr + d) : 0.0f;
+  }
+  float m = -ATTN_INF, l = 0.0f;
+  for (int j = warp; j < n; j += ATTN_DEC_WARPS) {
+    const T* kr = kb + (long long)j * st[4];
+    const T* vr = vb + (long long)j * st[7];
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      int d = lane + 32 * c;
+      if (d < D) s += qv[c] * gpukit_ld(kr + d);
+    }
+    s = gpukit_warp_sum(s) * scale_log2;
+    const float mnew = fmaxf(m, s);
+    const float alpha = exp2f(m - mnew), p = exp2f(s - mnew);
+    l = l * alpha + p;
+    m = mnew;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      int d = lane + 32 * c;
+      acc[c] = acc[c] * alpha + (d < D ? p * gpukit_ld(vr + d) : 0.0f);
+    }
+  }
+  if (lane == 0) {
+    sm[warp] = m;
+    sl[warp] = l;
+  }
+#pragma unroll
+  for (int c = 0; c < 4; c++) sacc[warp][lane + 32 * c] = acc[c];
+  __syncthreads();
+  if (warp != 0) return;
+  float M = -ATTN_INF;
+  for (int w = 0; w < ATTN_DEC_WARPS; w++) M = fmaxf(M, sm[w]);
+  float L = 0.0f, out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int w = 0; w < ATTN_DEC_WARPS; w++) {
+    const float f = sm[w] == -ATTN_INF ? 0.0f : exp2f(sm[w] - M);
+    L += f * sl[w];
+#pragma unroll
+    for (int c = 0; c < 4; c++) out[c] += f * sacc[w][lane + 32 * c];
+  }
+  T* orow = o + b * st[9] + h * st[11];
+#pragma unroll
+  for (int c = 0; c < 4; c++) {
+    int d = lane + 32 * c;
+    if (d < D) gpukit_st(orow + d, out[c] / L);
+  }
+}
+
+// st: q's batch/time/head strides, then k's, v's and o's (12 values).
+struct attn_dec_strides {
+  long long s[12];
+};
+
+extern "C" __global__ void attn_decode_f32(float* o, const float* q, const float* k, const float* v,
+                                           const int* pos, const attn_dec_strides st, int Tmax, int D,
+                                           float scale_log2) {
+  attn_decode<float>(o, q, k, v, pos, st.s, Tmax, D, scale_log2);
+}
+extern "C" __global__ void attn_decode_bf16(gpukit_bf16* o, const gpukit_bf16* q, const gpukit_bf16* k,
+                                            const gpukit_bf16* v, const int* pos, const attn_dec_strides st,
+                                            int Tmax, int D, float scale_log2) {
+  attn_decode<gpukit_bf16>(o, q, k, v, pos, st.s, Tmax, D, scale_log2);
+}
+
+// attn_kv_write: cache[b, pos, h, d] = x[b, 0, h, d] for every b, h and
+// d < D, pos read on the device; nothing is written when pos is outside
+// [0, Tmax). Strides: cache (batch, time, head), x (batch, head).
+template <typename T>
+__device__ __forceinline__ void attn_kv_write(T* cache, const T* x, const int* pos, int B, int H, int D, int Tmax,
+                                              long long cb, long long ct, long long ch, long long xb, long long xh) {
+  const int p = *pos;
+  if (p < 0 || p >= Tmax) return;
+  GPUKIT_GRID_STRIDE(i, (long long)B * H * D) {
+    const int d = (int)(i % D);
+    const long long bh = (long long)(i / D);
+    const int h = (int)(bh % H), b = (int)(bh / H);
+    cache[b * cb + (long long)p * ct + h * ch + d] = x[b * xb + h * xh + d];
+  }
+}
+
+extern "C" __global__ void attn_kv_write_f32(float* cache, const float* x, const int* pos, int B, int H, int D,
+                                             int Tmax, long long cb, long long ct, long long ch, long long xb,
+                                             long long xh) {
+  attn_kv_write<float>(cache, x, pos, B, H, D, Tmax, cb, ct, ch, xb, xh);
+}
+extern "C" __global__ void attn_kv_write_bf16(gpukit_bf16* cache, const gpukit_bf16* x, const int* pos, int B, int H,
+                                              int D, int Tmax, long long cb, long long ct, long long ch, long long xb,
+                                              long long xh) {
+  attn_kv_write<gpukit_bf16>(cache, x, pos, B, H, D, Tmax, cb, ct, ch, xb, xh);
+}

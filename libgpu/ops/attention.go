@@ -1,0 +1,750 @@
+package ops
+
+// The attention family: scaled dot-product attention, forward and
+// backward (FlashAttention-2's algorithm: online softmax over key tiles,
+// log-sum-exp saved, P recomputed in the backward), decoding against a KV
+// cache, and Graph.SelfAttention over a fused qkv projection. Kernels:
+// libgpu/kernels/attention.cu (tensor cores for bf16 with D = 64 or 128,
+// CUDA cores otherwise). Reference and checks: opstest/attention.go.
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"gonum.org/v1/gonum/blas"
+
+	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/tensor"
+)
+
+// attnMaxD is the largest head dimension the kernels take (each lane of a
+// warp owns at most 4 of the columns).
+const attnMaxD = 128
+
+// attnShape is a validated attention call's geometry.
+type attnShape struct{ b, tq, tk, h, d int }
+
+// checkAttn validates q [B,Tq,H,D], k and v [B,Tk,H,D] (f32 or bf16, one
+// dtype, the last dimension contiguous) and returns the geometry.
+func (e *Engine) checkAttn(q, k, v *tensor.Tensor, causal bool, scale float32) (attnShape, error) {
+	var s attnShape
+	for _, c := range []struct {
+		what string
+		t    *tensor.Tensor
+	}{{"q", q}, {"k", k}, {"v", v}} {
+		if err := e.checkView("attention "+c.what, c.t, false, floatTypes); err != nil {
+			return s, err
+		}
+		if c.t.Rank() != 4 {
+			return s, fmt.Errorf("%w: attention %s is %v, want [B,T,H,D]", tensor.ErrShape, c.what, c.t.Shape)
+		}
+	}
+	if k.DType != q.DType || v.DType != q.DType {
+		return s, fmt.Errorf("%w: attention q, k, v are %v, %v, %v (want one dtype)", tensor.ErrDType, q.DType, k.DType, v.DType)
+	}
+	s = attnShape{b: q.Dim(0), tq: q.Dim(1), tk: k.Dim(1), h: q.Dim(2), d: q.Dim(3)}
+	if !tensor.SameShape(k.Shape, []int{s.b, s.tk, s.h, s.d}) || !tensor.SameShape(v.Shape, k.Shape) {
+		return s, fmt.Errorf("%w: attention q %v, k %v, v %v", tensor.ErrShape, q.Shape, k.Shape, v.Shape)
+	}
+	if s.d < 1 || s.d > attnMaxD {
+		return s, fmt.Errorf("%w: attention head dimension %d (want 1..%d)", tensor.ErrShape, s.d, attnMaxD)
+	}
+	if causal && s.tq != s.tk {
+		return s, fmt.Errorf("%w: causal attention with %d queries and %d keys (want equal)", ErrConfig, s.tq, s.tk)
+	}
+	if s.tk == 0 && s.tq > 0 && s.b*s.h > 0 {
+		return s, fmt.Errorf("%w: attention over no keys", tensor.ErrShape)
+	}
+	if math.IsNaN(float64(scale)) || math.IsInf(float64(scale), 0) {
+		return s, fmt.Errorf("%w: attention scale %v", ErrConfig, scale)
+	}
+	// Grid limits (y: batch, z: row blocks of 16) and 32-bit row counts.
+	if s.b > math.MaxUint16 || max(s.tq, s.tk) > 16*math.MaxUint16 || s.h > math.MaxInt32/max(s.b, 1) {
+		return s, fmt.Errorf("%w: attention of %v, %v too large", tensor.ErrShape, q.Shape, k.Shape)
+	}
+	return s, nil
+}
+
+// checkLSE validates lse [B,H,Tq], contiguous f32.
+func (e *Engine) checkLSE(lse *tensor.Tensor, s attnShape) error {
+	return e.checkView("attention lse", lse, true, []tensor.DType{tensor.F32}, s.b, s.h, s.tq)
+}
+
+// AttentionForward computes scaled dot-product attention per batch item b
+// and head h (PyTorch's F.scaled_dot_product_attention, FlashAttention-2's
+// algorithm: Dao 2023):
+//
+//	S = q[b,:,h,:]·k[b,:,h,:]ᵀ·scale (+ −∞ where key j > query i, when causal)
+//	o[b,:,h,:] = softmax(S)·v[b,:,h,:],   lse[b,h,i] = log Σ_j exp S_ij
+//
+// Shapes: q [B,Tq,H,D], k and v [B,Tk,H,D], o [B,Tq,H,D] — any strides
+// with the last dimension contiguous (q, k, v are usually views of a fused
+// qkv projection [B,T,3,H,D]) — and lse [B,H,Tq] contiguous f32, saved for
+// AttentionBackward (nil: not stored). q, k, v, o are all f32 or all bf16;
+// arithmetic is f32. 1 ≤ D ≤ 128; causal needs Tq = Tk. scale is usually
+// 1/√D. o must not overlap the inputs. On CUDA, bf16 with D = 64 or 128
+// and 16-byte aligned rows (pointers and strides multiples of 8 elements)
+// runs on tensor cores; everything else on CUDA cores. Errors wrap
+// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice or
+// ErrConfig.
+func (e *Engine) AttentionForward(o, lse, q, k, v *tensor.Tensor, causal bool, scale float32) error {
+	s, err := e.checkAttn(q, k, v, causal, scale)
+	if err != nil {
+		return err
+	}
+	if err := e.checkView("attention o", o, false, []tensor.DType{q.DType}, q.Shape...); err != nil {
+		return err
+	}
+	if lse != nil {
+		if err := e.checkLSE(lse, s); err != nil {
+			return err
+		}
+	}
+	if s.b*s.h*s.tq == 0 {
+		return nil
+	}
+	return e.dispatch(func(h *hostImpl) error { return h.attnForward(o, lse, q, k, v, s, causal, scale) },
+		func(c *cudaImpl) error {
+			a := newAttnArgs(s, causal, scale)
+			a.setQKV(q, k, v)
+			a.o, a.so = devPtr(o), attnStrides(o)
+			a.lse = devPtr(lse)
+			if attnTC(q.DType, s.d, q, k, v, o) {
+				return c.attnFwdTC(&a, s)
+			}
+			return c.attnFwdSIMT(&a, s, q.DType)
+		})
+}
+
+// AttentionBackward computes the gradients of AttentionForward's o with
+// respect to q, k and v given do = ∂L/∂o, from the forward's o and lse
+// (FlashAttention-2's backward: P = exp(S − lse) is recomputed tile by
+// tile, δ_i = Σ_d do_id·o_id, dS = P∘(do·vᵀ − δ)):
+//
+//	dq = scale·dS·k,   dk = scale·dSᵀ·q,   dv = Pᵀ·do
+//
+// Shapes and dtypes as AttentionForward's (dq like q, dk and dv like k, do
+// like o, all of q's dtype, any strides with the last dimension
+// contiguous; lse [B,H,Tq] f32). acc[i] adds the result into dq, dk, dv
+// (i = 0, 1, 2) instead of overwriting it (fan-out); a nil dq, dk or dv is
+// not computed. dq, dk, dv must not overlap each other or the inputs.
+// Deterministic: the CUDA kernels sum in a fixed order (a pass over key
+// blocks for dk and dv, a second over query blocks for dq) with no atomics,
+// so results are bitwise reproducible. Scratch: B·H·Tq f32 for δ.
+func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, scale float32, acc [3]bool) error {
+	s, err := e.checkAttn(q, k, v, causal, scale)
+	if err != nil {
+		return err
+	}
+	dts := []tensor.DType{q.DType}
+	for _, c := range []struct {
+		what string
+		t    *tensor.Tensor
+		like *tensor.Tensor
+		opt  bool
+	}{{"o", o, q, false}, {"do", do, q, false}, {"dq", dq, q, true}, {"dk", dk, k, true}, {"dv", dv, k, true}} {
+		if c.opt && c.t == nil {
+			continue
+		}
+		if err := e.checkView("attention "+c.what, c.t, false, dts, c.like.Shape...); err != nil {
+			return err
+		}
+	}
+	if err := e.checkLSE(lse, s); err != nil {
+		return err
+	}
+	if dq == nil && dk == nil && dv == nil {
+		return nil
+	}
+	if s.b*s.h == 0 || s.tq+s.tk == 0 {
+		return nil
+	}
+	return e.dispatch(func(h *hostImpl) error {
+		return h.attnBackward(dq, dk, dv, do, q, k, v, o, lse, s, causal, scale, acc)
+	}, func(c *cudaImpl) error {
+		a := newAttnArgs(s, causal, scale)
+		a.setQKV(q, k, v)
+		a.o, a.so = devPtr(o), attnStrides(o)
+		a.lse = devPtr(lse)
+		a.dout, a.sdo = devPtr(do), attnStrides(do)
+		a.dq, a.sdq = devPtr(dq), attnStrides(dq)
+		a.dk, a.sdk = devPtr(dk), attnStrides(dk)
+		a.dv, a.sdv = devPtr(dv), attnStrides(dv)
+		a.accQ, a.accK, a.accV = attnBool(acc[0]), attnBool(acc[1]), attnBool(acc[2])
+		if s.tq > 0 {
+			delta, err := c.scratchPtr("attention.delta", int64(4*s.b*s.h*s.tq))
+			if err != nil {
+				return err
+			}
+			a.delta = delta
+			if err := c.attnBwdDelta(&a, s, q.DType); err != nil {
+				return err
+			}
+		}
+		tc := attnTC(q.DType, s.d, q, k, v, do, dq, dk, dv) // δ's kernel reads o at any alignment
+		if dk != nil || dv != nil {
+			var err error
+			if tc {
+				err = c.attnBwdDKDVTC(&a, s)
+			} else {
+				err = c.attnBwdDKDVSIMT(&a, s, q.DType)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		if dq == nil || s.tq == 0 {
+			return nil
+		}
+		if tc {
+			return c.attnBwdDQTC(&a, s)
+		}
+		return c.attnBwdDQSIMT(&a, s, q.DType)
+	})
+}
+
+// AttentionDecode computes one step of generation with a KV cache: for
+// every batch item b and head h, the single query q[b,0,h,:] attends to
+// keys 0..pos (inclusive) of kcache[b,:,h,:] and vcache[b,:,h,:]:
+//
+//	o[b,0,h,:] = softmax(q·kcache[b,0:pos+1,h,:]ᵀ·scale)·vcache[b,0:pos+1,h,:]
+//
+// q and o [B,1,H,D], kcache and vcache [B,Tmax,H,D] (any strides, the last
+// dimension contiguous; q is usually a view of the step's qkv), all f32 or
+// all bf16, 1 ≤ D ≤ 128. pos is an i32 scalar (one element) on the engine's
+// device, read by the kernel when it runs — so a captured graph replays
+// with the position the previous step advanced — and clamped to
+// [0, Tmax−1]. Write the step's k and v into the caches with KVWrite first.
+func (e *Engine) AttentionDecode(o, q, kcache, vcache, pos *tensor.Tensor, scale float32) error {
+	s, err := e.checkAttn(q, kcache, vcache, false, scale)
+	if err != nil {
+		return err
+	}
+	if s.tq != 1 || s.tk < 1 {
+		return fmt.Errorf("%w: attention decode q %v, cache %v (want one query, a cache of at least one step)", tensor.ErrShape, q.Shape, kcache.Shape)
+	}
+	if err := e.checkView("attention decode o", o, false, []tensor.DType{q.DType}, q.Shape...); err != nil {
+		return err
+	}
+	if err := e.checkPos(pos); err != nil {
+		return err
+	}
+	if s.b*s.h == 0 {
+		return nil
+	}
+	return e.dispatch(func(h *hostImpl) error {
+		p, err := attnHostPos(pos, s.tk)
+		if err != nil {
+			return err
+		}
+		return h.attnDecode(o, q, kcache, vcache, p, s, scale)
+	}, func(c *cudaImpl) error {
+		return c.attnDecode(o, q, kcache, vcache, pos, s, scale)
+	})
+}
+
+// KVWrite stores a step's keys (or values) in a cache at the position pos
+// holds: cache[b, pos, h, :] = x[b, 0, h, :] for every b and h. cache
+// [B,Tmax,H,D] and x [B,1,H,D] (any strides, last dimension contiguous; x
+// is usually a view of the step's qkv) of one dtype (f32 or bf16); pos an
+// i32 scalar on the device read when the op runs. A pos outside
+// [0, Tmax) writes nothing.
+func (e *Engine) KVWrite(cache, x, pos *tensor.Tensor) error {
+	if err := e.checkView("kv write cache", cache, false, floatTypes); err != nil {
+		return err
+	}
+	if cache.Rank() != 4 {
+		return fmt.Errorf("%w: kv write cache is %v, want [B,Tmax,H,D]", tensor.ErrShape, cache.Shape)
+	}
+	b, tmax, h, d := cache.Dim(0), cache.Dim(1), cache.Dim(2), cache.Dim(3)
+	if err := e.checkView("kv write x", x, false, []tensor.DType{cache.DType}, b, 1, h, d); err != nil {
+		return err
+	}
+	if err := e.checkPos(pos); err != nil {
+		return err
+	}
+	if b*h*d == 0 || tmax == 0 {
+		return nil
+	}
+	return e.dispatch(func(*hostImpl) error {
+		ps, err := pos.I32()
+		if err != nil {
+			return fmt.Errorf("ops: host backend: %w", err)
+		}
+		p := int(ps[0])
+		if p < 0 || p >= tmax {
+			return nil
+		}
+		row, err := cache.Narrow(1, p, 1)
+		if err != nil {
+			return err
+		}
+		v, err := x.ReadFloat32()
+		if err != nil {
+			return err
+		}
+		return row.WriteFloat32(v)
+	}, func(c *cudaImpl) error {
+		return c.attnKVWrite(cache, x, pos)
+	})
+}
+
+// checkPos validates a decoding position: an i32 tensor of one element.
+func (e *Engine) checkPos(pos *tensor.Tensor) error {
+	if err := e.checkView("attention position", pos, true, []tensor.DType{tensor.I32}); err != nil {
+		return err
+	}
+	if pos.Numel() != 1 {
+		return fmt.Errorf("%w: attention position %v, want one element", tensor.ErrShape, pos.Shape)
+	}
+	return nil
+}
+
+// ---- host ----
+
+// attnIdx is the row-major offset of [b, t, h, 0] in a [B,T,H,D] tensor.
+func attnIdx(s attnShape, t, b, i, h int) int { return ((b*t+i)*s.h + h) * s.d }
+
+// attnParallel runs f(0..n-1) on up to GOMAXPROCS goroutines.
+func attnParallel(n int, f func(i int)) {
+	workers := min(n, runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for i := 0; i < n; i++ {
+			f(i)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	next := 0
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= n {
+					return
+				}
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func attnDot(a, b []float32) float64 {
+	var s float64
+	for i, x := range a {
+		s += float64(x) * float64(b[i])
+	}
+	return s
+}
+
+// The host computes per (b, h) with materialised scores (it is the
+// reference backend, not a memory-bound one): the products through gonum's
+// Sgemm on rows of the row-major [B,T,H,D] copies (row stride H·D), the
+// softmax in float64.
+
+// attnOff is the offset of row 0 of head h of batch item b in a row-major
+// [B,T,H,D] array.
+func attnOff(s attnShape, t, b, h int) int { return attnIdx(s, t, b, 0, h) }
+
+// hostAttnForward: S = scale·Q·Kᵀ, P = softmax(S) row by row (lse kept),
+// O = P·V.
+func (hi *hostImpl) attnForward(o, lse, q, k, v *tensor.Tensor, s attnShape, causal bool, scale float32) error {
+	qs, err := hostIn(q)
+	if err != nil {
+		return err
+	}
+	ks, err := hostIn(k)
+	if err != nil {
+		return err
+	}
+	vs, err := hostIn(v)
+	if err != nil {
+		return err
+	}
+	out, commit, err := hostOut(o, false)
+	if err != nil {
+		return err
+	}
+	ls, lcommit, err := hostOut(lse, false)
+	if err != nil {
+		return err
+	}
+	hd := s.h * s.d
+	attnParallel(s.b*s.h, func(bh int) {
+		b, h := bh/s.h, bh%s.h
+		qo, ko := attnOff(s, s.tq, b, h), attnOff(s, s.tk, b, h)
+		p := make([]float32, s.tq*s.tk)
+		hi.blas.Sgemm(blas.NoTrans, blas.Trans, s.tq, s.tk, s.d, scale, qs[qo:], hd, ks[ko:], hd, 0, p, s.tk)
+		for i := 0; i < s.tq; i++ {
+			row := p[i*s.tk : (i+1)*s.tk]
+			n := s.tk
+			if causal {
+				n = i + 1
+			}
+			m := math.Inf(-1)
+			for _, x := range row[:n] {
+				m = math.Max(m, float64(x))
+			}
+			var l float64
+			for _, x := range row[:n] {
+				l += math.Exp(float64(x) - m)
+			}
+			for j := range row {
+				if j < n {
+					row[j] = float32(math.Exp(float64(row[j])-m) / l)
+				} else {
+					row[j] = 0
+				}
+			}
+			if ls != nil {
+				ls[(b*s.h+h)*s.tq+i] = float32(m + math.Log(l))
+			}
+		}
+		hi.blas.Sgemm(blas.NoTrans, blas.NoTrans, s.tq, s.d, s.tk, 1, p, s.tk, vs[ko:], hd, 0, out[qo:], hd)
+	})
+	if err := lcommit(); err != nil {
+		return err
+	}
+	return commit()
+}
+
+// hostAttnBackward: P = exp(scale·Q·Kᵀ − lse) (masked), δ_i = do_i·o_i,
+// dS = P∘(do·Vᵀ − δ), then dQ = scale·dS·K, dK = scale·dSᵀ·Q, dV = Pᵀ·do.
+func (hi *hostImpl) attnBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, s attnShape, causal bool, scale float32, acc [3]bool) error {
+	var in [6][]float32
+	for i, t := range []*tensor.Tensor{q, k, v, o, do, lse} {
+		var err error
+		if in[i], err = hostIn(t); err != nil {
+			return err
+		}
+	}
+	qs, ks, vs, os, dos, ls := in[0], in[1], in[2], in[3], in[4], in[5]
+	var outs [3][]float32
+	var commits [3]func() error
+	for i, t := range []*tensor.Tensor{dq, dk, dv} {
+		var err error
+		if outs[i], commits[i], err = hostOut(t, acc[i]); err != nil {
+			return err
+		}
+	}
+	gq, gk, gv := outs[0], outs[1], outs[2]
+	hd := s.h * s.d
+	attnParallel(s.b*s.h, func(bh int) {
+		b, h := bh/s.h, bh%s.h
+		qo, ko := attnOff(s, s.tq, b, h), attnOff(s, s.tk, b, h)
+		p := make([]float32, s.tq*s.tk)
+		ds := make([]float32, s.tq*s.tk)
+		if s.tq > 0 {
+			hi.blas.Sgemm(blas.NoTrans, blas.Trans, s.tq, s.tk, s.d, scale, qs[qo:], hd, ks[ko:], hd, 0, p, s.tk)
+			hi.blas.Sgemm(blas.NoTrans, blas.Trans, s.tq, s.tk, s.d, 1, dos[qo:], hd, vs[ko:], hd, 0, ds, s.tk)
+		}
+		for i := 0; i < s.tq; i++ {
+			lse := float64(ls[(b*s.h+h)*s.tq+i])
+			r := qo + i*hd
+			delta := float32(attnDot(dos[r:r+s.d], os[r:r+s.d]))
+			n := s.tk
+			if causal {
+				n = i + 1
+			}
+			prow, drow := p[i*s.tk:(i+1)*s.tk], ds[i*s.tk:(i+1)*s.tk]
+			for j := range prow {
+				if j >= n {
+					prow[j], drow[j] = 0, 0
+					continue
+				}
+				pj := float32(math.Exp(float64(prow[j]) - lse))
+				prow[j] = pj
+				drow[j] = pj * (drow[j] - delta)
+			}
+		}
+		if gq != nil && s.tq > 0 {
+			hi.blas.Sgemm(blas.NoTrans, blas.NoTrans, s.tq, s.d, s.tk, scale, ds, s.tk, ks[ko:], hd, 0, gq[qo:], hd)
+		}
+		for _, c := range []struct {
+			g   []float32
+			a   []float32
+			x   []float32
+			mul float32
+		}{{gk, ds, qs, scale}, {gv, p, dos, 1}} {
+			if c.g == nil {
+				continue
+			}
+			if s.tq == 0 {
+				for j := 0; j < s.tk; j++ {
+					clear(c.g[ko+j*hd : ko+j*hd+s.d])
+				}
+				continue
+			}
+			hi.blas.Sgemm(blas.Trans, blas.NoTrans, s.tk, s.d, s.tq, c.mul, c.a, s.tk, c.x[qo:], hd, 0, c.g[ko:], hd)
+		}
+	})
+	for _, c := range commits {
+		if err := c(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// attnHostPos reads a decoding position and clamps it to [0, tmax−1].
+func attnHostPos(pos *tensor.Tensor, tmax int) (int, error) {
+	ps, err := pos.I32()
+	if err != nil {
+		return 0, fmt.Errorf("ops: host backend: %w", err)
+	}
+	return min(max(int(ps[0]), 0), tmax-1), nil
+}
+
+func (hi *hostImpl) attnDecode(o, q, kc, vc *tensor.Tensor, p int, s attnShape, scale float32) error {
+	// The cache is read up to row p only: narrow it first, so a long cache
+	// costs nothing (and rows past p may hold anything).
+	kn, err := kc.Narrow(1, 0, p+1)
+	if err != nil {
+		return err
+	}
+	vn, err := vc.Narrow(1, 0, p+1)
+	if err != nil {
+		return err
+	}
+	s.tk = p + 1
+	return hi.attnForward(o, nil, q, kn, vn, s, false, scale)
+}
+
+// ---- CUDA ----
+
+// attnArgs mirrors struct attn_args of attention.cu field for field (320
+// bytes; attention_layout_test.go checks): the one parameter of the
+// forward and backward kernels. Strides are in elements: batch, time, head.
+type attnArgs struct {
+	q, k, v, o, lse, dout, dq, dk, dv, delta cuda.DevicePtr
+	sq, sk, sv, so, sdo, sdq, sdk, sdv       [3]int64
+	b, h, tq, tk                             int32
+	d, causal                                int32
+	accQ, accK                               int32
+	accV, pad                                int32
+	scale, scaleLog2                         float32
+}
+
+func newAttnArgs(s attnShape, causal bool, scale float32) attnArgs {
+	return attnArgs{b: int32(s.b), h: int32(s.h), tq: int32(s.tq), tk: int32(s.tk), d: int32(s.d),
+		causal: attnBool(causal), scale: scale, scaleLog2: float32(float64(scale) * math.Log2E)}
+}
+
+func (a *attnArgs) setQKV(q, k, v *tensor.Tensor) {
+	a.q, a.sq = devPtr(q), attnStrides(q)
+	a.k, a.sk = devPtr(k), attnStrides(k)
+	a.v, a.sv = devPtr(v), attnStrides(v)
+}
+
+func attnBool(v bool) int32 {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// attnStrides are the batch, time and head strides of a [B,T,H,D] view
+// (zeros for nil).
+func attnStrides(t *tensor.Tensor) [3]int64 {
+	if t == nil {
+		return [3]int64{}
+	}
+	return [3]int64{int64(t.Strides[0]), int64(t.Strides[1]), int64(t.Strides[2])}
+}
+
+// attnTC reports whether the tensor-core kernels take these tensors: bf16,
+// D = 64 or 128, every row 16-byte aligned (cp.async and ldmatrix move 16
+// bytes): base addresses and batch, time and head strides multiples of 8
+// elements.
+func attnTC(dt tensor.DType, d int, ts ...*tensor.Tensor) bool {
+	if dt != tensor.BF16 || (d != 64 && d != 128) {
+		return false
+	}
+	for _, t := range ts {
+		if t == nil {
+			continue
+		}
+		if t.Ptr()%16 != 0 {
+			return false
+		}
+		for _, st := range t.Strides[:3] {
+			if st%8 != 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func kAttn(a *attnArgs) karg { return unsafe.Pointer(a) }
+
+// Launch geometry (attention.cu): 128 threads; the tensor-core kernels work
+// on 64-row blocks, the CUDA-core ones own 16 rows and stream 32.
+const (
+	attnThreads  = 128
+	attnTCRows   = 64
+	attnSIMTRows = 16
+	attnSIMTTile = 32
+)
+
+func attnGrid(s attnShape, rows, per int) [3]uint32 {
+	return [3]uint32{uint32(s.h), uint32(s.b), uint32((rows + per - 1) / per)}
+}
+
+// attnTCTile is the bytes of one padded 64-row bf16 tile.
+func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
+
+// attnFwdTC launches attn_fwd_tc_d{64,128}: 4 K/V tiles of shared memory.
+func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
+	return c.launchK("attention.cu", fmt.Sprintf("attn_fwd_tc_d%d", s.d), attnGrid(s, s.tq, attnTCRows),
+		block1(attnThreads), 4*attnTCTile(s.d), kAttn(a))
+}
+
+// attnFwdSIMT launches attn_fwd_simt_<dt>: Q [16][D], K [32][D+1], V [32][D] f32.
+func (c *cudaImpl) attnFwdSIMT(a *attnArgs, s attnShape, dt tensor.DType) error {
+	smem := 4 * (attnSIMTRows*s.d + attnSIMTTile*(s.d+1) + attnSIMTTile*s.d)
+	return c.launchK("attention.cu", "attn_fwd_simt"+dtSuffix(dt), attnGrid(s, s.tq, attnSIMTRows),
+		block1(attnThreads), uint32(smem), kAttn(a))
+}
+
+// attnBwdDelta launches attn_bwd_delta_<dt>: one warp per (b, i, h) row.
+func (c *cudaImpl) attnBwdDelta(a *attnArgs, s attnShape, dt tensor.DType) error {
+	rows := s.b * s.tq * s.h
+	return c.launchK("attention.cu", "attn_bwd_delta"+dtSuffix(dt), grid1(min((rows+3)/4, 65535)),
+		block1(attnThreads), 0, kAttn(a))
+}
+
+// attnBwdDKDVTC launches attn_bwd_dkdv_tc_d{64,128}: K, V, 2 Q and 2 dO
+// tiles, and 2 × 64 lse and δ values.
+func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
+	return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dkdv_tc_d%d", s.d), attnGrid(s, s.tk, attnTCRows),
+		block1(attnThreads), 6*attnTCTile(s.d)+4*attnTCRows*4, kAttn(a))
+}
+
+// attnBwdDQTC launches attn_bwd_dq_tc_d{64,128}: Q, dO, 2 K and 2 V tiles.
+func (c *cudaImpl) attnBwdDQTC(a *attnArgs, s attnShape) error {
+	return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dq_tc_d%d", s.d), attnGrid(s, s.tq, attnTCRows),
+		block1(attnThreads), 6*attnTCTile(s.d), kAttn(a))
+}
+
+// attnBwdDKDVSIMT launches attn_bwd_dkdv_simt_<dt>: K, V [16][D], Q, dO
+// [32][D+1], lse and δ [32] f32.
+func (c *cudaImpl) attnBwdDKDVSIMT(a *attnArgs, s attnShape, dt tensor.DType) error {
+	smem := 4 * (2*attnSIMTRows*s.d + 2*attnSIMTTile*(s.d+1) + 2*attnSIMTTile)
+	return c.launchK("attention.cu", "attn_bwd_dkdv_simt"+dtSuffix(dt), attnGrid(s, s.tk, attnSIMTRows),
+		block1(attnThreads), uint32(smem), kAttn(a))
+}
+
+// attnBwdDQSIMT launches attn_bwd_dq_simt_<dt>: Q, dO [16][D], K, V [32][D+1] f32.
+func (c *cudaImpl) attnBwdDQSIMT(a *attnArgs, s attnShape, dt tensor.DType) error {
+	smem := 4 * (2*attnSIMTRows*s.d + 2*attnSIMTTile*(s.d+1))
+	return c.launchK("attention.cu", "attn_bwd_dq_simt"+dtSuffix(dt), attnGrid(s, s.tq, attnSIMTRows),
+		block1(attnThreads), uint32(smem), kAttn(a))
+}
+
+// attnDecStrides mirrors struct attn_dec_strides: the batch, time and head
+// strides of q, kcache, vcache and o.
+type attnDecStrides [12]int64
+
+// attnDecode launches attn_decode_<dt>: grid (H, B), 4 warps.
+func (c *cudaImpl) attnDecode(o, q, kc, vc, pos *tensor.Tensor, s attnShape, scale float32) error {
+	var st attnDecStrides
+	for i, t := range []*tensor.Tensor{q, kc, vc, o} {
+		ts := attnStrides(t)
+		copy(st[3*i:], ts[:])
+	}
+	return c.launchK("attention.cu", "attn_decode"+dtSuffix(q.DType), [3]uint32{uint32(s.h), uint32(s.b), 1},
+		block1(attnThreads), 0, kPtr(o), kPtr(q), kPtr(kc), kPtr(vc), kPtr(pos), unsafe.Pointer(&st),
+		kI32(s.tk), kI32(s.d), kF32(float32(float64(scale)*math.Log2E)))
+}
+
+// attnKVWrite launches attn_kv_write_<dt> over B·H·D elements.
+func (c *cudaImpl) attnKVWrite(cache, x, pos *tensor.Tensor) error {
+	b, tmax, h, d := cache.Dim(0), cache.Dim(1), cache.Dim(2), cache.Dim(3)
+	n := b * h * d
+	return c.launchK("attention.cu", "attn_kv_write"+dtSuffix(cache.DType), grid1(min((n+255)/256, 65535)),
+		block1(256), 0, kPtr(cache), kPtr(x), kPtr(pos), kI32(b), kI32(h), kI32(d), kI32(tmax),
+		kI64(int64(cache.Strides[0])), kI64(int64(cache.Strides[1])), kI64(int64(cache.Strides[2])),
+		kI64(int64(x.Strides[0])), kI64(int64(x.Strides[2])))
+}
+
+// ---- graph ----
+
+// SelfAttention records multi-head self-attention over a fused projection
+// qkv [B,T,3C] (nanoGPT's c_attn output: q, k, v side by side along the
+// last dimension, each [B,T,H,D] row-major within, C = heads·D), with
+// scale 1/√D: y [B,T,C] (= [B,T,H,D] contiguous, what the output
+// projection reads with no transpose), in qkv's dtype. causal masks later
+// positions. The backward writes dq, dk, dv into the views of qkv's
+// gradient (accumulating on fan-out). No dropout on the attention
+// weights.
+func (g *Graph) SelfAttention(qkv *Var, heads int, causal bool) *Var {
+	if !g.ok(qkv) {
+		return nil
+	}
+	x := qkv.Value
+	if x.Rank() != 3 || heads <= 0 || x.Dim(2)%(3*heads) != 0 || x.Dim(2) == 0 {
+		g.Fail("attention", fmt.Errorf("%w: qkv %v with %d heads (want [B,T,3·heads·D])", tensor.ErrShape, x.Shape, heads))
+		return nil
+	}
+	b, t, d := x.Dim(0), x.Dim(1), x.Dim(2)/(3*heads)
+	split := func(v *tensor.Tensor) (q, k, vv *tensor.Tensor, err error) {
+		v5, err := v.View(b, t, 3, heads, d)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		parts := make([]*tensor.Tensor, 3)
+		for i := range parts {
+			if parts[i], err = v5.Select(2, i); err != nil {
+				return nil, nil, nil, err
+			}
+		}
+		return parts[0], parts[1], parts[2], nil
+	}
+	q, k, v, err := split(x)
+	if err != nil {
+		g.Fail("attention", err)
+		return nil
+	}
+	y := g.NewOut("attention", x.DType, b, t, heads*d)
+	lse := g.NewOut("attention.lse", tensor.F32, b, heads, t)
+	if !g.ok(y, lse) {
+		return nil
+	}
+	y4, err := y.Value.View(b, t, heads, d)
+	if err != nil {
+		g.Fail("attention", err)
+		return nil
+	}
+	scale := float32(1 / math.Sqrt(float64(d)))
+	e := g.e
+	g.Record("attention", []*Var{qkv}, []*Var{y, lse}, func(*Grads) error {
+		return e.AttentionForward(y4, lse.Value, q, k, v, causal, scale)
+	}, func(gr *Grads) error {
+		dy, dx := gr.Out(0), gr.In(0)
+		if dy == nil || dx == nil {
+			return nil
+		}
+		dy4, err := dy.View(b, t, heads, d)
+		if err != nil {
+			return err
+		}
+		dq, dk, dv, err := split(dx)
+		if err != nil {
+			return err
+		}
+		acc := gr.Acc(0)
+		return e.AttentionBackward(dq, dk, dv, dy4, q, k, v, y4, lse.Value, causal, scale, [3]bool{acc, acc, acc})
+	})
+	return y
+}

@@ -1,0 +1,35 @@
+package ops
+
+import (
+	"testing"
+	"unsafe"
+)
+
+// attnArgs must match struct attn_args of libgpu/kernels/attention.cu byte
+// for byte (the .cu asserts the size; scripts/cudaemu/attention_test.cpp
+// asserts these offsets on the C side with the host compiler, whose LP64
+// layout is NVPTX's).
+func TestAttentionArgsLayout(t *testing.T) {
+	var a attnArgs
+	checks := []struct {
+		what      string
+		got, want uintptr
+	}{
+		{"sizeof(attn_args)", unsafe.Sizeof(a), 320},
+		{"offsetof(attn_args, delta)", unsafe.Offsetof(a.delta), 72},
+		{"offsetof(attn_args, sq)", unsafe.Offsetof(a.sq), 80},
+		{"offsetof(attn_args, sdv)", unsafe.Offsetof(a.sdv), 248},
+		{"offsetof(attn_args, B)", unsafe.Offsetof(a.b), 272},
+		{"offsetof(attn_args, D)", unsafe.Offsetof(a.d), 288},
+		{"offsetof(attn_args, acc_q)", unsafe.Offsetof(a.accQ), 296},
+		{"offsetof(attn_args, acc_v)", unsafe.Offsetof(a.accV), 304},
+		{"offsetof(attn_args, scale)", unsafe.Offsetof(a.scale), 312},
+		{"offsetof(attn_args, scale_log2)", unsafe.Offsetof(a.scaleLog2), 316},
+		{"sizeof(attn_dec_strides)", unsafe.Sizeof(attnDecStrides{}), 96},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %d, want %d", c.what, c.got, c.want)
+		}
+	}
+}

@@ -1,0 +1,336 @@
+package ops_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"gpukit/libgpu/cuda/cudatest"
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/ops/opstest"
+	"gpukit/libgpu/tensor"
+)
+
+// attnLarge is one GPU attention configuration: q, k, v are the parts of a
+// fused qkv [B,T,3,H,D], as Graph.SelfAttention gives them.
+type attnLarge struct {
+	b, h, t, d int
+	causal     bool
+	dt         tensor.DType
+}
+
+func (c attnLarge) String() string {
+	return fmt.Sprintf("%v/B%d,H%d,T%d,D%d/causal=%v", c.dt, c.b, c.h, c.t, c.d, c.causal)
+}
+
+// attnTensors holds one configuration's device tensors.
+type attnTensors struct {
+	qkv, dqkv, o, do, lse *tensor.Tensor
+	q, k, v, dq, dk, dv   *tensor.Tensor
+}
+
+// newAttnTensors uploads fresh random qkv and do (unit variance) and
+// allocates poisoned o, lse and dqkv.
+func newAttnTensors(tb testing.TB, a device.Allocator, r *rand.Rand, c attnLarge) *attnTensors {
+	tb.Helper()
+	sqrt3 := float32(math.Sqrt(3))
+	upload := func(shape ...int) *tensor.Tensor {
+		x := opstest.Empty(tb, a, c.dt, shape...)
+		v := opstest.Rand(r, x.Numel())
+		for i := range v {
+			v[i] *= sqrt3 // U(−√3, √3): variance 1
+		}
+		if err := x.WriteFloat32(v); err != nil {
+			tb.Fatal(err)
+		}
+		return x
+	}
+	at := &attnTensors{
+		qkv:  upload(c.b, c.t, 3, c.h, c.d),
+		do:   upload(c.b, c.t, c.h, c.d),
+		dqkv: opstest.Empty(tb, a, c.dt, c.b, c.t, 3, c.h, c.d),
+		o:    opstest.Empty(tb, a, c.dt, c.b, c.t, c.h, c.d),
+		lse:  opstest.Empty(tb, a, tensor.F32, c.b, c.h, c.t),
+	}
+	parts := func(x *tensor.Tensor) (p [3]*tensor.Tensor) {
+		for i := range p {
+			var err error
+			if p[i], err = x.Select(2, i); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		return p
+	}
+	p, g := parts(at.qkv), parts(at.dqkv)
+	at.q, at.k, at.v = p[0], p[1], p[2]
+	at.dq, at.dk, at.dv = g[0], g[1], g[2]
+	return at
+}
+
+func (at *attnTensors) forward(e *ops.Engine, c attnLarge) error {
+	return e.AttentionForward(at.o, at.lse, at.q, at.k, at.v, c.causal, float32(1/math.Sqrt(float64(c.d))))
+}
+
+func (at *attnTensors) backward(e *ops.Engine, c attnLarge) error {
+	return e.AttentionBackward(at.dq, at.dk, at.dv, at.do, at.q, at.k, at.v, at.o, at.lse, c.causal,
+		float32(1/math.Sqrt(float64(c.d))), [3]bool{})
+}
+
+// outputs are the raw bytes of everything the forward and backward write.
+func (at *attnTensors) outputs(t *testing.T, e *ops.Engine) [][]byte {
+	t.Helper()
+	if err := e.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	var out [][]byte
+	for _, x := range []*tensor.Tensor{at.o, at.lse, at.dqkv} {
+		b, err := x.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+func (at *attnTensors) poison(t *testing.T, e *ops.Engine) {
+	t.Helper()
+	if err := e.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []*tensor.Tensor{at.o, at.lse, at.dqkv} {
+		if err := opstest.Poison(x); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestCUDAAttentionLarge: fresh random inputs at the benchmark shapes
+// (nanoGPT's 64×6×256×64 and 8×16×2048×128, causal bf16 on tensor cores),
+// at T not a multiple of the 64-row tile, non-causal, f32 and a head
+// dimension the tensor cores do not take. Outputs are poisoned first:
+// every element of o, lse, dq, dk, dv must be written (no NaN), and a
+// sample of (b, h) pairs must match the float64 naive attention and its
+// gradients. Then the forward and backward captured as a CUDA graph and
+// replayed must give bitwise what the eager run gave (determinism: no
+// atomics, fixed summation order).
+func TestCUDAAttentionLarge(t *testing.T) {
+	d := gpu(t)
+	e := cudaEngine(t, d, ops.PrecTF32)
+	a := device.Local{Dev: d}
+	r := rand.New(rand.NewPCG(rand.Uint64(), 21))
+	for _, c := range []attnLarge{
+		{64, 6, 256, 64, true, tensor.BF16},
+		{8, 16, 2048, 128, true, tensor.BF16},
+		{4, 6, 1000, 64, true, tensor.BF16},
+		{2, 4, 777, 128, false, tensor.BF16},
+		{1, 2, 1, 64, true, tensor.BF16},
+		{3, 6, 300, 64, true, tensor.F32},
+		{2, 3, 129, 80, true, tensor.BF16},
+	} {
+		t.Run(c.String(), func(t *testing.T) {
+			cudatest.RequireGPU(t)
+			attnLargeCheck(t, e, a, r, c)
+		})
+	}
+}
+
+func attnLargeCheck(t *testing.T, e *ops.Engine, a device.Allocator, r *rand.Rand, c attnLarge) {
+	at := newAttnTensors(t, a, r, c)
+	if err := at.forward(e, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := at.backward(e, c); err != nil {
+		t.Fatal(err)
+	}
+	eager := at.outputs(t, e)
+
+	read := func(x *tensor.Tensor) []float32 {
+		v, err := x.ReadFloat32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	qkv, do, o, lse, dqkv := read(at.qkv), read(at.do), read(at.o), read(at.lse), read(at.dqkv)
+	for name, v := range map[string][]float32{"o": o, "lse": lse, "dqkv": dqkv} {
+		for i, x := range v {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				t.Fatalf("%s[%d] = %v: not written, or not finite", name, i, x)
+			}
+		}
+	}
+
+	// Sampled (b, h) against the float64 reference.
+	tolO, tolG := 1e-2, 2e-2
+	if c.dt == tensor.F32 {
+		tolO, tolG = 1e-5, 5e-5
+	}
+	one := opstest.AttnShape{B: 1, Tq: c.t, Tk: c.t, H: 1, D: c.d}
+	scale := 1 / math.Sqrt(float64(c.d))
+	pairs := [][2]int{{0, 0}, {c.b - 1, c.h - 1}, {r.IntN(c.b), r.IntN(c.h)}}
+	if c.t > 1000 {
+		pairs = pairs[:2] // the float64 reference takes seconds per pair
+	}
+	for _, p := range pairs {
+		b, h := p[0], p[1]
+		// slice takes [b, :, part, h, :] of a [B,T,parts,H,D] row-major array.
+		slice := func(v []float32, parts, part int) []float64 {
+			out := make([]float64, 0, c.t*c.d)
+			for i := 0; i < c.t; i++ {
+				off := (((b*c.t+i)*parts+part)*c.h + h) * c.d
+				out = append(out, opstest.F64(v[off:off+c.d])...)
+			}
+			return out
+		}
+		q, k, v := slice(qkv, 3, 0), slice(qkv, 3, 1), slice(qkv, 3, 2)
+		wo, wl := opstest.RefAttention(q, k, v, one, c.causal, scale)
+		wq, wk, wv := opstest.RefAttentionBackward(slice(do, 1, 0), q, k, v, one, c.causal, scale)
+		what := fmt.Sprintf("(b,h)=(%d,%d)", b, h)
+		near(t, what+" o", slice(o, 1, 0), wo, tolO)
+		near(t, what+" lse", opstest.F64(lse[(b*c.h+h)*c.t:(b*c.h+h+1)*c.t]), wl, 1e-5)
+		near(t, what+" dq", slice(dqkv, 3, 0), wq, tolG)
+		near(t, what+" dk", slice(dqkv, 3, 1), wk, tolG)
+		near(t, what+" dv", slice(dqkv, 3, 2), wv, tolG)
+	}
+
+	// A second eager run, then a captured graph replayed: bitwise equal.
+	at.poison(t, e)
+	if err := at.forward(e, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := at.backward(e, c); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range at.outputs(t, e) {
+		if !bytes.Equal(b, eager[i]) {
+			t.Errorf("eager run 2: %s differs from run 1", []string{"o", "lse", "dqkv"}[i])
+		}
+	}
+	at.poison(t, e)
+	g, err := e.Capture(func() error {
+		if err := at.forward(e, c); err != nil {
+			return err
+		}
+		return at.backward(e, c)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Launch(); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range at.outputs(t, e) {
+		if !bytes.Equal(b, eager[i]) {
+			t.Errorf("graph replay: %s differs from the eager run", []string{"o", "lse", "dqkv"}[i])
+		}
+	}
+}
+
+// The benchmark shapes of issue 10: nanoGPT's shakespeare-char attention
+// (B 64, H 6, T 256, D 64) and a long one (B 8, H 16, T 2048, D 128),
+// causal bf16. PyTorch SDPA on an H100: 0.033 / 0.185 ms and 0.263 / 1.40
+// ms (forward / forward+backward).
+var attnBenchShapes = []attnLarge{
+	{64, 6, 256, 64, true, tensor.BF16},
+	{8, 16, 2048, 128, true, tensor.BF16},
+}
+
+// attnFlops is the forward's FLOP count of the two products (4·B·H·T²·D,
+// halved by the causal mask; FlashAttention's convention): the backward is
+// counted as 2.5× that (five products), whatever the kernels recompute.
+func attnFlops(c attnLarge) float64 {
+	f := 4 * float64(c.b*c.h) * float64(c.t) * float64(c.t) * float64(c.d)
+	if c.causal {
+		f /= 2
+	}
+	return f
+}
+
+// benchAttention times pass (forward, backward or both) the way
+// bench/reference/gpt.py times SDPA: each call between two CUDA events,
+// waited for before the next, and the median over b.N calls, reported as
+// ms/call and TFLOP/s (attnFlops).
+func benchAttention(b *testing.B, pass string) {
+	cudatest.RequireGPU(b)
+	d, err := device.NewCUDA(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Close() }) // cleanups run last-in first-out: buffers first
+	e, err := ops.NewEngine(d, ops.Options{Precision: ops.PrecTF32})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { e.Impl().(io.Closer).Close() })
+	ev0, err := e.NewEvent(true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ev1, err := e.NewEvent(true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ev0.Close(); ev1.Close() })
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, c := range attnBenchShapes {
+		at := newAttnTensors(b, device.Local{Dev: d}, r, c)
+		step := func() error {
+			if pass != "backward" {
+				if err := at.forward(e, c); err != nil {
+					return err
+				}
+			}
+			if pass != "forward" {
+				return at.backward(e, c)
+			}
+			return nil
+		}
+		if err := at.forward(e, c); err != nil { // compiles, and gives backward its inputs
+			b.Fatal(err)
+		}
+		flops := map[string]float64{"forward": 1, "backward": 2.5, "forward+backward": 3.5}[pass] * attnFlops(c)
+		b.Run(fmt.Sprintf("B%d,H%d,T%d,D%d", c.b, c.h, c.t, c.d), func(b *testing.B) {
+			for i := 0; i < 3; i++ { // warm-up
+				if err := step(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := e.Sync(); err != nil {
+				b.Fatal(err)
+			}
+			ms := make([]float64, 0, b.N)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				err := errors.Join(ev0.Record(), step(), ev1.Record(), ev1.Wait())
+				t, terr := ev1.Elapsed(ev0)
+				if err := errors.Join(err, terr); err != nil {
+					b.Fatal(err)
+				}
+				ms = append(ms, float64(t))
+			}
+			b.StopTimer()
+			slices.Sort(ms)
+			med := ms[len(ms)/2]
+			b.ReportMetric(med, "ms/call")
+			b.ReportMetric(flops/(med*1e-3)/1e12, "TFLOP/s")
+		})
+	}
+}
+
+// BenchmarkAttentionForward: causal bf16 forward (tensor cores).
+func BenchmarkAttentionForward(b *testing.B) { benchAttention(b, "forward") }
+
+// BenchmarkAttentionBackward: the backward alone (δ, dK/dV pass, dQ pass).
+func BenchmarkAttentionBackward(b *testing.B) { benchAttention(b, "backward") }
+
+// BenchmarkAttentionForwardBackward: forward then backward, what SDPA's
+// forward+backward figures measure.
+func BenchmarkAttentionForwardBackward(b *testing.B) { benchAttention(b, "forward+backward") }

@@ -1,0 +1,455 @@
+// attention_test.cpp: runs libgpu/kernels/attention.cu under the host
+// emulation (emu.h) with the launch geometry of libgpu/ops/attention.go and
+// checks every kernel against a float64 naive attention (softmax(QKᵀ·scale
+// + mask)·V and its gradients). Usage: scripts/cuda-emu.sh attention
+#include "emu.h"
+// clang-format off
+#include "../../libgpu/kernels/attention.cu"
+// clang-format on
+
+#include <cstddef>
+#include <string>
+
+// The C side of libgpu/ops/attention_layout_test.go (NVRTC rejects offsetof
+// in static_assert; the host compiler's LP64 layout is NVPTX's).
+static_assert(offsetof(attn_args, delta) == 72, "attn_args");
+static_assert(offsetof(attn_args, sq) == 80, "attn_args");
+static_assert(offsetof(attn_args, sdv) == 248, "attn_args");
+static_assert(offsetof(attn_args, B) == 272, "attn_args");
+static_assert(offsetof(attn_args, D) == 288, "attn_args");
+static_assert(offsetof(attn_args, acc_q) == 296, "attn_args");
+static_assert(offsetof(attn_args, acc_v) == 304, "attn_args");
+static_assert(offsetof(attn_args, scale) == 312, "attn_args");
+static_assert(offsetof(attn_args, scale_log2) == 316, "attn_args");
+static_assert(sizeof(attn_dec_strides) == 96, "attn_dec_strides");
+
+static int failures = 0;
+static uint64_t seed = 7;
+
+struct Buf {  // a "device" buffer of f32 or bf16 elements
+  bool bf = false;
+  std::vector<unsigned char> mem;
+  void alloc(size_t n, bool bf16) {
+    bf = bf16;
+    mem.assign(n * (bf ? 2 : 4), 0xff);  // NaN-poisoned, exact size (ASan sees overreads)
+    if ((uintptr_t)mem.data() % 16) emu::fail("buffer not 16-byte aligned");
+  }
+  void* ptr() { return mem.data(); }
+  double get(size_t i) {
+    if (bf) return gpukit_bf16_to_f32(((gpukit_bf16*)ptr())[i]);
+    return ((float*)ptr())[i];
+  }
+  void set(size_t i, double v) {
+    if (bf)
+      ((gpukit_bf16*)ptr())[i] = gpukit_f32_to_bf16((float)v);
+    else
+      ((float*)ptr())[i] = (float)v;
+  }
+};
+
+// A [B,T,H,D] view: element (b,t,h,d) at off + b*s[0] + t*s[1] + h*s[2] + d.
+struct View {
+  Buf* buf;
+  long long off, s[3];
+  int B, T, H, D;
+  size_t at(int b, int t, int h, int d) const { return off + b * s[0] + (long long)t * s[1] + h * s[2] + d; }
+  double get(int b, int t, int h, int d) const { return buf->get(at(b, t, h, d)); }
+  void set(int b, int t, int h, int d, double v) const { buf->set(at(b, t, h, d), v); }
+  void* ptr() const {
+    return (unsigned char*)buf->ptr() + off * (buf->bf ? 2 : 4);
+  }
+};
+
+static double relerr(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); i++) {
+    double d = got[i] - want[i];
+    if (std::isnan(d)) return INFINITY;
+    num += d * d;
+    den += want[i] * want[i];
+  }
+  return den == 0 ? sqrt(num) : sqrt(num / den);
+}
+
+static void check(const std::string& what, const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  double e = relerr(got, want);
+  bool ok = e <= tol;
+  printf("%-4s %-60s relerr %.3g (tol %.3g)\n", ok ? "ok" : "FAIL", what.c_str(), e, tol);
+  if (!ok) failures++;
+}
+
+struct Ref {
+  std::vector<double> o, lse, dq, dk, dv;
+};
+
+// reference computes the float64 naive attention and, given dO, its gradients.
+static Ref reference(const View& q, const View& k, const View& v, const View* dout, bool causal, double scale) {
+  int B = q.B, Tq = q.T, Tk = k.T, H = q.H, D = q.D;
+  Ref r;
+  r.o.assign((size_t)B * Tq * H * D, 0);
+  r.lse.assign((size_t)B * H * Tq, 0);
+  r.dq.assign((size_t)B * Tq * H * D, 0);
+  r.dk.assign((size_t)B * Tk * H * D, 0);
+  r.dv.assign((size_t)B * Tk * H * D, 0);
+  std::vector<double> p(Tk), dp(Tk);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < Tq; i++) {
+        double m = -INFINITY;
+        for (int j = 0; j < Tk; j++) {
+          double s = 0;
+          for (int d = 0; d < D; d++) s += q.get(b, i, h, d) * k.get(b, j, h, d);
+          s *= scale;
+          if (causal && j > i) s = -INFINITY;
+          p[j] = s;
+          m = std::max(m, s);
+        }
+        double l = 0;
+        for (int j = 0; j < Tk; j++) l += (p[j] = exp(p[j] - m));
+        for (int j = 0; j < Tk; j++) p[j] /= l;
+        r.lse[((size_t)b * H + h) * Tq + i] = m + log(l);
+        size_t oi = (((size_t)b * Tq + i) * H + h) * D;
+        for (int d = 0; d < D; d++) {
+          double acc = 0;
+          for (int j = 0; j < Tk; j++) acc += p[j] * v.get(b, j, h, d);
+          r.o[oi + d] = acc;
+        }
+        if (!dout) continue;
+        // dP = dO·Vᵀ, dS = P∘(dP − Σ_j P dP), dQ = scale dS K, dK += scale dSᵀ Q, dV += Pᵀ dO
+        double delta = 0;
+        for (int j = 0; j < Tk; j++) {
+          double s = 0;
+          for (int d = 0; d < D; d++) s += dout->get(b, i, h, d) * v.get(b, j, h, d);
+          dp[j] = s;
+          delta += p[j] * s;
+        }
+        for (int j = 0; j < Tk; j++) {
+          double ds = p[j] * (dp[j] - delta);
+          size_t kj = (((size_t)b * Tk + j) * H + h) * D;
+          for (int d = 0; d < D; d++) {
+            r.dq[oi + d] += scale * ds * k.get(b, j, h, d);
+            r.dk[kj + d] += scale * ds * q.get(b, i, h, d);
+            r.dv[kj + d] += p[j] * dout->get(b, i, h, d);
+          }
+        }
+      }
+  return r;
+}
+
+static std::vector<double> read(const View& x) {
+  std::vector<double> out;
+  for (int b = 0; b < x.B; b++)
+    for (int t = 0; t < x.T; t++)
+      for (int h = 0; h < x.H; h++)
+        for (int d = 0; d < x.D; d++) out.push_back(x.get(b, t, h, d));
+  return out;
+}
+
+static std::mt19937_64 rng(3);
+static double randn() { return std::normal_distribution<double>(0, 1)(rng); }
+
+static void fill(const View& x, double scale) {
+  for (int b = 0; b < x.B; b++)
+    for (int t = 0; t < x.T; t++)
+      for (int h = 0; h < x.H; h++)
+        for (int d = 0; d < x.D; d++) x.set(b, t, h, d, scale * randn());
+}
+
+static void strides(attn_args& a, int which, const View& x) {
+  long long* s = nullptr;
+  switch (which) {
+    case 0: s = a.sq; break;
+    case 1: s = a.sk; break;
+    case 2: s = a.sv; break;
+    case 3: s = a.so; break;
+    case 4: s = a.sdo; break;
+    case 5: s = a.sdq; break;
+    case 6: s = a.sdk; break;
+    case 7: s = a.sdv; break;
+  }
+  for (int i = 0; i < 3; i++) s[i] = x.s[i];
+}
+
+static void track(Buf& b) { emu::track(b.mem.data(), b.mem.size()); }
+
+// run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
+// when Tq == Tk, separate padded tensors otherwise.
+static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, bool tc, bool acc) {
+  char name[160];
+  snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d", B, Tq, Tk, H, D, causal,
+           bf16 ? "bf16" : "f32", tc ? "tc" : "simt", acc);
+  emu::untrack();
+  Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab;
+  View q, k, v, o, dout, dq, dk, dv;
+  const int pad = 8;  // extra elements per row: strided views
+  if (Tq == Tk) {
+    long long row = 3LL * H * D + pad;
+    qkv.alloc((size_t)B * Tq * row, bf16);
+    dqkv.alloc((size_t)B * Tq * row, bf16);
+    long long s[3] = {Tq * row, row, D};
+    q = {&qkv, 0, {s[0], s[1], s[2]}, B, Tq, H, D};
+    k = {&qkv, (long long)H * D, {s[0], s[1], s[2]}, B, Tk, H, D};
+    v = {&qkv, 2LL * H * D, {s[0], s[1], s[2]}, B, Tk, H, D};
+    dq = {&dqkv, 0, {s[0], s[1], s[2]}, B, Tq, H, D};
+    dk = {&dqkv, (long long)H * D, {s[0], s[1], s[2]}, B, Tk, H, D};
+    dv = {&dqkv, 2LL * H * D, {s[0], s[1], s[2]}, B, Tk, H, D};
+  } else {
+    long long rq = (long long)H * D + pad, rkv = 2LL * H * D + pad;
+    qkv.alloc((size_t)B * Tq * rq, bf16);
+    kvb.alloc((size_t)B * Tk * rkv, bf16);
+    dqkv.alloc((size_t)B * Tq * rq, bf16);
+    dkvb.alloc((size_t)B * Tk * rkv, bf16);
+    q = {&qkv, 0, {Tq * rq, rq, D}, B, Tq, H, D};
+    dq = {&dqkv, 0, {Tq * rq, rq, D}, B, Tq, H, D};
+    k = {&kvb, 0, {Tk * rkv, rkv, D}, B, Tk, H, D};
+    v = {&kvb, (long long)H * D, {Tk * rkv, rkv, D}, B, Tk, H, D};
+    dk = {&dkvb, 0, {Tk * rkv, rkv, D}, B, Tk, H, D};
+    dv = {&dkvb, (long long)H * D, {Tk * rkv, rkv, D}, B, Tk, H, D};
+  }
+  ob.alloc((size_t)B * Tq * H * D, bf16);
+  dob.alloc((size_t)B * Tq * H * D, bf16);
+  lseb.alloc((size_t)B * H * Tq, false);
+  deltab.alloc((size_t)B * H * Tq, false);
+  long long os[3] = {(long long)Tq * H * D, (long long)H * D, D};
+  o = {&ob, 0, {os[0], os[1], os[2]}, B, Tq, H, D};
+  dout = {&dob, 0, {os[0], os[1], os[2]}, B, Tq, H, D};
+  for (Buf* b : {&qkv, &kvb, &ob, &lseb, &dob, &dqkv, &dkvb, &deltab})
+    if (!b->mem.empty()) track(*b);
+  fill(q, 1);
+  fill(k, 1);
+  fill(v, 1);
+  fill(dout, 1);
+  double scale = 1 / sqrt((double)D);
+
+  attn_args a;
+  memset(&a, 0, sizeof a);
+  a.q = q.ptr();
+  a.k = k.ptr();
+  a.v = v.ptr();
+  a.o = o.ptr();
+  a.lse = (float*)lseb.ptr();
+  a.dout = dout.ptr();
+  a.dq = dq.ptr();
+  a.dk = dk.ptr();
+  a.dv = dv.ptr();
+  a.delta = (float*)deltab.ptr();
+  strides(a, 0, q);
+  strides(a, 1, k);
+  strides(a, 2, v);
+  strides(a, 3, o);
+  strides(a, 4, dout);
+  strides(a, 5, dq);
+  strides(a, 6, dk);
+  strides(a, 7, dv);
+  a.B = B;
+  a.H = H;
+  a.Tq = Tq;
+  a.Tk = Tk;
+  a.D = D;
+  a.causal = causal;
+  a.acc_q = a.acc_k = a.acc_v = acc;
+  a.scale = (float)scale;
+  a.scale_log2 = (float)(scale * 1.4426950408889634);
+
+  // forward
+  if (tc) {
+    size_t smem = 4 * 64 * (D + 8) * 2;
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 63) / 64)}, {128, 1, 1}, smem, seed++, [&] {
+      if (D == 64)
+        attn_fwd_tc_d64(a);
+      else
+        attn_fwd_tc_d128(a);
+    });
+  } else {
+    size_t smem = (16 * D + 32 * (D + 1) + 32 * D) * 4;
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 15) / 16)}, {128, 1, 1}, smem, seed++, [&] {
+      if (bf16)
+        attn_fwd_simt_bf16(a);
+      else
+        attn_fwd_simt_f32(a);
+    });
+  }
+  Ref r = reference(q, k, v, &dout, causal, scale);
+  double tolF = bf16 ? 1e-2 : 1e-5;
+  check(std::string(name) + " o", read(o), r.o, tolF);
+  std::vector<double> lse;
+  for (size_t i = 0; i < r.lse.size(); i++) lse.push_back(lseb.get(i));
+  check(std::string(name) + " lse", lse, r.lse, bf16 ? 1e-3 : 1e-6);
+
+  // backward: the reference gradients use the exact softmax; the kernels
+  // use the stored o and lse (bf16 o is where most of the difference is).
+  std::vector<double> old_dq, old_dk, old_dv;
+  if (acc) {
+    fill(dq, 1);
+    fill(dk, 1);
+    fill(dv, 1);
+    old_dq = read(dq);
+    old_dk = read(dk);
+    old_dv = read(dv);
+  }
+  int rows = B * Tq * H;
+  emu::launch({(unsigned)std::min((rows + 3) / 4, 65535), 1, 1}, {128, 1, 1}, 0, seed++, [&] {
+    if (bf16)
+      attn_bwd_delta_bf16(a);
+    else
+      attn_bwd_delta_f32(a);
+  });
+  if (tc) {
+    size_t smem = 6 * 64 * (D + 8) * 2;
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 63) / 64)}, {128, 1, 1}, smem + 1024, seed++, [&] {
+      if (D == 64)
+        attn_bwd_dkdv_tc_d64(a);
+      else
+        attn_bwd_dkdv_tc_d128(a);
+    });
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 63) / 64)}, {128, 1, 1}, smem, seed++, [&] {
+      if (D == 64)
+        attn_bwd_dq_tc_d64(a);
+      else
+        attn_bwd_dq_tc_d128(a);
+    });
+  } else {
+    size_t smem = (32 * D + 64 * (D + 1) + 64) * 4;
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 15) / 16)}, {128, 1, 1}, smem, seed++, [&] {
+      if (bf16)
+        attn_bwd_dkdv_simt_bf16(a);
+      else
+        attn_bwd_dkdv_simt_f32(a);
+    });
+    smem = (32 * D + 64 * (D + 1)) * 4;
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 15) / 16)}, {128, 1, 1}, smem, seed++, [&] {
+      if (bf16)
+        attn_bwd_dq_simt_bf16(a);
+      else
+        attn_bwd_dq_simt_f32(a);
+    });
+  }
+  if (acc) {
+    for (size_t i = 0; i < r.dq.size(); i++) r.dq[i] += old_dq[i];
+    for (size_t i = 0; i < r.dk.size(); i++) r.dk[i] += old_dk[i];
+    for (size_t i = 0; i < r.dv.size(); i++) r.dv[i] += old_dv[i];
+  }
+  double tolB = bf16 ? 2e-2 : 1e-5;
+  check(std::string(name) + " dq", read(dq), r.dq, tolB);
+  check(std::string(name) + " dk", read(dk), r.dk, tolB);
+  check(std::string(name) + " dv", read(dv), r.dv, tolB);
+  // Nothing outside the views was written: the pad columns stay NaN.
+  if (Tq == Tk) {
+    long long row = 3LL * H * D + pad;
+    int bad = 0;
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < Tq; t++)
+        for (int c = 3 * H * D; c < row; c++)
+          if (!std::isnan(dqkv.get((size_t)b * Tq * row + (size_t)t * row + c))) bad++;
+    if (bad) {
+      printf("FAIL %s: %d pad elements of dqkv written\n", name, bad);
+      failures++;
+    }
+  }
+}
+
+static void run_decode(int B, int Tmax, int H, int D, int pos, bool bf16) {
+  char name[160];
+  snprintf(name, sizeof name, "decode B%d Tmax%d H%d D%d pos%d %s", B, Tmax, H, D, pos, bf16 ? "bf16" : "f32");
+  emu::untrack();
+  Buf qb, kb, vb, ob, xb;
+  long long row = 3LL * H * D;  // q is a view of a step's qkv [B,1,3,H,D]
+  qb.alloc((size_t)B * row, bf16);
+  kb.alloc((size_t)B * Tmax * H * D, bf16);
+  vb.alloc((size_t)B * Tmax * H * D, bf16);
+  ob.alloc((size_t)B * H * D, bf16);
+  for (Buf* b : {&qb, &kb, &vb, &ob}) track(*b);
+  View q{&qb, 0, {row, row, D}, B, 1, H, D};
+  View kc{&kb, 0, {(long long)Tmax * H * D, (long long)H * D, D}, B, Tmax, H, D};
+  View vc{&vb, 0, {(long long)Tmax * H * D, (long long)H * D, D}, B, Tmax, H, D};
+  View o{&ob, 0, {(long long)H * D, (long long)H * D, D}, B, 1, H, D};
+  fill(q, 1);
+  // keys 0..pos hold values, the rest stays NaN (must not be read) — except
+  // the row kv_write fills: write step pos through kv_write from q's k part.
+  View kpart{&qb, (long long)H * D, {row, row, D}, B, 1, H, D};
+  View vpart{&qb, 2LL * H * D, {row, row, D}, B, 1, H, D};
+  fill(kpart, 1);
+  fill(vpart, 1);
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < pos; t++)
+      for (int h = 0; h < H; h++)
+        for (int d = 0; d < D; d++) {
+          kc.set(b, t, h, d, randn());
+          vc.set(b, t, h, d, randn());
+        }
+  int p = pos;
+  for (int which = 0; which < 2; which++) {
+    const View& c = which ? vc : kc;
+    const View& x = which ? vpart : kpart;
+    emu::launch({(unsigned)std::min((B * H * D + 255) / 256, 65535), 1, 1}, {256, 1, 1}, 0, seed++, [&] {
+      if (bf16)
+        attn_kv_write_bf16((gpukit_bf16*)c.ptr(), (const gpukit_bf16*)x.ptr(), &p, B, H, D, Tmax, c.s[0], c.s[1],
+                           c.s[2], x.s[0], x.s[2]);
+      else
+        attn_kv_write_f32((float*)c.ptr(), (const float*)x.ptr(), &p, B, H, D, Tmax, c.s[0], c.s[1], c.s[2], x.s[0],
+                          x.s[2]);
+    });
+  }
+  attn_dec_strides st;
+  const View* vs[4] = {&q, &kc, &vc, &o};
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 3; j++) st.s[3 * i + j] = vs[i]->s[j];
+  double scale = 1 / sqrt((double)D);
+  emu::launch({(unsigned)H, (unsigned)B, 1}, {128, 1, 1}, 0, seed++, [&] {
+    if (bf16)
+      attn_decode_bf16((gpukit_bf16*)o.ptr(), (const gpukit_bf16*)q.ptr(), (const gpukit_bf16*)kc.ptr(),
+                       (const gpukit_bf16*)vc.ptr(), &p, st, Tmax, D, (float)(scale * 1.4426950408889634));
+    else
+      attn_decode_f32((float*)o.ptr(), (const float*)q.ptr(), (const float*)kc.ptr(), (const float*)vc.ptr(), &p, st,
+                      Tmax, D, (float)(scale * 1.4426950408889634));
+  });
+  // reference over keys 0..pos
+  View kc1 = kc, vc1 = vc;
+  kc1.T = vc1.T = pos + 1;
+  Ref r = reference(q, kc1, vc1, nullptr, false, scale);
+  check(name, read(o), r.o, bf16 ? 1e-2 : 1e-5);
+  std::vector<double> kw, kx;
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int d = 0; d < D; d++) {
+        kw.push_back(kc.get(b, pos, h, d));
+        kx.push_back(kpart.get(b, 0, h, d));
+      }
+  check(std::string(name) + " kv_write", kw, kx, 0);
+}
+
+int main(int argc, char** argv) {
+  bool quick = argc > 1 && std::string(argv[1]) == "quick";
+  // SIMT (f32 and bf16), odd shapes
+  for (bool bf16 : {false, true}) {
+    run(1, 1, 1, 1, 8, false, bf16, false, false);
+    run(2, 17, 17, 3, 16, true, bf16, false, false);
+    run(1, 37, 37, 2, 24, false, bf16, false, true);
+    run(1, 5, 19, 2, 32, false, bf16, false, false);
+    if (!quick) {
+      run(1, 70, 70, 1, 128, true, bf16, false, true);
+      run(1, 100, 45, 2, 64, false, bf16, false, false);
+      run(1, 77, 77, 1, 100, true, bf16, false, false);
+    }
+  }
+  // tensor cores (bf16)
+  for (int D : {64, 128}) {
+    run(1, 1, 1, 1, D, true, true, true, false);
+    run(1, 17, 17, 2, D, true, true, true, false);
+    run(1, 17, 17, 1, D, false, true, true, true);
+    run(1, 5, 70, 1, D, false, true, true, false);
+    if (!quick) {
+      run(2, 130, 130, 1, D, true, true, true, true);
+      run(1, 129, 129, 1, D, false, true, true, false);
+      run(1, 100, 200, 2, D, false, true, true, true);
+      run(1, 257, 257, 1, D, true, true, true, false);
+    }
+  }
+  for (bool bf16 : {false, true}) {
+    run_decode(2, 20, 3, 24, 0, bf16);
+    run_decode(1, 40, 2, 64, 17, bf16);
+    run_decode(1, 40, 1, 128, 39, bf16);
+  }
+  printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
+  return failures ? 1 : 0;
+}
