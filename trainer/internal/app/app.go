@@ -17,7 +17,7 @@ import (
 func New(stdout, stderr io.Writer) *cli.App {
 	return &cli.App{
 		Name:  "trainer",
-		Usage: "train and evaluate models on gpukit ops (an MLP on Fashion-MNIST today)",
+		Usage: "train, evaluate and sample models on gpukit ops (an MLP on Fashion-MNIST, a GPT on any text)",
 		Description: "trainer runs the forward pass, backward pass and optimizer step of a model on a GPU (the\n" +
 			"whole step replayed as CUDA graphs) or on the host, with parameters, gradients and optimizer state\n" +
 			"allocated in-process or through a gpupool daemon (--pool). JSON lines go to stdout, human messages\n" +
@@ -28,6 +28,7 @@ func New(stdout, stderr io.Writer) *cli.App {
 			runCommand(),
 			evalCommand(),
 			initCommand(),
+			generateCommand(),
 			infoCommand(),
 			kit.NotBuilt("bench", "time training steps against bench/reference (with the CUDA backend)", ""),
 			kit.NotBuilt("serve", "serve a model's weights to other tools through the pool", ""),

@@ -13,15 +13,19 @@ import (
 func evalCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "eval",
-		Usage: "print the test accuracy of a checkpoint",
-		Description: "Prints {\"test_accuracy\": A, \"correct\": C, \"examples\": N, \"ckpt\": FILE} on stdout and a\n" +
+		Usage: "print the test accuracy (MLP) or validation loss (GPT) of a checkpoint",
+		Description: "MLP: prints {\"test_accuracy\": A, \"correct\": C, \"examples\": N, \"ckpt\": FILE} on stdout and a\n" +
 			"human line on stderr. A checkpoint without trainer metadata (e.g. from PyTorch) is read by the\n" +
-			"shapes of fc<i>.weight, with --act between layers.",
+			"shapes of fc<i>.weight, with --act between layers.\n" +
+			"GPT: prints {\"val_loss\": L, \"batches\": N, ...}, the mean loss over the run's fixed validation\n" +
+			"batches of --data (default: the text the run trained on).",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "ckpt", Usage: "(required) safetensors file written by trainer run or init"},
 			dataFlag,
 			&cli.IntFlag{Name: "batch", Value: 500, Usage: "examples per forward pass"},
 			&cli.StringFlag{Name: "act", Value: "relu", Usage: "relu|gelu, for checkpoints without trainer metadata"},
+			&cli.IntFlag{Name: "eval-batches", Usage: "gpt: validation batches (default: the run's)"},
+			&cli.StringFlag{Name: "batches-out", Usage: "gpt: also write the validation batches to this safetensors file (for bench/reference/gpt.py eval)"},
 			poolFlag, deviceFlag, graphFlag, precisionFlag, traceFlag,
 		},
 		Action: func(c *cli.Context) error {
@@ -37,6 +41,9 @@ func evalCommand() *cli.Command {
 			}
 			defer setupTrace(c)()
 			path := c.String("ckpt")
+			if train.IsLMCheckpointFile(path) {
+				return evalLM(c, path, prec)
+			}
 			f, cfg, _, err := train.ReadCheckpoint(path, c.String("act"))
 			if err != nil {
 				return fmt.Errorf("--ckpt: %w", err)
@@ -68,18 +75,25 @@ func initCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "init",
 		Usage: "write a model's initial weights (as run would draw them) to a safetensors file",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "out", Usage: "(required) safetensors file to write; an existing one is replaced only with --force"},
 			kit.ForceFlag(),
-			&cli.StringFlag{Name: "model", Value: "mlp", Usage: "model (mlp)"},
-			widthsFlag, actFlag, seedFlag,
-		},
+			&cli.StringFlag{Name: "model", Value: "mlp", Usage: "mlp or gpt (the gpt's vocabulary comes from --data)"},
+			widthsFlag, actFlag, seedFlag, dataFlag,
+			&cli.IntFlag{Name: "batch", Value: train.DefaultLM().Batch, Usage: "gpt: sequences per step (stored in the config)"},
+			&cli.Float64Flag{Name: "lr", Value: kit.F32(train.DefaultLM().LR), Usage: "gpt: learning rate (stored in the config)"},
+			&cli.Float64Flag{Name: "weight-decay", Value: kit.F32(train.DefaultLM().WeightDecay), Usage: "gpt: weight decay (stored in the config)"},
+			&cli.Float64Flag{Name: "clip", Value: kit.F32(train.DefaultLM().Clip), Usage: "gpt: gradient clipping (stored in the config)"},
+		}, lmFlags...),
 		Action: func(c *cli.Context) error {
 			if err := kit.NoArgs(c); err != nil {
 				return err
 			}
 			if err := kit.Require(c, "out"); err != nil {
 				return err
+			}
+			if c.String("model") == "gpt" {
+				return initLM(c)
 			}
 			cfg := train.Default()
 			ws, err := parseWidths(c.String("widths"))

@@ -34,10 +34,10 @@ func runCommand() *cli.Command {
 			"or eager phase; evaluation and checkpoints too.\n" +
 			"An --out directory that already holds a run (model.safetensors or metrics.jsonl) is refused unless\n" +
 			"--force (or --resume continues it). --resume keeps the run's --log-every unless it is given.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "out", Usage: "run directory (default: the --resume directory)"},
 			kit.ForceFlag(),
-			&cli.StringFlag{Name: "model", Value: def.Model, Usage: "model to train (mlp)"},
+			&cli.StringFlag{Name: "model", Value: def.Model, Usage: "mlp (Fashion-MNIST classifier) or gpt (character-level language model on --data FILE)"},
 			dataFlag,
 			&cli.IntFlag{Name: "epochs", Value: def.Epochs, Usage: "passes over the training set (with --resume: the new total)"},
 			&cli.IntFlag{Name: "batch", Value: def.Batch, Usage: "examples per step"},
@@ -48,13 +48,13 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "optim", Value: def.Optim, Usage: "adamw|sgd"},
 			&cli.IntFlag{Name: "limit", Usage: "train on the first N training examples only (0: all)"},
 			&cli.Float64Flag{Name: "clip", Usage: "clip the gradients' joint L2 norm to this (0: off), as torch.nn.utils.clip_grad_norm_"},
-			&cli.StringFlag{Name: "batches-out", Usage: "also write the example indices of every step to this safetensors file (for bench/reference/mlp.py)"},
+			&cli.StringFlag{Name: "batches-out", Usage: "also write every step's batch to this safetensors file (mlp: example indices for bench/reference/mlp.py; gpt: tokens and learning rates for bench/reference/gpt.py parity)"},
 			&cli.IntFlag{Name: "log-every", Value: defaultLogEvery, Usage: "steps between loss lines (with --resume: the run's own unless given)"},
 			&cli.StringFlag{Name: "resume", Usage: "continue the run in DIR from DIR/model.safetensors"},
 			poolFlag,
 			&cli.StringFlag{Name: "run", Usage: "run name, the prefix of pool buffer names (default: base name of --out)"},
 			deviceFlag, graphFlag, precisionFlag, fuseBackwardFlag, traceFlag,
-		},
+		}, lmFlags...),
 		Action: runAction,
 	}
 }
@@ -77,6 +77,9 @@ func runAction(c *cli.Context) error {
 	prec, err := commonChecks(c)
 	if err != nil {
 		return err
+	}
+	if isLM(c) {
+		return runLM(c, ctx, prec)
 	}
 	defer setupTrace(c)()
 	out := c.String("out")

@@ -8,7 +8,8 @@ import (
 )
 
 // progress draws a one-line bar on a terminal, at most ten times a second;
-// loss is the last logged loss (0: none yet).
+// loss is the last logged loss (0: none yet). With epochs 0 it counts steps
+// (batch of total) instead of batches of epochs.
 type progress struct {
 	w             io.Writer
 	epochs, total int
@@ -31,8 +32,12 @@ func (p *progress) update(epoch, batch int, loss float32) {
 	if loss != 0 {
 		l = fmt.Sprintf("%.4f", loss)
 	}
-	fmt.Fprintf(p.w, "\repoch %d/%d [%s%s] %d/%d loss %s ", epoch+1, p.epochs,
-		strings.Repeat("=", fill), strings.Repeat(" ", width-fill), batch, p.total, l)
+	bar := strings.Repeat("=", fill) + strings.Repeat(" ", width-fill)
+	if p.epochs == 0 { // a run counted in steps, not epochs
+		fmt.Fprintf(p.w, "\rstep [%s] %d/%d loss %s ", bar, batch, p.total, l)
+	} else {
+		fmt.Fprintf(p.w, "\repoch %d/%d [%s] %d/%d loss %s ", epoch+1, p.epochs, bar, batch, p.total, l)
+	}
 	p.drawn = true
 }
 

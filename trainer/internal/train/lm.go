@@ -1,0 +1,456 @@
+package train
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"gpukit/libgpu/ckpt"
+	"gpukit/libgpu/data"
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/nn"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/optim"
+	"gpukit/libgpu/tensor"
+	"gpukit/libgpu/trace"
+)
+
+// LMOptions are the parts of a language-model run that do not change its
+// numbers.
+type LMOptions struct {
+	Alloc     device.Allocator
+	Precision ops.Precision // PrecBF16: bf16 autocast (activations and GEMM operands bf16)
+	Graph     bool          // replay each step as a CUDA graph (GPU only)
+	Run       string        // buffer name prefix
+	Corpus    *data.Corpus
+	Out       string
+	LogEvery  int
+	Stdout    io.Writer
+	Log       io.Writer // human messages, or nil
+	Progress  io.Writer // progress bar (a terminal), or nil
+	// Resume, when non-nil, is a checkpoint to continue from after Step
+	// steps.
+	Resume *ckpt.File
+	Step   int
+}
+
+// LMStepLine is the JSON line written every LogEvery steps: the loss of
+// that step's batch, the learning rate it used, throughput over the
+// interval since the last line, MFU (nanoGPT's FLOP count over the
+// device's peak) and, with clipping, the gradient norm before clipping.
+type LMStepLine struct {
+	Step       int      `json:"step"`
+	Loss       float32  `json:"loss"`
+	LR         float32  `json:"lr"`
+	TokensPerS float64  `json:"tokens_per_s"`
+	StepMS     float64  `json:"step_ms"`
+	MFU        *float64 `json:"mfu,omitempty"`
+	GradNorm   *float32 `json:"grad_norm,omitempty"`
+}
+
+// LMEvalLine is written every EvalEvery steps and at the end: the mean
+// loss over the fixed validation batches.
+type LMEvalLine struct {
+	Step    int     `json:"step"`
+	ValLoss float64 `json:"val_loss"`
+	Elapsed float64 `json:"elapsed_s"`
+}
+
+// LMResult says how a run ended.
+type LMResult struct {
+	Step        int
+	Interrupted bool
+	ValLoss     float64 // at the last evaluation (NaN if none ran)
+	Elapsed     time.Duration
+}
+
+// evalSeed separates the validation batches' draws from the training ones.
+const evalSeed = 0x6576616c // "eval"
+
+// lm is a GPT, its optimizer and its recorded training and evaluation
+// steps on one engine.
+type lm struct {
+	cfg   LMConfig
+	m     *nn.GPT
+	opt   *optim.AdamW
+	lr    *tensor.Tensor // [1] f32: the learning rate's scale, an input of every step
+	norm  *tensor.Tensor // [1] f32 gradient norm (Clip > 0)
+	grads []*tensor.Tensor
+	train *nn.GPTStep
+	eval  *nn.GPTStep
+	bufs  []*tensor.Tensor
+}
+
+func (l *lm) free() {
+	for _, s := range []*nn.GPTStep{l.train, l.eval} {
+		if s != nil {
+			s.Free()
+		}
+	}
+	if l.opt != nil {
+		l.opt.Free()
+	}
+	if l.m != nil {
+		l.m.Free()
+	}
+	for _, t := range l.bufs {
+		t.Buf.Free()
+	}
+}
+
+// newLM builds the model and its evaluation graph, and for training
+// (training true) the gradients, the optimizer and the training graph.
+func newLM(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec ops.Precision, training bool) (l *lm, err error) {
+	l = &lm{cfg: cfg}
+	defer func() {
+		if err != nil {
+			l.free()
+			l = nil
+		}
+	}()
+	if l.m, err = nn.NewGPT(a, run, cfg.Model, training, cfg.Seed); err != nil {
+		return l, fmt.Errorf("building the model: %w", err)
+	}
+	cast := tensor.F32
+	if prec == ops.PrecBF16 && e.IsGraphCapable() {
+		cast = tensor.BF16
+	}
+	if l.eval, err = l.m.Record(e, a, join(run, "eval"), cfg.Batch, ops.GraphOptions{Autocast: cast}, false); err != nil {
+		return l, fmt.Errorf("recording the evaluation step: %w", err)
+	}
+	if !training {
+		return l, nil
+	}
+	alloc1 := func(name string) (*tensor.Tensor, error) {
+		t, err := tensor.Alloc(a, join(run, name), tensor.F32, 1)
+		if err == nil {
+			l.bufs = append(l.bufs, t)
+		}
+		return t, err
+	}
+	if l.lr, err = alloc1("acts/lr_scale"); err != nil {
+		return l, err
+	}
+	noDecay := make([]bool, len(l.m.Params()))
+	for i, p := range l.m.Params() {
+		noDecay[i] = p.Value.Rank() < 2 // biases and norm weights (nanoGPT's optim groups)
+		l.grads = append(l.grads, p.Grad)
+	}
+	ac := ops.AdamWConfig{LR: cfg.LR, Beta1: cfg.Beta1, Beta2: cfg.Beta2, Eps: 1e-8, WeightDecay: cfg.WeightDecay,
+		LRScale: l.lr, NoDecay: noDecay}
+	if l.opt, err = optim.NewAdamW(a, run, l.m.Params(), ac); err != nil {
+		return l, fmt.Errorf("building the optimizer: %w", err)
+	}
+	if cfg.Clip > 0 {
+		if l.norm, err = alloc1("acts/grad_norm"); err != nil {
+			return l, err
+		}
+	}
+	gopts := ops.GraphOptions{Autocast: cast, Train: cfg.Model.Dropout > 0, Seed: cfg.Seed, Counter: l.opt.Counter()}
+	if l.train, err = l.m.Record(e, a, run, cfg.Batch, gopts, true); err != nil {
+		return l, fmt.Errorf("recording the training step: %w", err)
+	}
+	return l, nil
+}
+
+// compute queues one training step on the batch in the train graph's
+// inputs: forward, loss, backward, clipping, AdamW.
+func (l *lm) compute(e *ops.Engine, gt *trace.GPUTimer) error {
+	g := l.train.Graph
+	for _, ph := range []struct {
+		name string
+		f    func() error
+	}{
+		{spanForward, g.Forward},
+		{spanBackward, g.Backward},
+		{spanClip, func() error {
+			if l.norm == nil {
+				return nil
+			}
+			return e.ClipGradNorm(l.grads, l.cfg.Clip, l.norm)
+		}},
+		{spanOptimizer, func() error { return l.opt.Step(e) }},
+	} {
+		p := beginPhase(gt, ph.name)
+		err := ph.f()
+		p.end()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// save writes the checkpoint (state dict, optimizer state, metadata).
+func (l *lm) save(path string, tok *data.CharTokenizer, step int) error {
+	return saveLM(path, l.cfg, tok, l.m, l.opt.State(), step)
+}
+
+// load reads the parameters (and, when training, the optimizer state)
+// from f.
+func (l *lm) load(f *ckpt.File) error {
+	for _, p := range l.m.Params() {
+		if err := f.Load(p.Name, p.Value); err != nil {
+			return fmt.Errorf("%w: %v", ErrCheckpoint, err)
+		}
+	}
+	if l.opt == nil {
+		return nil
+	}
+	for _, s := range l.opt.State() {
+		if err := f.Load(optimPrefix+s.Name, s.Value); err != nil {
+			return fmt.Errorf("%w: %v", ErrCheckpoint, err)
+		}
+	}
+	return nil
+}
+
+// evaluator runs the evaluation graph over the fixed validation batches.
+type evaluator struct {
+	l  *lm
+	r  *stepRunner
+	xs [][]int32 // the batches, drawn once
+	ys [][]int32
+}
+
+func newEvaluator(e *ops.Engine, l *lm, val []int32, graph bool) (*evaluator, error) {
+	c := l.cfg
+	ev := &evaluator{l: l}
+	n := c.Batch * c.Model.Block
+	for k := 0; k < c.EvalBatches; k++ {
+		x, y := make([]int32, n), make([]int32, n)
+		if err := data.Blocks(val, x, y, c.Batch, c.Model.Block, c.Seed^evalSeed, uint64(k)); err != nil {
+			return nil, fmt.Errorf("validation batches: %w", err)
+		}
+		ev.xs, ev.ys = append(ev.xs, x), append(ev.ys, y)
+	}
+	var err error
+	ev.r, err = newStepRunner(e, []*tensor.Tensor{l.eval.Idx, l.eval.Targets},
+		func(*trace.GPUTimer) error { return l.eval.Graph.Forward() }, graph)
+	return ev, err
+}
+
+// loss is the mean validation loss.
+func (ev *evaluator) loss() (float64, error) {
+	sp := trace.Default().Begin(traceCat, spanEvaluate)
+	defer sp.End()
+	var sum float64
+	for k := range ev.xs {
+		b, err := ev.r.stage()
+		if err != nil {
+			return 0, err
+		}
+		copy(tensor.BytesAs[int32](ev.r.view(b, 0)), ev.xs[k])
+		copy(tensor.BytesAs[int32](ev.r.view(b, 1)), ev.ys[k])
+		if err := ev.r.run(); err != nil {
+			return 0, err
+		}
+		v, err := ev.l.eval.Loss.ReadF32() // waits for the device
+		if err != nil {
+			return 0, err
+		}
+		sum += float64(v[0])
+	}
+	return sum / float64(len(ev.xs)), nil
+}
+
+// RunLM trains a GPT on o.Corpus. It stops after the step during which
+// ctx is cancelled, writing a checkpoint that RunLM with o.Resume
+// continues from with the same losses.
+func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
+	res := LMResult{ValLoss: math.NaN()}
+	start := time.Now()
+	cfg.Model.Vocab = o.Corpus.Tok.Vocab()
+	if err := cfg.Validate(); err != nil {
+		return res, err
+	}
+	if o.LogEvery < 1 {
+		return res, fmt.Errorf("%w: --log-every %d (want ≥ 1)", ErrConfig, o.LogEvery)
+	}
+	for _, part := range [][]int32{o.Corpus.Train, o.Corpus.Val} {
+		if len(part) <= cfg.Model.Block {
+			return res, fmt.Errorf("%w: the text's %d training and %d validation tokens must each exceed --block %d",
+				ErrConfig, len(o.Corpus.Train), len(o.Corpus.Val), cfg.Model.Block)
+		}
+	}
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return res, fmt.Errorf("train: %w", err)
+	}
+	eng, err := ops.NewEngine(o.Alloc.Device(), ops.Options{Precision: o.Precision})
+	if err != nil {
+		return res, err
+	}
+	defer closeEngine(eng)
+	l, err := newLM(eng, o.Alloc, o.Run, cfg, o.Precision, true)
+	if err != nil {
+		return res, err
+	}
+	defer l.free()
+	step := 0
+	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+	if o.Resume != nil {
+		if err := l.load(o.Resume); err != nil {
+			return res, err
+		}
+		step = o.Step
+		flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
+	}
+	mf, err := os.OpenFile(filepath.Join(o.Out, MetricsFile), flags, 0o644)
+	if err != nil {
+		return res, fmt.Errorf("train: %w", err)
+	}
+	defer mf.Close()
+	emit := func(v any) error {
+		b, _ := json.Marshal(v)
+		b = append(b, '\n')
+		if _, err := o.Stdout.Write(b); err != nil {
+			return fmt.Errorf("train: stdout: %w", err)
+		}
+		if _, err := mf.Write(b); err != nil {
+			return fmt.Errorf("train: %w", err)
+		}
+		return nil
+	}
+	save := func(step int) error {
+		sp := trace.Default().Begin(traceCat, spanCheckpoint)
+		defer sp.End()
+		return l.save(filepath.Join(o.Out, ModelFile), o.Corpus.Tok, step)
+	}
+	r, err := newStepRunner(eng, []*tensor.Tensor{l.train.Idx, l.train.Targets, l.lr},
+		func(gt *trace.GPUTimer) error { return l.compute(eng, gt) }, o.Graph)
+	if err != nil {
+		return res, err
+	}
+	defer r.close()
+	ev, err := newEvaluator(eng, l, o.Corpus.Val, o.Graph)
+	if err != nil {
+		return res, err
+	}
+	defer ev.r.close()
+	evaluate := func(step int) error {
+		v, err := ev.loss()
+		if err != nil {
+			return err
+		}
+		res.ValLoss = v
+		return emit(LMEvalLine{Step: step, ValLoss: round(v, 4), Elapsed: round(time.Since(start).Seconds(), 2)})
+	}
+	finish := func(step int) error {
+		if err := save(step); err != nil {
+			return err
+		}
+		return Plot(filepath.Join(o.Out, MetricsFile), filepath.Join(o.Out, PlotFile))
+	}
+	if o.Log != nil {
+		how := "f32 (the host computes every precision in f32)"
+		if eng.IsGraphCapable() {
+			how = fmt.Sprintf("%s, CUDA graph %s", precisionName(o.Precision), map[bool]string{true: "on", false: "off"}[o.Graph])
+		}
+		fmt.Fprintf(o.Log, "trainer: GPT of %.2fM parameters (%d layers, %d heads, d %d, block %d, vocabulary %d) on %v: %s\n",
+			float64(l.m.NumParams(true))/1e6, cfg.Model.Layers, cfg.Model.Heads, cfg.Model.DModel, cfg.Model.Block,
+			cfg.Model.Vocab, o.Alloc.Device(), how)
+	}
+	peak, havePeak := ops.PeakFLOPS(o.Alloc.Device(), o.Precision)
+	flops := l.m.FLOPsPerToken(cfg.Model.Block) * float64(cfg.Batch*cfg.Model.Block)
+	bar := newProgress(o.Progress, 0, cfg.Steps)
+	tk := trace.Default().Main()
+	last, lastStep := time.Now(), step
+	var lastLoss float32
+	n := cfg.Batch * cfg.Model.Block
+	for ; step < cfg.Steps; step++ {
+		sp := tk.Begin(traceCat, spanStep)
+		sp.Arg(trace.Int(argStep, int64(step+1)))
+		dp := tk.Begin(traceCat, spanData)
+		b, err := r.stage()
+		if err != nil {
+			return res, err
+		}
+		x, y := tensor.BytesAs[int32](r.view(b, 0)), tensor.BytesAs[int32](r.view(b, 1))
+		if err := data.Blocks(o.Corpus.Train, x[:n], y[:n], cfg.Batch, cfg.Model.Block, cfg.Seed, uint64(step)); err != nil {
+			return res, err
+		}
+		lr := cfg.LRAt(step)
+		tensor.BytesAs[float32](r.view(b, 2))[0] = lr / cfg.LR
+		dp.End()
+		if err := r.run(); err != nil {
+			return res, fmt.Errorf("step %d: %w", step+1, err)
+		}
+		done := step + 1
+		if done%o.LogEvery == 0 || done == cfg.Steps {
+			v, err := l.train.Loss.ReadF32()
+			if err != nil {
+				return res, err
+			}
+			lastLoss = v[0]
+			now := time.Now()
+			k := done - lastStep
+			dt := now.Sub(last).Seconds()
+			line := LMStepLine{Step: done, Loss: v[0], LR: lr, TokensPerS: round(float64(k*n)/dt, 1),
+				StepMS: round(dt*1000/float64(k), 3)}
+			if havePeak {
+				u := roundSig(flops*float64(k)/dt/peak, 3)
+				line.MFU = &u
+			}
+			if l.norm != nil {
+				g, err := l.norm.ReadF32()
+				if err != nil {
+					return res, err
+				}
+				line.GradNorm = &g[0]
+			}
+			if err := emit(line); err != nil {
+				return res, err
+			}
+			last, lastStep = now, done
+		}
+		sp.End()
+		bar.update(0, done, lastLoss)
+		if done%cfg.EvalEvery == 0 || done == cfg.Steps {
+			if err := evaluate(done); err != nil {
+				return res, err
+			}
+			if err := save(done); err != nil {
+				return res, err
+			}
+			last = time.Now() // evaluation is not training time
+		}
+		if ctx.Err() != nil && done < cfg.Steps {
+			bar.done()
+			res.Step, res.Interrupted, res.Elapsed = done, true, time.Since(start)
+			return res, finish(done)
+		}
+	}
+	bar.done()
+	res.Step, res.Elapsed = step, time.Since(start)
+	return res, finish(step)
+}
+
+// EvalLM loads a language model's checkpoint and returns its mean loss
+// over cfg.EvalBatches fixed validation batches of corpus (the same
+// batches a run's val_loss lines use).
+func EvalLM(a device.Allocator, prec ops.Precision, f *ckpt.File, cfg LMConfig, corpus *data.Corpus) (float64, error) {
+	eng, err := ops.NewEngine(a.Device(), ops.Options{Precision: prec})
+	if err != nil {
+		return 0, err
+	}
+	defer closeEngine(eng)
+	l, err := newLM(eng, a, "", cfg, prec, false)
+	if err != nil {
+		return 0, err
+	}
+	defer l.free()
+	if err := l.load(f); err != nil {
+		return 0, err
+	}
+	ev, err := newEvaluator(eng, l, corpus.Val, false)
+	if err != nil {
+		return 0, err
+	}
+	defer ev.r.close()
+	return ev.loss()
+}
