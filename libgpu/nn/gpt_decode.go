@@ -136,7 +136,9 @@ func (d *GPTDecoder) Step() error {
 	for l := 0; l < c.Layers; l++ {
 		h := "transformer.h." + strconv.Itoa(l) + "."
 		steps := []func() error{
-			func() error { return e.LayerNorm(d.h, d.mean, d.rstd, d.x, d.param(h+"ln_1.weight"), d.param(h+"ln_1.bias"), eps) },
+			func() error {
+				return e.LayerNorm(d.h, d.mean, d.rstd, d.x, d.param(h+"ln_1.weight"), d.param(h+"ln_1.bias"), eps)
+			},
 			func() error { return d.linear(d.qkv, d.h, h+"attn.c_attn.weight", h+"attn.c_attn.bias") },
 			func() error {
 				q, err := d.qkvPart(0)
@@ -161,7 +163,9 @@ func (d *GPTDecoder) Step() error {
 			},
 			func() error { return d.linear(d.proj, att2, h+"attn.c_proj.weight", h+"attn.c_proj.bias") },
 			func() error { return e.Add(d.x, d.x, d.proj) },
-			func() error { return e.LayerNorm(d.h, d.mean, d.rstd, d.x, d.param(h+"ln_2.weight"), d.param(h+"ln_2.bias"), eps) },
+			func() error {
+				return e.LayerNorm(d.h, d.mean, d.rstd, d.x, d.param(h+"ln_2.weight"), d.param(h+"ln_2.bias"), eps)
+			},
 			func() error { return d.linear(d.fc, d.h, h+"mlp.c_fc.weight", h+"mlp.c_fc.bias") },
 			func() error { return e.GELU(d.fcg, d.fc, c.geluForm()) },
 			func() error { return d.linear(d.proj, d.fcg, h+"mlp.c_proj.weight", h+"mlp.c_proj.bias") },
