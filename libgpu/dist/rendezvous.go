@@ -134,14 +134,17 @@ func (r *Rendezvous) serve(ctx context.Context, tag string, payload func() ([]by
 	defer ln.Close()
 	done := make(chan struct{}) // closed when serve returns: the goroutines below give up
 	defer close(done)
-	data, err := payload()
-	if err != nil {
-		return nil, err
+	// A rank 0 that cannot make the payload still answers every rank that
+	// comes, with the reason, so that they fail with it rather than wait.
+	data, perr := payload()
+	if perr == nil && len(data) > rvMaxData {
+		perr = fmt.Errorf("%w: payload of %d bytes (at most %d)", ErrRendezvous, len(data), rvMaxData)
 	}
-	if len(data) > rvMaxData {
-		return nil, fmt.Errorf("%w: payload of %d bytes (at most %d)", ErrRendezvous, len(data), rvMaxData)
+	if perr != nil {
+		r.logf("rendezvous: rank 0 cannot make the %s id (%v); telling the %d other ranks", tag, perr, w.Size-1)
+	} else {
+		r.logf("rendezvous: rank 0 waiting for %d ranks on %s", w.Size-1, where)
 	}
-	r.logf("rendezvous: rank 0 waiting for %d ranks on %s", w.Size-1, where)
 
 	conns := make(chan net.Conn)
 	go func() {
@@ -160,6 +163,7 @@ func (r *Rendezvous) serve(ctx context.Context, tag string, payload func() ([]by
 	}()
 	hellos := make(chan hello)
 	joined := map[int]net.Conn{}
+	told := map[int]bool{} // ranks told that rank 0 has no payload
 	var handshaking []net.Conn
 	fail := func(reason error) ([]byte, error) {
 		for _, c := range joined {
@@ -175,7 +179,7 @@ func (r *Rendezvous) serve(ctx context.Context, tag string, payload func() ([]by
 			c.Close()
 		}
 	}()
-	for len(joined) < w.Size-1 {
+	for len(joined) < w.Size-1 || perr != nil {
 		select {
 		case c, ok := <-conns:
 			if !ok {
@@ -199,16 +203,26 @@ func (r *Rendezvous) serve(ctx context.Context, tag string, payload func() ([]by
 				reply(h.conn, 1, []byte("rank 0: "+h.err.Error()))
 				h.conn.Close()
 				return fail(h.err)
-			case joined[h.rank] != nil:
-				err := fmt.Errorf("%w: two processes claim rank %d (from %s and %s): is RANK duplicated, or is another job using MASTER_PORT %d?",
-					ErrRendezvous, h.rank, joined[h.rank].RemoteAddr(), h.conn.RemoteAddr(), w.MasterPort)
+			case joined[h.rank] != nil || told[h.rank]:
+				err := fmt.Errorf("%w: two processes claim rank %d (the second from %s): is RANK duplicated, or is another job using MASTER_PORT %d?",
+					ErrRendezvous, h.rank, h.conn.RemoteAddr(), w.MasterPort)
 				reply(h.conn, 1, []byte("rank 0: "+err.Error()))
 				h.conn.Close()
 				return fail(err)
+			case perr != nil:
+				reply(h.conn, 1, []byte("rank 0 cannot make the "+tag+" id: "+perr.Error()))
+				h.conn.Close()
+				told[h.rank] = true
+				if len(told) == w.Size-1 {
+					return nil, perr
+				}
 			default:
 				joined[h.rank] = h.conn
 			}
 		case <-ctx.Done():
+			if perr != nil {
+				return fail(perr)
+			}
 			var missing []string
 			for i := 1; i < w.Size; i++ {
 				if joined[i] == nil {

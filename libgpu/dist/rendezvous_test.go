@@ -279,3 +279,28 @@ func TestHelperProcess(t *testing.T) {
 	}
 	fmt.Printf("rank %d of %d got %q\n", w.Rank, w.Size, got)
 }
+
+// TestRendezvousNoPayload: a rank 0 that cannot make the payload tells
+// every rank why, and they fail with its reason.
+func TestRendezvousNoPayload(t *testing.T) {
+	port := freePort(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for rank := range 3 {
+		wg.Go(func() {
+			rv := &Rendezvous{World: world(rank, 3, port), Timeout: time.Minute}
+			_, errs[rank] = rv.Share(context.Background(), "nccl", func() ([]byte, error) {
+				return nil, errors.New("nccl: libnccl.so.2 not found")
+			})
+		})
+	}
+	wg.Wait()
+	if errs[0] == nil || errs[0].Error() != "nccl: libnccl.so.2 not found" {
+		t.Errorf("rank 0: %v", errs[0])
+	}
+	for _, r := range []int{1, 2} {
+		if !errors.Is(errs[r], ErrRendezvous) || !strings.Contains(errs[r].Error(), "rank 0 cannot make the nccl id: nccl: libnccl.so.2 not found") {
+			t.Errorf("rank %d: %v", r, errs[r])
+		}
+	}
+}
