@@ -143,13 +143,15 @@ func (c *Comm) handle() (uintptr, error) {
 	return c.h, nil
 }
 
-// stream is the stream e queues on now (the side stream inside Side).
+// stream is the stream e queues on now: Streamer.Stream, which inside
+// Engine.Side is the side stream (the CUDA backend swaps its stream there,
+// ops/side.go), so collectives stay in order with the ops around them.
 func stream(e *ops.Engine) (cuda.Stream, error) {
 	s, ok := e.Impl().(ops.Streamer)
 	if !ok {
 		return 0, fmt.Errorf("%w: the engine on %v has no CUDA stream", ErrArg, e.Device())
 	}
-	return s.QueueStream(), nil
+	return s.Stream(), nil
 }
 
 func sameDevice(a, b device.Device) bool {
