@@ -29,6 +29,7 @@ func New(stdout, stderr io.Writer) *cli.App {
 			evalCommand(),
 			initCommand(),
 			infoCommand(),
+			launchCommand(),
 			kit.NotBuilt("bench", "time training steps against bench/reference (with the CUDA backend)", ""),
 			kit.NotBuilt("serve", "serve a model's weights to other tools through the pool", ""),
 		},
