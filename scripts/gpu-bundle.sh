@@ -26,6 +26,7 @@ if [ -d bench/cmd ]; then
 	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-bench" ./cmd/gpukit-bench)
 	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-poolbench" ./cmd/gpukit-poolbench)
 	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-trainbench" ./cmd/gpukit-trainbench)
+	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-allreduce" ./cmd/gpukit-allreduce)
 fi
 cp -r bench/run.sh bench/gpt.sh bench/report.py bench/workloads.json bench/reference "$stage/bench/"
 mkdir -p "$stage/bench/kernels" && cp libgpu/kernels/*.cu libgpu/kernels/*.cuh "$stage/bench/kernels/"

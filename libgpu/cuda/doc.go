@@ -16,9 +16,14 @@
 //  3. the usual install directories: /usr/local/cuda/lib64,
 //     /usr/local/cuda/targets/x86_64-linux/lib (sbsa-linux on arm64),
 //     /usr/lib/x86_64-linux-gnu (aarch64-linux-gnu), /usr/lib64,
-//     /usr/local/nvidia/lib64, and the lib folders of NVIDIA's pip wheels
-//     (python3*/{site,dist}-packages/nvidia/*/lib under /usr/lib,
-//     /usr/local/lib, $VIRTUAL_ENV/lib and ~/.local/lib).
+//     /usr/local/nvidia/lib64, $CONDA_PREFIX/lib, and the lib folders of
+//     NVIDIA's pip wheels (python3*/{site,dist}-packages/nvidia/*/lib under
+//     $VIRTUAL_ENV/lib, /usr/lib, /usr/local/lib, PREFIX/lib for every
+//     PREFIX/bin on $PATH that holds a python3, and ~/.local/lib) — where
+//     PyTorch's own copies live, NCCL's among them (nvidia/nccl/lib).
+//
+// Bindings outside this package (libgpu/nccl) load their libraries the same
+// way through NewLibrary and Library.Proc.
 //
 // When none loads, the error is one line naming the library and
 // GPUKIT_CUDA_PATH, and wraps ErrNoLibrary; a symbol missing from a loaded

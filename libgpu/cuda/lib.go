@@ -26,6 +26,9 @@ const EnvCUDAPath = "GPUKIT_CUDA_PATH"
 
 // LibraryError says which library could not be loaded. It wraps ErrNoLibrary.
 type LibraryError struct {
+	// Pkg prefixes the message: "cuda" for this package's libraries,
+	// "nccl" for libgpu/nccl's (see NewLibrary); empty reads "cuda".
+	Pkg   string
 	Lib   string   // the first soname, e.g. "libcuda.so.1"
 	Hint  string   // what is probably missing, e.g. "no NVIDIA driver?"
 	Tried []string // every candidate tried, in order
@@ -36,11 +39,15 @@ type LibraryError struct {
 }
 
 func (e *LibraryError) Error() string {
-	if e.Cause != "" {
-		return fmt.Sprintf("cuda: %s could not be loaded (%s); set %s to the directory that holds a working one",
-			e.Lib, oneLine(e.Cause), EnvCUDAPath)
+	pkg := e.Pkg
+	if pkg == "" {
+		pkg = "cuda"
 	}
-	return fmt.Sprintf("cuda: %s not found (%s); set %s to the directory that holds it", e.Lib, e.Hint, EnvCUDAPath)
+	if e.Cause != "" {
+		return fmt.Sprintf("%s: %s could not be loaded (%s); set %s to the directory that holds a working one",
+			pkg, e.Lib, oneLine(e.Cause), EnvCUDAPath)
+	}
+	return fmt.Sprintf("%s: %s not found (%s); set %s to the directory that holds it", pkg, e.Lib, e.Hint, EnvCUDAPath)
 }
 
 // Unwrap makes errors.Is(err, ErrNoLibrary) true.
@@ -64,6 +71,7 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 type library struct {
 	names []string // sonames, most preferred first
 	hint  string
+	pkg   string // LibraryError.Pkg
 
 	once   sync.Once
 	handle uintptr
@@ -95,21 +103,53 @@ func defaultSearchDirs() []string {
 		"/usr/lib64",
 		"/usr/local/nvidia/lib64",
 	}
-	// NVIDIA's pip wheels: site-packages/nvidia/<component>/lib.
+	// Conda installs the libraries (NCCL too) into $CONDA_PREFIX/lib.
+	if c := os.Getenv("CONDA_PREFIX"); c != "" {
+		dirs = append(dirs, filepath.Join(c, "lib"))
+	}
+	// NVIDIA's pip wheels: site-packages/nvidia/<component>/lib (NCCL:
+	// nvidia/nccl/lib, from PyTorch's nvidia-nccl-cu* dependency).
 	roots := []string{"/usr/lib", "/usr/local/lib"}
 	if v := os.Getenv("VIRTUAL_ENV"); v != "" {
 		roots = append([]string{filepath.Join(v, "lib")}, roots...)
 	}
+	roots = append(roots, pythonRoots(os.Getenv("PATH"))...)
 	if h, err := os.UserHomeDir(); err == nil {
 		roots = append(roots, filepath.Join(h, ".local/lib"))
 	}
+	seen := map[string]bool{}
 	for _, r := range roots {
+		if seen[r] {
+			continue
+		}
+		seen[r] = true
 		for _, pk := range []string{"site-packages", "dist-packages"} {
 			m, _ := filepath.Glob(filepath.Join(r, "python3*", pk, "nvidia", "*", "lib"))
 			dirs = append(dirs, m...)
 		}
 	}
 	return dirs
+}
+
+// pythonRoots returns PREFIX/lib for every directory PREFIX/bin of path
+// (colon-separated, as $PATH) that holds a python3: the environment whose
+// python3 a user runs (a virtual environment such as /opt/torch/.venv,
+// conda, pyenv) keeps PyTorch's NVIDIA wheels under
+// PREFIX/lib/python3*/site-packages. The bin directory is taken as found
+// on the path, not through python3's symbolic link, which in a virtual
+// environment leads out of it.
+func pythonRoots(path string) []string {
+	var out []string
+	for _, d := range filepath.SplitList(path) {
+		if d == "" || !filepath.IsAbs(d) {
+			continue
+		}
+		if fi, err := os.Stat(filepath.Join(d, "python3")); err != nil || fi.IsDir() {
+			continue
+		}
+		out = append(out, filepath.Join(filepath.Dir(filepath.Clean(d)), "lib"))
+	}
+	return out
 }
 
 // candidates returns what load tries, in order: GPUKIT_CUDA_PATH dirs,
@@ -137,7 +177,7 @@ func (l *library) candidates() []string {
 
 func (l *library) load() error {
 	l.once.Do(func() {
-		e := &LibraryError{Lib: l.names[0], Hint: l.hint}
+		e := &LibraryError{Pkg: l.pkg, Lib: l.names[0], Hint: l.hint}
 		for _, c := range l.candidates() {
 			e.Tried = append(e.Tried, c)
 			abs := strings.ContainsRune(c, '/')
@@ -257,3 +297,52 @@ func (e *CallError) Error() string { return "cuda: " + e.Func + ": " + e.Err.Err
 
 // Unwrap returns the result code.
 func (e *CallError) Unwrap() error { return e.Err }
+
+// Library is a shared library outside this package's own (libgpu/nccl's
+// libnccl.so.2), found with this package's search order (see the package
+// documentation) and loaded once, on first use. Its errors are this
+// package's: a LibraryError (wrapping ErrNoLibrary) prefixed with the
+// binding's package name, and SymbolError.
+type Library struct{ l *library }
+
+// NewLibrary describes a library: pkg prefixes its errors ("nccl"), hint
+// says what is probably missing when no candidate is found, names are its
+// sonames, most preferred first ("libnccl.so.2", "libnccl.so"). Nothing is
+// loaded until a Proc is called or Load.
+func NewLibrary(pkg, hint string, names ...string) *Library {
+	return &Library{l: &library{names: names, hint: hint, pkg: pkg}}
+}
+
+// Load loads the library (once; later calls return the first error).
+func (l *Library) Load() error { return l.l.load() }
+
+// Path is the candidate that loaded ("" before a successful Load).
+func (l *Library) Path() string {
+	if l.l.load() != nil {
+		return ""
+	}
+	return l.l.path
+}
+
+// Proc is one C function of a Library, looked up on its first call.
+type Proc struct{ p *proc }
+
+// Proc returns the function named by the first of names the library has
+// (later names are older fallbacks).
+func (l *Library) Proc(names ...string) *Proc { return &Proc{p: newProc(l.l, names...)} }
+
+// Find loads the library and looks the function up; the error names what
+// is missing.
+func (p *Proc) Find() error {
+	_, err := p.p.find()
+	return err
+}
+
+// Call invokes the C function with integer and pointer arguments (at most
+// 15, as purego.SyscallN) and returns its integer result (C's int results
+// in the low 32 bits). As with this package's own calls, a Go pointer
+// converted to uintptr in Call's argument list is kept alive and unmoved
+// for the call.
+//
+//go:uintptrescapes
+func (p *Proc) Call(args ...uintptr) (uintptr, error) { return p.p.call(args...) }

@@ -327,3 +327,73 @@ func TestCompileErrorMessage(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 }
+
+func TestPythonRoots(t *testing.T) {
+	dir := t.TempDir()
+	venv := filepath.Join(dir, "venv", "bin")
+	nopy := filepath.Join(dir, "other", "bin")
+	for _, d := range []string{venv, nopy} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(venv, "python3"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A python3 directory is not a python3.
+	if err := os.MkdirAll(filepath.Join(nopy, "python3"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got := pythonRoots(strings.Join([]string{"", "relative/bin", nopy, venv + "/"}, string(os.PathListSeparator)))
+	want := []string{filepath.Join(dir, "venv", "lib")}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("pythonRoots = %q, want %q", got, want)
+	}
+	// The wheel's lib folder under that prefix is searched.
+	lib := filepath.Join(dir, "venv", "lib", "python3.12", "site-packages", "nvidia", "nccl", "lib")
+	if err := os.MkdirAll(lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", venv)
+	found := false
+	for _, d := range defaultSearchDirs() {
+		found = found || d == lib
+	}
+	if !found {
+		t.Fatalf("%s not among the search dirs %q", lib, defaultSearchDirs())
+	}
+}
+
+func TestNewLibraryMessageAndCall(t *testing.T) {
+	t.Setenv(EnvCUDAPath, t.TempDir())
+	withSearchDirs(t, t.TempDir())
+	missing := NewLibrary("nccl", "NCCL not installed?", "libgpukit-absent-nccl.so.2")
+	err := missing.Proc("ncclGetVersion").Find()
+	want := "nccl: libgpukit-absent-nccl.so.2 not found (NCCL not installed?); set GPUKIT_CUDA_PATH to the directory that holds it"
+	if !errors.Is(err, ErrNoLibrary) || err.Error() != want {
+		t.Fatalf("Find: %v\nwant %q", err, want)
+	}
+	if missing.Path() != "" {
+		t.Fatalf("Path of a missing library: %q", missing.Path())
+	}
+	if runtime.GOOS != "linux" {
+		return
+	}
+	dir := t.TempDir()
+	if err := os.Symlink(libcPath(t), filepath.Join(dir, "libgpukit-standin2.so.1")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(EnvCUDAPath, dir)
+	l := NewLibrary("nccl", "?", "libgpukit-standin2.so.1")
+	s := cstr("purego")
+	n, err := l.Proc("gpukit_strlen_v2", "strlen").Call(uintptr(unsafe.Pointer(&s[0])))
+	if err != nil || n != 6 {
+		t.Fatalf("strlen through Library.Proc = %d, %v", n, err)
+	}
+	if l.Path() != filepath.Join(dir, "libgpukit-standin2.so.1") {
+		t.Fatalf("Path = %q", l.Path())
+	}
+	if err := l.Proc("gpukit_no_such_symbol").Find(); !errors.Is(err, ErrNoSymbol) {
+		t.Fatalf("missing symbol: %v", err)
+	}
+}

@@ -30,6 +30,7 @@ func New(stdout, stderr io.Writer) *cli.App {
 			initCommand(),
 			generateCommand(),
 			infoCommand(),
+			launchCommand(),
 			kit.NotBuilt("bench", "time training steps against bench/reference (with the CUDA backend)", ""),
 			kit.NotBuilt("serve", "serve a model's weights to other tools through the pool", ""),
 		},

@@ -11,6 +11,7 @@ import (
 
 	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/data"
+	"gpukit/libgpu/dist"
 	"gpukit/trainer/internal/train"
 )
 
@@ -73,6 +74,14 @@ func runAction(c *cli.Context) error {
 	go func() { <-ctx.Done(); stop() }() // a second signal kills as usual
 	if err := kit.NoArgs(c); err != nil {
 		return err
+	}
+	// Until the data-parallel step exists (issue 14's integration), ranks
+	// started by trainer launch, torchrun or srun would each train alone
+	// into the same --out: refuse them.
+	if w, err := dist.FromEnv(); err != nil {
+		return fmt.Errorf("run: %w", err)
+	} else if w.Distributed() {
+		return fmt.Errorf("run: %v: training on several ranks is not built yet; run one process", w)
 	}
 	prec, err := commonChecks(c)
 	if err != nil {
