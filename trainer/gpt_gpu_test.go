@@ -30,10 +30,14 @@ func gptPython(t *testing.T, args ...string) string {
 	return string(out)
 }
 
-// gptText is the corpus of the GPU GPT tests: Newton's Opticks (on every
-// machine with Go) when present, else a generated text.
+// gptText is the corpus of the GPU GPT tests: $GPUKIT_TEXT when set (the
+// GPU machine, which has no Go, is given tinyshakespeare.txt), else
+// Newton's Opticks (on every machine with Go), else a generated text.
 func gptText(t *testing.T) string {
 	t.Helper()
+	if p := os.Getenv("GPUKIT_TEXT"); p != "" {
+		return p
+	}
 	if p := data.DefaultTextPath(); fileExists(p) {
 		return p
 	}
