@@ -138,9 +138,10 @@ func expect(t *testing.T, what string, x *tensor.Tensor, tol float64, want func(
 	}
 }
 
-// TestNCCLOneRank: a communicator of one rank through NCCL (not Solo):
-// every collective, eagerly and replayed in a captured graph, the Reducer
-// on the side stream inside the graph; AsyncError stays nil.
+// TestNCCLOneRank: a communicator of one rank made through NCCL (not
+// Solo; its collectives are copies, see Comm.local): every collective,
+// eagerly and replayed in a captured graph, the Reducer on the side stream
+// inside the graph; AsyncError stays nil.
 func TestNCCLOneRank(t *testing.T) {
 	requireNCCL(t)
 	e, a := setup(t, 0)

@@ -238,3 +238,12 @@ func FDGrad(f func(x []float64) []float64, x, w []float64, h float64) []float64 
 
 // Describe formats a shape for subtest names.
 func Describe(shape ...int) string { return fmt.Sprint(shape) }
+
+// maxAbs is the largest |v| (at least min).
+func maxAbs(v []float64, min float64) float64 {
+	m := min
+	for _, x := range v {
+		m = math.Max(m, math.Abs(x))
+	}
+	return m
+}
