@@ -143,9 +143,9 @@ func lnForwardBackward(s *Suite, dt tensor.DType, rows, C int, affine bool) {
 		db0, db0v := s.Rand(tensor.F32, 1, C)
 		s.NoErr("layernorm backward (acc)", s.E.LayerNormBackward(dx0, dw0, db0, dy, x, w, mean, rstd, acc))
 		for i, c := range []struct {
-			what      string
-			t         *tensor.Tensor
-			old, want []float64
+			what       string
+			t          *tensor.Tensor
+			old, want  []float64
 			tol, floor float64
 		}{{"dx", dx0, dx0v, wdx, s.Tol(dt), dxFloor}, {"dw", dw0, dw0v, wdw, 1e-5, 0}, {"db", db0, db0v, wdb, 1e-5, 0}} {
 			want := c.want
