@@ -651,4 +651,3 @@ func TestDecodeNamesTracer(t *testing.T) {
 		t.Fatalf("trace batch: %v", err)
 	}
 }
-
