@@ -18,12 +18,12 @@ import (
 type slabber struct {
 	unsealed bool // send memfds without F_SEAL_SHRINK|F_SEAL_GROW
 	mu       sync.Mutex
-	slab   uint64 // current shared slab
-	next   uint64
-	sent   map[uint64]bool
-	frees  []bool // NoReply of each free, in order
-	drop   []uint64
-	handle uint64
+	slab     uint64 // current shared slab
+	next     uint64
+	sent     map[uint64]bool
+	frees    []bool // NoReply of each free, in order
+	drop     []uint64
+	handle   uint64
 }
 
 func (f *slabber) Connect(*ipc.Conn) (ipc.Session, error) { return f, nil }
