@@ -53,6 +53,7 @@ func TestScripts(t *testing.T) {
 			e.Setenv("GPUKIT_POOL_SOCKET", "")
 			e.Setenv("XDG_RUNTIME_DIR", e.WorkDir+"/run")
 			e.Setenv("UID", strconv.Itoa(os.Getuid()))
+			e.Setenv("GID", strconv.Itoa(os.Getgid()))
 			return nil
 		},
 	})
