@@ -49,7 +49,14 @@
 // process name and the names of the tracks made so far. Track 0 is the main
 // track. A batch that breaks any rule is refused whole (DecodeBatch returns
 // an error wrapping ErrMalformed); the collector counts it and keeps the
-// connection.
+// connection, unless it is the connection's first datagram and does not
+// start with "GKT1": that peer is not a trace client (a gpupool client
+// given the tracer's socket, say), so the collector sends it one datagram,
+// "GKT1!" and a line of text saying what the socket is, and closes the
+// connection. The gpukit ipc client reports that as a tracer collector's
+// socket; a trace client whose send fails reads what the peer said last
+// and reports a gpukit ipc daemon's error frame as "not a tracer
+// collector's socket".
 //
 // # Flows
 //

@@ -18,6 +18,7 @@ import (
 
 	"gpukit/libgpu/ipc"
 	"gpukit/libgpu/pool"
+	"gpukit/libgpu/trace"
 )
 
 // Regression tests of issue 11 ("trust the daemons"), one or more per
@@ -520,5 +521,21 @@ func TestMaxSlabs(t *testing.T) {
 	}
 	if _, err := c.Alloc("", 10); !errors.Is(err, ipc.ErrLimit) || !strings.Contains(err.Error(), "3 slabs") {
 		t.Fatalf("fourth slab: %v", err)
+	}
+}
+
+// Item 10, the other way round: a traced tool given the pool's socket as
+// its collector runs on, and its summary says the socket is not a tracer's.
+func TestTraceClientOnPoolSocket(t *testing.T) {
+	path, _ := startPool(t, backends[0], testConfig{})
+	tr := trace.Open(path, "misdirected", trace.Options{FlushEvery: time.Millisecond})
+	for i := 0; i < 100; i++ {
+		tr.Instant("c", "x")
+		time.Sleep(100 * time.Microsecond)
+	}
+	tr.Close()
+	st := tr.Stats()
+	if st.Dropped == 0 || st.LastErr == nil || !strings.Contains(st.LastErr.Error(), "not a tracer collector's socket") || !strings.Contains(st.LastErr.Error(), "gpupool") {
+		t.Fatalf("stats %+v", st)
 	}
 }

@@ -37,18 +37,24 @@ type session struct {
 	err chan error
 }
 
+// startSession owns the socket first and only then touches out, which it
+// replaces whole (chrome.Create writes a temporary file and renames it): a
+// start refused because another collector lives on the socket leaves that
+// collector's file, and any other, as it was (issue 11, item 11).
 func startSession(socket, out, maxSize string) (*session, error) {
 	max, err := parseSize(maxSize)
 	if err != nil {
 		return nil, err
 	}
-	w, err := chrome.Create(out, max, time.Second)
+	// A collector holds a descriptor per traced process.
+	ipc.RaiseFDLimit()
+	l, err := ipc.Listen(socket)
 	if err != nil {
 		return nil, err
 	}
-	l, err := ipc.Listen(socket)
+	w, err := chrome.Create(out, max, time.Second)
 	if err != nil {
-		w.Close()
+		l.Close()
 		return nil, err
 	}
 	s := &session{l: l, c: collect.New(w, 0), out: out, err: make(chan error, 1)}
