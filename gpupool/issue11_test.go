@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -182,7 +183,7 @@ func TestGroupDirectory(t *testing.T) {
 	cmd := exec.Command(filepath.Join(binDir, "gpupool"), "serve", "--backend", "host", "--group", strconv.Itoa(gid))
 	cmd.Env = append(os.Environ(), "XDG_RUNTIME_DIR="+run, "GPUKIT_POOL_SOCKET=")
 	out, _ := cmd.StdoutPipe()
-	var stderr bytes.Buffer
+	var stderr lockedBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -221,4 +222,23 @@ func TestGroupDirectory(t *testing.T) {
 	if out, err := as(); err == nil || !strings.Contains(out, "permission denied") {
 		t.Fatalf("nobody outside the group: %v: %s", err, out)
 	}
+}
+
+// lockedBuffer is a bytes.Buffer a running command writes while the test
+// reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
