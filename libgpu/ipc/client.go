@@ -151,7 +151,7 @@ func (c *Client) arm() {
 func (c *Client) tick() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.pending == nil || len(c.pending) == 0 || c.timeout <= 0 {
+	if len(c.pending) == 0 || c.timeout <= 0 {
 		c.dogOn = false
 		return
 	}
