@@ -164,7 +164,7 @@ type allocation struct {
 	eventBy  *session // the connection whose process owns the event
 	ownerUID uint32
 	ownerPID int32
-	creator  *session    // the connection that made it
+	creator  *session    // while kept and unsealed: the connection that made it (orphans)
 	orphan   bool        // kept, unsealed, creator gone: removed by reap
 	reap     *time.Timer // removes an orphan after Config.OrphanGrace
 }
@@ -289,7 +289,7 @@ func (p *Pool) Connect(c *ipc.Conn) (ipc.Session, error) {
 	if p.closed {
 		return nil, pool.ErrClosed
 	}
-	s := &session{p: p, cred: cred, leases: map[uint64]*allocation{}, sent: map[uint64]bool{}, events: map[*allocation]struct{}{}, unsealed: map[*allocation]struct{}{}}
+	s := &session{p: p, cred: cred, leases: map[uint64]*allocation{}, sent: map[uint64]bool{}, events: map[*allocation]struct{}{}, unsealed: map[*allocation]struct{}{}, own: map[*slab]struct{}{}}
 	if t := trace.Default(); t != nil {
 		s.trk = t.Track(fmt.Sprintf("conn pid %d", cred.PID))
 	}
@@ -358,15 +358,15 @@ func (p *Pool) place(n int64, sess *session, legacy bool) (*slab, int64, error) 
 	uid := sess.cred.UID
 	taken := device.RoundUp(n, Align)
 	if legacy || taken > p.cfg.SlabSize {
-		if sess.ownSlabs >= p.cfg.ConnSlabs {
-			return nil, 0, fmt.Errorf("%w: this connection holds %d slabs of its own (large or legacy buffers), the most one may", ipc.ErrLimit, sess.ownSlabs)
+		if len(sess.own) >= p.cfg.ConnSlabs {
+			return nil, 0, fmt.Errorf("%w: this connection holds %d slabs of its own (large or legacy buffers), the most one may", ipc.ErrLimit, len(sess.own))
 		}
 		s, err := p.newSlab(taken, true, legacy, uid)
 		if err != nil {
 			return nil, 0, err
 		}
 		s.creator = sess
-		sess.ownSlabs++
+		sess.own[s] = struct{}{}
 		off, err := s.arena.Alloc(n)
 		return s, off, err
 	}
@@ -518,7 +518,7 @@ func (p *Pool) dropSlab(s *slab) {
 		s.idle = nil
 	}
 	if s.creator != nil {
-		s.creator.ownSlabs--
+		delete(s.creator.own, s)
 		s.creator = nil
 	}
 	delete(p.slabs, s.id)
@@ -546,7 +546,7 @@ type session struct {
 	dropped    []uint64        // sent slabs released since the last lease or free reply sent
 	events     map[*allocation]struct{}
 	trk        *trace.Track // its row on the trace (nil: tracing off)
-	ownSlabs   int          // live dedicated slabs it made
+	own        map[*slab]struct{} // live dedicated slabs it made
 	// unsealed holds the kept, unsealed buffers it made: orphans if it
 	// ends before sealing them.
 	unsealed map[*allocation]struct{}
@@ -722,10 +722,11 @@ func (s *session) alloc(req pool.AllocRequest, deliver bool) (any, []int, error)
 		name: req.Name, bound: req.Name != "", kept: req.Keep && !p.cfg.Ephemeral,
 		sealed: !req.Unsealed || req.Name == "", dtype: req.DType, shape: slices.Clone(req.Shape),
 		created:  time.Now(),
-		ownerUID: s.cred.UID, ownerPID: s.cred.PID, creator: s,
+		ownerUID: s.cred.UID, ownerPID: s.cred.PID,
 	}
 	p.allocs[a] = struct{}{}
 	if a.kept && !a.sealed {
+		a.creator = s
 		s.unsealed[a] = struct{}{}
 	}
 	if a.bound {
@@ -869,6 +870,7 @@ func (s *session) seal(h uint64) error {
 		a.sealed = true
 		if a.creator != nil {
 			delete(a.creator.unsealed, a)
+			a.creator = nil
 		}
 		p.notify()
 	}
@@ -944,10 +946,16 @@ func (s *session) Close() {
 	// Kept buffers it left unsealed can never be sealed now: orphans.
 	for a := range s.unsealed {
 		delete(s.unsealed, a)
+		a.creator = nil
 		if a.kept && !a.sealed && a.bound && !p.closed {
 			p.orphan(a)
 		}
 	}
+	// Its slabs of their own that outlive it (kept buffers) are no one's.
+	for sl := range s.own {
+		sl.creator = nil
+	}
+	s.own = nil
 	for h, a := range s.leases {
 		delete(s.leases, h)
 		a.leases--
