@@ -545,7 +545,7 @@ type session struct {
 	sent       map[uint64]bool // slabs whose fd (or legacy handle) it has
 	dropped    []uint64        // sent slabs released since the last lease or free reply sent
 	events     map[*allocation]struct{}
-	trk        *trace.Track // its row on the trace (nil: tracing off)
+	trk        *trace.Track       // its row on the trace (nil: tracing off)
 	own        map[*slab]struct{} // live dedicated slabs it made
 	// unsealed holds the kept, unsealed buffers it made: orphans if it
 	// ends before sealing them.
