@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"gpukit/libgpu/cuda/cudatest"
 )
 
 // serveBin starts gpupool serve with args on a socket in a fresh directory
@@ -241,4 +243,33 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// Item 12 on a GPU: put and get move a buffer larger than their chunk, of an
+// odd length, through a cuda daemon (cuMemcpy per chunk at an offset).
+func TestPutGetCUDA(t *testing.T) {
+	cudatest.RequireGPU(t)
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 13))
+	sock := serveBin(t, "--backend", "cuda", "--slab", "2MiB")
+	n := 9<<20 + 1 + r.IntN(4096)
+	data := make([]byte, n+8)
+	for i := 0; i < n; i += 8 {
+		binary.LittleEndian.PutUint64(data[i:], r.Uint64())
+	}
+	data = data[:n]
+	file := filepath.Join(t.TempDir(), "in")
+	if err := os.WriteFile(file, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gpupool(t, nil, "put", "--socket", sock, "gpu/big", file)
+	if got := gpupool(t, nil, "get", "--socket", sock, "gpu/big"); !bytes.Equal(got, data) {
+		t.Fatalf("gpu/big: %d bytes back of %d", len(got), n)
+	}
+	small := data[:1+r.IntN(1000)]
+	gpupool(t, bytes.NewReader(small), "put", "--socket", sock, "gpu/small", "-")
+	if got := gpupool(t, nil, "get", "--socket", sock, "gpu/small"); !bytes.Equal(got, small) {
+		t.Fatalf("gpu/small: %d bytes back of %d", len(got), len(small))
+	}
 }
