@@ -21,7 +21,9 @@ var serveCommand = &cli.Command{
 	Usage: "collect events from traced processes into a trace file",
 	Description: "serve listens on --socket (SOCK_SEQPACKET), prints the socket path on stdout when ready, and " +
 		"writes every event it receives to --out as it goes. Run tools with --trace SOCK or GPUKIT_TRACE=SOCK. " +
-		"SIGTERM or SIGINT ends it; the file is valid JSON after any stop.",
+		"SIGTERM or SIGINT ends it; the file is valid JSON after any stop. The socket's directory must be yours " +
+		"and writable by no one else (mode 0700, not /tmp itself). serve owns the socket before it touches --out, " +
+		"and replaces --out whole (a temporary file renamed over it), so a refused start changes no file.",
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "socket", Aliases: []string{"s"}, Usage: "(required) socket path to listen on, in an existing directory ('@name': abstract)"},
 		outFlag, maxSizeFlag, kit.ForceFlag(),
