@@ -479,9 +479,12 @@ func TestClientTimeout(t *testing.T) {
 // A call with its own deadline (an open that waits) is not cut by the
 // watchdog, nor are calls queued behind it; the deadline bounds it.
 func TestClientOwnDeadline(t *testing.T) {
-	path := silent(t, 200*time.Millisecond)
+	// The slow reply takes several watchdog periods; the one behind it
+	// comes at once after it, well within one (a loaded machine's delays
+	// are far shorter than 100 ms).
+	path := silent(t, 600*time.Millisecond)
 	cl := dialClient(t, path)
-	cl.SetTimeout(20 * time.Millisecond)
+	cl.SetTimeout(100 * time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	behind := make(chan error, 1)
