@@ -128,3 +128,42 @@ func TestServeReplacesOutWhole(t *testing.T) {
 		t.Fatalf("the new file: %s", b)
 	}
 }
+
+// A traced tool sends nothing to a collector run by another user (one that
+// could have taken the socket's name): as root, a collector run by nobody
+// on an abstract socket gets no events, and the tool says why.
+func TestUntrustedCollector(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("not root: no other user to run the collector")
+	}
+	dir, err := os.MkdirTemp("", "tracer-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o777)
+	exe := filepath.Join(dir, "tracer")
+	src, _ := os.ReadFile(filepath.Join(binDir, "tracer"))
+	if err := os.WriteFile(exe, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := "@tracer-nobody-" + strconv.Itoa(os.Getpid())
+	serve := exec.Command(exe, "serve", "--socket", sock, "--out", filepath.Join(dir, "t.json"))
+	serve.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	stdout, _ := serve.StdoutPipe()
+	var serr bytes.Buffer
+	serve.Stderr = &serr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { serve.Process.Kill(); serve.Wait() }()
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || strings.TrimSpace(line) != sock {
+		t.Fatalf("serve as nobody: %q %v: %s", line, err, serr.String())
+	}
+	tr := trace.Open(sock, "careful", trace.Options{})
+	tr.Instant("c", "secret")
+	tr.Close()
+	if st := tr.Stats(); st.Sent != 0 || st.LastErr == nil || !strings.Contains(st.LastErr.Error(), "served by uid 65534") {
+		t.Fatalf("stats %+v", st)
+	}
+}

@@ -29,6 +29,8 @@
 // # Wire format
 //
 // A client sends datagrams on a SOCK_SEQPACKET Unix socket ("unixpacket"),
+// once it has checked that the collector runs as its own user or root
+// (SO_PEERCRED; else it sends nothing and says why in Stats and Summary),
 // one batch per datagram, at most MaxBatch (64 KiB) bytes; nothing is sent
 // back. All integers are little-endian; a string is u16 length + bytes
 // (at most MaxString = 512 bytes, UTF-8 expected; the collector replaces

@@ -295,6 +295,11 @@ func (t *Tracer) send() {
 			setErr(fmt.Errorf("collector %s: %w", t.socket, err))
 			return
 		}
+		if err := checkCollector(c); err != nil {
+			c.Close()
+			setErr(fmt.Errorf("collector %s: %w", t.socket, err))
+			return
+		}
 		c.SetWriteBuffer(2 * MaxBatch)
 		conn = c
 		// A new connection first learns the process and track names.
@@ -362,6 +367,31 @@ func (t *Tracer) send() {
 			return
 		}
 	}
+}
+
+// checkCollector refuses a collector run by another user than this
+// process's or root (SO_PEERCRED of the listener): events name what a
+// process does, and a socket in a directory another user controls, or an
+// abstract one, could be anybody's.
+func checkCollector(c *net.UnixConn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("SO_PEERCRED: %w", cerr)
+	}
+	if self := uint32(os.Geteuid()); cred.Uid != self && cred.Uid != 0 {
+		return fmt.Errorf("served by uid %d (pid %d), not by uid %d or root: not sending it events", cred.Uid, cred.Pid, self)
+	}
+	return nil
 }
 
 // write sends one datagram; false (with lastErr set) when it failed or timed out.
