@@ -347,8 +347,8 @@ def main(argv):
 
     a = Conn(path)
     hello, _ = a.call("hello", {"client": "gpupool_client.py"})
-    if hello.get("server") != "gpupool":
-        raise PoolError("protocol", "%s answers as %r, not gpupool" % (path, hello.get("server")))
+    if hello.get("server") != "gpupool" or hello.get("protocol", 1) != 1:
+        raise PoolError("protocol", "%s answers as %r protocol %r, not gpupool protocol 1" % (path, hello.get("server"), hello.get("protocol")))
     if hello["share"] != 1:
         raise PoolError("protocol", "the daemon shares %s memory; this example maps host (memfd) slabs only" % hello["backend"])
     print("ok hello: %s backend, slabs of %d bytes, align %d" % (hello["backend"], hello["slab_size"], hello["align"]))

@@ -142,6 +142,10 @@ func DialOptions(path string, o Options) (*Client, error) {
 		c.rpc.Close()
 		return nil, fmt.Errorf("%w: %s answers as %q, not gpupool", ErrProtocol, path, c.hello.Server)
 	}
+	if c.hello.Protocol != 0 && c.hello.Protocol != ipc.Version {
+		c.rpc.Close()
+		return nil, fmt.Errorf("%w: gpupool at %s speaks protocol %d, this client %d", ErrProtocol, path, c.hello.Protocol, ipc.Version)
+	}
 	switch c.hello.Share {
 	case device.ShareMemfd:
 		c.dev = device.NewHost()

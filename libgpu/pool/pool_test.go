@@ -152,3 +152,11 @@ func TestTrustUIDs(t *testing.T) {
 		t.Fatalf("bad uid list: %v", err)
 	}
 }
+
+// A daemon that names another protocol version is refused.
+func TestDialChecksProtocol(t *testing.T) {
+	path := serveFake(t, fake{HelloReply{Server: "gpupool", Protocol: ipc.Version + 1, Share: 1}})
+	if _, err := Dial(path); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "speaks protocol") {
+		t.Fatalf("other protocol: %v", err)
+	}
+}

@@ -74,7 +74,8 @@ type HelloRequest struct {
 
 // HelloReply describes the daemon.
 type HelloReply struct {
-	Server   string           `msgpack:"server"`    // "gpupool"
+	Server   string           `msgpack:"server"`    // the service: "gpupool"
+	Protocol int              `msgpack:"protocol"`  // the protocol version it speaks (ipc.Version)
 	PID      int              `msgpack:"pid"`       // daemon's process id
 	Backend  string           `msgpack:"backend"`   // "host" (memfd) or "cuda"
 	Share    device.ShareKind `msgpack:"share"`     // how slabs are shared

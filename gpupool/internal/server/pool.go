@@ -568,7 +568,7 @@ func (s *session) Handle(ctx context.Context, m *ipc.Message, _ []int) (any, []i
 		}
 		_, legacy := s.p.cfg.Source.(LegacySource)
 		r := pool.HelloReply{
-			Server: "gpupool", PID: os.Getpid(), Backend: s.p.cfg.Source.Backend(),
+			Server: "gpupool", Protocol: ipc.Version, PID: os.Getpid(), Backend: s.p.cfg.Source.Backend(),
 			Share: s.p.shareKind(), SlabSize: s.p.cfg.SlabSize, Align: Align, UID: s.cred.UID, Legacy: legacy,
 			NoReply: true,
 		}
