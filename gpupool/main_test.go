@@ -25,8 +25,15 @@ import (
 var binDir string
 
 // TestMain builds the gpupool binary once; the scripts run it as a real
-// process, daemon and clients alike.
+// process, daemon and clients alike. On the GPU machine (no Go there) the
+// bundle's binary in $GPUKIT_BIN is used instead.
 func TestMain(m *testing.M) {
+	if dir := os.Getenv("GPUKIT_BIN"); dir != "" {
+		if _, err := os.Stat(filepath.Join(dir, "gpupool")); err == nil {
+			binDir = dir
+			os.Exit(m.Run())
+		}
+	}
 	dir, err := os.MkdirTemp("", "gpupool-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -53,6 +60,7 @@ func TestScripts(t *testing.T) {
 			e.Setenv("GPUKIT_POOL_SOCKET", "")
 			e.Setenv("XDG_RUNTIME_DIR", e.WorkDir+"/run")
 			e.Setenv("UID", strconv.Itoa(os.Getuid()))
+			e.Setenv("GID", strconv.Itoa(os.Getgid()))
 			return nil
 		},
 	})

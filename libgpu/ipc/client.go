@@ -50,6 +50,10 @@ type result struct {
 type waiter struct {
 	ch chan result
 	fn func(m *Message, fds []int)
+	op string
+	// long: the caller set its own deadline (a context's): the watchdog
+	// leaves it, and the requests queued behind it, alone.
+	long bool
 }
 
 // lazyRead is how long replies to Go requests may wait unread for a Call
@@ -79,11 +83,27 @@ type Client struct {
 	done    chan struct{}
 	why     error       // the server's last word before it closed (ID 0 error)
 	timer   *time.Timer // wakes the reader goroutine for lazy replies
+
+	// The watchdog (see SetTimeout): every timeout/2 it notes nextID; a
+	// request still pending two notes later has waited at least timeout.
+	timeout time.Duration
+	dog     *time.Timer
+	dogOn   bool
+	marks   [2]uint64 // nextID at the last two ticks, older first
+	long    int       // pending requests with their own deadline
+	expired error     // why the watchdog ended the connection
 }
+
+// DefaultTimeout is how long a Client waits for a reply by default (see
+// SetTimeout). Pool requests take microseconds; the slowest is making a
+// large slab on a GPU.
+const DefaultTimeout = 30 * time.Second
 
 // NewClient starts a client on conn. Close the Client, not conn.
 func NewClient(conn *Conn) *Client {
-	c := &Client{conn: conn, pending: map[uint64]waiter{}, done: make(chan struct{})}
+	c := &Client{conn: conn, pending: map[uint64]waiter{}, done: make(chan struct{}), timeout: DefaultTimeout}
+	c.dog = time.AfterFunc(time.Hour, c.tick)
+	c.dog.Stop()
 	c.wake = sync.NewCond(&c.mu)
 	c.timer = time.AfterFunc(time.Hour, func() {
 		c.mu.Lock()
@@ -96,6 +116,59 @@ func NewClient(conn *Conn) *Client {
 	c.timer.Stop()
 	go c.read()
 	return c
+}
+
+// SetTimeout sets how long a request may wait for its reply (0: for
+// ever; DefaultTimeout until set). A request that waits longer (between d
+// and 1.5 d) ends the connection: every request in flight fails with an
+// error wrapping ErrTimeout and ErrClosed, as do later ones (a late reply
+// could carry a file descriptor the daemon would then think delivered, so
+// the connection cannot go on). A Call whose context has a deadline is
+// bounded by that instead, and while it waits so do the requests sent
+// after it (the daemon answers one connection's requests in order).
+func (c *Client) SetTimeout(d time.Duration) {
+	c.mu.Lock()
+	c.timeout = d
+	c.mu.Unlock()
+}
+
+// arm starts the watchdog if requests are pending and it is off. Called
+// with c.mu held.
+func (c *Client) arm() {
+	if c.dogOn || c.timeout <= 0 || c.pending == nil {
+		return
+	}
+	c.dogOn = true
+	// The request just registered (the only one pending) counts as made
+	// at this tick.
+	c.marks = [2]uint64{c.nextID - 1, c.nextID}
+	c.dog.Reset(c.timeout / 2)
+}
+
+// tick is the watchdog: it ends the connection when a request registered
+// before the tick before last (at least timeout ago) is still pending,
+// unless a request with its own deadline is pending.
+func (c *Client) tick() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pending) == 0 || c.timeout <= 0 {
+		c.dogOn = false
+		return
+	}
+	old := c.marks[0]
+	c.marks = [2]uint64{c.marks[1], c.nextID}
+	if c.long == 0 {
+		for id, w := range c.pending {
+			if id <= old && !w.long {
+				c.expired = fmt.Errorf("%w: no reply to %s within %v", ErrTimeout, w.op, c.timeout)
+				c.dogOn = false
+				c.conn.Close() // whoever reads sees the end
+				c.end(fmt.Errorf("%w: %w", ErrClosed, c.expired))
+				return
+			}
+		}
+	}
+	c.dog.Reset(c.timeout / 2)
 }
 
 // wanted reports whether the reader goroutine should read now. Called
@@ -135,6 +208,8 @@ func (c *Client) dispatch(m *Message, fds []int, err error, mine chan result) (r
 	if err != nil {
 		var end error
 		switch {
+		case c.expired != nil:
+			end = fmt.Errorf("%w: %w", ErrClosed, c.expired)
 		case c.why != nil:
 			end = fmt.Errorf("%w: %w", ErrClosed, c.why)
 		case errors.Is(err, io.EOF):
@@ -160,6 +235,9 @@ func (c *Client) dispatch(m *Message, fds []int, err error, mine chan result) (r
 		return result{}, false
 	}
 	delete(c.pending, m.ID)
+	if w.long {
+		c.longDone()
+	}
 	if w.fn != nil {
 		c.mu.Unlock()
 		w.fn(m, fds)
@@ -183,6 +261,8 @@ func (c *Client) end(err error) {
 	pend := c.pending
 	c.pending = nil
 	c.timer.Stop()
+	c.dog.Stop()
+	c.dogOn = false
 	c.wake.Broadcast()
 	c.mu.Unlock()
 	for _, w := range pend {
@@ -208,13 +288,17 @@ func (c *Client) end(err error) {
 // daemon's handler span is the incoming end), while a caller that passed
 // one with WithFlow marks its own sending span (trace.Span.FlowOut).
 func (c *Client) Call(ctx context.Context, op string, req, resp any, fds ...int) ([]int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	body, flow, sp, err := start(ctx, op, req)
 	if err != nil {
 		return nil, err
 	}
 	defer sp.End()
 	ch := make(chan result, 1)
-	id, err := c.register(&waiter{ch: ch}, false)
+	_, long := ctx.Deadline()
+	id, err := c.register(&waiter{ch: ch, op: op, long: long}, false)
 	if err != nil {
 		return nil, err
 	}
@@ -222,7 +306,7 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any, fds ...int)
 	m := &Message{Version: Version, Type: TypeRequest, ID: id, Op: op, Flow: flow, Body: body}
 	if err := c.conn.Send(m, fds...); err != nil {
 		c.forget(id)
-		return nil, fmt.Errorf("ipc: %s: %w", op, err)
+		return nil, c.sendFailed(op, err)
 	}
 	r, ok, err := c.await(ctx, id, ch)
 	if err != nil {
@@ -243,6 +327,34 @@ func (c *Client) Call(ctx context.Context, op string, req, resp any, fds ...int)
 		return nil, fmt.Errorf("ipc: %s reply: %w", op, err)
 	}
 	return r.fds, nil
+}
+
+// sendFailed is the error of a request that could not be sent. When the
+// peer has closed the connection, what it said before (a refusal's reason,
+// sent with id 0) is read first, within a second, so the error says why.
+func (c *Client) sendFailed(op string, err error) error {
+	if !errors.Is(err, ErrClosed) {
+		return fmt.Errorf("ipc: %s: %w", op, err)
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(time.Second):
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.why != nil {
+		return fmt.Errorf("ipc: %s: %w: %w", op, ErrClosed, c.why)
+	}
+	return fmt.Errorf("ipc: %s: %w", op, err)
+}
+
+// longDone counts down the pending requests with their own deadline; when
+// none is left the watchdog's clock restarts for the others. Called with
+// c.mu held.
+func (c *Client) longDone() {
+	if c.long--; c.long == 0 {
+		c.marks = [2]uint64{0, 0}
+	}
 }
 
 // await returns the reply to request id: read by this goroutine when
@@ -327,14 +439,14 @@ func (c *Client) Go(ctx context.Context, op string, req any, fn func(m *Message,
 	if fn == nil {
 		fn = func(_ *Message, fds []int) { closeFDs(fds) }
 	}
-	id, err := c.register(&waiter{fn: fn}, true)
+	id, err := c.register(&waiter{fn: fn, op: op}, true)
 	if err != nil {
 		return err
 	}
 	m := &Message{Version: Version, Type: TypeRequest, ID: id, Op: op, Flow: flow, Body: body}
 	if err := c.conn.Send(m); err != nil {
 		c.forget(id)
-		return fmt.Errorf("ipc: %s: %w", op, err)
+		return c.sendFailed(op, err)
 	}
 	return nil
 }
@@ -358,7 +470,7 @@ func (c *Client) Tell(ctx context.Context, op string, req any) error {
 	}
 	m := &Message{Version: Version, Type: TypeRequest, ID: id, Op: op, Flow: flow, Body: body, NoReply: true}
 	if err := c.conn.Send(m); err != nil {
-		return fmt.Errorf("ipc: %s: %w", op, err)
+		return c.sendFailed(op, err)
 	}
 	return nil
 }
@@ -394,6 +506,10 @@ func (c *Client) register(w *waiter, lazy bool) (uint64, error) {
 	c.nextID++
 	if w != nil {
 		c.pending[c.nextID] = *w
+		if w.long {
+			c.long++
+		}
+		c.arm()
 	}
 	if lazy && !c.lazy {
 		c.lazy = true
@@ -406,8 +522,11 @@ func (c *Client) register(w *waiter, lazy bool) (uint64, error) {
 func (c *Client) forget(id uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.pending[id]; ok {
+	if w, ok := c.pending[id]; ok {
 		delete(c.pending, id)
+		if w.long {
+			c.longDone()
+		}
 		return true
 	}
 	return false

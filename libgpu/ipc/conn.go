@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -36,13 +38,49 @@ func NewConn(uc *net.UnixConn) *Conn {
 	}
 }
 
-// Dial connects to the unixpacket socket at path.
-func Dial(path string) (*Conn, error) {
+// DialOptions say whom a client trusts to serve a socket.
+type DialOptions struct {
+	// TrustUIDs are the uids, besides this process's own and root's, that
+	// may own the listening socket (SO_PEERCRED of the listener: the uid
+	// that called listen, systemd's for socket activation).
+	TrustUIDs []uint32
+}
+
+// Dial connects to the unixpacket socket at path, checking that the
+// daemon runs as this process's uid or root (see DialWith).
+func Dial(path string) (*Conn, error) { return DialWith(path, DialOptions{}) }
+
+// DialWith connects to the unixpacket socket at path and, before anything
+// is sent, checks who listens on it: the listener's uid (SO_PEERCRED) must
+// be this process's effective uid, root, or in o.TrustUIDs, else the
+// connection is closed and the error wraps ErrUntrusted. A socket anyone
+// could have bound (an abstract one, or one in a directory another user
+// controls) then cannot impersonate the daemon.
+func DialWith(path string, o DialOptions) (*Conn, error) {
 	uc, err := net.DialUnix(Network, nil, &net.UnixAddr{Name: path, Net: Network})
 	if err != nil {
 		return nil, err
 	}
-	return NewConn(uc), nil
+	c := NewConn(uc)
+	cred, err := c.PeerCred()
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	if err := CheckPeer(cred, o.TrustUIDs); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// CheckPeer says whether a daemon with credentials cred may be trusted:
+// its uid is this process's effective uid, root, or one of trust.
+func CheckPeer(cred Cred, trust []uint32) error {
+	if cred.UID == uint32(os.Geteuid()) || cred.UID == 0 || slices.Contains(trust, cred.UID) {
+		return nil
+	}
+	return fmt.Errorf("%w: the daemon runs as uid %d (pid %d), not as uid %d or root", ErrUntrusted, cred.UID, cred.PID, os.Geteuid())
 }
 
 // Pair returns two connected Conns (socketpair(AF_UNIX, SOCK_SEQPACKET)).

@@ -49,7 +49,7 @@ func TestFramingOverSocketpair(t *testing.T) {
 			payload[j] = byte(r.Uint32())
 		}
 		body, _ := MarshalBody(payload)
-		sent := &Message{Version: Version, Type: TypeRequest, ID: uint64(i), Op: "put", Flow: r.Uint64(), Body: body}
+		sent := &Message{Version: Version, Type: TypeRequest, ID: uint64(i + 1), Op: "put", Flow: r.Uint64(), Body: body}
 		if err := a.Send(sent); err != nil {
 			t.Fatal(err)
 		}
@@ -138,6 +138,13 @@ func TestPeerCred(t *testing.T) {
 // The child half of TestMemfdCrossesProcesses: it runs when the test binary
 // is started with GPUKIT_IPC_CHILD set, with the socket as fd 3.
 func TestMain(m *testing.M) {
+	if path := os.Getenv("GPUKIT_IPC_SERVE"); path != "" {
+		if err := childServe(path); err != nil {
+			fmt.Fprintln(os.Stderr, "child server:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv("GPUKIT_IPC_CHILD") != "" {
 		if err := child(); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)

@@ -3,6 +3,7 @@ package ipc
 import (
 	"errors"
 	"sync"
+	"unicode/utf8"
 )
 
 // Errors of the protocol itself. Each has a wire code (PROTOCOL.md, "Errors").
@@ -17,7 +18,25 @@ var (
 	ErrInternal    = errors.New("ipc: internal error")
 	ErrClosed      = errors.New("ipc: connection closed")
 	ErrSocketInUse = errors.New("ipc: socket in use by a live daemon")
+	// ErrLimit is a refusal because a limit of the daemon was reached (its
+	// message names the limit): connections, or what one connection may
+	// hold. The request may succeed later; the connection stays open
+	// unless the refusal was of the connection itself.
+	ErrLimit = errors.New("ipc: limit reached")
+	// ErrTimeout ends a connection whose peer did not answer a request
+	// within the client's deadline.
+	ErrTimeout = errors.New("ipc: no reply in time")
+	// ErrUntrusted is a socket served by a uid the client does not trust
+	// (see DialOptions): nothing was sent to it.
+	ErrUntrusted = errors.New("ipc: socket served by an untrusted user")
+	// ErrUnsafeSocket is a socket path whose directory others could
+	// change (see ListenOptions): the daemon refuses to listen there.
+	ErrUnsafeSocket = errors.New("ipc: unsafe socket directory")
 )
+
+// MaxErrorMessage is the longest error message sent, in bytes; ToWire cuts
+// longer ones (so an error quoting a hostile request still fits a frame).
+const MaxErrorMessage = 1024
 
 var registry = struct {
 	sync.RWMutex
@@ -34,6 +53,10 @@ func init() {
 	RegisterError("bad_request", ErrBadRequest)
 	RegisterError("permission_denied", ErrPermission)
 	RegisterError("internal", ErrInternal)
+	RegisterError("limit", ErrLimit)
+	RegisterError("timeout", ErrTimeout)
+	RegisterError("untrusted", ErrUntrusted)
+	RegisterError("unsafe_socket", ErrUnsafeSocket)
 }
 
 // RegisterError gives sentinel a wire code, so an error that wraps sentinel on
@@ -52,23 +75,38 @@ func RegisterError(code string, sentinel error) {
 }
 
 // ToWire returns the wire form of err: the code of the first registered
-// sentinel it wraps (in registration order; "internal" when none) and its text.
+// sentinel it wraps (in registration order; "internal" when none) and its
+// text, cut to MaxErrorMessage bytes.
 func ToWire(err error) *WireError {
 	if err == nil {
 		return nil
 	}
+	msg := Cut(err.Error(), MaxErrorMessage)
 	var re *RemoteError
 	if errors.As(err, &re) {
-		return &WireError{Code: re.Code, Message: err.Error()}
+		return &WireError{Code: re.Code, Message: msg}
 	}
 	registry.RLock()
 	defer registry.RUnlock()
 	for _, code := range registry.order {
 		if errors.Is(err, registry.byCode[code]) {
-			return &WireError{Code: code, Message: err.Error()}
+			return &WireError{Code: code, Message: msg}
 		}
 	}
-	return &WireError{Code: "internal", Message: err.Error()}
+	return &WireError{Code: "internal", Message: msg}
+}
+
+// Cut returns s cut to at most n bytes at a UTF-8 character boundary, with
+// "..." at the end when it was cut (n >= 3).
+func Cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	end := max(n-3, 0)
+	for end > 0 && !utf8.RuneStart(s[end]) {
+		end--
+	}
+	return s[:end] + "..."
 }
 
 // RemoteError is an error received from the peer. errors.Is matches the

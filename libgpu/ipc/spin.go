@@ -132,10 +132,18 @@ func (c *Conn) readSpin(spin bool) (n, oobn, flags int, err error) {
 	spinning := false
 	var deadline time.Time
 	var errno syscall.Errno
+	reset := false
 	rerr := rc.Read(func(fd uintptr) bool {
 		for {
 			n, oobn, flags, errno = c.recvmsg(fd, unix.MSG_DONTWAIT)
 			if errno == unix.EINTR {
+				continue
+			}
+			if errno == unix.ECONNRESET && !reset {
+				// The peer closed with messages of ours unread: Linux
+				// reports that once, before the messages the peer sent
+				// (its last word, such as why it refused us). Read those.
+				reset = true
 				continue
 			}
 			if errno != unix.EAGAIN {

@@ -2,11 +2,14 @@ package ipc
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"gpukit/libgpu/trace"
 )
 
 // Version is the protocol version this package speaks. A peer that receives
@@ -82,6 +85,9 @@ func Decode(b []byte) (*Message, error) {
 	if len(b) > MaxMessage {
 		return nil, fmt.Errorf("%w: %d bytes", ErrTooLarge, len(b))
 	}
+	if bytes.HasPrefix(b, []byte(trace.Magic)) {
+		return nil, fmt.Errorf("%w: the peer speaks the gpukit trace protocol (this is a tracer collector's socket)", ErrMalformed)
+	}
 	if err := Validate(b); err != nil {
 		return nil, err
 	}
@@ -92,6 +98,11 @@ func Decode(b []byte) (*Message, error) {
 	if parseMessage(b, &m) {
 		m.Body = bytes.Clone(m.Body) // the message must not alias b
 	} else {
+		// An unusual encoding: integers msgpack's decoder would wrap
+		// around (a negative id read as 2^64-5) are refused first.
+		if err := checkEnvelopeInts(b); err != nil {
+			return nil, err
+		}
 		m = Message{}
 		if err := msgpack.Unmarshal(b, &m); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
@@ -106,7 +117,58 @@ func Decode(b []byte) (*Message, error) {
 	if m.Op == "" {
 		return nil, fmt.Errorf("%w: empty op", ErrMalformed)
 	}
+	if m.Type == TypeRequest && m.ID == 0 {
+		return nil, fmt.Errorf("%w: request id 0 (ids start at 1; 0 is the server's, for frames it could not read)", ErrMalformed)
+	}
 	return &m, nil
+}
+
+// checkEnvelopeInts checks that the envelope's integer fields (v, t, id,
+// flow), where present and not nil, are msgpack integers of any width that
+// are not negative. b is a map that Validate accepted.
+func checkEnvelopeInts(b []byte) error {
+	r := NewReader(b)
+	c := b[0]
+	n := 0
+	switch {
+	case c>>4 == 0x8:
+		n, r.r.p = int(c&0x0f), 1
+	case c == 0xde:
+		n, r.r.p = int(binary.BigEndian.Uint16(b[1:])), 3
+	case c == 0xdf:
+		n, r.r.p = int(binary.BigEndian.Uint32(b[1:])), 5
+	}
+	for i := 0; i < n && r.r.p < len(b); i++ {
+		var key string
+		if k := b[r.r.p]; k>>5 == 0x5 || k == 0xd9 || k == 0xda || k == 0xdb {
+			key = string(r.Str())
+		} else {
+			r.Skip()
+		}
+		if !r.r.ok || r.r.p >= len(b) {
+			return nil // msgpack's decoder says what is wrong
+		}
+		switch key {
+		case "v", "t", "id", "flow":
+		default:
+			r.Skip()
+			continue
+		}
+		v := b[r.r.p]
+		switch {
+		case v <= 0x7f, v >= 0xcc && v <= 0xcf, v == 0xc0:
+		case v >= 0xe0:
+			return fmt.Errorf("%w: %s is negative (%d)", ErrMalformed, key, int8(v))
+		case v >= 0xd0 && v <= 0xd3:
+			if b[r.r.p+1]&0x80 != 0 {
+				return fmt.Errorf("%w: %s is negative", ErrMalformed, key)
+			}
+		default:
+			return fmt.Errorf("%w: %s is not an integer (msgpack type byte 0x%02x)", ErrMalformed, key, v)
+		}
+		r.Skip()
+	}
+	return nil
 }
 
 // UnmarshalBody decodes a message body into v. An empty body leaves v

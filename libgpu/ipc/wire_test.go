@@ -150,6 +150,10 @@ func FuzzDecode(f *testing.F) {
 		}
 		f.Add(b)
 	}
+	// Negative and wide integers, which msgpack's reader would wrap.
+	f.Add([]byte("\x84\xa1v\x01\xa1t\x01\xa2op\xa2ls\xa2id\xff"))
+	f.Add([]byte("\x84\xa1v\xd0\x01\xa1t\x01\xa2op\xa2ls\xa2id\xd3\xff\xff\xff\xff\xff\xff\xff\xfb"))
+	f.Add([]byte("\x85\xa1v\x01\xa1t\x02\xa2op\xa2ls\xa2id\xd1\x00\x05\xa4flow\xd2\x80\x00\x00\x00"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		// The hand-written reader, where it accepts a frame, agrees with
 		// msgpack's.
@@ -165,6 +169,22 @@ func FuzzDecode(f *testing.F) {
 		m, err := Decode(b)
 		if err != nil {
 			return
+		}
+		// No integer of the envelope was read around: what msgpack reads
+		// generically is the same number, never negative.
+		var generic map[string]any
+		if msgpack.Unmarshal(b, &generic) == nil {
+			for key, got := range map[string]uint64{"v": uint64(m.Version), "t": uint64(m.Type), "id": m.ID, "flow": m.Flow} {
+				switch v := generic[key].(type) {
+				case int8, int16, int32, int64:
+					if n := reflectInt(v); n < 0 || uint64(n) != got {
+						t.Fatalf("%s: msgpack reads %d, Decode %d", key, n, got)
+					}
+				}
+			}
+		}
+		if m.Type == TypeRequest && m.ID == 0 {
+			t.Fatalf("a request with id 0 was accepted")
 		}
 		b2, err := Encode(m)
 		if err != nil {
@@ -235,4 +255,18 @@ func messagesEqual(a, b *Message) bool {
 	}
 	return a.Version == b.Version && a.Type == b.Type && a.ID == b.ID && a.Op == b.Op &&
 		a.Flow == b.Flow && bytes.Equal(a.Body, b.Body) && a.NoReply == b.NoReply
+}
+
+func reflectInt(v any) int64 {
+	switch n := v.(type) {
+	case int8:
+		return int64(n)
+	case int16:
+		return int64(n)
+	case int32:
+		return int64(n)
+	case int64:
+		return n
+	}
+	return 0
 }

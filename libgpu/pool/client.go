@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -30,6 +32,8 @@ type Client struct {
 	cdev   *device.CUDA // nil for a host pool
 	ownDev bool
 	hello  HelloReply
+	// timeout is the requests' deadline (Options.Timeout).
+	timeout time.Duration
 
 	mu     sync.Mutex
 	slabs  map[uint64]*slabMap
@@ -57,18 +61,56 @@ type Options struct {
 	// it in Close. Pass the device your code already uses so the pool's
 	// buffers belong to it (device.CUDA methods check that).
 	Device *device.CUDA
+	// Timeout bounds every request's wait for its reply (0:
+	// ipc.DefaultTimeout, 30 s). A daemon that does not answer in time
+	// (a hung one, or a socket that is not gpupool's) ends the connection
+	// with an error wrapping ipc.ErrTimeout. OpenWait's wait is added to it.
+	Timeout time.Duration
+	// TrustUIDs are uids, besides this process's own and root's, that may
+	// run the daemon (nil: those in $GPUKIT_POOL_UID, comma-separated).
+	// The listener's uid is checked before anything is sent.
+	TrustUIDs []uint32
 }
+
+// EnvTrustUIDs names the environment variable with the uids a client
+// trusts to run the daemon, besides its own and root (comma-separated).
+const EnvTrustUIDs = "GPUKIT_POOL_UID"
 
 // Dial connects to the daemon at path and says hello. An absent or dead
 // socket gives an error wrapping ErrUnreachable that names the path and how
-// to start a daemon; a refused peer gets ErrPermission. When the daemon
-// shares CUDA memory the client opens the GPU it names.
+// to start a daemon; a refused peer gets ErrPermission; a daemon run by a
+// uid this process does not trust gets ipc.ErrUntrusted (nothing is sent
+// to it). When the daemon shares CUDA memory the client opens the GPU it
+// names.
 func Dial(path string) (*Client, error) { return DialOptions(path, Options{}) }
+
+// trustUIDs reads EnvTrustUIDs.
+func trustUIDs() ([]uint32, error) {
+	var out []uint32
+	for _, f := range strings.FieldsFunc(os.Getenv(EnvTrustUIDs), func(r rune) bool { return r == ',' || r == ' ' }) {
+		n, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("pool: $%s: %q is not a uid", EnvTrustUIDs, f)
+		}
+		out = append(out, uint32(n))
+	}
+	return out, nil
+}
 
 // DialOptions is Dial with options.
 func DialOptions(path string, o Options) (*Client, error) {
-	conn, err := ipc.Dial(path)
+	trust := o.TrustUIDs
+	if trust == nil {
+		var err error
+		if trust, err = trustUIDs(); err != nil {
+			return nil, err
+		}
+	}
+	conn, err := ipc.DialWith(path, ipc.DialOptions{TrustUIDs: trust})
 	if err != nil {
+		if errors.Is(err, ipc.ErrUntrusted) {
+			return nil, fmt.Errorf("pool: %w (to use it anyway: %s=UID)", err, EnvTrustUIDs)
+		}
 		var why error = err
 		var se *os.SyscallError
 		if errors.As(err, &se) {
@@ -77,9 +119,21 @@ func DialOptions(path string, o Options) (*Client, error) {
 		return nil, fmt.Errorf("%w at %s: %v (start one with: gpupool serve --socket %s)", ErrUnreachable, path, why, path)
 	}
 	c := &Client{path: path, rpc: ipc.NewClient(conn), slabs: map[uint64]*slabMap{}, events: map[[64]byte]eventRef{}}
+	c.timeout = o.Timeout
+	if c.timeout <= 0 {
+		c.timeout = ipc.DefaultTimeout
+	}
+	c.rpc.SetTimeout(c.timeout)
 	if _, err := c.rpc.Call(context.Background(), OpHello, HelloRequest{Client: filepath.Base(os.Args[0])}, &c.hello); err != nil {
 		c.rpc.Close()
-		if errors.Is(err, ipc.ErrClosed) {
+		var re *ipc.RemoteError
+		switch {
+		case errors.As(err, &re):
+			// The daemon's answer (a refusal says why before it closes).
+			return nil, fmt.Errorf("pool: hello to %s: %w", path, re)
+		case errors.Is(err, ipc.ErrMalformed) || errors.Is(err, ipc.ErrTimeout):
+			return nil, fmt.Errorf("%w: %s is not a gpupool socket: %w", ErrProtocol, path, err)
+		case errors.Is(err, ipc.ErrClosed):
 			return nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, path, err)
 		}
 		return nil, fmt.Errorf("pool: hello to %s: %w", path, err)
@@ -87,6 +141,10 @@ func DialOptions(path string, o Options) (*Client, error) {
 	if c.hello.Server != "gpupool" {
 		c.rpc.Close()
 		return nil, fmt.Errorf("%w: %s answers as %q, not gpupool", ErrProtocol, path, c.hello.Server)
+	}
+	if c.hello.Protocol != 0 && c.hello.Protocol != ipc.Version {
+		c.rpc.Close()
+		return nil, fmt.Errorf("%w: gpupool at %s speaks protocol %d, this client %d", ErrProtocol, path, c.hello.Protocol, ipc.Version)
 	}
 	switch c.hello.Share {
 	case device.ShareMemfd:
@@ -180,7 +238,7 @@ func (c *Client) AllocRequest(req AllocRequest) (*Buffer, error) {
 	if req.Size <= 0 {
 		return nil, fmt.Errorf("%w: %d bytes", ErrBadSize, req.Size)
 	}
-	return c.lease(OpAlloc, req)
+	return c.lease(context.Background(), OpAlloc, req)
 }
 
 // Open returns a new lease on the named, sealed buffer: the same memory its
@@ -205,13 +263,26 @@ func (c *Client) OpenWait(name string, timeout time.Duration) (*Buffer, error) {
 	if timeout > 0 && ms == 0 {
 		ms = 1
 	}
-	return c.lease(OpOpen, OpenRequest{Name: name, WaitMS: ms})
+	if ms <= 0 {
+		return c.lease(context.Background(), OpOpen, OpenRequest{Name: name})
+	}
+	// The daemon waits at most ms (less if it caps the wait); the reply
+	// may take the usual time on top.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(ms)*time.Millisecond+c.timeout)
+	defer cancel()
+	return c.lease(ctx, OpOpen, OpenRequest{Name: name, WaitMS: ms})
 }
 
-func (c *Client) lease(op string, req any) (*Buffer, error) {
+func (c *Client) lease(ctx context.Context, op string, req any) (*Buffer, error) {
 	var l Lease
-	fds, err := c.rpc.Call(context.Background(), op, req, &l)
+	fds, err := c.rpc.Call(ctx, op, req, &l)
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			// The reply may still come, with a slab's fd the daemon
+			// would think delivered: the connection cannot go on.
+			c.rpc.Close()
+			err = fmt.Errorf("%w: %w: no reply to %s in time", ipc.ErrClosed, ipc.ErrTimeout, op)
+		}
 		return nil, c.wrap(op, err)
 	}
 	c.unmap(l.Dropped)
@@ -306,6 +377,16 @@ func (c *Client) mapSlab(s *slabMap, l Lease) error {
 	case device.ShareMemfd:
 		if c.cdev != nil {
 			return fmt.Errorf("%w: a memfd slab from a cuda daemon", ErrProtocol)
+		}
+		// A slab another client could shrink would kill this one with
+		// SIGBUS: the daemon seals them (PROTOCOL.md, "Slabs").
+		const want = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
+		if seals, err := unix.FcntlInt(uintptr(s.fd), unix.F_GET_SEALS, 0); err != nil || seals&want != want {
+			return fmt.Errorf("%w: memfd slab %d is not sealed against resizing (seals %#x, %v)", ErrProtocol, l.Slab, seals, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(s.fd, &st); err == nil && st.Size != l.SlabSize {
+			return fmt.Errorf("%w: memfd slab %d holds %d bytes, the lease says %d", ErrProtocol, l.Slab, st.Size, l.SlabSize)
 		}
 		mem, err := device.MapFD(s.fd, l.SlabSize)
 		if err != nil {
@@ -437,11 +518,26 @@ func (c *Client) Remove(name string) error {
 // FreeName is Remove (the name it had before rm existed).
 func (c *Client) FreeName(name string) error { return c.Remove(name) }
 
-// Ls lists the daemon's allocations.
+// Ls lists the daemon's allocations, asking page after page (LsRequest)
+// until the listing is complete. Buffers made or removed meanwhile may or
+// may not be listed; none is listed twice.
 func (c *Client) Ls() ([]BufferInfo, error) {
-	var r LsReply
-	_, err := c.rpc.Call(context.Background(), OpLs, nil, &r)
-	return r.Buffers, c.wrap(OpLs, err)
+	var out []BufferInfo
+	var req LsRequest
+	for {
+		var r LsReply
+		if _, err := c.rpc.Call(context.Background(), OpLs, req, &r); err != nil {
+			return out, c.wrap(OpLs, err)
+		}
+		out = append(out, r.Buffers...)
+		if r.Next == "" {
+			return out, nil
+		}
+		if r.Next <= req.After {
+			return out, fmt.Errorf("%w: ls cursor %q does not advance past %q", ErrProtocol, r.Next, req.After)
+		}
+		req.After = r.Next
+	}
 }
 
 // Stats returns the daemon's counters.
@@ -461,6 +557,9 @@ func (c *Client) wrap(op string, err error) error {
 		c.mu.Unlock()
 		if closed {
 			return fmt.Errorf("%w: %s: %w", ErrClosed, op, err)
+		}
+		if errors.Is(err, ipc.ErrTimeout) {
+			return fmt.Errorf("%w: %s: the daemon at %s did not answer in time, so the connection was closed (%w); buffers mapped here stay valid until freed or Close", ErrClosed, op, c.path, err)
 		}
 		return fmt.Errorf("%w: %s: the daemon at %s is gone (%w); buffers mapped here stay valid until freed or Close", ErrClosed, op, c.path, err)
 	}

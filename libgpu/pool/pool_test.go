@@ -3,9 +3,11 @@ package pool
 import (
 	"context"
 	"errors"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"gpukit/libgpu/ipc"
 )
@@ -72,5 +74,89 @@ func TestBadLeaseIsProtocolError(t *testing.T) {
 	}
 	if _, err := c.Open(""); !errors.Is(err, ErrBadName) {
 		t.Fatalf("open empty name: %v", err)
+	}
+}
+
+// A memfd slab that could be resized under this client (by another
+// client: truncation kills with SIGBUS) is refused (issue 11, item 3).
+func TestUnsealedSlabRefused(t *testing.T) {
+	path := serveHandler(t, &slabber{unsealed: true, slab: 1, next: 100, sent: map[uint64]bool{}})
+	c, err := Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Alloc("", 100); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "not sealed") {
+		t.Fatalf("unsealed slab: %v", err)
+	}
+}
+
+// A socket whose server never answers (another service, or a hung daemon)
+// fails the hello within the client's deadline, saying it is not a
+// gpupool socket (issue 11, item 10).
+func TestDialSilentSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "silent.sock")
+	l, err := ipc.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.AcceptUnix()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(io.Discard, c) }()
+		}
+	}()
+	_, err = DialOptions(path, Options{Timeout: 30 * time.Millisecond})
+	if !errors.Is(err, ErrProtocol) || !errors.Is(err, ipc.ErrTimeout) || !strings.Contains(err.Error(), "not a gpupool socket") {
+		t.Fatalf("silent socket: %v", err)
+	}
+}
+
+// lister is a fake daemon whose ls pages do not advance.
+type lister struct{ fake }
+
+func (f lister) Connect(*ipc.Conn) (ipc.Session, error) { return f, nil }
+func (f lister) Handle(ctx context.Context, m *ipc.Message, fds []int) (any, []int, error) {
+	if m.Op == OpLs {
+		return LsReply{Buffers: []BufferInfo{{Name: "a", Size: 1}}, Next: "n:a"}, nil, nil
+	}
+	return f.fake.Handle(ctx, m, fds)
+}
+
+// A listing whose cursor does not advance is a protocol error, not a loop.
+func TestLsCursorMustAdvance(t *testing.T) {
+	path := serveHandler(t, lister{fake{HelloReply{Server: "gpupool", Share: 1}}})
+	c, err := Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if bufs, err := c.Ls(); !errors.Is(err, ErrProtocol) || len(bufs) != 2 {
+		t.Fatalf("ls: %d buffers, %v", len(bufs), err)
+	}
+}
+
+// $GPUKIT_POOL_UID lists uids the client trusts besides its own and root.
+func TestTrustUIDs(t *testing.T) {
+	t.Setenv(EnvTrustUIDs, "1001, 1002")
+	got, err := trustUIDs()
+	if err != nil || len(got) != 2 || got[0] != 1001 || got[1] != 1002 {
+		t.Fatalf("%v %v", got, err)
+	}
+	t.Setenv(EnvTrustUIDs, "bob")
+	if _, err := Dial(filepath.Join(t.TempDir(), "x.sock")); err == nil || !strings.Contains(err.Error(), EnvTrustUIDs) {
+		t.Fatalf("bad uid list: %v", err)
+	}
+}
+
+// A daemon that names another protocol version is refused.
+func TestDialChecksProtocol(t *testing.T) {
+	path := serveFake(t, fake{HelloReply{Server: "gpupool", Protocol: ipc.Version + 1, Share: 1}})
+	if _, err := Dial(path); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "speaks protocol") {
+		t.Fatalf("other protocol: %v", err)
 	}
 }

@@ -74,7 +74,8 @@ type HelloRequest struct {
 
 // HelloReply describes the daemon.
 type HelloReply struct {
-	Server   string           `msgpack:"server"`    // "gpupool"
+	Server   string           `msgpack:"server"`    // the service: "gpupool"
+	Protocol int              `msgpack:"protocol"`  // the protocol version it speaks (ipc.Version)
 	PID      int              `msgpack:"pid"`       // daemon's process id
 	Backend  string           `msgpack:"backend"`   // "host" (memfd) or "cuda"
 	Share    device.ShareKind `msgpack:"share"`     // how slabs are shared
@@ -188,11 +189,25 @@ type BufferInfo struct {
 	OwnerUID uint32  `msgpack:"owner_uid" json:"owner_uid"`
 	OwnerPID int32   `msgpack:"owner_pid" json:"owner_pid"`
 	AgeMS    int64   `msgpack:"age_ms" json:"age_ms"` // milliseconds since created
+	// Orphan: kept and unsealed, and its creator's connection has ended:
+	// nobody can seal it, and the daemon removes it after its grace period.
+	Orphan bool `msgpack:"orphan,omitempty" json:"orphan,omitempty"`
 }
 
-// LsReply lists allocations, named ones first, by name, then by slab and offset.
+// LsRequest asks for a page of the listing: the buffers after cursor
+// After ("" for the first page; a reply's Next for the following ones),
+// at most Limit of them (0: as many as fit a reply).
+type LsRequest struct {
+	After string `msgpack:"after,omitempty"`
+	Limit int    `msgpack:"limit,omitempty"`
+}
+
+// LsReply lists allocations, named ones first, by name, then by slab and
+// offset. A page ends where the reply would grow too large for a frame;
+// Next, when not empty, is the cursor (LsRequest.After) of the next page.
 type LsReply struct {
 	Buffers []BufferInfo `msgpack:"buffers"`
+	Next    string       `msgpack:"next,omitempty"`
 }
 
 // Stats are the daemon's counters. Bytes are aligned lengths.
@@ -212,4 +227,15 @@ type Stats struct {
 	// all of it is one range). A common measure; see e.g. Johnstone and
 	// Wilson, "The memory fragmentation problem: solved?" (ISMM 1998).
 	Fragmentation float64 `msgpack:"fragmentation" json:"fragmentation"`
+	// Waiting is the number of opens waiting for a buffer to be sealed.
+	Waiting int `msgpack:"waiting" json:"waiting"`
+	// Orphans is the number of kept, unsealed buffers whose creator's
+	// connection has ended, awaiting removal (BufferInfo.Orphan).
+	Orphans int `msgpack:"orphans" json:"orphans"`
+	// FDLimit is the daemon's limit on open file descriptors
+	// (RLIMIT_NOFILE, raised to the hard limit at start): every
+	// connection and every slab holds one.
+	FDLimit uint64 `msgpack:"fd_limit" json:"fd_limit"`
+	// MaxConns is the most connections the daemon serves at once.
+	MaxConns int `msgpack:"max_conns" json:"max_conns"`
 }

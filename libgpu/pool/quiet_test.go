@@ -16,13 +16,14 @@ import (
 // larger one in a slab of its own; it records whether each free wanted a
 // reply, and lists the slabs in drop in its next lease.
 type slabber struct {
-	mu     sync.Mutex
-	slab   uint64 // current shared slab
-	next   uint64
-	sent   map[uint64]bool
-	frees  []bool // NoReply of each free, in order
-	drop   []uint64
-	handle uint64
+	unsealed bool // send memfds without F_SEAL_SHRINK|F_SEAL_GROW
+	mu       sync.Mutex
+	slab     uint64 // current shared slab
+	next     uint64
+	sent     map[uint64]bool
+	frees    []bool // NoReply of each free, in order
+	drop     []uint64
+	handle   uint64
 }
 
 func (f *slabber) Connect(*ipc.Conn) (ipc.Session, error) { return f, nil }
@@ -49,11 +50,14 @@ func (f *slabber) Handle(_ context.Context, m *ipc.Message, _ []int) (any, []int
 		l.Handle = f.handle
 		var fds []int
 		if !f.sent[slab] {
-			fd, err := unix.MemfdCreate("slabber", unix.MFD_CLOEXEC)
+			fd, err := unix.MemfdCreate("slabber", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 			if err != nil {
 				return nil, nil, err
 			}
 			unix.Ftruncate(fd, size)
+			if !f.unsealed {
+				unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL)
+			}
 			fds, l.FD = []int{fd}, true
 			f.sent[slab] = true
 		}

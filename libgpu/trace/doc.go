@@ -29,6 +29,8 @@
 // # Wire format
 //
 // A client sends datagrams on a SOCK_SEQPACKET Unix socket ("unixpacket"),
+// once it has checked that the collector runs as its own user or root
+// (SO_PEERCRED; else it sends nothing and says why in Stats and Summary),
 // one batch per datagram, at most MaxBatch (64 KiB) bytes; nothing is sent
 // back. All integers are little-endian; a string is u16 length + bytes
 // (at most MaxString = 512 bytes, UTF-8 expected; the collector replaces
@@ -49,7 +51,14 @@
 // process name and the names of the tracks made so far. Track 0 is the main
 // track. A batch that breaks any rule is refused whole (DecodeBatch returns
 // an error wrapping ErrMalformed); the collector counts it and keeps the
-// connection.
+// connection, unless it is the connection's first datagram and does not
+// start with "GKT1": that peer is not a trace client (a gpupool client
+// given the tracer's socket, say), so the collector sends it one datagram,
+// "GKT1!" and a line of text saying what the socket is, and closes the
+// connection. The gpukit ipc client reports that as a tracer collector's
+// socket; a trace client whose send fails reads what the peer said last
+// and reports a gpukit ipc daemon's error frame as "not a tracer
+// collector's socket".
 //
 // # Flows
 //

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -294,6 +295,11 @@ func (t *Tracer) send() {
 			setErr(fmt.Errorf("collector %s: %w", t.socket, err))
 			return
 		}
+		if err := checkCollector(c); err != nil {
+			c.Close()
+			setErr(fmt.Errorf("collector %s: %w", t.socket, err))
+			return
+		}
 		c.SetWriteBuffer(2 * MaxBatch)
 		conn = c
 		// A new connection first learns the process and track names.
@@ -363,16 +369,77 @@ func (t *Tracer) send() {
 	}
 }
 
+// checkCollector refuses a collector run by another user than this
+// process's or root (SO_PEERCRED of the listener): events name what a
+// process does, and a socket in a directory another user controls, or an
+// abstract one, could be anybody's.
+func checkCollector(c *net.UnixConn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("SO_PEERCRED: %w", cerr)
+	}
+	if self := uint32(os.Geteuid()); cred.Uid != self && cred.Uid != 0 {
+		return fmt.Errorf("served by uid %d (pid %d), not by uid %d or root: not sending it events", cred.Uid, cred.Pid, self)
+	}
+	return nil
+}
+
 // write sends one datagram; false (with lastErr set) when it failed or timed out.
 func (t *Tracer) write(c *net.UnixConn, b []byte) bool {
 	c.SetWriteDeadline(time.Now().Add(t.opts.SendTimeout))
 	if _, err := c.Write(b); err != nil {
+		err = fmt.Errorf("send to collector %s: %w", t.socket, err)
+		if why := peerSaid(c); why != "" {
+			err = fmt.Errorf("%s is not a tracer collector's socket: %s", t.socket, why)
+		}
 		t.mu.Lock()
-		t.lastErr = fmt.Errorf("send to collector %s: %w", t.socket, err)
+		t.lastErr = err
 		t.mu.Unlock()
 		return false
 	}
 	return true
+}
+
+// peerSaid reads, without waiting, what a peer that closed the connection
+// sent before (a collector never writes but for a notice): a gpukit ipc
+// daemon (gpupool) answers a trace batch with an error frame, a msgpack
+// map, and closes. It returns a description of the peer, or "".
+func peerSaid(c *net.UnixConn) string {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return ""
+	}
+	buf := make([]byte, 512)
+	n := 0
+	rc.Control(func(fd uintptr) {
+		for range 2 { // Linux may report the reset once before the data
+			m, _, err := syscall.Recvfrom(int(fd), buf, syscall.MSG_DONTWAIT)
+			if m > 0 {
+				n = m
+				return
+			}
+			if !errors.Is(err, syscall.ECONNRESET) {
+				return
+			}
+		}
+	})
+	switch {
+	case n == 0:
+		return ""
+	case buf[0]>>4 == 0x8 || buf[0] == 0xde || buf[0] == 0xdf:
+		return "it answers in the gpukit ipc protocol (msgpack), as gpupool does"
+	}
+	return fmt.Sprintf("it answered %d bytes of an unknown protocol", n)
 }
 
 // Track is a row of the timeline within a process (a Chrome "thread"). A

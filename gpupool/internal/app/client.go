@@ -2,7 +2,6 @@ package app
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -113,16 +112,12 @@ var putCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		var data []byte
-		if f := c.Args().Get(1); f == "-" {
-			data, err = io.ReadAll(os.Stdin)
-		} else {
-			data, err = os.ReadFile(f)
-		}
+		in, err := openPutInput(c.Args().Get(1), os.Stdin)
 		if err != nil {
 			return err
 		}
-		if len(data) == 0 {
+		defer in.Close()
+		if in.size == 0 {
 			return fmt.Errorf("%w: put: no bytes to store (an empty buffer cannot exist)", ErrUsage)
 		}
 		cl, err := dial(c)
@@ -130,12 +125,12 @@ var putCommand = &cli.Command{
 			return err
 		}
 		defer cl.Close()
-		b, err := cl.Create(c.Args().Get(0), int64(len(data)), pool.CreateOptions{
+		b, err := cl.Create(c.Args().Get(0), in.size, pool.CreateOptions{
 			DType: c.String("dtype"), Shape: shape, Legacy: c.Bool("legacy"), Ephemeral: c.Bool("ephemeral")})
 		if err != nil {
 			return err
 		}
-		if err := cl.Device().CopyIn(b.Buffer, 0, data); err != nil {
+		if err := writeBuffer(cl.Device(), b, in.r); err != nil {
 			cl.Remove(b.Name())
 			return err
 		}
@@ -163,12 +158,7 @@ var getCommand = &cli.Command{
 			return err
 		}
 		defer b.Free()
-		data := make([]byte, b.Size())
-		if err := cl.Device().CopyOut(data, b.Buffer, 0); err != nil {
-			return err
-		}
-		_, err = c.App.Writer.Write(data)
-		return err
+		return readBuffer(cl.Device(), b, c.App.Writer)
 	},
 }
 

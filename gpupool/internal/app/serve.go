@@ -34,13 +34,20 @@ until SIGTERM or SIGINT, when it stops accepting, ends waits in progress,
 closes every connection, removes the socket it made and exits 0.
 
 On a GPU (--backend auto picks CUDA when a device answers) slabs are CUDA VMM
-allocations shared as fds; on the host they are memfds.`,
+allocations shared as fds; on the host they are memfds, sealed against
+resizing.
+
+The socket's directory must belong to the daemon's user and be writable by
+no one else (0700; 0750 with group --group for --group), else serve refuses
+to start. At start the daemon raises its open file limit to the hard limit
+and sizes its connection and slab limits to it (gpupool stats shows them);
+past a limit a request gets an error naming it, and the daemon goes on.`,
 	Flags: []cli.Flag{
 		socketFlag(),
 		&cli.StringFlag{Name: "backend", Value: "auto", Usage: "auto, cuda or host: where slabs live (auto: a GPU when one answers, else host memory)"},
 		&cli.IntFlag{Name: "device", Usage: "CUDA device ordinal"},
 		kit.SizeFlag("slab", "64MiB", "size of a shared slab (rounded up to the VMM granularity on a GPU); larger allocations get a slab of their own"),
-		&cli.StringFlag{Name: "limit", Usage: "most bytes all slabs may reserve: a size, or N% of free device memory (cuda) or of RAM (host) (default: 90% on cuda, none on host)"},
+		&cli.StringFlag{Name: "limit", Usage: "most bytes all slabs may reserve, at least one --slab: a size, N% of free device memory (cuda) or of RAM (host), or 0 for none (default: 90% on cuda, 50% on host)"},
 		&cli.DurationFlag{Name: "idle", Usage: "release a shared slab that stays empty this long (0: keep empty slabs)"},
 		&cli.BoolFlag{Name: "legacy-ipc", Usage: "make every buffer a cuMemAlloc buffer with a legacy CUipcMemHandle (CuPy, PyTorch); cuda only"},
 		&cli.BoolFlag{Name: "ephemeral", Usage: "tie named buffers to their creator's connection instead of keeping them until rm"},
@@ -49,6 +56,8 @@ allocations shared as fds; on the host they are memfds.`,
 		&cli.StringSliceFlag{Name: "allow-uid", Usage: "UID: only these uids (and --group's members) may connect (repeatable; default: anyone the socket's mode lets in)"},
 		&cli.StringSliceFlag{Name: "quota-uid", Usage: "UID=BYTES: the most the buffers a uid creates may hold at once (repeatable)"},
 		&cli.StringFlag{Name: "metrics-addr", Usage: "HOST:PORT: serve the stats as Prometheus text at /metrics"},
+		&cli.IntFlag{Name: "max-conns", Usage: "most connections served at once; more are told so and closed (default: 1024, or a quarter of the open file limit if less)"},
+		&cli.DurationFlag{Name: "orphan-grace", Value: server.DefaultOrphanGrace, Usage: "remove a kept buffer left unsealed by a creator that is gone (nobody can seal it any more) this long after (0: at once)"},
 		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "log slabs and connection problems on stderr"},
 		kit.TraceFlag("a span per request and the reserved/used byte counters"),
 	},
@@ -97,8 +106,13 @@ func parseLimit(s string, src server.SlabSource) (int64, error) {
 		if err := unix.Sysinfo(&si); err == nil {
 			avail = int64(si.Totalram) * int64(si.Unit)
 		}
+		if s == "" {
+			// A bound by default, so that a request for a huge buffer
+			// cannot make the machine swap or wake the OOM killer.
+			s = "50%"
+		}
 	}
-	if s == "" || s == "0" {
+	if s == "0" {
 		return 0, nil
 	}
 	if pct, ok := strings.CutSuffix(s, "%"); ok {
@@ -131,8 +145,9 @@ func lookupGroup(g string) (uint32, error) {
 }
 
 // listen returns the socket systemd passed (LISTEN_FDS) or a new one at
-// --socket, and the path to print.
-func listen(c *cli.Context) (*net.UnixListener, string, error) {
+// --socket, and the path to print. gid >= 0 is --group's: the socket's
+// group, and that of a directory it makes.
+func listen(c *cli.Context, gid int) (*net.UnixListener, string, error) {
 	if files := activation.Files(true); len(files) > 0 {
 		for _, f := range files[1:] {
 			f.Close()
@@ -160,7 +175,7 @@ func listen(c *cli.Context) (*net.UnixListener, string, error) {
 	if mkdir != "" {
 		fmt.Fprintf(c.App.ErrWriter, "gpupool: making the socket directory %s\n", mkdir)
 	}
-	l, err := ipc.Listen(path)
+	l, err := ipc.ListenWith(path, &ipc.ListenOptions{MakeDir: true, HasGroup: gid >= 0, GID: uint32(max(gid, 0))})
 	if err != nil {
 		if errors.Is(err, ipc.ErrSocketInUse) {
 			return nil, "", fmt.Errorf("a daemon is already serving %s", path)
@@ -179,9 +194,20 @@ func serve(c *cli.Context) error {
 		return fmt.Errorf("--slab: %w", err)
 	}
 	cfg := server.Config{SlabSize: slab, Idle: c.Duration("idle"), LegacyAll: c.Bool("legacy-ipc"),
-		Ephemeral: c.Bool("ephemeral"), Isolate: c.Bool("isolate")}
+		Ephemeral: c.Bool("ephemeral"), Isolate: c.Bool("isolate"), MaxConns: c.Int("max-conns")}
 	if cfg.Idle < 0 {
 		return fmt.Errorf("%w: --idle must not be negative", ErrUsage)
+	}
+	if cfg.MaxConns < 0 {
+		return fmt.Errorf("%w: --max-conns must not be negative", ErrUsage)
+	}
+	switch g := c.Duration("orphan-grace"); {
+	case g < 0:
+		return fmt.Errorf("%w: --orphan-grace must not be negative", ErrUsage)
+	case g == 0:
+		cfg.OrphanGrace = -1 // at once
+	default:
+		cfg.OrphanGrace = g
 	}
 	for _, q := range c.StringSlice("quota-uid") {
 		uidStr, bytesStr, ok := strings.Cut(q, "=")
@@ -220,6 +246,11 @@ func serve(c *cli.Context) error {
 	}
 	cfg.Logf = logf
 	defer kit.StartTrace(c)()
+	// Every connection and slab holds a file descriptor: the limit sizes
+	// the daemon's own (server.New), and running out must not stop it.
+	if _, err := ipc.RaiseFDLimit(); err != nil {
+		fmt.Fprintf(c.App.ErrWriter, "gpupool: %v (going on with %d)\n", err, ipc.FDLimit())
+	}
 
 	src, closeSrc, err := source(c)
 	if err != nil {
@@ -235,19 +266,16 @@ func serve(c *cli.Context) error {
 	if cfg.Limit, err = parseLimit(c.String("limit"), src); err != nil {
 		return err
 	}
+	if slab := device.RoundUp(cfg.SlabSize, src.Granularity()); cfg.Limit > 0 && cfg.Limit < slab {
+		return fmt.Errorf("%w: --limit %s is less than one slab (--slab %s on the %s backend): no allocation could be made", ErrUsage, kit.FormatSize(cfg.Limit), kit.FormatSize(slab), src.Backend())
+	}
 
-	l, path, err := listen(c)
+	l, path, err := listen(c, gid)
 	if err != nil {
 		return err
 	}
-	if gid >= 0 && !strings.HasPrefix(path, "@") {
-		if err := os.Chown(path, -1, gid); err != nil {
-			l.Close()
-			return fmt.Errorf("--group: %w", err)
-		}
-	}
 	p := server.New(cfg)
-	srv := &ipc.Server{Handler: p, Logf: logf}
+	srv := &ipc.Server{Handler: p, Logf: logf, MaxConns: p.Config().MaxConns}
 
 	var metrics *http.Server
 	if addr := c.String("metrics-addr"); addr != "" {
@@ -275,7 +303,8 @@ func serve(c *cli.Context) error {
 	if cfg.Limit > 0 {
 		limit = kit.FormatSize(cfg.Limit)
 	}
-	logf("gpupool: %s backend, slabs of %s, limit %s", src.Backend(), kit.FormatSize(p.Config().SlabSize), limit)
+	logf("gpupool: %s backend, slabs of %s, limit %s; at most %d connections and %d slabs under an open file limit of %d",
+		src.Backend(), kit.FormatSize(p.Config().SlabSize), limit, p.Config().MaxConns, p.Config().MaxSlabs, ipc.FDLimit())
 	fmt.Fprintln(c.App.Writer, path)
 	daemon.SdNotify(false, daemon.SdNotifyReady)
 	var serr error

@@ -14,7 +14,8 @@ import (
 var fuzzOps = []string{pool.OpHello, pool.OpAlloc, pool.OpOpen, pool.OpSeal, pool.OpEvent, pool.OpFree, pool.OpLs, pool.OpStats, "bogus"}
 
 // FuzzHandle feeds arbitrary bodies to every op of one session, twice in a
-// row (so a lease from the first can meet the second): the daemon must
+// row (so a lease from the first can meet the second), with or without
+// noreply (the op byte's high bit): the daemon must
 // answer each with a reply or an error, never panic, and keep its books
 // consistent (used bytes never negative, stats agree with ls).
 func FuzzHandle(f *testing.F) {
@@ -25,6 +26,8 @@ func FuzzHandle(f *testing.F) {
 	f.Add(uint8(1), enc(pool.AllocRequest{Name: "l", Size: 7, Legacy: true}), uint8(4), enc(pool.EventRequest{Handle: 1, IPC: make([]byte, 64)}))
 	f.Add(uint8(5), enc(pool.FreeRequest{Name: "nope"}), uint8(6), []byte(nil))
 	f.Add(uint8(0), []byte{0xc1}, uint8(8), []byte{0x80})
+	f.Add(uint8(0x81), enc(pool.AllocRequest{Size: 100}), uint8(1), enc(pool.AllocRequest{Size: 100}))
+	f.Add(uint8(6), enc(pool.LsRequest{After: "u:0000000000000001:0000000000000000", Limit: 1}), uint8(6), enc(pool.LsRequest{After: "n:a"}))
 	f.Fuzz(func(t *testing.T, op1 uint8, body1 []byte, op2 uint8, body2 []byte) {
 		p := New(Config{SlabSize: 1 << 20, Limit: 8 << 20, MaxWait: time.Millisecond})
 		defer p.Close()
@@ -42,7 +45,8 @@ func FuzzHandle(f *testing.F) {
 			op   uint8
 			body []byte
 		}{{op1, body1}, {op2, body2}} {
-			m := &ipc.Message{Version: ipc.Version, Type: ipc.TypeRequest, ID: 1, Op: fuzzOps[int(step.op)%len(fuzzOps)], Body: step.body}
+			m := &ipc.Message{Version: ipc.Version, Type: ipc.TypeRequest, ID: 1, Op: fuzzOps[int(step.op&0x7f)%len(fuzzOps)], Body: step.body,
+				NoReply: step.op&0x80 != 0}
 			reply, fds, err := sess.Handle(context.Background(), m, nil)
 			ipc.CloseFDs(fds)
 			if err == nil {
@@ -52,7 +56,7 @@ func FuzzHandle(f *testing.F) {
 			}
 		}
 		s := p.Stats()
-		ls := p.ls()
+		ls, _, _ := p.ls(pool.LsRequest{})
 		var used int64
 		for _, bi := range ls.Buffers {
 			used += device256(bi.Size)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -16,6 +17,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/cuda/cudatest"
@@ -70,11 +73,22 @@ type testConfig struct {
 	LegacyAll bool
 	Ephemeral bool
 	Isolate   bool
+	// RefuseSelf makes the daemon treat its own uid as any other (for
+	// admission tests run by one uid).
+	RefuseSelf  bool
+	OrphanGrace time.Duration
+	MaxConns    int
+	ConnSlabs   int
+	ConnLeases  int
+	ConnMaps    int
+	MaxSlabs    int
 }
 
 func (tc testConfig) config() Config {
 	return Config{SlabSize: tc.SlabSize, Limit: tc.Limit, Quota: tc.Quota, AllowUID: tc.AllowUID, AllowGID: tc.AllowGID,
-		Idle: tc.Idle, LegacyAll: tc.LegacyAll, Ephemeral: tc.Ephemeral, Isolate: tc.Isolate}
+		Idle: tc.Idle, LegacyAll: tc.LegacyAll, Ephemeral: tc.Ephemeral, Isolate: tc.Isolate,
+		OrphanGrace: tc.OrphanGrace, MaxConns: tc.MaxConns, ConnSlabs: tc.ConnSlabs, ConnLeases: tc.ConnLeases,
+		ConnMaps: tc.ConnMaps, MaxSlabs: tc.MaxSlabs}
 }
 
 // startPool starts a daemon with tc. The host daemon runs in this process
@@ -91,8 +105,8 @@ func startPool(t *testing.T, be backend, tc testConfig) (string, *Pool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := New(tc.config())
-	srv := &ipc.Server{Handler: p}
+	p := newTestPool(tc)
+	srv := &ipc.Server{Handler: p, MaxConns: p.Config().MaxConns}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
 	t.Cleanup(func() {
@@ -103,6 +117,15 @@ func startPool(t *testing.T, be backend, tc testConfig) (string, *Pool) {
 		p.Close()
 	})
 	return path, p
+}
+
+// newTestPool is New(tc.config()) with tc's test switches applied.
+func newTestPool(tc testConfig) *Pool {
+	p := New(tc.config())
+	if tc.RefuseSelf {
+		p.self = math.MaxUint32
+	}
+	return p
 }
 
 // startChildPool runs the daemon in a child process and returns its socket;
@@ -156,6 +179,8 @@ func childCmd(t *testing.T, path, mode string, env ...string) *exec.Cmd {
 //	read:    open GPUPOOL_TEST_NAME, print its bytes in hex, then write the
 //	         reversed bytes into it and print "done".
 //	dial:    connect and print "ok" (or fail with the error).
+//	waitopen: allocate 1 MiB, print "waiting", open GPUPOOL_TEST_NAME
+//	         waiting up to an hour for its seal.
 //	produce: (cuda) create GPUPOOL_TEST_NAME of GPUPOOL_TEST_SIZE bytes,
 //	         queue slow work then a memset to 0x5a5a5a5a on a stream,
 //	         Ready, Seal, print "ready", block on stdin.
@@ -217,6 +242,18 @@ func child(mode, path string) error {
 		return b.Free()
 	case "produce":
 		return produce(c)
+	case "waitopen":
+		// Hold memory, then wait (for ever, in effect) for a seal.
+		b, err := c.Alloc("", 1<<20)
+		if err != nil {
+			return err
+		}
+		if err := dev.CopyIn(b, 0, make([]byte, 1<<20)); err != nil {
+			return err
+		}
+		fmt.Println("waiting")
+		_, err = c.OpenWait(os.Getenv("GPUPOOL_TEST_NAME"), time.Hour)
+		return err
 	}
 	return fmt.Errorf("unknown mode %q", mode)
 }
@@ -225,6 +262,12 @@ func childServe(path string) error {
 	var tc testConfig
 	if err := json.Unmarshal([]byte(os.Getenv("GPUPOOL_TEST_CONFIG")), &tc); err != nil {
 		return err
+	}
+	if s := os.Getenv("GPUPOOL_TEST_NOFILE"); s != "" {
+		n, _ := strconv.ParseUint(s, 10, 64)
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+			return err
+		}
 	}
 	cfg := tc.config()
 	if os.Getenv("GPUPOOL_TEST_BACKEND") == "cuda" {
@@ -241,7 +284,10 @@ func childServe(path string) error {
 		return err
 	}
 	p := New(cfg)
-	srv := &ipc.Server{Handler: p}
+	if tc.RefuseSelf {
+		p.self = math.MaxUint32
+	}
+	srv := &ipc.Server{Handler: p, MaxConns: p.Config().MaxConns}
 	go srv.Serve(l)
 	fmt.Println("ready")
 	io.Copy(io.Discard, os.Stdin)

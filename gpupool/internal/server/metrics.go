@@ -26,6 +26,10 @@ func WriteMetrics(w io.Writer, s pool.Stats) error {
 		{"gpupool_allocations", "Live allocations.", float64(s.Allocations)},
 		{"gpupool_named_buffers", "Bound buffer names.", float64(s.Named)},
 		{"gpupool_fragmentation_ratio", "Share of free bytes in shared slabs outside each slab's largest free range.", s.Fragmentation},
+		{"gpupool_waiting_opens", "Opens waiting for a buffer to be sealed.", float64(s.Waiting)},
+		{"gpupool_orphan_buffers", "Kept buffers left unsealed by a creator that is gone, awaiting removal.", float64(s.Orphans)},
+		{"gpupool_fd_limit", "The daemon's open file descriptor limit.", float64(s.FDLimit)},
+		{"gpupool_max_connections", "The most connections served at once.", float64(s.MaxConns)},
 	}
 	for _, g := range gauges {
 		if _, err := fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s{backend=%q} %s\n", g.name, g.help, g.name, g.name, s.Backend, strconv.FormatFloat(g.v, 'f', -1, 64)); err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -214,6 +215,9 @@ func TestNobodyRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := New(Config{AllowUID: allow, AllowGID: []uint32{4242}})
+	if self != 0 {
+		p.self = math.MaxUint32 // this uid plays the refused peer
+	}
 	srv := &ipc.Server{Handler: p}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Shutdown(); p.Close() })

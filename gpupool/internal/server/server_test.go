@@ -621,10 +621,16 @@ func TestDaemonDeath(t *testing.T) {
 
 func TestAllowUID(t *testing.T) {
 	uid := uint32(os.Getuid())
-	path, _ := startPool(t, backends[0], testConfig{AllowUID: []uint32{uid + 1}})
+	path, _ := startPool(t, backends[0], testConfig{AllowUID: []uint32{uid + 1}, RefuseSelf: true})
 	_, err := pool.Dial(path)
 	if !errors.Is(err, pool.ErrPermission) || !strings.HasSuffix(err.Error(), "ipc: permission denied") {
 		t.Fatalf("dial by a uid not allowed: %v", err)
+	}
+	// The daemon's own uid is always let in (issue 11, item 5: with
+	// --group alone the daemon's user was refused).
+	path1, _ := startPool(t, backends[0], testConfig{AllowUID: []uint32{uid + 1}, AllowGID: []uint32{4242}})
+	if _, err := dial(t, path1).Alloc("", 10); err != nil {
+		t.Fatalf("the daemon's own uid: %v", err)
 	}
 	path2, _ := startPool(t, backends[0], testConfig{AllowUID: []uint32{uid}})
 	c := dial(t, path2)

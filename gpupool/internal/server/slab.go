@@ -33,9 +33,16 @@ type SlabSource interface {
 	Backend() string
 }
 
-// Memfd is the host SlabSource: memfd_create slabs, sized with ftruncate.
-// Pages are allocated by the kernel when first touched and read as zero.
+// Memfd is the host SlabSource: memfd_create slabs, sized with ftruncate
+// and then sealed (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL) before any fd
+// of theirs leaves the daemon, so that no client can truncate a slab under
+// the others (they would die of SIGBUS, and sealed buffers would lose their
+// bytes) or grow it into memory no limit sees. Pages are allocated by the
+// kernel when first touched and read as zero.
 type Memfd struct{}
+
+// memfdSeals are the seals of every memfd slab.
+const memfdSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 
 type memfdSlab struct {
 	fd   int
@@ -45,13 +52,17 @@ type memfdSlab struct {
 // NewSlab implements SlabSource.
 func (Memfd) NewSlab(size int64) (Slab, error) {
 	size = device.RoundUp(size, Memfd{}.Granularity())
-	fd, err := unix.MemfdCreate("gpupool-slab", unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate("gpupool-slab", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("gpupool: memfd_create: %w", err)
 	}
 	if err := unix.Ftruncate(fd, size); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("gpupool: size memfd slab to %d bytes: %w", size, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, memfdSeals); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("gpupool: seal memfd slab: %w", err)
 	}
 	return &memfdSlab{fd: fd, size: size}, nil
 }

@@ -21,7 +21,9 @@ var serveCommand = &cli.Command{
 	Usage: "collect events from traced processes into a trace file",
 	Description: "serve listens on --socket (SOCK_SEQPACKET), prints the socket path on stdout when ready, and " +
 		"writes every event it receives to --out as it goes. Run tools with --trace SOCK or GPUKIT_TRACE=SOCK. " +
-		"SIGTERM or SIGINT ends it; the file is valid JSON after any stop.",
+		"SIGTERM or SIGINT ends it; the file is valid JSON after any stop. The socket's directory must be yours " +
+		"and writable by no one else (mode 0700, not /tmp itself). serve owns the socket before it touches --out, " +
+		"and replaces --out whole (a temporary file renamed over it), so a refused start changes no file.",
 	Flags: []cli.Flag{
 		&cli.StringFlag{Name: "socket", Aliases: []string{"s"}, Usage: "(required) socket path to listen on, in an existing directory ('@name': abstract)"},
 		outFlag, maxSizeFlag, kit.ForceFlag(),
@@ -37,18 +39,24 @@ type session struct {
 	err chan error
 }
 
+// startSession owns the socket first and only then touches out, which it
+// replaces whole (chrome.Create writes a temporary file and renames it): a
+// start refused because another collector lives on the socket leaves that
+// collector's file, and any other, as it was (issue 11, item 11).
 func startSession(socket, out, maxSize string) (*session, error) {
 	max, err := parseSize(maxSize)
 	if err != nil {
 		return nil, err
 	}
-	w, err := chrome.Create(out, max, time.Second)
+	// A collector holds a descriptor per traced process.
+	ipc.RaiseFDLimit()
+	l, err := ipc.Listen(socket)
 	if err != nil {
 		return nil, err
 	}
-	l, err := ipc.Listen(socket)
+	w, err := chrome.Create(out, max, time.Second)
 	if err != nil {
-		w.Close()
+		l.Close()
 		return nil, err
 	}
 	s := &session{l: l, c: collect.New(w, 0), out: out, err: make(chan error, 1)}

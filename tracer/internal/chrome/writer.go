@@ -3,7 +3,9 @@ package chrome
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -31,24 +33,45 @@ type Writer struct {
 	closed   bool
 }
 
-// Create makes (or truncates) path and writes an empty trace. maxSize caps
-// the file in bytes (0: no cap); events that would pass it are refused and
-// counted (Capped). The file is fsynced at most every syncEvery (0: 1 s)
-// during Flush, and at Close.
+// Create writes an empty trace to a new file beside path and renames it to
+// path, so an existing file at path is replaced whole, never truncated or
+// written over (a reader holding it open keeps the old trace, and a start
+// that fails before the rename leaves it alone). maxSize caps the file in
+// bytes (0: no cap); events that would pass it are refused and counted
+// (Capped). The file is fsynced at most every syncEvery (0: 1 s) during
+// Flush, and at Close.
 func Create(path string, maxSize int64, syncEvery time.Duration) (*Writer, error) {
 	if maxSize != 0 && maxSize < int64(len(head)+len(tail)) {
 		return nil, fmt.Errorf("chrome: size cap %d bytes is too small", maxSize)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("chrome: %w", err)
+	dir, base := filepath.Split(path)
+	var f *os.File
+	var tmp string
+	for range 100 {
+		tmp = filepath.Join(dir, fmt.Sprintf(".%s.%d.tmp", base, rand.Uint32()))
+		var err error
+		f, err = os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("chrome: %w", err)
+		}
+	}
+	if f == nil {
+		return nil, fmt.Errorf("chrome: no free temporary name beside %s", path)
 	}
 	if syncEvery <= 0 {
 		syncEvery = time.Second
 	}
 	w := &Writer{f: f, max: maxSize, syncGap: syncEvery, lastSync: time.Now(), end: int64(len(head))}
-	if _, err := f.WriteAt([]byte(head+tail), 0); err != nil {
+	_, err := f.WriteAt([]byte(head+tail), 0)
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
 		f.Close()
+		os.Remove(tmp)
 		return nil, fmt.Errorf("chrome: %w", err)
 	}
 	return w, nil

@@ -1,6 +1,7 @@
 package collect
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"gpukit/libgpu/trace"
@@ -16,6 +18,16 @@ import (
 
 // maxPendingFlows bounds the flow ends waiting for their other end.
 const maxPendingFlows = 1 << 16
+
+// DefaultMaxConns bounds the connections a Collector serves at once (one
+// per traced process); more are closed at once (Collector.MaxConns).
+const DefaultMaxConns = 1024
+
+// notice is what the collector sends a peer whose first datagram is not a
+// trace batch (a gpupool client given the tracer's socket, say) before it
+// closes the connection: the trace magic, so the peer can tell whose
+// socket it reached.
+const notice = trace.Magic + "!this is a gpukit tracer collector: it takes trace batches only"
 
 // flowName and flowCat name every flow pair (both ends must agree).
 const (
@@ -60,6 +72,9 @@ type Collector struct {
 	stats     Stats
 	done      bool
 	stopping  atomic.Bool
+	// MaxConns bounds the open connections (0: DefaultMaxConns); set it
+	// before Serve.
+	MaxConns int
 
 	conns   map[*net.UnixConn]bool
 	connsWG sync.WaitGroup
@@ -109,8 +124,11 @@ func (c *Collector) StopServing(l *net.UnixListener) {
 }
 
 // Serve accepts connections on l until l is closed or StopServing; it
-// returns nil then.
+// returns nil then. It does not stop for a failed accept (out of file
+// descriptors, say): it retries after a pause that doubles from 5 ms to
+// 1 s. Past MaxConns a connection is closed at once.
 func (c *Collector) Serve(l *net.UnixListener) error {
+	var pause time.Duration
 	for {
 		conn, err := l.AcceptUnix()
 		if err != nil {
@@ -124,10 +142,20 @@ func (c *Collector) Serve(l *net.UnixListener) error {
 				}
 				continue
 			}
-			return fmt.Errorf("collect: accept: %w", err)
+			if errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOTSOCK) || errors.Is(err, syscall.EBADF) {
+				return fmt.Errorf("collect: accept: %w", err)
+			}
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			time.Sleep(pause)
+			continue
 		}
+		pause = 0
 		c.mu.Lock()
-		if c.done {
+		max := c.MaxConns
+		if max <= 0 {
+			max = DefaultMaxConns
+		}
+		if c.done || len(c.conns) >= max {
 			c.mu.Unlock()
 			conn.Close()
 			continue
@@ -149,9 +177,18 @@ func (c *Collector) serveConn(conn *net.UnixConn) {
 		conn.Close()
 	}()
 	buf := make([]byte, trace.MaxBatch+1)
-	for {
+	for first := true; ; first = false {
 		n, err := conn.Read(buf)
 		if err != nil || n == 0 {
+			return
+		}
+		if first && !bytes.HasPrefix(buf[:n], []byte(trace.Magic)) {
+			// Not a trace client: say whose socket this is, and end.
+			c.mu.Lock()
+			c.stats.Rejected++
+			c.mu.Unlock()
+			conn.SetWriteDeadline(time.Now().Add(time.Second))
+			conn.Write([]byte(notice))
 			return
 		}
 		b, err := trace.DecodeBatch(buf[:n])
