@@ -60,8 +60,9 @@ type cudaImpl struct {
 	counter cuda.DevicePtr
 	bc      cuda.DevicePtr
 
-	fn cudaFuncs
-	kc kernelCache
+	fn    cudaFuncs
+	kc    kernelCache
+	tuner gemmTuner
 
 	// noFuse turns off every cuBLASLt epilogue: GEMMs store the plain
 	// product and NVRTC kernels add bias, activation and bias gradients.

@@ -397,7 +397,7 @@ func (c *cudaImpl) matmul(m *Matmul, s *mmShape) error {
 		}
 	}
 	// Unfused: the plain product, then the element-wise epilogue.
-	if err := c.lt.Matmul(spec, args, c.stream); err != nil {
+	if err := c.ltMatmul(spec, args); err != nil {
 		return fmt.Errorf("ops: matmul %d×%d×%d (batch %d): %w", s.m, s.n, s.k, s.batch, err)
 	}
 	if hasBias || m.Act != ActNone {
@@ -411,8 +411,12 @@ func (c *cudaImpl) matmul(m *Matmul, s *mmShape) error {
 	return nil
 }
 
-// ltMatmul runs a GEMM exactly as specified on the backend's stream.
+// ltMatmul runs a GEMM exactly as specified on the backend's stream, with
+// the algorithm timed for its spec (gemmtune.go).
 func (c *cudaImpl) ltMatmul(spec cuda.GemmSpec, args cuda.GemmArgs) error {
+	if err := c.tune(spec, args); err != nil {
+		return err
+	}
 	return c.lt.Matmul(spec, args, c.stream)
 }
 
