@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"gpukit/libgpu/cuda/cudatest"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/ops/opstest"
@@ -108,5 +107,4 @@ func TestCUDAMatmulTuned(t *testing.T) {
 			}
 		}
 	}
-	_ = cudatest.Context
 }
