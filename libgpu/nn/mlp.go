@@ -36,19 +36,28 @@ type MLPConfig struct {
 	// Prefix starts every buffer name: Prefix+"/params/fc0.weight",
 	// Prefix+"/grads/fc0.weight", Prefix+"/acts/...". Empty: no prefix.
 	Prefix string
+	// Graph, when set, records the MLP on an ops.Graph over this engine
+	// with Autocast's activation dtype (tensor.BF16: activations, GEMM
+	// operands and the logits in bf16, weights cast once per step, f32
+	// masters and gradients), instead of the hand-fused f32 chain. Forward
+	// and Backward must then be given this engine.
+	Graph    *ops.Engine
+	Autocast tensor.DType
 }
 
 // MLP is a stack of Linear layers with a fused activation, ending in
 // softmax cross-entropy. All buffers live on the allocator's device.
 type MLP struct {
-	cfg    MLPConfig
-	params []Param
-	bufs   []*tensor.Tensor // everything to free
-	input  *tensor.Tensor
-	labels *tensor.Tensor
-	logits *slot
-	loss   *tensor.Tensor
-	tape   steps
+	cfg       MLPConfig
+	graph     *ops.Graph     // the recorded graph (MLPConfig.Graph), or nil
+	logitsF32 *tensor.Tensor // f32 copy of bf16 logits for Predict (graph only)
+	params    []Param
+	bufs      []*tensor.Tensor // everything to free
+	input     *tensor.Tensor
+	labels    *tensor.Tensor
+	logits    *slot
+	loss      *tensor.Tensor
+	tape      steps
 }
 
 func join(prefix, kind, name string) string {
@@ -121,9 +130,8 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 		return m, err
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6770756b6974)) // "gpukit"
-	x := &slot{Value: m.input}
 	L := len(cfg.Widths) - 1
-	var layers []*layer
+	var ws, bs []*slot
 	for i := 0; i < L; i++ {
 		in, out := cfg.Widths[i], cfg.Widths[i+1]
 		name := fmt.Sprintf("fc%d", i)
@@ -142,6 +150,17 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 		if err := uniformInit(rng, b.Value, bound); err != nil {
 			return m, err
 		}
+		ws, bs = append(ws, w), append(bs, b)
+	}
+	if cfg.Graph != nil {
+		return m, m.recordGraph(a, ws, bs)
+	}
+	x := &slot{Value: m.input}
+	var layers []*layer
+	for i := 0; i < L; i++ {
+		out := cfg.Widths[i+1]
+		name := fmt.Sprintf("fc%d", i)
+		w, b := ws[i], bs[i]
 		act := cfg.Act
 		if i == L-1 {
 			act = ops.ActNone
@@ -282,7 +301,12 @@ func (m *MLP) Loss() *tensor.Tensor { return m.loss }
 // Forward computes the logits and the loss from Input and Labels (and, fused
 // with the loss, the gradient of the loss with respect to the logits). Labels
 // must be valid even for evaluation-only use.
-func (m *MLP) Forward(e *ops.Engine) error { return m.tape.runForward(e) }
+func (m *MLP) Forward(e *ops.Engine) error {
+	if m.graph != nil {
+		return m.graph.Forward()
+	}
+	return m.tape.runForward(e)
+}
 
 // Backward fills every Param.Grad with the gradient of Loss (overwriting).
 // It needs a Forward on the same engine since the last Backward (else
@@ -291,12 +315,23 @@ func (m *MLP) Forward(e *ops.Engine) error { return m.tape.runForward(e) }
 // gradient GEMM yields the previous layer's pre-activation gradient and
 // bias gradient directly (cuBLASLt's DRELU_BGRAD / DGELU_BGRAD epilogues
 // on a GPU), and layer 0 computes no data gradient.
-func (m *MLP) Backward(e *ops.Engine) error { return m.tape.runBackward(e) }
+func (m *MLP) Backward(e *ops.Engine) error {
+	if m.graph != nil {
+		return m.graph.Backward()
+	}
+	return m.tape.runBackward(e)
+}
 
 // Predict writes out[Batch] (i32) = argmax of each row of the logits of the
 // last Forward. It always predicts Batch rows: to evaluate N examples with N
 // not a multiple of Batch, pad the last batch and ignore the padded rows.
 func (m *MLP) Predict(e *ops.Engine, out *tensor.Tensor) error {
+	if m.logitsF32 != nil {
+		if err := e.Cast(m.logitsF32, m.logits.Value); err != nil {
+			return err
+		}
+		return e.Argmax(out, m.logitsF32)
+	}
 	return e.Argmax(out, m.logits.Value)
 }
 
@@ -304,6 +339,10 @@ func (m *MLP) Predict(e *ops.Engine, out *tensor.Tensor) error {
 // of the device (device.ErrFreed).
 func (m *MLP) Free() error {
 	var errs []error
+	if m.graph != nil {
+		errs = append(errs, m.graph.Free())
+		m.graph = nil
+	}
 	for _, t := range m.bufs {
 		if err := t.Buf.Free(); err != nil {
 			errs = append(errs, err)

@@ -141,7 +141,13 @@ func newSetup(d *device.CUDA, s Shape, prec ops.Precision) (*setup, error) {
 		return nil, err
 	}
 	a := device.Local{Dev: d}
-	mlp, err := nn.NewMLP(a, nn.MLPConfig{Widths: s.Widths, Act: ops.ActReLU, Batch: s.Batch, Seed: 1})
+	mc := nn.MLPConfig{Widths: s.Widths, Act: ops.ActReLU, Batch: s.Batch, Seed: 1}
+	if prec == ops.PrecBF16 {
+		// bf16 storage: the MLP on an ops.Graph with bf16 activations, as
+		// the trainer runs it (issue 10), not the chain's per-GEMM casts.
+		mc.Graph, mc.Autocast = e, tensor.BF16
+	}
+	mlp, err := nn.NewMLP(a, mc)
 	if err != nil {
 		return nil, err
 	}

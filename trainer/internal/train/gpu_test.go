@@ -36,7 +36,7 @@ func trainRandom(t *testing.T, d *device.CUDA, cfg Config, prec ops.Precision, g
 		t.Fatal(err)
 	}
 	defer closeEngine(e)
-	m, err := newModel(a, cfg, "", cfg.Batch, true)
+	m, err := newModelOn(a, cfg, "", cfg.Batch, true, e, prec)
 	if err != nil {
 		t.Fatal(err)
 	}

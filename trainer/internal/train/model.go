@@ -47,7 +47,18 @@ type model struct {
 }
 
 func newModel(a device.Allocator, cfg Config, run string, batch int, withOptim bool) (*model, error) {
-	mlp, err := nn.NewMLP(a, nn.MLPConfig{Widths: cfg.Widths, Act: cfg.act(), Batch: batch, Seed: cfg.Seed, Prefix: run})
+	return newModelOn(a, cfg, run, batch, withOptim, nil, ops.PrecF32)
+}
+
+// newModelOn is newModel for training on e at prec: with bf16 on a GPU the
+// MLP is recorded on an ops.Graph with bf16 activations (weights cast once
+// per step, f32 masters), not the f32 chain whose GEMMs cast both operands.
+func newModelOn(a device.Allocator, cfg Config, run string, batch int, withOptim bool, e *ops.Engine, prec ops.Precision) (*model, error) {
+	mc := nn.MLPConfig{Widths: cfg.Widths, Act: cfg.act(), Batch: batch, Seed: cfg.Seed, Prefix: run}
+	if e != nil && prec == ops.PrecBF16 && e.IsGraphCapable() {
+		mc.Graph, mc.Autocast = e, tensor.BF16
+	}
+	mlp, err := nn.NewMLP(a, mc)
 	if err != nil {
 		return nil, fmt.Errorf("building the model: %w", err)
 	}

@@ -113,7 +113,7 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 		return res, err
 	}
 	defer closeEngine(eng)
-	m, err := newModel(o.Alloc, cfg, o.Run, cfg.Batch, true)
+	m, err := newModelOn(o.Alloc, cfg, o.Run, cfg.Batch, true, eng, o.Precision)
 	if err != nil {
 		return res, err
 	}
