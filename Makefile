@@ -25,7 +25,7 @@ UNITDIR     ?= $(PREFIX)/lib/systemd/system
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 UNITS       := gpupool.socket gpupool.service
 
-.PHONY: all build install systemd-check test test-short lint demo ci gpu-bundle bench tidy-check clean deps cuda-check
+.PHONY: all build install systemd-check test test-short lint demo demo-gpt ci gpu-bundle bench tidy-check clean deps cuda-check
 
 all: build
 
@@ -99,6 +99,10 @@ deps:
 demo: deps build
 	GPUKIT_BIN=$(BINDIR_BUILD) bash examples/pipelines/train-fashion.sh
 
+## demo-gpt: train a small character-level GPT on Newton's Opticks (GPU when there is one, else CPU) and generate from it
+demo-gpt: build
+	GPUKIT_BIN=$(BINDIR_BUILD) bash examples/pipelines/gpt-opticks.sh
+
 ## ci: what .ci/run runs — lint, module checks, the systemd units, the README's test command, a clean tree
 ci: deps lint tidy-check systemd-check
 	$(MAKE) test
@@ -108,6 +112,8 @@ ci: deps lint tidy-check systemd-check
 	GO=$(GO) bash scripts/fuzz-smoke.sh
 	@echo "pipeline (short mode): examples/pipelines/train-fashion.sh"
 	EPOCHS=1 LIMIT=3000 OUT=$$(mktemp -d) GPUKIT_BIN=$(BINDIR_BUILD) bash examples/pipelines/train-fashion.sh >/dev/null
+	@echo "pipeline (short mode): examples/pipelines/gpt-opticks.sh"
+	STEPS=30 TOKENS=60 OUT=$$(mktemp -d)/gpt GPUKIT_BIN=$(BINDIR_BUILD) bash examples/pipelines/gpt-opticks.sh >/dev/null
 	@git status --porcelain | grep -v '^??' && { echo "tracked files changed during ci"; exit 1; } || true
 
 ## gpu-bundle: static tools and GPU test binaries in build/gpu/ for a GPU machine

@@ -404,3 +404,52 @@ func TestPipeline(t *testing.T) {
 		}
 	}
 }
+
+// TestGPTPipeline runs examples/pipelines/gpt-opticks.sh in its short mode
+// (30 steps on Newton's Opticks, on the host): the run's JSON lines carry a
+// validation loss below the text's unigram entropy, the checkpoint and plot
+// are written, and the generated text follows, starting with the prompt.
+func TestGPTPipeline(t *testing.T) {
+	bin := t.TempDir()
+	if err := os.Link(filepath.Join(binDir, "trainer"), filepath.Join(bin, "trainer")); err != nil {
+		b, _ := os.ReadFile(filepath.Join(binDir, "trainer"))
+		os.WriteFile(filepath.Join(bin, "trainer"), b, 0o755)
+	}
+	out := filepath.Join(t.TempDir(), "run")
+	cmd := exec.Command("bash", filepath.Join("..", "examples", "pipelines", "gpt-opticks.sh"))
+	cmd.Env = append(os.Environ(), "GPUKIT_BIN="+bin, "OUT="+out, "STEPS=30", "TOKENS=40", "DEVICE=host", "TMPDIR="+t.TempDir())
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("pipeline: %v\nstderr:\n%s", err, se.String())
+	}
+	lines := strings.Split(strings.TrimRight(so.String(), "\n"), "\n")
+	var val float64
+	i := 0
+	for ; i < len(lines) && strings.HasPrefix(lines[i], "{"); i++ {
+		var l struct {
+			ValLoss *float64 `json:"val_loss"`
+		}
+		if err := json.Unmarshal([]byte(lines[i]), &l); err != nil {
+			t.Fatalf("line %q: %v", lines[i], err)
+		}
+		if l.ValLoss != nil {
+			val = *l.ValLoss
+		}
+	}
+	text := strings.Join(lines[i:], "\n")
+	if !strings.HasPrefix(text, "Light ") || len([]rune(text)) < 40 {
+		t.Fatalf("generated text %q", text)
+	}
+	if !(val > 0 && val < 3.1) { // the Opticks' unigram entropy is 3.10 nats
+		t.Fatalf("validation loss %v", val)
+	}
+	for _, f := range []string{"model.safetensors", "metrics.jsonl", "loss.png"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !strings.Contains(se.String(), "unigram entropy") {
+		t.Fatalf("no summary on stderr:\n%s", se.String())
+	}
+}
