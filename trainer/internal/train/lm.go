@@ -212,10 +212,11 @@ func (l *lm) load(f *ckpt.File) error {
 
 // evaluator runs the evaluation graph over the fixed validation batches.
 type evaluator struct {
-	l  *lm
-	r  *stepRunner
-	xs [][]int32 // the batches, drawn once
-	ys [][]int32
+	l   *lm
+	sum *tensor.Tensor // [1] f32: the batches' losses added on the device
+	r   *stepRunner
+	xs  [][]int32 // the batches, drawn once
+	ys  [][]int32
 }
 
 func newEvaluator(e *ops.Engine, l *lm, val []int32, graph bool) (*evaluator, error) {
@@ -229,17 +230,39 @@ func newEvaluator(e *ops.Engine, l *lm, val []int32, graph bool) (*evaluator, er
 		}
 		ev.xs, ev.ys = append(ev.xs, x), append(ev.ys, y)
 	}
+	// The batches' losses add up on the device (one read per evaluation,
+	// so staging the next batch overlaps the device's work).
 	var err error
+	if ev.sum, err = tensor.Alloc(l.eval.Graph.Tape().Allocator(), "", tensor.F32, 1); err != nil {
+		return nil, err
+	}
 	ev.r, err = newStepRunner(e, []*tensor.Tensor{l.eval.Idx, l.eval.Targets},
-		func(*trace.GPUTimer) error { return l.eval.Graph.Forward() }, graph)
+		func(*trace.GPUTimer) error {
+			if err := l.eval.Graph.Forward(); err != nil {
+				return err
+			}
+			return e.Scale(ev.sum, l.eval.Loss, 1, true)
+		}, graph)
+	if err != nil {
+		ev.sum.Buf.Free()
+	}
 	return ev, err
+}
+
+// close frees the evaluator's runner and accumulator.
+func (ev *evaluator) close() error {
+	err := ev.r.close()
+	ev.sum.Buf.Free()
+	return err
 }
 
 // loss is the mean validation loss.
 func (ev *evaluator) loss() (float64, error) {
 	sp := trace.Default().Begin(traceCat, spanEvaluate)
 	defer sp.End()
-	var sum float64
+	if err := ev.r.e.Fill(ev.sum, 0); err != nil {
+		return 0, err
+	}
 	for k := range ev.xs {
 		b, err := ev.r.stage()
 		if err != nil {
@@ -250,13 +273,12 @@ func (ev *evaluator) loss() (float64, error) {
 		if err := ev.r.run(); err != nil {
 			return 0, err
 		}
-		v, err := ev.l.eval.Loss.ReadF32() // waits for the device
-		if err != nil {
-			return 0, err
-		}
-		sum += float64(v[0])
 	}
-	return sum / float64(len(ev.xs)), nil
+	v, err := ev.sum.ReadF32() // waits for the device
+	if err != nil {
+		return 0, err
+	}
+	return float64(v[0]) / float64(len(ev.xs)), nil
 }
 
 // RunLM trains a GPT on o.Corpus. It stops after the step during which
@@ -331,7 +353,7 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 	if err != nil {
 		return res, err
 	}
-	defer ev.r.close()
+	defer ev.close()
 	evaluate := func(step int) error {
 		v, err := ev.loss()
 		if err != nil {
@@ -451,6 +473,6 @@ func EvalLM(a device.Allocator, prec ops.Precision, f *ckpt.File, cfg LMConfig, 
 	if err != nil {
 		return 0, err
 	}
-	defer ev.r.close()
+	defer ev.close()
 	return ev.loss()
 }
