@@ -1,7 +1,8 @@
 // Package cuda owns the typed Go bindings to NVIDIA's CUDA libraries, loaded
 // at run time with github.com/ebitengine/purego (dlopen, no cgo): the driver
-// API (libcuda.so.1), NVRTC (libnvrtc.so.13/.12) and cuBLASLt
-// (libcublasLt.so.13/.12). Binaries build with CGO_ENABLED=0 on a machine
+// API (libcuda.so.1), NVRTC (libnvrtc.so.13/.12), cuBLASLt
+// (libcublasLt.so.13/.12) and cuSOLVER's dense eigensolver
+// (libcusolver.so.12/.11). Binaries build with CGO_ENABLED=0 on a machine
 // without CUDA and start there; every call then returns an error that names
 // the missing library. Nothing in this package panics.
 //
@@ -31,7 +32,7 @@
 //
 // # Errors
 //
-// Result (CUresult), NVRTCResult and BLASStatus implement error with names
+// Result (CUresult), NVRTCResult, BLASStatus and SolverStatus implement error with names
 // compiled into the binary ("CUDA_ERROR_OUT_OF_MEMORY (2)"), so they read
 // well even when the library is absent. Calls wrap them with the function
 // name: errors.Is(err, cuda.ErrorOutOfMemory) works.

@@ -5,7 +5,7 @@ package cuda
 // is searched. It must run before the first CUDA call (TestMain of a child
 // process).
 func HideLibrariesForTest() {
-	for _, l := range []*library{libDriver, libNVRTC, libBLASLt} {
+	for _, l := range []*library{libDriver, libNVRTC, libBLASLt, libSolver} {
 		l.names = []string{"libgpukit-hidden-" + l.names[0]}
 	}
 	searchDirs = func() []string { return nil }

@@ -1,0 +1,172 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+// cuSOLVER's dense eigensolver (cusolverDn, libcusolver.so), loaded at run
+// time like cuBLASLt: the symmetric eigendecomposition syevd in single and
+// double precision, on a stream, for the inverse matrix roots of
+// second-order optimizers (libgpu/ops/matroot.go).
+
+var libSolver = &library{names: []string{"libcusolver.so.12", "libcusolver.so.11", "libcusolver.so"},
+	hint: "CUDA toolkit's cuSOLVER not installed?"}
+
+var (
+	pSolverCreate    = newProc(libSolver, "cusolverDnCreate")
+	pSolverDestroy   = newProc(libSolver, "cusolverDnDestroy")
+	pSolverSetStream = newProc(libSolver, "cusolverDnSetStream")
+	pSolverVersion   = newProc(libSolver, "cusolverGetVersion")
+	pSsyevdBufSize   = newProc(libSolver, "cusolverDnSsyevd_bufferSize")
+	pDsyevdBufSize   = newProc(libSolver, "cusolverDnDsyevd_bufferSize")
+	pSsyevd          = newProc(libSolver, "cusolverDnSsyevd")
+	pDsyevd          = newProc(libSolver, "cusolverDnDsyevd")
+)
+
+// ErrSolverDestroyed: the SolverHandle was destroyed.
+var ErrSolverDestroyed = errors.New("cusolver: handle destroyed")
+
+// SolverStatus is cuSOLVER's cusolverStatus_t; it implements error like Result.
+type SolverStatus int32
+
+// cuSOLVER statuses that callers test for.
+const (
+	SolverStatusSuccess      SolverStatus = 0
+	SolverStatusInvalidValue SolverStatus = 3
+	SolverStatusExecFailed   SolverStatus = 6
+)
+
+var solverNames = map[SolverStatus]string{
+	0: "CUSOLVER_STATUS_SUCCESS", 1: "CUSOLVER_STATUS_NOT_INITIALIZED", 2: "CUSOLVER_STATUS_ALLOC_FAILED",
+	3: "CUSOLVER_STATUS_INVALID_VALUE", 4: "CUSOLVER_STATUS_ARCH_MISMATCH", 5: "CUSOLVER_STATUS_MAPPING_ERROR",
+	6: "CUSOLVER_STATUS_EXECUTION_FAILED", 7: "CUSOLVER_STATUS_INTERNAL_ERROR",
+	8: "CUSOLVER_STATUS_MATRIX_TYPE_NOT_SUPPORTED", 9: "CUSOLVER_STATUS_NOT_SUPPORTED",
+	10: "CUSOLVER_STATUS_ZERO_PIVOT", 11: "CUSOLVER_STATUS_INVALID_LICENSE",
+}
+
+// Name returns the enumerator's name, or "" for an unknown code.
+func (s SolverStatus) Name() string { return solverNames[s] }
+
+func (s SolverStatus) Error() string { return named(solverNames[s], "cusolverStatus_t", int32(s)) }
+
+// solver calls a cuSOLVER function and turns its cusolverStatus_t into an error.
+//
+//go:uintptrescapes
+func (p *proc) solver(args ...uintptr) error {
+	r, err := p.call(args...)
+	if err != nil {
+		return err
+	}
+	if st := SolverStatus(int32(r)); st != SolverStatusSuccess {
+		return &CallError{Func: p.names[0], Err: st}
+	}
+	return nil
+}
+
+// SolverVersion returns cuSOLVER's version, e.g. 12000 for 12.0.0.
+func SolverVersion() (int, error) {
+	var v int32
+	err := pSolverVersion.solver(uintptr(unsafe.Pointer(&v)))
+	return int(v), err
+}
+
+// SolverHandle is a cusolverDn handle. Calls on one handle are serialised
+// (cuSOLVER handles are not safe for concurrent use); the calling thread
+// must have a current context.
+type SolverHandle struct {
+	mu sync.Mutex
+	h  uintptr
+}
+
+// SolverCreate creates a cusolverDn handle (cusolverDnCreate).
+func SolverCreate() (*SolverHandle, error) {
+	var h uintptr
+	if err := pSolverCreate.solver(uintptr(unsafe.Pointer(&h))); err != nil {
+		return nil, err
+	}
+	return &SolverHandle{h: h}, nil
+}
+
+// Destroy frees the handle. A second Destroy does nothing.
+func (s *SolverHandle) Destroy() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == 0 {
+		return nil
+	}
+	err := pSolverDestroy.solver(s.h)
+	s.h = 0
+	return err
+}
+
+// Eigenvalue problem options (cusolverEigMode_t, cublasFillMode_t).
+const (
+	solverEigModeVector = 1 // CUSOLVER_EIG_MODE_VECTOR
+	fillModeLower       = 0 // CUBLAS_FILL_MODE_LOWER
+)
+
+func syevdProcs(dt DataType) (size, run *proc, err error) {
+	switch dt {
+	case R32F:
+		return pSsyevdBufSize, pSsyevd, nil
+	case R64F:
+		return pDsyevdBufSize, pDsyevd, nil
+	}
+	return nil, nil, fmt.Errorf("%w: syevd of data type %d (want R32F or R64F)", ErrBadArg, dt)
+}
+
+// SyevdBufferSize is the workspace, in elements of dt (R32F or R64F), that
+// Syevd needs for an n×n matrix with leading dimension lda
+// (cusolverDn<t>syevd_bufferSize with eigenvectors wanted, lower triangle).
+// a and w are the matrix and eigenvalue buffers Syevd will get.
+func (s *SolverHandle) SyevdBufferSize(dt DataType, n, lda int, a, w DevicePtr) (int, error) {
+	if n <= 0 || lda < n {
+		return 0, badArg("syevd of n = %d, lda = %d", n, lda)
+	}
+	size, _, err := syevdProcs(dt)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == 0 {
+		return 0, ErrSolverDestroyed
+	}
+	var lwork int32
+	err = size.solver(s.h, solverEigModeVector, fillModeLower, uintptr(n), uintptr(a), uintptr(lda), uintptr(w),
+		uintptr(unsafe.Pointer(&lwork)))
+	return int(lwork), err
+}
+
+// Syevd queues, on stream st, the eigendecomposition of the symmetric n×n
+// matrix at a (column-major, leading dimension lda, only the lower
+// triangle read; row-major symmetric data is the same matrix) in precision
+// dt (R32F or R64F): eigenvalues in ascending order into w (n elements),
+// eigenvectors over a (column j of the column-major result is the
+// eigenvector of w[j]; read row-major, row j is). work holds lwork
+// elements (SyevdBufferSize); info (one int32 on the device) receives 0 on
+// success, i > 0 when i off-diagonal elements of an intermediate form did
+// not converge, −i when argument i was bad. Nothing is read back: the
+// call does not wait for the GPU.
+func (s *SolverHandle) Syevd(st Stream, dt DataType, n, lda int, a, w, work DevicePtr, lwork int, info DevicePtr) error {
+	if n <= 0 || lda < n || lwork < 0 {
+		return badArg("syevd of n = %d, lda = %d, lwork = %d", n, lda, lwork)
+	}
+	_, run, err := syevdProcs(dt)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == 0 {
+		return ErrSolverDestroyed
+	}
+	if err := pSolverSetStream.solver(s.h, uintptr(st)); err != nil {
+		return err
+	}
+	return run.solver(s.h, solverEigModeVector, fillModeLower, uintptr(n), uintptr(a), uintptr(lda), uintptr(w),
+		uintptr(work), uintptr(lwork), uintptr(info))
+}
