@@ -75,6 +75,9 @@ type cudaImpl struct {
 
 	// side is the side stream (side.go), made on the first Engine.Side.
 	side sideState
+	// solver is the cuSOLVER handle of the eigensolver (matroot.go), made
+	// on first use.
+	solver *cuda.SolverHandle
 
 	mu      sync.Mutex
 	scratch map[string]scratchBuf
@@ -213,6 +216,9 @@ func (c *cudaImpl) Close() error {
 		}
 		if c.lt != nil {
 			keep(c.lt.Destroy())
+		}
+		if c.solver != nil {
+			keep(c.solver.Destroy())
 		}
 		if c.stream != 0 {
 			keep(c.stream.Destroy())

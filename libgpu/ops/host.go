@@ -21,7 +21,8 @@ func init() {
 // slices come from tensor.F32/I32, which fail for non-host memory.
 type hostImpl struct {
 	blas    gonum.Implementation
-	scratch []float32 // dz for LinearBackward, grown on demand
+	scratch []float32           // dz for LinearBackward, grown on demand
+	tmp     map[string][]uint64 // scratch tensors of composite ops (scratch.go)
 }
 
 // GELU tanh-approximation constants (Hendrycks & Gimpel 2016).

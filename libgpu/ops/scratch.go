@@ -1,0 +1,44 @@
+package ops
+
+import (
+	"unsafe"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/tensor"
+)
+
+// scratchTensor returns a contiguous tensor of dtype dt and shape over the
+// backend's scratch slot name (contents undefined): on CUDA the slot of
+// scratchPtr (on the current stream's namespace, grown, never shrunk;
+// refused while capturing if it must grow), on the host Go memory kept per
+// slot. Composite ops (the matrix roots) use it for intermediates; a slot
+// holds one tensor at a time, so an op uses one slot per live
+// intermediate.
+func (e *Engine) scratchTensor(name string, dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
+	size := int64(max(tensor.Numel(shape)*dt.Size(), 1))
+	var buf *device.Buffer
+	err := e.dispatch(func(h *hostImpl) error {
+		if h.tmp == nil {
+			h.tmp = map[string][]uint64{}
+		}
+		w := h.tmp[name]
+		if int64(len(w))*8 < size {
+			w = make([]uint64, (size+7)/8)
+			h.tmp[name] = w
+		}
+		b := tensor.AsBytes(w)[:size:size]
+		buf = device.NewBuffer(e.dev, uintptr(unsafe.Pointer(&b[0])), size, b, device.Shareable{FD: -1}, nil)
+		return nil
+	}, func(c *cudaImpl) error {
+		p, err := c.scratchPtr(name, size)
+		if err != nil {
+			return err
+		}
+		buf = device.NewBuffer(e.dev, uintptr(p), size, nil, device.Shareable{FD: -1}, nil)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return tensor.New(buf, dt, shape...)
+}
