@@ -1,0 +1,422 @@
+package ops
+
+// The precond family: the element-wise and reduction steps of the
+// block-diagonal preconditioners Shampoo and SOAP (libgpu/optim), between
+// the batched GEMMs of the GEMM family and the roots and eigenbases of the
+// matroot family. A parameter is partitioned into blocks (Blocking); the
+// steps read and write its "blocked" form, a contiguous [count, BR, BC]
+// tensor on which every block's products are one batched GEMM. Kernels:
+// libgpu/kernels/precond.cu. Reference and checks: opstest/precond.go.
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"gpukit/libgpu/tensor"
+)
+
+// Blocking partitions an M×N matrix into Rows×Cols blocks of BR×BC (Anil
+// et al. 2020, "Scalable second order optimization for deep learning",
+// §3.1: block-diagonal preconditioners for large layers). Block b =
+// bi·Cols + bj holds rows [bi·BR, bi·BR + BR) and columns [bj·BC, bj·BC +
+// BC); the last block row and column are zero-padded past M and N.
+type Blocking struct {
+	M, N, BR, BC, Rows, Cols int
+}
+
+// NewBlocking partitions m×n into balanced blocks of at most maxBlock
+// rows and columns: Rows = ⌈m/maxBlock⌉ and BR = ⌈m/Rows⌉ (so a 1152×384
+// matrix with maxBlock 1024 has 2×1 blocks of 576×384), the same for
+// columns. ErrConfig for non-positive sizes.
+func NewBlocking(m, n, maxBlock int) (Blocking, error) {
+	if m < 1 || n < 1 || maxBlock < 1 {
+		return Blocking{}, fmt.Errorf("%w: blocking of %d×%d with max block %d", ErrConfig, m, n, maxBlock)
+	}
+	rows, cols := (m+maxBlock-1)/maxBlock, (n+maxBlock-1)/maxBlock
+	return Blocking{M: m, N: n, Rows: rows, Cols: cols, BR: (m + rows - 1) / rows, BC: (n + cols - 1) / cols}, nil
+}
+
+// Count is the number of blocks.
+func (b Blocking) Count() int { return b.Rows * b.Cols }
+
+// Shape is the shape of the blocked form: [Count, BR, BC].
+func (b Blocking) Shape() []int { return []int{b.Count(), b.BR, b.BC} }
+
+// RealRows is the number of rows of block b inside the matrix (BR but for
+// the last block row); RealCols likewise.
+func (b Blocking) RealRows(blk int) int { return min(b.BR, b.M-(blk/b.Cols)*b.BR) }
+
+// RealCols is the number of columns of block b inside the matrix.
+func (b Blocking) RealCols(blk int) int { return min(b.BC, b.N-(blk%b.Cols)*b.BC) }
+
+// Blocked is the index in the blocked form of element (i, j).
+func (b Blocking) Blocked(i, j int) int {
+	bi, bj := i/b.BR, j/b.BC
+	return ((bi*b.Cols+bj)*b.BR+i-bi*b.BR)*b.BC + j - bj*b.BC
+}
+
+// pcGeom mirrors pc_geom (precond.cu).
+type pcGeom struct{ m, n, br, bc, cols int32 }
+
+func (b Blocking) geom() pcGeom {
+	return pcGeom{int32(b.M), int32(b.N), int32(b.BR), int32(b.BC), int32(b.Cols)}
+}
+
+func (b Blocking) valid() error {
+	if b.M < 1 || b.N < 1 || b.BR < 1 || b.BC < 1 || b.Rows*b.BR < b.M || b.Cols*b.BC < b.N ||
+		(b.Rows-1)*b.BR >= b.M || (b.Cols-1)*b.BC >= b.N {
+		return fmt.Errorf("%w: blocking %+v", ErrConfig, b)
+	}
+	return checkDims(b.M, b.N, b.Count()*b.BR*b.BC)
+}
+
+// ShampooPrep is the first element-wise step of Shampoo (see
+// Engine.ShampooPrep). G, M, V are [M, N] f32 (M and V optimizer state,
+// updated in place; M unused when Beta1 is 0); GS, GB, GA are blocked f32
+// outputs. T is the step number, from 1.
+type ShampooPrep struct {
+	G, M, V    *tensor.Tensor
+	GS, GB, GA *tensor.Tensor
+	Blk        Blocking
+	Beta1      float32
+	Beta2      float32
+	Eps        float32
+	T          int
+	AdaGrad    bool
+}
+
+// ShampooPrep computes, per element g of G (Anil et al. 2020, Algorithm 1
+// with the gradient's moving average, and the grafting of Agarwal et al.
+// 2020, "Disentangling adaptive gradient methods from learning rates",
+// with an Adam or AdaGrad graft):
+//
+//	m ← β1·m + (1−β1)·g;   m̂ = m/(1−β1ᵗ)            (m̂ = g when β1 = 0)
+//	v ← β2·v + (1−β2)·g²;  v̂ = v/(1−β2ᵗ)            (Adam graft)
+//	v ← v + g²;            v̂ = v                    (AdaGrad graft)
+//	GS = g, GB = m̂, GA = m̂/(√v̂ + ε)                 (blocked, padding 0)
+//
+// GS feeds the statistics, GB the preconditioned direction, GA the graft.
+// Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice
+// or ErrConfig.
+func (e *Engine) ShampooPrep(s ShampooPrep) error {
+	if err := s.Blk.valid(); err != nil {
+		return err
+	}
+	mn := []int{s.Blk.M, s.Blk.N}
+	for _, c := range []struct {
+		what  string
+		t     *tensor.Tensor
+		shape []int
+	}{{"G", s.G, mn}, {"V", s.V, mn}, {"GS", s.GS, s.Blk.Shape()}, {"GB", s.GB, s.Blk.Shape()}, {"GA", s.GA, s.Blk.Shape()}} {
+		if err := e.checkView("shampoo prep "+c.what, c.t, true, f32Only, c.shape...); err != nil {
+			return err
+		}
+	}
+	if s.Beta1 > 0 {
+		if err := e.checkView("shampoo prep M", s.M, true, f32Only, mn...); err != nil {
+			return err
+		}
+	}
+	if !(s.Beta1 >= 0 && s.Beta1 < 1 && s.Beta2 > 0 && s.Beta2 <= 1 && s.Eps > 0 && s.T >= 1) {
+		return fmt.Errorf("%w: shampoo prep β1 %v, β2 %v, ε %v, t %d", ErrConfig, s.Beta1, s.Beta2, s.Eps, s.T)
+	}
+	bc1 := float32(1 - math.Pow(float64(s.Beta1), float64(s.T)))
+	bc2 := float32(1 - math.Pow(float64(s.Beta2), float64(s.T)))
+	if s.AdaGrad {
+		bc2 = 1
+	}
+	total := int64(s.Blk.Count() * s.Blk.BR * s.Blk.BC)
+	return e.dispatch(func(*hostImpl) error {
+		g, _ := s.G.F32()
+		v, _ := s.V.F32()
+		var m []float32
+		if s.Beta1 > 0 {
+			m, _ = s.M.F32()
+		}
+		gs, _ := s.GS.F32()
+		gb, _ := s.GB.F32()
+		ga, _ := s.GA.F32()
+		clear(gs)
+		clear(gb)
+		clear(ga)
+		for i := 0; i < s.Blk.M; i++ {
+			for j := 0; j < s.Blk.N; j++ {
+				k, b := i*s.Blk.N+j, s.Blk.Blocked(i, j)
+				gv := g[k]
+				mh := gv
+				if s.Beta1 > 0 {
+					m[k] = s.Beta1*m[k] + (1-s.Beta1)*gv
+					mh = m[k] / bc1
+				}
+				if s.AdaGrad {
+					v[k] += gv * gv
+				} else {
+					v[k] = s.Beta2*v[k] + (1-s.Beta2)*gv*gv
+				}
+				gs[b], gb[b] = gv, mh
+				ga[b] = mh / (float32(math.Sqrt(float64(v[k]/bc2))) + s.Eps)
+			}
+		}
+		return nil
+	}, func(c *cudaImpl) error {
+		geo := s.Blk.geom()
+		return c.launchK("precond.cu", "shampoo_prep", gridFor(total, 256), block1(256), 0,
+			unsafe.Pointer(&geo), kPtr(s.G), kPtr(s.M), kPtr(s.V), kPtr(s.GS), kPtr(s.GB), kPtr(s.GA), kI64(total),
+			kF32(s.Beta1), kF32(s.Beta2), kF32(bc1), kF32(bc2), kF32(s.Eps), kBool(s.AdaGrad))
+	})
+}
+
+// checkBlocks checks that every tensor is a contiguous f32 [k, r, c] of
+// one shape and returns k and r·c.
+func (e *Engine) checkBlocks(op string, ts ...*tensor.Tensor) (int, int, error) {
+	ref := ts[0]
+	for i, t := range ts {
+		if err := e.checkView(fmt.Sprintf("%s operand %d", op, i), t, true, f32Only); err != nil {
+			return 0, 0, err
+		}
+		if t.Rank() != 3 || !tensor.SameShape(t.Shape, ref.Shape) {
+			return 0, 0, fmt.Errorf("%w: %s: %v and %v (want one [blocks, rows, cols] shape)", tensor.ErrShape, op, ref.Shape, t.Shape)
+		}
+	}
+	return ref.Dim(0), ref.Dim(1) * ref.Dim(2), checkDims(ref.Numel())
+}
+
+// GraftScale writes scale[b] = ‖A_b‖_F / ‖S_b‖_F (0 when ‖S_b‖_F is 0)
+// for the blocks b of two blocked tensors S and A ([k, r, c] f32) into
+// scale ([k] f32): the factor that gives the preconditioned direction S
+// the norm of the graft direction A per block (layer-wise grafting,
+// Agarwal et al. 2020, applied per block as in Anil et al. 2020).
+func (e *Engine) GraftScale(scale, s, a *tensor.Tensor) error {
+	k, per, err := e.checkBlocks("graft scale", s, a)
+	if err != nil {
+		return err
+	}
+	if err := e.checkView("graft scale out", scale, true, f32Only, k); err != nil {
+		return err
+	}
+	return e.dispatch(func(*hostImpl) error {
+		sv, _ := s.F32()
+		av, _ := a.F32()
+		out, _ := scale.F32()
+		for b := 0; b < k; b++ {
+			var s0, s1 float64
+			for i := b * per; i < (b+1)*per; i++ {
+				s0 += float64(sv[i]) * float64(sv[i])
+				s1 += float64(av[i]) * float64(av[i])
+			}
+			out[b] = 0
+			if s0 > 0 {
+				out[b] = float32(math.Sqrt(s1 / s0))
+			}
+		}
+		return nil
+	}, func(c *cudaImpl) error {
+		chunks := min(max((per+8191)/8192, 1), 256)
+		part, err := c.scratchPtr("graft.part", int64(k*chunks*2*4))
+		if err != nil {
+			return err
+		}
+		if err := c.launchK("precond.cu", "pc_sumsq", [3]uint32{uint32(chunks), uint32(k), 1}, block1(256), 0,
+			kPtr(s), kPtr(a), kDev(part), kI64(int64(per)), kI32(chunks)); err != nil {
+			return err
+		}
+		return c.launchK("precond.cu", "pc_graft_scale", grid1((k+127)/128), block1(128), 0,
+			kDev(part), kI32(chunks), kI32(k), kPtr(scale))
+	})
+}
+
+// BlockApply is a parameter update from a blocked direction (see
+// Engine.BlockApply).
+type BlockApply struct {
+	P, D, Scale     *tensor.Tensor
+	Blk             Blocking
+	LR, Coef, Decay float32
+}
+
+// BlockApply updates P ([M, N] f32) in place from the blocked direction D
+// ([Count, BR, BC] f32) and an optional per-block factor Scale ([Count]
+// f32, nil: 1):
+//
+//	p ← p − LR·(Coef·Scale[b]·D[b, r, c] + Decay·p)
+//
+// for every element (i, j) of P in block b at (r, c): the decoupled weight
+// decay of Loshchilov & Hutter 2019 with the step of a preconditioned
+// method.
+func (e *Engine) BlockApply(a BlockApply) error {
+	if err := a.Blk.valid(); err != nil {
+		return err
+	}
+	if err := e.checkView("block apply P", a.P, true, f32Only, a.Blk.M, a.Blk.N); err != nil {
+		return err
+	}
+	if err := e.checkView("block apply D", a.D, true, f32Only, a.Blk.Shape()...); err != nil {
+		return err
+	}
+	if a.Scale != nil {
+		if err := e.checkView("block apply Scale", a.Scale, true, f32Only, a.Blk.Count()); err != nil {
+			return err
+		}
+	}
+	total := int64(a.Blk.M * a.Blk.N)
+	return e.dispatch(func(*hostImpl) error {
+		p, _ := a.P.F32()
+		d, _ := a.D.F32()
+		var sc []float32
+		if a.Scale != nil {
+			sc, _ = a.Scale.F32()
+		}
+		per := a.Blk.BR * a.Blk.BC
+		for i := 0; i < a.Blk.M; i++ {
+			for j := 0; j < a.Blk.N; j++ {
+				k, b := i*a.Blk.N+j, a.Blk.Blocked(i, j)
+				s := float32(1)
+				if sc != nil {
+					s = sc[b/per]
+				}
+				p[k] -= a.LR * (a.Coef*s*d[b] + a.Decay*p[k])
+			}
+		}
+		return nil
+	}, func(c *cudaImpl) error {
+		geo := a.Blk.geom()
+		return c.launchK("precond.cu", "block_apply", gridFor(total, 256), block1(256), 0,
+			unsafe.Pointer(&geo), kPtr(a.P), kPtr(a.D), kPtr(a.Scale), kI64(total), kF32(a.LR), kF32(a.Coef), kF32(a.Decay))
+	})
+}
+
+// SOAPPrep updates SOAP's first moment M ([M, N] f32) from the gradient G
+// and writes blocked copies of both (GS = g, GM = m, padding 0):
+//
+//	m ← β1·m + (1−β1)·g
+//
+// (Vyas et al. 2024, "SOAP: Improving and stabilizing Shampoo using
+// Adam", Algorithm 1: the moment is kept in the original coordinates and
+// rotated into the eigenbasis each step.)
+func (e *Engine) SOAPPrep(g, m, gs, gm *tensor.Tensor, blk Blocking, beta1 float32) error {
+	if err := blk.valid(); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		what  string
+		t     *tensor.Tensor
+		shape []int
+	}{{"G", g, []int{blk.M, blk.N}}, {"M", m, []int{blk.M, blk.N}}, {"GS", gs, blk.Shape()}, {"GM", gm, blk.Shape()}} {
+		if err := e.checkView("soap prep "+c.what, c.t, true, f32Only, c.shape...); err != nil {
+			return err
+		}
+	}
+	if !(beta1 >= 0 && beta1 < 1) {
+		return fmt.Errorf("%w: soap prep β1 %v", ErrConfig, beta1)
+	}
+	total := int64(blk.Count() * blk.BR * blk.BC)
+	return e.dispatch(func(*hostImpl) error {
+		gv, _ := g.F32()
+		mv, _ := m.F32()
+		gsv, _ := gs.F32()
+		gmv, _ := gm.F32()
+		clear(gsv)
+		clear(gmv)
+		for i := 0; i < blk.M; i++ {
+			for j := 0; j < blk.N; j++ {
+				k, b := i*blk.N+j, blk.Blocked(i, j)
+				mv[k] = beta1*mv[k] + (1-beta1)*gv[k]
+				gsv[b], gmv[b] = gv[k], mv[k]
+			}
+		}
+		return nil
+	}, func(c *cudaImpl) error {
+		geo := blk.geom()
+		return c.launchK("precond.cu", "soap_prep", gridFor(total, 256), block1(256), 0,
+			unsafe.Pointer(&geo), kPtr(g), kPtr(m), kPtr(gs), kPtr(gm), kI64(total), kF32(beta1))
+	})
+}
+
+// SOAPAdam is Adam's second moment and step in SOAP's eigenbasis, over
+// blocked tensors ([Count, BR, BC] f32): for the rotated gradient GR and
+// first moment MR, per element (r, c) of block b inside its real rows and
+// columns (Blocking.RealRows, RealCols),
+//
+//	v ← β2·v + (1−β2)·gr²;   out = mr/(√v + ε)
+//
+// and out = 0 elsewhere (the padded coordinates, which PadDiag puts last in
+// the ascending eigenbasis). Vyas et al. 2024, Algorithm 1.
+func (e *Engine) SOAPAdam(v, gr, mr, out *tensor.Tensor, blk Blocking, beta2, eps float32) error {
+	if err := blk.valid(); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		what string
+		t    *tensor.Tensor
+	}{{"V", v}, {"GR", gr}, {"MR", mr}, {"out", out}} {
+		if err := e.checkView("soap adam "+c.what, c.t, true, f32Only, blk.Shape()...); err != nil {
+			return err
+		}
+	}
+	if !(beta2 >= 0 && beta2 < 1 && eps > 0) {
+		return fmt.Errorf("%w: soap adam β2 %v, ε %v", ErrConfig, beta2, eps)
+	}
+	total := int64(blk.Count() * blk.BR * blk.BC)
+	return e.dispatch(func(*hostImpl) error {
+		vv, _ := v.F32()
+		g, _ := gr.F32()
+		m, _ := mr.F32()
+		o, _ := out.F32()
+		per := blk.BR * blk.BC
+		for i := range o {
+			b, k := i/per, i%per
+			if k/blk.BC >= blk.RealRows(b) || k%blk.BC >= blk.RealCols(b) {
+				o[i] = 0
+				continue
+			}
+			vv[i] = beta2*vv[i] + (1-beta2)*g[i]*g[i]
+			o[i] = m[i] / (float32(math.Sqrt(float64(vv[i]))) + eps)
+		}
+		return nil
+	}, func(c *cudaImpl) error {
+		geo := blk.geom()
+		return c.launchK("precond.cu", "soap_adam", gridFor(total, 256), block1(256), 0,
+			unsafe.Pointer(&geo), kPtr(gr), kPtr(mr), kPtr(v), kPtr(out), kI64(total), kF32(beta2), kF32(eps))
+	})
+}
+
+// PadDiag sets, for each matrix b of s ([count, d, d] f32, positive
+// semi-definite in its leading real[b] × real[b] part and zero elsewhere:
+// the statistics of a zero-padded block), the padded diagonal entries
+// s_ii, i ≥ real[b], to 2·Σ_{i<real[b]} s_ii + 1: above every eigenvalue of
+// the real part, so that an eigendecomposition keeps the padded
+// coordinates apart (they come last in ascending order) instead of mixing
+// them with a degenerate zero eigenspace of the real part. real is [count]
+// i32 with 1 ≤ real[b] ≤ d.
+func (e *Engine) PadDiag(s, real *tensor.Tensor) error {
+	if err := e.checkView("pad diag s", s, true, f32Only); err != nil {
+		return err
+	}
+	batch, d, err := rootGeom("pad diag s", s)
+	if err != nil {
+		return err
+	}
+	if err := e.checkView("pad diag real", real, true, []tensor.DType{tensor.I32}, batch); err != nil {
+		return err
+	}
+	return e.dispatch(func(*hostImpl) error {
+		sv, _ := s.F32()
+		rv, _ := real.I32()
+		for b := 0; b < batch; b++ {
+			re := int(rv[b])
+			if re < 1 || re > d {
+				return fmt.Errorf("%w: pad diag real[%d] = %d for order %d", ErrConfig, b, re, d)
+			}
+			var tr float32
+			for i := 0; i < re; i++ {
+				tr += sv[(b*d+i)*d+i]
+			}
+			for i := re; i < d; i++ {
+				sv[(b*d+i)*d+i] = 2*tr + 1
+			}
+		}
+		return nil
+	}, func(c *cudaImpl) error {
+		return c.launchK("precond.cu", "pad_diag", grid1(batch), block1(256), 0, kPtr(s), kPtr(real), kI32(d))
+	})
+}
