@@ -34,6 +34,18 @@ type GraphOptions struct {
 	// draws new masks on every replay.
 	Seed    uint64
 	Counter *tensor.Tensor
+	// OnLinear, when set, is called by every Graph.Linear's backward step,
+	// after the gradient of the layer's pre-activation is computed and
+	// before the weight-gradient product: weight is the name of the
+	// weight Var given to Linear (the parameter's name, before any
+	// autocast copy), x the layer's input as [rows, in] and dy the
+	// gradient of the loss with respect to its pre-activation as [rows,
+	// out] (in the graph's activation dtype; views of the tape's own
+	// buffers, valid until the next step overwrites them). K-FAC
+	// (libgpu/optim) reads its Kronecker factors' statistics from them with
+	// no copy. Work it queues runs on the graph's engine in order with the
+	// backward (and is captured with it); an error stops the backward.
+	OnLinear func(weight string, x, dy *tensor.Tensor) error
 }
 
 // Graph records differentiable ops for one Engine on an autograd.Tape:

@@ -464,6 +464,7 @@ func (g *Graph) Linear(x, w, b *Var, act Act) *Var {
 		return nil
 	}
 	dt := g.ActDType()
+	weight, onLinear := w.Name, g.opts.OnLinear
 	x = g.Cast(x, dt)
 	w = g.Cast(w, dt)
 	if b != nil {
@@ -522,6 +523,11 @@ func (g *Graph) Linear(x, w, b *Var, act Act) *Var {
 			z2, _ := saved.View(-1, n)
 			if err := e.ActBackward(dz, dz, z2, act); err != nil {
 				return err
+			}
+		}
+		if onLinear != nil {
+			if err := onLinear(weight, x2, dz); err != nil {
+				return fmt.Errorf("OnLinear(%s): %w", weight, err)
 			}
 		}
 		if dx := gr.In(0); dx != nil {

@@ -89,6 +89,7 @@ func checkMatmul(s *Suite) {
 		s.Run(fmt.Sprintf("%v/strided", dt), func(s *Suite) { matmulStrided(s, dt) })
 		s.Run(fmt.Sprintf("%v/broadcast-b", dt), func(s *Suite) { matmulBroadcast(s, dt) })
 		s.Run(fmt.Sprintf("%v/linear-grad", dt), func(s *Suite) { linearGrad(s, dt) })
+		s.Run(fmt.Sprintf("%v/linear-hook", dt), func(s *Suite) { linearHook(s, dt) })
 		s.Run(fmt.Sprintf("%v/matmul-grad", dt), func(s *Suite) { batchedMatmulGrad(s, dt) })
 		s.Run(fmt.Sprintf("%v/column-sum", dt), func(s *Suite) { columnSum(s, dt) })
 	}
@@ -367,5 +368,65 @@ func matmulScaled(s *Suite, dt tensor.DType, m, k, n int) {
 	bias := s.Empty(dt, n)
 	if err := s.E.Matmul(ops.Matmul{A: a, B: b, D: d, TransA: true, Alpha: 2, Bias: bias}); !errors.Is(err, ops.ErrConfig) {
 		s.T.Errorf("Alpha with a bias: %v, want ErrConfig", err)
+	}
+}
+
+// linearHook: GraphOptions.OnLinear sees, in the backward, the layer's
+// weight name, its input as [rows, in] and the gradient of its
+// pre-activation as [rows, out] (dy ⊙ act'(z)); an error from it stops the
+// backward.
+func linearHook(s *Suite, dt tensor.DType) {
+	const rows, in, out = 6, 5, 3
+	type call struct {
+		weight string
+		x, dy  []float64
+	}
+	var calls []call
+	hookErr := error(nil)
+	g := ops.NewGraph(s.E, s.A, "", ops.GraphOptions{Autocast: dt, OnLinear: func(weight string, x, dy *tensor.Tensor) error {
+		if x.Rank() != 2 || x.Dim(0) != rows || x.Dim(1) != in || dy.Rank() != 2 || dy.Dim(0) != rows || dy.Dim(1) != out {
+			s.T.Errorf("hook shapes x %v, dy %v", x.Shape, dy.Shape)
+		}
+		calls = append(calls, call{weight, s.Read(x), s.Read(dy)})
+		return hookErr
+	}})
+	defer g.Free()
+	xt, xv := s.Rand(dt, 1, 2, 3, in)
+	wt, wv := s.Rand(tensor.F32, 1, out, in)
+	bt, bv := s.Rand(tensor.F32, 1, out)
+	x := g.Input("x", xt)
+	w := g.Param("fc.weight", wt, s.Empty(tensor.F32, out, in))
+	b := g.Param("fc.bias", bt, s.Empty(tensor.F32, out))
+	y := g.Linear(x, w, b, ops.ActGELU)
+	var dyv []float64
+	DotLoss(s, g, y, func(w []float64) { dyv = w })
+	s.NoErr("build", g.Build(true))
+	s.NoErr("forward", g.Forward())
+	s.NoErr("backward", g.Backward())
+	if len(calls) != 1 || calls[0].weight != "fc.weight" {
+		s.T.Fatalf("hook calls %+v, want one for fc.weight", calls)
+	}
+	s.Near("hook x", calls[0].x, xv, 0)
+	// dz = dy ⊙ gelu'(z), z from the (autocast) operands.
+	xr, wr := xv, wv
+	if dt == tensor.BF16 {
+		wr = F64(tensor.RoundBF16(F32(wv)))
+	}
+	z := RefMatmul(xr, wr, rows, out, in, false, true)
+	want := make([]float64, len(z))
+	for i := range z {
+		bi := bv[i%out]
+		if dt == tensor.BF16 {
+			bi = F64(tensor.RoundBF16(F32([]float64{bi})))[0]
+		}
+		zz := z[i] + bi
+		const h = 1e-4
+		want[i] = dyv[i] * (RefGELUTanh(zz+h) - RefGELUTanh(zz-h)) / (2 * h)
+	}
+	s.Near("hook dy", calls[0].dy, want, 10*s.GemmTol(dt))
+	hookErr = errors.New("hook failed")
+	s.NoErr("forward", g.Forward())
+	if err := g.Backward(); !errors.Is(err, hookErr) {
+		s.T.Errorf("backward with a failing hook: %v", err)
 	}
 }
