@@ -145,6 +145,13 @@ extern "C" __global__ void root_status_err(const int* status, int count, float* 
   if (b < count) err[b] = status[b] == 0 ? 0.0f : __int_as_float(0x7f800000);
 }
 
+// root_err_status: status[b] = 0 where err[b] < 1 (a usable Newton root),
+// else 1 (NaN included).
+extern "C" __global__ void root_err_status(const float* err, int count, int* status) {
+  int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b < count) status[b] = err[b] < 1.0f ? 0 : 1;
+}
+
 // root_commit: dst[b] = src[b] (per items of `per` elements) for every
 // batch item whose status is 0; the others keep what they hold.
 extern "C" __global__ void root_commit(const float* src, float* dst, const int* status, long long total,

@@ -113,9 +113,10 @@ type Eigh struct {
 // Err (optional, [B] f32) receives per matrix the Newton residual
 // δ = ‖X^p·(A + rI) − I‖_F of the returned X (see RootNewton for the
 // error bound it gives; it costs a few more products), or for
-// RootEigen 0, or +Inf for a matrix whose decomposition failed: that
-// matrix's X is left as it was (an optimizer keeps its previous root and
-// may retry with F64).
+// RootEigen 0, or +Inf for a matrix whose decomposition failed. A matrix
+// whose decomposition failed, or (with Err) whose Newton residual is not
+// below 1, keeps the X it had: an optimizer keeps its previous root and
+// may retry (with F64).
 type InverseRoot struct {
 	A, X        *tensor.Tensor
 	P           int
@@ -433,12 +434,37 @@ func (e *Engine) rootNewton(g *rootArgs, iters int) error {
 	}); err != nil {
 		return err
 	}
-	if g.err != nil {
-		if err := e.rootResidual(g, xs, scal, []*tensor.Tensor{x, m, mn, pool[0], pool[1]}); err != nil {
+	if g.err == nil {
+		return e.Copy(g.x, xs)
+	}
+	if err := e.rootResidual(g, xs, scal, []*tensor.Tensor{x, m, mn, pool[0], pool[1]}); err != nil {
+		return err
+	}
+	// Commit the matrices whose residual is below 1 (finite).
+	status, err := e.scratchTensor("root.newton.status", tensor.I32, g.batch)
+	if err != nil {
+		return err
+	}
+	if err := e.dispatch(func(*hostImpl) error {
+		ev, err := hostIn(g.err)
+		if err != nil {
 			return err
 		}
+		st, _ := status.I32()
+		for b := range st {
+			st[b] = 1
+			if ev[b] < 1 {
+				st[b] = 0
+			}
+		}
+		return nil
+	}, func(c *cudaImpl) error {
+		return c.launchK("matroot.cu", "root_err_status", grid1((g.batch+127)/128), block1(128), 0,
+			kPtr(g.err), kI32(g.batch), kPtr(status))
+	}); err != nil {
+		return err
 	}
-	return e.Copy(g.x, xs)
+	return e.rootCommit(xs, g.x, status, g.batch, g.n*g.n)
 }
 
 // rootResidual writes Err[b] = ‖X^p·(A + r_b·I) − I‖_F for the root X
