@@ -31,6 +31,7 @@ type Optimizer interface {
 type state struct {
 	params, grads []*tensor.Tensor
 	state         []nn.Param
+	works         []*tensor.Tensor // buffers that are not state (common.go)
 }
 
 func name(prefix, n string) string {
@@ -87,7 +88,12 @@ func (s *state) free() error {
 			errs = append(errs, err)
 		}
 	}
-	s.state = nil
+	for _, t := range s.works {
+		if err := t.Buf.Free(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.state, s.works = nil, nil
 	return errors.Join(errs...)
 }
 

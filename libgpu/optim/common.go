@@ -1,0 +1,129 @@
+package optim
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/nn"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
+)
+
+// ErrConfig: an optimizer's configuration is out of its valid range.
+var ErrConfig = errors.New("optim: invalid configuration")
+
+// Capturer is implemented by optimizers that say whether their Step may be
+// captured into a CUDA graph and replayed: a step that depends on host
+// state changing from step to step (a preconditioner refresh every k
+// steps, a learning rate given as a kernel argument) must run eagerly.
+type Capturer interface {
+	Capturable() bool
+}
+
+// CanCapture reports whether o's Step may be replayed from a captured
+// graph: o says so (Capturer), or it is one of the stateless-schedule
+// optimizers (AdamW, SGD), which may.
+func CanCapture(o Optimizer) bool {
+	if c, ok := o.(Capturer); ok {
+		return c.Capturable()
+	}
+	return true
+}
+
+// Stepper is implemented by optimizers that know how many steps they
+// have taken (the host's mirror of the device's step counter).
+type Stepper interface {
+	Steps() int
+}
+
+// counter is the host's mirror of a device step counter ("step", [1]
+// i32): t is the number of steps taken, −1 when unknown (after
+// construction or a checkpoint load, the device holds it: read once at the
+// next step, the only time a step waits for the device).
+type counter struct {
+	t   int
+	dev *tensor.Tensor
+}
+
+// next advances the counter and returns the new step number (from 1),
+// writing it to the device counter (queued).
+func (c *counter) next(e *ops.Engine) (int, error) {
+	if c.t < 0 {
+		if err := e.Sync(); err != nil {
+			return 0, err
+		}
+		b, err := c.dev.Read()
+		if err != nil {
+			return 0, fmt.Errorf("optim: reading the step counter: %w", err)
+		}
+		c.t = int(tensor.BytesAs[int32](b)[0])
+	}
+	c.t++
+	return c.t, e.Fill(c.dev, float64(c.t))
+}
+
+// work allocates a buffer the optimizer uses within steps but that is not
+// state (not in State, not checkpointed): named prefix/optim/work/<n>.
+func (s *state) work(a device.Allocator, prefix, n string, dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
+	full := name(prefix, "work/"+n)
+	t, err := tensor.Alloc(a, full, dt, shape...)
+	if err != nil {
+		return nil, fmt.Errorf("optim: allocating %s: %w", full, err)
+	}
+	s.works = append(s.works, t)
+	return t, nil
+}
+
+// matrix2D views a parameter of rank ≥ 1 as a matrix: [1, n] for a
+// vector, [shape[0], rest] for rank > 2.
+func matrix2D(t *tensor.Tensor) (*tensor.Tensor, error) {
+	switch t.Rank() {
+	case 1:
+		return t.View(1, t.Dim(0))
+	case 2:
+		return t, nil
+	}
+	return t.View(t.Dim(0), -1)
+}
+
+// matches reports whether name contains one of the substrings.
+func matches(name string, subs []string) bool {
+	for _, s := range subs {
+		if s != "" && strings.Contains(name, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// identity writes the identity into every matrix of t ([..., d, d]).
+func identity(t *tensor.Tensor) error {
+	d := t.Dim(-1)
+	v := make([]float32, t.Numel())
+	for i := 0; i < len(v); i += d * d {
+		for k := 0; k < d; k++ {
+			v[i+k*d+k] = 1
+		}
+	}
+	return t.WriteFloat32(v)
+}
+
+// checkParams checks that every parameter has an f32 value and gradient of
+// one shape.
+func checkParams(params []nn.Param) error {
+	if len(params) == 0 {
+		return fmt.Errorf("%w: no parameters", ErrParams)
+	}
+	for _, p := range params {
+		if p.Value == nil || p.Grad == nil {
+			return fmt.Errorf("%w: %q has no value or gradient", ErrParams, p.Name)
+		}
+		if p.Value.DType != tensor.F32 || p.Grad.DType != tensor.F32 || !tensor.SameShape(p.Value.Shape, p.Grad.Shape) {
+			return fmt.Errorf("%w: %q is %v %v with gradient %v %v (want f32 of one shape)", ErrParams, p.Name,
+				p.Value.DType, p.Value.Shape, p.Grad.DType, p.Grad.Shape)
+		}
+	}
+	return nil
+}

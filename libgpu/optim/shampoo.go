@@ -1,0 +1,418 @@
+package optim
+
+import (
+	"fmt"
+	"sort"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/nn"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
+)
+
+// ShampooConfig configures Shampoo (Gupta, Koren & Singer 2018, "Shampoo:
+// preconditioned stochastic tensor optimization"; Anil et al. 2020,
+// "Scalable second order optimization for deep learning"). For a matrix
+// parameter W (a vector is [1, n], a tensor [d0, rest]) split into blocks
+// of at most MaxBlock × MaxBlock (ops.Blocking), per block G of the
+// gradient, at step t:
+//
+//	L ← β2·L + (1−β2)·G·Gᵀ,  R ← β2·R + (1−β2)·Gᵀ·G   (β2 = 1: L += G·Gᵀ)
+//	every UpdateFreq steps from StartStep: P_L = (L + rI)^(−1/4),
+//	  P_R = (R + rI)^(−1/4), r = MatrixEps + MatrixRelEps·‖·‖_F
+//	m ← β1·m + (1−β1)·g,  m̂ = m/(1−β1ᵗ)                   (the filtered gradient)
+//	a = m̂/(√v̂ + GraftEps), v the Adam (or AdaGrad) second moment  (the graft)
+//	S = P_L·M̂·P_R,  D = S·‖A‖_F/‖S‖_F                      (grafted per block)
+//	W ← W − LR·(D + WeightDecay·W)
+//
+// Before the first preconditioners are in use D = A (the graft alone).
+// Vectors, and parameters whose name contains one of GraftOnly, take the
+// graft step A. See ops.ShampooPrep, ops.GraftScale, ops.BlockApply and
+// ops.InverseRoot for the pieces.
+type ShampooConfig struct {
+	LR, Beta1, Beta2, WeightDecay float32
+	// GraftBeta2 and GraftEps: the graft's second moment (AdaGrad: v sums
+	// g², no bias correction).
+	GraftBeta2, GraftEps float32
+	AdaGradGraft         bool
+	// MaxBlock bounds the preconditioned blocks (default 1024).
+	MaxBlock int
+	// The ridge of the roots: absolute and relative to the statistic's
+	// Frobenius norm.
+	MatrixEps, MatrixRelEps float32
+	// StartStep is the first step whose statistics are inverted (from 1);
+	// UpdateFreq the steps between refreshes.
+	StartStep, UpdateFreq int
+	Roots                 RootOptions
+	// GraftOnly lists substrings of parameter names that take the graft
+	// step only (embeddings, say).
+	GraftOnly []string
+}
+
+// DefaultShampoo is LR 1e-3, β1 0.9, β2 0.999, no weight decay, an Adam
+// graft with β2 0.999 and ε 1e-8, blocks of 1024, ridge 1e-6·‖·‖_F (+1e-12),
+// preconditioning from step 1 refreshed every 10 steps, roots by
+// eigendecomposition, synchronous.
+var DefaultShampoo = ShampooConfig{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, GraftBeta2: 0.999, GraftEps: 1e-8,
+	MaxBlock: 1024, MatrixEps: 1e-12, MatrixRelEps: 1e-6, StartStep: 1, UpdateFreq: 10}
+
+func (c ShampooConfig) validate() error {
+	if !(c.LR >= 0 && c.Beta1 >= 0 && c.Beta1 < 1 && c.Beta2 > 0 && c.Beta2 <= 1 && c.WeightDecay >= 0 &&
+		c.GraftBeta2 > 0 && c.GraftBeta2 <= 1 && c.GraftEps > 0 && c.MaxBlock >= 1 && c.MatrixEps >= 0 &&
+		c.MatrixRelEps >= 0 && c.MatrixEps+c.MatrixRelEps > 0 && c.StartStep >= 1 && c.UpdateFreq >= 1) {
+		return fmt.Errorf("%w: Shampoo %+v", ErrConfig, c)
+	}
+	if !c.AdaGradGraft && c.GraftBeta2 == 1 {
+		return fmt.Errorf("%w: Shampoo's Adam graft needs β2 < 1", ErrConfig)
+	}
+	return c.Roots.validate(c.UpdateFreq)
+}
+
+// statClass is a stack of the square statistics of one order d, from the
+// blocks of every parameter whose block has that side: one batched root
+// computation per class.
+type statClass struct {
+	d      int
+	count  int
+	stats  *tensor.Tensor // [count, d, d] state
+	out    *tensor.Tensor // [count, d, d] state: roots (Shampoo) or eigenbases (SOAP)
+	real   []int32        // the real order of each block (SOAP's PadDiag)
+	status *tensor.Tensor // work: the refresh's per-matrix status
+	job    *rootJob
+}
+
+// classes assigns the blocks of matrix parameters to statClasses by order.
+type classes struct {
+	byD map[int]*statClass
+}
+
+func (cs *classes) reserve(d, count int, real func(i int) int) (*statClass, int) {
+	if cs.byD == nil {
+		cs.byD = map[int]*statClass{}
+	}
+	c := cs.byD[d]
+	if c == nil {
+		c = &statClass{d: d}
+		cs.byD[d] = c
+	}
+	off := c.count
+	c.count += count
+	for i := 0; i < count; i++ {
+		c.real = append(c.real, int32(real(i)))
+	}
+	return c, off
+}
+
+// sorted lists the classes by order.
+func (cs *classes) sorted() []*statClass {
+	var out []*statClass
+	for _, c := range cs.byD {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].d < out[j].d })
+	return out
+}
+
+// slice is matrices [off, off+n) of a class tensor.
+func slice(t *tensor.Tensor, off, n int) (*tensor.Tensor, error) { return t.Narrow(0, off, n) }
+
+// shampooParam is one parameter's place in Shampoo.
+type shampooParam struct {
+	p, g        *tensor.Tensor // [M, N] views
+	blk         ops.Blocking
+	m, v        *tensor.Tensor // state: the gradient's EMA (nil when β1 = 0), the graft's moment
+	gb, ga      *tensor.Tensor // work: blocked filtered gradient and graft direction
+	left, right *statClass     // nil: graft only
+	offL, offR  int
+}
+
+// Shampoo is the optimizer of ShampooConfig.
+type Shampoo struct {
+	cfg    ShampooConfig
+	s      state
+	step   counter
+	params []*shampooParam
+	cls    []*statClass
+	sched  rootSched
+	gs, t1 *tensor.Tensor // work shared by parameters (sized for the largest)
+	sdir   *tensor.Tensor
+	scale  *tensor.Tensor
+	e      *ops.Engine // the engine of the last Step (Free waits for its side stream)
+}
+
+// NewShampoo allocates Shampoo's state for params through a: per
+// parameter "<name>.exp_avg" (β1 > 0) and "<name>.graft_sq"; per block
+// order d "shampoo/<d>.stats" and "shampoo/<d>.roots" ([count, d, d]: the
+// blocks' statistics and roots, stacked so one batched root computation
+// serves every parameter; roots start as identities); "step" ([1] i32);
+// with async roots "shampoo/<d>.snap0" (the statistics a refresh in flight
+// reads). Errors wrap ErrParams, ErrConfig or allocation errors; nothing
+// stays allocated on error.
+func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg ShampooConfig) (o *Shampoo, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := checkParams(params); err != nil {
+		return nil, err
+	}
+	o = &Shampoo{cfg: cfg, step: counter{t: -1}, sched: rootSched{opts: cfg.Roots, start: cfg.StartStep, every: cfg.UpdateFreq}}
+	defer func() {
+		if err != nil {
+			o.s.free()
+			o = nil
+		}
+	}()
+	if err := o.s.init(params); err != nil {
+		return o, err
+	}
+	var cs classes
+	maxBlocked := 0
+	for _, p := range params {
+		pv, err := matrix2D(p.Value)
+		if err != nil {
+			return o, err
+		}
+		gv, _ := matrix2D(p.Grad)
+		blk, err := ops.NewBlocking(pv.Dim(0), pv.Dim(1), cfg.MaxBlock)
+		if err != nil {
+			return o, err
+		}
+		sp := &shampooParam{p: pv, g: gv, blk: blk}
+		if cfg.Beta1 > 0 {
+			if sp.m, err = o.s.zeros(a, prefix, p.Name+".exp_avg", tensor.F32, pv.Shape...); err != nil {
+				return o, err
+			}
+		}
+		if sp.v, err = o.s.zeros(a, prefix, p.Name+".graft_sq", tensor.F32, pv.Shape...); err != nil {
+			return o, err
+		}
+		if sp.gb, err = o.s.work(a, prefix, p.Name+".dir", tensor.F32, blk.Shape()...); err != nil {
+			return o, err
+		}
+		if sp.ga, err = o.s.work(a, prefix, p.Name+".graft", tensor.F32, blk.Shape()...); err != nil {
+			return o, err
+		}
+		maxBlocked = max(maxBlocked, blk.Count()*blk.BR*blk.BC)
+		if p.Value.Rank() >= 2 && !matches(p.Name, cfg.GraftOnly) {
+			sp.left, sp.offL = cs.reserve(blk.BR, blk.Count(), blk.RealRows)
+			sp.right, sp.offR = cs.reserve(blk.BC, blk.Count(), blk.RealCols)
+		}
+		o.params = append(o.params, sp)
+	}
+	o.cls = cs.sorted()
+	maxD := 0
+	for _, c := range o.cls {
+		tag := fmt.Sprintf("shampoo/%d", c.d)
+		if c.stats, err = o.s.zeros(a, prefix, tag+".stats", tensor.F32, c.count, c.d, c.d); err != nil {
+			return o, err
+		}
+		if c.out, err = o.s.zeros(a, prefix, tag+".roots", tensor.F32, c.count, c.d, c.d); err != nil {
+			return o, err
+		}
+		if err := identity(c.out); err != nil {
+			return o, err
+		}
+		if c.status, err = o.s.work(a, prefix, tag+".residual", tensor.F32, c.count); err != nil {
+			return o, err
+		}
+		maxD = max(maxD, c.d)
+		c := c
+		c.job = &rootJob{name: tag, src: []*tensor.Tensor{c.stats}, dst: []*tensor.Tensor{c.out},
+			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64 bool) (*tensor.Tensor, error) {
+				r := ops.InverseRoot{A: src[0], X: dst[0], P: 4, Eps: cfg.MatrixEps, RelEps: cfg.MatrixRelEps,
+					Method: cfg.Roots.Method, Iters: cfg.Roots.NewtonIters, F64: f64, Err: c.status}
+				if f64 {
+					r.Method = ops.RootEigen
+				}
+				return c.status, e.InverseRoot(r)
+			}}
+		if err := o.sched.add(&o.s, a, prefix, c.job); err != nil {
+			return o, err
+		}
+	}
+	if o.step.dev, err = o.s.zeros(a, prefix, "step", tensor.I32, 1); err != nil {
+		return o, err
+	}
+	if maxBlocked > 0 {
+		for _, w := range []struct {
+			t **tensor.Tensor
+			n string
+		}{{&o.gs, "shampoo.grad"}, {&o.t1, "shampoo.tmp"}, {&o.sdir, "shampoo.precond"}} {
+			if *w.t, err = o.s.work(a, prefix, w.n, tensor.F32, maxBlocked); err != nil {
+				return o, err
+			}
+		}
+	}
+	maxBlocks := 0
+	for _, sp := range o.params {
+		maxBlocks = max(maxBlocks, sp.blk.Count())
+	}
+	if o.scale, err = o.s.work(a, prefix, "shampoo.scale", tensor.F32, maxBlocks); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// flat views the first n elements of a work buffer with shape.
+func flat(t *tensor.Tensor, shape ...int) (*tensor.Tensor, error) {
+	v, err := t.Narrow(0, 0, tensor.Numel(shape))
+	if err != nil {
+		return nil, err
+	}
+	return v.View(shape...)
+}
+
+// Step implements Optimizer: for every parameter the graft and filtered
+// gradient (ops.ShampooPrep) and the statistics' update (two batched GEMMs
+// over its blocks); then the roots' schedule (a refresh when due,
+// synchronously or on the side stream); then every parameter's
+// preconditioned, grafted update. Every call is queued on e; the host
+// waits for the device only at the first step after construction (to
+// read the step counter). Not capturable (the schedule lives on the host).
+func (o *Shampoo) Step(e *ops.Engine) error {
+	o.e = e
+	t, err := o.step.next(e)
+	if err != nil {
+		return err
+	}
+	c := o.cfg
+	b2 := c.Beta2
+	alpha, beta := 1-b2, b2
+	if b2 == 1 {
+		alpha, beta = 1, 1
+	}
+	for _, sp := range o.params {
+		gs, err := flat(o.gs, sp.blk.Shape()...)
+		if err != nil {
+			return err
+		}
+		if err := e.ShampooPrep(ops.ShampooPrep{G: sp.g, M: sp.m, V: sp.v, GS: gs, GB: sp.gb, GA: sp.ga, Blk: sp.blk,
+			Beta1: c.Beta1, Beta2: c.GraftBeta2, Eps: c.GraftEps, T: t, AdaGrad: c.AdaGradGraft}); err != nil {
+			return err
+		}
+		if sp.left == nil {
+			continue
+		}
+		k := sp.blk.Count()
+		l, err := slice(sp.left.stats, sp.offL, k)
+		if err != nil {
+			return err
+		}
+		r, err := slice(sp.right.stats, sp.offR, k)
+		if err != nil {
+			return err
+		}
+		if err := e.Matmul(ops.Matmul{A: gs, B: gs, D: l, TransB: true, Alpha: alpha, Beta: beta, Accumulate: true}); err != nil {
+			return err
+		}
+		if err := e.Matmul(ops.Matmul{A: gs, B: gs, D: r, TransA: true, Alpha: alpha, Beta: beta, Accumulate: true}); err != nil {
+			return err
+		}
+	}
+	if err := o.sched.step(e, t); err != nil {
+		return err
+	}
+	ready := o.sched.ready(t)
+	for _, sp := range o.params {
+		ap := ops.BlockApply{P: sp.p, D: sp.ga, Blk: sp.blk, LR: c.LR, Coef: 1, Decay: c.WeightDecay}
+		if sp.left != nil && ready {
+			k := sp.blk.Count()
+			pl, err := slice(sp.left.out, sp.offL, k)
+			if err != nil {
+				return err
+			}
+			pr, err := slice(sp.right.out, sp.offR, k)
+			if err != nil {
+				return err
+			}
+			t1, err := flat(o.t1, sp.blk.Shape()...)
+			if err != nil {
+				return err
+			}
+			s, err := flat(o.sdir, sp.blk.Shape()...)
+			if err != nil {
+				return err
+			}
+			scale, err := flat(o.scale, k)
+			if err != nil {
+				return err
+			}
+			if err := e.Matmul(ops.Matmul{A: pl, B: sp.gb, D: t1}); err != nil {
+				return err
+			}
+			if err := e.Matmul(ops.Matmul{A: t1, B: pr, D: s}); err != nil {
+				return err
+			}
+			if err := e.GraftScale(scale, s, sp.ga); err != nil {
+				return err
+			}
+			ap.D, ap.Scale = s, scale
+		}
+		if err := e.BlockApply(ap); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// State implements Optimizer: per parameter exp_avg (β1 > 0) and
+// graft_sq, then per block order the statistics and roots (and, with
+// async roots, the snapshot of a refresh in flight), then "step".
+func (o *Shampoo) State() []nn.Param { return o.s.state }
+
+// SetLR implements Optimizer.
+func (o *Shampoo) SetLR(lr float32) { o.cfg.LR = lr }
+
+// Config is the current configuration.
+func (o *Shampoo) Config() ShampooConfig { return o.cfg }
+
+// Steps implements Stepper (−1 before the first step after construction).
+func (o *Shampoo) Steps() int { return o.step.t }
+
+// Counter is the device's step counter ([1] i32).
+func (o *Shampoo) Counter() *tensor.Tensor { return o.step.dev }
+
+// RootStats says what the roots' refreshes did.
+func (o *Shampoo) RootStats() RootStats { return o.sched.stats }
+
+// Capturable implements Capturer: false (the refresh schedule is the
+// host's).
+func (o *Shampoo) Capturable() bool { return false }
+
+// Reset implements Optimizer: state zeroed, roots back to identities,
+// the schedule restarted.
+func (o *Shampoo) Reset(e *ops.Engine) error {
+	if err := o.sched.close(o.e); err != nil {
+		return err
+	}
+	if err := o.s.reset(e); err != nil {
+		return err
+	}
+	if err := e.Sync(); err != nil {
+		return err
+	}
+	for _, c := range o.cls {
+		for _, t := range append([]*tensor.Tensor{c.out}, c.job.pend...) {
+			if err := identity(t); err != nil {
+				return err
+			}
+		}
+	}
+	o.step.t = 0
+	o.sched.pendingT, o.sched.resumed = 0, true
+	return nil
+}
+
+// Free implements Optimizer (after waiting for side-stream work).
+func (o *Shampoo) Free() error {
+	err := o.sched.close(o.e)
+	if e := o.s.free(); err == nil {
+		err = e
+	}
+	return err
+}
+
+var (
+	_ Optimizer = (*Shampoo)(nil)
+	_ Capturer  = (*Shampoo)(nil)
+)

@@ -1,0 +1,365 @@
+package optim_test
+
+import (
+	"bytes"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/optim"
+)
+
+// refShampoo is Shampoo's published update (Gupta et al. 2018, Anil et
+// al. 2020, with the grafting of Agarwal et al. 2020) in float64, on the
+// real part of every block (no padding), with roots by exact
+// eigendecomposition and the staleness schedule of optim.RootOptions.
+type refShampoo struct {
+	cfg      optim.ShampooConfig
+	shapes   [][]int
+	m, v     [][]float64
+	blocks   [][]refBlock
+	t        int
+	pendingT int
+}
+
+type refBlock struct {
+	r0, c0, rr, rc int
+	l, rs          []float64 // statistics
+	pl, pr         []float64 // roots in use
+	nl, nr         []float64 // roots computed, not in use yet
+}
+
+func newRefShampoo(cfg optim.ShampooConfig, shapes [][]int) *refShampoo {
+	r := &refShampoo{cfg: cfg, shapes: shapes}
+	for _, sh := range shapes {
+		m, n := sh[0], 1
+		if len(sh) == 1 {
+			m, n = 1, sh[0]
+		} else {
+			n = sh[1]
+		}
+		r.m = append(r.m, make([]float64, m*n))
+		r.v = append(r.v, make([]float64, m*n))
+		var bs []refBlock
+		if len(sh) >= 2 && !matchesAny(cfg.GraftOnly) {
+			blk, _ := ops.NewBlocking(m, n, cfg.MaxBlock)
+			for b := 0; b < blk.Count(); b++ {
+				rb := refBlock{r0: b / blk.Cols * blk.BR, c0: b % blk.Cols * blk.BC, rr: blk.RealRows(b), rc: blk.RealCols(b)}
+				rb.l, rb.rs = make([]float64, rb.rr*rb.rr), make([]float64, rb.rc*rb.rc)
+				rb.pl, rb.pr = eye(rb.rr), eye(rb.rc)
+				bs = append(bs, rb)
+			}
+		}
+		r.blocks = append(r.blocks, bs)
+	}
+	return r
+}
+
+func matchesAny([]string) bool { return false }
+
+func eye(n int) []float64 {
+	x := make([]float64, n*n)
+	for i := 0; i < n; i++ {
+		x[i*n+i] = 1
+	}
+	return x
+}
+
+func (r *refShampoo) step(w, g [][]float64) {
+	c := r.cfg
+	r.t++
+	t := float64(r.t)
+	b1, b2 := float64(c.Beta1), float64(c.Beta2)
+	for i := range w {
+		n := 1
+		if len(r.shapes[i]) == 2 {
+			n = r.shapes[i][1]
+		} else {
+			n = r.shapes[i][0]
+		}
+		for bi := range r.blocks[i] {
+			b := &r.blocks[i][bi]
+			gb := sub(g[i], n, b.r0, b.c0, b.rr, b.rc)
+			ggt := mul(gb, gb, b.rr, b.rr, b.rc, false, true)
+			gtg := mul(gb, gb, b.rc, b.rc, b.rr, true, false)
+			for k := range b.l {
+				if b2 == 1 {
+					b.l[k] += ggt[k]
+				} else {
+					b.l[k] = b2*b.l[k] + (1-b2)*ggt[k]
+				}
+			}
+			for k := range b.rs {
+				if b2 == 1 {
+					b.rs[k] += gtg[k]
+				} else {
+					b.rs[k] = b2*b.rs[k] + (1-b2)*gtg[k]
+				}
+			}
+		}
+	}
+	lag := 0
+	if c.Roots.Async {
+		lag = c.Roots.MaxStaleness
+	}
+	if r.pendingT > 0 && r.t >= r.pendingT+lag {
+		r.publish()
+	}
+	if r.t >= c.StartStep && (r.t-c.StartStep)%c.UpdateFreq == 0 {
+		for i := range r.blocks {
+			for bi := range r.blocks[i] {
+				b := &r.blocks[i][bi]
+				b.nl = symRoot(b.l, b.rr, 4, float64(c.MatrixEps)+float64(c.MatrixRelEps)*frob(b.l))
+				b.nr = symRoot(b.rs, b.rc, 4, float64(c.MatrixEps)+float64(c.MatrixRelEps)*frob(b.rs))
+			}
+		}
+		r.pendingT = r.t
+		if lag == 0 {
+			r.publish()
+		}
+	}
+	ready := r.t >= c.StartStep+lag
+	for i := range w {
+		mh, a := make([]float64, len(w[i])), make([]float64, len(w[i]))
+		for k, gv := range g[i] {
+			mh[k] = gv
+			if c.Beta1 > 0 {
+				r.m[i][k] = b1*r.m[i][k] + (1-b1)*gv
+				mh[k] = r.m[i][k] / (1 - math.Pow(b1, t))
+			}
+			var vh float64
+			if c.AdaGradGraft {
+				r.v[i][k] += gv * gv
+				vh = r.v[i][k]
+			} else {
+				gb2 := float64(c.GraftBeta2)
+				r.v[i][k] = gb2*r.v[i][k] + (1-gb2)*gv*gv
+				vh = r.v[i][k] / (1 - math.Pow(gb2, t))
+			}
+			a[k] = mh[k] / (math.Sqrt(vh) + float64(c.GraftEps))
+		}
+		d := a
+		if ready && len(r.blocks[i]) > 0 {
+			d = make([]float64, len(a))
+			n := r.shapes[i][1]
+			for bi := range r.blocks[i] {
+				b := &r.blocks[i][bi]
+				mb := sub(mh, n, b.r0, b.c0, b.rr, b.rc)
+				ab := sub(a, n, b.r0, b.c0, b.rr, b.rc)
+				s := mul(mul(b.pl, mb, b.rr, b.rc, b.rr, false, false), b.pr, b.rr, b.rc, b.rc, false, false)
+				scale := 0.0
+				if ns := frob(s); ns > 0 {
+					scale = frob(ab) / ns
+				}
+				for x := 0; x < b.rr; x++ {
+					for y := 0; y < b.rc; y++ {
+						d[(b.r0+x)*n+b.c0+y] = scale * s[x*b.rc+y]
+					}
+				}
+			}
+		}
+		lr, wd := float64(c.LR), float64(c.WeightDecay)
+		for k := range w[i] {
+			w[i][k] -= lr * (d[k] + wd*w[i][k])
+		}
+	}
+}
+
+func (r *refShampoo) publish() {
+	for i := range r.blocks {
+		for bi := range r.blocks[i] {
+			b := &r.blocks[i][bi]
+			b.pl, b.pr = b.nl, b.nr
+		}
+	}
+	r.pendingT = 0
+}
+
+// sub is the rr×rc block at (r0, c0) of the n-column x.
+func sub(x []float64, n, r0, c0, rr, rc int) []float64 {
+	out := make([]float64, 0, rr*rc)
+	for i := 0; i < rr; i++ {
+		out = append(out, x[(r0+i)*n+c0:(r0+i)*n+c0+rc]...)
+	}
+	return out
+}
+
+var shampooShapes = [][]int{{7, 5}, {4}, {3, 3}}
+
+func testShampooConfig() optim.ShampooConfig {
+	c := optim.DefaultShampoo
+	c.LR, c.WeightDecay, c.MaxBlock = 0.05, 0.01, 3
+	c.StartStep, c.UpdateFreq = 2, 2
+	c.MatrixRelEps = 1e-3
+	return c
+}
+
+// TestShampooMatchesReference runs Shampoo (eigendecomposition roots) on
+// small random problems against its float64 reference: blocks that do not
+// tile the matrix, a vector (graft only), β2 < 1 and = 1 (AdaGrad
+// statistics), Adam and AdaGrad grafts, and asynchronous roots with
+// staleness 0 and 1.
+func TestShampooMatchesReference(t *testing.T) {
+	for _, v := range []struct {
+		name string
+		mod  func(c *optim.ShampooConfig)
+	}{
+		{"adam-graft", func(*optim.ShampooConfig) {}},
+		{"adagrad", func(c *optim.ShampooConfig) { c.Beta2, c.AdaGradGraft, c.Beta1 = 1, true, 0 }},
+		{"async-0", func(c *optim.ShampooConfig) { c.Roots.Async = true }},
+		{"async-1", func(c *optim.ShampooConfig) { c.Roots.Async, c.Roots.MaxStaleness = true, 1 }},
+		{"async-2", func(c *optim.ShampooConfig) { c.Roots.Async, c.Roots.MaxStaleness = true, 2 }},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			cfg := testShampooConfig()
+			v.mod(&cfg)
+			p := hostProblem(t, shampooShapes...)
+			r := rand.New(rand.NewPCG(3, 4))
+			w := roundF32(draws(r, 1, shampooShapes))
+			p.set(w)
+			o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer o.Free()
+			ref := newRefShampoo(cfg, shampooShapes)
+			for step := 1; step <= 7; step++ {
+				g := roundF32(draws(r, 1, shampooShapes))
+				p.grads(g)
+				if err := o.Step(p.e); err != nil {
+					t.Fatal(err)
+				}
+				ref.step(w, g)
+				if e := relErr(p.values(), w); !(e < 2e-5) {
+					t.Fatalf("step %d: relative error %.3g against the float64 reference", step, e)
+				}
+			}
+		})
+	}
+}
+
+// TestShampooNewtonMatchesEigen: Newton roots give the same steps as
+// eigendecomposition roots to the roots' accuracy.
+func TestShampooNewtonMatchesEigen(t *testing.T) {
+	run := func(m ops.RootMethod) [][]float64 {
+		cfg := testShampooConfig()
+		cfg.Roots.Method = m
+		p := hostProblem(t, shampooShapes...)
+		r := rand.New(rand.NewPCG(5, 6))
+		p.set(draws(r, 1, shampooShapes))
+		o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Free()
+		for step := 0; step < 6; step++ {
+			p.grads(draws(r, 1, shampooShapes))
+			if err := o.Step(p.e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if s := o.RootStats(); s.Failures != 0 || s.Refreshes != 3 {
+			t.Errorf("%v: root stats %+v", m, s)
+		}
+		return p.values()
+	}
+	if e := relErr(run(ops.RootNewton), run(ops.RootEigen)); !(e < 1e-4) {
+		t.Errorf("Newton vs eigen roots: relative difference %.3g", e)
+	}
+}
+
+// TestShampooAsyncZeroIsSync: asynchronous roots with staleness 0 give
+// bitwise the parameters of synchronous roots.
+func TestShampooAsyncZeroIsSync(t *testing.T) {
+	run := func(async bool) [][]float64 {
+		cfg := testShampooConfig()
+		cfg.Roots.Async = async
+		cfg.Roots.Method = ops.RootNewton
+		p := hostProblem(t, shampooShapes...)
+		r := rand.New(rand.NewPCG(7, 8))
+		p.set(draws(r, 1, shampooShapes))
+		o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Free()
+		for step := 0; step < 7; step++ {
+			p.grads(draws(r, 1, shampooShapes))
+			if err := o.Step(p.e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return p.values()
+	}
+	a, b := run(false), run(true)
+	for i := range a {
+		for k := range a[i] {
+			if a[i][k] != b[i][k] {
+				t.Fatalf("param %d [%d]: sync %v, async %v", i, k, a[i][k], b[i][k])
+			}
+		}
+	}
+}
+
+// TestShampooResume: a run stopped after any step and resumed from its
+// state (a new optimizer, the saved state written back, as a checkpoint
+// load does) continues bitwise as the uninterrupted run, also when an
+// asynchronous refresh is in flight at the stop.
+func TestShampooResume(t *testing.T) {
+	for _, async := range []bool{false, true} {
+		cfg := testShampooConfig()
+		if async {
+			cfg.Roots.Async, cfg.Roots.MaxStaleness = true, 2
+		}
+		const steps = 8
+		r := rand.New(rand.NewPCG(9, 10))
+		w0 := draws(r, 1, shampooShapes)
+		var gs [][][]float64
+		for i := 0; i < steps; i++ {
+			gs = append(gs, draws(r, 1, shampooShapes))
+		}
+		run := func(stop int) [][]float64 {
+			p := hostProblem(t, shampooShapes...)
+			p.set(w0)
+			o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < steps; i++ {
+				if i == stop {
+					saved := stateBytes(t, p.e, o)
+					o.Free()
+					if o, err = optim.NewShampoo(p.a, "run", p.params, cfg); err != nil {
+						t.Fatal(err)
+					}
+					loadState(t, o, saved)
+				}
+				p.grads(gs[i])
+				if err := o.Step(p.e); err != nil {
+					t.Fatal(err)
+				}
+			}
+			o.Free()
+			return p.values()
+		}
+		want := run(-1)
+		for stop := 1; stop < steps; stop++ {
+			got := run(stop)
+			for i := range want {
+				if !bytes.Equal(f64Bytes(got[i]), f64Bytes(want[i])) {
+					t.Fatalf("async %v: resumed after step %d: param %d differs", async, stop, i)
+				}
+			}
+		}
+	}
+}
+
+func f64Bytes(v []float64) []byte {
+	b := make([]byte, 0, 8*len(v))
+	for _, x := range v {
+		u := math.Float64bits(x)
+		b = append(b, byte(u), byte(u>>8), byte(u>>16), byte(u>>24), byte(u>>32), byte(u>>40), byte(u>>48), byte(u>>56))
+	}
+	return b
+}
