@@ -175,3 +175,72 @@ func relErr(got, want [][]float64) float64 {
 }
 
 var _ = mat.NewDense
+
+// maker builds an optimizer for a problem's parameters.
+type maker func(t testing.TB, p *problem) optim.Optimizer
+
+// runSteps runs steps optimizer steps from seeded parameters and
+// gradients and returns the parameters.
+func runSteps(t *testing.T, shapes [][]int, seed uint64, steps int, mk maker) [][]float64 {
+	t.Helper()
+	p := hostProblem(t, shapes...)
+	r := rand.New(rand.NewPCG(seed, 1))
+	p.set(draws(r, 1, shapes))
+	o := mk(t, p)
+	defer o.Free()
+	for i := 0; i < steps; i++ {
+		p.grads(draws(r, 1, shapes))
+		if err := o.Step(p.e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p.values()
+}
+
+// sameBits fails unless a and b are bitwise equal.
+func sameBits(t *testing.T, what string, a, b [][]float64) {
+	t.Helper()
+	for i := range a {
+		for k := range a[i] {
+			if math.Float64bits(a[i][k]) != math.Float64bits(b[i][k]) {
+				t.Fatalf("%s: param %d [%d]: %v and %v", what, i, k, a[i][k], b[i][k])
+			}
+		}
+	}
+}
+
+// checkResume: a run stopped after any step and resumed from its state (a
+// new optimizer with the saved state written into it, as a checkpoint
+// load does) continues bitwise as the uninterrupted run.
+func checkResume(t *testing.T, shapes [][]int, steps int, mk maker) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(9, 10))
+	w0 := draws(r, 1, shapes)
+	var gs [][][]float64
+	for i := 0; i < steps; i++ {
+		gs = append(gs, draws(r, 1, shapes))
+	}
+	run := func(stop int) [][]float64 {
+		p := hostProblem(t, shapes...)
+		p.set(w0)
+		o := mk(t, p)
+		for i := 0; i < steps; i++ {
+			if i == stop {
+				saved := stateBytes(t, p.e, o)
+				o.Free()
+				o = mk(t, p)
+				loadState(t, o, saved)
+			}
+			p.grads(gs[i])
+			if err := o.Step(p.e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		o.Free()
+		return p.values()
+	}
+	want := run(-1)
+	for stop := 1; stop < steps; stop++ {
+		sameBits(t, fmt.Sprintf("resumed after step %d", stop), run(stop), want)
+	}
+}

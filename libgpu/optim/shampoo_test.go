@@ -1,7 +1,6 @@
 package optim_test
 
 import (
-	"bytes"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -272,94 +271,34 @@ func TestShampooNewtonMatchesEigen(t *testing.T) {
 // TestShampooAsyncZeroIsSync: asynchronous roots with staleness 0 give
 // bitwise the parameters of synchronous roots.
 func TestShampooAsyncZeroIsSync(t *testing.T) {
-	run := func(async bool) [][]float64 {
-		cfg := testShampooConfig()
-		cfg.Roots.Async = async
-		cfg.Roots.Method = ops.RootNewton
-		p := hostProblem(t, shampooShapes...)
-		r := rand.New(rand.NewPCG(7, 8))
-		p.set(draws(r, 1, shampooShapes))
-		o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer o.Free()
-		for step := 0; step < 7; step++ {
-			p.grads(draws(r, 1, shampooShapes))
-			if err := o.Step(p.e); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return p.values()
-	}
-	a, b := run(false), run(true)
-	for i := range a {
-		for k := range a[i] {
-			if a[i][k] != b[i][k] {
-				t.Fatalf("param %d [%d]: sync %v, async %v", i, k, a[i][k], b[i][k])
-			}
-		}
-	}
-}
-
-// TestShampooResume: a run stopped after any step and resumed from its
-// state (a new optimizer, the saved state written back, as a checkpoint
-// load does) continues bitwise as the uninterrupted run, also when an
-// asynchronous refresh is in flight at the stop.
-func TestShampooResume(t *testing.T) {
-	for _, async := range []bool{false, true} {
-		cfg := testShampooConfig()
-		if async {
-			cfg.Roots.Async, cfg.Roots.MaxStaleness = true, 2
-		}
-		const steps = 8
-		r := rand.New(rand.NewPCG(9, 10))
-		w0 := draws(r, 1, shampooShapes)
-		var gs [][][]float64
-		for i := 0; i < steps; i++ {
-			gs = append(gs, draws(r, 1, shampooShapes))
-		}
-		run := func(stop int) [][]float64 {
-			p := hostProblem(t, shampooShapes...)
-			p.set(w0)
+	mk := func(async bool) maker {
+		return func(t testing.TB, p *problem) optim.Optimizer {
+			cfg := testShampooConfig()
+			cfg.Roots.Async, cfg.Roots.Method = async, ops.RootNewton
 			o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			for i := 0; i < steps; i++ {
-				if i == stop {
-					saved := stateBytes(t, p.e, o)
-					o.Free()
-					if o, err = optim.NewShampoo(p.a, "run", p.params, cfg); err != nil {
-						t.Fatal(err)
-					}
-					loadState(t, o, saved)
-				}
-				p.grads(gs[i])
-				if err := o.Step(p.e); err != nil {
-					t.Fatal(err)
-				}
-			}
-			o.Free()
-			return p.values()
-		}
-		want := run(-1)
-		for stop := 1; stop < steps; stop++ {
-			got := run(stop)
-			for i := range want {
-				if !bytes.Equal(f64Bytes(got[i]), f64Bytes(want[i])) {
-					t.Fatalf("async %v: resumed after step %d: param %d differs", async, stop, i)
-				}
-			}
+			return o
 		}
 	}
+	sameBits(t, "sync vs async", runSteps(t, shampooShapes, 7, 7, mk(false)), runSteps(t, shampooShapes, 7, 7, mk(true)))
 }
 
-func f64Bytes(v []float64) []byte {
-	b := make([]byte, 0, 8*len(v))
-	for _, x := range v {
-		u := math.Float64bits(x)
-		b = append(b, byte(u), byte(u>>8), byte(u>>16), byte(u>>24), byte(u>>32), byte(u>>40), byte(u>>48), byte(u>>56))
+// TestShampooResume: exact resume, also with an asynchronous refresh in
+// flight at the stop.
+func TestShampooResume(t *testing.T) {
+	for _, stale := range []int{-1, 0, 2} {
+		checkResume(t, shampooShapes, 8, func(t testing.TB, p *problem) optim.Optimizer {
+			cfg := testShampooConfig()
+			if stale >= 0 {
+				cfg.Roots.Async, cfg.Roots.MaxStaleness = true, stale
+			}
+			o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return o
+		})
 	}
-	return b
 }

@@ -1,0 +1,398 @@
+package optim
+
+import (
+	"fmt"
+	"math"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/nn"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
+)
+
+// SOAPConfig configures SOAP (Vyas et al. 2024, "SOAP: Improving and
+// stabilizing Shampoo using Adam", Algorithm 1): Adam run in the
+// eigenbasis of Shampoo's preconditioner, the basis refreshed every
+// UpdateFreq steps. For a matrix parameter W split into blocks of at most
+// MaxBlock (ops.Blocking), per block G at step t:
+//
+//	L ← βs·L + (1−βs)·G·Gᵀ,  R ← βs·R + (1−βs)·Gᵀ·G
+//	at t = 1, 1+k, 1+2k, ...: Q_L, Q_R = eigenvectors of L, R (rows)
+//	M ← β1·M + (1−β1)·G                        (in the original coordinates)
+//	G' = Q_L·G·Q_Rᵀ,  M' = Q_L·M·Q_Rᵀ           (into the eigenbasis)
+//	V ← β2·V + (1−β2)·G'²                      (in the eigenbasis)
+//	N = Q_Lᵀ·(M'/(√V + ε))·Q_R                 (back)
+//	W ← W − LR·(√(1−β2ᵗ)/(1−β1ᵗ)·N + WeightDecay·W)
+//
+// The statistics take step t's gradient before the basis of step t is
+// refreshed. Step 1, as in the reference code, only gathers statistics
+// and computes the first basis: its gradient's rotation is exactly
+// diagonal in that basis, and the rounding noise off the diagonal,
+// divided by a second moment of the same size, would be an O(1) step in
+// directions the gradient does not have. Updates start at step 2 and t in
+// the bias corrections counts them (t = step − 1). Vectors, and parameters
+// whose name contains one of AdamOnly, take AdamW (ops.AdamW) with LR,
+// β1, β2, ε and WeightDecay. With asynchronous bases the eigenbasis in use
+// is MaxStaleness steps old (identities before the first); its second
+// moment V is kept across refreshes, as in the reference code.
+type SOAPConfig struct {
+	LR, Beta1, Beta2, Eps, WeightDecay float32
+	// ShampooBeta is βs, the statistics' decay (0: Beta2).
+	ShampooBeta float32
+	MaxBlock    int
+	UpdateFreq  int
+	// Roots: Async and MaxStaleness (the basis is always an
+	// eigendecomposition: Method is ignored).
+	Roots    RootOptions
+	AdamOnly []string
+}
+
+// DefaultSOAP is the reference implementation's default (lr 3e-3, betas
+// (0.95, 0.95), shampoo_beta = β2, eps 1e-8, weight decay 0.01,
+// precondition_frequency 10) with blocks of at most 1024.
+var DefaultSOAP = SOAPConfig{LR: 3e-3, Beta1: 0.95, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.01, MaxBlock: 1024, UpdateFreq: 10}
+
+func (c SOAPConfig) validate() error {
+	if !(c.LR >= 0 && c.Beta1 >= 0 && c.Beta1 < 1 && c.Beta2 >= 0 && c.Beta2 < 1 && c.Eps > 0 && c.WeightDecay >= 0 &&
+		c.ShampooBeta >= 0 && c.ShampooBeta < 1 && c.MaxBlock >= 1 && c.UpdateFreq >= 1) {
+		return fmt.Errorf("%w: SOAP %+v", ErrConfig, c)
+	}
+	r := c.Roots
+	r.Method = ops.RootEigen
+	return r.validate(c.UpdateFreq)
+}
+
+// soapParam is one matrix parameter's place in SOAP.
+type soapParam struct {
+	name        string
+	p, g        *tensor.Tensor // [M, N] views
+	blk         ops.Blocking
+	m           *tensor.Tensor // state: first moment [M, N]
+	v           *tensor.Tensor // state: second moment in the eigenbasis, blocked
+	gs, gm      *tensor.Tensor // work: blocked gradient and first moment
+	left, right *statClass
+	offL, offR  int
+}
+
+// SOAP is the optimizer of SOAPConfig.
+type SOAP struct {
+	cfg    SOAPConfig
+	s      state
+	step   counter
+	params []*soapParam
+	cls    []*statClass
+	sched  rootSched
+	// work shared by parameters: a product, the rotated gradient (reused
+	// for the step), the rotated moment and the eigenbasis step.
+	t1, gr, mr, nr *tensor.Tensor
+	// AdamW for the other parameters.
+	adam         []nn.Param
+	adamM, adamV []*tensor.Tensor
+	adamStep     *tensor.Tensor
+	adamP, adamG []*tensor.Tensor
+	e            *ops.Engine
+}
+
+// NewSOAP allocates SOAP's state through a: per matrix parameter
+// "<name>.exp_avg" ([M, N]) and "<name>.exp_avg_sq" (blocked, in the
+// eigenbasis); per block order d "soap/<d>.stats" and "soap/<d>.basis"
+// ([count, d, d], stacked across parameters; bases start as identities);
+// per other parameter "<name>.exp_avg", "<name>.exp_avg_sq" and one
+// "adamw.step" for AdamW; "step"; with async bases "soap/<d>.snap0".
+func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfig) (o *SOAP, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := checkParams(params); err != nil {
+		return nil, err
+	}
+	if cfg.ShampooBeta == 0 {
+		cfg.ShampooBeta = cfg.Beta2
+	}
+	o = &SOAP{cfg: cfg, step: counter{t: -1}, sched: rootSched{opts: cfg.Roots, start: 1, every: cfg.UpdateFreq}}
+	o.sched.opts.Method = ops.RootEigen
+	defer func() {
+		if err != nil {
+			o.s.free()
+			o = nil
+		}
+	}()
+	if err := o.s.init(params); err != nil {
+		return o, err
+	}
+	var cs classes
+	maxBlocked := 0
+	for _, p := range params {
+		if p.Value.Rank() < 2 || matches(p.Name, cfg.AdamOnly) {
+			o.adam = append(o.adam, p)
+			continue
+		}
+		pv, err := matrix2D(p.Value)
+		if err != nil {
+			return o, err
+		}
+		gv, _ := matrix2D(p.Grad)
+		blk, err := ops.NewBlocking(pv.Dim(0), pv.Dim(1), cfg.MaxBlock)
+		if err != nil {
+			return o, err
+		}
+		sp := &soapParam{name: p.Name, p: pv, g: gv, blk: blk}
+		if sp.m, err = o.s.zeros(a, prefix, p.Name+".exp_avg", tensor.F32, pv.Shape...); err != nil {
+			return o, err
+		}
+		if sp.v, err = o.s.zeros(a, prefix, p.Name+".exp_avg_sq", tensor.F32, blk.Shape()...); err != nil {
+			return o, err
+		}
+		if sp.gs, err = o.s.work(a, prefix, p.Name+".grad", tensor.F32, blk.Shape()...); err != nil {
+			return o, err
+		}
+		if sp.gm, err = o.s.work(a, prefix, p.Name+".moment", tensor.F32, blk.Shape()...); err != nil {
+			return o, err
+		}
+		sp.left, sp.offL = cs.reserve(blk.BR, blk.Count(), blk.RealRows)
+		sp.right, sp.offR = cs.reserve(blk.BC, blk.Count(), blk.RealCols)
+		maxBlocked = max(maxBlocked, blk.Count()*blk.BR*blk.BC)
+		o.params = append(o.params, sp)
+	}
+	o.cls = cs.sorted()
+	for _, c := range o.cls {
+		tag := fmt.Sprintf("soap/%d", c.d)
+		if c.stats, err = o.s.zeros(a, prefix, tag+".stats", tensor.F32, c.count, c.d, c.d); err != nil {
+			return o, err
+		}
+		if c.out, err = o.s.zeros(a, prefix, tag+".basis", tensor.F32, c.count, c.d, c.d); err != nil {
+			return o, err
+		}
+		if err := identity(c.out); err != nil {
+			return o, err
+		}
+		if c.status, err = o.s.work(a, prefix, tag+".status", tensor.I32, c.count); err != nil {
+			return o, err
+		}
+		real, err := o.s.work(a, prefix, tag+".real", tensor.I32, c.count)
+		if err != nil {
+			return o, err
+		}
+		if err := real.Write(tensor.AsBytes(c.real)); err != nil {
+			return o, err
+		}
+		eig, err := o.s.work(a, prefix, tag+".padded", tensor.F32, c.count, c.d, c.d)
+		if err != nil {
+			return o, err
+		}
+		vals, err := o.s.work(a, prefix, tag+".eigenvalues", tensor.F32, c.count, c.d)
+		if err != nil {
+			return o, err
+		}
+		c := c
+		c.job = &rootJob{name: tag, src: []*tensor.Tensor{c.stats}, dst: []*tensor.Tensor{c.out},
+			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64 bool) (*tensor.Tensor, error) {
+				if err := e.Copy(eig, src[0]); err != nil {
+					return nil, err
+				}
+				if err := e.PadDiag(eig, real); err != nil {
+					return nil, err
+				}
+				return c.status, e.Eigh(ops.Eigh{A: eig, Q: dst[0], W: vals, F64: f64, Status: c.status})
+			}}
+		if err := o.sched.add(&o.s, a, prefix, c.job); err != nil {
+			return o, err
+		}
+	}
+	for _, p := range o.adam {
+		m, err := o.s.zeros(a, prefix, p.Name+".exp_avg", tensor.F32, p.Value.Shape...)
+		if err != nil {
+			return o, err
+		}
+		v, err := o.s.zeros(a, prefix, p.Name+".exp_avg_sq", tensor.F32, p.Value.Shape...)
+		if err != nil {
+			return o, err
+		}
+		o.adamM, o.adamV = append(o.adamM, m), append(o.adamV, v)
+		o.adamP, o.adamG = append(o.adamP, p.Value), append(o.adamG, p.Grad)
+	}
+	if len(o.adam) > 0 {
+		if o.adamStep, err = o.s.zeros(a, prefix, "adamw.step", tensor.I32, 1); err != nil {
+			return o, err
+		}
+	}
+	if o.step.dev, err = o.s.zeros(a, prefix, "step", tensor.I32, 1); err != nil {
+		return o, err
+	}
+	if maxBlocked > 0 {
+		for _, w := range []struct {
+			t **tensor.Tensor
+			n string
+		}{{&o.t1, "soap.tmp"}, {&o.gr, "soap.rotated_grad"}, {&o.mr, "soap.rotated_moment"}, {&o.nr, "soap.rotated_step"}} {
+			if *w.t, err = o.s.work(a, prefix, w.n, tensor.F32, maxBlocked); err != nil {
+				return o, err
+			}
+		}
+	}
+	return o, nil
+}
+
+// Step implements Optimizer: the moments' and statistics' updates of every
+// matrix parameter, the bases' schedule (a refresh at t = 1, 1+k, ...,
+// synchronously or on the side stream), the steps in the eigenbasis
+// (six batched GEMMs and ops.SOAPAdam per parameter), and AdamW for the
+// others. Queued on e; not capturable.
+func (o *SOAP) Step(e *ops.Engine) error {
+	o.e = e
+	t, err := o.step.next(e)
+	if err != nil {
+		return err
+	}
+	c := o.cfg
+	bs := c.ShampooBeta
+	for _, sp := range o.params {
+		if err := e.SOAPPrep(sp.g, sp.m, sp.gs, sp.gm, sp.blk, c.Beta1); err != nil {
+			return err
+		}
+		if t == 1 { // step 1 leaves the moment at zero (see SOAPConfig)
+			if err := e.Fill(sp.m, 0); err != nil {
+				return err
+			}
+		}
+		k := sp.blk.Count()
+		l, err := slice(sp.left.stats, sp.offL, k)
+		if err != nil {
+			return err
+		}
+		r, err := slice(sp.right.stats, sp.offR, k)
+		if err != nil {
+			return err
+		}
+		if err := e.Matmul(ops.Matmul{A: sp.gs, B: sp.gs, D: l, TransB: true, Alpha: 1 - bs, Beta: bs, Accumulate: bs > 0}); err != nil {
+			return err
+		}
+		if err := e.Matmul(ops.Matmul{A: sp.gs, B: sp.gs, D: r, TransA: true, Alpha: 1 - bs, Beta: bs, Accumulate: bs > 0}); err != nil {
+			return err
+		}
+	}
+	if err := o.sched.step(e, t); err != nil {
+		return err
+	}
+	if t == 1 {
+		return nil // statistics and the first basis only (see SOAPConfig)
+	}
+	tu := float64(t - 1)
+	coef := float32(math.Sqrt(1-math.Pow(float64(c.Beta2), tu)) / (1 - math.Pow(float64(c.Beta1), tu)))
+	for _, sp := range o.params {
+		k := sp.blk.Count()
+		shape := sp.blk.Shape()
+		ql, err := slice(sp.left.out, sp.offL, k)
+		if err != nil {
+			return err
+		}
+		qr, err := slice(sp.right.out, sp.offR, k)
+		if err != nil {
+			return err
+		}
+		var w [4]*tensor.Tensor
+		for i, b := range []*tensor.Tensor{o.t1, o.gr, o.mr, o.nr} {
+			if w[i], err = flat(b, shape...); err != nil {
+				return err
+			}
+		}
+		t1, gr, mr, nr := w[0], w[1], w[2], w[3]
+		for _, in := range []struct{ x, out *tensor.Tensor }{{sp.gs, gr}, {sp.gm, mr}} {
+			if err := e.Matmul(ops.Matmul{A: ql, B: in.x, D: t1}); err != nil {
+				return err
+			}
+			if err := e.Matmul(ops.Matmul{A: t1, B: qr, D: in.out, TransB: true}); err != nil {
+				return err
+			}
+		}
+		if err := e.SOAPAdam(sp.v, gr, mr, nr, sp.blk, c.Beta2, c.Eps); err != nil {
+			return err
+		}
+		if err := e.Matmul(ops.Matmul{A: ql, B: nr, D: t1, TransA: true}); err != nil {
+			return err
+		}
+		if err := e.Matmul(ops.Matmul{A: t1, B: qr, D: gr}); err != nil {
+			return err
+		}
+		if err := e.BlockApply(ops.BlockApply{P: sp.p, D: gr, Blk: sp.blk, LR: c.LR, Coef: coef, Decay: c.WeightDecay}); err != nil {
+			return err
+		}
+	}
+	if len(o.adam) > 0 {
+		return e.AdamW(o.adamP, o.adamG, o.adamM, o.adamV, o.adamStep,
+			ops.AdamWConfig{LR: c.LR, Beta1: c.Beta1, Beta2: c.Beta2, Eps: c.Eps, WeightDecay: c.WeightDecay})
+	}
+	return nil
+}
+
+// Basis returns the eigenbases in use for the blocks of the matrix
+// parameter named name: left [Count, BR, BR] and right [Count, BC, BC]
+// (rows are eigenvectors; views of the stacked state), and its blocking;
+// ok is false for a parameter SOAP does not precondition.
+func (o *SOAP) Basis(name string) (left, right *tensor.Tensor, blk ops.Blocking, ok bool) {
+	for _, sp := range o.params {
+		if sp.name == name {
+			l, _ := slice(sp.left.out, sp.offL, sp.blk.Count())
+			r, _ := slice(sp.right.out, sp.offR, sp.blk.Count())
+			return l, r, sp.blk, true
+		}
+	}
+	return nil, nil, ops.Blocking{}, false
+}
+
+// State implements Optimizer.
+func (o *SOAP) State() []nn.Param { return o.s.state }
+
+// SetLR implements Optimizer.
+func (o *SOAP) SetLR(lr float32) { o.cfg.LR = lr }
+
+// Config is the current configuration.
+func (o *SOAP) Config() SOAPConfig { return o.cfg }
+
+// Steps implements Stepper.
+func (o *SOAP) Steps() int { return o.step.t }
+
+// Counter is the device's step counter ([1] i32).
+func (o *SOAP) Counter() *tensor.Tensor { return o.step.dev }
+
+// RootStats says what the bases' refreshes did.
+func (o *SOAP) RootStats() RootStats { return o.sched.stats }
+
+// Capturable implements Capturer: false.
+func (o *SOAP) Capturable() bool { return false }
+
+// Reset implements Optimizer.
+func (o *SOAP) Reset(e *ops.Engine) error {
+	if err := o.sched.close(o.e); err != nil {
+		return err
+	}
+	if err := o.s.reset(e); err != nil {
+		return err
+	}
+	if err := e.Sync(); err != nil {
+		return err
+	}
+	for _, c := range o.cls {
+		for _, t := range append([]*tensor.Tensor{c.out}, c.job.pend...) {
+			if err := identity(t); err != nil {
+				return err
+			}
+		}
+	}
+	o.step.t = 0
+	o.sched.pendingT, o.sched.resumed = 0, true
+	return nil
+}
+
+// Free implements Optimizer.
+func (o *SOAP) Free() error {
+	err := o.sched.close(o.e)
+	if e := o.s.free(); err == nil {
+		err = e
+	}
+	return err
+}
+
+var (
+	_ Optimizer = (*SOAP)(nil)
+	_ Capturer  = (*SOAP)(nil)
+)
