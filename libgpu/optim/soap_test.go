@@ -85,7 +85,7 @@ func (r *refSOAP) step(w, g [][]float64) {
 	}
 	lr, wd := float64(c.LR), float64(c.WeightDecay)
 	refresh := (r.t-1)%c.UpdateFreq == 0
-	first := r.t == 1 // statistics and bases only
+	first := r.t == 1     // statistics and bases only
 	t := float64(r.t - 1) // updates so far: step 1 makes none
 	for i := range w {
 		if len(r.shapes[i]) != 2 { // AdamW
