@@ -43,6 +43,10 @@ type MLPConfig struct {
 	// and Backward must then be given this engine.
 	Graph    *ops.Engine
 	Autocast tensor.DType
+	// OnLinear is the recorded graph's ops.GraphOptions.OnLinear (with
+	// Graph only): K-FAC's factors read from each layer's input and
+	// pre-activation gradient.
+	OnLinear func(weight string, x, dy *tensor.Tensor) error
 }
 
 // MLP is a stack of Linear layers with a fused activation, ending in
@@ -58,6 +62,9 @@ type MLP struct {
 	logits    *slot
 	loss      *tensor.Tensor
 	tape      steps
+	// each layer's input and pre-activation gradient (Linears; not with
+	// a graph, whose Linear layers K-FAC reads through OnLinear)
+	layerIn, layerOutGrad []*tensor.Tensor
 }
 
 func join(prefix, kind, name string) string {
@@ -185,6 +192,7 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 			}
 		}
 		layers = append(layers, l)
+		m.layerIn, m.layerOutGrad = append(m.layerIn, x.Value), append(m.layerOutGrad, yg)
 		x = l.y
 	}
 	for i, l := range layers {
@@ -285,6 +293,34 @@ func (m *MLP) Config() MLPConfig { return m.cfg }
 // Params lists weights and biases layer by layer: fc0.weight, fc0.bias, fc1.weight, ...
 // The slice is shared; do not modify it.
 func (m *MLP) Params() []Param { return m.params }
+
+// LinearIO is what K-FAC (libgpu/optim.KFACLayer) reads of a linear
+// layer: its parameters' names, its input [Batch, in] and the gradient of
+// the loss with respect to its pre-activation [Batch, out].
+type LinearIO struct {
+	Weight, Bias   string
+	Input, OutGrad *tensor.Tensor
+}
+
+// Linears lists every layer's LinearIO, in layer order: the buffers the
+// forward and backward write, valid after a Backward. OutGrad is the
+// gradient of the pre-activation on engines with ops.Engine.HasLinearChain
+// (host and CUDA: Backward takes the chain); on others it is the gradient
+// of the layer's output. An MLP recorded on a graph (MLPConfig.Graph) has
+// no such static buffers: Input and OutGrad are nil, and MLPConfig.OnLinear
+// hands them over instead.
+func (m *MLP) Linears() []LinearIO {
+	var out []LinearIO
+	for i := 0; i+1 < len(m.cfg.Widths); i++ {
+		name := fmt.Sprintf("fc%d", i)
+		l := LinearIO{Weight: name + ".weight", Bias: name + ".bias"}
+		if i < len(m.layerIn) {
+			l.Input, l.OutGrad = m.layerIn[i], m.layerOutGrad[i]
+		}
+		out = append(out, l)
+	}
+	return out
+}
 
 // Input is the static [Batch, Widths[0]] f32 input the caller writes each step.
 func (m *MLP) Input() *tensor.Tensor { return m.input }

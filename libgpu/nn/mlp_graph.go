@@ -23,7 +23,7 @@ func (m *MLP) recordGraph(a device.Allocator, ws, bs []*slot) error {
 	if dt == 0 {
 		dt = tensor.F32
 	}
-	g := ops.NewGraph(cfg.Graph, a, cfg.Prefix, ops.GraphOptions{Autocast: dt})
+	g := ops.NewGraph(cfg.Graph, a, cfg.Prefix, ops.GraphOptions{Autocast: dt, OnLinear: cfg.OnLinear})
 	m.graph = g
 	x := g.Input("input", m.input)
 	L := len(ws)

@@ -50,18 +50,27 @@ type counter struct {
 // next advances the counter and returns the new step number (from 1),
 // writing it to the device counter (queued).
 func (c *counter) next(e *ops.Engine) (int, error) {
-	if c.t < 0 {
-		if err := e.Sync(); err != nil {
-			return 0, err
-		}
-		b, err := c.dev.Read()
-		if err != nil {
-			return 0, fmt.Errorf("optim: reading the step counter: %w", err)
-		}
-		c.t = int(tensor.BytesAs[int32](b)[0])
+	if err := c.load(e); err != nil {
+		return 0, err
 	}
 	c.t++
 	return c.t, e.Fill(c.dev, float64(c.t))
+}
+
+// load reads the device counter when the host's mirror is unknown.
+func (c *counter) load(e *ops.Engine) error {
+	if c.t >= 0 {
+		return nil
+	}
+	if err := e.Sync(); err != nil {
+		return err
+	}
+	b, err := c.dev.Read()
+	if err != nil {
+		return fmt.Errorf("optim: reading the step counter: %w", err)
+	}
+	c.t = int(tensor.BytesAs[int32](b)[0])
+	return nil
 }
 
 // work allocates a buffer the optimizer uses within steps but that is not

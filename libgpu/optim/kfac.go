@@ -1,0 +1,399 @@
+package optim
+
+import (
+	"fmt"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/nn"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
+)
+
+// KFACConfig configures K-FAC for linear layers (Martens & Grosse 2015,
+// "Optimizing neural networks with Kronecker-factored approximate
+// curvature"), as momentum SGD on the preconditioned gradient (the form of
+// kfac-pytorch and of Ba, Grosse & Martens 2017). For a layer y = x·Wᵀ + b
+// with N input rows a (captured in the forward) and output gradients g
+// (∂L/∂y, captured in the backward), at step t:
+//
+//	every CovEvery steps:  A ← ρ·A + (1−ρ)·(1/N)·āᵀā      (ā = [a, 1])
+//	                        G ← ρ·G + (1−ρ)·(s²/N)·gᵀg     (s = GradScale, 0: N)
+//	                        (the first update overwrites: A = (1/N)·āᵀā, ...)
+//	every InvEvery steps:  π = √((tr A/d_A)/(tr G/d_G)),
+//	                        A⁻¹ = (A + π√λ·I)⁻¹, G⁻¹ = (G + √λ/π·I)⁻¹
+//	V = G⁻¹·[∇W | ∇b]·A⁻¹
+//	ν = min(1, √(κ/(LR²·Σ_layers ⟨V, [∇W | ∇b]⟩)))          (KL clipping; κ = KLClip, 0: ν = 1)
+//	buf ← μ·buf + ν·V (+ WeightDecay·W for weights);  W ← W − LR·buf
+//
+// GradScale turns the captured gradients into per-example gradients of
+// the summed loss: N (the default) for a loss averaged over the N rows,
+// which is what ops' cross-entropy computes. Parameters outside the
+// layers take momentum SGD with LR, Momentum and WeightDecay. Inverses
+// follow Roots (eigendecomposition or Newton with P = 1, synchronous or
+// asynchronous with MaxStaleness); before the first are in use they are
+// identities (the step is momentum SGD).
+type KFACConfig struct {
+	LR, Momentum, WeightDecay float32
+	Damping                   float32 // λ
+	StatDecay                 float32 // ρ
+	CovEvery, InvEvery        int
+	KLClip                    float32 // κ
+	GradScale                 float32
+	Roots                     RootOptions
+}
+
+// DefaultKFAC is kfac-pytorch's usual setting: LR 0.1, momentum 0.9,
+// damping 1e-3, factor decay 0.95, factors every step, inverses every 10,
+// KL clip 1e-3.
+var DefaultKFAC = KFACConfig{LR: 0.1, Momentum: 0.9, Damping: 1e-3, StatDecay: 0.95, CovEvery: 1, InvEvery: 10, KLClip: 1e-3}
+
+func (c KFACConfig) validate() error {
+	if !(c.LR >= 0 && c.Momentum >= 0 && c.Momentum < 1 && c.WeightDecay >= 0 && c.Damping > 0 && c.StatDecay >= 0 &&
+		c.StatDecay < 1 && c.CovEvery >= 1 && c.InvEvery >= 1 && c.KLClip >= 0 && c.GradScale >= 0) {
+		return fmt.Errorf("%w: K-FAC %+v", ErrConfig, c)
+	}
+	return c.Roots.validate(c.InvEvery)
+}
+
+// KFACLayer names a linear layer's parameters. Input ([N, in]) and OutGrad
+// ([N, out]) are the layer's input and the gradient of its output (its
+// pre-activation), f32 or bf16, read at each step (for a model whose
+// buffers are static, such as nn.MLP: nn.MLP.Linears); leave them nil to
+// capture them with the hook of ops.GraphOptions.OnLinear (KFAC.OnLinear).
+type KFACLayer struct {
+	Weight, Bias   string
+	Input, OutGrad *tensor.Tensor
+}
+
+// kfacLayer is one layer's state.
+type kfacLayer struct {
+	KFACLayer
+	w, gw, b, gb   *tensor.Tensor
+	bufW, bufB     *tensor.Tensor // state: momentum
+	a, g           *tensor.Tensor // state: factors
+	ainv, ginv     *tensor.Tensor // state: inverses in use
+	ridgeA, ridgeG *tensor.Tensor // work: damping
+	errs           *tensor.Tensor // work: the inverses' residuals [2]
+	v              *tensor.Tensor // work: the preconditioned gradient
+	updated        int            // the step whose factors were last captured
+}
+
+// KFAC is the optimizer of KFACConfig.
+type KFAC struct {
+	cfg      KFACConfig
+	s        state
+	step     counter
+	layers   []*kfacLayer
+	byWeight map[string]*kfacLayer
+	sched    rootSched
+	dots, nu *tensor.Tensor
+	rest     []*tensor.Tensor // other parameters, their gradients and momentum buffers
+	restG    []*tensor.Tensor
+	restBuf  []*tensor.Tensor
+	e        *ops.Engine
+}
+
+// NewKFAC allocates K-FAC's state through a: per layer
+// "<weight>.kfac_a", "<weight>.kfac_g" (the factors, [in+1] or [in]
+// square and [out] square), "<weight>.kfac_a_inv", "<weight>.kfac_g_inv"
+// (identities at first) and "<param>.momentum_buffer" for its weight and
+// bias; "<name>.momentum_buffer" for every other parameter; "step"; with
+// async inverses "kfac/<weight>.snap0" and ".snap1". Every layer's
+// parameters must be among params, f32, the weight [out, in] and the bias
+// [out].
+func NewKFAC(a device.Allocator, prefix string, params []nn.Param, layers []KFACLayer, cfg KFACConfig) (o *KFAC, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := checkParams(params); err != nil {
+		return nil, err
+	}
+	o = &KFAC{cfg: cfg, step: counter{t: -1}, byWeight: map[string]*kfacLayer{},
+		sched: rootSched{opts: cfg.Roots, start: 1, every: cfg.InvEvery}}
+	defer func() {
+		if err != nil {
+			o.s.free()
+			o = nil
+		}
+	}()
+	if err := o.s.init(params); err != nil {
+		return o, err
+	}
+	byName := map[string]nn.Param{}
+	for _, p := range params {
+		byName[p.Name] = p
+	}
+	inLayer := map[string]bool{}
+	for _, spec := range layers {
+		w, ok := byName[spec.Weight]
+		if !ok || w.Value.Rank() != 2 {
+			return o, fmt.Errorf("%w: K-FAC layer weight %q is not a matrix parameter", ErrParams, spec.Weight)
+		}
+		if o.byWeight[spec.Weight] != nil {
+			return o, fmt.Errorf("%w: K-FAC layer %q given twice", ErrParams, spec.Weight)
+		}
+		out, in := w.Value.Dim(0), w.Value.Dim(1)
+		l := &kfacLayer{KFACLayer: spec, w: w.Value, gw: w.Grad}
+		din := in
+		if spec.Bias != "" {
+			b, ok := byName[spec.Bias]
+			if !ok || !tensor.SameShape(b.Value.Shape, []int{out}) {
+				return o, fmt.Errorf("%w: K-FAC layer bias %q is not a [%d] parameter", ErrParams, spec.Bias, out)
+			}
+			l.b, l.gb, din = b.Value, b.Grad, in+1
+			inLayer[spec.Bias] = true
+		}
+		inLayer[spec.Weight] = true
+		n := spec.Weight
+		for _, x := range []struct {
+			t     **tensor.Tensor
+			name  string
+			shape []int
+		}{{&l.a, n + ".kfac_a", []int{din, din}}, {&l.g, n + ".kfac_g", []int{out, out}},
+			{&l.ainv, n + ".kfac_a_inv", []int{din, din}}, {&l.ginv, n + ".kfac_g_inv", []int{out, out}},
+			{&l.bufW, n + ".momentum_buffer", []int{out, in}}} {
+			if *x.t, err = o.s.zeros(a, prefix, x.name, tensor.F32, x.shape...); err != nil {
+				return o, err
+			}
+		}
+		if l.b != nil {
+			if l.bufB, err = o.s.zeros(a, prefix, spec.Bias+".momentum_buffer", tensor.F32, out); err != nil {
+				return o, err
+			}
+		}
+		for _, t := range []*tensor.Tensor{l.ainv, l.ginv} {
+			if err := identity(t); err != nil {
+				return o, err
+			}
+		}
+		for _, x := range []struct {
+			t     **tensor.Tensor
+			name  string
+			shape []int
+		}{{&l.ridgeA, n + ".ridge_a", []int{1}}, {&l.ridgeG, n + ".ridge_g", []int{1}}, {&l.errs, n + ".residual", []int{2}},
+			{&l.v, n + ".precond", []int{out, din}}} {
+			if *x.t, err = o.s.work(a, prefix, x.name, tensor.F32, x.shape...); err != nil {
+				return o, err
+			}
+		}
+		job := &rootJob{name: "kfac/" + n, src: []*tensor.Tensor{l.a, l.g}, dst: []*tensor.Tensor{l.ainv, l.ginv},
+			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64 bool) (*tensor.Tensor, error) {
+				if err := e.KFACDamping(l.ridgeA, l.ridgeG, src[0], src[1], cfg.Damping); err != nil {
+					return nil, err
+				}
+				method := cfg.Roots.Method
+				if f64 {
+					method = ops.RootEigen
+				}
+				for i, r := range []*tensor.Tensor{l.ridgeA, l.ridgeG} {
+					ev, _ := l.errs.Narrow(0, i, 1)
+					if err := e.InverseRoot(ops.InverseRoot{A: src[i], X: dst[i], P: 1, Ridge: r, Method: method,
+						Iters: cfg.Roots.NewtonIters, F64: f64, Err: ev}); err != nil {
+						return nil, err
+					}
+				}
+				return l.errs, nil
+			}}
+		if err := o.sched.add(&o.s, a, prefix, job); err != nil {
+			return o, err
+		}
+		o.layers = append(o.layers, l)
+		o.byWeight[spec.Weight] = l
+	}
+	for _, p := range params {
+		if inLayer[p.Name] {
+			continue
+		}
+		b, err := o.s.zeros(a, prefix, p.Name+".momentum_buffer", tensor.F32, p.Value.Shape...)
+		if err != nil {
+			return o, err
+		}
+		o.rest, o.restG, o.restBuf = append(o.rest, p.Value), append(o.restG, p.Grad), append(o.restBuf, b)
+	}
+	if len(o.layers) > 0 {
+		if o.dots, err = o.s.work(a, prefix, "kfac.dots", tensor.F32, len(o.layers)); err != nil {
+			return o, err
+		}
+		if o.nu, err = o.s.work(a, prefix, "kfac.nu", tensor.F32, 1); err != nil {
+			return o, err
+		}
+	}
+	if o.step.dev, err = o.s.zeros(a, prefix, "step", tensor.I32, 1); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// covDue reports whether step t updates the factors, and whether it is
+// the first update (which overwrites them).
+func (o *KFAC) covDue(t int) (due, first bool) {
+	return t%o.cfg.CovEvery == 0, t == o.cfg.CovEvery
+}
+
+// factor updates one layer's factors from x ([N, in]) and dy ([N, out])
+// at step t.
+func (o *KFAC) factor(e *ops.Engine, l *kfacLayer, x, dy *tensor.Tensor, t int) error {
+	due, first := o.covDue(t)
+	if !due || l.updated == t {
+		return nil
+	}
+	if x.Rank() != 2 || dy.Rank() != 2 || x.Dim(0) != dy.Dim(0) || x.Dim(1) != l.w.Dim(1) || dy.Dim(1) != l.w.Dim(0) {
+		return fmt.Errorf("%w: K-FAC layer %q captured x %v and dy %v for a %v weight", ErrParams, l.Weight, x.Shape, dy.Shape, l.w.Shape)
+	}
+	n := float32(x.Dim(0))
+	s := o.cfg.GradScale
+	if s == 0 {
+		s = n
+	}
+	rho := o.cfg.StatDecay
+	alphaA, alphaG, beta := (1-rho)/n, (1-rho)*s*s/n, rho
+	if first {
+		alphaA, alphaG, beta = 1/n, s*s/n, 0
+	}
+	if err := e.KFACFactor(l.a, x, alphaA, beta, l.b != nil); err != nil {
+		return err
+	}
+	if err := e.KFACFactor(l.g, dy, alphaG, beta, false); err != nil {
+		return err
+	}
+	l.updated = t
+	return nil
+}
+
+// OnLinear returns the hook for ops.GraphOptions.OnLinear of a graph run
+// on e: it updates the factors of the layer whose weight is named weight
+// from the layer's input x and pre-activation gradient dy, during the
+// backward of the step about to be taken (when factors are due), with no
+// copy of them; other weights are ignored. Each layer's weight must feed
+// one Linear.
+func (o *KFAC) OnLinear(e *ops.Engine) func(weight string, x, dy *tensor.Tensor) error {
+	return func(weight string, x, dy *tensor.Tensor) error {
+		l := o.byWeight[weight]
+		if l == nil {
+			return nil
+		}
+		if err := o.step.load(e); err != nil {
+			return err
+		}
+		return o.factor(e, l, x, dy, o.step.t+1)
+	}
+}
+
+// Step implements Optimizer: factors of layers with static Input and
+// OutGrad (when due), the inverses' schedule, every layer's
+// preconditioned gradient, the KL clipping factor and the momentum
+// updates, then momentum SGD for the other parameters. Queued on e; not
+// capturable.
+func (o *KFAC) Step(e *ops.Engine) error {
+	o.e = e
+	t, err := o.step.next(e)
+	if err != nil {
+		return err
+	}
+	c := o.cfg
+	for _, l := range o.layers {
+		if l.Input != nil && l.OutGrad != nil {
+			if err := o.factor(e, l, l.Input, l.OutGrad, t); err != nil {
+				return err
+			}
+		}
+	}
+	if err := o.sched.step(e, t); err != nil {
+		return err
+	}
+	for i, l := range o.layers {
+		var dot *tensor.Tensor
+		if c.KLClip > 0 {
+			dot, _ = o.dots.Narrow(0, i, 1)
+		}
+		if err := e.KFACPrecond(l.v, l.ginv, l.gw, l.gb, l.ainv, dot); err != nil {
+			return err
+		}
+	}
+	var nu *tensor.Tensor
+	if c.KLClip > 0 && len(o.layers) > 0 {
+		if err := e.KLClip(o.nu, o.dots, c.LR, c.KLClip); err != nil {
+			return err
+		}
+		nu = o.nu
+	}
+	for _, l := range o.layers {
+		if err := e.KFACApply(l.w, l.b, l.bufW, l.bufB, l.v, nu, c.LR, c.Momentum, c.WeightDecay); err != nil {
+			return err
+		}
+	}
+	if len(o.rest) > 0 {
+		return e.SGD(o.rest, o.restG, o.restBuf, ops.SGDConfig{LR: c.LR, Momentum: c.Momentum, WeightDecay: c.WeightDecay})
+	}
+	return nil
+}
+
+// Factors returns the current factors A and G of the layer whose weight is
+// named weight (views of the state), or nils.
+func (o *KFAC) Factors(weight string) (a, g *tensor.Tensor) {
+	if l := o.byWeight[weight]; l != nil {
+		return l.a, l.g
+	}
+	return nil, nil
+}
+
+// State implements Optimizer.
+func (o *KFAC) State() []nn.Param { return o.s.state }
+
+// SetLR implements Optimizer.
+func (o *KFAC) SetLR(lr float32) { o.cfg.LR = lr }
+
+// Config is the current configuration.
+func (o *KFAC) Config() KFACConfig { return o.cfg }
+
+// Steps implements Stepper.
+func (o *KFAC) Steps() int { return o.step.t }
+
+// Counter is the device's step counter ([1] i32).
+func (o *KFAC) Counter() *tensor.Tensor { return o.step.dev }
+
+// RootStats says what the inverses' refreshes did.
+func (o *KFAC) RootStats() RootStats { return o.sched.stats }
+
+// Capturable implements Capturer: false.
+func (o *KFAC) Capturable() bool { return false }
+
+// Reset implements Optimizer.
+func (o *KFAC) Reset(e *ops.Engine) error {
+	if err := o.sched.close(o.e); err != nil {
+		return err
+	}
+	if err := o.s.reset(e); err != nil {
+		return err
+	}
+	if err := e.Sync(); err != nil {
+		return err
+	}
+	for _, j := range o.sched.jobs {
+		for _, t := range append(append([]*tensor.Tensor(nil), j.dst...), j.pend...) {
+			if err := identity(t); err != nil {
+				return err
+			}
+		}
+	}
+	for _, l := range o.layers {
+		l.updated = 0
+	}
+	o.step.t = 0
+	o.sched.pendingT, o.sched.resumed = 0, true
+	return nil
+}
+
+// Free implements Optimizer.
+func (o *KFAC) Free() error {
+	err := o.sched.close(o.e)
+	if e := o.s.free(); err == nil {
+		err = e
+	}
+	return err
+}
+
+var (
+	_ Optimizer = (*KFAC)(nil)
+	_ Capturer  = (*KFAC)(nil)
+)
