@@ -1,9 +1,28 @@
 // Package optim holds optimizer objects over nn.Params: AdamW and SGD with
-// momentum. Each owns its state buffers (moments, momentum buffers, step
-// counter), allocated once through a device.Allocator under
-// prefix+"/optim/<state name>" zero-initialised (Reset zeroes them again with ops Fill), and
-// applies the update rules of package ops (which cite their sources) in one
-// engine call per step, so a CUDA backend can capture the step in a graph.
-// State names follow PyTorch's optimizer state_dict: "<param>.exp_avg",
-// "<param>.exp_avg_sq", "step" for AdamW, "<param>.momentum_buffer" for SGD.
+// momentum, and the second-order methods Shampoo, SOAP, Muon and K-FAC.
+// Each owns its state buffers (moments, statistics, roots, eigenbases,
+// step counter), allocated once through a device.Allocator under
+// prefix+"/optim/<state name>" zero-initialised (Reset zeroes them again
+// with ops Fill), and applies the update rules of package ops (which cite
+// their sources) with every call queued on the engine: no step waits for
+// the device (but the first after construction, which reads the step
+// counter).
+//
+// State names follow PyTorch's optimizer state_dict where there is one:
+// "<param>.exp_avg", "<param>.exp_avg_sq", "step" for AdamW,
+// "<param>.momentum_buffer" for SGD; the second-order methods document
+// theirs at their constructors. State lists everything a checkpoint needs
+// for an exact resume; buffers used only within a step are allocated under
+// prefix+"/optim/work/" and are not state.
+//
+// Shampoo, SOAP and K-FAC refresh their preconditioners (inverse roots,
+// eigenbases, inverses) on a schedule (RootOptions): synchronously in the
+// step, or asynchronously on the engine's side stream (ops.Engine.Side)
+// from a snapshot of the statistics, put in use a fixed number of steps
+// later (bounded staleness), so that a step never waits for a root. Their
+// schedules live on the host, so their steps run eagerly (Capturer);
+// Muon, AdamW and SGD may be captured into a CUDA graph.
+//
+// Spec and New build any of them from a flat, serialisable description
+// (command lines, the optimizer service of libgpu/optim/service).
 package optim

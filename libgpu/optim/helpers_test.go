@@ -244,3 +244,5 @@ func checkResume(t *testing.T, shapes [][]int, steps int, mk maker) {
 		sameBits(t, fmt.Sprintf("resumed after step %d", stop), run(stop), want)
 	}
 }
+
+func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 99)) }

@@ -1,0 +1,143 @@
+package optim
+
+import (
+	"fmt"
+	"strings"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/nn"
+	"gpukit/libgpu/ops"
+)
+
+// Spec names an optimizer and its hyper-parameters in one flat,
+// serialisable form: what command lines (trainer --optim ...) and the
+// optimizer service (register) carry. Start from Defaults(name) and change
+// fields; New builds the optimizer. Fields an algorithm does not use are
+// ignored.
+type Spec struct {
+	Name string `msgpack:"name" json:"name"` // adamw, sgd, shampoo, soap, muon, kfac
+
+	LR          float32 `msgpack:"lr" json:"lr"`
+	WeightDecay float32 `msgpack:"weight_decay" json:"weight_decay"`
+	Beta1       float32 `msgpack:"beta1" json:"beta1"`
+	Beta2       float32 `msgpack:"beta2" json:"beta2"` // Shampoo: statistics; SOAP and AdamW: second moment
+	Eps         float32 `msgpack:"eps" json:"eps"`
+	Momentum    float32 `msgpack:"momentum" json:"momentum"` // SGD, Muon, K-FAC
+
+	// Shampoo and SOAP.
+	MaxBlock   int     `msgpack:"max_block" json:"max_block"`
+	UpdateFreq int     `msgpack:"update_freq" json:"update_freq"` // K-FAC: inverses
+	StartStep  int     `msgpack:"start_step" json:"start_step"`
+	Graft      string  `msgpack:"graft" json:"graft"`             // Shampoo: adam or adagrad
+	GraftBeta2 float32 `msgpack:"graft_beta2" json:"graft_beta2"` // Shampoo
+	GraftEps   float32 `msgpack:"graft_eps" json:"graft_eps"`     // Shampoo
+	MatrixEps  float32 `msgpack:"matrix_eps" json:"matrix_eps"`
+	RelEps     float32 `msgpack:"rel_eps" json:"rel_eps"`
+
+	// Roots (Shampoo, SOAP, K-FAC).
+	Root         string `msgpack:"root" json:"root"` // eigen or newton
+	NewtonIters  int    `msgpack:"newton_iters" json:"newton_iters"`
+	Async        bool   `msgpack:"async" json:"async"`
+	MaxStaleness int    `msgpack:"max_staleness" json:"max_staleness"`
+
+	// Muon: AdamW for the other parameters.
+	AdamLR float32 `msgpack:"adam_lr" json:"adam_lr"`
+
+	// K-FAC.
+	Damping   float32 `msgpack:"damping" json:"damping"`
+	StatDecay float32 `msgpack:"stat_decay" json:"stat_decay"`
+	CovEvery  int     `msgpack:"cov_every" json:"cov_every"`
+	KLClip    float32 `msgpack:"kl_clip" json:"kl_clip"`
+
+	// Exclude lists substrings of parameter names that the matrix method
+	// leaves to its first-order companion (Shampoo: graft only; SOAP and
+	// Muon: AdamW); nil keeps the algorithm's default.
+	Exclude []string `msgpack:"exclude" json:"exclude,omitempty"`
+}
+
+// Names lists the optimizers New builds.
+var Names = []string{"adamw", "sgd", "shampoo", "soap", "muon", "kfac"}
+
+// Defaults is the Spec of each algorithm's default configuration
+// (DefaultShampoo, DefaultSOAP, DefaultMuon, DefaultKFAC, ops.DefaultAdamW,
+// SGD with momentum 0.9).
+func Defaults(name string) (Spec, error) {
+	s := Spec{Name: name, Root: "eigen"}
+	switch name {
+	case "adamw":
+		a := ops.DefaultAdamW
+		s.LR, s.Beta1, s.Beta2, s.Eps, s.WeightDecay = a.LR, a.Beta1, a.Beta2, a.Eps, a.WeightDecay
+	case "sgd":
+		s.LR, s.Momentum = 0.01, 0.9
+	case "shampoo":
+		c := DefaultShampoo
+		s.LR, s.Beta1, s.Beta2, s.WeightDecay = c.LR, c.Beta1, c.Beta2, c.WeightDecay
+		s.GraftBeta2, s.GraftEps, s.Graft = c.GraftBeta2, c.GraftEps, "adam"
+		s.MaxBlock, s.MatrixEps, s.RelEps, s.StartStep, s.UpdateFreq = c.MaxBlock, c.MatrixEps, c.MatrixRelEps, c.StartStep, c.UpdateFreq
+	case "soap":
+		c := DefaultSOAP
+		s.LR, s.Beta1, s.Beta2, s.Eps, s.WeightDecay = c.LR, c.Beta1, c.Beta2, c.Eps, c.WeightDecay
+		s.MaxBlock, s.UpdateFreq = c.MaxBlock, c.UpdateFreq
+	case "muon":
+		c := DefaultMuon
+		s.LR, s.Momentum, s.WeightDecay = c.LR, c.Momentum, c.WeightDecay
+		s.AdamLR, s.Beta1, s.Beta2, s.Eps = c.AdamW.LR, c.AdamW.Beta1, c.AdamW.Beta2, c.AdamW.Eps
+	case "kfac":
+		c := DefaultKFAC
+		s.LR, s.Momentum, s.WeightDecay = c.LR, c.Momentum, c.WeightDecay
+		s.Damping, s.StatDecay, s.CovEvery, s.UpdateFreq, s.KLClip = c.Damping, c.StatDecay, c.CovEvery, c.InvEvery, c.KLClip
+	default:
+		return s, fmt.Errorf("%w: optimizer %q (want one of %s)", ErrConfig, name, strings.Join(Names, ", "))
+	}
+	return s, nil
+}
+
+func (s Spec) roots() (RootOptions, error) {
+	m := ops.RootEigen
+	if s.Root != "" {
+		var err error
+		if m, err = ops.ParseRootMethod(s.Root); err != nil {
+			return RootOptions{}, fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+	}
+	return RootOptions{Method: m, NewtonIters: s.NewtonIters, Async: s.Async, MaxStaleness: s.MaxStaleness}, nil
+}
+
+// New builds the optimizer s names over params, allocating its state
+// through a under prefix (see each constructor). layers are K-FAC's linear
+// layers (ignored by the others). Errors wrap ErrConfig or ErrParams.
+func New(a device.Allocator, prefix string, params []nn.Param, layers []KFACLayer, s Spec) (Optimizer, error) {
+	roots, err := s.roots()
+	if err != nil {
+		return nil, err
+	}
+	switch s.Name {
+	case "adamw":
+		return NewAdamW(a, prefix, params, ops.AdamWConfig{LR: s.LR, Beta1: s.Beta1, Beta2: s.Beta2, Eps: s.Eps, WeightDecay: s.WeightDecay})
+	case "sgd":
+		return NewSGD(a, prefix, params, ops.SGDConfig{LR: s.LR, Momentum: s.Momentum, WeightDecay: s.WeightDecay})
+	case "shampoo":
+		c := ShampooConfig{LR: s.LR, Beta1: s.Beta1, Beta2: s.Beta2, WeightDecay: s.WeightDecay, GraftBeta2: s.GraftBeta2,
+			GraftEps: s.GraftEps, AdaGradGraft: s.Graft == "adagrad", MaxBlock: s.MaxBlock, MatrixEps: s.MatrixEps,
+			MatrixRelEps: s.RelEps, StartStep: s.StartStep, UpdateFreq: s.UpdateFreq, Roots: roots, GraftOnly: s.Exclude}
+		if s.Graft != "" && s.Graft != "adam" && s.Graft != "adagrad" {
+			return nil, fmt.Errorf("%w: graft %q (want adam or adagrad)", ErrConfig, s.Graft)
+		}
+		return NewShampoo(a, prefix, params, c)
+	case "soap":
+		return NewSOAP(a, prefix, params, SOAPConfig{LR: s.LR, Beta1: s.Beta1, Beta2: s.Beta2, Eps: s.Eps, WeightDecay: s.WeightDecay,
+			MaxBlock: s.MaxBlock, UpdateFreq: s.UpdateFreq, Roots: roots, AdamOnly: s.Exclude})
+	case "muon":
+		c := DefaultMuon
+		c.LR, c.Momentum, c.WeightDecay = s.LR, s.Momentum, s.WeightDecay
+		c.AdamW = ops.AdamWConfig{LR: s.AdamLR, Beta1: s.Beta1, Beta2: s.Beta2, Eps: s.Eps, WeightDecay: s.WeightDecay}
+		if s.Exclude != nil {
+			c.AdamWParams = s.Exclude
+		}
+		return NewMuon(a, prefix, params, c)
+	case "kfac":
+		return NewKFAC(a, prefix, params, layers, KFACConfig{LR: s.LR, Momentum: s.Momentum, WeightDecay: s.WeightDecay,
+			Damping: s.Damping, StatDecay: s.StatDecay, CovEvery: s.CovEvery, InvEvery: s.UpdateFreq, KLClip: s.KLClip, Roots: roots})
+	}
+	return nil, fmt.Errorf("%w: optimizer %q (want one of %s)", ErrConfig, s.Name, strings.Join(Names, ", "))
+}
