@@ -216,3 +216,8 @@ var (
 	_ Optimizer = (*AdamW)(nil)
 	_ Optimizer = (*SGD)(nil)
 )
+
+// BufferName is the allocator name of the state buffer n of an optimizer
+// made with prefix (prefix+"/optim/"+n, or "optim/"+n): where a pool
+// holds it.
+func BufferName(prefix, n string) string { return name(prefix, n) }

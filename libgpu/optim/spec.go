@@ -107,6 +107,14 @@ func (s Spec) roots() (RootOptions, error) {
 // through a under prefix (see each constructor). layers are K-FAC's linear
 // layers (ignored by the others). Errors wrap ErrConfig or ErrParams.
 func New(a device.Allocator, prefix string, params []nn.Param, layers []KFACLayer, s Spec) (Optimizer, error) {
+	o, err := build(a, prefix, params, layers, s)
+	if err != nil {
+		return nil, err // not a typed nil in the interface
+	}
+	return o, nil
+}
+
+func build(a device.Allocator, prefix string, params []nn.Param, layers []KFACLayer, s Spec) (Optimizer, error) {
 	roots, err := s.roots()
 	if err != nil {
 		return nil, err

@@ -1,0 +1,152 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+
+	"gpukit/libgpu/ipc"
+	"gpukit/libgpu/optim"
+	"gpukit/libgpu/tensor"
+)
+
+// Ops of the optimizer protocol (PROTOCOL.md beside this file).
+const (
+	OpHello    = "hello"
+	OpRegister = "register"
+	OpStep     = "step"
+	OpReset    = "reset"
+	OpStats    = "stats"
+	OpClose    = "close"
+)
+
+// Errors of the service. They cross the socket with the codes registered
+// in init, so errors.Is works on what a Client returns; optim.ErrConfig and
+// optim.ErrParams cross as "optim.config" and "optim.params".
+var (
+	// ErrNotRegistered: step, reset or stats before register.
+	ErrNotRegistered = errors.New("optimizer: no run registered on this connection")
+	// ErrRegistered: a second register on one connection.
+	ErrRegistered = errors.New("optimizer: a run is already registered on this connection")
+	// ErrTensor: a tensor reference names no buffer, or does not fit it.
+	ErrTensor = errors.New("optimizer: bad tensor reference")
+	// ErrGone: the service's connection ended (it exited or was killed).
+	ErrGone = errors.New("optimizer: service gone")
+	// ErrProtocol: the peer is not an optimizer service, or broke the protocol.
+	ErrProtocol = errors.New("optimizer: protocol error")
+)
+
+func init() {
+	ipc.RegisterError("optimizer.not_registered", ErrNotRegistered)
+	ipc.RegisterError("optimizer.registered", ErrRegistered)
+	ipc.RegisterError("optimizer.bad_tensor", ErrTensor)
+	ipc.RegisterError("optim.config", optim.ErrConfig)
+	ipc.RegisterError("optim.params", optim.ErrParams)
+}
+
+// HelloRequest opens a session; Client names the program (for logs).
+type HelloRequest struct {
+	Client string `msgpack:"client,omitempty"`
+}
+
+// HelloReply describes the service.
+type HelloReply struct {
+	Server  string `msgpack:"server"`  // "optimizer"
+	PID     int    `msgpack:"pid"`     // the service's process id
+	Backend string `msgpack:"backend"` // "host" or "cuda"
+	Pool    string `msgpack:"pool"`    // the gpupool socket the service maps buffers from
+}
+
+// TensorRef names a tensor inside a named buffer of the pool: Offset in
+// elements of DType from the buffer's start, contiguous, of Shape.
+type TensorRef struct {
+	Buffer string  `msgpack:"buffer"`
+	Offset int64   `msgpack:"offset,omitempty"`
+	DType  string  `msgpack:"dtype"`
+	Shape  []int64 `msgpack:"shape"`
+}
+
+// ParamRef is a parameter: its name (the optimizer's state is named after
+// it), its value and its gradient.
+type ParamRef struct {
+	Name  string    `msgpack:"name"`
+	Value TensorRef `msgpack:"value"`
+	Grad  TensorRef `msgpack:"grad"`
+}
+
+// LayerRef is one of K-FAC's linear layers (optim.KFACLayer): parameter
+// names, and the layer's input and output gradient buffers.
+type LayerRef struct {
+	Weight  string     `msgpack:"weight"`
+	Bias    string     `msgpack:"bias,omitempty"`
+	Input   *TensorRef `msgpack:"input,omitempty"`
+	OutGrad *TensorRef `msgpack:"out_grad,omitempty"`
+}
+
+// RegisterRequest builds a run's optimizer over the client's buffers.
+// Event (cuda) is the client's interprocess event (a 64-byte
+// CUipcEventHandle) that it records after its gradients are written, every
+// step, before sending step.
+type RegisterRequest struct {
+	Run    string     `msgpack:"run"`
+	Spec   optim.Spec `msgpack:"spec"`
+	Params []ParamRef `msgpack:"params"`
+	Layers []LayerRef `msgpack:"layers,omitempty"`
+	Event  []byte     `msgpack:"event,omitempty"`
+}
+
+// StateRef is one tensor of the optimizer's state (optim.Optimizer.State):
+// its state name and where it lives in the pool.
+type StateRef struct {
+	Name   string    `msgpack:"name"`
+	Tensor TensorRef `msgpack:"tensor"`
+}
+
+// RegisterReply lists the state and, on cuda, the service's interprocess
+// event, which it records after each step's updates.
+type RegisterReply struct {
+	State []StateRef `msgpack:"state"`
+	Event []byte     `msgpack:"event,omitempty"`
+}
+
+// StepRequest asks for one step. LR, when positive, is the learning rate
+// from this step on (a schedule).
+type StepRequest struct {
+	LR float32 `msgpack:"lr,omitempty"`
+}
+
+// StepReply is sent once the step is queued (not finished: the client's
+// stream waits for the service's event).
+type StepReply struct {
+	Step int `msgpack:"step"` // steps taken (−1: unknown until the first step after a resume)
+}
+
+// StatsReply reports the run.
+type StatsReply struct {
+	Steps     int `msgpack:"steps"`
+	Refreshes int `msgpack:"refreshes"`
+	Failures  int `msgpack:"failures"`
+	F64       int `msgpack:"f64"`
+}
+
+// ref describes t, a view into a buffer named buffer.
+func ref(buffer string, t *tensor.Tensor) TensorRef {
+	shape := make([]int64, len(t.Shape))
+	for i, d := range t.Shape {
+		shape[i] = int64(d)
+	}
+	return TensorRef{Buffer: buffer, Offset: int64(t.Offset), DType: t.DType.String(), Shape: shape}
+}
+
+func (r TensorRef) shape() ([]int, error) {
+	if len(r.Shape) > 16 {
+		return nil, fmt.Errorf("%w: %q has %d dimensions", ErrTensor, r.Buffer, len(r.Shape))
+	}
+	out := make([]int, len(r.Shape))
+	for i, d := range r.Shape {
+		if d < 0 || d > 1<<40 {
+			return nil, fmt.Errorf("%w: %q has shape %v", ErrTensor, r.Buffer, r.Shape)
+		}
+		out[i] = int(d)
+	}
+	return out, nil
+}
