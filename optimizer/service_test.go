@@ -380,4 +380,3 @@ func childTrainer(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
-
