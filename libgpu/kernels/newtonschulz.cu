@@ -62,10 +62,13 @@ extern "C" __global__ void muon_normalize_bf16(const float* g, const float* buf,
 }
 
 // muon_apply: p ← p·(1 − lr·decay) − lr·scale·o for the m×n parameter, o =
-// X[i, j] or, with transpose, X[j, i].
+// X[i, j] or, with transpose, X[j, i]; lr is multiplied by lr_scale[0]
+// when lr_scale is not null (a schedule a captured graph follows).
 template <typename T>
-__device__ void muon_apply(float* p, const T* x, int m, int n, int transpose, float lr, float scale, float decay) {
+__device__ void muon_apply(float* p, const T* x, int m, int n, int transpose, float lr, float scale, float decay,
+                           const float* lr_scale) {
   long long total = (long long)m * n;
+  if (lr_scale) lr *= lr_scale[0];
   GPUKIT_GRID_STRIDE(k, total) {
     long long i = (long long)k / n, j = (long long)k % n;
     long long o = transpose ? j * m + i : (long long)k;
@@ -75,11 +78,11 @@ __device__ void muon_apply(float* p, const T* x, int m, int n, int transpose, fl
 }
 
 extern "C" __global__ void muon_apply_f32(float* p, const float* x, int m, int n, int transpose, float lr,
-                                          float scale, float decay) {
-  muon_apply(p, x, m, n, transpose, lr, scale, decay);
+                                          float scale, float decay, const float* lr_scale) {
+  muon_apply(p, x, m, n, transpose, lr, scale, decay, lr_scale);
 }
 
 extern "C" __global__ void muon_apply_bf16(float* p, const gpukit_bf16* x, int m, int n, int transpose, float lr,
-                                           float scale, float decay) {
-  muon_apply(p, x, m, n, transpose, lr, scale, decay);
+                                           float scale, float decay, const float* lr_scale) {
+  muon_apply(p, x, m, n, transpose, lr, scale, decay, lr_scale);
 }

@@ -225,11 +225,18 @@ func (e *Engine) MuonPrep(mp MuonPrep) error {
 //	p ← p·(1 − lr·decay) − lr·scale·o
 //
 // Muon's step with decoupled weight decay; Jordan et al. use scale =
-// max(1, m/n)^½.
-func (e *Engine) MuonApply(p, x *tensor.Tensor, lr, scale, decay float32) error {
+// max(1, m/n)^½. lrScale, when not nil, is an f32 scalar on the device
+// that multiplies lr when the update runs (a learning-rate schedule a
+// captured graph follows, as AdamWConfig.LRScale).
+func (e *Engine) MuonApply(p, x, lrScale *tensor.Tensor, lr, scale, decay float32) error {
 	m, n, tr, err := e.muonGeom("muon apply", p, x)
 	if err != nil {
 		return err
+	}
+	if lrScale != nil {
+		if err := e.checkView("muon apply lr scale", lrScale, true, f32Only, 1); err != nil {
+			return err
+		}
 	}
 	total := int64(m) * int64(n)
 	return e.dispatch(func(*hostImpl) error {
@@ -237,6 +244,13 @@ func (e *Engine) MuonApply(p, x *tensor.Tensor, lr, scale, decay float32) error 
 		xv, err := hostIn(x)
 		if err != nil {
 			return err
+		}
+		if lrScale != nil {
+			sv, err := hostIn(lrScale)
+			if err != nil {
+				return err
+			}
+			lr *= sv[0]
 		}
 		for k := range pv {
 			o := k
@@ -248,6 +262,6 @@ func (e *Engine) MuonApply(p, x *tensor.Tensor, lr, scale, decay float32) error 
 		return nil
 	}, func(c *cudaImpl) error {
 		return c.launchK("newtonschulz.cu", "muon_apply"+dtSuffix(x.DType), gridFor(total, 256), block1(256), 0,
-			kPtr(p), kPtr(x), kI32(m), kI32(n), kBool(tr), kF32(lr), kF32(scale), kF32(decay))
+			kPtr(p), kPtr(x), kI32(m), kI32(n), kBool(tr), kF32(lr), kF32(scale), kF32(decay), kPtr(lrScale))
 	})
 }

@@ -194,7 +194,7 @@ func NewKFAC(a device.Allocator, prefix string, params []nn.Param, layers []KFAC
 				}
 				return l.errs, nil
 			}}
-		if err := o.sched.add(&o.s, a, prefix, job); err != nil {
+		if err := o.sched.add(&o.s, a, prefix, job, l.errs); err != nil {
 			return o, err
 		}
 		o.layers = append(o.layers, l)

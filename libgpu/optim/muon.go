@@ -35,6 +35,10 @@ type MuonConfig struct {
 	// AdamWParams lists substrings of the names of 2-D parameters that
 	// take AdamW (embeddings and output heads).
 	AdamWParams []string
+	// LRScale, when set, is an f32 scalar on the engine's device that
+	// multiplies both groups' learning rates when the step runs: a
+	// schedule a captured graph follows (the caller rewrites the scalar).
+	LRScale *tensor.Tensor
 }
 
 // DefaultMuon is Muon's reference setting (lr 0.02, momentum 0.95,
@@ -90,6 +94,7 @@ func NewMuon(a device.Allocator, prefix string, params []nn.Param, cfg MuonConfi
 		cfg.Steps = 5
 	}
 	o = &Muon{cfg: cfg, lr0: cfg.LR, adamLR0: cfg.AdamW.LR, adamCfg: cfg.AdamW}
+	o.adamCfg.LRScale = cfg.LRScale
 	defer func() {
 		if err != nil {
 			o.s.free()
@@ -175,7 +180,7 @@ func (o *Muon) Step(e *ops.Engine) error {
 		}
 		for l := range g.p {
 			x, _ := g.x.Select(0, l)
-			if err := e.MuonApply(g.p[l], x, c.LR, g.scale, c.WeightDecay); err != nil {
+			if err := e.MuonApply(g.p[l], x, c.LRScale, c.LR, g.scale, c.WeightDecay); err != nil {
 				return err
 			}
 		}
@@ -197,6 +202,12 @@ func (o *Muon) SetLR(lr float32) {
 
 // Config is the current configuration.
 func (o *Muon) Config() MuonConfig { return o.cfg }
+
+// SetLRScale sets LRScale (nil: none) for later steps.
+func (o *Muon) SetLRScale(t *tensor.Tensor) {
+	o.cfg.LRScale = t
+	o.adamCfg.LRScale = t
+}
 
 // Counter is the device's step counter ([1] i32).
 func (o *Muon) Counter() *tensor.Tensor { return o.step }

@@ -157,6 +157,9 @@ func (o *AdamW) SetLR(lr float32) { o.cfg.LR = lr }
 // Config is the current configuration.
 func (o *AdamW) Config() ops.AdamWConfig { return o.cfg }
 
+// SetLRScale sets the configuration's LRScale (nil: none) for later steps.
+func (o *AdamW) SetLRScale(t *tensor.Tensor) { o.cfg.LRScale = t }
+
 // Reset implements Optimizer.
 func (o *AdamW) Reset(e *ops.Engine) error { return o.s.reset(e) }
 

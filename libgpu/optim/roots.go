@@ -42,8 +42,11 @@ type RootStats struct {
 // rootJob is one piece of preconditioner work: compute reads statistics
 // src and writes results dst (roots, eigenbases), and returns a status
 // tensor ([count] f32 residuals — a failure is a value not below 1 — or
-// [count] i32 statuses — a failure is non-zero) that the scheduler reads
-// back without waiting, to switch a failing job to float64.
+// [count] i32 statuses — a failure is non-zero). The scheduler keeps the
+// last refresh's status as state and reads it at the next refresh, a
+// refresh interval later (when it is long computed), to switch a failing
+// job to float64 eigendecomposition: a fixed point of the schedule, so
+// runs and resumed runs decide alike.
 type rootJob struct {
 	name    string
 	src     []*tensor.Tensor
@@ -53,9 +56,9 @@ type rootJob struct {
 	snap, pend []*tensor.Tensor // Async: state copies of src, work copies of dst
 	f64        bool
 
-	stage  *ops.Staging // the last status, copied back
-	ev     *ops.Event   // recorded after that copy
-	staged *tensor.Tensor
+	status *tensor.Tensor // state: the last refresh's status (allocated at its first refresh's shape)
+	f64s   *tensor.Tensor // state [1] i32: 1 once the job runs in float64
+	ev     *ops.Event     // recorded after the status copy, in this process
 }
 
 // rootSched runs an optimizer's rootJobs on a fixed schedule: at steps t ≥
@@ -74,7 +77,14 @@ type rootSched struct {
 // add registers a job. With Async, snapshots of src (state, named
 // <name>.snap<i>: checkpointed so that a resumed run recomputes a refresh
 // that was in flight) and pending copies of dst (work) are allocated.
-func (r *rootSched) add(s *state, a device.Allocator, prefix string, j *rootJob) error {
+func (r *rootSched) add(s *state, a device.Allocator, prefix string, j *rootJob, status *tensor.Tensor) error {
+	var err error
+	if j.status, err = s.zeros(a, prefix, j.name+".status", status.DType, status.Shape...); err != nil {
+		return err
+	}
+	if j.f64s, err = s.zeros(a, prefix, j.name+".f64", tensor.I32, 1); err != nil {
+		return err
+	}
 	if r.opts.Async {
 		for i, t := range j.src {
 			snap, err := s.zeros(a, prefix, fmt.Sprintf("%s.snap%d", j.name, i), t.DType, t.Shape...)
@@ -133,7 +143,9 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 	if !r.due(t) {
 		return nil
 	}
-	r.checkFailures()
+	if err := r.checkFailures(e); err != nil {
+		return err
+	}
 	r.stats.Refreshes++
 	if !r.opts.Async {
 		for _, j := range r.jobs {
@@ -199,11 +211,21 @@ func (r *rootSched) publish(e *ops.Engine) error {
 	return nil
 }
 
-// resume recomputes, at the first step after construction (a fresh start
-// or a checkpoint load), an asynchronous refresh that was in flight at
-// step t−1: from its snapshot, synchronously, giving the same values the
-// side stream would have.
+// resume reads, at the first step after construction (a fresh start or a
+// checkpoint load), which jobs run in float64, and recomputes an
+// asynchronous refresh that was in flight at step t−1: from its snapshot,
+// synchronously, giving the same values the side stream would have.
 func (r *rootSched) resume(e *ops.Engine, t int) error {
+	if err := e.Sync(); err != nil {
+		return err
+	}
+	for _, j := range r.jobs {
+		b, err := j.f64s.Read()
+		if err != nil {
+			return err
+		}
+		j.f64 = tensor.BytesAs[int32](b)[0] != 0
+	}
 	if !r.opts.Async || r.opts.MaxStaleness == 0 || t <= r.start {
 		return nil
 	}
@@ -212,8 +234,12 @@ func (r *rootSched) resume(e *ops.Engine, t int) error {
 		return nil
 	}
 	for _, j := range r.jobs {
-		if _, err := j.compute(e, j.snap, j.pend, j.f64); err != nil {
+		st, err := j.compute(e, j.snap, j.pend, j.f64)
+		if err != nil {
 			return fmt.Errorf("optim: %s (resumed): %w", j.name, err)
+		}
+		if err := r.stageStatus(e, j, st); err != nil {
+			return err
 		}
 	}
 	if r.done == nil {
@@ -226,44 +252,44 @@ func (r *rootSched) resume(e *ops.Engine, t int) error {
 	return r.done.Record()
 }
 
-// stageStatus queues the copy of a job's status to host memory, on the
-// stream that computed it, and an event behind it.
+// stageStatus copies a job's status into its state, on the stream that
+// computed it, and records the job's event behind it.
 func (r *rootSched) stageStatus(e *ops.Engine, j *rootJob, st *tensor.Tensor) error {
 	if st == nil {
 		return nil
 	}
-	if j.stage == nil {
+	if j.ev == nil {
 		var err error
-		if j.stage, err = e.NewStaging(st.Bytes()); err != nil {
-			return err
-		}
 		if j.ev, err = e.NewEvent(false); err != nil {
 			return err
 		}
 	}
-	if err := e.CopyOut(j.stage, 0, st); err != nil {
+	if err := e.Copy(j.status, st); err != nil {
 		return err
 	}
-	j.staged = st
 	return j.ev.Record()
 }
 
-// checkFailures reads the statuses of the last refresh that have arrived
-// (without waiting) and switches jobs with failed matrices to float64
-// eigendecomposition.
-func (r *rootSched) checkFailures() {
+// checkFailures reads the last refresh's statuses (waiting, on a GPU, for
+// that refresh's status copy, which a refresh interval has normally long
+// completed) and switches jobs with failed matrices to float64
+// eigendecomposition, recording the switch in their state.
+func (r *rootSched) checkFailures(e *ops.Engine) error {
 	for _, j := range r.jobs {
-		if j.staged == nil {
+		if j.f64 {
 			continue
 		}
-		if done, err := j.ev.Query(); err != nil || !done {
-			continue
+		if j.ev != nil {
+			if err := j.ev.Wait(); err != nil {
+				return err
+			}
 		}
-		st := j.staged
-		j.staged = nil
-		b := j.stage.Bytes()[:st.Bytes()]
+		b, err := j.status.Read()
+		if err != nil {
+			return err
+		}
 		failed := 0
-		switch st.DType {
+		switch j.status.DType {
 		case tensor.F32:
 			for _, v := range tensor.BytesAs[float32](b) {
 				if !(v < 1) || math.IsNaN(float64(v)) {
@@ -278,11 +304,15 @@ func (r *rootSched) checkFailures() {
 			}
 		}
 		r.stats.Failures += failed
-		if failed > 0 && !j.f64 {
+		if failed > 0 {
 			j.f64 = true
 			r.stats.F64++
+			if err := e.Fill(j.f64s, 1); err != nil {
+				return err
+			}
 		}
 	}
+	return nil
 }
 
 // close waits for side work and frees the staging memory and events.
@@ -292,9 +322,9 @@ func (r *rootSched) close(e *ops.Engine) error {
 		errs = append(errs, e.Join(), e.Sync())
 	}
 	for _, j := range r.jobs {
-		if j.stage != nil {
-			errs = append(errs, j.stage.Close(), j.ev.Close())
-			j.stage, j.ev = nil, nil
+		if j.ev != nil {
+			errs = append(errs, j.ev.Close())
+			j.ev = nil
 		}
 	}
 	if r.done != nil {

@@ -226,7 +226,7 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 				}
 				return c.status, e.InverseRoot(r)
 			}}
-		if err := o.sched.add(&o.s, a, prefix, c.job); err != nil {
+		if err := o.sched.add(&o.s, a, prefix, c.job, c.status); err != nil {
 			return o, err
 		}
 	}

@@ -302,3 +302,60 @@ func TestShampooResume(t *testing.T) {
 		})
 	}
 }
+
+// TestShampooRootFailure: a block whose statistics become NaN fails its
+// root refresh: the block keeps its previous root (the parameters stay
+// finite), the failure is read at the next refresh and the job switches to
+// float64 eigendecomposition, a switch kept in the state (a resumed run
+// reads it back).
+func TestShampooRootFailure(t *testing.T) {
+	cfg := testShampooConfig()
+	cfg.Roots.Method = ops.RootNewton
+	p := hostProblem(t, shampooShapes...)
+	r := rand.New(rand.NewPCG(13, 14))
+	p.set(draws(r, 1, shampooShapes))
+	o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Free()
+	step := func() {
+		t.Helper()
+		p.grads(draws(r, 1, shampooShapes))
+		if err := o.Step(p.e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step()
+	step() // roots computed at step 2
+	// Poison one matrix of a statistics stack (the last block of order 3).
+	for _, s := range o.State() {
+		if s.Name == "shampoo/3.stats" {
+			v, _ := s.Value.ReadFloat32()
+			v[len(v)-1] = float32(math.NaN())
+			s.Value.WriteFloat32(v)
+		}
+	}
+	for i := 0; i < 5; i++ { // refreshes at steps 4 and 6
+		step()
+	}
+	st := o.RootStats()
+	if st.Failures == 0 || st.F64 != 1 {
+		t.Errorf("root stats %+v, want failures and one job in float64", st)
+	}
+	for i, v := range p.values() {
+		for _, x := range v {
+			if math.IsNaN(x) {
+				t.Fatalf("param %d has a NaN: the failed root was used", i)
+			}
+		}
+	}
+	for _, s := range o.State() {
+		if s.Name == "shampoo/3.f64" {
+			b, _ := s.Value.Read()
+			if b[0] != 1 {
+				t.Errorf("the float64 switch is not in the state: %v", b)
+			}
+		}
+	}
+}

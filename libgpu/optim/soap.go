@@ -195,7 +195,7 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 				}
 				return c.status, e.Eigh(ops.Eigh{A: eig, Q: dst[0], W: vals, F64: f64, Status: c.status})
 			}}
-		if err := o.sched.add(&o.s, a, prefix, c.job); err != nil {
+		if err := o.sched.add(&o.s, a, prefix, c.job, c.status); err != nil {
 			return o, err
 		}
 	}

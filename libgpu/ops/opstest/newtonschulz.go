@@ -141,7 +141,7 @@ func muonStepCheck(s *Suite, dt tensor.DType, m, n int, nesterov bool) {
 	xv := s.Read(x)
 	p, pv := s.Rand(tensor.F32, 1, m, n)
 	scale := float32(math.Sqrt(math.Max(1, float64(m)/float64(n))))
-	s.NoErr("muon apply", s.E.MuonApply(p, x, lr, scale, decay))
+	s.NoErr("muon apply", s.E.MuonApply(p, x, nil, lr, scale, decay))
 	wp := make([]float64, len(pv))
 	for k := range pv {
 		o := k
@@ -151,6 +151,17 @@ func muonStepCheck(s *Suite, dt tensor.DType, m, n int, nesterov bool) {
 		wp[k] = pv[k]*(1-lr*decay) - lr*float64(scale)*xv[o]
 	}
 	s.Near("P", s.Read(p), wp, s.Tol(tensor.F32))
+	// With a device scale of the learning rate (a schedule): lr·0.5.
+	pv = s.Read(p)
+	s.NoErr("muon apply (lr scale)", s.E.MuonApply(p, x, s.Const(tensor.F32, []float64{0.5}, 1), lr, scale, decay))
+	for k := range pv {
+		o := k
+		if tr {
+			o = (k%n)*m + k/n
+		}
+		wp[k] = pv[k]*(1-0.5*lr*decay) - 0.5*lr*float64(scale)*xv[o]
+	}
+	s.Near("P (lr scale)", s.Read(p), wp, s.Tol(tensor.F32))
 }
 
 func nsValidation(s *Suite) {
@@ -165,7 +176,8 @@ func nsValidation(s *Suite) {
 		{"steps", s.E.NewtonSchulz(ops.NewtonSchulz{X: p, Steps: -1}), ops.ErrConfig},
 		{"prep X shape", s.E.MuonPrep(ops.MuonPrep{G: p, Buf: p, X: s.Empty(tensor.F32, 5, 4), Mu: 0.9}), tensor.ErrShape},
 		{"prep μ", s.E.MuonPrep(ops.MuonPrep{G: p, Buf: p, X: p, Mu: 1}), ops.ErrConfig},
-		{"apply P dtype", s.E.MuonApply(s.Empty(tensor.BF16, 4, 6), p, 1, 1, 0), tensor.ErrDType},
+		{"apply P dtype", s.E.MuonApply(s.Empty(tensor.BF16, 4, 6), p, nil, 1, 1, 0), tensor.ErrDType},
+		{"apply lr scale shape", s.E.MuonApply(p, p, s.Empty(tensor.F32, 2), 1, 1, 0), tensor.ErrShape},
 	}
 	for _, c := range cases {
 		if !errors.Is(c.err, c.want) {
