@@ -227,9 +227,17 @@ func TestResumeEqualsUninterrupted(t *testing.T) {
 // continued with --resume; the lines and checkpoints must be identical.
 func resumeEqualsUninterrupted(t *testing.T, dir, limit string, extra ...string) {
 	t.Helper()
+	resumeWith(t, dir, limit, nil, extra...)
+}
+
+// resumeWith is resumeEqualsUninterrupted with model flags, which the
+// first runs take and the resumed one gets from the checkpoint.
+func resumeWith(t *testing.T, dir, limit string, model []string, extra ...string) {
+	t.Helper()
 	seed := strconv.FormatUint(rand.Uint64N(1000), 10)
 	args := func(out string) []string {
-		return append([]string{"run", "--data", dir, "--out", out, "--limit", limit, "--batch", "32", "--epochs", "2", "--log-every", "5", "--seed", seed}, extra...)
+		a := append([]string{"run", "--data", dir, "--out", out, "--limit", limit, "--batch", "32", "--epochs", "2", "--log-every", "5", "--seed", seed}, model...)
+		return append(a, extra...)
 	}
 	whole := t.TempDir()
 	r := trainer(t, args(whole)...)

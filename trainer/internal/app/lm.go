@@ -38,7 +38,8 @@ var lmFlags = func() []cli.Flag {
 
 // lmFlagNames may not change on --resume.
 var lmFixed = []string{"layers", "heads", "d-model", "block", "dropout", "bias", "gelu", "batch", "lr", "min-lr",
-	"warmup", "decay-steps", "beta1", "beta2", "weight-decay", "clip", "seed", "eval-batches"}
+	"warmup", "decay-steps", "beta1", "beta2", "weight-decay", "clip", "seed", "eval-batches",
+	"optim", "update-freq", "max-block", "root", "async-roots", "max-staleness", "adam-lr"}
 
 // textPath is --data for a language model: a UTF-8 text file (default:
 // Newton's Opticks from the Go distribution).
@@ -93,6 +94,10 @@ func lmConfigFromFlags(c *cli.Context) (train.LMConfig, error) {
 	cfg.MinLR = float32(c.Float64("min-lr"))
 	cfg.Beta1, cfg.Beta2 = float32(c.Float64("beta1")), float32(c.Float64("beta2"))
 	cfg.Seed, cfg.EvalEvery, cfg.EvalBatches = c.Uint64("seed"), c.Int("eval-every"), c.Int("eval-batches")
+	if c.IsSet("optim") {
+		cfg.Optim = c.String("optim")
+	}
+	cfg.Precond = precondFromFlags(c)
 	return cfg, cfg.Validate()
 }
 
@@ -107,7 +112,7 @@ func isLM(c *cli.Context) bool {
 }
 
 // mlpOnly are the MLP's flags, which a language-model run refuses.
-var mlpOnly = []string{"epochs", "widths", "act", "optim", "limit", "momentum", "fuse-backward"}
+var mlpOnly = []string{"epochs", "widths", "act", "limit", "momentum", "fuse-backward"}
 
 // runLM is `trainer run --model gpt` (ctx is cancelled by SIGINT/SIGTERM).
 func runLM(c *cli.Context, ctx context.Context, prec ops.Precision) error {
@@ -181,7 +186,7 @@ func runLM(c *cli.Context, ctx context.Context, prec ops.Precision) error {
 		return err
 	}
 	defer closeFn()
-	o.Alloc, o.Log = a, c.App.ErrWriter
+	o.Alloc, o.Log, o.OptimizerSocket = a, c.App.ErrWriter, c.String("optimizer-socket")
 	if isTerminal(os.Stderr) {
 		o.Progress = c.App.ErrWriter
 	}

@@ -46,7 +46,7 @@ func runCommand() *cli.Command {
 			&cli.Float64Flag{Name: "weight-decay", Usage: "weight decay (default 0.01 for adamw, 0 for sgd)"},
 			&cli.Float64Flag{Name: "momentum", Value: kit.F32(def.Momentum), Usage: "SGD momentum"},
 			seedFlag, widthsFlag, actFlag,
-			&cli.StringFlag{Name: "optim", Value: def.Optim, Usage: "adamw|sgd"},
+			&cli.StringFlag{Name: "optim", Value: def.Optim, Usage: "adamw|sgd|shampoo|soap|muon|kfac (libgpu/optim; gpt: kfac reads the Linear layers through the graph's hook)"},
 			&cli.IntFlag{Name: "limit", Usage: "train on the first N training examples only (0: all)"},
 			&cli.Float64Flag{Name: "clip", Usage: "clip the gradients' joint L2 norm to this (0: off), as torch.nn.utils.clip_grad_norm_"},
 			&cli.StringFlag{Name: "batches-out", Usage: "also write every step's batch to this safetensors file (mlp: example indices for bench/reference/mlp.py; gpt: tokens and learning rates for bench/reference/gpt.py parity)"},
@@ -54,6 +54,13 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "resume", Usage: "continue the run in DIR from DIR/model.safetensors"},
 			poolFlag,
 			&cli.StringFlag{Name: "run", Usage: "run name, the prefix of pool buffer names (default: base name of --out)"},
+			&cli.StringFlag{Name: "optimizer-socket", Usage: "run the optimizer in the service at this socket (optimizer serve; needs --pool): one message per step"},
+			&cli.IntFlag{Name: "update-freq", Usage: "shampoo, soap, kfac: steps between preconditioner refreshes (default: the optimizer's, 10)"},
+			&cli.IntFlag{Name: "max-block", Usage: "shampoo, soap: largest preconditioned block side (default 1024)"},
+			&cli.StringFlag{Name: "root", Usage: "shampoo, kfac: eigen|newton, how inverse roots are computed (default eigen)"},
+			&cli.BoolFlag{Name: "async-roots", Usage: "shampoo, soap, kfac: compute preconditioners on a second stream, off the step's critical path"},
+			&cli.IntFlag{Name: "max-staleness", Usage: "with --async-roots: steps after its refresh a preconditioner is put in use (≤ --update-freq)"},
+			&cli.Float64Flag{Name: "adam-lr", Usage: "muon: AdamW's learning rate for embeddings, heads and vectors (default 0.001)"},
 			deviceFlag, graphFlag, precisionFlag, fuseBackwardFlag, traceFlag,
 		}, lmFlags...),
 		Action: runAction,
@@ -63,7 +70,8 @@ func runCommand() *cli.Command {
 const defaultLogEvery = 50
 
 // modelFlags may not change on --resume: the checkpoint fixes them.
-var modelFlags = []string{"model", "batch", "lr", "weight-decay", "momentum", "seed", "widths", "act", "optim", "limit", "clip"}
+var modelFlags = []string{"model", "batch", "lr", "weight-decay", "momentum", "seed", "widths", "act", "optim", "limit", "clip",
+	"update-freq", "max-block", "root", "async-roots", "max-staleness", "adam-lr"}
 
 func runAction(c *cli.Context) error {
 	// SIGINT/SIGTERM from the start: one during the slow start-up (data,
@@ -155,7 +163,7 @@ func runAction(c *cli.Context) error {
 		return err
 	}
 	defer closeFn()
-	opts.Alloc = a
+	opts.Alloc, opts.OptimizerSocket = a, c.String("optimizer-socket")
 	opts.Log = c.App.ErrWriter
 	if isTerminal(os.Stderr) {
 		opts.Progress = c.App.ErrWriter
@@ -189,6 +197,7 @@ func configFromFlags(c *cli.Context) (train.Config, error) {
 	cfg.Batch, cfg.Seed, cfg.Epochs, cfg.Limit = c.Int("batch"), c.Uint64("seed"), c.Int("epochs"), c.Int("limit")
 	cfg.Clip = float32(c.Float64("clip"))
 	cfg.LogEvery = c.Int("log-every")
+	cfg.Precond = precondFromFlags(c)
 	switch {
 	case c.IsSet("weight-decay"):
 		cfg.WeightDecay = float32(c.Float64("weight-decay"))
@@ -206,4 +215,10 @@ func sameDir(a, b string) bool {
 		return filepath.Clean(a) == filepath.Clean(b)
 	}
 	return os.SameFile(fa, fb)
+}
+
+// precondFromFlags reads the second-order optimizers' flags.
+func precondFromFlags(c *cli.Context) train.OptimConfig {
+	return train.OptimConfig{UpdateFreq: c.Int("update-freq"), MaxBlock: c.Int("max-block"), Root: c.String("root"),
+		Async: c.Bool("async-roots"), MaxStaleness: c.Int("max-staleness"), AdamLR: float32(c.Float64("adam-lr"))}
 }

@@ -18,7 +18,7 @@ type Config struct {
 	Model       string  `json:"model"`          // "mlp"
 	Widths      []int   `json:"widths"`         // layer widths, inputs first, classes last
 	Act         string  `json:"act"`            // "relu" or "gelu"
-	Optim       string  `json:"optim"`          // "adamw" or "sgd"
+	Optim       string  `json:"optim"`          // adamw, sgd, shampoo, soap, muon or kfac
 	LR          float32 `json:"lr"`             // learning rate
 	WeightDecay float32 `json:"weight_decay"`   // decoupled (AdamW) or L2 (SGD)
 	Momentum    float32 `json:"momentum"`       // SGD only
@@ -31,6 +31,8 @@ type Config struct {
 	// so that a resumed run prints the lines an uninterrupted one would
 	// (Options.LogEvery is what Run uses; 0 in older checkpoints).
 	LogEvery int `json:"log_every,omitempty"`
+	// Precond are the second-order optimizers' settings (zero: libgpu/optim's defaults).
+	Precond OptimConfig `json:"precond,omitempty"`
 }
 
 // Default is the configuration of `trainer run` without flags: a
@@ -50,8 +52,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: --widths needs at least two layer widths, got %v", ErrConfig, c.Widths)
 	case c.Act != "relu" && c.Act != "gelu":
 		return fmt.Errorf("%w: --act %q (want relu or gelu)", ErrConfig, c.Act)
-	case c.Optim != "adamw" && c.Optim != "sgd":
-		return fmt.Errorf("%w: --optim %q (want adamw or sgd)", ErrConfig, c.Optim)
+	case c.Precond.validate(c.Optim) != nil:
+		return c.Precond.validate(c.Optim)
 	case !(c.LR > 0) || c.LR > 10:
 		return fmt.Errorf("%w: --lr %v (want 0 < lr <= 10)", ErrConfig, c.LR)
 	case !(c.WeightDecay >= 0):

@@ -37,6 +37,9 @@ type LMOptions struct {
 	// steps.
 	Resume *ckpt.File
 	Step   int
+	// OptimizerSocket, when set, runs the optimizer in the service there
+	// (`optimizer serve`); Alloc must then be a pool client.
+	OptimizerSocket string
 }
 
 // LMStepLine is the JSON line written every LogEvery steps: the loss of
@@ -75,15 +78,21 @@ const evalSeed = 0x6576616c // "eval"
 // lm is a GPT, its optimizer and its recorded training and evaluation
 // steps on one engine.
 type lm struct {
-	cfg   LMConfig
-	m     *nn.GPT
-	opt   *optim.AdamW
-	lr    *tensor.Tensor // [1] f32: the learning rate's scale, an input of every step
-	norm  *tensor.Tensor // [1] f32 gradient norm (Clip > 0)
-	grads []*tensor.Tensor
-	train *nn.GPTStep
-	eval  *nn.GPTStep
-	bufs  []*tensor.Tensor
+	cfg LMConfig
+	m   *nn.GPT
+	opt optim.Optimizer
+	// set is a non-AdamW optimizer (cfg.Optim); an eager one steps after
+	// the graph. hostLR: its learning rate is set from the host each step
+	// (else it reads the device's scale, l.lr, as AdamW does).
+	set    *optimizerSet
+	hostLR bool
+	hook   bool           // K-FAC reads the graph's Linear layers through OnLinear
+	lr     *tensor.Tensor // [1] f32: the learning rate's scale, an input of every step
+	norm   *tensor.Tensor // [1] f32 gradient norm (Clip > 0)
+	grads  []*tensor.Tensor
+	train  *nn.GPTStep
+	eval   *nn.GPTStep
+	bufs   []*tensor.Tensor
 }
 
 func (l *lm) free() {
@@ -106,7 +115,17 @@ func (l *lm) free() {
 // newLM builds the model and its evaluation graph, and for training
 // (training true) the gradients, the optimizer and the training graph.
 func newLM(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec ops.Precision, training bool) (l *lm, err error) {
+	return newLMWith(e, a, run, cfg, prec, training, "")
+}
+
+// newLMWith is newLM with the optimizer in the service at socket (when
+// not empty; a is then a pool client).
+func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec ops.Precision, training bool, socket string) (l *lm, err error) {
 	l = &lm{cfg: cfg}
+	a, book, mem, err := serviceAlloc(a, socket)
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			l.free()
@@ -141,17 +160,45 @@ func newLM(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec ops
 		noDecay[i] = p.Value.Rank() < 2 // biases and norm weights (nanoGPT's optim groups)
 		l.grads = append(l.grads, p.Grad)
 	}
-	ac := ops.AdamWConfig{LR: cfg.LR, Beta1: cfg.Beta1, Beta2: cfg.Beta2, Eps: 1e-8, WeightDecay: cfg.WeightDecay,
-		LRScale: l.lr, NoDecay: noDecay}
-	if l.opt, err = optim.NewAdamW(a, run, l.m.Params(), ac); err != nil {
-		return l, fmt.Errorf("building the optimizer: %w", err)
+	var counter *tensor.Tensor
+	if name := cfg.optimName(); name == "adamw" && socket == "" {
+		ac := ops.AdamWConfig{LR: cfg.LR, Beta1: cfg.Beta1, Beta2: cfg.Beta2, Eps: 1e-8, WeightDecay: cfg.WeightDecay,
+			LRScale: l.lr, NoDecay: noDecay}
+		adam, err := optim.NewAdamW(a, run, l.m.Params(), ac)
+		if err != nil {
+			return l, fmt.Errorf("building the optimizer: %w", err)
+		}
+		l.opt, counter = adam, adam.Counter()
+	} else {
+		if name == "kfac" && socket != "" {
+			return l, fmt.Errorf("%w: --optim kfac runs in process for a GPT (the service cannot hook its graph's Linear layers)", ErrConfig)
+		}
+		spec, err := cfg.Precond.spec(name, cfg.LR, cfg.WeightDecay, 0.9, cfg.Beta1, cfg.Beta2)
+		if err != nil {
+			return l, err
+		}
+		if l.set, err = buildOptimizer(e, a, run, l.m.Params(), nil, spec, socket, book, mem); err != nil {
+			return l, err
+		}
+		l.opt, counter, l.hook = l.set.Optimizer, l.set.counter, name == "kfac"
+		l.hostLR = true
+		if sc, ok := l.opt.(interface{ SetLRScale(*tensor.Tensor) }); ok && !l.set.eager {
+			sc.SetLRScale(l.lr) // Muon: the schedule rides in the captured step
+			l.hostLR = false
+		}
+		if counter == nil && cfg.Model.Dropout > 0 {
+			return l, fmt.Errorf("%w: dropout needs an optimizer with a step counter (--optim %s has none)", ErrConfig, name)
+		}
 	}
 	if cfg.Clip > 0 {
 		if l.norm, err = alloc1("acts/grad_norm"); err != nil {
 			return l, err
 		}
 	}
-	gopts := ops.GraphOptions{Autocast: cast, Train: cfg.Model.Dropout > 0, Seed: cfg.Seed, Counter: l.opt.Counter()}
+	gopts := ops.GraphOptions{Autocast: cast, Train: cfg.Model.Dropout > 0, Seed: cfg.Seed, Counter: counter}
+	if l.hook {
+		gopts.OnLinear = l.set.Optimizer.(*optim.KFAC).OnLinear(e)
+	}
 	if l.train, err = l.m.Record(e, a, run, cfg.Batch, gopts, true); err != nil {
 		return l, fmt.Errorf("recording the training step: %w", err)
 	}
@@ -174,7 +221,12 @@ func (l *lm) compute(e *ops.Engine, gt *trace.GPUTimer) error {
 			}
 			return e.ClipGradNorm(l.grads, l.cfg.Clip, l.norm)
 		}},
-		{spanOptimizer, func() error { return l.opt.Step(e) }},
+		{spanOptimizer, func() error {
+			if l.set != nil && l.set.eager {
+				return nil // stepped by the runner after the (captured) step
+			}
+			return l.opt.Step(e)
+		}},
 	} {
 		p := beginPhase(gt, ph.name)
 		err := ph.f()
@@ -308,7 +360,7 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 		return res, err
 	}
 	defer closeEngine(eng)
-	l, err := newLM(eng, o.Alloc, o.Run, cfg, o.Precision, true)
+	l, err := newLMWith(eng, o.Alloc, o.Run, cfg, o.Precision, true, o.OptimizerSocket)
 	if err != nil {
 		return res, err
 	}
@@ -343,12 +395,17 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 		defer sp.End()
 		return l.save(filepath.Join(o.Out, ModelFile), o.Corpus.Tok, step)
 	}
+	// K-FAC's hook decides on the host, in the backward, whether factors
+	// are due: its steps are not replayed from a graph.
 	r, err := newStepRunner(eng, []*tensor.Tensor{l.train.Idx, l.train.Targets, l.lr},
-		func(gt *trace.GPUTimer) error { return l.compute(eng, gt) }, o.Graph)
+		func(gt *trace.GPUTimer) error { return l.compute(eng, gt) }, o.Graph && !l.hook)
 	if err != nil {
 		return res, err
 	}
 	defer r.close()
+	if l.set != nil && l.set.eager {
+		r.post = func(gt *trace.GPUTimer) error { return eagerStep(eng, l.set, gt) }
+	}
 	ev, err := newEvaluator(eng, l, o.Corpus.Val, o.Graph)
 	if err != nil {
 		return res, err
@@ -398,6 +455,9 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 		}
 		lr := cfg.LRAt(step)
 		tensor.BytesAs[float32](r.view(b, 2))[0] = lr / cfg.LR
+		if l.hostLR {
+			l.opt.SetLR(lr) // a host value: these optimizers take no device scale
+		}
 		dp.End()
 		if err := r.run(); err != nil {
 			return res, fmt.Errorf("step %d: %w", step+1, err)

@@ -34,6 +34,19 @@ type LMConfig struct {
 	EvalEvery   int     `json:"eval_every"`     // steps between validation losses
 	EvalBatches int     `json:"eval_batches"`   // fixed validation batches per evaluation
 	Data        string  `json:"data,omitempty"` // the text file trained on (informational)
+	// Optim is the optimizer ("" or "adamw": AdamW as above; shampoo, soap,
+	// muon, kfac, sgd: libgpu/optim's, with LR, WeightDecay, Beta1 and
+	// Beta2 where they take them and Precond's settings).
+	Optim   string      `json:"optim,omitempty"`
+	Precond OptimConfig `json:"precond,omitempty"`
+}
+
+// optimName is Optim with its default.
+func (c LMConfig) optimName() string {
+	if c.Optim == "" {
+		return "adamw"
+	}
+	return c.Optim
 }
 
 // DefaultLM is `trainer run --model gpt` without flags: a small GPT (2
@@ -76,7 +89,7 @@ func (c LMConfig) Validate() error {
 	case c.EvalEvery < 1 || c.EvalBatches < 1:
 		return fmt.Errorf("%w: --eval-every %d, --eval-batches %d (want ≥ 1)", ErrConfig, c.EvalEvery, c.EvalBatches)
 	}
-	return nil
+	return c.Precond.validate(c.optimName())
 }
 
 // LRAt is the learning rate of step it (0-based), nanoGPT's get_lr:

@@ -11,6 +11,7 @@ import (
 	"gpukit/libgpu/nn"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/optim"
+	"gpukit/libgpu/optim/service"
 	"gpukit/libgpu/tensor"
 	"gpukit/libgpu/trace"
 )
@@ -39,11 +40,16 @@ type Position struct {
 
 // model is an MLP and its optimizer on one allocator.
 type model struct {
-	cfg   Config
-	mlp   *nn.MLP
-	opt   optim.Optimizer
-	grads []*tensor.Tensor // every Param.Grad, for clipping
-	norm  *tensor.Tensor   // [1] f32: the gradient norm before clipping (cfg.Clip > 0)
+	cfg Config
+	mlp *nn.MLP
+	opt *optimizerSet
+	// hook: K-FAC reads the layers of an MLP recorded on a graph through
+	// its OnLinear hook (the step is then not captured: the hook decides on
+	// the host whether factors are due).
+	hook    bool
+	setHook func(func(string, *tensor.Tensor, *tensor.Tensor) error)
+	grads   []*tensor.Tensor // every Param.Grad, for clipping
+	norm    *tensor.Tensor   // [1] f32: the gradient norm before clipping (cfg.Clip > 0)
 }
 
 func newModel(a device.Allocator, cfg Config, run string, batch int, withOptim bool) (*model, error) {
@@ -58,38 +64,59 @@ func newModelOn(a device.Allocator, cfg Config, run string, batch int, withOptim
 	if e != nil && prec == ops.PrecBF16 && e.IsGraphCapable() {
 		mc.Graph, mc.Autocast = e, tensor.BF16
 	}
+	var hook func(string, *tensor.Tensor, *tensor.Tensor) error
+	if mc.Graph != nil && cfg.Optim == "kfac" {
+		mc.OnLinear = func(w string, x, dy *tensor.Tensor) error {
+			if hook == nil {
+				return nil
+			}
+			return hook(w, x, dy)
+		}
+	}
 	mlp, err := nn.NewMLP(a, mc)
 	if err != nil {
 		return nil, fmt.Errorf("building the model: %w", err)
 	}
-	m := &model{cfg: cfg, mlp: mlp}
+	m := &model{cfg: cfg, mlp: mlp, hook: mc.OnLinear != nil,
+		setHook: func(h func(string, *tensor.Tensor, *tensor.Tensor) error) { hook = h }}
 	if !withOptim {
 		return m, nil
 	}
-	switch cfg.Optim {
-	case "adamw":
-		c := ops.DefaultAdamW
-		c.LR, c.WeightDecay = cfg.LR, cfg.WeightDecay
-		m.opt, err = optim.NewAdamW(a, run, mlp.Params(), c)
-	case "sgd":
-		m.opt, err = optim.NewSGD(a, run, mlp.Params(), ops.SGDConfig{LR: cfg.LR, Momentum: cfg.Momentum, WeightDecay: cfg.WeightDecay})
-	default:
-		err = fmt.Errorf("%w: optimizer %q", ErrConfig, cfg.Optim)
-	}
-	if err != nil {
+	if m.opt, err = m.buildOptimizer(e, a, run, "", nil, nil); err != nil {
 		mlp.Free()
-		return nil, fmt.Errorf("building the optimizer: %w", err)
+		return nil, err
 	}
-	if cfg.Clip > 0 {
-		for _, p := range mlp.Params() {
-			m.grads = append(m.grads, p.Grad)
-		}
-		if m.norm, err = tensor.Alloc(a, join(run, "acts/grad_norm"), tensor.F32, 1); err != nil {
-			m.free()
-			return nil, fmt.Errorf("building the model: %w", err)
-		}
+	if err := m.setupClip(a, run); err != nil {
+		m.free()
+		return nil, err
 	}
 	return m, nil
+}
+
+// setupClip allocates what gradient clipping needs (cfg.Clip > 0).
+func (m *model) setupClip(a device.Allocator, run string) error {
+	if m.cfg.Clip <= 0 {
+		return nil
+	}
+	for _, p := range m.mlp.Params() {
+		m.grads = append(m.grads, p.Grad)
+	}
+	var err error
+	if m.norm, err = tensor.Alloc(a, join(run, "acts/grad_norm"), tensor.F32, 1); err != nil {
+		return fmt.Errorf("building the model: %w", err)
+	}
+	return nil
+}
+
+// useService makes a model built without an optimizer train through the
+// optimizer service at socket (its buffers named through book, the state
+// mapped through mem) on e.
+func (m *model) useService(e *ops.Engine, a device.Allocator, run, socket string, book *service.NameBook, mem service.Opener) error {
+	var err error
+	if m.opt, err = m.buildOptimizer(e, a, run, socket, book, mem); err != nil {
+		return err
+	}
+	return m.setupClip(a, run)
 }
 
 func (m *model) free() {
@@ -129,10 +156,31 @@ func (m *model) compute(e *ops.Engine, gt *trace.GPUTimer) error {
 			return err
 		}
 	}
+	if m.opt.eager {
+		return nil // the step runner steps it after the (captured) step
+	}
 	p = beginPhase(gt, spanOptimizer)
 	err = m.opt.Step(e)
 	p.end()
 	return err
+}
+
+// buildOptimizer makes the model's optimizer (cfg.Optim): in this process,
+// or with a socket in the optimizer service (see train.buildOptimizer).
+// K-FAC's layers are the MLP's Linears (static buffers).
+func (m *model) buildOptimizer(e *ops.Engine, a device.Allocator, run, socket string, book *service.NameBook, mem service.Opener) (*optimizerSet, error) {
+	cfg := m.cfg
+	spec, err := cfg.Precond.spec(cfg.Optim, cfg.LR, cfg.WeightDecay, cfg.Momentum, ops.DefaultAdamW.Beta1, ops.DefaultAdamW.Beta2)
+	if err != nil {
+		return nil, err
+	}
+	var layers []optim.KFACLayer
+	if cfg.Optim == "kfac" {
+		for _, l := range m.mlp.Linears() {
+			layers = append(layers, optim.KFACLayer{Weight: l.Weight, Bias: l.Bias, Input: l.Input, OutGrad: l.OutGrad})
+		}
+	}
+	return buildOptimizer(e, a, run, m.mlp.Params(), layers, spec, socket, book, mem)
 }
 
 // tensors lists what a checkpoint holds: parameters, then (withOptim) the

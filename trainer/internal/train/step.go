@@ -33,6 +33,10 @@ type stepRunner struct {
 	offs    []int64
 	compute func(gt *trace.GPUTimer) error
 	graph   bool
+	// post, when set, runs eagerly after every step's compute (queued or
+	// replayed): an optimizer whose step cannot be captured into a graph
+	// (optim.CanCapture false) steps here.
+	post func(gt *trace.GPUTimer) error
 
 	n     int // steps run
 	slots [slots]runSlot
@@ -140,6 +144,11 @@ func (r *stepRunner) run() error {
 			return fmt.Errorf("train: graph launch: %w", err)
 		}
 	}
+	if r.post != nil {
+		if err := r.e.Do(func() error { return r.post(r.gt) }); err != nil {
+			return err
+		}
+	}
 	if err := s.done.Record(); err != nil {
 		return err
 	}
@@ -183,9 +192,12 @@ type mlpStepper struct {
 // newStepper makes the MLP's step runner on e (graph: CUDA graph replay).
 func newStepper(e *ops.Engine, m *model, graph bool) (*mlpStepper, error) {
 	r, err := newStepRunner(e, []*tensor.Tensor{m.mlp.Input(), m.mlp.Labels()},
-		func(gt *trace.GPUTimer) error { return m.compute(e, gt) }, graph)
+		func(gt *trace.GPUTimer) error { return m.compute(e, gt) }, graph && !m.hook)
 	if err != nil {
 		return nil, err
+	}
+	if m.opt != nil && m.opt.eager {
+		r.post = func(gt *trace.GPUTimer) error { return eagerStep(e, m.opt, gt) }
 	}
 	return &mlpStepper{stepRunner: r, m: m}, nil
 }
@@ -236,4 +248,12 @@ func fill(set *data.Set, x []float32, y []int32, idx []int) error {
 		y[k] = int32(set.Labels[i])
 	}
 	return nil
+}
+
+// eagerStep steps an optimizer that runs outside the captured step.
+func eagerStep(e *ops.Engine, o *optimizerSet, gt *trace.GPUTimer) error {
+	p := beginPhase(gt, spanOptimizer)
+	err := o.Step(e)
+	p.end()
+	return err
 }

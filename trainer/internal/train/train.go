@@ -48,6 +48,9 @@ type Options struct {
 	// Resume, when non-nil, is a checkpoint to continue from at Pos.
 	Resume *ckpt.File
 	Pos    Position
+	// OptimizerSocket, when set, runs the optimizer in the service there
+	// (`optimizer serve`); Alloc must then be a pool client.
+	OptimizerSocket string
 }
 
 // StepLine is the JSON line written every LogEvery steps. Epoch is 1-based;
@@ -113,11 +116,20 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 		return res, err
 	}
 	defer closeEngine(eng)
-	m, err := newModelOn(o.Alloc, cfg, o.Run, cfg.Batch, true, eng, o.Precision)
+	alloc, book, mem, err := serviceAlloc(o.Alloc, o.OptimizerSocket)
+	if err != nil {
+		return res, err
+	}
+	m, err := newModelOn(alloc, cfg, o.Run, cfg.Batch, o.OptimizerSocket == "", eng, o.Precision)
 	if err != nil {
 		return res, err
 	}
 	defer m.free()
+	if o.OptimizerSocket != "" {
+		if err := m.useService(eng, alloc, o.Run, o.OptimizerSocket, book, mem); err != nil {
+			return res, err
+		}
+	}
 	pos := Position{}
 	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
 	if o.Resume != nil {
