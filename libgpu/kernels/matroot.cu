@@ -5,6 +5,17 @@
 // Reductions are deterministic: fixed partial order, no float atomics.
 #include "common.cuh"
 
+// root_upper: out[b][i][j] = a[b][min(i,j)][max(i,j)], the symmetric
+// matrix of a's upper triangle, total = count·n².
+extern "C" __global__ void root_upper(const float* a, float* out, long long total, int n) {
+  long long nn = (long long)n * n;
+  GPUKIT_GRID_STRIDE(i, total) {
+    long long b = (long long)i / nn, k = (long long)i % nn;
+    long long r = k / n, c = k % n;
+    out[i] = r <= c ? a[i] : a[b * nn + c * n + r];
+  }
+}
+
 // root_partials: for batch item b = blockIdx.y, chunk c = blockIdx.x of
 // `chunks` equal slices of its n² elements, part[(b·chunks + c)·2] =
 // Σ (a_ij − shift·δ_ij)² and part[(b·chunks + c)·2 + 1] = Σ a_ii over the

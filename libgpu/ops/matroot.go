@@ -94,7 +94,8 @@ type Eigh struct {
 }
 
 // InverseRoot describes X[b] = (A[b] + r_b·I)^(−1/P) for a batch of
-// symmetric positive semi-definite matrices, with the ridge
+// symmetric positive semi-definite matrices (only the upper triangle of A
+// is read, as Eigh reads it), with the ridge
 //
 //	r_b = Eps + RelEps·‖A[b]‖_F (+ Ridge[b] when Ridge is set)
 //
@@ -238,7 +239,36 @@ func (e *Engine) InverseRoot(r InverseRoot) error {
 	if r.Err != nil {
 		errT, _ = r.Err.View(batch)
 	}
-	g := rootArgs{a: a3, x: x3, batch: batch, n: n, p: r.P, eps: r.Eps, relEps: r.RelEps, ridge: ridge, err: errT}
+	// Both methods read the upper triangle only (a statistic accumulated
+	// by GEMMs is symmetric only to rounding): a symmetric copy first.
+	sym, err := e.scratchTensor("root.sym", tensor.F32, batch, n, n)
+	if err != nil {
+		return err
+	}
+	total := int64(batch) * int64(n) * int64(n)
+	if err := e.dispatch(func(*hostImpl) error {
+		av, err := hostIn(a3)
+		if err != nil {
+			return err
+		}
+		sv, _ := sym.F32()
+		nn := n * n
+		for i := range sv {
+			b, k := i/nn, i%nn
+			r, c := k/n, k%n
+			if r > c {
+				r, c = c, r
+			}
+			sv[i] = av[b*nn+r*n+c]
+		}
+		return nil
+	}, func(c *cudaImpl) error {
+		return c.launchK("matroot.cu", "root_upper", grid1(int(min(total/256+1, 65535))), block1(256), 0,
+			kPtr(a3), kPtr(sym), kI64(total), kI32(n))
+	}); err != nil {
+		return err
+	}
+	g := rootArgs{a: sym, x: x3, batch: batch, n: n, p: r.P, eps: r.Eps, relEps: r.RelEps, ridge: ridge, err: errT}
 	switch r.Method {
 	case RootEigen:
 		return e.rootEigen(&g, r.F64)

@@ -116,6 +116,7 @@ func checkMatroot(s *Suite) {
 			}
 		}
 		s.Run(fmt.Sprintf("root/%v/ridge-tensor+in-place", m), func(s *Suite) { rootRidge(s, m) })
+		s.Run(fmt.Sprintf("root/%v/upper-triangle", m), func(s *Suite) { rootUpper(s, m) })
 	}
 	s.Run("root/eigen/failure", func(s *Suite) { rootFailure(s, ops.RootEigen) })
 	s.Run("root/newton/failure", func(s *Suite) { rootFailure(s, ops.RootNewton) })
@@ -302,6 +303,22 @@ func rootRidge(s *Suite, m ops.RootMethod) {
 		want := RefInverseRoot(av[b*n*n:(b+1)*n*n], n, p, r)
 		s.Near(fmt.Sprintf("matrix %d in place", b), xv[b*n*n:(b+1)*n*n], want, rootTol(s))
 	}
+}
+
+// rootUpper: only the upper triangle is read (the lower one here is noise).
+func rootUpper(s *Suite, m ops.RootMethod) {
+	const n, p = 7, 2
+	av := RandSPD(s.R, n, 20, 1)
+	for i := 0; i < n; i++ {
+		for j := 0; j < i; j++ {
+			av[i*n+j] += 0.5 * s.R.NormFloat64()
+		}
+	}
+	a := s.Const(tensor.F32, av, n, n)
+	av = s.Read(a)
+	x := s.Empty(tensor.F32, n, n)
+	s.NoErr("inverse root", s.E.InverseRoot(ops.InverseRoot{A: a, X: x, P: p, Eps: 0.01, Method: m}))
+	s.Near("X", s.Read(x), RefInverseRoot(av, n, p, float64(float32(0.01))), rootTol(s))
 }
 
 // rootFailure: a matrix with a NaN keeps its previous root and reports
