@@ -131,21 +131,24 @@ type InverseRoot struct {
 
 // NewtonIters is the default iteration count of RootNewton for the
 // inverse p-th root of an n×n matrix with relative ridge relEps: the
-// smallest eigenvalue of M₀ is at least m = (p+1)·relEps/(2(1 + relEps·√n)),
-// each iteration multiplies a small eigenvalue by about ((p+1)/p)^p, and
-// from 1/2 the quadratic phase needs 6 more. Without a relative ridge
-// (relEps ≤ 0) it is 40. At most 100.
+// iterates' eigenvalues evolve independently, m ← ((p+1−m)/p)^p·m, from
+// M₀'s, which lie in [m, (p+1)/2] with m = (p+1)·relEps/(2(1 + relEps·√n))
+// (the ridge is at least relEps·‖A‖_F, and z scales by ‖A + rI‖_F ≤
+// ‖A‖_F + r√n); the count is the number of steps this scalar recurrence
+// takes to bring both ends of that interval within 1e-6 of 1 (f32's
+// accuracy). Without a relative ridge (relEps ≤ 0) it is 40; at most 100.
 func NewtonIters(p int, relEps float64, n int) int {
 	if relEps <= 0 || p < 1 {
 		return 40
 	}
-	m := float64(p+1) * relEps / (2 * (1 + relEps*math.Sqrt(float64(n))))
-	g := math.Pow(float64(p+1)/float64(p), float64(p))
-	k := 6
-	if m < 0.5 {
-		k += int(math.Ceil(math.Log(0.5/m) / math.Log(g)))
+	f := func(m float64) float64 { return math.Pow(float64(p+1)-m, float64(p)) / math.Pow(float64(p), float64(p)) * m }
+	lo, hi := float64(p+1)*relEps/(2*(1+relEps*math.Sqrt(float64(n)))), float64(p+1)/2
+	k := 0
+	for ; k < 100 && (1-lo > 1e-6 || math.Abs(hi-1) > 1e-6); k++ {
+		a, b := f(lo), f(hi)
+		lo, hi = min(a, b), max(a, b)
 	}
-	return min(k, 100)
+	return k
 }
 
 // rootGeom is the batch and order of a [n, n] or [B, n, n] tensor.
