@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,7 +30,7 @@ import (
 // has no Go toolchain.
 var bins string
 
-func binaries(t *testing.T) string {
+func binaries(t testing.TB) string {
 	t.Helper()
 	if bins != "" {
 		return bins
@@ -54,7 +55,7 @@ func binaries(t *testing.T) string {
 
 // daemon starts a tool's serve command and waits for the socket path it
 // prints when ready; the process is killed at cleanup.
-func daemon(t *testing.T, tool string, args ...string) *exec.Cmd {
+func daemon(t testing.TB, tool string, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(binaries(t), tool), args...)
 	out, err := cmd.StdoutPipe()
@@ -89,7 +90,9 @@ type stack struct {
 	optCmd    *exec.Cmd
 }
 
-func startStack(t *testing.T, backend string) *stack {
+func startStack(t *testing.T, backend string) *stack { return startStackTB(t, backend) }
+
+func startStackTB(t testing.TB, backend string) *stack {
 	dir := t.TempDir()
 	s := &stack{pool: filepath.Join(dir, "pool.sock"), opt: filepath.Join(dir, "opt.sock")}
 	daemon(t, "gpupool", "serve", "--socket", s.pool, "--backend", backend)
@@ -109,6 +112,10 @@ type trainerSide struct {
 }
 
 func newTrainerSide(t *testing.T, poolSock, run string, seed uint64) *trainerSide {
+	return newTrainerSideTB(t, poolSock, run, e2eShapes, seed)
+}
+
+func newTrainerSideTB(t testing.TB, poolSock, run string, shapes [][]int, seed ...uint64) *trainerSide {
 	t.Helper()
 	pc, err := pool.Dial(poolSock)
 	if err != nil {
@@ -120,8 +127,8 @@ func newTrainerSide(t *testing.T, poolSock, run string, seed uint64) *trainerSid
 		t.Fatal(err)
 	}
 	ts := &trainerSide{pc: pc, book: service.NewNameBook(pc), e: e}
-	r := rand.New(rand.NewPCG(seed, 1))
-	for i, sh := range e2eShapes {
+	r := rand.New(rand.NewPCG(append(seed, 1)[0], 1))
+	for i, sh := range shapes {
 		name := fmt.Sprintf("layer%d.weight", i)
 		v, err := tensor.Alloc(ts.book, run+"/params/"+name, tensor.F32, sh...)
 		if err != nil {
@@ -379,4 +386,73 @@ func childTrainer(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// benchService times one step through the service on a pool of backend:
+// a tiny SGD step (one 16×16 parameter), so the time is the round trip —
+// the client's event record, the message and reply, the service's wait,
+// kernel launch and event record, the client's stream wait — against the
+// same step in process. Reports the medians and the 99th percentiles in µs
+// and their difference, the overhead per step.
+func benchService(b *testing.B, backend string) {
+	st := startStackTB(b, backend)
+	ts := newTrainerSideTB(b, st.pool, "bench", [][]int{{16, 16}}, 1)
+	spec, _ := optim.Defaults("sgd")
+	spec.LR = 0
+	c, err := service.Dial(st.opt)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ro, err := c.Register(ts.e, service.Registration{Run: "bench", Spec: spec, Params: ts.params, Buffers: ts.book, Mem: ts.pc})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ro.Free()
+	lo, err := optim.New(ts.book, "bench-local", ts.params, nil, spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lo.Free()
+	measure := func(o optim.Optimizer) []float64 {
+		for i := 0; i < 50; i++ { // warm-up: kernels, spinning
+			if err := o.Step(ts.e); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := ts.e.Sync(); err != nil {
+			b.Fatal(err)
+		}
+		us := make([]float64, 0, b.N)
+		for i := 0; i < b.N; i++ {
+			t0 := time.Now()
+			if err := o.Step(ts.e); err != nil {
+				b.Fatal(err)
+			}
+			us = append(us, float64(time.Since(t0).Nanoseconds())/1e3)
+		}
+		if err := ts.e.Sync(); err != nil {
+			b.Fatal(err)
+		}
+		sort.Float64s(us)
+		return us
+	}
+	b.ResetTimer()
+	remote := measure(ro)
+	local := measure(lo)
+	b.StopTimer()
+	q := func(v []float64, p float64) float64 { return v[int(p*float64(len(v)-1))] }
+	b.ReportMetric(q(remote, 0.5), "service_p50_us")
+	b.ReportMetric(q(remote, 0.99), "service_p99_us")
+	b.ReportMetric(q(local, 0.5), "inprocess_p50_us")
+	b.ReportMetric(q(remote, 0.5)-q(local, 0.5), "overhead_p50_us")
+}
+
+// BenchmarkServiceStepHost: the service's round trip on a host pool.
+func BenchmarkServiceStepHost(b *testing.B) { benchService(b, "host") }
+
+// BenchmarkServiceStepGPU: the round trip on a GPU pool (interprocess
+// events on both streams); the target is an overhead p50 ≤ 30 µs.
+func BenchmarkServiceStepGPU(b *testing.B) {
+	cudatest.RequireGPU(b)
+	benchService(b, "cuda")
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"gpukit/libgpu/cuda/cudatest"
 )
 
 // TestSecondOrderResume: runs with Shampoo (asynchronous roots, a refresh
@@ -137,6 +139,88 @@ func TestGPTSecondOrder(t *testing.T) {
 			if len(vals) < 2 || !(vals[len(vals)-1] < vals[0]) || math.IsNaN(vals[0]) {
 				t.Fatalf("validation losses %v", vals)
 			}
+		})
+	}
+}
+
+// gpuLines runs trainer on the GPU and returns its JSON lines without the
+// timing fields (step, loss, lr; val_loss lines as they are).
+func gpuLines(t *testing.T, args ...string) []string {
+	t.Helper()
+	r := trainer(t, args...)
+	mustOK(t, r)
+	var out []string
+	for _, text := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var l struct {
+			Step    int      `json:"step"`
+			Loss    *float32 `json:"loss"`
+			LR      *float32 `json:"lr"`
+			ValLoss *float64 `json:"val_loss"`
+		}
+		if err := json.Unmarshal([]byte(text), &l); err != nil {
+			t.Fatalf("not a JSON line: %q", text)
+		}
+		l2, _ := json.Marshal(l)
+		out = append(out, string(l2))
+	}
+	return out
+}
+
+func sameLines(t *testing.T, what string, a, b []string) {
+	t.Helper()
+	if len(a) != len(b) || len(a) == 0 {
+		t.Fatalf("%s: %d and %d lines", what, len(a), len(b))
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("%s: line %d: %s vs %s", what, i, a[i], b[i])
+		}
+	}
+}
+
+// gptGPU is a small GPT run on the GPU with the step as a CUDA graph and
+// the optimizer after it.
+func gptGPU(t *testing.T, extra ...string) []string {
+	t.Helper()
+	args := []string{"run", "--model", "gpt", "--out", t.TempDir(), "--device", "cuda", "--graph", "on", "--precision", "bf16",
+		"--layers", "2", "--heads", "4", "--d-model", "128", "--block", "64", "--batch", "16", "--steps", "40",
+		"--eval-every", "20", "--eval-batches", "2", "--log-every", "1", "--update-freq", "5"}
+	return gpuLines(t, append(args, extra...)...)
+}
+
+// TestGPUAsyncRootsSameLosses: on the GPU, Shampoo's roots and SOAP's bases
+// computed on the side stream and put in use in the step of their refresh
+// (--async-roots --max-staleness 0) give the losses of synchronous ones,
+// bitwise; with staleness 2 the run trains too.
+func TestGPUAsyncRootsSameLosses(t *testing.T) {
+	cudatest.RequireGPU(t)
+	for _, o := range [][]string{{"--optim", "shampoo", "--lr", "0.003"}, {"--optim", "shampoo", "--lr", "0.003", "--root", "newton"},
+		{"--optim", "soap", "--lr", "0.003"}} {
+		t.Run(strings.Join(o[1:], " "), func(t *testing.T) {
+			cudatest.RequireGPU(t)
+			sync := gptGPU(t, o...)
+			async := gptGPU(t, append(o, "--async-roots")...)
+			sameLines(t, "sync vs async at staleness 0", sync, async)
+			gptGPU(t, append(o, "--async-roots", "--max-staleness", "2")...)
+		})
+	}
+}
+
+// TestGPUServiceSameLosses: on a GPU pool, a GPT whose optimizer runs in
+// `optimizer serve` (ordered by interprocess events) prints bitwise the
+// losses of the same run with the optimizer in process.
+func TestGPUServiceSameLosses(t *testing.T) {
+	cudatest.RequireGPU(t)
+	bin, sock := t.TempDir(), t.TempDir()
+	pool, opt := filepath.Join(sock, "pool.sock"), filepath.Join(sock, "opt.sock")
+	serveTool(t, buildTool(t, bin, "gpupool"), "--socket", pool, "--backend", "cuda")
+	serveTool(t, buildTool(t, bin, "optimizer"), "--socket", opt, "--pool", pool, "--precision", "bf16")
+	for _, o := range []string{"shampoo", "muon"} {
+		t.Run(o, func(t *testing.T) {
+			cudatest.RequireGPU(t)
+			local := gptGPU(t, "--optim", o)
+			remote := gptGPU(t, "--optim", o, "--pool", pool, "--optimizer-socket", opt, "--run", "gpu-svc-"+o)
+			sameLines(t, "in process vs service", local, remote)
 		})
 	}
 }

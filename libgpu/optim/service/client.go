@@ -117,6 +117,10 @@ type Registration struct {
 	// Mem maps the optimizer's state for State (checkpoints), the
 	// client's pool connection.
 	Mem Opener
+	// LRScale, when set, is an f32 scalar in a named buffer that the
+	// optimizer multiplies its learning rate by (see RegisterRequest);
+	// Remote.LRScaled says whether it does.
+	LRScale *tensor.Tensor
 }
 
 // Register builds the run's optimizer in the service, over the client's
@@ -164,6 +168,13 @@ func (c *Client) Register(e *ops.Engine, r Registration) (_ *Remote, err error) 
 		}
 		req.Layers = append(req.Layers, lr)
 	}
+	if r.LRScale != nil {
+		sc, err := name("the learning-rate scale", r.LRScale)
+		if err != nil {
+			return nil, err
+		}
+		req.LRScale = &sc
+	}
 	rm := &Remote{c: c, e: e}
 	defer func() {
 		if err != nil {
@@ -177,6 +188,7 @@ func (c *Client) Register(e *ops.Engine, r Registration) (_ *Remote, err error) 
 	if _, err := c.rpc.Call(context.Background(), OpRegister, req, &reply); err != nil {
 		return nil, c.wrap(OpRegister, err)
 	}
+	rm.lrScaled = reply.LRScale
 	if rm.peer, err = openIPCEvent(e, reply.Event); err != nil {
 		return nil, err
 	}
@@ -225,7 +237,12 @@ type Remote struct {
 	counter   *tensor.Tensor
 	lr        float32
 	steps     int
+	lrScaled  bool
 }
+
+// LRScaled says whether the service's optimizer reads the registration's
+// LRScale (then SetLR is not needed for a schedule).
+func (r *Remote) LRScaled() bool { return r.lrScaled }
 
 // Step implements optim.Optimizer.
 func (r *Remote) Step(e *ops.Engine) error {

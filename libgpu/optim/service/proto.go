@@ -86,12 +86,18 @@ type LayerRef struct {
 // Event (cuda) is the client's interprocess event (a 64-byte
 // CUipcEventHandle) that it records after its gradients are written, every
 // step, before sending step.
+//
+// LRScale, when set, names an f32 scalar the client rewrites each step (a
+// learning-rate schedule): optimizers that take a device scale (AdamW,
+// Muon) multiply their learning rate by it when the step runs, exactly as
+// in the client's process; the reply says whether the optimizer took it.
 type RegisterRequest struct {
-	Run    string     `msgpack:"run"`
-	Spec   optim.Spec `msgpack:"spec"`
-	Params []ParamRef `msgpack:"params"`
-	Layers []LayerRef `msgpack:"layers,omitempty"`
-	Event  []byte     `msgpack:"event,omitempty"`
+	Run     string     `msgpack:"run"`
+	Spec    optim.Spec `msgpack:"spec"`
+	Params  []ParamRef `msgpack:"params"`
+	Layers  []LayerRef `msgpack:"layers,omitempty"`
+	Event   []byte     `msgpack:"event,omitempty"`
+	LRScale *TensorRef `msgpack:"lr_scale,omitempty"`
 }
 
 // StateRef is one tensor of the optimizer's state (optim.Optimizer.State):
@@ -104,8 +110,9 @@ type StateRef struct {
 // RegisterReply lists the state and, on cuda, the service's interprocess
 // event, which it records after each step's updates.
 type RegisterReply struct {
-	State []StateRef `msgpack:"state"`
-	Event []byte     `msgpack:"event,omitempty"`
+	State   []StateRef `msgpack:"state"`
+	Event   []byte     `msgpack:"event,omitempty"`
+	LRScale bool       `msgpack:"lr_scale,omitempty"` // the optimizer reads the request's LRScale
 }
 
 // StepRequest asks for one step. LR, when positive, is the learning rate

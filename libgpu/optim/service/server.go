@@ -236,13 +236,26 @@ func (ss *session) register(req *RegisterRequest) (_ *RegisterReply, err error) 
 	if ss.opt, err = optim.New(s.Mem, req.Run, params, layers, req.Spec); err != nil {
 		return nil, err
 	}
+	reply := &RegisterReply{}
+	if req.LRScale != nil {
+		sc, err := ss.tensor(*req.LRScale)
+		if err != nil {
+			return nil, err
+		}
+		if sc.DType != tensor.F32 || sc.Numel() != 1 {
+			return nil, fmt.Errorf("%w: the learning-rate scale is %v %v, want one f32", ErrTensor, sc.DType, sc.Shape)
+		}
+		if o, ok := ss.opt.(interface{ SetLRScale(*tensor.Tensor) }); ok {
+			o.SetLRScale(sc)
+			reply.LRScale = true
+		}
+	}
 	if ss.peer, err = openIPCEvent(ss.e, req.Event); err != nil {
 		return nil, err
 	}
 	if streamOf(ss.e) != 0 && ss.peer == nil {
 		return nil, fmt.Errorf("%w: a CUDA client must send its event", ipc.ErrBadRequest)
 	}
-	reply := &RegisterReply{}
 	if ss.own, reply.Event, err = newIPCEvent(ss.e); err != nil {
 		return nil, err
 	}

@@ -312,3 +312,49 @@ func TestServiceErrors(t *testing.T) {
 	}
 	r.Free()
 }
+
+// TestServiceLRScale: a registration's learning-rate scale (a named f32
+// the client rewrites, a schedule) is read by the service's Muon as by the
+// same Muon in process: bitwise equal parameters under a changing scale.
+func TestServiceLRScale(t *testing.T) {
+	mem := newMemory()
+	path, _ := serve(t, mem)
+	local := newModel(t, mem, "local", 4)
+	remote := newModel(t, mem, "remote", 4)
+	scale := func(m *model, run string) *tensor.Tensor {
+		s, err := tensor.Alloc(m.book, run+"/acts/lr_scale", tensor.F32, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Buf.Free() })
+		return s
+	}
+	ls, rs := scale(local, "local"), scale(remote, "remote")
+	lo, err := optim.New(local.book, "local", local.params, nil, spec(t, "muon"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lo.Free()
+	lo.(*optim.Muon).SetLRScale(ls)
+	c, err := service.Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro, err := c.Register(remote.e, service.Registration{Run: "remote", Spec: spec(t, "muon"), Params: remote.params,
+		Buffers: remote.book, Mem: mem, LRScale: rs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Free()
+	if !ro.LRScaled() {
+		t.Fatal("the service's Muon does not read the scale")
+	}
+	r1, r2 := rand.New(rand.NewPCG(9, 9)), rand.New(rand.NewPCG(9, 9))
+	for i, f := range []float32{1, 0.5, 0.25, 0.1} {
+		ls.WriteFloat32([]float32{f})
+		rs.WriteFloat32([]float32{f})
+		local.step(t, lo, r1)
+		remote.step(t, ro, r2)
+		same(t, fmt.Sprintf("step %d", i+1), local.values(t), remote.values(t))
+	}
+}

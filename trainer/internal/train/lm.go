@@ -177,15 +177,13 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec
 		if err != nil {
 			return l, err
 		}
-		if l.set, err = buildOptimizer(e, a, run, l.m.Params(), nil, spec, socket, book, mem); err != nil {
+		if l.set, err = buildOptimizer(e, a, run, l.m.Params(), nil, spec, socket, book, mem, l.lr); err != nil {
 			return l, err
 		}
 		l.opt, counter, l.hook = l.set.Optimizer, l.set.counter, name == "kfac"
-		l.hostLR = true
-		if sc, ok := l.opt.(interface{ SetLRScale(*tensor.Tensor) }); ok && !l.set.eager {
-			sc.SetLRScale(l.lr) // Muon: the schedule rides in the captured step
-			l.hostLR = false
-		}
+		// AdamW and Muon follow the schedule through the device scale (in
+		// a captured step too); the others take it from the host each step.
+		l.hostLR = !l.set.scaled
 		if counter == nil && cfg.Model.Dropout > 0 {
 			return l, fmt.Errorf("%w: dropout needs an optimizer with a step counter (--optim %s has none)", ErrConfig, name)
 		}

@@ -180,7 +180,7 @@ func (m *model) buildOptimizer(e *ops.Engine, a device.Allocator, run, socket st
 			layers = append(layers, optim.KFACLayer{Weight: l.Weight, Bias: l.Bias, Input: l.Input, OutGrad: l.OutGrad})
 		}
 	}
-	return buildOptimizer(e, a, run, m.mlp.Params(), layers, spec, socket, book, mem)
+	return buildOptimizer(e, a, run, m.mlp.Params(), layers, spec, socket, book, mem, nil)
 }
 
 // tensors lists what a checkpoint holds: parameters, then (withOptim) the

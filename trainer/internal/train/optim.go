@@ -86,14 +86,18 @@ type optimizerSet struct {
 	optim.Optimizer
 	counter *tensor.Tensor
 	eager   bool // not capturable: the runner steps it after the graph
+	scaled  bool // reads the device learning-rate scale (no SetLR per step)
 }
 
 // buildOptimizer makes the optimizer over params: in this process, or,
 // with a socket, in the optimizer service there (the parameters' buffers
-// named through book, the state mapped through mem).
+// named through book, the state mapped through mem). lrScale, when set,
+// is the run's device learning-rate scale, which optimizers that can read
+// it (AdamW, Muon) follow.
 func buildOptimizer(e *ops.Engine, a device.Allocator, run string, params []nn.Param, layers []optim.KFACLayer,
-	spec optim.Spec, socket string, book *service.NameBook, mem service.Opener) (*optimizerSet, error) {
+	spec optim.Spec, socket string, book *service.NameBook, mem service.Opener, lrScale *tensor.Tensor) (*optimizerSet, error) {
 	var o optim.Optimizer
+	scaled := false
 	if socket != "" {
 		if book == nil || mem == nil {
 			return nil, fmt.Errorf("%w: --optimizer-socket needs --pool (the service maps the run's buffers from it)", ErrConfig)
@@ -102,19 +106,24 @@ func buildOptimizer(e *ops.Engine, a device.Allocator, run string, params []nn.P
 		if err != nil {
 			return nil, fmt.Errorf("--optimizer-socket %s: %w", socket, err)
 		}
-		r, err := c.Register(e, service.Registration{Run: run, Spec: spec, Params: params, Layers: layers, Buffers: book, Mem: mem})
+		r, err := c.Register(e, service.Registration{Run: run, Spec: spec, Params: params, Layers: layers, Buffers: book,
+			Mem: mem, LRScale: lrScale})
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("--optimizer-socket %s: %w", socket, err)
 		}
-		o = r
+		o, scaled = r, r.LRScaled()
 	} else {
 		var err error
 		if o, err = optim.New(a, run, params, layers, spec); err != nil {
 			return nil, fmt.Errorf("building the optimizer: %w", err)
 		}
+		if sc, ok := o.(interface{ SetLRScale(*tensor.Tensor) }); ok && lrScale != nil {
+			sc.SetLRScale(lrScale)
+			scaled = true
+		}
 	}
-	set := &optimizerSet{Optimizer: o, eager: !optim.CanCapture(o)}
+	set := &optimizerSet{Optimizer: o, eager: !optim.CanCapture(o), scaled: scaled}
 	if c, ok := o.(interface{ Counter() *tensor.Tensor }); ok {
 		set.counter = c.Counter()
 	}

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# bench/optim-gpt.sh — issue 13's GPT benchmarks on a GPU machine: nanoGPT's
+# shakespeare-char recipe (6 layers, 6 heads, d 384, block 256, batch 64,
+# dropout 0.2, bf16, 5000 steps, warmup 100 and cosine to lr/10, clip 1,
+# validation on 200 fixed batches every 250 steps) trained with AdamW (the
+# baseline), Shampoo, SOAP and Muon, and:
+#
+#   - per optimizer, the step (and the seconds) at which its validation loss
+#     first reaches AdamW's final one, and the ratio to AdamW's (target
+#     ≤ 0.7 for the second-order methods);
+#   - per optimizer, the median step time over AdamW's (target ≤ 1.10 for
+#     Shampoo and SOAP at update frequency 10 with asynchronous roots,
+#     ≤ 1.05 for Muon);
+#   - optim-gpt.png: validation loss against steps and against seconds, the
+#     four runs together (gpukit-optimplot).
+#
+# JSON lines on stdout and in $BENCH_OUT/optim-gpt.jsonl; each run's
+# metrics.jsonl is kept in $BENCH_OUT/<optimizer>/.
+#
+# usage: bench/optim-gpt.sh TEXT            (TEXT: tinyshakespeare.txt)
+#   OPTIMS="adamw shampoo soap muon"        which runs (adamw first: the baseline)
+#   STEPS=5000                               steps of every run
+#   <NAME>_FLAGS="..."                       extra trainer flags for one run
+#                                            (ADAMW_FLAGS, SHAMPOO_FLAGS, SOAP_FLAGS, MUON_FLAGS)
+#   SMOKE=1                                  a tiny model for a few steps on any
+#                                            device (checks the script, measures nothing)
+#   OPTIMIZER_SOCKET=SOCK POOL=SOCK          run the second-order optimizers in
+#                                            `optimizer serve` (the service's
+#                                            overhead on the real step)
+# Needs trainer and gpukit-optimplot in $GPUKIT_BIN (default ./bin; make
+# build; the plot tool: cd bench && go build -o ../bin/gpukit-optimplot
+# ./cmd/gpukit-optimplot, or the GPU bundle's bench/).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+text=${1:?usage: bench/optim-gpt.sh TEXT}
+bin=${GPUKIT_BIN:-$root/bin}
+plot=$bin/gpukit-optimplot
+[ -x "$plot" ] || plot=$here/gpukit-optimplot
+out=${BENCH_OUT:-$(mktemp -d)}
+mkdir -p "$out"
+steps=${STEPS:-5000}
+optims=${OPTIMS:-adamw shampoo soap muon}
+emit() { tee -a "$out/optim-gpt.jsonl"; }
+
+# nanoGPT's shakespeare-char recipe (config/train_shakespeare_char.py).
+recipe=(--model gpt --data "$text" --layers 6 --heads 6 --d-model 384 --block 256 --batch 64 --precision bf16
+	--dropout 0.2 --steps "$steps" --warmup 100 --weight-decay 0.1 --clip 1
+	--eval-every 250 --eval-batches 200 --log-every 50)
+if [ "${SMOKE:-0}" = 1 ]; then
+	recipe=(--model gpt --data "$text" --layers 1 --heads 2 --d-model 32 --block 16 --batch 4 --dropout 0.2
+		--steps "${STEPS:-30}" --warmup 3 --weight-decay 0.1 --clip 1 --eval-every 10 --eval-batches 2 --log-every 5
+		--max-block 64)
+fi
+
+# Each optimizer's learning rate (and what differs from AdamW's recipe),
+# from its paper's or reference code's small-model settings; override with
+# <NAME>_FLAGS.
+flags_for() {
+	case $1 in
+	adamw) echo "--optim adamw --lr 1e-3 --min-lr 1e-4 --beta2 0.99" ;;
+	# Adam-grafted Shampoo: AdamW's step size; statistics every step, roots
+	# every 10 steps on the side stream, one step stale.
+	shampoo) echo "--optim shampoo --lr 1e-3 --min-lr 1e-4 --beta2 0.99 --update-freq 10 --async-roots --max-staleness 1" ;;
+	# SOAP's reference setting: lr 3e-3, betas (0.95, 0.95), weight decay 0.01.
+	soap) echo "--optim soap --lr 3e-3 --min-lr 3e-4 --beta1 0.95 --beta2 0.95 --weight-decay 0.01 --update-freq 10 --async-roots --max-staleness 1" ;;
+	# Muon: lr 0.02 for the hidden matrices, AdamW (lr 1e-3) for embeddings,
+	# head and vectors; the schedule scales both.
+	muon) echo "--optim muon --lr 0.02 --min-lr 0.002 --adam-lr 1e-3 --beta2 0.99 --weight-decay 0" ;;
+	*) echo "optim-gpt.sh: unknown optimizer $1" >&2; return 1 ;;
+	esac
+}
+
+runs=()
+for o in $optims; do
+	dir=$out/$o
+	rm -rf "$dir"
+	extra_var=$(echo "${o}_FLAGS" | tr '[:lower:]' '[:upper:]')
+	read -r -a extra <<<"${!extra_var:-}"
+	read -r -a base <<<"$(flags_for "$o")"
+	service=()
+	if [ -n "${OPTIMIZER_SOCKET:-}" ] && [ "$o" != adamw ]; then
+		service=(--pool "${POOL:?POOL=SOCK with OPTIMIZER_SOCKET}" --optimizer-socket "$OPTIMIZER_SOCKET" --run "optim-gpt-$o")
+	fi
+	echo "optim-gpt.sh: $o: trainer run ${base[*]} ${extra[*]:-}" >&2
+	"$bin/trainer" run "${recipe[@]}" "${base[@]}" "${extra[@]}" "${service[@]}" --out "$dir" \
+		>"$dir.jsonl" 2>"$dir.err" || { cat "$dir.err" >&2; exit 1; }
+	runs+=("$o=$dir/metrics.jsonl")
+done
+
+# Steps and seconds to AdamW's final validation loss, and the plot.
+"$plot" -o "$out/optim-gpt.png" "${runs[@]}" | emit
+
+# Median step time (the loss lines' step_ms, after the first interval:
+# compilation, capture and the first roots) against AdamW's.
+python3 - "$out" $optims <<'PY' | emit
+import json, statistics, sys
+out, names = sys.argv[1], sys.argv[2:]
+med = {}
+for n in names:
+    ls = [json.loads(l) for l in open(f"{out}/{n}/metrics.jsonl") if '"step_ms"' in l][1:]
+    med[n] = statistics.median(l["step_ms"] for l in ls)
+for n in names:
+    print(json.dumps({"workload": "optim-gpt-step", "optimizer": n, "step_ms": round(med[n], 3),
+                      "over_adamw": round(med[n] / med[names[0]], 4)}))
+PY
+echo "optim-gpt.sh: results in $out (optim-gpt.jsonl, optim-gpt.png)" >&2
