@@ -141,7 +141,9 @@ func NewtonIters(p int, relEps float64, n int) int {
 	if relEps <= 0 || p < 1 {
 		return 40
 	}
-	f := func(m float64) float64 { return math.Pow(float64(p+1)-m, float64(p)) / math.Pow(float64(p), float64(p)) * m }
+	f := func(m float64) float64 {
+		return math.Pow(float64(p+1)-m, float64(p)) / math.Pow(float64(p), float64(p)) * m
+	}
 	lo, hi := float64(p+1)*relEps/(2*(1+relEps*math.Sqrt(float64(n)))), float64(p+1)/2
 	k := 0
 	for ; k < 100 && (1-lo > 1e-6 || math.Abs(hi-1) > 1e-6); k++ {

@@ -158,7 +158,7 @@ func run1() error {
 	out := flag.String("o", "optim.png", "the PNG to write")
 	flag.Parse()
 	if flag.NArg() == 0 {
-		return errors.New("usage: gpukit-optimplot -o out.png NAME=metrics.jsonl ...")
+		return errors.New("usage: gpukit-optimplot -o out.png NAME=metrics.jsonl [NAME=metrics.jsonl]")
 	}
 	var rs []run
 	for _, a := range flag.Args() {

@@ -82,11 +82,11 @@ func shampooPrepCheck(s *Suite, sh [3]int, beta1 float32, adagrad bool) {
 	const beta2, eps, t = 0.99, 1e-8, 3
 	g, gv := s.Rand(tensor.F32, 1, b.M, b.N)
 	m, mv := s.Rand(tensor.F32, 0.1, b.M, b.N)
-	v, vv := s.Rand(tensor.F32, 0.1, b.M, b.N)
+	_, vv := s.Rand(tensor.F32, 0.1, b.M, b.N)
 	for i := range vv { // a second moment is not negative
 		vv[i] = math.Abs(vv[i])
 	}
-	v = s.Const(tensor.F32, vv, b.M, b.N)
+	v := s.Const(tensor.F32, vv, b.M, b.N)
 	gs, gb, ga := s.Empty(tensor.F32, b.Shape()...), s.Empty(tensor.F32, b.Shape()...), s.Empty(tensor.F32, b.Shape()...)
 	s.NoErr("shampoo prep", s.E.ShampooPrep(ops.ShampooPrep{G: g, M: m, V: v, GS: gs, GB: gb, GA: ga, Blk: b,
 		Beta1: beta1, Beta2: beta2, Eps: eps, T: t, AdaGrad: adagrad}))
