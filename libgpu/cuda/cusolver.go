@@ -24,6 +24,10 @@ var (
 	pDsyevdBufSize   = newProc(libSolver, "cusolverDnDsyevd_bufferSize")
 	pSsyevd          = newProc(libSolver, "cusolverDnSsyevd")
 	pDsyevd          = newProc(libSolver, "cusolverDnDsyevd")
+	pCreateParams    = newProc(libSolver, "cusolverDnCreateParams")
+	pDestroyParams   = newProc(libSolver, "cusolverDnDestroyParams")
+	pSyevBatchedSize = newProc(libSolver, "cusolverDnXsyevBatched_bufferSize")
+	pSyevBatched     = newProc(libSolver, "cusolverDnXsyevBatched")
 )
 
 // ErrSolverDestroyed: the SolverHandle was destroyed.
@@ -77,8 +81,11 @@ func SolverVersion() (int, error) {
 // (cuSOLVER handles are not safe for concurrent use); the calling thread
 // must have a current context.
 type SolverHandle struct {
-	mu sync.Mutex
-	h  uintptr
+	mu     sync.Mutex
+	h      uintptr
+	params uintptr        // cusolverDnParams_t of the 64-bit API, made on first use
+	host   unsafe.Pointer // pinned host workspace of SyevBatched (grown)
+	hostN  int64
 }
 
 // SolverCreate creates a cusolverDn handle (cusolverDnCreate).
@@ -97,9 +104,18 @@ func (s *SolverHandle) Destroy() error {
 	if s.h == 0 {
 		return nil
 	}
-	err := pSolverDestroy.solver(s.h)
+	var errs []error
+	if s.params != 0 {
+		errs = append(errs, pDestroyParams.solver(s.params))
+		s.params = 0
+	}
+	if s.host != nil {
+		errs = append(errs, MemFreeHost(s.host))
+		s.host, s.hostN = nil, 0
+	}
+	errs = append(errs, pSolverDestroy.solver(s.h))
 	s.h = 0
-	return err
+	return errors.Join(errs...)
 }
 
 // Eigenvalue problem options (cusolverEigMode_t, cublasFillMode_t).
@@ -169,4 +185,100 @@ func (s *SolverHandle) Syevd(st Stream, dt DataType, n, lda int, a, w, work Devi
 	}
 	return run.solver(s.h, solverEigModeVector, fillModeLower, uintptr(n), uintptr(a), uintptr(lda), uintptr(w),
 		uintptr(work), uintptr(lwork), uintptr(info))
+}
+
+// paramsLocked returns the handle's cusolverDnParams_t, made on first use.
+func (s *SolverHandle) paramsLocked() (uintptr, error) {
+	if s.params != 0 {
+		return s.params, nil
+	}
+	var p uintptr
+	if err := pCreateParams.solver(uintptr(unsafe.Pointer(&p))); err != nil {
+		return 0, err
+	}
+	s.params = p
+	return p, nil
+}
+
+// SyevBatchedBufferSize is the device workspace in bytes that SyevBatched
+// needs for batch n×n matrices of dt (R32F or R64F) with leading dimension
+// lda (cusolverDnXsyevBatched_bufferSize, eigenvectors wanted, lower
+// triangle). The host workspace the call may also need is the handle's.
+// Errors wrap ErrNoSymbol when cuSOLVER predates the batched solver
+// (CUDA 12.6).
+func (s *SolverHandle) SyevBatchedBufferSize(dt DataType, n, lda, batch int, a, w DevicePtr) (int64, error) {
+	if n <= 0 || lda < n || batch <= 0 {
+		return 0, badArg("syevBatched of n = %d, lda = %d, batch = %d", n, lda, batch)
+	}
+	if _, _, err := syevdProcs(dt); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == 0 {
+		return 0, ErrSolverDestroyed
+	}
+	p, err := s.paramsLocked()
+	if err != nil {
+		return 0, err
+	}
+	var dev, host uint64
+	err = pSyevBatchedSize.solver(s.h, p, solverEigModeVector, fillModeLower, uintptr(n), uintptr(dt), uintptr(a),
+		uintptr(lda), uintptr(dt), uintptr(w), uintptr(dt), uintptr(unsafe.Pointer(&dev)), uintptr(unsafe.Pointer(&host)),
+		uintptr(batch))
+	return int64(dev), err
+}
+
+// SyevBatched queues, on stream st, the eigendecomposition of batch
+// symmetric n×n matrices stored one after another at a (column-major,
+// leading dimension lda, lower triangle read; lda·n elements apart) in
+// precision dt (cusolverDnXsyevBatched): eigenvalues ascending into w (n
+// per matrix), eigenvectors over a, and per matrix 0 (converged) or a
+// positive count into info (batch int32 on the device). work holds
+// workBytes (SyevBatchedBufferSize); a host workspace, when the library
+// asks for one, is pinned memory the handle keeps. n·lda·batch must not
+// exceed 2³¹−1 (the library's limit).
+func (s *SolverHandle) SyevBatched(st Stream, dt DataType, n, lda, batch int, a, w, work DevicePtr, workBytes int64, info DevicePtr) error {
+	if n <= 0 || lda < n || batch <= 0 || workBytes < 0 || int64(n)*int64(lda)*int64(batch) > 1<<31-1 {
+		return badArg("syevBatched of n = %d, lda = %d, batch = %d, %d workspace bytes", n, lda, batch, workBytes)
+	}
+	if _, _, err := syevdProcs(dt); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == 0 {
+		return ErrSolverDestroyed
+	}
+	p, err := s.paramsLocked()
+	if err != nil {
+		return err
+	}
+	var dev, host uint64
+	if err := pSyevBatchedSize.solver(s.h, p, solverEigModeVector, fillModeLower, uintptr(n), uintptr(dt), uintptr(a),
+		uintptr(lda), uintptr(dt), uintptr(w), uintptr(dt), uintptr(unsafe.Pointer(&dev)), uintptr(unsafe.Pointer(&host)),
+		uintptr(batch)); err != nil {
+		return err
+	}
+	if int64(dev) > workBytes {
+		return badArg("syevBatched needs %d workspace bytes, got %d", dev, workBytes)
+	}
+	if int64(host) > s.hostN {
+		if s.host != nil {
+			if err := MemFreeHost(s.host); err != nil {
+				return err
+			}
+			s.host, s.hostN = nil, 0
+		}
+		if s.host, err = MemHostAlloc(int64(host)); err != nil {
+			return err
+		}
+		s.hostN = int64(host)
+	}
+	if err := pSolverSetStream.solver(s.h, uintptr(st)); err != nil {
+		return err
+	}
+	return pSyevBatched.solver(s.h, p, solverEigModeVector, fillModeLower, uintptr(n), uintptr(dt), uintptr(a),
+		uintptr(lda), uintptr(dt), uintptr(w), uintptr(dt), uintptr(work), uintptr(workBytes), uintptr(s.host),
+		uintptr(host), uintptr(info), uintptr(batch))
 }

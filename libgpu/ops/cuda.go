@@ -76,8 +76,9 @@ type cudaImpl struct {
 	// side is the side stream (side.go), made on the first Engine.Side.
 	side sideState
 	// solver is the cuSOLVER handle of the eigensolver (matroot.go), made
-	// on first use.
-	solver *cuda.SolverHandle
+	// on first use; noBatchedEigh: its library has no batched solver.
+	solver        *cuda.SolverHandle
+	noBatchedEigh bool
 
 	mu      sync.Mutex
 	scratch map[string]scratchBuf

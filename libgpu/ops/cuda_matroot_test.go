@@ -143,7 +143,9 @@ type rootBench struct {
 // order 1024, one of 4096, a batch of 64 of order 512 — by the batched
 // Newton iteration (TF32 tensor cores, the default iteration count for the
 // ridge) and by eigendecomposition (cuSOLVER syevd, f32), with the ridge
-// relative to ‖A‖_F of Shampoo's default (1e-6) and of 1e-4. Each call
+// relative to ‖A‖_F of Shampoo's default (1e-6) and of 1e-4 (for the
+// batch, eigendecomposition also one syevd per matrix, against cuSOLVER's
+// batched solver). Each call
 // between two CUDA events, waited for; the median over b.N calls as
 // ms/call, and the relative error against the float64 eigendecomposition
 // as rel_err. bench/reference/roots.py measures torch.linalg.eigh's route
@@ -156,18 +158,24 @@ func BenchmarkInverseRoot(b *testing.B) {
 	}
 	b.Cleanup(func() { d.Close() })
 	a := device.Local{Dev: d}
-	engines := map[ops.Precision]*ops.Engine{}
-	for _, p := range []ops.Precision{ops.PrecTF32, ops.PrecF32} {
-		e, err := ops.NewEngine(d, ops.Options{Precision: p})
+	engines := map[string]*ops.Engine{}
+	for _, p := range []struct {
+		name string
+		prec ops.Precision
+	}{{"tf32", ops.PrecTF32}, {"f32", ops.PrecF32}, {"f32-loop", ops.PrecF32}} {
+		e, err := ops.NewEngine(d, ops.Options{Precision: p.prec})
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { e.Impl().(io.Closer).Close() })
-		engines[p] = e
+		if p.name == "f32-loop" {
+			ops.NoBatchedEigh(e)
+		}
+		engines[p.name] = e
 	}
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, c := range []rootBench{{1, 1024}, {1, 4096}, {64, 512}} {
-		e := engines[ops.PrecTF32]
+		e := engines["tf32"]
 		s := wishart(b, e, a, r, c.batch, c.n)
 		shape := []int{c.batch, c.n, c.n}
 		for _, relEps := range []float32{1e-6, 1e-4} {
@@ -178,12 +186,16 @@ func BenchmarkInverseRoot(b *testing.B) {
 			for _, m := range []struct {
 				name   string
 				method ops.RootMethod
-				prec   ops.Precision
-			}{{"newton-tf32", ops.RootNewton, ops.PrecTF32}, {"newton-f32", ops.RootNewton, ops.PrecF32}, {"eigen-f32", ops.RootEigen, ops.PrecF32}} {
+				engine string
+			}{{"newton-tf32", ops.RootNewton, "tf32"}, {"newton-f32", ops.RootNewton, "f32"}, {"eigen-f32", ops.RootEigen, "f32"},
+				{"eigen-f32-syevd-loop", ops.RootEigen, "f32-loop"}} {
+				if m.engine == "f32-loop" && c.batch == 1 {
+					continue // the same call
+				}
 				name := fmt.Sprintf("batch=%d,n=%d/releps=%g/%s", c.batch, c.n, relEps, m.name)
 				b.Run(name, func(b *testing.B) {
 					cudatest.RequireGPU(b)
-					e := engines[m.prec]
+					e := engines[m.engine]
 					x := opstest.Empty(b, a, tensor.F32, shape...)
 					call := func() error {
 						return e.InverseRoot(ops.InverseRoot{A: s, X: x, P: 4, RelEps: relEps, Method: m.method})

@@ -12,6 +12,7 @@ package ops
 // Reference and checks: opstest/matroot.go.
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -797,8 +798,54 @@ func hostEigh(a, q, w, status *tensor.Tensor, batch, n int) error {
 	return q.WriteFloat32(qv)
 }
 
-// eigh runs cuSOLVER's syevd per matrix on a scratch copy (f32, or widened
-// to f64), then commits the matrices whose decomposition succeeded.
+// eighSolve decomposes batch n×n matrices at work in place (eigenvalues
+// into wv, statuses into info): with cuSOLVER's batched solver
+// (cusolverDnXsyevBatched, CUDA 12.6+) in as few calls as its size limit
+// allows, else one syevd per matrix.
+func (c *cudaImpl) eighSolve(dt cuda.DataType, size int64, batch, n int, work, wv, info cuda.DevicePtr) error {
+	nn := int64(n) * int64(n)
+	if batch > 1 && !c.noBatchedEigh {
+		per := int(min(int64(batch), (1<<31-1)/nn))
+		ws, err := c.solver.SyevBatchedBufferSize(dt, n, n, per, work, wv)
+		switch {
+		case errors.Is(err, cuda.ErrNoSymbol):
+			c.noBatchedEigh = true
+		case err != nil:
+			return fmt.Errorf("ops: eigh: %w", err)
+		default:
+			buf, err := c.scratchPtr("eigh.ws", max(ws, 1))
+			if err != nil {
+				return err
+			}
+			for b0 := 0; b0 < batch; b0 += per {
+				k := min(per, batch-b0)
+				if err := c.solver.SyevBatched(c.stream, dt, n, n, k, work.Add(int64(b0)*nn*size), wv.Add(int64(b0)*int64(n)*size),
+					buf, ws, info.Add(int64(b0)*4)); err != nil {
+					return fmt.Errorf("ops: eigh of %d matrices (n = %d): %w", k, n, err)
+				}
+			}
+			return nil
+		}
+	}
+	lwork, err := c.solver.SyevdBufferSize(dt, n, n, work, wv)
+	if err != nil {
+		return fmt.Errorf("ops: eigh: %w", err)
+	}
+	ws, err := c.scratchPtr("eigh.ws", int64(max(lwork, 1))*size)
+	if err != nil {
+		return err
+	}
+	for b := 0; b < batch; b++ {
+		if err := c.solver.Syevd(c.stream, dt, n, n, work.Add(int64(b)*nn*size), wv.Add(int64(b)*int64(n)*size),
+			ws, lwork, info.Add(int64(b)*4)); err != nil {
+			return fmt.Errorf("ops: eigh of matrix %d (n = %d): %w", b, n, err)
+		}
+	}
+	return nil
+}
+
+// eigh runs cuSOLVER's eigensolver (eighSolve) on a scratch copy (f32, or
+// widened to f64), then commits the matrices whose decomposition succeeded.
 func (c *cudaImpl) eigh(e *Engine, d Eigh, batch, n int) error {
 	if c.solver == nil {
 		h, err := cuda.SolverCreate()
@@ -833,19 +880,8 @@ func (c *cudaImpl) eigh(e *Engine, d Eigh, batch, n int) error {
 	} else if err := cuda.MemcpyDtoDAsync(work, devPtr(d.A), total*4, c.stream); err != nil {
 		return err
 	}
-	lwork, err := c.solver.SyevdBufferSize(dt, n, n, work, wv)
-	if err != nil {
-		return fmt.Errorf("ops: eigh: %w", err)
-	}
-	ws, err := c.scratchPtr("eigh.ws", int64(max(lwork, 1))*size)
-	if err != nil {
+	if err := c.eighSolve(dt, size, batch, n, work, wv, info); err != nil {
 		return err
-	}
-	for b := 0; b < batch; b++ {
-		if err := c.solver.Syevd(c.stream, dt, n, n, work.Add(int64(b)*nn*size), wv.Add(int64(b)*int64(n)*size),
-			ws, lwork, info.Add(int64(b)*4)); err != nil {
-			return fmt.Errorf("ops: eigh of matrix %d (n = %d): %w", b, n, err)
-		}
 	}
 	qf, wf := work, wv
 	if d.F64 {
