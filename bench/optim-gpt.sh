@@ -9,7 +9,8 @@
 #     first reaches AdamW's final one, and the ratio to AdamW's (target
 #     ≤ 0.7 for the second-order methods);
 #   - per optimizer, the median step time over AdamW's (target ≤ 1.10 for
-#     Shampoo and SOAP at update frequency 10 with asynchronous roots,
+#     Shampoo and SOAP at update frequency 10 with asynchronous roots (Shampoo's
+#     by Newton iterations, 2 steps stale; SOAP's eigenbases 5 steps stale),
 #     ≤ 1.05 for Muon);
 #   - optim-gpt.png: validation loss against steps and against seconds, the
 #     four runs together (gpukit-optimplot).
@@ -60,10 +61,13 @@ flags_for() {
 	case $1 in
 	adamw) echo "--optim adamw --lr 1e-3 --min-lr 1e-4 --beta2 0.99" ;;
 	# Adam-grafted Shampoo: AdamW's step size; statistics every step, roots
-	# every 10 steps on the side stream, one step stale.
-	shampoo) echo "--optim shampoo --lr 1e-3 --min-lr 1e-4 --beta2 0.99 --update-freq 10 --async-roots --max-staleness 1" ;;
-	# SOAP's reference setting: lr 3e-3, betas (0.95, 0.95), weight decay 0.01.
-	soap) echo "--optim soap --lr 3e-3 --min-lr 3e-4 --beta1 0.95 --beta2 0.95 --weight-decay 0.01 --update-freq 10 --async-roots --max-staleness 1" ;;
+	# by the batched Newton iteration (tensor cores) every 10 steps on the
+	# side stream, put in use 2 steps later.
+	shampoo) echo "--optim shampoo --lr 1e-3 --min-lr 1e-4 --beta2 0.99 --update-freq 10 --root newton --async-roots --max-staleness 2" ;;
+	# SOAP's reference setting: lr 3e-3, betas (0.95, 0.95), weight decay
+	# 0.01; eigenbases (cuSOLVER, batched per block order) every 10 steps on
+	# the side stream, given 5 steps to finish.
+	soap) echo "--optim soap --lr 3e-3 --min-lr 3e-4 --beta1 0.95 --beta2 0.95 --weight-decay 0.01 --update-freq 10 --async-roots --max-staleness 5" ;;
 	# Muon: lr 0.02 for the hidden matrices, AdamW (lr 1e-3) for embeddings,
 	# head and vectors; the schedule scales both.
 	muon) echo "--optim muon --lr 0.02 --min-lr 0.002 --adam-lr 1e-3 --beta2 0.99 --weight-decay 0" ;;
