@@ -9,6 +9,8 @@
 #                 one line "N passed, N failed"
 #   build/gpu/run.sh   unpacks the archive into a temp dir and runs it
 # A GPU test is a Test function whose body calls RequireGPU (libgpu/cuda/cudatest).
+# BUNDLE_PKGS=REGEX keeps only the test packages whose directory matches
+# (e.g. 'libgpu/ops|trainer'), to keep what travels to a GPU machine small.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -52,6 +54,7 @@ while IFS= read -r dir; do
 		awk -v d="$dir" '$1 == d { print $2 }' scripts/gpu-tests.txt
 	} | sort -u)
 	[ -n "$names" ] || continue
+	if [ -n "${BUNDLE_PKGS:-}" ] && ! [[ $dir =~ ^($BUNDLE_PKGS)$ ]]; then continue; fi
 	mod=${dir%%/*}
 	rel=${dir#"$mod"}; rel=${rel#/}
 	name=$(echo "$dir" | tr '/' '_')
