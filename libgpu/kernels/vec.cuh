@@ -44,8 +44,18 @@ __device__ __forceinline__ void gpukit_unpack_bf16x2(unsigned int w, float* out)
   out[0] = __uint_as_float(w << 16);
   out[1] = __uint_as_float(w & 0xffff0000u);
 }
+// gpukit_pack_bf16x2 rounds two f32 to nearest even: one cvt.rn.bf16x2.f32
+// (sm_80+; it writes its first source to the upper half) instead of about
+// five integer instructions per element; NaN becomes the canonical bf16
+// NaN. The host emulation (scripts/cudaemu) rounds the same way in C.
 __device__ __forceinline__ unsigned int gpukit_pack_bf16x2(float lo, float hi) {
+#ifdef GPUKIT_EMU
   return (unsigned int)gpukit_f32_to_bf16(lo) | ((unsigned int)gpukit_f32_to_bf16(hi) << 16);
+#else
+  unsigned int r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#endif
 }
 
 template <int V>
