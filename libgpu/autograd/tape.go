@@ -54,6 +54,11 @@ type writer struct {
 // RequiresGrad reports whether a gradient flows to v.
 func (v *Var) RequiresGrad() bool { return v.requires }
 
+// Computed reports whether a recorded node writes v's value (v is an op's
+// output, or an alias of one); false for params, inputs and their aliases,
+// whose values are set before Forward runs.
+func (v *Var) Computed() bool { return v.producer != nil }
+
 func (v *Var) root() *Var {
 	for v.alias != nil {
 		v = v.alias
