@@ -42,6 +42,7 @@
 // same instructions, so the kernels can be run and checked on a machine
 // without a GPU.
 #include "common.cuh"
+#include "vec.cuh"
 
 #define ATTN_INF __int_as_float(0x7f800000)
 #define ATTN_LOG2E 1.4426950408889634f
@@ -958,6 +959,71 @@ __device__ __forceinline__ void attn_bwd_delta(const attn_args& a) {
   }
 }
 
+// attn_bwd_delta_v: attn_bwd_delta at memory bandwidth. A row of D
+// elements is read as L = D/V 16-byte vectors (V = 16/sizeof(T)) by L
+// consecutive lanes (L a power of two ≤ 32, so a row's lanes sit in one
+// warp), which add their 8-element dot products with log₂ L shuffles.
+// Rows are taken in (b, i, h) order, so a warp reads 32/L consecutive heads
+// of one token: contiguous memory in the usual [B,T,H,D] layouts. Each
+// thread takes two rows' vectors per round (four 16-byte loads in flight
+// before the first use). Needs every base address and stride a multiple of
+// V elements and B·Tq·H·L < 2³¹ (ops checks; attn_bwd_delta otherwise).
+__device__ __forceinline__ float attn_dot16(const float* o, const float* g) {
+  const gpukit_u32x4 u = *reinterpret_cast<const gpukit_u32x4*>(o), w = *reinterpret_cast<const gpukit_u32x4*>(g);
+  float s = __uint_as_float(u.a) * __uint_as_float(w.a);
+  s = fmaf(__uint_as_float(u.b), __uint_as_float(w.b), s);
+  s = fmaf(__uint_as_float(u.c), __uint_as_float(w.c), s);
+  return fmaf(__uint_as_float(u.d), __uint_as_float(w.d), s);
+}
+__device__ __forceinline__ float attn_dot16(const gpukit_bf16* o, const gpukit_bf16* g) {
+  const gpukit_u32x4 u = *reinterpret_cast<const gpukit_u32x4*>(o), w = *reinterpret_cast<const gpukit_u32x4*>(g);
+  const unsigned int uu[4] = {u.a, u.b, u.c, u.d}, ww[4] = {w.a, w.b, w.c, w.d};
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    s = fmaf(__uint_as_float(uu[k] << 16), __uint_as_float(ww[k] << 16), s);
+    s = fmaf(__uint_as_float(uu[k] & 0xffff0000u), __uint_as_float(ww[k] & 0xffff0000u), s);
+  }
+  return s;
+}
+
+template <typename T>
+__device__ __forceinline__ void attn_bwd_delta_v(const attn_args& a) {
+  constexpr int V = 16 / sizeof(T);
+  const int L = a.D / V, lg = __ffs(L) - 1;
+  const int lane = threadIdx.x & 31, sub = lane & (L - 1);
+  const unsigned int total = (unsigned int)a.B * a.Tq * a.H * L;
+  const unsigned int G = gridDim.x * blockDim.x;
+  const unsigned int q0 = blockIdx.x * blockDim.x + threadIdx.x;
+  // Loop bounds are uniform over a warp (G is a multiple of 32), so every
+  // lane reaches the shuffles.
+  for (unsigned int base = q0 - lane; base < total; base += 2 * G) {
+    float s[2];
+    long long out[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      const unsigned int q = base + lane + u * G;
+      s[u] = 0.0f;
+      out[u] = -1;
+      if (q < total) {
+        const unsigned int r = q >> lg, h = r % a.H, bi = r / a.H, i = bi % a.Tq, b = bi / a.Tq;
+        const T* o = (const T*)a.o + b * a.so[0] + (long long)i * a.so[1] + h * a.so[2] + sub * V;
+        const T* g = (const T*)a.dout + b * a.sdo[0] + (long long)i * a.sdo[1] + h * a.sdo[2] + sub * V;
+        s[u] = attn_dot16(o, g);
+        out[u] = ((long long)b * a.H + h) * a.Tq + i;
+      }
+    }
+    for (int o = L >> 1; o > 0; o >>= 1) {
+      s[0] += __shfl_xor_sync(0xffffffffu, s[0], o);
+      s[1] += __shfl_xor_sync(0xffffffffu, s[1], o);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      if (out[u] >= 0 && sub == 0) a.delta[out[u]] = s[u];
+    }
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_fwd_simt_f32(const attn_args a) { attn_fwd_simt<float>(a); }
 extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_fwd_simt_bf16(const attn_args a) {
   attn_fwd_simt<gpukit_bf16>(a);
@@ -976,6 +1042,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dkdv_simt_
 }
 extern "C" __global__ void attn_bwd_delta_f32(const attn_args a) { attn_bwd_delta<float>(a); }
 extern "C" __global__ void attn_bwd_delta_bf16(const attn_args a) { attn_bwd_delta<gpukit_bf16>(a); }
+extern "C" __global__ void attn_bwd_delta_v_f32(const attn_args a) { attn_bwd_delta_v<float>(a); }
+extern "C" __global__ void attn_bwd_delta_v_bf16(const attn_args a) { attn_bwd_delta_v<gpukit_bf16>(a); }
 
 // ---- decoding with a KV cache ----
 

@@ -180,7 +180,7 @@ func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tenso
 				return err
 			}
 			a.delta = delta
-			if err := c.attnBwdDelta(&a, s, q.DType); err != nil {
+			if err := c.attnBwdDelta(&a, s, q.DType, o, do); err != nil {
 				return err
 			}
 		}
@@ -617,11 +617,44 @@ func (c *cudaImpl) attnFwdSIMT(a *attnArgs, s attnShape, dt tensor.DType) error 
 		block1(attnThreads), uint32(smem), kAttn(a))
 }
 
-// attnBwdDelta launches attn_bwd_delta_<dt>: one warp per (b, i, h) row.
-func (c *cudaImpl) attnBwdDelta(a *attnArgs, s attnShape, dt tensor.DType) error {
+// attnBwdDelta launches attn_bwd_delta_v_<dt> where o and dO allow it
+// (attnDeltaLanes): L lanes per (b, i, h) row, each thread two rows' 16-byte
+// vectors per round; else attn_bwd_delta_<dt>, one warp per row.
+func (c *cudaImpl) attnBwdDelta(a *attnArgs, s attnShape, dt tensor.DType, o, do *tensor.Tensor) error {
 	rows := s.b * s.tq * s.h
+	if l := attnDeltaLanes(dt, s.d, o, do); l > 0 && int64(rows)*int64(l) < math.MaxInt32 {
+		threads := (rows*l + 1) / 2
+		return c.launchK("attention.cu", "attn_bwd_delta_v"+dtSuffix(dt), gridFor(int64(threads), 256),
+			block1(256), 0, kAttn(a))
+	}
 	return c.launchK("attention.cu", "attn_bwd_delta"+dtSuffix(dt), grid1(min((rows+3)/4, 65535)),
 		block1(attnThreads), 0, kAttn(a))
+}
+
+// attnDeltaLanes is the lanes per row of attn_bwd_delta_v for rows of d
+// elements of dt in ts: d/V with V = 16/size(dt) elements per 16-byte
+// vector, when that is a power of two ≤ 32 and every base address and
+// batch, time and head stride is a multiple of V elements; else 0.
+func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
+	v := 16 / dt.Size()
+	if d%v != 0 {
+		return 0
+	}
+	l := d / v
+	if l > 32 || l&(l-1) != 0 {
+		return 0
+	}
+	for _, t := range ts {
+		if t.Ptr()%16 != 0 {
+			return 0
+		}
+		for _, st := range t.Strides[:3] {
+			if st%v != 0 {
+				return 0
+			}
+		}
+	}
+	return l
 }
 
 // attnBwdDKDVTC launches attn_bwd_dkdv_tc_d{64,128}: K, V, 2 Q and 2 dO

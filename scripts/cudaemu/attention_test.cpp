@@ -287,13 +287,40 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, boo
     old_dk = read(dk);
     old_dv = read(dv);
   }
-  int rows = B * Tq * H;
-  emu::launch({(unsigned)std::min((rows + 3) / 4, 65535), 1, 1}, {128, 1, 1}, 0, seed++, [&] {
-    if (bf16)
-      attn_bwd_delta_bf16(a);
-    else
-      attn_bwd_delta_f32(a);
-  });
+  // δ: the vectorised kernel where ops.attnDeltaLanes allows it (o and dO
+  // are contiguous and 16-byte aligned here, so it is D/V a power of two
+  // ≤ 32), the warp-per-row one otherwise; checked against Σ_d dO·O.
+  int rows = B * Tq * H, V = bf16 ? 8 : 4, L = D % V == 0 ? D / V : 0;
+  if (L > 32 || (L & (L - 1)) != 0) L = 0;
+  if (L > 0) {
+    long long threads = ((long long)rows * L + 1) / 2;
+    unsigned blocks = (unsigned)std::min(std::max((threads + 255) / 256, 1LL), 65535LL);
+    emu::launch({blocks, 1, 1}, {256, 1, 1}, 0, seed++, [&] {
+      if (bf16)
+        attn_bwd_delta_v_bf16(a);
+      else
+        attn_bwd_delta_v_f32(a);
+    });
+  } else {
+    emu::launch({(unsigned)std::min((rows + 3) / 4, 65535), 1, 1}, {128, 1, 1}, 0, seed++, [&] {
+      if (bf16)
+        attn_bwd_delta_bf16(a);
+      else
+        attn_bwd_delta_f32(a);
+    });
+  }
+  {
+    std::vector<double> got, want;
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < H; h++)
+        for (int i = 0; i < Tq; i++) {
+          double s = 0;
+          for (int d = 0; d < D; d++) s += o.get(b, i, h, d) * dout.get(b, i, h, d);
+          want.push_back(s);
+          got.push_back(deltab.get(((size_t)b * H + h) * Tq + i));
+        }
+    check(std::string(name) + (L > 0 ? " delta (v)" : " delta"), got, want, 1e-5);
+  }
   if (tc) {
     size_t smem = 6 * 64 * (D + 8) * 2;
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 63) / 64)}, {128, 1, 1}, smem + 1024, seed++, [&] {

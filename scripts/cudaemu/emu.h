@@ -385,6 +385,7 @@ inline int __float_as_int(float f) {
   memcpy(&u, &f, 4);
   return u;
 }
+inline int __ffs(int x) { return x ? __builtin_ctz((unsigned)x) + 1 : 0; }
 using std::max;
 using std::min;
 
