@@ -6,7 +6,9 @@ package ops
 
 import (
 	"fmt"
+	"math"
 
+	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/tensor"
 )
 
@@ -46,11 +48,130 @@ func (e *Engine) Cast(dst, src *tensor.Tensor) error {
 	})
 }
 
+// Casts writes each src[i] converted to dst[i]'s dtype into dst[i], as
+// Cast does for one pair (both contiguous, of one shape; f32 ↔ bf16 or
+// equal dtypes). On CUDA every f32 → bf16 pair goes into one multi-tensor
+// launch (up to 64 tensors per launch; cast_multi_f32_to_bf16), the others
+// as Cast. A step's autocast copies of its f32 master weights are one
+// launch instead of one per weight. Errors as Cast, naming the pair.
+func (e *Engine) Casts(dst, src []*tensor.Tensor) error {
+	if len(dst) != len(src) {
+		return fmt.Errorf("%w: casts of %d sources into %d destinations", tensor.ErrShape, len(src), len(dst))
+	}
+	var md, ms []*tensor.Tensor
+	var rest []int
+	for i := range dst {
+		if err := e.checkView(fmt.Sprintf("casts dst[%d]", i), dst[i], true, floatTypes); err != nil {
+			return err
+		}
+		if err := e.checkView(fmt.Sprintf("casts src[%d]", i), src[i], true, floatTypes); err != nil {
+			return err
+		}
+		if err := sameShapes(fmt.Sprintf("casts[%d]", i), dst[i], src[i]); err != nil {
+			return err
+		}
+		if src[i].DType == tensor.F32 && dst[i].DType == tensor.BF16 {
+			if dst[i].Numel() > 0 {
+				md, ms = append(md, dst[i]), append(ms, src[i])
+			}
+		} else {
+			rest = append(rest, i)
+		}
+	}
+	for _, i := range rest {
+		if err := e.Cast(dst[i], src[i]); err != nil {
+			return err
+		}
+	}
+	if len(md) == 0 {
+		return nil
+	}
+	return e.dispatch(func(*hostImpl) error {
+		for i := range md {
+			v, err := hostIn(ms[i])
+			if err != nil {
+				return err
+			}
+			if err := md[i].WriteFloat32(v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, func(c *cudaImpl) error { return c.castMulti(md, ms) })
+}
+
+// Multi-tensor casts (cast.cu): up to castMTMax tensors per launch travel
+// by value as a __grid_constant__ struct; tensor i owns blocks
+// [start[i], start[i+1]), castMTChunk elements per block.
+const (
+	castMTMax   = 64   // CAST_MT_MAX
+	castMTChunk = 4096 // CAST_MT_CHUNK
+)
+
+// castMTTensor mirrors cast_mt_tensor.
+type castMTTensor struct {
+	dst, src cuda.DevicePtr
+	n        int64
+}
+
+// castMTArgs mirrors cast_mt_args (1800 bytes, asserted in the .cu and in
+// the tests).
+type castMTArgs struct {
+	t     [castMTMax]castMTTensor
+	start [castMTMax + 1]int32
+	count int32
+}
+
+// castMTPlan fills the launches' arguments for casting src[i] into dst[i]
+// (f32 → bf16, contiguous, none empty): castMTMax tensors per launch.
+func castMTPlan(dst, src []*tensor.Tensor) ([]*castMTArgs, error) {
+	var out []*castMTArgs
+	for lo := 0; lo < len(dst); lo += castMTMax {
+		hi := min(lo+castMTMax, len(dst))
+		a := &castMTArgs{count: int32(hi - lo)}
+		blocks := int64(0)
+		for i := lo; i < hi; i++ {
+			n := int64(dst[i].Numel())
+			a.t[i-lo] = castMTTensor{dst: devPtr(dst[i]), src: devPtr(src[i]), n: n}
+			a.start[i-lo] = int32(blocks)
+			blocks += (n + castMTChunk - 1) / castMTChunk
+			if blocks > math.MaxInt32 {
+				return nil, fmt.Errorf("%w: cast launch of %d blocks", tensor.ErrShape, blocks)
+			}
+		}
+		a.start[hi-lo] = int32(blocks)
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+func (c *cudaImpl) castMulti(dst, src []*tensor.Tensor) error {
+	plan, err := castMTPlan(dst, src)
+	if err != nil {
+		return err
+	}
+	for _, a := range plan {
+		if err := c.launchK("cast.cu", "cast_multi_f32_to_bf16", grid1(int(a.start[a.count])), block1(256), 0,
+			karg(a)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Cast records x converted to dt (x itself when it already is dt). The
 // copy is made once per step however many ops read it (a tied weight is
 // cast once), and its gradient is x's own: ops that read the copy write
 // their gradients straight into x's (an f32 master's f32 gradient), so
 // only ops that take mixed dtypes — the GEMM family — read casts.
+//
+// f32 → bf16 casts of values no node computes (params and inputs, set
+// before Forward: autograd.Var.Computed) are made together, by one node
+// (Engine.Casts: one launch on CUDA) recorded where the graph's first such
+// cast is asked for: every one of them is then written before the first
+// op that reads any of them, since each is asked for by its first reader,
+// recorded after that node. Casts of computed values (an op's f32 output)
+// get a node of their own where they are asked for, after their producer.
 func (g *Graph) Cast(x *Var, dt tensor.DType) *Var {
 	if !g.ok(x) {
 		return nil
@@ -80,10 +201,24 @@ func (g *Graph) Cast(x *Var, dt tensor.DType) *Var {
 	}
 	g.shared.owned = append(g.shared.owned, buf)
 	e := g.e
-	if err := g.tape.Op(name, []*Var{x}, nil, func(*Grads) error { return e.Cast(buf, x.Value) }, nil); err != nil {
+	if !x.Computed() && x.Value.DType == tensor.F32 && dt == tensor.BF16 {
+		b := g.shared.castBatch
+		if b == nil {
+			b = &castBatch{}
+			g.shared.castBatch = b
+			if err := g.tape.Op(g.name("casts"), nil, nil, func(*Grads) error { return e.Casts(b.dst, b.src) }, nil); err != nil {
+				g.Fail("cast", err)
+				return nil
+			}
+		}
+		b.dst, b.src = append(b.dst, buf), append(b.src, x.Value)
+	} else if err := g.tape.Op(name, []*Var{x}, nil, func(*Grads) error { return e.Cast(buf, x.Value) }, nil); err != nil {
 		g.Fail("cast", err)
 		return nil
 	}
 	g.shared.casts[key] = c
 	return c
 }
+
+// castBatch is the casts one Graph node makes together (Graph.Cast).
+type castBatch struct{ dst, src []*tensor.Tensor }

@@ -67,8 +67,10 @@ type graphShared struct {
 	err   error
 	names map[string]int
 	casts map[castKey]*Var
-	sites int              // dropout call-sites so far
-	owned []*tensor.Tensor // buffers the graph allocated outside the tape (casts)
+	// castBatch: the f32 → bf16 casts of leaves, made by one node (Cast).
+	castBatch *castBatch
+	sites     int              // dropout call-sites so far
+	owned     []*tensor.Tensor // buffers the graph allocated outside the tape (casts)
 }
 
 type castKey struct {

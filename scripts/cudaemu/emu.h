@@ -48,6 +48,7 @@
 #define __forceinline__ inline
 #define __noinline__
 #define __launch_bounds__(...)
+#define __grid_constant__
 #define __align__(n) alignas(n)
 #define __restrict__ __restrict
 #define ATTN_DYN_SMEM(name) unsigned char* name = emu::g.smem.data()
