@@ -84,6 +84,13 @@ type cudaImpl struct {
 	scratch map[string]scratchBuf
 	retired []cuda.DevicePtr
 	closed  bool
+	// zeroed: how many leading u32 of a scratch buffer are known zero
+	// (ticket counters, which kernels leave zero; ticketPtr).
+	zeroed map[cuda.DevicePtr]int
+	// sms is the device's multiprocessor count (0 until smCount reads it);
+	// resident caches residentGrid's answers.
+	sms      int
+	resident map[residentKey]int
 }
 
 type scratchBuf struct {
