@@ -1,30 +1,84 @@
 // layernorm.cu: layer normalisation over the last dimension, forward and
-// backward (libgpu/ops/layernorm.go; Ba, Kiros & Hinton 2016, with the
-// biased variance of PyTorch's F.layer_norm):
+// backward, alone or after a residual add (libgpu/ops/layernorm.go; Ba,
+// Kiros & Hinton 2016, with the biased variance of PyTorch's
+// F.layer_norm):
 //
-//   μ = Σx/C, σ² = Σ(x−μ)²/C, r = 1/√(σ² + eps), x̂ = (x−μ)·r,
-//   y = x̂·w + b;
-//   g = dy·w, dx = r·(g − Σg/C − x̂·Σ(g·x̂)/C), dw = Σ_rows dy·x̂,
-//   db = Σ_rows dy.
+//   forward:  s = x (+ r, rounded to the dtype and stored: AddLayerNorm),
+//             μ = Σs/C, σ² = Σ(s−μ)²/C, ρ = 1/√(σ² + eps), ŝ = (s−μ)·ρ,
+//             y = ŝ·w + b;
+//   backward: g = dy·w, d = ρ·(g − Σg/C − ŝ·Σ(g·ŝ)/C), t = d (+ gsum, the
+//             gradient of the stored s), dx (+)= t, dr (+)= t,
+//             dw (+)= Σ_rows dy·ŝ, db (+)= Σ_rows dy.
 //
-// Geometry (vec.cuh): a row of C elements is handled by a group of G threads
-// (a warp, or the whole block when block != 0). Thread t of a group owns the
-// vectors j = t + k·G (k = 0, 1, ...) of V elements, columns [jV, jV+V);
-// those with k < NV are cached in registers, so x (and dy) are read once.
-// Further vectors exist only in block mode when C > G·NV·V; they are read
-// again from global memory (the Go side keeps that for C > 8192). Rows are
-// row-strided (ldx, ldy, ...); mean and rstd are contiguous f32 [rows]; w
-// and b f32 [C] (null: ones and zeros). With V > 1 every pointer is
-// 16-byte aligned and C and the row strides are multiples of V.
+// Every kernel takes one ln_args (ops/layernorm.go mirrors it: lnKArgs).
+// Rows are row-strided (ld*, in elements); mean and rstd contiguous f32
+// [rows]; w, b, dw, db f32 [C] (w, b null: ones, zeros; dw, db null: not
+// wanted); any of r/sum, gsum, dx, dr null: absent.
 //
-// The backward is deterministic and uses no atomics: block b takes rows
-// [b·rpb, min((b+1)·rpb, rows)); each thread keeps its columns' partial dw
-// and db (in registers, or in its warp's row of shared memory); the groups
-// of a block add theirs in a fixed order and the block writes row b of the
-// partials pdw, pdb [gridDim.x, C]; ln_bwd_reduce sums the partials over
-// blocks.
+// Two geometries.
+//
+//   - Fast (ln_fwdf_*, ln_bwdf_*): a warp per row, rows of C ≤ 32·V·NV
+//     held in registers as NV vectors of V elements per lane (V = 4 or 8:
+//     8- or 16-byte accesses; every pointer aligned to V elements, C and
+//     the row strides multiples of V). 256-thread blocks, as many as fit
+//     on the GPU at once (ops sizes the grid); each warp loops over rows
+//     and loads its next row (raw bits) before working on the current
+//     one, so two rows per warp are in flight.
+//   - General (ln_fwd_e*, ln_bwd_e*): any C and alignment. A row goes to a
+//     group of G threads (a warp, or the whole block when block != 0,
+//     vec.cuh); thread t owns the vectors j = t + k·G of V elements
+//     (V = 1, or 8 with 16-byte alignment), those with k < NV cached in
+//     registers; wider rows (block mode past G·NV·V) are read again per
+//     pass.
+//
+// The backward's dw and db are deterministic and use no float atomics:
+// each block adds its rows' dy·ŝ and dy in a fixed order into one row of
+// partials, part[blockIdx][2C] (dw then db); then a ticket fold
+// (ln_fold) sums them: the last block of each group of a.group blocks to
+// finish adds its group's rows into a group row, and the last group to
+// finish adds the group rows into dw and db. Which block folds depends on
+// timing, the order of every sum does not: the same bits on every run, no
+// separate reduce kernel, and only the last group's fold after the rows
+// are done. The tickets are zero between launches (each folder resets the
+// one it used).
 #include "common.cuh"
 #include "vec.cuh"
+
+// LN_DYN_SMEM declares the dynamic shared memory (the host emulation,
+// scripts/cudaemu, defines its own).
+#ifndef LN_DYN_SMEM
+#define LN_DYN_SMEM(name) extern __shared__ __align__(16) float name[]
+#endif
+
+struct ln_args {
+  void* y;            // forward: [rows, C] (ldy)
+  void* sum;          // forward: s = x + r, stored (lds); null without r
+  const void* x;      // forward: x (ldx); backward: the normalised input s
+  const void* r;      // forward: residual addend (ldr); null: none
+  const void* dy;     // backward: gradient of y (lddy)
+  const void* gsum;   // backward: gradient of the stored s, added to dx/dr (ldg); null: zero
+  void* dx;           // backward (lddx); null: not wanted
+  void* dr;           // backward: a second copy of dx (lddr); null: not wanted
+  const float* w;     // [C]; null: ones
+  const float* b;     // [C]; null: zeros
+  float* mean;        // [rows]: the forward writes (null: not kept), the backward reads
+  float* rstd;        // [rows]
+  float* dw;          // backward [C]; null: not wanted
+  float* db;          // backward [C]; null: not wanted
+  float* part;        // backward: [gridDim + groups][2C] partials; null: neither dw nor db
+  unsigned int* tickets;  // backward: [groups + 1], zero between launches
+  long long rows;
+  long long ldy, lds, ldx, ldr, lddy, ldg, lddx, lddr;
+  long long rpb;  // backward: rows per block (block b: [b·rpb, (b+1)·rpb))
+  int C;
+  int block;  // general kernels: a whole block per row
+  float eps;
+  int acc_dx, acc_dr, acc_w, acc_b;
+  int group;  // backward: blocks per fold group
+};
+static_assert(sizeof(ln_args) == 240, "ln_args layout (ops/layernorm.go lnKArgs)");
+
+// ---- shared pieces ----
 
 // ln_w loads w at columns [c, c+V) (ones where w is null); ln_b likewise
 // b (zeros where null).
@@ -47,16 +101,117 @@ __device__ __forceinline__ void ln_b(const float* b, int c, float* bv) {
   }
 }
 
+// ln_round rounds v[0..V) to T's precision and back (the stored sum's
+// values), with the same rounding as the store.
+template <typename T, int V>
+__device__ __forceinline__ void ln_round(float* v) {
+  if constexpr (sizeof(T) == 2) {
+    if constexpr (V % 2 == 0) {
+#pragma unroll
+      for (int i = 0; i < V; i += 2) gpukit_unpack_bf16x2(gpukit_pack_bf16x2(v[i], v[i + 1]), v + i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < V; i++) v[i] = gpukit_bf16_to_f32(gpukit_f32_to_bf16(v[i]));
+    }
+  }
+}
+
+// ln_ldcg loads from L2, past the SM's L1 (which other SMs' writes do not
+// reach): the fold reads partials other blocks wrote.
+__device__ __forceinline__ float ln_ldcg(const float* p) {
+#ifdef GPUKIT_EMU
+  return *p;
+#else
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+
+// ln_colsum is Σ_{k<n} p[k·ld] in order of k, four loads in flight.
+__device__ __forceinline__ float ln_colsum(const float* p, int n, int ld) {
+  float s = 0.0f;
+  int k = 0;
+  for (; k + 4 <= n; k += 4) {
+    const float v0 = ln_ldcg(p + (long long)k * ld), v1 = ln_ldcg(p + (long long)(k + 1) * ld);
+    const float v2 = ln_ldcg(p + (long long)(k + 2) * ld), v3 = ln_ldcg(p + (long long)(k + 3) * ld);
+    s += v0;
+    s += v1;
+    s += v2;
+    s += v3;
+  }
+  for (; k < n; k++) s += ln_ldcg(p + (long long)k * ld);
+  return s;
+}
+
+// ln_fold: called by every thread of every block of a backward once the
+// block's partial row part[blockIdx][2C] is written. See the top.
+__device__ void ln_fold(const ln_args& a) {
+  __shared__ int last;
+  const int C2 = 2 * a.C, nb = gridDim.x, S = a.group;
+  const int gi = blockIdx.x / S, ng = (nb + S - 1) / S;
+  const int g0 = gi * S, g1 = g0 + S < nb ? g0 + S : nb;
+  __threadfence();  // this thread's partials before the block's ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&a.tickets[gi], 1u) == (unsigned int)(g1 - g0 - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float* grow = a.part + (long long)(nb + gi) * C2;
+  for (int c = threadIdx.x; c < C2; c += blockDim.x) grow[c] = ln_colsum(a.part + (long long)g0 * C2 + c, g1 - g0, C2);
+  if (threadIdx.x == 0) a.tickets[gi] = 0u;  // every block of the group has taken its ticket
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&a.tickets[ng], 1u) == (unsigned int)(ng - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int c = threadIdx.x; c < C2; c += blockDim.x) {
+    const float s = ln_colsum(a.part + (long long)nb * C2 + c, ng, C2);
+    if (c < a.C) {
+      if (a.dw) a.dw[c] = a.acc_w ? a.dw[c] + s : s;
+    } else if (a.db) {
+      a.db[c - a.C] = a.acc_b ? a.db[c - a.C] + s : s;
+    }
+  }
+  if (threadIdx.x == 0) a.tickets[ng] = 0u;
+}
+
+// ln_out writes t (+ the old values when acc) to p[0..V): dx and dr.
+template <typename T, int V>
+__device__ __forceinline__ void ln_out(T* p, const float* t, int acc) {
+  float o[V];
+  if (acc) {
+    gpukit_ldv<V>(p, o);
+#pragma unroll
+    for (int i = 0; i < V; i++) o[i] += t[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; i++) o[i] = t[i];
+  }
+  gpukit_stv<V>(p, o);
+}
+
+// ---- general geometry ----
+
 template <typename T, int V, int NV>
-__device__ void ln_fwd(T* y, float* mean, float* rstd, const T* x, const float* w, const float* b,
-                       long long rows, int C, long long ldx, long long ldy, float eps, int block) {
+__device__ void ln_fwd(const ln_args& a) {
   __shared__ float sh[32];
-  const gpukit_group g = gpukit_group_of(block);
-  const int nv = C / V;
+  const gpukit_group g = gpukit_group_of(a.block);
+  const int C = a.C, nv = C / V;
+  const T* x = (const T*)a.x;
+  const T* res = (const T*)a.r;
+  T* y = (T*)a.y;
+  T* sm = (T*)a.sum;
   const long long g0 = (long long)blockIdx.x * g.gpb + g.gi, ng = (long long)gridDim.x * g.gpb;
-  for (long long r = g0; r < rows; r += ng) {  // uniform over a block in block mode
-    const T* xr = x + r * ldx;
-    T* yr = y + r * ldy;
+  for (long long r = g0; r < a.rows; r += ng) {  // uniform over a block in block mode
+    const T* xr = x + r * a.ldx;
+    const T* rr = res ? res + r * a.ldr : nullptr;
+    T* sr = res ? sm + r * a.lds : nullptr;
+    // Passes after the first read the stored sum (this thread wrote the
+    // elements it reads).
+    const T* src = res ? (const T*)sr : xr;
+    T* yr = y + r * a.ldy;
     float xv[NV][V];
     float s[1] = {0.0f};
 #pragma unroll
@@ -64,6 +219,14 @@ __device__ void ln_fwd(T* y, float* mean, float* rstd, const T* x, const float* 
       const int j = g.t + k * g.G;
       if (j < nv) {
         gpukit_ldv<V>(xr + (long long)j * V, xv[k]);
+        if (rr) {
+          float u[V];
+          gpukit_ldv<V>(rr + (long long)j * V, u);
+#pragma unroll
+          for (int i = 0; i < V; i++) xv[k][i] += u[i];
+          ln_round<T, V>(xv[k]);
+          gpukit_stv<V>(sr + (long long)j * V, xv[k]);
+        }
 #pragma unroll
         for (int i = 0; i < V; i++) s[0] += xv[k][i];
       }
@@ -71,10 +234,18 @@ __device__ void ln_fwd(T* y, float* mean, float* rstd, const T* x, const float* 
     for (int j = g.t + NV * g.G; j < nv; j += g.G) {
       float u[V];
       gpukit_ldv<V>(xr + (long long)j * V, u);
+      if (rr) {
+        float v[V];
+        gpukit_ldv<V>(rr + (long long)j * V, v);
+#pragma unroll
+        for (int i = 0; i < V; i++) u[i] += v[i];
+        ln_round<T, V>(u);
+        gpukit_stv<V>(sr + (long long)j * V, u);
+      }
 #pragma unroll
       for (int i = 0; i < V; i++) s[0] += u[i];
     }
-    gpukit_group_sum<1>(s, block, sh);
+    gpukit_group_sum<1>(s, a.block, sh);
     const float mu = s[0] / (float)C;
     // Two passes over the cached row: Σ(x−μ)² loses nothing to cancellation.
     s[0] = 0.0f;
@@ -90,22 +261,22 @@ __device__ void ln_fwd(T* y, float* mean, float* rstd, const T* x, const float* 
     }
     for (int j = g.t + NV * g.G; j < nv; j += g.G) {
       float u[V];
-      gpukit_ldv<V>(xr + (long long)j * V, u);
+      gpukit_ldv<V>(src + (long long)j * V, u);
 #pragma unroll
       for (int i = 0; i < V; i++) {
         const float d = u[i] - mu;
         s[0] += d * d;
       }
     }
-    gpukit_group_sum<1>(s, block, sh);
-    const float rs = rsqrtf(s[0] / (float)C + eps);
+    gpukit_group_sum<1>(s, a.block, sh);
+    const float rs = rsqrtf(s[0] / (float)C + a.eps);
 #pragma unroll
     for (int k = 0; k < NV; k++) {
       const int j = g.t + k * g.G;
       if (j < nv) {
         float wv[V], bv[V], o[V];
-        ln_w<V>(w, j * V, wv);
-        ln_b<V>(b, j * V, bv);
+        ln_w<V>(a.w, j * V, wv);
+        ln_b<V>(a.b, j * V, bv);
 #pragma unroll
         for (int i = 0; i < V; i++) o[i] = (xv[k][i] - mu) * rs * wv[i] + bv[i];
         gpukit_stv<V>(yr + (long long)j * V, o);
@@ -113,24 +284,22 @@ __device__ void ln_fwd(T* y, float* mean, float* rstd, const T* x, const float* 
     }
     for (int j = g.t + NV * g.G; j < nv; j += g.G) {
       float u[V], wv[V], bv[V], o[V];
-      gpukit_ldv<V>(xr + (long long)j * V, u);
-      ln_w<V>(w, j * V, wv);
-      ln_b<V>(b, j * V, bv);
+      gpukit_ldv<V>(src + (long long)j * V, u);
+      ln_w<V>(a.w, j * V, wv);
+      ln_b<V>(a.b, j * V, bv);
 #pragma unroll
       for (int i = 0; i < V; i++) o[i] = (u[i] - mu) * rs * wv[i] + bv[i];
       gpukit_stv<V>(yr + (long long)j * V, o);
     }
     if (g.t == 0) {
-      if (mean) mean[r] = mu;
-      if (rstd) rstd[r] = rs;
+      if (a.mean) a.mean[r] = mu;
+      if (a.rstd) a.rstd[r] = rs;
     }
   }
 }
 
 template <typename T, int V, int NV>
-__device__ void ln_bwd(T* dx, float* pdw, float* pdb, const T* dy, const T* x, const float* w,
-                       const float* mean, const float* rstd, long long rows, int C, long long lddx,
-                       long long lddy, long long ldx, long long rpb, int block, int accdx) {
+__device__ void ln_bwd(const ln_args& a) {
   // Where a thread keeps its columns' partial dw, db: in registers for
   // E = NV·V = 8 (warp or block mode), in shared memory for E ≥ 16 (warp
   // mode only: C ≤ 1024, four warps per block), one row per warp, element
@@ -140,12 +309,17 @@ __device__ void ln_bwd(T* dx, float* pdw, float* pdb, const T* dy, const T* x, c
   constexpr bool SP = NV * V > 8;
   __shared__ float sh[64];
   __shared__ float acc[SP ? 4 : 1][2][1024];
-  const gpukit_group g = gpukit_group_of(block);
-  const int nv = C / V;
-  const long long r0 = (long long)blockIdx.x * rpb;
-  const long long r1 = r0 + rpb < rows ? r0 + rpb : rows;
-  float* prow_w = pdw ? pdw + (long long)blockIdx.x * C : nullptr;
-  float* prow_b = pdb ? pdb + (long long)blockIdx.x * C : nullptr;
+  const gpukit_group g = gpukit_group_of(a.block);
+  const int C = a.C, nv = C / V;
+  const T* x = (const T*)a.x;
+  const T* dy = (const T*)a.dy;
+  const T* gs = (const T*)a.gsum;
+  T* dx = (T*)a.dx;
+  T* dr = (T*)a.dr;
+  const long long r0 = (long long)blockIdx.x * a.rpb;
+  const long long r1 = r0 + a.rpb < a.rows ? r0 + a.rpb : a.rows;
+  float* prow_w = a.part ? a.part + (long long)blockIdx.x * 2 * C : nullptr;
+  float* prow_b = a.part ? prow_w + C : nullptr;
   float* sw = acc[SP ? g.gi : 0][0];
   float* sb = acc[SP ? g.gi : 0][1];
   float aw[NV][V], ab[NV][V];
@@ -166,15 +340,16 @@ __device__ void ln_bwd(T* dx, float* pdw, float* pdb, const T* dy, const T* x, c
   for (int j = g.t + NV * g.G; j < nv; j += g.G) {
 #pragma unroll
     for (int i = 0; i < V; i++) {
-      if (prow_w) prow_w[j * V + i] = 0.0f;
-      if (prow_b) prow_b[j * V + i] = 0.0f;
+      if (prow_w) prow_w[j * V + i] = prow_b[j * V + i] = 0.0f;
     }
   }
   for (long long r = r0 + g.gi; r < r1; r += g.gpb) {  // uniform over a block in block mode
-    const T* xr = x + r * ldx;
-    const T* gr = dy + r * lddy;
-    T* dxr = dx ? dx + r * lddx : nullptr;
-    const float mu = mean[r], rs = rstd[r];
+    const T* xr = x + r * a.ldx;
+    const T* gr = dy + r * a.lddy;
+    const T* gsr = gs ? gs + r * a.ldg : nullptr;
+    T* dxr = dx ? dx + r * a.lddx : nullptr;
+    T* drr = dr ? dr + r * a.lddr : nullptr;
+    const float mu = a.mean[r], rs = a.rstd[r];
     float xv[NV][V], gv[NV][V];
     float s[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -184,7 +359,7 @@ __device__ void ln_bwd(T* dx, float* pdw, float* pdb, const T* dy, const T* x, c
         float wv[V];
         gpukit_ldv<V>(xr + (long long)j * V, xv[k]);
         gpukit_ldv<V>(gr + (long long)j * V, gv[k]);
-        ln_w<V>(w, j * V, wv);
+        ln_w<V>(a.w, j * V, wv);
 #pragma unroll
         for (int i = 0; i < V; i++) {
           const float xh = (xv[k][i] - mu) * rs, gw = gv[k][i] * wv[i];
@@ -197,7 +372,7 @@ __device__ void ln_bwd(T* dx, float* pdw, float* pdb, const T* dy, const T* x, c
       float u[V], d[V], wv[V];
       gpukit_ldv<V>(xr + (long long)j * V, u);
       gpukit_ldv<V>(gr + (long long)j * V, d);
-      ln_w<V>(w, j * V, wv);
+      ln_w<V>(a.w, j * V, wv);
 #pragma unroll
       for (int i = 0; i < V; i++) {
         const float xh = (u[i] - mu) * rs, gw = d[i] * wv[i];
@@ -205,20 +380,20 @@ __device__ void ln_bwd(T* dx, float* pdw, float* pdb, const T* dy, const T* x, c
         s[1] += gw * xh;
       }
     }
-    gpukit_group_sum<2>(s, block, sh);
+    gpukit_group_sum<2>(s, a.block, sh);
     const float m1 = s[0] / (float)C, m2 = s[1] / (float)C;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
       const int j = g.t + k * g.G;
       if (j < nv) {
-        float wv[V], o[V];
-        ln_w<V>(w, j * V, wv);
-        if (dxr && accdx) gpukit_ldv<V>(dxr + (long long)j * V, o);
+        float wv[V], t[V];
+        ln_w<V>(a.w, j * V, wv);
+        if (gsr) gpukit_ldv<V>(gsr + (long long)j * V, t);
 #pragma unroll
         for (int i = 0; i < V; i++) {
           const float xh = (xv[k][i] - mu) * rs;
           const float d = rs * (gv[k][i] * wv[i] - m1 - xh * m2);
-          o[i] = (dxr && accdx) ? o[i] + d : d;
+          t[i] = gsr ? t[i] + d : d;
           if constexpr (SP) {
             sw[i * nv + j] += gv[k][i] * xh;
             sb[i * nv + j] += gv[k][i];
@@ -227,27 +402,31 @@ __device__ void ln_bwd(T* dx, float* pdw, float* pdb, const T* dy, const T* x, c
             ab[k][i] += gv[k][i];
           }
         }
-        if (dxr) gpukit_stv<V>(dxr + (long long)j * V, o);
+        if (dxr) ln_out<T, V>(dxr + (long long)j * V, t, a.acc_dx);
+        if (drr) ln_out<T, V>(drr + (long long)j * V, t, a.acc_dr);
       }
     }
     for (int j = g.t + NV * g.G; j < nv; j += g.G) {
-      float u[V], dd[V], wv[V], o[V];
+      float u[V], dd[V], wv[V], t[V];
       gpukit_ldv<V>(xr + (long long)j * V, u);
       gpukit_ldv<V>(gr + (long long)j * V, dd);
-      ln_w<V>(w, j * V, wv);
-      if (dxr && accdx) gpukit_ldv<V>(dxr + (long long)j * V, o);
+      ln_w<V>(a.w, j * V, wv);
+      if (gsr) gpukit_ldv<V>(gsr + (long long)j * V, t);
 #pragma unroll
       for (int i = 0; i < V; i++) {
         const float xh = (u[i] - mu) * rs;
         const float d = rs * (dd[i] * wv[i] - m1 - xh * m2);
-        o[i] = (dxr && accdx) ? o[i] + d : d;
-        if (prow_w) prow_w[j * V + i] += dd[i] * xh;
-        if (prow_b) prow_b[j * V + i] += dd[i];
+        t[i] = gsr ? t[i] + d : d;
+        if (prow_w) {
+          prow_w[j * V + i] += dd[i] * xh;
+          prow_b[j * V + i] += dd[i];
+        }
       }
-      if (dxr) gpukit_stv<V>(dxr + (long long)j * V, o);
+      if (dxr) ln_out<T, V>(dxr + (long long)j * V, t, a.acc_dx);
+      if (drr) ln_out<T, V>(drr + (long long)j * V, t, a.acc_dr);
     }
   }
-  if (!prow_w && !prow_b) return;
+  if (!prow_w) return;  // uniform: no dw or db wanted, no fold
   if constexpr (SP) {
     // The warps' shared rows, added in warp order.
     __syncthreads();
@@ -258,100 +437,367 @@ __device__ void ln_bwd(T* dx, float* pdw, float* pdb, const T* dy, const T* x, c
         tw += acc[wi][0][idx];
         tb += acc[wi][1][idx];
       }
-      if (prow_w) prow_w[c] = tw;
-      if (prow_b) prow_b[c] = tb;
+      prow_w[c] = tw;
+      prow_b[c] = tb;
     }
-    return;
-  }
-  if (block) {
+  } else if (a.block) {
 #pragma unroll
     for (int k = 0; k < NV; k++) {
       const int j = g.t + k * g.G;
       if (j < nv) {
 #pragma unroll
         for (int i = 0; i < V; i++) {
-          if (prow_w) prow_w[j * V + i] = aw[k][i];
-          if (prow_b) prow_b[j * V + i] = ab[k][i];
+          prow_w[j * V + i] = aw[k][i];
+          prow_b[j * V + i] = ab[k][i];
         }
       }
     }
-    return;
-  }
-  // Warp mode: the block's warps add their register partials in warp order.
-  for (int wi = 0; wi < g.gpb; wi++) {
-    if (g.gi == wi) {
+  } else {
+    // Warp mode: the block's warps add their register partials in warp order.
+    for (int wi = 0; wi < g.gpb; wi++) {
+      if (g.gi == wi) {
 #pragma unroll
-      for (int k = 0; k < NV; k++) {
-        const int j = g.t + k * g.G;
-        if (j < nv) {
+        for (int k = 0; k < NV; k++) {
+          const int j = g.t + k * g.G;
+          if (j < nv) {
 #pragma unroll
-          for (int i = 0; i < V; i++) {
-            const int c = j * V + i;
-            sw[c] = wi ? sw[c] + aw[k][i] : aw[k][i];
-            sb[c] = wi ? sb[c] + ab[k][i] : ab[k][i];
+            for (int i = 0; i < V; i++) {
+              const int c = j * V + i;
+              sw[c] = wi ? sw[c] + aw[k][i] : aw[k][i];
+              sb[c] = wi ? sb[c] + ab[k][i] : ab[k][i];
+            }
           }
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      prow_w[c] = sw[c];
+      prow_b[c] = sb[c];
+    }
   }
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    if (prow_w) prow_w[c] = sw[c];
-    if (prow_b) prow_b[c] = sb[c];
+  ln_fold(a);
+}
+
+// ---- fast geometry: a warp per row, rows in registers ----
+
+#define LNF_THREADS 256
+#define LNF_WARPS (LNF_THREADS / 32)
+
+// lnf_raw is one lane's vector of V elements of T as raw 32-bit words,
+// loaded with 8- or 16-byte accesses and widened to f32 only where used,
+// so a prefetched row costs no wait until then.
+template <typename T, int V>
+struct lnf_raw {
+  static constexpr int W = V * (int)sizeof(T) / 4;
+  unsigned int u[W];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void lnf_ld(lnf_raw<T, V>& r, const T* p) {
+  constexpr int W = lnf_raw<T, V>::W;
+  if constexpr (W % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < W; k += 4) {
+      const gpukit_u32x4 v = reinterpret_cast<const gpukit_u32x4*>(p)[k / 4];
+      r.u[k] = v.a;
+      r.u[k + 1] = v.b;
+      r.u[k + 2] = v.c;
+      r.u[k + 3] = v.d;
+    }
+  } else {
+    static_assert(W == 2, "lnf vectors are 8 or 16·k bytes");
+    const gpukit_u32x2 v = *reinterpret_cast<const gpukit_u32x2*>(p);
+    r.u[0] = v.a;
+    r.u[1] = v.b;
   }
 }
 
-// ln_bwd_reduce: dw[c] (+)= Σ_b pdw[b·C + c] and db[c] (+)= Σ_b pdb[b·C + c]
-// over b in [0, nb), for c in [0, C) (dw, db null: skipped). Block (32, 8):
-// 32 columns, 8 interleaved sums added in a fixed order.
-extern "C" __global__ void ln_bwd_reduce(float* dw, float* db, const float* pdw, const float* pdb,
-                                         int nb, int C, int accw, int accb) {
-  __shared__ float sh[2][8][33];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  float sw = 0.0f, sb = 0.0f;
-  if (c < C) {
-    for (int b = threadIdx.y; b < nb; b += 8) {
-      if (dw) sw += pdw[(long long)b * C + c];
-      if (db) sb += pdb[(long long)b * C + c];
+template <typename T, int V>
+__device__ __forceinline__ void lnf_f(const lnf_raw<T, V>& r, float* v) {
+  if constexpr (sizeof(T) == 2) {
+#pragma unroll
+    for (int k = 0; k < V / 2; k++) gpukit_unpack_bf16x2(r.u[k], v + 2 * k);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; k++) v[k] = __uint_as_float(r.u[k]);
+  }
+}
+
+// LNF_PF: whether a lane loads its next row while working on the current
+// one. Up to 64 bytes per tensor per lane (bf16 rows up to 1024, f32 up
+// to 512): the two rows' raw words stay within the registers; wider f32
+// rows load at the top of each iteration (their rows are long enough to
+// keep memory busy from more warps).
+#define LNF_PF(T, V, NV) ((NV) * (V) * (int)sizeof(T) <= 64)
+
+// One row of a lane: NV vectors (j = lane + k·32 < nv valid) of each
+// tensor the kernel reads, plus the row's saved statistics (backward).
+template <typename T, int V, int NV>
+struct lnf_row {
+  lnf_raw<T, V> p[NV], q[NV], s[NV];
+  float mu, rs;
+};
+
+// ln_fwdf: see the top. RES: with a residual addend (AddLayerNorm).
+template <typename T, int V, int NV, bool RES>
+__device__ __forceinline__ void ln_fwdf(const ln_args& a) {
+  const int lane = threadIdx.x & 31, C = a.C, nv = C / V;
+  const long long gw = (long long)blockIdx.x * LNF_WARPS + (threadIdx.x >> 5);
+  const long long nw = (long long)gridDim.x * LNF_WARPS;
+  const T* x = (const T*)a.x;
+  const T* rr = (const T*)a.r;
+  auto load = [&](lnf_row<T, V, NV>& row, long long r) {
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+      const int j = lane + 32 * k;
+      if (j < nv) {
+        lnf_ld<T, V>(row.p[k], x + r * a.ldx + (long long)j * V);
+        if constexpr (RES) lnf_ld<T, V>(row.q[k], rr + r * a.ldr + (long long)j * V);
+      }
+    }
+  };
+  lnf_row<T, V, NV> cur{}, nxt{};
+  if (LNF_PF(T, V, NV) && gw < a.rows) load(cur, gw);
+  for (long long r = gw; r < a.rows; r += nw) {  // uniform over a warp
+    if (!LNF_PF(T, V, NV)) {
+      load(cur, r);
+    } else if (r + nw < a.rows) {
+      load(nxt, r + nw);
+    }
+    float v[NV][V];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+      const int j = lane + 32 * k;
+      if (j < nv) {
+        lnf_f<T, V>(cur.p[k], v[k]);
+        if constexpr (RES) {
+          float u[V];
+          lnf_f<T, V>(cur.q[k], u);
+#pragma unroll
+          for (int i = 0; i < V; i++) v[k][i] += u[i];
+          ln_round<T, V>(v[k]);
+          gpukit_stv<V>((T*)a.sum + r * a.lds + (long long)j * V, v[k]);
+        }
+#pragma unroll
+        for (int i = 0; i < V; i++) s += v[k][i];
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; i++) v[k][i] = 0.0f;
+      }
+    }
+    const float mu = gpukit_warp_sum(s) / (float)C;
+    s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+      if (lane + 32 * k < nv) {
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+          const float d = v[k][i] - mu;
+          s += d * d;
+        }
+      }
+    }
+    const float rs = rsqrtf(gpukit_warp_sum(s) / (float)C + a.eps);
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+      const int j = lane + 32 * k;
+      if (j < nv) {
+        float wv[V], bv[V];
+        ln_w<V>(a.w, j * V, wv);
+        ln_b<V>(a.b, j * V, bv);
+#pragma unroll
+        for (int i = 0; i < V; i++) v[k][i] = (v[k][i] - mu) * rs * wv[i] + bv[i];
+        gpukit_stv<V>((T*)a.y + r * a.ldy + (long long)j * V, v[k]);
+      }
+    }
+    if (lane == 0) {
+      if (a.mean) a.mean[r] = mu;
+      if (a.rstd) a.rstd[r] = rs;
+    }
+    if (LNF_PF(T, V, NV)) cur = nxt;
+  }
+}
+
+// ln_bwdf: see the top. Block b takes rows [b·rpb, (b+1)·rpb), its warps
+// every LNF_WARPS-th of them. A lane keeps its columns' partial dw, db in
+// registers when E = NV·V ≤ 16, else in its warp's row of the dynamic
+// shared memory (LNF_WARPS × 2C floats, which the block's partial row is
+// summed from in either case, in warp order).
+template <typename T, int V, int NV>
+__device__ __forceinline__ void ln_bwdf(const ln_args& a) {
+  constexpr bool REG = NV * V <= 16;
+  LN_DYN_SMEM(lnf_sh);
+  const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, C = a.C, nv = C / V;
+  float* pw = lnf_sh + wi * 2 * C;  // this warp's partial dw; db at pw + C
+  const long long r0 = (long long)blockIdx.x * a.rpb;
+  const long long r1 = r0 + a.rpb < a.rows ? r0 + a.rpb : a.rows;
+  const T* x = (const T*)a.x;
+  const T* dy = (const T*)a.dy;
+  const T* gs = (const T*)a.gsum;
+  const bool part = a.part != nullptr;
+  float aw[REG ? NV : 1][V], ab[REG ? NV : 1][V];
+#pragma unroll
+  for (int k = 0; k < NV; k++) {
+    const int j = lane + 32 * k;
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+      if constexpr (REG) {
+        aw[k][i] = ab[k][i] = 0.0f;
+      } else if (j < nv) {
+        pw[j * V + i] = pw[C + j * V + i] = 0.0f;
+      }
     }
   }
-  sh[0][threadIdx.y][threadIdx.x] = sw;
-  sh[1][threadIdx.y][threadIdx.x] = sb;
+  auto load = [&](lnf_row<T, V, NV>& row, long long r) {
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+      const int j = lane + 32 * k;
+      if (j < nv) {
+        lnf_ld<T, V>(row.p[k], x + r * a.ldx + (long long)j * V);
+        lnf_ld<T, V>(row.q[k], dy + r * a.lddy + (long long)j * V);
+        if (gs) lnf_ld<T, V>(row.s[k], gs + r * a.ldg + (long long)j * V);
+      }
+    }
+    row.mu = a.mean[r];
+    row.rs = a.rstd[r];
+  };
+  lnf_row<T, V, NV> cur{}, nxt{};
+  if (LNF_PF(T, V, NV) && r0 + wi < r1) load(cur, r0 + wi);
+  for (long long r = r0 + wi; r < r1; r += LNF_WARPS) {  // uniform over a warp
+    if (!LNF_PF(T, V, NV)) {
+      load(cur, r);
+    } else if (r + LNF_WARPS < r1) {
+      load(nxt, r + LNF_WARPS);
+    }
+    const float mu = cur.mu, rs = cur.rs;
+    float xh[NV][V], gw[NV][V];
+    float s[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+      const int j = lane + 32 * k;
+      if (j < nv) {
+        float wv[V];
+        ln_w<V>(a.w, j * V, wv);
+        lnf_f<T, V>(cur.p[k], xh[k]);
+        lnf_f<T, V>(cur.q[k], gw[k]);
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+          xh[k][i] = (xh[k][i] - mu) * rs;
+          const float g = gw[k][i] * wv[i];
+          if (part) {  // dy·ŝ and dy, before gw becomes dy·w
+            if constexpr (REG) {
+              aw[k][i] = fmaf(gw[k][i], xh[k][i], aw[k][i]);
+              ab[k][i] += gw[k][i];
+            } else {
+              pw[j * V + i] = fmaf(gw[k][i], xh[k][i], pw[j * V + i]);
+              pw[C + j * V + i] += gw[k][i];
+            }
+          }
+          gw[k][i] = g;
+          s[0] += g;
+          s[1] = fmaf(g, xh[k][i], s[1]);
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      s[0] += __shfl_xor_sync(0xffffffffu, s[0], o);
+      s[1] += __shfl_xor_sync(0xffffffffu, s[1], o);
+    }
+    const float m1 = s[0] / (float)C, m2 = s[1] / (float)C;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+      const int j = lane + 32 * k;
+      if (j < nv) {
+        float t[V];
+        if (gs) {
+          lnf_f<T, V>(cur.s[k], t);
+        } else {
+#pragma unroll
+          for (int i = 0; i < V; i++) t[i] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < V; i++) t[i] += rs * (gw[k][i] - m1 - xh[k][i] * m2);
+        if (a.dx) ln_out<T, V>((T*)a.dx + r * a.lddx + (long long)j * V, t, a.acc_dx);
+        if (a.dr) ln_out<T, V>((T*)a.dr + r * a.lddr + (long long)j * V, t, a.acc_dr);
+      }
+    }
+    if (LNF_PF(T, V, NV)) cur = nxt;
+  }
+  if (!part) return;  // uniform: no dw or db wanted, no fold
+  if constexpr (REG) {
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+      const int j = lane + 32 * k;
+      if (j < nv) {
+#pragma unroll
+        for (int i = 0; i < V; i++) {
+          pw[j * V + i] = aw[k][i];
+          pw[C + j * V + i] = ab[k][i];
+        }
+      }
+    }
+  }
   __syncthreads();
-  if (threadIdx.y != 0 || c >= C) return;
-  float tw = 0.0f, tb = 0.0f;
-  for (int k = 0; k < 8; k++) {
-    tw += sh[0][k][threadIdx.x];
-    tb += sh[1][k][threadIdx.x];
+  float* prow = a.part + (long long)blockIdx.x * 2 * C;
+  for (int c = threadIdx.x; c < 2 * C; c += LNF_THREADS) {
+    float t = 0.0f;
+#pragma unroll
+    for (int w = 0; w < LNF_WARPS; w++) t += lnf_sh[w * 2 * C + c];
+    prow[c] = t;
   }
-  if (dw) dw[c] = accw ? dw[c] + tw : tw;
-  if (db) db[c] = accb ? db[c] + tb : tb;
+  ln_fold(a);
 }
 
-// Instances: ln_fwd_e<E><s|v>_<dt> and ln_bwd_e<E><s|v>_<dt>, E cached
+// Instances.
+//
+// General: ln_fwd_e<E><s|v>_<dt> and ln_bwd_e<E><s|v>_<dt>, E cached
 // elements per thread (8, 16, 32), s: scalar (V = 1), v: vectors of V = 8.
 // E = 8 instances also serve block mode (up to 1024 threads).
-#define LN_INSTANCE(SUF, T, V, NV, LB)                                                             \
-  extern "C" __global__ void __launch_bounds__(LB)                                                \
-      ln_fwd_##SUF(T* y, float* mean, float* rstd, const T* x, const float* w, const float* b,    \
-                   long long rows, int C, long long ldx, long long ldy, float eps, int block) {   \
-    ln_fwd<T, V, NV>(y, mean, rstd, x, w, b, rows, C, ldx, ldy, eps, block);                      \
-  }                                                                                                \
-  extern "C" __global__ void __launch_bounds__(LB)                                                \
-      ln_bwd_##SUF(T* dx, float* pdw, float* pdb, const T* dy, const T* x, const float* w,        \
-                   const float* mean, const float* rstd, long long rows, int C, long long lddx,   \
-                   long long lddy, long long ldx, long long rpb, int block, int accdx) {          \
-    ln_bwd<T, V, NV>(dx, pdw, pdb, dy, x, w, mean, rstd, rows, C, lddx, lddy, ldx, rpb, block,   \
-                     accdx);                                                                       \
+#define LN_INSTANCE(SUF, T, V, NV, LB)                                                     \
+  extern "C" __global__ void __launch_bounds__(LB) ln_fwd_##SUF(const ln_args a) {       \
+    ln_fwd<T, V, NV>(a);                                                                   \
+  }                                                                                        \
+  extern "C" __global__ void __launch_bounds__(LB) ln_bwd_##SUF(const ln_args a) {       \
+    ln_bwd<T, V, NV>(a);                                                                   \
   }
 
-#define LN_DTYPE(DT, T)                        \
-  LN_INSTANCE(e8s_##DT, T, 1, 8, 1024)         \
-  LN_INSTANCE(e16s_##DT, T, 1, 16, 128)        \
-  LN_INSTANCE(e32s_##DT, T, 1, 32, 128)        \
-  LN_INSTANCE(e8v_##DT, T, 8, 1, 1024)         \
-  LN_INSTANCE(e16v_##DT, T, 8, 2, 128)         \
+#define LN_DTYPE(DT, T)                \
+  LN_INSTANCE(e8s_##DT, T, 1, 8, 1024) \
+  LN_INSTANCE(e16s_##DT, T, 1, 16, 128) \
+  LN_INSTANCE(e32s_##DT, T, 1, 32, 128) \
+  LN_INSTANCE(e8v_##DT, T, 8, 1, 1024) \
+  LN_INSTANCE(e16v_##DT, T, 8, 2, 128) \
   LN_INSTANCE(e32v_##DT, T, 8, 4, 128)
 
 LN_DTYPE(f32, float)
 LN_DTYPE(bf16, gpukit_bf16)
+
+// Fast: ln_fwdf_v<V>n<NV>_<dt> (LayerNorm), ln_addf_v<V>n<NV>_<dt>
+// (AddLayerNorm) and ln_bwdf_v<V>n<NV>_<dt>, 256 threads, rows of up to
+// 32·V·NV elements.
+#define LNF_INSTANCE(SUF, T, V, NV)                                                                   \
+  extern "C" __global__ void __launch_bounds__(LNF_THREADS) ln_fwdf_##SUF(const ln_args a) {         \
+    ln_fwdf<T, V, NV, false>(a);                                                                      \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(LNF_THREADS) ln_addf_##SUF(const ln_args a) {         \
+    ln_fwdf<T, V, NV, true>(a);                                                                       \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(LNF_THREADS) ln_bwdf_##SUF(const ln_args a) {         \
+    ln_bwdf<T, V, NV>(a);                                                                             \
+  }
+
+#define LNF_DTYPE(DT, T)            \
+  LNF_INSTANCE(v4n1_##DT, T, 4, 1) \
+  LNF_INSTANCE(v4n2_##DT, T, 4, 2) \
+  LNF_INSTANCE(v4n3_##DT, T, 4, 3) \
+  LNF_INSTANCE(v4n4_##DT, T, 4, 4) \
+  LNF_INSTANCE(v8n1_##DT, T, 8, 1) \
+  LNF_INSTANCE(v8n2_##DT, T, 8, 2) \
+  LNF_INSTANCE(v8n3_##DT, T, 8, 3) \
+  LNF_INSTANCE(v8n4_##DT, T, 8, 4)
+
+LNF_DTYPE(f32, float)
+LNF_DTYPE(bf16, gpukit_bf16)

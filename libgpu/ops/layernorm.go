@@ -1,25 +1,31 @@
 package ops
 
-// The layernorm family: layer normalisation over the last dimension with
-// its fused backward (libgpu/kernels/layernorm.cu), and Graph.LayerNorm.
-// Reference and checks: opstest/layernorm.go.
+// The layernorm family: layer normalisation over the last dimension, alone
+// (LayerNorm) or fused with the residual add before it (AddLayerNorm), with
+// fused backwards (libgpu/kernels/layernorm.cu), and Graph.LayerNorm and
+// Graph.AddLayerNorm. Reference and checks: opstest/layernorm.go.
 
 import (
 	"fmt"
 	"math"
+	"unsafe"
 
 	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/tensor"
 )
 
-// lnArgs is a validated LayerNorm or LayerNormBackward call: the row
-// tensors viewed as [rows, C] and their row strides.
+// lnArgs is a validated call: the row tensors viewed as [rows, C] and
+// their row strides.
 type lnArgs struct {
 	rows, cols int
-	x, y       *tensor.Tensor // forward: y; backward: dy
-	dx         *tensor.Tensor
+	x, y       *tensor.Tensor // forward: x (or x of x + r), y; backward: the normalised input, dy
 	ldx, ldy   int
-	lddx       int
+	r, sum     *tensor.Tensor // forward of AddLayerNorm: r and the stored x + r
+	ldr, lds   int
+	dx, dr     *tensor.Tensor // backward: dx, and dr (AddLayerNorm)
+	lddx, lddr int
+	gsum       *tensor.Tensor // backward of AddLayerNorm: the stored sum's own gradient
+	ldg        int
 }
 
 // checkLNParam checks an optional f32 [C] parameter (or its gradient).
@@ -42,6 +48,77 @@ func (e *Engine) checkLNStats(what string, t *tensor.Tensor, rows int) error {
 	return nil
 }
 
+// lnRows checks a row tensor of like's shape and dtype (like itself when
+// t is like) and views it as rows, returning its row stride. A nil t is
+// skipped (ld 0).
+func (e *Engine) lnRows(what string, t, like *tensor.Tensor) (*tensor.Tensor, int, error) {
+	if t == nil {
+		return nil, 0, nil
+	}
+	if t != like {
+		if err := e.checkView(what, t, false, []tensor.DType{like.DType}, like.Shape...); err != nil {
+			return nil, 0, err
+		}
+	} else if err := e.checkView(what, t, false, floatTypes); err != nil {
+		return nil, 0, err
+	}
+	v, _, _, ld, err := rwRows(what, t)
+	return v, ld, err
+}
+
+// lnForward checks and runs LayerNorm (r, sum nil) or AddLayerNorm.
+func (e *Engine) lnForward(op string, y, mean, rstd, x, r, sum, w, b *tensor.Tensor, eps float32) error {
+	if !(eps >= 0) || math.IsInf(float64(eps), 1) {
+		return fmt.Errorf("%w: %s eps %v", ErrConfig, op, eps)
+	}
+	if x == nil {
+		return fmt.Errorf("%w: %s x is missing", tensor.ErrShape, op)
+	}
+	var a lnArgs
+	var err error
+	if a.x, a.ldx, err = e.lnRows(op+" x", x, x); err != nil {
+		return err
+	}
+	a.rows, a.cols = rowsCols(x)
+	if x.Rank() == 0 {
+		return fmt.Errorf("%w: %s x is a scalar, want [..., C]", tensor.ErrShape, op)
+	}
+	if y == nil {
+		return fmt.Errorf("%w: %s y is missing", tensor.ErrShape, op)
+	}
+	if a.y, a.ldy, err = e.lnRows(op+" y", y, x); err != nil {
+		return err
+	}
+	if a.r, a.ldr, err = e.lnRows(op+" r", r, x); err != nil {
+		return err
+	}
+	if a.sum, a.lds, err = e.lnRows(op+" sum", sum, x); err != nil {
+		return err
+	}
+	if err := e.checkLNParam(op+" w", w, a.cols); err != nil {
+		return err
+	}
+	if err := e.checkLNParam(op+" b", b, a.cols); err != nil {
+		return err
+	}
+	for _, st := range []struct {
+		what string
+		t    *tensor.Tensor
+	}{{op + " mean", mean}, {op + " rstd", rstd}} {
+		if st.t == nil {
+			continue
+		}
+		if err := e.checkLNStats(st.what, st.t, a.rows); err != nil {
+			return err
+		}
+	}
+	if a.rows == 0 || a.cols == 0 {
+		return nil
+	}
+	return e.dispatch(func(*hostImpl) error { return hostLayerNorm(&a, mean, rstd, w, b, eps) },
+		func(c *cudaImpl) error { return c.layerNorm(&a, mean, rstd, w, b, eps) })
+}
+
 // LayerNorm normalises every row of x over its last dimension C (Ba, Kiros
 // & Hinton 2016, "Layer Normalization"; PyTorch's F.layer_norm over the last
 // dimension, with the biased variance):
@@ -58,105 +135,84 @@ func (e *Engine) checkLNStats(what string, t *tensor.Tensor, rows int) error {
 // writes y once). Errors wrap tensor.ErrShape, tensor.ErrDType,
 // tensor.ErrLayout, ErrDevice or ErrConfig (eps negative or NaN).
 func (e *Engine) LayerNorm(y, mean, rstd, x, w, b *tensor.Tensor, eps float32) error {
-	if !(eps >= 0) || math.IsInf(float64(eps), 1) {
-		return fmt.Errorf("%w: layernorm eps %v", ErrConfig, eps)
-	}
-	if err := e.checkView("layernorm x", x, false, floatTypes); err != nil {
-		return err
-	}
-	if err := e.checkView("layernorm y", y, false, []tensor.DType{x.DType}, x.Shape...); err != nil {
-		return err
-	}
-	var a lnArgs
-	var err error
-	if a.x, a.rows, a.cols, a.ldx, err = rwRows("layernorm x", x); err != nil {
-		return err
-	}
-	if a.y, _, _, a.ldy, err = rwRows("layernorm y", y); err != nil {
-		return err
-	}
-	if err := e.checkLNParam("layernorm w", w, a.cols); err != nil {
-		return err
-	}
-	if err := e.checkLNParam("layernorm b", b, a.cols); err != nil {
-		return err
-	}
-	for _, s := range []struct {
-		what string
-		t    *tensor.Tensor
-	}{{"layernorm mean", mean}, {"layernorm rstd", rstd}} {
-		if s.t == nil {
-			continue
-		}
-		if err := e.checkLNStats(s.what, s.t, a.rows); err != nil {
-			return err
-		}
-	}
-	if a.rows == 0 || a.cols == 0 {
-		return nil
-	}
-	return e.dispatch(func(*hostImpl) error { return hostLayerNorm(&a, mean, rstd, w, b, eps) },
-		func(c *cudaImpl) error { return c.layerNorm(&a, mean, rstd, w, b, eps) })
+	return e.lnForward("layernorm", y, mean, rstd, x, nil, nil, w, b, eps)
 }
 
-// LayerNormBackward computes the gradients of LayerNorm from dy (the
-// gradient of y), x, w and the saved mean and rstd, with x̂ = (x−μ)·rstd
-// and g = dy·w:
+// AddLayerNorm is a residual add and the LayerNorm after it in one pass (a
+// pre-LN transformer block's x = x + a; h = LN(x)):
 //
-//	dx = rstd·(g − Σg/C − x̂·Σ(g·x̂)/C)     (per row, sums over the row)
-//	dw = Σ_rows dy·x̂,  db = Σ_rows dy
+//	sum = x + r (rounded to the dtype: the value stored),  y = LayerNorm(sum)
 //
-// Shapes and dtypes as LayerNorm: dx and dy of x's shape and dtype (rows
-// may be strided); w f32 [C] or nil (ones); mean, rstd as LayerNorm wrote
-// them; dw and db f32 [C]. Any of dx, dw, db may be nil (not wanted).
-// acc[0], acc[1], acc[2] add dx, dw, db to what those tensors hold instead
-// of overwriting it. On CUDA one kernel computes dx and per-block partial
-// sums of dw and db, and a second reduces the partials in a fixed order:
-// no atomics, the same bits on every run. Errors as LayerNorm.
-func (e *Engine) LayerNormBackward(dx, dw, db, dy, x, w, mean, rstd *tensor.Tensor, acc [3]bool) error {
-	if err := e.checkView("layernorm backward x", x, false, floatTypes); err != nil {
-		return err
+// x, r, sum and y: [..., C], one shape and dtype (f32 or bf16), rows may be
+// strided as for LayerNorm; sum may be x or r itself (an in-place residual
+// update). y is the LayerNorm of the stored sum, so AddLayerNormBackward
+// (which reads sum) matches it exactly. w, b, mean, rstd, eps and errors as
+// LayerNorm. The CUDA kernel reads x and r once and writes sum and y once.
+func (e *Engine) AddLayerNorm(sum, y, mean, rstd, x, r, w, b *tensor.Tensor, eps float32) error {
+	if r == nil || sum == nil {
+		return fmt.Errorf("%w: addlayernorm needs r and sum", tensor.ErrShape)
 	}
-	if err := e.checkView("layernorm backward dy", dy, false, []tensor.DType{x.DType}, x.Shape...); err != nil {
-		return err
+	return e.lnForward("addlayernorm", y, mean, rstd, x, r, sum, w, b, eps)
+}
+
+// lnBackward checks and runs LayerNormBackward (gsum, dr nil) or
+// AddLayerNormBackward.
+func (e *Engine) lnBackward(op string, dx, dr, dw, db, dy, gsum, x, w, mean, rstd *tensor.Tensor, acc [4]bool) error {
+	if x == nil {
+		return fmt.Errorf("%w: %s input is missing", tensor.ErrShape, op)
 	}
 	var a lnArgs
 	var err error
-	if a.x, a.rows, a.cols, a.ldx, err = rwRows("layernorm backward x", x); err != nil {
+	if a.x, a.ldx, err = e.lnRows(op+" input", x, x); err != nil {
 		return err
 	}
-	if a.y, _, _, a.ldy, err = rwRows("layernorm backward dy", dy); err != nil {
+	if x.Rank() == 0 {
+		return fmt.Errorf("%w: %s input is a scalar, want [..., C]", tensor.ErrShape, op)
+	}
+	a.rows, a.cols = rowsCols(x)
+	if dy == nil {
+		return fmt.Errorf("%w: %s dy is missing", tensor.ErrShape, op)
+	}
+	if a.y, a.ldy, err = e.lnRows(op+" dy", dy, x); err != nil {
 		return err
 	}
-	if dx != nil {
-		if err := e.checkView("layernorm backward dx", dx, false, []tensor.DType{x.DType}, x.Shape...); err != nil {
-			return err
-		}
-		if a.dx, _, _, a.lddx, err = rwRows("layernorm backward dx", dx); err != nil {
-			return err
+	if a.gsum, a.ldg, err = e.lnRows(op+" dsum", gsum, x); err != nil {
+		return err
+	}
+	if a.dx, a.lddx, err = e.lnRows(op+" dx", dx, x); err != nil {
+		return err
+	}
+	if a.dr, a.lddr, err = e.lnRows(op+" dr", dr, x); err != nil {
+		return err
+	}
+	if dx != nil && dr != nil && dx.Buf == dr.Buf {
+		// Both are written from one value t per element; overlapping,
+		// accumulation would add t once.
+		if lo0, hi0, lo1, hi1 := dx.Offset, dx.Offset+dx.Extent(), dr.Offset, dr.Offset+dr.Extent(); lo0 < hi1 && lo1 < hi0 {
+			return fmt.Errorf("%w: %s dx and dr overlap", tensor.ErrLayout, op)
 		}
 	}
 	for _, p := range []struct {
 		what string
 		t    *tensor.Tensor
-	}{{"layernorm backward w", w}, {"layernorm backward dw", dw}, {"layernorm backward db", db}} {
+	}{{op + " w", w}, {op + " dw", dw}, {op + " db", db}} {
 		if err := e.checkLNParam(p.what, p.t, a.cols); err != nil {
 			return err
 		}
 	}
-	if err := e.checkLNStats("layernorm backward mean", mean, a.rows); err != nil {
+	if err := e.checkLNStats(op+" mean", mean, a.rows); err != nil {
 		return err
 	}
-	if err := e.checkLNStats("layernorm backward rstd", rstd, a.rows); err != nil {
+	if err := e.checkLNStats(op+" rstd", rstd, a.rows); err != nil {
 		return err
 	}
-	if a.cols == 0 || (dx == nil && dw == nil && db == nil) {
+	if a.cols == 0 || (dx == nil && dr == nil && dw == nil && db == nil) {
 		return nil
 	}
 	if a.rows == 0 {
-		// No rows: dx is empty; the parameter gradients are sums of nothing.
+		// No rows: dx and dr are empty; the parameter gradients are sums of nothing.
 		for i, t := range []*tensor.Tensor{dw, db} {
-			if t != nil && !acc[i+1] {
+			if t != nil && !acc[i+2] {
 				if err := e.Fill(t, 0); err != nil {
 					return err
 				}
@@ -168,12 +224,65 @@ func (e *Engine) LayerNormBackward(dx, dw, db, dy, x, w, mean, rstd *tensor.Tens
 		func(c *cudaImpl) error { return c.layerNormBackward(&a, dw, db, w, mean, rstd, acc) })
 }
 
+// LayerNormBackward computes the gradients of LayerNorm from dy (the
+// gradient of y), x, w and the saved mean and rstd, with x̂ = (x−μ)·rstd
+// and g = dy·w:
+//
+//	dx = rstd·(g − Σg/C − x̂·Σ(g·x̂)/C)     (per row, sums over the row)
+//	dw = Σ_rows dy·x̂,  db = Σ_rows dy
+//
+// Shapes and dtypes as LayerNorm: dx and dy of x's shape and dtype (rows
+// may be strided; dx may be dy); w f32 [C] or nil (ones); mean, rstd as
+// LayerNorm wrote them; dw and db f32 [C]. Any of dx, dw, db may be nil
+// (not wanted). acc[0], acc[1], acc[2] add dx, dw, db to what those tensors
+// hold instead of overwriting it. On CUDA one kernel computes dx and the
+// parameter gradients: each block sums its rows into a row of partials
+// and the last blocks to finish fold the partials in a fixed order (a
+// ticket on a device counter): no float atomics, the same bits on every
+// run. Errors as LayerNorm.
+func (e *Engine) LayerNormBackward(dx, dw, db, dy, x, w, mean, rstd *tensor.Tensor, acc [3]bool) error {
+	return e.lnBackward("layernorm backward", dx, nil, dw, db, dy, nil, x, w, mean, rstd, [4]bool{acc[0], false, acc[1], acc[2]})
+}
+
+// AddLayerNormBackward computes the gradients of AddLayerNorm: with d the
+// LayerNorm gradient of sum from dy (LayerNormBackward's dx, computed from
+// the stored sum), and dsum the gradient that reaches sum itself from its
+// other consumers (nil: none),
+//
+//	t = dsum + d,  dx = t,  dr = t,  dw = Σ_rows dy·ŝ,  db = Σ_rows dy
+//
+// (sum = x + r hands its gradient to both). Shapes and dtypes as
+// AddLayerNorm; dx, dr, dw, db may each be nil (not wanted); dx or dr may
+// be dsum or dy, but dx and dr must not overlap. acc[0..3] add dx, dr, dw,
+// db to what those tensors hold. One pass on CUDA (reads dy, dsum and sum,
+// writes dx and dr). Errors as AddLayerNorm.
+func (e *Engine) AddLayerNormBackward(dx, dr, dw, db, dy, dsum, sum, w, mean, rstd *tensor.Tensor, acc [4]bool) error {
+	return e.lnBackward("addlayernorm backward", dx, dr, dw, db, dy, dsum, sum, w, mean, rstd, acc)
+}
+
 // ---- host ----
 
 func hostLayerNorm(a *lnArgs, mean, rstd, w, b *tensor.Tensor, eps float32) error {
 	xs, err := hostIn(a.x)
 	if err != nil {
 		return err
+	}
+	if a.r != nil {
+		// sum = x + r, rounded to the dtype as it is stored; normalise that.
+		rs, err := hostIn(a.r)
+		if err != nil {
+			return err
+		}
+		ss := make([]float32, len(xs))
+		for i := range ss {
+			ss[i] = xs[i] + rs[i]
+		}
+		if err := a.sum.WriteFloat32(ss); err != nil {
+			return err
+		}
+		if xs, err = a.sum.ReadFloat32(); err != nil {
+			return err
+		}
 	}
 	ws, err := hostIn(w)
 	if err != nil {
@@ -237,7 +346,7 @@ func hostLayerNorm(a *lnArgs, mean, rstd, w, b *tensor.Tensor, eps float32) erro
 	return commit()
 }
 
-func hostLayerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Tensor, acc [3]bool) error {
+func hostLayerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Tensor, acc [4]bool) error {
 	xs, err := hostIn(a.x)
 	if err != nil {
 		return err
@@ -258,11 +367,15 @@ func hostLayerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Tensor, acc 
 	if err != nil {
 		return err
 	}
-	dxs, dxCommit, err := hostOut(a.dx, acc[0])
-	if err != nil {
-		return err
+	var gsum []float32
+	if a.gsum != nil {
+		// Copied: dx or dr may be the same memory.
+		if gsum, err = a.gsum.ReadFloat32(); err != nil {
+			return err
+		}
 	}
 	C := a.cols
+	t := make([]float32, a.rows*C)
 	sw := make([]float64, C)
 	sb := make([]float64, C)
 	xh := make([]float64, C)
@@ -282,19 +395,32 @@ func hostLayerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Tensor, acc 
 			sw[j] += d * xh[j]
 			sb[j] += d
 		}
-		if dxs == nil {
-			continue
-		}
 		m1, m2 := s1/float64(C), s2/float64(C)
 		for j := 0; j < C; j++ {
-			dxs[r*C+j] = float32(inv * (gw[j] - m1 - xh[j]*m2))
+			t[r*C+j] = float32(inv * (gw[j] - m1 - xh[j]*m2))
+			if gsum != nil {
+				t[r*C+j] += gsum[r*C+j]
+			}
+		}
+	}
+	for i, o := range []*tensor.Tensor{a.dx, a.dr} {
+		if o == nil {
+			continue
+		}
+		out, commit, err := hostOut(o, acc[i])
+		if err != nil {
+			return err
+		}
+		copy(out, t)
+		if err := commit(); err != nil {
+			return err
 		}
 	}
 	for i, p := range []struct {
 		t *tensor.Tensor
 		s []float64
 	}{{dw, sw}, {db, sb}} {
-		out, commit, err := hostOut(p.t, acc[i+1])
+		out, commit, err := hostOut(p.t, acc[i+2])
 		if err != nil {
 			return err
 		}
@@ -305,72 +431,157 @@ func hostLayerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Tensor, acc 
 			return err
 		}
 	}
-	return dxCommit()
+	return nil
 }
 
 // ---- CUDA ----
 
-func (c *cudaImpl) layerNorm(a *lnArgs, mean, rstd, w, b *tensor.Tensor, eps float32) error {
-	vec := rwVecOK([]*tensor.Tensor{a.x, a.y, w, b}, a.cols, a.ldx, a.ldy)
-	p := rwPlanRows(a.cols, vec)
-	return c.lnFwd(a.x.DType, p, a.y, mean, rstd, a.x, w, b, a.rows, a.cols, a.ldx, a.ldy, eps)
+// lnKArgs mirrors struct ln_args of layernorm.cu field for field (240
+// bytes; layernorm_layout_test.go checks): the one parameter of every
+// LayerNorm kernel. Leading dimensions are in elements.
+type lnKArgs struct {
+	y, sum, x, r, dy, gsum, dx, dr  cuda.DevicePtr
+	w, b, mean, rstd, dw, db        cuda.DevicePtr
+	part, tickets                   cuda.DevicePtr
+	rows                            int64
+	ldy, lds, ldx, ldr, lddy, ldg   int64
+	lddx, lddr, rpb                 int64
+	c, block                        int32
+	eps                             float32
+	accDx, accDr, accW, accB, group int32
 }
 
-// lnFwd launches ln_fwd_<inst>_<dt>.
-func (c *cudaImpl) lnFwd(dt tensor.DType, p rwPlan, y, mean, rstd, x, w, b *tensor.Tensor, rows, cols, ldx, ldy int, eps float32) error {
-	return c.launchK("layernorm.cu", "ln_fwd_"+p.inst+dtSuffix(dt), p.fwdGrid(rows), block1(p.threads), 0,
-		kPtr(y), kPtr(mean), kPtr(rstd), kPtr(x), kPtr(w), kPtr(b),
-		kI64(int64(rows)), kI32(cols), kI64(int64(ldx)), kI64(int64(ldy)), kF32(eps), kBool(p.block))
-}
-
-func (c *cudaImpl) layerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Tensor, acc [3]bool) error {
-	counts := []int{a.cols, a.ldx, a.ldy}
-	if a.dx != nil {
-		counts = append(counts, a.lddx)
+func lnBool(v bool) int32 {
+	if v {
+		return 1
 	}
-	vec := rwVecOK([]*tensor.Tensor{a.x, a.y, a.dx, w}, counts...)
-	p := rwPlanRows(a.cols, vec)
-	nb := min((a.rows+p.groups-1)/p.groups, rwMaxBlocks)
-	rpb := (a.rows + nb - 1) / nb
-	nb = (a.rows + rpb - 1) / rpb
-	var pdw, pdb cuda.DevicePtr
-	if dw != nil || db != nil {
-		n := int64(nb) * int64(a.cols) * 4
-		base, err := c.scratchPtr("layernorm.partials", 2*n)
+	return 0
+}
+
+// lnFastShapes are the fast kernels' (V, NV) instances in the order they
+// are tried: fewest elements per lane (V·NV) first, then wider vectors.
+var lnFastShapes = [][2]int{{4, 1}, {8, 1}, {4, 2}, {4, 3}, {8, 2}, {4, 4}, {8, 3}, {8, 4}}
+
+// lnFast picks the fast kernels' instance ("v<V>n<NV>") for rows of C
+// elements of dt: the first of lnFastShapes whose lanes hold a row (C ≤
+// 32·V·NV) with C, every count (row strides) a multiple of V, every
+// present row tensor of ts aligned to V elements (16 bytes at most) and
+// every f32 parameter of ts (w, b: read as 16-byte vectors) to 16 bytes.
+// ok is false when none fits (C > 1024, or no vector width divides the
+// layout).
+func lnFast(dt tensor.DType, C int, ts []*tensor.Tensor, counts ...int) (inst string, ok bool) {
+	for _, sh := range lnFastShapes {
+		v, nv := sh[0], sh[1]
+		if C > 32*v*nv || C%v != 0 {
+			continue
+		}
+		fits := true
+		for _, t := range ts {
+			align := uintptr(min(16, v*dt.Size()))
+			if t != nil && t.DType != dt {
+				align = 16
+			}
+			if t != nil && t.Ptr()%align != 0 {
+				fits = false
+			}
+		}
+		for _, n := range counts {
+			if n%v != 0 {
+				fits = false
+			}
+		}
+		if fits {
+			return fmt.Sprintf("v%dn%d", v, nv), true
+		}
+	}
+	return "", false
+}
+
+// lnFastThreads is LNF_THREADS: the fast kernels' block.
+const lnFastThreads = 256
+
+func (c *cudaImpl) layerNorm(a *lnArgs, mean, rstd, w, b *tensor.Tensor, eps float32) error {
+	k := lnKArgs{y: devPtr(a.y), x: devPtr(a.x), w: devPtr(w), b: devPtr(b), mean: devPtr(mean), rstd: devPtr(rstd),
+		rows: int64(a.rows), ldy: int64(a.ldy), ldx: int64(a.ldx), c: int32(a.cols), eps: eps}
+	if a.r != nil {
+		k.r, k.sum, k.ldr, k.lds = devPtr(a.r), devPtr(a.sum), int64(a.ldr), int64(a.lds)
+	}
+	ts := []*tensor.Tensor{a.x, a.y, a.r, a.sum, w, b}
+	counts := []int{a.cols, a.ldx, a.ldy, a.ldr, a.lds}
+	dt := a.x.DType
+	if inst, ok := lnFast(dt, a.cols, ts, counts...); ok {
+		name := "ln_fwdf_" + inst + dtSuffix(dt)
+		if a.r != nil {
+			name = "ln_addf_" + inst + dtSuffix(dt)
+		}
+		n, err := c.residentGrid("layernorm.cu", name, lnFastThreads, 0)
 		if err != nil {
 			return err
 		}
-		if dw != nil {
-			pdw = base
-		}
-		if db != nil {
-			pdb = base.Add(n)
-		}
+		warps := lnFastThreads / 32
+		return c.launchK("layernorm.cu", name, grid1(min(n, (a.rows+warps-1)/warps)), block1(lnFastThreads), 0, kLN(&k))
 	}
-	if err := c.lnBwd(a.x.DType, p, nb, a.dx, pdw, pdb, a.y, a.x, w, mean, rstd, a.rows, a.cols, a.lddx, a.ldy, a.ldx, rpb, acc[0]); err != nil {
-		return err
-	}
-	if dw == nil && db == nil {
-		return nil
-	}
-	return c.lnBwdReduce(dw, db, pdw, pdb, nb, a.cols, acc[1], acc[2])
+	p := rwPlanRows(a.cols, rwVecOK(ts, counts...))
+	k.block = lnBool(p.block)
+	return c.launchK("layernorm.cu", "ln_fwd_"+p.inst+dtSuffix(dt), p.fwdGrid(a.rows), block1(p.threads), 0, kLN(&k))
 }
 
-// lnBwd launches ln_bwd_<inst>_<dt> on nb blocks of rpb rows each; pdw and
-// pdb are device addresses of [nb, cols] f32 partials (0: not wanted).
-func (c *cudaImpl) lnBwd(dt tensor.DType, p rwPlan, nb int, dx *tensor.Tensor, pdw, pdb cuda.DevicePtr, dy, x, w, mean, rstd *tensor.Tensor,
-	rows, cols, lddx, lddy, ldx, rpb int, accdx bool) error {
-	return c.launchK("layernorm.cu", "ln_bwd_"+p.inst+dtSuffix(dt), grid1(nb), block1(p.threads), 0,
-		kPtr(dx), kDev(pdw), kDev(pdb), kPtr(dy), kPtr(x), kPtr(w), kPtr(mean), kPtr(rstd),
-		kI64(int64(rows)), kI32(cols), kI64(int64(lddx)), kI64(int64(lddy)), kI64(int64(ldx)), kI64(int64(rpb)),
-		kBool(p.block), kBool(accdx))
-}
+func kLN(k *lnKArgs) karg { return unsafe.Pointer(k) }
 
-// lnBwdReduce launches ln_bwd_reduce: dw, db (+)= the column sums of the
-// [nb, cols] partials at pdw, pdb.
-func (c *cudaImpl) lnBwdReduce(dw, db *tensor.Tensor, pdw, pdb cuda.DevicePtr, nb, cols int, accw, accb bool) error {
-	return c.launchK("layernorm.cu", "ln_bwd_reduce", grid1((cols+31)/32), [3]uint32{32, 8, 1}, 0,
-		kPtr(dw), kPtr(db), kDev(pdw), kDev(pdb), kI32(nb), kI32(cols), kBool(accw), kBool(accb))
+func (c *cudaImpl) layerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Tensor, acc [4]bool) error {
+	k := lnKArgs{x: devPtr(a.x), dy: devPtr(a.y), gsum: devPtr(a.gsum), dx: devPtr(a.dx), dr: devPtr(a.dr),
+		w: devPtr(w), mean: devPtr(mean), rstd: devPtr(rstd), dw: devPtr(dw), db: devPtr(db),
+		rows: int64(a.rows), ldx: int64(a.ldx), lddy: int64(a.ldy), ldg: int64(a.ldg), lddx: int64(a.lddx), lddr: int64(a.lddr),
+		c: int32(a.cols), accDx: lnBool(acc[0]), accDr: lnBool(acc[1]), accW: lnBool(acc[2]), accB: lnBool(acc[3])}
+	ts := []*tensor.Tensor{a.x, a.y, a.gsum, a.dx, a.dr, w}
+	counts := []int{a.cols, a.ldx, a.ldy}
+	for _, t := range []struct {
+		t  *tensor.Tensor
+		ld int
+	}{{a.gsum, a.ldg}, {a.dx, a.lddx}, {a.dr, a.lddr}} {
+		if t.t != nil {
+			counts = append(counts, t.ld)
+		}
+	}
+	dt := a.x.DType
+	var name string
+	var grid [3]uint32
+	var threads int
+	var smem uint32
+	if inst, ok := lnFast(dt, a.cols, ts, counts...); ok {
+		name = "ln_bwdf_" + inst + dtSuffix(dt)
+		threads = lnFastThreads
+		smem = uint32(lnFastThreads / 32 * 2 * a.cols * 4) // each warp's partial dw and db
+		n, err := c.residentGrid("layernorm.cu", name, threads, smem)
+		if err != nil {
+			return err
+		}
+		grid = grid1(min(n, (a.rows+threads/32-1)/(threads/32)))
+	} else {
+		p := rwPlanRows(a.cols, rwVecOK(ts, counts...))
+		name, threads, k.block = "ln_bwd_"+p.inst+dtSuffix(dt), p.threads, lnBool(p.block)
+		grid = grid1(min((a.rows+p.groups-1)/p.groups, rwMaxBlocks))
+	}
+	nb := int(grid[0])
+	rpb := (a.rows + nb - 1) / nb
+	nb = (a.rows + rpb - 1) / rpb
+	k.rpb = int64(rpb)
+	if dw != nil || db != nil {
+		// The fold's groups: about √nb blocks each, so the last group's
+		// fold and the final one are about as long.
+		s := int(math.Ceil(math.Sqrt(float64(nb))))
+		ng := (nb + s - 1) / s
+		part, err := c.scratchPtr("layernorm.partials", int64(nb+ng)*int64(2*a.cols)*4)
+		if err != nil {
+			return err
+		}
+		tickets, err := c.ticketPtr("layernorm.tickets", ng+1)
+		if err != nil {
+			return err
+		}
+		k.part, k.tickets, k.group = part, tickets, int32(s)
+	}
+	return c.launchK("layernorm.cu", name, grid1(nb), block1(threads), smem, kLN(&k))
 }
 
 // ---- graph ----
@@ -442,4 +653,109 @@ func (g *Graph) LayerNorm(x, w, b *Var, eps float32) *Var {
 		return e.LayerNormBackward(gr.In(0), dw, db, dy, x.Value, val(wi), mean.Value, rstd.Value, acc)
 	})
 	return y
+}
+
+// AddLayerNorm records sum = x + r and y = LayerNorm(sum)·w + b in one op
+// (Engine.AddLayerNorm): a pre-LN transformer block's residual update and
+// the norm after it, x = x + a; h = LN(x), as sum, y = AddLayerNorm(x, a,
+// ...). x and r of one shape and float dtype; sum and y of that shape and
+// dtype; w, b f32 [C] or nil. The backward (Engine.AddLayerNormBackward)
+// gives x and r the same gradient: sum's own (from its other consumers,
+// e.g. the next residual add) plus the LayerNorm's, in one pass, and adds
+// dw, db (fan-out accumulates as everywhere). With x and r the same Var it
+// records Scale(x, 2) and LayerNorm (x + x = 2x exactly).
+func (g *Graph) AddLayerNorm(x, r, w, b *Var, eps float32) (sum, y *Var) {
+	if !g.ok(x, r) {
+		return nil, nil
+	}
+	if err := rwFloat("addlayernorm x", x); err != nil {
+		g.Fail("addlayernorm", err)
+		return nil, nil
+	}
+	if !tensor.SameShape(x.Value.Shape, r.Value.Shape) || x.Value.DType != r.Value.DType || x.Value.Rank() < 1 {
+		g.Fail("addlayernorm", fmt.Errorf("%w: addlayernorm of %v %v and %v %v", tensor.ErrShape, x.Value.DType, x.Value.Shape, r.Value.DType, r.Value.Shape))
+		return nil, nil
+	}
+	if x == r {
+		s := g.Scale(x, 2)
+		return s, g.LayerNorm(s, w, b, eps)
+	}
+	rows, cols := rowsCols(x.Value)
+	if !g.lnParams("addlayernorm", cols, w, b) {
+		return nil, nil
+	}
+	in := []*Var{x, r}
+	wi, bi := -1, -1
+	if w != nil {
+		wi = len(in)
+		in = append(in, w)
+	}
+	if b != nil {
+		bi = len(in)
+		in = append(in, b)
+	}
+	sum = g.NewOut("addlayernorm.sum", x.Value.DType, x.Value.Shape...)
+	y = g.NewOut("addlayernorm", x.Value.DType, x.Value.Shape...)
+	mean := g.NewOut("addlayernorm.mean", tensor.F32, rows)
+	rstd := g.NewOut("addlayernorm.rstd", tensor.F32, rows)
+	if !g.ok(sum, y, mean, rstd) {
+		return nil, nil
+	}
+	val := func(i int) *tensor.Tensor {
+		if i < 0 {
+			return nil
+		}
+		return in[i].Value
+	}
+	e := g.e
+	g.Record("addlayernorm", in, []*Var{sum, y, mean, rstd}, func(*Grads) error {
+		return e.AddLayerNorm(sum.Value, y.Value, mean.Value, rstd.Value, x.Value, r.Value, val(wi), val(bi), eps)
+	}, func(gr *Grads) error {
+		dsum, dy := gr.Out(0), gr.Out(1)
+		dx, dr := gr.In(0), gr.In(1)
+		var dw, db *tensor.Tensor
+		acc := [4]bool{gr.Acc(0), gr.Acc(1)}
+		if wi >= 0 {
+			dw, acc[2] = gr.In(wi), gr.Acc(wi)
+		}
+		if bi >= 0 {
+			db, acc[3] = gr.In(bi), gr.Acc(bi)
+		}
+		if dy == nil {
+			// Only sum's own gradient: it passes to x and r; w and b get
+			// none (zero).
+			for i, d := range []*tensor.Tensor{dw, db} {
+				if d != nil && !acc[i+2] {
+					if err := e.Fill(d, 0); err != nil {
+						return err
+					}
+				}
+			}
+			for i, d := range []*tensor.Tensor{dx, dr} {
+				if d != nil && dsum != nil {
+					if err := e.Scale(d, dsum, 1, acc[i]); err != nil {
+						return err
+					}
+				} else if d != nil && !acc[i] {
+					if err := e.Fill(d, 0); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}
+		return e.AddLayerNormBackward(dx, dr, dw, db, dy, dsum, sum.Value, val(wi), mean.Value, rstd.Value, acc)
+	})
+	return sum, y
+}
+
+// lnParams fails the graph unless w and b (each optional) are f32 [cols].
+func (g *Graph) lnParams(op string, cols int, ps ...*Var) bool {
+	for _, p := range ps {
+		if p != nil && (p.Value.DType != tensor.F32 || !tensor.SameShape(p.Value.Shape, []int{cols})) {
+			g.Fail(op, fmt.Errorf("%w: %s parameter %s is %v %v, want f32 [%d]", tensor.ErrShape, op, p.Name, p.Value.DType, p.Value.Shape, cols))
+			return false
+		}
+	}
+	return true
 }

@@ -52,6 +52,7 @@
 #define __align__(n) alignas(n)
 #define __restrict__ __restrict
 #define ATTN_DYN_SMEM(name) unsigned char* name = emu::g.smem.data()
+#define LN_DYN_SMEM(name) float* name = (float*)emu::g.smem.data()
 
 struct emu_dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -387,6 +388,15 @@ inline int __float_as_int(float f) {
   return u;
 }
 inline int __ffs(int x) { return x ? __builtin_ctz((unsigned)x) + 1 : 0; }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+// Blocks run one at a time and threads switch only at synchronisation
+// points, so atomics are plain read-modify-writes and fences do nothing.
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  unsigned old = *p;
+  *p = old + v;
+  return old;
+}
+inline void __threadfence() {}
 using std::max;
 using std::min;
 

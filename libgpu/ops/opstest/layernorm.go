@@ -99,8 +99,16 @@ func checkLayerNorm(s *Suite) {
 		}
 		s.Run(fmt.Sprintf("%v/strided", dt), func(s *Suite) { lnStrided(s, dt) })
 		s.Run(fmt.Sprintf("%v/grad", dt), func(s *Suite) { lnGrad(s, dt) })
+		for _, sh := range lnShapes {
+			s.Run(fmt.Sprintf("%v/add/%dx%d", dt, sh[0], sh[1]), func(s *Suite) { addlnForwardBackward(s, dt, sh[0], sh[1], true) })
+		}
+		s.Run(fmt.Sprintf("%v/add/no-affine", dt), func(s *Suite) { addlnForwardBackward(s, dt, 600, 96, false) })
+		s.Run(fmt.Sprintf("%v/add/in-place", dt), func(s *Suite) { addlnInPlace(s, dt) })
+		s.Run(fmt.Sprintf("%v/add/strided", dt), func(s *Suite) { addlnStrided(s, dt) })
+		s.Run(fmt.Sprintf("%v/add/grad", dt), func(s *Suite) { addlnGrad(s, dt) })
 	}
 	s.Run("validation", lnValidation)
+	s.Run("add/validation", addlnValidation)
 }
 
 // lnForwardBackward checks the forward (outputs poisoned) and the backward
@@ -313,5 +321,242 @@ func lnValidation(s *Suite) {
 	xv := g.Input("x", x)
 	if g.LayerNorm(xv, g.Input("w", s.Empty(tensor.BF16, 6)), nil, lnEps) != nil || g.Err() == nil {
 		s.T.Error("graph layernorm with a bf16 weight was recorded")
+	}
+}
+
+// addlnRef is AddLayerNorm's reference: the stored sum (x + r rounded to
+// dt, as the op stores it), and the LayerNorm of that sum.
+func addlnRef(s *Suite, dt tensor.DType, xv, rv, wv, bv []float64, rows, C int) (sum, y, mean, rstd []float64) {
+	sum = make([]float64, len(xv))
+	for i := range sum {
+		sum[i] = xv[i] + rv[i]
+	}
+	sum = s.Read(s.Const(dt, sum, len(sum)))
+	y, mean, rstd = RefLayerNorm(sum, wv, bv, rows, C, lnEps)
+	return sum, y, mean, rstd
+}
+
+// addlnForwardBackward checks AddLayerNorm (outputs poisoned; sum exact)
+// and AddLayerNormBackward: written, accumulated flag by flag, without
+// dsum, and with only some gradients wanted.
+func addlnForwardBackward(s *Suite, dt tensor.DType, rows, C int, affine bool) {
+	x, xv := lnShifted(s, dt, 1.5, 3, rows, C)
+	r, rv := s.Rand(dt, 1, rows, C)
+	var w, b *tensor.Tensor
+	var wv, bv []float64
+	if affine {
+		w, wv = s.Rand(tensor.F32, 1, C)
+		b, bv = s.Rand(tensor.F32, 1, C)
+	}
+	sum, y := s.Empty(dt, rows, C), s.Empty(dt, rows, C)
+	mean, rstd := s.Empty(tensor.F32, rows), s.Empty(tensor.F32, rows)
+	s.NoErr("addlayernorm", s.E.AddLayerNorm(sum, y, mean, rstd, x, r, w, b, lnEps))
+	wantS, wantY, wantM, wantR := addlnRef(s, dt, xv, rv, wv, bv, rows, C)
+	s.Near("sum", s.Read(sum), wantS, 0)
+	s.Near("y", s.Read(y), wantY, s.Tol(dt))
+	s.Near("mean", s.Read(mean), wantM, 1e-5)
+	s.Near("rstd", s.Read(rstd), wantR, 1e-5)
+
+	dy, dyv := s.Rand(dt, 1, rows, C)
+	dsum, dsumv := s.Rand(dt, 1, rows, C)
+	wdx, wdw, wdb := RefLayerNormBackward(dyv, wantS, wv, rows, C, lnEps)
+	wt := lnSum(wdx, dsumv)
+	floor := norm(dyv)*maxAbs(wv, 1)*maxAbs(wantR, 1) + norm(dsumv)
+	dx, dr := s.Empty(dt, rows, C), s.Empty(dt, rows, C)
+	dw, db := s.Empty(tensor.F32, C), s.Empty(tensor.F32, C)
+	s.NoErr("addlayernorm backward", s.E.AddLayerNormBackward(dx, dr, dw, db, dy, dsum, sum, w, mean, rstd, [4]bool{}))
+	s.NearFloor("dx", s.Read(dx), wt, floor, s.Tol(dt))
+	s.NearFloor("dr", s.Read(dr), wt, floor, s.Tol(dt))
+	s.Near("dw", s.Read(dw), wdw, 1e-5)
+	s.Near("db", s.Read(db), wdb, 1e-5)
+
+	for _, acc := range [][4]bool{{true, false, false, false}, {false, true, false, false}, {false, false, true, false},
+		{false, false, false, true}, {true, true, true, true}} {
+		outs := make([]*tensor.Tensor, 4)
+		olds := make([][]float64, 4)
+		outs[0], olds[0] = s.Rand(dt, 1, rows, C)
+		outs[1], olds[1] = s.Rand(dt, 1, rows, C)
+		outs[2], olds[2] = s.Rand(tensor.F32, 1, C)
+		outs[3], olds[3] = s.Rand(tensor.F32, 1, C)
+		s.NoErr("addlayernorm backward (acc)", s.E.AddLayerNormBackward(outs[0], outs[1], outs[2], outs[3], dy, dsum, sum, w, mean, rstd, acc))
+		for i, want := range [][]float64{wt, wt, wdw, wdb} {
+			if acc[i] {
+				want = lnSum(olds[i], want)
+			}
+			what := fmt.Sprintf("%s (acc=%v)", []string{"dx", "dr", "dw", "db"}[i], acc)
+			if i < 2 {
+				s.NearFloor(what, s.Read(outs[i]), want, max(floor, norm(want)), s.Tol(dt))
+			} else {
+				s.Near(what, s.Read(outs[i]), want, 1e-5)
+			}
+		}
+	}
+	// No dsum (sum's gradient is LayerNorm's alone); only some outputs.
+	dx1, dw1 := s.Empty(dt, rows, C), s.Empty(tensor.F32, C)
+	s.NoErr("addlayernorm backward (no dsum)", s.E.AddLayerNormBackward(dx1, nil, dw1, nil, dy, nil, sum, w, mean, rstd, [4]bool{}))
+	s.NearFloor("dx (no dsum)", s.Read(dx1), wdx, floor, s.Tol(dt))
+	s.Near("dw (no dsum)", s.Read(dw1), wdw, 1e-5)
+	dr2 := s.Empty(dt, rows, C)
+	s.NoErr("addlayernorm backward (dr only)", s.E.AddLayerNormBackward(nil, dr2, nil, nil, dy, dsum, sum, w, mean, rstd, [4]bool{}))
+	s.NearFloor("dr (alone)", s.Read(dr2), wt, floor, s.Tol(dt))
+	db3 := s.Empty(tensor.F32, C)
+	s.NoErr("addlayernorm backward (db only)", s.E.AddLayerNormBackward(nil, nil, nil, db3, dy, dsum, sum, w, mean, rstd, [4]bool{}))
+	s.Near("db (alone)", s.Read(db3), wdb, 1e-5)
+	// dx written over dsum itself (in place).
+	s.NoErr("addlayernorm backward (dx = dsum)", s.E.AddLayerNormBackward(dsum, nil, nil, nil, dy, dsum, sum, w, mean, rstd, [4]bool{}))
+	s.NearFloor("dx = dsum", s.Read(dsum), wt, floor, s.Tol(dt))
+}
+
+// addlnInPlace: sum written over x (x = x + r), as a residual stream does.
+func addlnInPlace(s *Suite, dt tensor.DType) {
+	const rows, C = 37, 384
+	x, xv := lnShifted(s, dt, 1, 1, rows, C)
+	r, rv := s.Rand(dt, 1, rows, C)
+	w, wv := s.Rand(tensor.F32, 1, C)
+	y := s.Empty(dt, rows, C)
+	mean, rstd := s.Empty(tensor.F32, rows), s.Empty(tensor.F32, rows)
+	s.NoErr("addlayernorm in place", s.E.AddLayerNorm(x, y, mean, rstd, x, r, w, nil, lnEps))
+	wantS, wantY, _, _ := addlnRef(s, dt, xv, rv, wv, nil, rows, C)
+	s.Near("sum = x", s.Read(x), wantS, 0)
+	s.Near("y", s.Read(y), wantY, s.Tol(dt))
+}
+
+// addlnStrided: x, r, sum, y, dy, dsum, dx, dr are column blocks of wider
+// tensors whose other columns must stay untouched.
+func addlnStrided(s *Suite, dt tensor.DType) {
+	const b0, t0, C, W, off = 2, 5, 40, 56, 8
+	rows := b0 * t0
+	cols := func(wide []float64) []float64 {
+		out := make([]float64, 0, rows*C)
+		for r := 0; r < rows; r++ {
+			out = append(out, wide[r*W+off:r*W+off+C]...)
+		}
+		return out
+	}
+	view := func(t *tensor.Tensor) *tensor.Tensor {
+		v, err := t.Narrow(2, off, C)
+		s.NoErr("narrow", err)
+		return v
+	}
+	rnd := func() (*tensor.Tensor, []float64) {
+		t, v := s.Rand(dt, 1, b0, t0, W)
+		return view(t), cols(v)
+	}
+	x, xv := rnd()
+	r, rv := rnd()
+	w, wv := s.Rand(tensor.F32, 1, C)
+	b, bv := s.Rand(tensor.F32, 1, C)
+	sumw, yw := s.Empty(dt, b0, t0, W), s.Empty(dt, b0, t0, W)
+	sum, y := view(sumw), view(yw)
+	mean, rstd := s.Empty(tensor.F32, b0, t0), s.Empty(tensor.F32, b0, t0)
+	s.NoErr("addlayernorm", s.E.AddLayerNorm(sum, y, mean, rstd, x, r, w, b, lnEps))
+	wantS, wantY, _, _ := addlnRef(s, dt, xv, rv, wv, bv, rows, C)
+	s.Near("sum (strided)", s.Read(sum), wantS, 0)
+	s.Near("y (strided)", s.Read(y), wantY, s.Tol(dt))
+	lnUntouched(s, "sum", s.Read(sumw), rows, W, off, C)
+	lnUntouched(s, "y", s.Read(yw), rows, W, off, C)
+
+	dy, dyv := rnd()
+	dsum, dsumv := rnd()
+	dxw, drw := s.Empty(dt, b0, t0, W), s.Empty(dt, b0, t0, W)
+	dw, db := s.Empty(tensor.F32, C), s.Empty(tensor.F32, C)
+	s.NoErr("addlayernorm backward", s.E.AddLayerNormBackward(view(dxw), view(drw), dw, db, dy, dsum, sum, w, mean, rstd, [4]bool{}))
+	wdx, wdw, wdb := RefLayerNormBackward(dyv, wantS, wv, rows, C, lnEps)
+	wt := lnSum(wdx, dsumv)
+	s.Near("dx (strided)", s.Read(view(dxw)), wt, s.Tol(dt))
+	s.Near("dr (strided)", s.Read(view(drw)), wt, s.Tol(dt))
+	s.Near("dw (strided)", s.Read(dw), wdw, 1e-5)
+	s.Near("db (strided)", s.Read(db), wdb, 1e-5)
+	lnUntouched(s, "dx", s.Read(dxw), rows, W, off, C)
+	lnUntouched(s, "dr", s.Read(drw), rows, W, off, C)
+}
+
+// addlnGrad: Graph.AddLayerNorm against finite differences, with the
+// gradient reaching sum from another consumer (sum + y), from y alone and
+// from sum alone, twice (fan-out), and with x and r the same Var.
+func addlnGrad(s *Suite, dt tensor.DType) {
+	const b0, t0, C = 2, 3, 7
+	rows := b0 * t0
+	ref := func(p [][]float64, affine bool) (sum, y []float64) {
+		sum = lnSum(p[0], p[1])
+		var w, b []float64
+		if affine {
+			w, b = p[2], p[3]
+		}
+		y, _, _ = RefLayerNorm(sum, w, b, rows, C, lnEps)
+		return sum, y
+	}
+	for _, c := range []struct {
+		name   string
+		affine bool
+		out    func(g *ops.Graph, sum, y *ops.Var) *ops.Var
+		ref    func(sum, y []float64) []float64
+	}{
+		{"sum+y", true, func(g *ops.Graph, sum, y *ops.Var) *ops.Var { return g.Add(sum, y) }, lnSum},
+		{"y", true, func(g *ops.Graph, _, y *ops.Var) *ops.Var { return y }, func(_, y []float64) []float64 { return y }},
+		{"sum", true, func(g *ops.Graph, sum, _ *ops.Var) *ops.Var { return sum }, func(sum, _ []float64) []float64 { return sum }},
+		{"sum+y no affine", false, func(g *ops.Graph, sum, y *ops.Var) *ops.Var { return g.Add(sum, y) }, lnSum},
+	} {
+		params := [][]int{{b0, t0, C}, {b0, t0, C}}
+		if c.affine {
+			params = append(params, []int{C}, []int{C})
+		}
+		s.GradCheck(GradCase{
+			Name: "addlayernorm " + c.name, DType: dt, Params: params,
+			PDTypes: []tensor.DType{0, 0, tensor.F32, tensor.F32}, Twice: true,
+			Record: func(g *ops.Graph, p, _ []*ops.Var) *ops.Var {
+				var sum, y *ops.Var
+				if c.affine {
+					sum, y = g.AddLayerNorm(p[0], p[1], p[2], p[3], lnEps)
+				} else {
+					sum, y = g.AddLayerNorm(p[0], p[1], nil, nil, lnEps)
+				}
+				if sum == nil {
+					return nil
+				}
+				return c.out(g, sum, y)
+			},
+			Ref: func(p [][]float64) []float64 { return c.ref(ref(p, c.affine)) },
+		})
+	}
+	s.GradCheck(GradCase{
+		Name: "addlayernorm x+x", DType: dt, Params: [][]int{{b0, t0, C}, {C}}, PDTypes: []tensor.DType{0, tensor.F32}, Twice: true,
+		Record: func(g *ops.Graph, p, _ []*ops.Var) *ops.Var {
+			sum, y := g.AddLayerNorm(p[0], p[0], p[1], nil, lnEps)
+			if sum == nil {
+				return nil
+			}
+			return g.Add(sum, y)
+		},
+		Ref: func(p [][]float64) []float64 {
+			sum := lnSum(p[0], p[0])
+			y, _, _ := RefLayerNorm(sum, p[1], nil, rows, C, lnEps)
+			return lnSum(sum, y)
+		},
+	})
+}
+
+func addlnValidation(s *Suite) {
+	x := s.Empty(tensor.F32, 4, 6)
+	y := s.Empty(tensor.F32, 4, 6)
+	st := s.Empty(tensor.F32, 4)
+	wide := s.Empty(tensor.F32, 4, 12)
+	lo, _ := wide.Narrow(1, 0, 6)
+	mid, _ := wide.Narrow(1, 3, 6)
+	for _, c := range []struct {
+		what string
+		err  error
+	}{
+		{"no r", s.E.AddLayerNorm(y, y, st, st, x, nil, nil, nil, lnEps)},
+		{"no sum", s.E.AddLayerNorm(nil, y, st, st, x, x, nil, nil, lnEps)},
+		{"r of another shape", s.E.AddLayerNorm(s.Empty(tensor.F32, 4, 6), y, st, st, x, s.Empty(tensor.F32, 4, 5), nil, nil, lnEps)},
+		{"sum of another dtype", s.E.AddLayerNorm(s.Empty(tensor.BF16, 4, 6), y, st, st, x, x, nil, nil, lnEps)},
+		{"backward dsum of another shape", s.E.AddLayerNormBackward(y, nil, nil, nil, y, s.Empty(tensor.F32, 4, 5), x, nil, st, st, [4]bool{})},
+		{"backward dx and dr overlap", s.E.AddLayerNormBackward(lo, mid, nil, nil, y, nil, x, nil, st, st, [4]bool{})},
+		{"backward dx and dr the same", s.E.AddLayerNormBackward(y, y, nil, nil, x, nil, x, nil, st, st, [4]bool{})},
+	} {
+		if c.err == nil {
+			s.T.Errorf("%s: accepted", c.what)
+		}
 	}
 }
