@@ -128,20 +128,40 @@ __device__ __forceinline__ float ln_ldcg(const float* p) {
 #endif
 }
 
-// ln_colsum is Σ_{k<n} p[k·ld] in order of k, four loads in flight.
-__device__ __forceinline__ float ln_colsum(const float* p, int n, int ld) {
-  float s = 0.0f;
-  int k = 0;
-  for (; k + 4 <= n; k += 4) {
-    const float v0 = ln_ldcg(p + (long long)k * ld), v1 = ln_ldcg(p + (long long)(k + 1) * ld);
-    const float v2 = ln_ldcg(p + (long long)(k + 2) * ld), v3 = ln_ldcg(p + (long long)(k + 3) * ld);
-    s += v0;
-    s += v1;
-    s += v2;
-    s += v3;
+// ln_colsums: out(c, Σ_{k<n} p[k·ld + c]) for every column c < C2, each
+// sum in order of k. A thread takes the columns c, c + B, c + 2B, c + 3B
+// (B = blockDim.x) together and eight rows at a time: up to 32 loads in
+// flight, so a fold of n rows costs about n/8 trips to L2.
+template <typename F>
+__device__ __forceinline__ void ln_colsums(const float* p, int n, int ld, int C2, F out) {
+  const int B = blockDim.x;
+  for (int c0 = threadIdx.x; c0 < C2; c0 += 4 * B) {
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+      float v[4][8];
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[q][u] = c0 + q * B < C2 ? ln_ldcg(p + (long long)(k + u) * ld + c0 + q * B) : 0.0f;
+      }
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+#pragma unroll
+        for (int u = 0; u < 8; u++) s[q] += v[q][u];
+      }
+    }
+    for (; k < n; k++) {
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        if (c0 + q * B < C2) s[q] += ln_ldcg(p + (long long)k * ld + c0 + q * B);
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      if (c0 + q * B < C2) out(c0 + q * B, s[q]);
+    }
   }
-  for (; k < n; k++) s += ln_ldcg(p + (long long)k * ld);
-  return s;
 }
 
 // ln_fold: called by every thread of every block of a backward once the
@@ -158,7 +178,7 @@ __device__ void ln_fold(const ln_args& a) {
   if (!last) return;
   __threadfence();
   float* grow = a.part + (long long)(nb + gi) * C2;
-  for (int c = threadIdx.x; c < C2; c += blockDim.x) grow[c] = ln_colsum(a.part + (long long)g0 * C2 + c, g1 - g0, C2);
+  ln_colsums(a.part + (long long)g0 * C2, g1 - g0, C2, C2, [&](int c, float v) { grow[c] = v; });
   if (threadIdx.x == 0) a.tickets[gi] = 0u;  // every block of the group has taken its ticket
   __threadfence();
   __syncthreads();
@@ -166,14 +186,13 @@ __device__ void ln_fold(const ln_args& a) {
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int c = threadIdx.x; c < C2; c += blockDim.x) {
-    const float s = ln_colsum(a.part + (long long)nb * C2 + c, ng, C2);
+  ln_colsums(a.part + (long long)nb * C2, ng, C2, C2, [&](int c, float v) {
     if (c < a.C) {
-      if (a.dw) a.dw[c] = a.acc_w ? a.dw[c] + s : s;
+      if (a.dw) a.dw[c] = a.acc_w ? a.dw[c] + v : v;
     } else if (a.db) {
-      a.db[c - a.C] = a.acc_b ? a.db[c - a.C] + s : s;
+      a.db[c - a.C] = a.acc_b ? a.db[c - a.C] + v : v;
     }
-  }
+  });
   if (threadIdx.x == 0) a.tickets[ng] = 0u;
 }
 

@@ -383,8 +383,13 @@ int main(int argc, char** argv) {
         run(210, 48, bf, add, true, 0, 0);
       }
     }
-  resident = 40;  // more blocks than groups of 7 hold
+  resident = 40;  // 40 blocks: fold groups of 7 (the last of 5)
   run(400, 128, true, true, true, 0, 0);
   run(400, 128, false, false, true, 0, 0);
+  if (!quick) {
+    resident = 200;  // groups of 15: the folds' eight-row steps and their remainders
+    run(2000, 128, true, true, true, 0, 0);
+    run(2200, 67, false, true, true, 0, 0);  // general: 512 blocks, groups of 23
+  }
   return finish();
 }
