@@ -69,16 +69,25 @@ __device__ __forceinline__ float gelu_q(float t) {
   return gelu_ex2(p);
 }
 
-// gelu_phi_tail is Φ(x) for x < −GELU_T, out of line so that the common
-// path is not predicated through it.
-__device__ __noinline__ float gelu_phi_tail(float x) { return 0.5f * erfcf(-x * 0.7071067811865476f); }
-
-// gelu_phi is Φ(x), the standard normal CDF.
-__device__ __forceinline__ float gelu_phi(float x) {
-  const float q = gelu_q(fminf(fabsf(x), GELU_T));
-  float p = x < 0.0f ? q : 1.0f - q;
-  if (x < -GELU_T) p = gelu_phi_tail(x);
-  return p;
+// gelu_phi_v sets phi[i] = Φ(x[i]) for a vector of V elements: 2^P for
+// all, then, behind one branch per vector (taken only when some element
+// is below −GELU_T, rare in activations), CUDA's erfcf for those. NaN
+// stays NaN (through x·Φ and x·φ; fminf skips it here).
+template <int V>
+__device__ __forceinline__ void gelu_phi_v(const float* x, float* phi) {
+  float lo = x[0];
+#pragma unroll
+  for (int i = 0; i < V; i++) {
+    const float q = gelu_q(fminf(fabsf(x[i]), GELU_T));
+    phi[i] = x[i] < 0.0f ? q : 1.0f - q;
+    lo = fminf(lo, x[i]);
+  }
+  if (lo < -GELU_T) {
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+      if (x[i] < -GELU_T) phi[i] = 0.5f * erfcf(-x[i] * 0.7071067811865476f);
+    }
+  }
 }
 
 // The tanh form: x·σ(2u) = x/(1 + e^(−2u)), which does not cancel for
@@ -99,25 +108,34 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
   return s + 2.0f * x * sd * c * (1.0f + 3.0f * a * x * x);
 }
 
-// FORM: 0 tanh, 1 erf.
-template <int FORM>
-__device__ __forceinline__ float gelu_f(float x) {
+// gelu_fv: u[i] = GELU(u[i]) over a vector; FORM 0 tanh, 1 erf.
+template <int V, int FORM>
+__device__ __forceinline__ void gelu_fv(float* u) {
   if constexpr (FORM == 1) {
-    return x * gelu_phi(x);
+    float phi[V];
+    gelu_phi_v<V>(u, phi);
+#pragma unroll
+    for (int i = 0; i < V; i++) u[i] *= phi[i];
   } else {
-    return gelu_tanh_f(x);
+#pragma unroll
+    for (int i = 0; i < V; i++) u[i] = gelu_tanh_f(u[i]);
   }
 }
 
-// d/dx of the erf form: Φ(x) + x·φ(x), φ(x) = e^(−x²/2)/√(2π) =
-// 2^(−x²·log₂e/2 − log₂√(2π)).
-template <int FORM>
-__device__ __forceinline__ float gelu_grad(float x) {
+// gelu_gv: g[i] = GELU'(u[i]) over a vector. The erf form's is
+// Φ(x) + x·φ(x), φ(x) = e^(−x²/2)/√(2π) = 2^(−x²·log₂e/2 − log₂√(2π)).
+template <int V, int FORM>
+__device__ __forceinline__ void gelu_gv(const float* u, float* g) {
   if constexpr (FORM == 1) {
-    const float pdf = gelu_ex2(fmaf(x * x, -0.7213475204444817f, -1.3257480647361592f));
-    return fmaf(x, pdf, gelu_phi(x));
+    gelu_phi_v<V>(u, g);
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+      const float pdf = gelu_ex2(fmaf(u[i] * u[i], -0.7213475204444817f, -1.3257480647361592f));
+      g[i] = fmaf(u[i], pdf, g[i]);
+    }
   } else {
-    return gelu_tanh_grad(x);
+#pragma unroll
+    for (int i = 0; i < V; i++) g[i] = gelu_tanh_grad(u[i]);
   }
 }
 
@@ -134,37 +152,34 @@ __device__ __forceinline__ void gelu_fwd_body(T* y, const T* x, long long n) {
     float u[V], w[V];
     gpukit_ldv<V>(x + j * V, u);
     gpukit_ldv<V>(x + (j + G) * V, w);
-#pragma unroll
-    for (int i = 0; i < V; i++) u[i] = gelu_f<FORM>(u[i]);
+    gelu_fv<V, FORM>(u);
     gpukit_stv<V>(y + j * V, u);
-#pragma unroll
-    for (int i = 0; i < V; i++) w[i] = gelu_f<FORM>(w[i]);
+    gelu_fv<V, FORM>(w);
     gpukit_stv<V>(y + (j + G) * V, w);
   }
   if (j < nv) {
     float u[V];
     gpukit_ldv<V>(x + j * V, u);
-#pragma unroll
-    for (int i = 0; i < V; i++) u[i] = gelu_f<FORM>(u[i]);
+    gelu_fv<V, FORM>(u);
     gpukit_stv<V>(y + j * V, u);
   }
   GPUKIT_GRID_STRIDE(i, n - nv * V) {
     const long long k = nv * V + (long long)i;
-    gpukit_st(y + k, gelu_f<FORM>(gpukit_ld(x + k)));
+    float u = gpukit_ld(x + k);
+    gelu_fv<1, FORM>(&u);
+    gpukit_st(y + k, u);
   }
 }
 
 template <typename T, int V, int FORM>
 __device__ __forceinline__ void gelu_bwd_vec(T* dx, const T* dy, const T* x, long long j, int acc) {
-  float u[V], d[V], o[V];
+  float u[V], d[V], o[V], g[V];
   gpukit_ldv<V>(x + j * V, u);
   gpukit_ldv<V>(dy + j * V, d);
   if (acc) gpukit_ldv<V>(dx + j * V, o);
+  gelu_gv<V, FORM>(u, g);
 #pragma unroll
-  for (int i = 0; i < V; i++) {
-    const float g = d[i] * gelu_grad<FORM>(u[i]);
-    o[i] = acc ? o[i] + g : g;
-  }
+  for (int i = 0; i < V; i++) o[i] = acc ? fmaf(d[i], g[i], o[i]) : d[i] * g[i];
   gpukit_stv<V>(dx + j * V, o);
 }
 
@@ -183,23 +198,23 @@ __device__ __forceinline__ void gelu_bwd_body(T* dx, const T* dy, const T* x, lo
       gpukit_ldv<V>(dx + j * V, o);
       gpukit_ldv<V>(dx + (j + G) * V, o2);
     }
+    float g[V];
+    gelu_gv<V, FORM>(u, g);
 #pragma unroll
-    for (int i = 0; i < V; i++) {
-      const float g = d[i] * gelu_grad<FORM>(u[i]);
-      o[i] = acc ? o[i] + g : g;
-    }
+    for (int i = 0; i < V; i++) o[i] = acc ? fmaf(d[i], g[i], o[i]) : d[i] * g[i];
     gpukit_stv<V>(dx + j * V, o);
+    gelu_gv<V, FORM>(u2, g);
 #pragma unroll
-    for (int i = 0; i < V; i++) {
-      const float g = d2[i] * gelu_grad<FORM>(u2[i]);
-      o2[i] = acc ? o2[i] + g : g;
-    }
+    for (int i = 0; i < V; i++) o2[i] = acc ? fmaf(d2[i], g[i], o2[i]) : d2[i] * g[i];
     gpukit_stv<V>(dx + (j + G) * V, o2);
   }
   if (j < nv) gelu_bwd_vec<T, V, FORM>(dx, dy, x, j, acc);
   GPUKIT_GRID_STRIDE(i, n - nv * V) {
     const long long k = nv * V + (long long)i;
-    float g = gpukit_ld(dy + k) * gelu_grad<FORM>(gpukit_ld(x + k));
+    const float u = gpukit_ld(x + k);
+    float g;
+    gelu_gv<1, FORM>(&u, &g);
+    g *= gpukit_ld(dy + k);
     if (acc) g += gpukit_ld(dx + k);
     gpukit_st(dx + k, g);
   }
