@@ -19,7 +19,7 @@ extern "C" __global__ void cast_bf16_to_f32(float* dst, const gpukit_bf16* src, 
 // captured graph keeps its own copy and nothing is uploaded); tensor i owns
 // blocks [start[i], start[i+1]), each CAST_MT_CHUNK consecutive elements.
 // The Go mirror (castMTArgs in cast.go) asserts the same layout.
-#define CAST_MT_MAX 64
+#define CAST_MT_MAX 128
 #define CAST_MT_CHUNK 4096  // 256 threads × 8 elements × 2 rounds
 
 struct cast_mt_tensor {
@@ -33,7 +33,7 @@ struct cast_mt_args {
   int start[CAST_MT_MAX + 1];
   int count;
 };
-static_assert(sizeof(cast_mt_args) == 1800, "cast_mt_args layout changed: update cast.go");
+static_assert(sizeof(cast_mt_args) == 3592, "cast_mt_args layout changed: update cast.go");
 
 // cast_multi_f32_to_bf16: block b casts elements [lo, hi) of its tensor,
 // lo = (b − start)·CAST_MT_CHUNK. Where both pointers are 16-byte aligned,

@@ -1,6 +1,6 @@
 // cast_test.cpp: runs libgpu/kernels/cast.cu's multi-tensor f32 → bf16 cast
 // under the host emulation (emu.h) with the plan of libgpu/ops/cast.go
-// (castMTPlan: 64 tensors per launch, 4096 elements per block) over tensors
+// (castMTPlan: 128 tensors per launch, 4096 elements per block) over tensors
 // of odd sizes, some misaligned, and checks every element against the C
 // rounding (round to nearest even) and that nothing past a tensor is
 // written. Usage: scripts/cuda-emu.sh cast
@@ -12,7 +12,7 @@
 
 int main() {
   const long long sizes[] = {0, 1, 7, 8, 13, 4095, 4096, 4097, 10000, 3 * 4096};
-  const int count = 70;
+  const int count = 140;
   std::vector<Buf> src(count), dst(count);
   std::vector<long long> n(count);
   emu::untrack();

@@ -22,12 +22,12 @@ func checkCast(s *Suite) {
 		}
 	})
 	s.Run("multi", func(s *Suite) {
-		// 70 tensors: two launches on CUDA (64 per launch); sizes cycle
+		// 140 tensors: two launches on CUDA (128 per launch); sizes cycle
 		// through castSizes; every fifth is a misaligned view (starting one
 		// element into its buffer: the kernel's element-by-element path).
 		var dst, src []*tensor.Tensor
 		var want [][]float64
-		for i := 0; i < 70; i++ {
+		for i := 0; i < 140; i++ {
 			n, off := castSizes[i%len(castSizes)], 0
 			if i%5 == 4 {
 				off = 1
