@@ -312,19 +312,31 @@ func (m *GPT) Record(e *ops.Engine, a device.Allocator, prefix string, batch int
 	x := g.Add(g.Embedding(wte, g.Input("idx", s.Idx)), g.Embedding(p("transformer.wpe.weight"), g.Input("pos", s.pos)))
 	x = g.Dropout(x, c.Dropout)
 	const eps = 1e-5 // nn.LayerNorm's default, as nanoGPT uses it
-	for l := 0; l < c.Layers; l++ {
+	// Each residual add and the LayerNorm after it are one op
+	// (Graph.AddLayerNorm): block l's ln_2 follows its attention branch,
+	// and the next block's ln_1 (or ln_f) follows its MLP branch.
+	ln := func(l int) (w, b *ops.Var) {
+		if l == c.Layers {
+			return p("transformer.ln_f.weight"), p("transformer.ln_f.bias")
+		}
 		h := "transformer.h." + strconv.Itoa(l) + "."
-		sg := g.Scope("h" + strconv.Itoa(l))
-		a := sg.LayerNorm(x, p(h+"ln_1.weight"), p(h+"ln_1.bias"), eps)
-		a = sg.SelfAttention(sg.Linear(a, p(h+"attn.c_attn.weight"), p(h+"attn.c_attn.bias"), ops.ActNone), c.Heads, true)
-		a = sg.Dropout(sg.Linear(a, p(h+"attn.c_proj.weight"), p(h+"attn.c_proj.bias"), ops.ActNone), c.Dropout)
-		x = sg.Add(x, a)
-		f := sg.LayerNorm(x, p(h+"ln_2.weight"), p(h+"ln_2.bias"), eps)
-		f = sg.GELU(sg.Linear(f, p(h+"mlp.c_fc.weight"), p(h+"mlp.c_fc.bias"), ops.ActNone), c.geluForm())
-		f = sg.Dropout(sg.Linear(f, p(h+"mlp.c_proj.weight"), p(h+"mlp.c_proj.bias"), ops.ActNone), c.Dropout)
-		x = sg.Add(x, f)
+		return p(h + "ln_1.weight"), p(h + "ln_1.bias")
 	}
-	x = g.LayerNorm(x, p("transformer.ln_f.weight"), p("transformer.ln_f.bias"), eps)
+	w0, b0 := ln(0)
+	h := g.Scope("h0").LayerNorm(x, w0, b0, eps)
+	for l := 0; l < c.Layers; l++ {
+		hn := "transformer.h." + strconv.Itoa(l) + "."
+		sg := g.Scope("h" + strconv.Itoa(l))
+		a := sg.SelfAttention(sg.Linear(h, p(hn+"attn.c_attn.weight"), p(hn+"attn.c_attn.bias"), ops.ActNone), c.Heads, true)
+		a = sg.Dropout(sg.Linear(a, p(hn+"attn.c_proj.weight"), p(hn+"attn.c_proj.bias"), ops.ActNone), c.Dropout)
+		var f *ops.Var
+		x, f = sg.AddLayerNorm(x, a, p(hn+"ln_2.weight"), p(hn+"ln_2.bias"), eps)
+		f = sg.GELU(sg.Linear(f, p(hn+"mlp.c_fc.weight"), p(hn+"mlp.c_fc.bias"), ops.ActNone), c.geluForm())
+		f = sg.Dropout(sg.Linear(f, p(hn+"mlp.c_proj.weight"), p(hn+"mlp.c_proj.bias"), ops.ActNone), c.Dropout)
+		wn, bn := ln(l + 1)
+		x, h = sg.AddLayerNorm(x, f, wn, bn, eps)
+	}
+	x = h
 	s.Logits = g.Linear(x, wte, nil, ops.ActNone) // the head tied to the token embedding
 	targets, err := s.Targets.View(B * T)
 	if err != nil {
