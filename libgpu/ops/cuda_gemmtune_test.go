@@ -59,7 +59,7 @@ func TestCUDAMatmulTuned(t *testing.T) {
 		x, w, b := mk(dev, tensor.BF16, xv, m, k), mk(dev, tensor.BF16, wv, n, k), mk(dev, tensor.BF16, bv, n)
 		dy := mk(dev, tensor.BF16, dyv, m, n)
 		y, dx := mk(dev, tensor.BF16, nil, m, n), mk(dev, tensor.BF16, nil, m, k)
-		dw, db := mk(dev, tensor.F32, dwv, n, k), mk(dev, tensor.F32, make([]float32, n), n)
+		dw, db := mk(dev, tensor.F32, dwv, n, k), mk(dev, tensor.BF16, make([]float32, n), n)
 		steps := []ops.Matmul{
 			{A: x, B: w, D: y, TransB: true, Bias: b},
 			{A: dy, B: w, D: dx},

@@ -63,6 +63,19 @@ const smemDefault = 48 << 10
 
 // allowSmem raises f's dynamic shared memory limit to at least n bytes
 // (once per kernel and size).
+// staticSmem is f's static shared memory in bytes (0 when the driver does
+// not say); static and dynamic together must fit the 48 KiB default
+// unless the kernel's dynamic limit is raised (seen on an H100: a LayerNorm
+// backward with exactly 48 KiB dynamic plus some static failed to launch
+// with CUDA_ERROR_INVALID_VALUE).
+func (c *cudaImpl) staticSmem(f cuda.Function) uint32 {
+	n, err := f.Attribute(cuda.FuncSharedSizeBytes)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return uint32(n)
+}
+
 func (c *cudaImpl) allowSmem(f cuda.Function, n uint32) error {
 	c.kc.mu.Lock()
 	defer c.kc.mu.Unlock()
@@ -144,7 +157,7 @@ func (c *cudaImpl) launchK(file, name string, grid, block [3]uint32, smem uint32
 	if err != nil {
 		return err
 	}
-	if smem > smemDefault {
+	if smem > 0 && smem+c.staticSmem(f) > smemDefault {
 		if err := c.allowSmem(f, smem); err != nil {
 			return fmt.Errorf("ops: %s: %d bytes of shared memory: %w", name, smem, err)
 		}

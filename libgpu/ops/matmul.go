@@ -64,6 +64,10 @@ type Matmul struct {
 	BiasGrad       *tensor.Tensor
 	Accumulate     bool
 	Alpha, Beta    float32
+	// FullF32 computes a product of f32 operands in full f32 even under
+	// PrecTF32 (CUBLAS_COMPUTE_32F): for iterations that TF32's 10-bit
+	// products make diverge (coupled Newton matrix roots, seen on an H100).
+	FullF32 bool
 }
 
 // scales is the product's scale and, with Accumulate, the scale of D's old
@@ -353,7 +357,7 @@ func (c *cudaImpl) matmul(m *Matmul, s *mmShape) error {
 		CType: ltType(m.D.DType), DType: ltType(m.D.DType),
 		Compute: cuda.Compute32F,
 	}
-	if m.A.DType == tensor.F32 && c.prec != PrecF32 {
+	if m.A.DType == tensor.F32 && c.prec != PrecF32 && !m.FullF32 {
 		spec.Compute = cuda.Compute32FFastTF32
 	}
 	alpha, beta := m.scales()

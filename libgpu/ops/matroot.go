@@ -432,7 +432,7 @@ func (e *Engine) rootNewton(g *rootArgs, iters int) error {
 			return err
 		}
 		x, xn = xn, x
-		tp, err := e.matPow(t, g.p, pool[1], mn)
+		tp, err := e.matPow(t, g.p, pool[1], mn, false)
 		if err != nil {
 			return err
 		}
@@ -512,12 +512,12 @@ func (e *Engine) rootResidual(g *rootArgs, x, scal *tensor.Tensor, spare []*tens
 	if err := e.Copy(base, x); err != nil {
 		return err
 	}
-	xp, err := e.matPow(base, g.p, spare[1], spare[2])
+	xp, err := e.matPow(base, g.p, spare[1], spare[2], true)
 	if err != nil {
 		return err
 	}
 	y := spare[3]
-	if err := e.Matmul(Matmul{A: xp, B: g.a, D: y}); err != nil {
+	if err := e.Matmul(Matmul{A: xp, B: g.a, D: y, FullF32: true}); err != nil {
 		return err
 	}
 	// y += r·X^p, so y = X^p·(A + rI).
@@ -583,8 +583,12 @@ func (e *Engine) rootNewtonT(m, t *tensor.Tensor, total int64, n, p int) error {
 }
 
 // matPow returns t^p (batched) by repeated squaring, computed in the two
-// spare buffers u and v (t itself for p = 1). t may be overwritten.
-func (e *Engine) matPow(t *tensor.Tensor, p int, u, v *tensor.Tensor) (*tensor.Tensor, error) {
+// spare buffers u and v (t itself for p = 1). t may be overwritten. full
+// computes the products in full f32 under TF32 (the residual check, whose
+// X^p·A − I cancels to well below TF32's resolution: seen on an H100, a
+// root accurate to 3e-4 had a TF32 residual of 2.6 and was taken for a
+// failure).
+func (e *Engine) matPow(t *tensor.Tensor, p int, u, v *tensor.Tensor, full bool) (*tensor.Tensor, error) {
 	if p == 1 {
 		return t, nil
 	}
@@ -611,7 +615,7 @@ func (e *Engine) matPow(t *tensor.Tensor, p int, u, v *tensor.Tensor) (*tensor.T
 				acc = base
 			} else {
 				out := take(acc, base)
-				if err := e.Matmul(Matmul{A: acc, B: base, D: out}); err != nil {
+				if err := e.Matmul(Matmul{A: acc, B: base, D: out, FullF32: full}); err != nil {
 					return nil, err
 				}
 				acc = out
@@ -619,7 +623,7 @@ func (e *Engine) matPow(t *tensor.Tensor, p int, u, v *tensor.Tensor) (*tensor.T
 		}
 		if q > 1 {
 			out := take(acc, base)
-			if err := e.Matmul(Matmul{A: base, B: base, D: out}); err != nil {
+			if err := e.Matmul(Matmul{A: base, B: base, D: out, FullF32: full}); err != nil {
 				return nil, err
 			}
 			base = out
