@@ -182,7 +182,7 @@ func sameLines(t *testing.T, what string, a, b []string) {
 // the optimizer after it.
 func gptGPU(t *testing.T, extra ...string) []string {
 	t.Helper()
-	args := []string{"run", "--model", "gpt", "--out", t.TempDir(), "--device", "cuda", "--graph", "on", "--precision", "bf16",
+	args := []string{"run", "--model", "gpt", "--data", gptText(t), "--out", t.TempDir(), "--device", "cuda", "--graph", "on", "--precision", "bf16",
 		"--layers", "2", "--heads", "4", "--d-model", "128", "--block", "64", "--batch", "16", "--steps", "40",
 		"--eval-every", "20", "--eval-batches", "2", "--log-every", "1", "--update-freq", "5"}
 	return gpuLines(t, append(args, extra...)...)

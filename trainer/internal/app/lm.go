@@ -48,6 +48,13 @@ func textPath(c *cli.Context) (string, error) {
 	if c.IsSet("data") {
 		p = c.String("data")
 	}
+	// GPUKIT_DATA_DIR names the MLP's Fashion-MNIST directory; a language
+	// model takes the default text instead of that directory.
+	if env := os.Getenv("GPUKIT_DATA_DIR"); env != "" && p == env {
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			p = data.DefaultTextPath()
+		}
+	}
 	st, err := os.Stat(p)
 	if err != nil {
 		return "", fmt.Errorf("--data %s: %w", p, err)
