@@ -22,6 +22,10 @@
 #include "common.cuh"
 #include "vec.cuh"
 
+#ifndef GN_DYN_SMEM
+#define GN_DYN_SMEM(name) extern __shared__ __align__(16) float name[]
+#endif
+
 template <int V>
 __device__ __forceinline__ void gn_params(const float* w, const float* b, int c0, float* wv, float* bv) {
   if (w) {
@@ -57,7 +61,7 @@ __device__ __forceinline__ void gn_group_sums(float* out, const float* part, int
 template <typename T, int V>
 __device__ void gn_fwd(T* y, float* mean, float* rstd, const T* x, const float* w, const float* b, int S, int C,
                        int G, float eps, int silu) {
-  extern __shared__ float gn_sm[];
+  GN_DYN_SMEM(gn_sm);
   const int tx = threadIdx.x, ty = threadIdx.y, by = blockDim.y;
   const int c0 = tx * V, cg = C / G;
   const long long n = blockIdx.x;
@@ -138,7 +142,7 @@ __device__ void gn_fwd(T* y, float* mean, float* rstd, const T* x, const float* 
 template <typename T, int V>
 __device__ void gn_bwd(T* dx, float* part_out, const T* dy, const T* x, const float* w, const float* b,
                        const float* mean, const float* rstd, int S, int C, int G, int silu, int accdx) {
-  extern __shared__ float gn_sm[];
+  GN_DYN_SMEM(gn_sm);
   const int tx = threadIdx.x, ty = threadIdx.y, by = blockDim.y;
   const int c0 = tx * V, cg = C / G;
   const long long n = blockIdx.x, N = gridDim.x;

@@ -357,7 +357,13 @@ func gnPlanFor(s *gnShape, vec bool) gnPlan {
 		v, inst = rwVecWidth, "v"
 	}
 	bx := s.c / v
+	// Rows of threads: about 256 threads, a whole number of warps where
+	// that stays within 1024 threads.
+	by0 := 32 / gcd(bx, 32)
 	by := max(1, 256/bx)
+	if bx*by0 <= 1024 {
+		by = by0 * max(1, 256/(bx*by0))
+	}
 	return gnPlan{inst: inst, bx: bx, by: by, smem: uint32((by + 2) * s.c * 4)}
 }
 
@@ -475,4 +481,11 @@ func (g *Graph) GroupNorm(x, w, b *Var, groups int, eps float32, silu bool) *Var
 		return e.GroupNormBackward(gr.In(0), dw, db, dy, x.Value, val(wi), val(bi), mean.Value, rstd.Value, groups, silu, acc)
 	})
 	return y
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
