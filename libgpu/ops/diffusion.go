@@ -509,3 +509,29 @@ func (e *Engine) EMA(ema, p *tensor.Tensor, decay float32) error {
 			kPtr(ema), kPtr(p), kI64(int64(n)), kF32(decay))
 	})
 }
+
+// QSample records the forward process (Engine.QSample) on x0 (an input,
+// [N, ...], any float dtype) at timesteps t (i32 [N]) with the schedule
+// tables sab, s1mab (f32 [T], √ᾱ and √(1−ᾱ)), drawing the noise from
+// (the graph's Seed, stream, the graph's Counter): it returns x_t and the
+// noise ε, both in the graph's activation dtype, neither with a gradient.
+func (g *Graph) QSample(x0, t *Var, sab, s1mab *tensor.Tensor, stream uint32) (xt, eps *Var) {
+	if !g.ok(x0, t) {
+		return nil, nil
+	}
+	if err := rwFloat("qsample x0", x0); err != nil {
+		g.Fail("qsample", err)
+		return nil, nil
+	}
+	dt := g.ActDType()
+	xt = g.NewOut("qsample.xt", dt, x0.Value.Shape...)
+	eps = g.NewOut("qsample.eps", dt, x0.Value.Shape...)
+	if !g.ok(xt, eps) {
+		return nil, nil
+	}
+	e, seed, counter := g.e, g.opts.Seed, g.opts.Counter
+	g.Record("qsample", []*Var{x0, t}, []*Var{xt, eps}, func(*Grads) error {
+		return e.QSample(xt.Value, eps.Value, x0.Value, t.Value, sab, s1mab, seed, stream, counter)
+	}, nil)
+	return xt, eps
+}

@@ -153,8 +153,12 @@ func (e *Engine) GroupNormBackward(dx, dw, db, dy, x, w, b, mean, rstd *tensor.T
 		}
 		return nil
 	}
-	return e.dispatch(func(*hostImpl) error { return hostGroupNormBackward(&s, dx, dw, db, dy, x, w, b, mean, rstd, silu, acc) },
-		func(c *cudaImpl) error { return c.groupNormBackward(&s, dx, dw, db, dy, x, w, b, mean, rstd, silu, acc) })
+	return e.dispatch(func(*hostImpl) error {
+		return hostGroupNormBackward(&s, dx, dw, db, dy, x, w, b, mean, rstd, silu, acc)
+	},
+		func(c *cudaImpl) error {
+			return c.groupNormBackward(&s, dx, dw, db, dy, x, w, b, mean, rstd, silu, acc)
+		})
 }
 
 // sigmoid64 is 1/(1 + e^(−z)).

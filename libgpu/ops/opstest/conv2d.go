@@ -216,10 +216,10 @@ func convForwardBackward(s *Suite, dt tensor.DType, g ConvGeom) {
 		db0, db0v := s.Rand(tensor.F32, 1, g.Cout)
 		s.NoErr("conv2d backward (acc)", s.E.Conv2DBackward(dx0, dw0, db0, dy, x, w, p, acc))
 		for i, c := range []struct {
-			what            string
-			t               *tensor.Tensor
-			old, want       []float64
-			floor           float64
+			what      string
+			t         *tensor.Tensor
+			old, want []float64
+			floor     float64
 		}{{"dx", dx0, dx0v, wdx, fdx}, {"dw", dw0, dw0v, wdw, fdw}, {"db", db0, db0v, wdb, fdb}} {
 			want := c.want
 			if acc[i] {
