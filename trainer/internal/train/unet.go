@@ -138,11 +138,11 @@ type Publisher interface {
 
 // UNetStepLine is the JSON line written every LogEvery steps.
 type UNetStepLine struct {
-	Step       int     `json:"step"`
-	Loss       float32 `json:"loss"`
-	LR         float32 `json:"lr"`
-	ImagesPerS float64 `json:"images_per_s"`
-	StepMS     float64 `json:"step_ms"`
+	Step       int      `json:"step"`
+	Loss       float32  `json:"loss"`
+	LR         float32  `json:"lr"`
+	ImagesPerS float64  `json:"images_per_s"`
+	StepMS     float64  `json:"step_ms"`
 	GradNorm   *float32 `json:"grad_norm,omitempty"`
 }
 
