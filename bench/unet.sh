@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# bench/unet.sh — issue 12's diffusion benchmarks on a GPU machine, gpukit and
+# PyTorch (bench/reference/unet.py) in the same run, as JSON lines on stdout
+# (and in $BENCH_OUT/unet.jsonl when set). The model is the U-Net of unet.py:
+# channels 64-128-256, attention at 8×8, 5.3 M parameters, 32×32×1.
+#
+#   step      one guided DPM-Solver++ step at batch 256 (512 images through
+#             the U-Net), bf16: gpukit's sampling loop captured as one CUDA
+#             graph (Go benchmark BenchmarkGuidedStep256: GPU time of a
+#             20-step run / 20, and images/s of that run) against PyTorch
+#             eager, CUDA graph and torch.compile
+#   video     batch-1 video frame (re-noise to 0.5, 4 guided steps with
+#             temporal blending): BenchmarkVideoFrame against PyTorch's modes
+#   train     the U-Net training step at batch 128, bf16: `trainer run
+#             --model unet` (whole step one CUDA graph; median step_ms of
+#             300 steps) against PyTorch eager and torch.compile
+#   ops       the heaviest convolutions and the fused GroupNorm+SiLU
+#             (BenchmarkConv2D_*, BenchmarkGroupNormSiLU_*)
+#   quality   (QUALITY=1) trains the U-Net (STEPS, default 20000) and the
+#             Fashion-MNIST MLP classifier, then `sampler score` of 10,000
+#             samples: class accuracy at guidance 3 with 20 DPM-Solver++
+#             steps; FD-MLP of 20-step DPM-Solver++ and of 1000-step DDPM;
+#             FD-MLP against steps 5, 10, 20, 50 for DDIM and DPM-Solver++
+#
+# usage: bench/unet.sh [DATA]   (DATA: Fashion-MNIST IDX directory; default
+#        $GPUKIT_DATA_DIR or /usr/share/datasets/fashion-mnist)
+# Runs inside the GPU bundle (bin/, tests/libgpu_diffusion.test,
+# tests/libgpu_ops.test) or a source tree with ./bin built.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+data=${1:-${GPUKIT_DATA_DIR:-/usr/share/datasets/fashion-mnist}}
+bin=${GPUKIT_BIN:-$root/bin}
+out=${BENCH_OUT:-$(mktemp -d)}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+work=$(mktemp -d)
+emit() { tee -a "$out/unet.jsonl"; }
+ref=$root/bench/reference/unet.py
+
+# Go benchmarks: sampling loop and video frame, then the op timings.
+gobench() { # BINARY PATTERN
+	local t=$root/tests/$1.test
+	[ -x "$t" ] || { echo "bench/unet.sh: $t not found (build the GPU bundle)" >&2; return; }
+	(cd "$root/tests/$1.d" && GPUKIT_REQUIRE_GPU=1 "$t" -test.run '^$' -test.bench "$2" -test.benchtime 20x) \
+		| grep -E '^Benchmark' | python3 -c '
+import json, sys
+for l in sys.stdin:
+    f = l.split()
+    d = {"workload": f[0], "impl": "gpukit", "runs": int(f[1])}
+    for v, u in zip(f[2::2], f[3::2]):
+        d[u] = float(v)
+    print(json.dumps(d))' | emit
+}
+gobench libgpu_diffusion 'GuidedStep256|VideoFrame'
+python3 "$ref" bench --batch 256 --steps 20 | emit
+python3 "$ref" video --steps 4 | emit
+
+# Training step: 300 steps, loss lines every 50; the first interval holds
+# compilation and capture, so the median of the later ones.
+"$bin/trainer" run --model unet --data "$data" --out "$work/step" --steps 300 --batch 128 --precision bf16 \
+	--log-every 50 --save-every 100000 >"$work/step.jsonl" 2>"$work/step.err" || { cat "$work/step.err" >&2; exit 1; }
+python3 - "$work/step.jsonl" <<'PY' | emit
+import json, sys, statistics
+ls = [json.loads(l) for l in open(sys.argv[1]) if '"step_ms"' in l][1:]
+print(json.dumps({"workload": "unet-train-step", "impl": "gpukit-graph", "ms": statistics.median(l["step_ms"] for l in ls), "batch": 128}))
+PY
+python3 "$ref" train-bench --batch 128 | emit
+
+gobench libgpu_ops 'Conv2D|GroupNormSiLU'
+
+if [ "${QUALITY:-0}" = 1 ]; then
+	steps=${STEPS:-20000}
+	"$bin/trainer" run --model unet --data "$data" --out "$work/unet" --steps "$steps" --batch 128 --precision bf16 \
+		--log-every 1000 >"$work/unet.jsonl" 2>"$work/unet.err" || { cat "$work/unet.err" >&2; exit 1; }
+	"$bin/trainer" run --data "$data" --out "$work/mlp" --epochs 10 --log-every 10000 >/dev/null 2>"$work/mlp.err" \
+		|| { cat "$work/mlp.err" >&2; exit 1; }
+	score() { # SCHEDULER STEPS [flags]
+		local s=$1 n=$2
+		shift 2
+		"$bin/sampler" score --ckpt "$work/unet/model.safetensors" --classifier "$work/mlp/model.safetensors" --data "$data" \
+			--n 10000 --batch 256 --scheduler "$s" --steps "$n" --guidance-scale 3 --seed 1 "$@" \
+			| sed "s/^{/{\"workload\":\"unet-quality\",\"train_steps\":$steps,/" | emit
+	}
+	score dpmsolver++ 20
+	score ddpm 1000
+	for n in 5 10 20 50; do
+		score ddim "$n"
+		[ "$n" = 20 ] || score dpmsolver++ "$n"
+	done
+	"$bin/sampler" sample --ckpt "$work/unet/model.safetensors" --n 100 --class all --out "$out/unet-grid.png" --force >/dev/null
+	"$bin/sampler" video --ckpt "$work/unet/model.safetensors" --frames 40 --out "$out/unet-video.gif" --force | tail -n1 | emit
+fi
+echo "bench/unet.sh: results in $out/unet.jsonl" >&2
