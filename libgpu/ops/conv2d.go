@@ -100,9 +100,12 @@ func (e *Engine) convGeometry(op string, x, w *tensor.Tensor, p Conv2DParams) (c
 // and of one dtype (f32 or bf16); b [Cout] of that dtype, or nil. Padding
 // must be smaller than the kernel. Products accumulate in f32 (TF32 under
 // PrecTF32 for f32 data, as the GEMM family). A 1×1 kernel with stride 1
-// and no padding is one GEMM; other kernels gather the columns
-// (im2col, K = KH·KW·Cin per output position) into scratch memory a few
-// images at a time and multiply them by wᵀ with the bias fused. Errors
+// and no padding is one GEMM; on CUDA, bf16 convolutions with Cin a
+// multiple of 32 and Cout of 8 run as an implicit GEMM on tensor cores
+// (conv_igemm_fwd: the columns are gathered into shared memory tile by
+// tile, never stored); other kernels gather the columns (im2col, K =
+// KH·KW·Cin per output position) into scratch memory a few images at a
+// time and multiply them by wᵀ with the bias fused. Errors
 // wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice or
 // ErrConfig.
 func (e *Engine) Conv2D(y, x, w, b *tensor.Tensor, p Conv2DParams) error {
@@ -139,7 +142,9 @@ func (e *Engine) Conv2D(y, x, w, b *tensor.Tensor, p Conv2DParams) error {
 // im2col chunks as the forward (f32 accumulation across chunks when dw
 // is f32); dx is the GEMM dy·w into column gradients, which a gather
 // (col2im: each dx element sums its ≤ KH·KW terms in a fixed order, no
-// atomics) folds back into the image. Errors as Conv2D.
+// atomics) folds back into the image — or, on CUDA in bf16 at stride 1, the
+// forward's implicit GEMM on dy with the filters flipped. Errors as
+// Conv2D.
 func (e *Engine) Conv2DBackward(dx, dw, db, dy, x, w *tensor.Tensor, p Conv2DParams, acc [3]bool) error {
 	s, err := e.convGeometry("conv2d backward", x, w, p)
 	if err != nil {
@@ -396,7 +401,57 @@ func (c *cudaImpl) scratchTensor(e *Engine, name string, dt tensor.DType, shape 
 	return tensor.New(device.NewBuffer(e.dev, uintptr(p), n, nil, device.Shareable{FD: -1}, nil), dt, shape...)
 }
 
+// convImplicit makes the CUDA backend run the bf16 convolutions
+// conv_igemm_fwd takes as that implicit GEMM (and, at stride 1, their input
+// gradient through flipped filters) instead of im2col + cuBLASLt; tests and
+// benchmarks compare the two (SetConvImplicit).
+var convImplicit = true
+
+// aligned16 reports whether every present tensor starts 16-byte aligned.
+func aligned16(ts ...*tensor.Tensor) bool {
+	for _, t := range ts {
+		if t != nil && devPtr(t)%16 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// igemmOK reports whether conv_igemm_fwd computes y = conv(x, w) + b: bf16,
+// Cin a multiple of 32 (a K chunk stays within one tap), Cout a multiple of
+// 8 (bf16 pairs, 16-byte filter rows), 16-byte aligned tensors.
+func igemmOK(cin, cout int, ts ...*tensor.Tensor) bool {
+	return convImplicit && ts[0].DType == tensor.BF16 && cin%32 == 0 && cout%8 == 0 && aligned16(ts...)
+}
+
+// convIgemmArgs mirrors struct conv_igemm_args (conv2d.cu).
+type convIgemmArgs struct {
+	x, w, bias, y        uintptr
+	n, h, w_, cin        int32
+	ho, wo, cout, kh     int32
+	kw, stride, pad, acc int32
+}
+
+// convIgemm launches conv_igemm_fwd: y (+)= conv(x, w) + bias over n images
+// of h×w×cin into ho×wo×cout.
+func (c *cudaImpl) convIgemm(x, w, bias, y *tensor.Tensor, n, h, wd, cin, ho, wo, cout, kh, kw, stride, pad int, acc bool) error {
+	a := convIgemmArgs{x: x.Ptr(), w: w.Ptr(), y: y.Ptr(), n: int32(n), h: int32(h), w_: int32(wd), cin: int32(cin),
+		ho: int32(ho), wo: int32(wo), cout: int32(cout), kh: int32(kh), kw: int32(kw), stride: int32(stride), pad: int32(pad)}
+	if bias != nil {
+		a.bias = bias.Ptr()
+	}
+	if acc {
+		a.acc = 1
+	}
+	rows := int64(n) * int64(ho) * int64(wo)
+	grid := [3]uint32{uint32((rows + 127) / 128), uint32((cout + 63) / 64), 1}
+	return c.launchK("conv2d.cu", "conv_igemm_fwd", grid, block1(128), 2*(128+64)*40*2, unsafe.Pointer(&a))
+}
+
 func (c *cudaImpl) conv2d(e *Engine, y, x, w, b *tensor.Tensor, s *convShape) error {
+	if !s.pointwise && igemmOK(s.cin, s.cout, x, w, y, b) {
+		return c.convIgemm(x, w, b, y, s.n, s.h, s.w, s.cin, s.ho, s.wo, s.cout, s.kh, s.kw, s.stride, s.pad, false)
+	}
 	y2, err := y.View(s.n*s.outPerImg, s.cout)
 	if err != nil {
 		return err
@@ -502,6 +557,19 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 	}
 	if dx == nil {
 		return nil
+	}
+	if s.stride == 1 && s.kh == s.kw && igemmOK(s.cout, s.cin, dy, w, dx) {
+		// dx = conv(dy, flip(w)) with padding KH−1−pad: the forward kernel
+		// on the filters rotated by 180° with in and out channels swapped.
+		wf, err := c.scratchTensor(e, "conv2d.wflip", w.DType, s.cin, s.kh, s.kw, s.cout)
+		if err != nil {
+			return err
+		}
+		if err := c.launchK("conv2d.cu", "conv_flip_w", gridFor(int64(w.Numel()), 256), block1(256), 0,
+			kPtr(wf), kPtr(w), kI32(s.cout), kI32(s.kh), kI32(s.kw), kI32(s.cin)); err != nil {
+			return err
+		}
+		return c.convIgemm(dy, wf, nil, dx, s.n, s.ho, s.wo, s.cout, s.h, s.w, s.cin, s.kh, s.kw, 1, s.kh-1-s.pad, acc[0])
 	}
 	dcol, err := c.scratchTensor(e, "conv2d.dcol", x.DType, nc*s.outPerImg, s.k)
 	if err != nil {

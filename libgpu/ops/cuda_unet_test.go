@@ -87,12 +87,14 @@ func (w *twin) near(what string, g, h *tensor.Tensor, tol float64) {
 // block geometry of the norms at sizes the family checks do not reach.
 func TestCUDAUNetShapes(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		prec ops.Precision
-		dt   tensor.DType
-		tol  float64
-	}{{"f32", ops.PrecF32, tensor.F32, 1e-4}, {"bf16", ops.PrecBF16, tensor.BF16, 2e-2}} {
+		name     string
+		prec     ops.Precision
+		dt       tensor.DType
+		tol      float64
+		implicit bool
+	}{{"f32", ops.PrecF32, tensor.F32, 1e-4, false}, {"bf16", ops.PrecBF16, tensor.BF16, 2e-2, true}, {"bf16-im2col", ops.PrecBF16, tensor.BF16, 2e-2, false}} {
 		t.Run(c.name, func(t *testing.T) {
+			defer ops.SetConvImplicit(c.implicit)()
 			w := newTwin(t, c.prec)
 			for _, s := range []struct{ n, h, cin, cout, k int }{
 				{4, 32, 64, 64, 3}, {4, 32, 192, 64, 3}, {4, 16, 384, 128, 3}, {4, 8, 256, 256, 3}, {4, 32, 1, 64, 3},
@@ -244,8 +246,10 @@ func TestCUDAUNetDeterminism(t *testing.T) {
 }
 
 // benchConv times Conv2D forward (and backward) at a U-Net shape in bf16
-// and reports TFLOP/s of the useful 2·P·K·Cout products.
-func benchConv(b *testing.B, n, hw, cin, cout, k int, backward bool) {
+// and reports TFLOP/s of the useful 2·P·K·Cout products, with the
+// implicit GEMM or with im2col + cuBLASLt.
+func benchConv(b *testing.B, n, hw, cin, cout, k int, backward, implicit bool) {
+	defer ops.SetConvImplicit(implicit)()
 	d := gpu(b)
 	e := cudaEngine(b, d, ops.PrecBF16)
 	a := device.Local{Dev: d}
@@ -318,13 +322,31 @@ func timeGPU(b *testing.B, e *ops.Engine, f func() error) float64 {
 	return float64(ms) / float64(b.N)
 }
 
-// The U-Net's heaviest convolutions at a guided batch of 256 (512 images).
-func BenchmarkConv2D_512x32x32x64to64(b *testing.B)   { benchConv(b, 512, 32, 64, 64, 3, false) }
-func BenchmarkConv2D_512x32x32x192to64(b *testing.B)  { benchConv(b, 512, 32, 192, 64, 3, false) }
-func BenchmarkConv2D_512x16x16x384to128(b *testing.B) { benchConv(b, 512, 16, 384, 128, 3, false) }
-func BenchmarkConv2D_512x8x8x256to256(b *testing.B)   { benchConv(b, 512, 8, 256, 256, 3, false) }
+// The U-Net's heaviest convolutions at a guided batch of 256 (512
+// images), implicit GEMM against im2col.
+func BenchmarkConv2D_512x32x32x64to64(b *testing.B)  { benchConv(b, 512, 32, 64, 64, 3, false, true) }
+func BenchmarkConv2D_512x32x32x192to64(b *testing.B) { benchConv(b, 512, 32, 192, 64, 3, false, true) }
+func BenchmarkConv2D_512x16x16x384to128(b *testing.B) {
+	benchConv(b, 512, 16, 384, 128, 3, false, true)
+}
+func BenchmarkConv2D_512x8x8x256to256(b *testing.B) { benchConv(b, 512, 8, 256, 256, 3, false, true) }
+func BenchmarkConv2DIm2col_512x32x32x64to64(b *testing.B) {
+	benchConv(b, 512, 32, 64, 64, 3, false, false)
+}
+func BenchmarkConv2DIm2col_512x32x32x192to64(b *testing.B) {
+	benchConv(b, 512, 32, 192, 64, 3, false, false)
+}
+func BenchmarkConv2DIm2col_512x16x16x384to128(b *testing.B) {
+	benchConv(b, 512, 16, 384, 128, 3, false, false)
+}
+func BenchmarkConv2DIm2col_512x8x8x256to256(b *testing.B) {
+	benchConv(b, 512, 8, 256, 256, 3, false, false)
+}
 func BenchmarkConv2DBackward_128x32x32x64(b *testing.B) {
-	benchConv(b, 128, 32, 64, 64, 3, true)
+	benchConv(b, 128, 32, 64, 64, 3, true, true)
+}
+func BenchmarkConv2DBackwardIm2col_128x32x32x64(b *testing.B) {
+	benchConv(b, 128, 32, 64, 64, 3, true, false)
 }
 
 // BenchmarkGroupNormSiLU_512x32x32x64 times the fused norm + SiLU at the

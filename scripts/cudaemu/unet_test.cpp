@@ -14,6 +14,7 @@ inline void sincospif(float x, float* s, float* c) {
 }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 #define GN_DYN_SMEM(name) float* name = (float*)emu::g.smem.data()
+#define CONV_DYN_SMEM(name) unsigned char* name = emu::g.smem.data()
 
 // clang-format off
 #include "../../libgpu/kernels/conv2d.cu"
@@ -156,6 +157,76 @@ static void conv(bool bf, int N, int H, int W, int C, int KH, int KW, int S, int
     }
     check(name + (acc ? " col2im acc" : " col2im"), dx.read(), wdx, bf ? 1e-2 : 1e-6);
   }
+}
+
+// igemm runs conv_igemm_fwd (bf16) with the Go launcher's geometry against
+// the float64 convolution of the same bf16 values, with a bias and then
+// accumulating; and, for stride 1, dx as conv_igemm_fwd on dy with the
+// filters flipped by conv_flip_w, against the adjoint of the convolution.
+static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
+  int Ho = (H + 2 * P - K) / S + 1, Wo = (W + 2 * P - K) / S + 1;
+  long long rows = (long long)N * Ho * Wo;
+  Buf x(N * H * W * C, true), w(Co * K * K * C, true), b(Co, true), y(rows * Co, true);
+  auto xv = x.rand(), wv = w.rand(1 / sqrt((double)C * K * K)), bv = b.rand();
+  auto conv = [&](const std::vector<double>& in, const std::vector<double>& wt, int h, int wd, int cin, int cout, int pad,
+                  const std::vector<double>* bias) {
+    int oh = (h + 2 * pad - K) / S + 1, ow = (wd + 2 * pad - K) / S + 1;
+    std::vector<double> out((long long)N * oh * ow * cout, 0);
+    for (int n = 0; n < N; n++)
+      for (int i = 0; i < oh; i++)
+        for (int j = 0; j < ow; j++)
+          for (int o = 0; o < cout; o++) {
+            double s = bias ? (*bias)[o] : 0;
+            for (int kh = 0; kh < K; kh++)
+              for (int kw = 0; kw < K; kw++) {
+                int hh = i * S - pad + kh, ww = j * S - pad + kw;
+                if (hh < 0 || hh >= h || ww < 0 || ww >= wd) continue;
+                for (int c = 0; c < cin; c++) s += in[((n * h + hh) * wd + ww) * cin + c] * wt[((o * K + kh) * K + kw) * cin + c];
+              }
+            out[(((long long)n * oh + i) * ow + j) * cout + o] = s;
+          }
+    return out;
+  };
+  auto want = conv(xv, wv, H, W, C, Co, P, &bv);
+  std::string name = "bf16 igemm " + std::to_string(N) + "x" + std::to_string(H) + "x" + std::to_string(W) + "x" +
+                     std::to_string(C) + "->" + std::to_string(Co) + " k" + std::to_string(K) + " s" + std::to_string(S) +
+                     "p" + std::to_string(P);
+  auto launch = [&](const gpukit_bf16* in, const gpukit_bf16* wt, const gpukit_bf16* bias, gpukit_bf16* out, int h, int wd,
+                    int cin, int oh, int ow, int cout, int stride, int pad, int acc) {
+    conv_igemm_args a{in, wt, bias, out, N, h, wd, cin, oh, ow, cout, K, K, stride, pad, acc};
+    emu::untrack();  // cp.async may read only these
+    emu::track(in, (size_t)N * h * wd * cin * 2);
+    emu::track(wt, (size_t)cout * K * K * cin * 2);
+    long long p = (long long)N * oh * ow;
+    emu::launch({(unsigned)((p + 127) / 128), (unsigned)((cout + 63) / 64), 1}, {128, 1, 1}, 2 * (128 + 64) * 40 * 2, seed++,
+                [&] { conv_igemm_fwd(a); });
+  };
+  launch(x.h(), w.h(), b.h(), y.h(), H, W, C, Ho, Wo, Co, S, P, 0);
+  check(name + " y", y.read(), want, 1e-2);
+  auto old = y.read();
+  launch(x.h(), w.h(), nullptr, y.h(), H, W, C, Ho, Wo, Co, S, P, 1);
+  auto want2 = conv(xv, wv, H, W, C, Co, P, nullptr);
+  for (size_t i = 0; i < want2.size(); i++) want2[i] += old[i];
+  check(name + " y (acc, no bias)", y.read(), want2, 1e-2);
+  if (S != 1 || Co % 32) return;
+  // dx = conv(dy, flip(w)) with padding K−1−P.
+  Buf dy(rows * Co, true), wf(Co * K * K * C, true), dx(N * H * W * C, true);
+  auto dyv = dy.rand();
+  emu::launch({blocks((long long)Co * K * K * C, 256), 1, 1}, {256, 1, 1}, 0, seed++, [&] { conv_flip_w(wf.h(), w.h(), Co, K, K, C); });
+  launch(dy.h(), wf.h(), nullptr, dx.h(), Ho, Wo, Co, H, W, C, 1, K - 1 - P, 0);
+  std::vector<double> wdx(N * H * W * C, 0);
+  for (int n = 0; n < N; n++)
+    for (int i = 0; i < Ho; i++)
+      for (int j = 0; j < Wo; j++)
+        for (int o = 0; o < Co; o++)
+          for (int kh = 0; kh < K; kh++)
+            for (int kw = 0; kw < K; kw++) {
+              int hh = i - P + kh, ww = j - P + kw;
+              if (hh < 0 || hh >= H || ww < 0 || ww >= W) continue;
+              for (int c = 0; c < C; c++)
+                wdx[((n * H + hh) * W + ww) * C + c] += dyv[(((long long)n * Ho + i) * Wo + j) * Co + o] * wv[((o * K + kh) * K + kw) * C + c];
+            }
+  check(name + " dx (flipped filters)", dx.read(), wdx, 1e-2);
 }
 
 // ---- chanbias ----
@@ -539,6 +610,15 @@ int main(int argc, char** argv) {
     conv(bf, 3, 6, 6, 8, 3, 3, 1, 1);
     conv(bf, 2, 7, 6, 16, 3, 3, 2, 1);
     conv(bf, 1, 6, 5, 4, 1, 1, 2, 0);
+    if (bf) {
+      igemm(2, 5, 6, 32, 40, 3, 1, 1);   // one partial block of rows and of channels
+      igemm(1, 7, 7, 64, 8, 3, 2, 1);    // stride 2
+      igemm(2, 4, 5, 32, 32, 3, 1, 1);   // dx through the flipped filters
+      if (!quick) {
+        igemm(3, 8, 8, 32, 72, 3, 1, 1);  // 192 rows (two row blocks), two channel blocks
+        igemm(1, 6, 6, 96, 64, 3, 1, 0);  // no padding
+      }
+    }
     chanbias(bf, 2, 9, 8);
     chanbias(bf, 3, 130, 5);
     if (!quick) chanbias(bf, 1, 3000, 40);
