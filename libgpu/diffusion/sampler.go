@@ -18,8 +18,11 @@ type SamplerOptions struct {
 	Graph    bool         // capture each loop as one CUDA graph (GPU only)
 	Seed     uint64       // the noise's Philox key
 	Prefix   string       // buffer names <Prefix>/acts/...
-	Weights  []nn.Param   // the weights to sample with (m.Params() or m.WeightsEMA())
-	MaxSteps int          // the largest plan (rows of the device table); 0: 1000
+	// Weights are the weights to sample with (m.WeightsEMA(), say); nil:
+	// m's parameters, with the GEMM and convolution operands copied once to
+	// Autocast's dtype (nn.UNet.CastParams), so the loop casts nothing.
+	Weights  []nn.Param
+	MaxSteps int // the largest plan (rows of the device table); 0: 1000
 }
 
 // Sampler runs sampling loops of a U-Net on one engine. A run is the start
@@ -65,9 +68,6 @@ func NewSampler(e *ops.Engine, a device.Allocator, m *nn.UNet, o SamplerOptions)
 	if o.MaxSteps == 0 {
 		o.MaxSteps = 1000
 	}
-	if o.Weights == nil {
-		o.Weights = m.Params()
-	}
 	s = &Sampler{e: e, m: m, o: o, passes: 1, graphs: map[loopKey]*ops.CapturedGraph{}}
 	if o.Guidance {
 		s.passes = 2
@@ -108,7 +108,18 @@ func NewSampler(e *ops.Engine, a device.Allocator, m *nn.UNet, o SamplerOptions)
 			return s, err
 		}
 	}
-	if s.eval, err = m.RecordEval(e, a, o.Prefix, s.passes*o.N, ops.GraphOptions{Autocast: o.Autocast}, o.Weights); err != nil {
+	w := o.Weights
+	if w == nil {
+		w = m.Params()
+		if o.Autocast == tensor.BF16 {
+			var cast *tensor.Tensor
+			if w, cast, err = m.CastParams(e, a, o.Autocast); err != nil {
+				return s, err
+			}
+			s.owned = append(s.owned, cast)
+		}
+	}
+	if s.eval, err = m.RecordEval(e, a, o.Prefix, s.passes*o.N, ops.GraphOptions{Autocast: o.Autocast}, w); err != nil {
 		return s, err
 	}
 	if s.stage, err = e.NewStaging(s.stageSize()); err != nil {

@@ -155,3 +155,33 @@ func TestSamplerVideo(t *testing.T) {
 		t.Error("images not f32")
 	}
 }
+
+// TestSamplerCastWeightsOnce: in bf16, a sampler that copies the GEMM and
+// convolution weights to bf16 once (Weights nil: nn.UNet.CastParams) draws
+// the images of one that casts the f32 masters in every evaluation (the
+// same rounding).
+func TestSamplerCastWeightsOnce(t *testing.T) {
+	h := device.NewHost()
+	a := device.Local{Dev: h}
+	e, err := ops.NewEngine(h, ops.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, m := tinySampler(t, 1, false) // a model with non-zero output layers
+	p, _ := NewPlan(Linear(1000), PlanOptions{Scheduler: DPMSolverPP, Steps: 3, Guidance: 2})
+	draw := func(w []nn.Param) []float32 {
+		s, err := NewSampler(e, a, m, SamplerOptions{N: 2, Guidance: true, Autocast: tensor.BF16, Seed: 2, Weights: w, MaxSteps: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Free()
+		if _, err := s.Run(p, RunOptions{Labels: []int32{1, 2}}); err != nil {
+			t.Fatal(err)
+		}
+		return images(t, s)
+	}
+	once, each := draw(nil), draw(m.Params())
+	if !same(once, each) {
+		t.Error("bf16 weights copied once give other images than casting in every evaluation")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
@@ -583,6 +584,48 @@ func (m *UNet) Forward(g *ops.Graph, w []Param, x, t, y *ops.Var) *ops.Var {
 	o := g.Scope("out")
 	h = norm(o, "out_norm", h, true)
 	return conv(o, "out_conv", h, 3)
+}
+
+// IsCast reports whether a parameter is an operand of a GEMM or
+// convolution (a Linear or Conv2d weight or bias), which autocast uses in
+// bf16, rather than a norm's scale and shift or the class embedding, which
+// the ops read in f32.
+func (t UNetTensor) IsCast() bool {
+	return t.Name != "class_embed.weight" && !strings.Contains(t.Name, "norm")
+}
+
+// CastParams copies the GEMM and convolution operands among the parameters
+// (IsCast) to dtype dt once, into one flat buffer from a (returned, for the
+// caller to free), and returns the parameters with those copies in place
+// of the f32 masters: a forward-only graph under autocast to dt then casts
+// nothing per evaluation (a sampler's loop). The other parameters stay
+// views of Flat. Queued on e.
+func (m *UNet) CastParams(e *ops.Engine, a device.Allocator, dt tensor.DType) ([]Param, *tensor.Tensor, error) {
+	buf, err := tensor.Alloc(a, "", dt, m.n)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := e.Cast(buf, m.flat); err != nil {
+		buf.Buf.Free()
+		return nil, nil, err
+	}
+	out := make([]Param, len(m.layout))
+	for i, t := range m.layout {
+		out[i] = Param{Name: t.Name, Value: m.params[i].Value}
+		if !t.IsCast() {
+			continue
+		}
+		v, err := buf.Narrow(0, t.Offset, t.Numel())
+		if err == nil {
+			v, err = v.View(t.FlatShape()...)
+		}
+		if err != nil {
+			buf.Buf.Free()
+			return nil, nil, err
+		}
+		out[i].Value = v
+	}
+	return out, buf, nil
 }
 
 // WeightsEMA are the EMA buffer's views as parameters without gradients

@@ -238,3 +238,48 @@ func TestUNetGradients(t *testing.T) {
 	}
 	t.Logf("%d gradient elements checked", checked)
 }
+
+// TestUNetCastParams: the GEMM and convolution operands come back in bf16
+// (the f32 values rounded), the norms' parameters and the class embedding
+// as the f32 masters themselves.
+func TestUNetCastParams(t *testing.T) {
+	h := device.NewHost()
+	a := device.Local{Dev: h}
+	e, err := ops.NewEngine(h, ops.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewUNet(a, "", tinyUNet(), UNetOptions{}, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Free()
+	ps, buf, err := m.CastParams(e, a, tensor.BF16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Buf.Free()
+	nb := 0
+	for i, p := range ps {
+		orig := m.Params()[i]
+		lt := m.Layout()[i]
+		want := tensor.F32
+		if lt.IsCast() {
+			want = tensor.BF16
+			nb++
+		}
+		if p.Value.DType != want || !tensor.SameShape(p.Value.Shape, orig.Value.Shape) {
+			t.Fatalf("%s: %v %v, want %v %v", p.Name, p.Value.DType, p.Value.Shape, want, orig.Value.Shape)
+		}
+		got, _ := p.Value.ReadFloat32()
+		ov, _ := orig.Value.ReadFloat32()
+		for j := range got {
+			if got[j] != tensor.BF16ToF32(tensor.BF16FromF32(ov[j])) && want == tensor.BF16 || want == tensor.F32 && got[j] != ov[j] {
+				t.Fatalf("%s[%d] = %v, from %v", p.Name, j, got[j], ov[j])
+			}
+		}
+	}
+	if nb == 0 || nb == len(ps) || strings.Contains(ps[0].Name, "norm") {
+		t.Errorf("%d of %d parameters cast", nb, len(ps))
+	}
+}

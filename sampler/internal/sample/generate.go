@@ -70,7 +70,7 @@ func Generate(m *Model, o GenOptions) ([]float32, []int32, error) {
 	}
 	batch := min(o.Batch, o.N)
 	s, err := diffusion.NewSampler(o.Engine, o.Alloc, m.UNet, diffusion.SamplerOptions{N: batch, Guidance: needsTwoPasses(o.Plan.Guidance),
-		Autocast: o.Autocast, Graph: o.Graph, Seed: o.Seed, Prefix: "sampler", Weights: m.UNet.Params(), MaxSteps: len(plan.Rows) - 1})
+		Autocast: o.Autocast, Graph: o.Graph, Seed: o.Seed, Prefix: "sampler", MaxSteps: len(plan.Rows) - 1})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -141,7 +141,7 @@ func Video(m *Model, o VideoOptions) error {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	s, err := diffusion.NewSampler(o.Engine, o.Alloc, m.UNet, diffusion.SamplerOptions{N: 1, Guidance: needsTwoPasses(o.Next.Guidance) || needsTwoPasses(o.First.Guidance),
-		Autocast: o.Autocast, Graph: o.Graph, Seed: o.Seed, Prefix: "sampler", Weights: m.UNet.Params(),
+		Autocast: o.Autocast, Graph: o.Graph, Seed: o.Seed, Prefix: "sampler",
 		MaxSteps: max(len(first.Rows), len(next.Rows)) - 1})
 	if err != nil {
 		return err
