@@ -116,8 +116,9 @@ __device__ void conv_col2im(T* __restrict__ dx, const T* __restrict__ dcol, cons
 // tile 64 rows of 64 contiguous bytes, both in padded shared rows (40
 // elements: 8 ldmatrix rows hit 8 distinct 16-byte bank groups), double
 // buffered (the next chunk's copies fly while this one's mma run). The
-// epilogue adds the bias and stores (or adds, with acc) bf16 pairs. Rows
-// past P and channels past Cout (a multiple of 8) are masked. The backward
+// epilogue adds the bias and stores (or adds, with acc) bf16 pairs (single
+// values for an odd Cout: a conv_out to one channel). Rows past P and
+// channels past Cout are masked (their W rows read as zeros). The backward
 // of the input for stride 1 is this kernel on dY with the filters flipped
 // (conv_flip_w).
 
@@ -228,14 +229,16 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
     __syncthreads();
   }
 
+  const bool pairs = (a.cout & 1) == 0;  // bf16 pairs at 4-byte aligned addresses; else one by one
 #pragma unroll
   for (int nj = 0; nj < 4; nj++) {
     const int col = co0 + wn * 32 + nj * 8 + 2 * t;
-    if (col >= a.cout) continue;  // Cout is even: col + 1 < Cout too
+    if (col >= a.cout) continue;
+    const bool two = col + 1 < a.cout;
     float b0 = 0.0f, b1 = 0.0f;
     if (a.bias) {
       b0 = gpukit_ld(a.bias + col);
-      b1 = gpukit_ld(a.bias + col + 1);
+      if (two) b1 = gpukit_ld(a.bias + col + 1);
     }
 #pragma unroll
     for (int mi = 0; mi < 4; mi++) {
@@ -245,13 +248,22 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
         if (row >= P) continue;
         gpukit_bf16* dst = a.y + row * a.cout + col;
         float v0 = acc[mi][nj][2 * hf] + b0, v1 = acc[mi][nj][2 * hf + 1] + b1;
-        unsigned* u = (unsigned*)dst;
-        if (a.acc) {
-          const unsigned old = *u;
-          v0 += __uint_as_float(old << 16);
-          v1 += __uint_as_float(old & 0xffff0000u);
+        if (pairs) {
+          unsigned* u = (unsigned*)dst;
+          if (a.acc) {
+            const unsigned old = *u;
+            v0 += __uint_as_float(old << 16);
+            v1 += __uint_as_float(old & 0xffff0000u);
+          }
+          *u = (unsigned)gpukit_f32_to_bf16(v0) | ((unsigned)gpukit_f32_to_bf16(v1) << 16);
+          continue;
         }
-        *u = (unsigned)gpukit_f32_to_bf16(v0) | ((unsigned)gpukit_f32_to_bf16(v1) << 16);
+        if (a.acc) v0 += gpukit_ld(dst);
+        gpukit_st(dst, v0);
+        if (two) {
+          if (a.acc) v1 += gpukit_ld(dst + 1);
+          gpukit_st(dst + 1, v1);
+        }
       }
     }
   }

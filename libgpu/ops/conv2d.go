@@ -101,7 +101,7 @@ func (e *Engine) convGeometry(op string, x, w *tensor.Tensor, p Conv2DParams) (c
 // must be smaller than the kernel. Products accumulate in f32 (TF32 under
 // PrecTF32 for f32 data, as the GEMM family). A 1×1 kernel with stride 1
 // and no padding is one GEMM; on CUDA, bf16 convolutions with Cin a
-// multiple of 32 and Cout of 8 run as an implicit GEMM on tensor cores
+// multiple of 32 run as an implicit GEMM on tensor cores
 // (conv_igemm_fwd: the columns are gathered into shared memory tile by
 // tile, never stored); other kernels gather the columns (im2col, K =
 // KH·KW·Cin per output position) into scratch memory a few images at a
@@ -418,10 +418,10 @@ func aligned16(ts ...*tensor.Tensor) bool {
 }
 
 // igemmOK reports whether conv_igemm_fwd computes y = conv(x, w) + b: bf16,
-// Cin a multiple of 32 (a K chunk stays within one tap), Cout a multiple of
-// 8 (bf16 pairs, 16-byte filter rows), 16-byte aligned tensors.
+// Cin a multiple of 32 (a K chunk stays within one tap; filter rows of
+// 16-byte multiples), 16-byte aligned tensors.
 func igemmOK(cin, cout int, ts ...*tensor.Tensor) bool {
-	return convImplicit && ts[0].DType == tensor.BF16 && cin%32 == 0 && cout%8 == 0 && aligned16(ts...)
+	return convImplicit && ts[0].DType == tensor.BF16 && cin%32 == 0 && cout >= 1 && aligned16(ts...)
 }
 
 // convIgemmArgs mirrors struct conv_igemm_args (conv2d.cu).

@@ -614,6 +614,8 @@ int main(int argc, char** argv) {
       igemm(2, 5, 6, 32, 40, 3, 1, 1);   // one partial block of rows and of channels
       igemm(1, 7, 7, 64, 8, 3, 2, 1);    // stride 2
       igemm(2, 4, 5, 32, 32, 3, 1, 1);   // dx through the flipped filters
+      igemm(2, 4, 4, 64, 1, 3, 1, 1);    // one output channel (conv_out): single stores
+      igemm(1, 5, 3, 32, 3, 3, 1, 1);    // an odd Cout
       if (!quick) {
         igemm(3, 8, 8, 32, 72, 3, 1, 1);  // 192 rows (two row blocks), two channel blocks
         igemm(1, 6, 6, 96, 64, 3, 1, 0);  // no padding

@@ -115,11 +115,13 @@ var convGeoms = []ConvGeom{
 	{N: 2, H: 5, W: 7, Cin: 3, Cout: 2, KH: 2, KW: 3, S: 1, P: 1},
 	{N: 1, H: 3, W: 3, Cin: 4, Cout: 5, KH: 3, KW: 3, S: 3, P: 0},
 	// Channels the CUDA backend's implicit GEMM takes in bf16 (Cin a
-	// multiple of 32, Cout of 8): partial row and channel blocks, stride 2,
-	// and the input gradient through flipped filters (Cout a multiple of 32).
+	// multiple of 32): partial row and channel blocks, stride 2, the input
+	// gradient through flipped filters (Cout a multiple of 32), one output
+	// channel.
 	{N: 2, H: 5, W: 6, Cin: 32, Cout: 24, KH: 3, KW: 3, S: 1, P: 1},
 	{N: 1, H: 7, W: 7, Cin: 64, Cout: 8, KH: 3, KW: 3, S: 2, P: 1},
 	{N: 2, H: 4, W: 5, Cin: 32, Cout: 32, KH: 3, KW: 3, S: 1, P: 1},
+	{N: 2, H: 4, W: 4, Cin: 64, Cout: 1, KH: 3, KW: 3, S: 1, P: 1},
 }
 
 func checkConv2D(s *Suite) {
