@@ -29,8 +29,7 @@ type twin struct {
 	r      *rand.Rand
 }
 
-func newTwin(t *testing.T, prec ops.Precision) *twin {
-	d := gpu(t)
+func newTwin(t *testing.T, d *device.CUDA, prec ops.Precision) *twin {
 	hd := device.NewHost()
 	he, err := ops.NewEngine(hd, ops.Options{})
 	if err != nil {
@@ -95,7 +94,7 @@ func TestCUDAUNetShapes(t *testing.T) {
 	}{{"f32", ops.PrecF32, tensor.F32, 1e-4, false}, {"bf16", ops.PrecBF16, tensor.BF16, 2e-2, true}, {"bf16-im2col", ops.PrecBF16, tensor.BF16, 2e-2, false}} {
 		t.Run(c.name, func(t *testing.T) {
 			defer ops.SetConvImplicit(c.implicit)()
-			w := newTwin(t, c.prec)
+			w := newTwin(t, gpu(t), c.prec)
 			for _, s := range []struct{ n, h, cin, cout, k int }{
 				{4, 32, 64, 64, 3}, {4, 32, 192, 64, 3}, {4, 16, 384, 128, 3}, {4, 8, 256, 256, 3}, {4, 32, 1, 64, 3},
 				{4, 16, 64, 128, 1}, {4, 8, 512, 256, 1},
@@ -198,7 +197,7 @@ func TestCUDAUNetShapes(t *testing.T) {
 // give the same bits on a second run — what graph-versus-eager and
 // resume checks of the trainer rely on.
 func TestCUDAUNetDeterminism(t *testing.T) {
-	w := newTwin(t, ops.PrecBF16)
+	w := newTwin(t, gpu(t), ops.PrecBF16)
 	e := w.g
 	x, _ := w.pair(tensor.BF16, 1, 200, 32, 32, 64) // several im2col chunks of 3×3×64 columns
 	k, _ := w.pair(tensor.BF16, 0.05, 64, 3, 3, 64)
