@@ -16,11 +16,12 @@
 #             300 steps) against PyTorch eager and torch.compile
 #   ops       the heaviest convolutions and the fused GroupNorm+SiLU
 #             (BenchmarkConv2D_*, BenchmarkGroupNormSiLU_*)
-#   quality   (QUALITY=1) trains the U-Net (STEPS, default 20000) and the
-#             Fashion-MNIST MLP classifier, then `sampler score` of 10,000
-#             samples: class accuracy at guidance 3 with 20 DPM-Solver++
-#             steps; FD-MLP of 20-step DPM-Solver++ and of 1000-step DDPM;
-#             FD-MLP against steps 5, 10, 20, 50 for DDIM and DPM-Solver++
+#   quality   (QUALITY=1, or =train then =score) trains the U-Net (STEPS,
+#             default 20000) and the Fashion-MNIST MLP classifier, then
+#             `sampler score` of 10,000 samples: class accuracy at guidance
+#             3 with 20 DPM-Solver++ steps; FD-MLP of 20-step DPM-Solver++
+#             and of 1000-step DDPM; FD-MLP against steps 5, 10, 20, 50 for
+#             DDIM and DPM-Solver++. BENCH=0 skips the timings.
 #
 # usage: bench/unet.sh [DATA]   (DATA: Fashion-MNIST IDX directory; default
 #        $GPUKIT_DATA_DIR or /usr/share/datasets/fashion-mnist)
@@ -52,6 +53,7 @@ for l in sys.stdin:
         d[u] = float(v)
     print(json.dumps(d))' | emit
 }
+if [ "${BENCH:-1}" = 1 ]; then
 gobench libgpu_diffusion 'GuidedStep256|VideoFrame'
 python3 "$ref" bench --batch 256 --steps 20 | emit
 python3 "$ref" video --steps 4 | emit
@@ -68,27 +70,41 @@ PY
 python3 "$ref" train-bench --batch 128 | emit
 
 gobench libgpu_ops 'Conv2D|GroupNormSiLU'
+fi
 
-if [ "${QUALITY:-0}" = 1 ]; then
+# Quality, in two phases that fit separate runs of a GPU machine (a phase
+# per call when calls are limited to minutes): QUALITY=train trains the
+# U-Net (STEPS, default 20000) and the MLP classifier into QUALITY_DIR
+# (default $BENCH_OUT/quality; kept between the phases), QUALITY=score
+# scores QN samples (default 10000) per line; QUALITY=1 does both.
+# SKIP_DDPM=1 leaves out the 1000-step DDPM line (1000 evaluations per batch).
+q=${QUALITY:-0}
+qdir=${QUALITY_DIR:-$out/quality}
+if [ "$q" = 1 ] || [ "$q" = train ]; then
 	steps=${STEPS:-20000}
-	"$bin/trainer" run --model unet --data "$data" --out "$work/unet" --steps "$steps" --batch 128 --precision bf16 \
-		--log-every 1000 >"$work/unet.jsonl" 2>"$work/unet.err" || { cat "$work/unet.err" >&2; exit 1; }
-	"$bin/trainer" run --data "$data" --out "$work/mlp" --epochs 10 --log-every 10000 >/dev/null 2>"$work/mlp.err" \
-		|| { cat "$work/mlp.err" >&2; exit 1; }
+	mkdir -p "$qdir"
+	"$bin/trainer" run --model unet --data "$data" --out "$qdir/unet" --force --steps "$steps" --batch 128 --precision bf16 \
+		--log-every 1000 >"$qdir/unet.jsonl" 2>"$qdir/unet.err" || { cat "$qdir/unet.err" >&2; exit 1; }
+	tail -n1 "$qdir/unet.jsonl" | sed 's/^{/{"workload":"unet-quality-train",/' | emit
+	"$bin/trainer" run --data "$data" --out "$qdir/mlp" --force --epochs 10 --log-every 10000 >/dev/null 2>"$qdir/mlp.err" \
+		|| { cat "$qdir/mlp.err" >&2; exit 1; }
+fi
+if [ "$q" = 1 ] || [ "$q" = score ]; then
+	n=${QN:-10000}
 	score() { # SCHEDULER STEPS [flags]
-		local s=$1 n=$2
+		local s=$1 k=$2
 		shift 2
-		"$bin/sampler" score --ckpt "$work/unet/model.safetensors" --classifier "$work/mlp/model.safetensors" --data "$data" \
-			--n 10000 --batch 256 --scheduler "$s" --steps "$n" --guidance-scale 3 --seed 1 "$@" \
-			| sed "s/^{/{\"workload\":\"unet-quality\",\"train_steps\":$steps,/" | emit
+		"$bin/sampler" score --ckpt "$qdir/unet/model.safetensors" --classifier "$qdir/mlp/model.safetensors" --data "$data" \
+			--n "$n" --batch 256 --scheduler "$s" --steps "$k" --guidance-scale 3 --seed 1 "$@" \
+			| sed 's/^{/{"workload":"unet-quality",/' | emit
 	}
 	score dpmsolver++ 20
-	score ddpm 1000
-	for n in 5 10 20 50; do
-		score ddim "$n"
-		[ "$n" = 20 ] || score dpmsolver++ "$n"
+	[ "${SKIP_DDPM:-0}" = 1 ] || score ddpm 1000
+	for k in 5 10 20 50; do
+		score ddim "$k"
+		[ "$k" = 20 ] || score dpmsolver++ "$k"
 	done
-	"$bin/sampler" sample --ckpt "$work/unet/model.safetensors" --n 100 --class all --out "$out/unet-grid.png" --force >/dev/null
-	"$bin/sampler" video --ckpt "$work/unet/model.safetensors" --frames 40 --out "$out/unet-video.gif" --force | tail -n1 | emit
+	"$bin/sampler" sample --ckpt "$qdir/unet/model.safetensors" --n 100 --class all --out "$out/unet-grid.png" --force >/dev/null
+	"$bin/sampler" video --ckpt "$qdir/unet/model.safetensors" --frames 40 --out "$out/unet-video.gif" --force | tail -n1 | emit
 fi
 echo "bench/unet.sh: results in $out/unet.jsonl" >&2
