@@ -5,8 +5,10 @@
 // processes), records its graph once, and then runs Forward and Backward
 // every step without allocating. The MLP keeps a hand-fused chain of
 // layers (each activation derivative fused into the next layer's data
-// gradient GEMM); the GPT records its forward on an ops.Graph, whose
-// autograd.Tape derives the backward of any DAG.
+// gradient GEMM); the GPT and the diffusion U-Net (unet.go: one flat
+// parameter buffer, an EMA of it, PyTorch's state-dict names) record their
+// forward on an ops.Graph, whose autograd.Tape derives the backward of any
+// DAG.
 //
 // Initialisation is PyTorch's nn.Linear default: weights and biases drawn
 // from U(−1/√fan_in, 1/√fan_in), which for weights is kaiming_uniform_ with

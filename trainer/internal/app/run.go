@@ -38,7 +38,7 @@ func runCommand() *cli.Command {
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "out", Usage: "run directory (default: the --resume directory)"},
 			kit.ForceFlag(),
-			&cli.StringFlag{Name: "model", Value: def.Model, Usage: "mlp (Fashion-MNIST classifier) or gpt (character-level language model on --data FILE)"},
+			&cli.StringFlag{Name: "model", Value: def.Model, Usage: "mlp (Fashion-MNIST classifier), gpt (character-level language model on --data FILE) or unet (class-conditional diffusion model of Fashion-MNIST)"},
 			dataFlag,
 			&cli.IntFlag{Name: "epochs", Value: def.Epochs, Usage: "passes over the training set (with --resume: the new total)"},
 			&cli.IntFlag{Name: "batch", Value: def.Batch, Usage: "examples per step"},
@@ -62,7 +62,7 @@ func runCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-staleness", Usage: "with --async-roots: steps after its refresh a preconditioner is put in use (≤ --update-freq)"},
 			&cli.Float64Flag{Name: "adam-lr", Usage: "muon: AdamW's learning rate for embeddings, heads and vectors (default 0.001)"},
 			deviceFlag, graphFlag, precisionFlag, fuseBackwardFlag, traceFlag,
-		}, lmFlags...),
+		}, append(lmFlags, unetFlags...)...),
 		Action: runAction,
 	}
 }
@@ -97,6 +97,9 @@ func runAction(c *cli.Context) error {
 	}
 	if isLM(c) {
 		return runLM(c, ctx, prec)
+	}
+	if isUNet(c) {
+		return runUNet(c, ctx, prec)
 	}
 	defer setupTrace(c)()
 	out := c.String("out")

@@ -1,0 +1,187 @@
+package diffusion
+
+import (
+	"testing"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/nn"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
+)
+
+func tinySampler(t *testing.T, n int, guidance bool) (*Sampler, *nn.UNet) {
+	t.Helper()
+	h := device.NewHost()
+	a := device.Local{Dev: h}
+	e, err := ops.NewEngine(h, ops.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := nn.UNetConfig{Channels: []int{8, 16}, InChannels: 1, Size: 8, Classes: 3, Groups: 4, Heads: 2}
+	m, err := nn.NewUNet(a, "", cfg, nn.UNetOptions{}, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Free() })
+	// Non-zero output layers, so the images depend on the model.
+	flat, _ := m.Flat().ReadF32()
+	for _, p := range m.Layout() {
+		for i := 0; i < p.Numel(); i++ {
+			if flat[p.Offset+i] == 0 {
+				flat[p.Offset+i] = 0.05 * float32((i*7919+p.Offset)%13-6)
+			}
+		}
+	}
+	if err := m.Flat().WriteF32(flat); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSampler(e, a, m, SamplerOptions{N: n, Guidance: guidance, Seed: 3, Graph: true, MaxSteps: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Free() })
+	return s, m
+}
+
+func images(t *testing.T, s *Sampler) []float32 {
+	v, err := s.Images().ReadF32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append([]float32(nil), v...)
+}
+
+func same(a, b []float32) bool {
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestSamplerDeterminism: DDIM with η = 0 and DPM-Solver++ are
+// deterministic given the start noise — the same seed and run index give
+// the same images, bit for bit; another run index draws another start.
+func TestSamplerDeterminism(t *testing.T) {
+	s, _ := tinySampler(t, 3, true)
+	for _, sch := range []Scheduler{DDIM, DPMSolverPP, DDPM} {
+		p, err := NewPlan(Linear(1000), PlanOptions{Scheduler: sch, Steps: 5, Guidance: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run := func(r int) []float32 {
+			if _, err := s.Run(p, RunOptions{Labels: []int32{0, 1, 2}, Run: r}); err != nil {
+				t.Fatal(err)
+			}
+			return images(t, s)
+		}
+		a, b, c := run(0), run(0), run(1)
+		if !same(a, b) {
+			t.Errorf("%v: two runs with the same seed and index differ", sch)
+		}
+		if same(a, c) {
+			t.Errorf("%v: runs 0 and 1 gave the same images", sch)
+		}
+		for _, v := range a {
+			if !(v >= -1 && v <= 1) {
+				t.Fatalf("%v: pixel %v outside [-1, 1] with clipping", sch, v)
+			}
+		}
+	}
+}
+
+// TestSamplerGuidanceAndLabels: with guidance scale 1 the unconditional
+// pass has no weight, so a guided sampler gives the conditional-only
+// sampler's images; the labels change the images.
+func TestSamplerGuidanceAndLabels(t *testing.T) {
+	g, _ := tinySampler(t, 2, true)
+	c, _ := tinySampler(t, 2, false)
+	p1, _ := NewPlan(Linear(1000), PlanOptions{Scheduler: DDIM, Steps: 4, Guidance: 1})
+	if _, err := g.Run(p1, RunOptions{Labels: []int32{1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Run(p1, RunOptions{Labels: []int32{1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := images(t, g), images(t, c)
+	var d float64
+	for i := range a {
+		d = max(d, float64(a[i]-b[i]), float64(b[i]-a[i]))
+	}
+	if d > 1e-5 {
+		t.Errorf("guidance 1 differs from conditional sampling by %v", d)
+	}
+	if _, err := c.Run(p1, RunOptions{Labels: []int32{0, 3}}); err != nil { // 3: the null class
+		t.Fatal(err)
+	}
+	if same(b, images(t, c)) {
+		t.Error("other labels gave the same images")
+	}
+	if _, err := c.Run(p1, RunOptions{Labels: []int32{0, 4}}); err == nil {
+		t.Error("label 4 of 3 classes accepted")
+	}
+}
+
+// TestSamplerVideo: a frame re-noised to strength 1 (pure noise) and
+// blended by 0 does not depend on the previous frame; at a small strength
+// and a large blend it stays close to it.
+func TestSamplerVideo(t *testing.T) {
+	s, _ := tinySampler(t, 1, true)
+	first, _ := NewPlan(Linear(1000), PlanOptions{Scheduler: DDIM, Steps: 4, Guidance: 2})
+	if _, err := s.Run(first, RunOptions{Labels: []int32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	f0 := images(t, s)
+	if err := s.SetPrevious(); err != nil {
+		t.Fatal(err)
+	}
+	near, _ := NewPlan(Linear(1000), PlanOptions{Scheduler: DDIM, Steps: 2, Guidance: 2, Strength: 0.1, Blend: 0.9})
+	var dist float64
+	for f := 1; f <= 3; f++ {
+		if _, err := s.Run(near, RunOptions{Labels: []int32{1}, Run: f, Video: true}); err != nil {
+			t.Fatal(err)
+		}
+		cur := images(t, s)
+		for i := range cur {
+			dist = max(dist, float64(cur[i]-f0[i]), float64(f0[i]-cur[i]))
+		}
+		f0 = cur
+	}
+	if dist > 0.5 {
+		t.Errorf("frames at strength 0.1, blend 0.9 moved by up to %v", dist)
+	}
+	if s.Images().DType != tensor.F32 {
+		t.Error("images not f32")
+	}
+}
+
+// TestSamplerCastWeightsOnce: in bf16, a sampler that copies the GEMM and
+// convolution weights to bf16 once (Weights nil: nn.UNet.CastParams) draws
+// the images of one that casts the f32 masters in every evaluation (the
+// same rounding).
+func TestSamplerCastWeightsOnce(t *testing.T) {
+	h := device.NewHost()
+	a := device.Local{Dev: h}
+	e, err := ops.NewEngine(h, ops.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, m := tinySampler(t, 1, false) // a model with non-zero output layers
+	p, _ := NewPlan(Linear(1000), PlanOptions{Scheduler: DPMSolverPP, Steps: 3, Guidance: 2})
+	draw := func(w []nn.Param) []float32 {
+		s, err := NewSampler(e, a, m, SamplerOptions{N: 2, Guidance: true, Autocast: tensor.BF16, Seed: 2, Weights: w, MaxSteps: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Free()
+		if _, err := s.Run(p, RunOptions{Labels: []int32{1, 2}}); err != nil {
+			t.Fatal(err)
+		}
+		return images(t, s)
+	}
+	once, each := draw(nil), draw(m.Params())
+	if !same(once, each) {
+		t.Error("bf16 weights copied once give other images than casting in every evaluation")
+	}
+}

@@ -1,0 +1,692 @@
+package ops
+
+// The conv2d family: 2-D convolution over channels-last (NHWC) images with
+// padding and stride, forward and backward, as im2col + the GEMM family
+// (libgpu/kernels/conv2d.cu gathers the columns and scatters their
+// gradient back), and Graph.Conv2D. Reference and checks:
+// opstest/conv2d.go.
+//
+// Layouts: images x [N, H, W, Cin] and y [N, Ho, Wo, Cout] contiguous;
+// filters w [Cout, KH, KW, Cin] ("KRSC", the filter layout of
+// channels-last convolution: the im2col column of output position p is
+// (kh, kw, ci) with ci fastest, so both the gather and the GEMM read rows
+// contiguous in ci). PyTorch stores Conv2d weights as [Cout, Cin, KH, KW];
+// nn.OIHW and nn.KRSC convert between the two when checkpoints are written
+// and read.
+
+import (
+	"fmt"
+	"unsafe"
+
+	"gonum.org/v1/gonum/blas"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/tensor"
+)
+
+// Conv2DParams are a convolution's stride and zero padding (the same on
+// both spatial axes, PyTorch's nn.Conv2d(stride=s, padding=p)).
+type Conv2DParams struct {
+	Stride, Pad int
+}
+
+// convShape is a validated convolution's geometry.
+type convShape struct {
+	n, h, w, cin      int
+	cout, kh, kw      int
+	ho, wo            int
+	stride, pad       int
+	pointwise         bool // 1×1, stride 1, no padding: a plain GEMM
+	k                 int  // KH·KW·Cin, the GEMM's inner dimension
+	outPerImg, colImg int  // Ho·Wo; Ho·Wo·K (elements of one image's columns)
+}
+
+// ConvOutSize is the output length of a convolution along one axis:
+// ⌊(in + 2·pad − k)/stride⌋ + 1 (0 when the padded input is shorter
+// than the kernel).
+func ConvOutSize(in, k, stride, pad int) int {
+	if in+2*pad < k || stride < 1 {
+		return 0
+	}
+	return (in+2*pad-k)/stride + 1
+}
+
+func (e *Engine) convGeometry(op string, x, w *tensor.Tensor, p Conv2DParams) (convShape, error) {
+	var s convShape
+	if err := e.checkView(op+" x", x, true, floatTypes); err != nil {
+		return s, err
+	}
+	if err := e.checkView(op+" w", w, true, []tensor.DType{x.DType}); err != nil {
+		return s, err
+	}
+	if x.Rank() != 4 || w.Rank() != 4 {
+		return s, fmt.Errorf("%w: %s x %v, w %v (want [N,H,W,Cin] and [Cout,KH,KW,Cin])", tensor.ErrShape, op, x.Shape, w.Shape)
+	}
+	if p.Stride < 1 || p.Pad < 0 {
+		return s, fmt.Errorf("%w: %s stride %d, padding %d", ErrConfig, op, p.Stride, p.Pad)
+	}
+	s = convShape{n: x.Dim(0), h: x.Dim(1), w: x.Dim(2), cin: x.Dim(3), cout: w.Dim(0), kh: w.Dim(1), kw: w.Dim(2),
+		stride: p.Stride, pad: p.Pad}
+	if w.Dim(3) != s.cin {
+		return s, fmt.Errorf("%w: %s w %v for %d input channels", tensor.ErrShape, op, w.Shape, s.cin)
+	}
+	if s.cin < 1 || s.cout < 1 || s.kh < 1 || s.kw < 1 {
+		return s, fmt.Errorf("%w: %s x %v, w %v", tensor.ErrShape, op, x.Shape, w.Shape)
+	}
+	if p.Pad >= s.kh || p.Pad >= s.kw {
+		return s, fmt.Errorf("%w: %s padding %d with a %d×%d kernel (want pad < kernel)", ErrConfig, op, p.Pad, s.kh, s.kw)
+	}
+	s.ho, s.wo = ConvOutSize(s.h, s.kh, s.stride, s.pad), ConvOutSize(s.w, s.kw, s.stride, s.pad)
+	if s.ho < 1 || s.wo < 1 {
+		return s, fmt.Errorf("%w: %s of a %d×%d image with a %d×%d kernel, padding %d", tensor.ErrShape, op, s.h, s.w, s.kh, s.kw, s.pad)
+	}
+	s.pointwise = s.kh == 1 && s.kw == 1 && s.stride == 1 && s.pad == 0
+	s.k = s.kh * s.kw * s.cin
+	s.outPerImg = s.ho * s.wo
+	s.colImg = s.outPerImg * s.k
+	if int64(s.n)*int64(s.h)*int64(s.w)*int64(max(s.cin, s.cout)) > 1<<31-1 || int64(s.colImg) > 1<<31-1 {
+		return s, fmt.Errorf("%w: %s too large for 32-bit indexing (x %v, w %v)", tensor.ErrShape, op, x.Shape, w.Shape)
+	}
+	return s, nil
+}
+
+// Conv2D computes the 2-D cross-correlation of PyTorch's nn.Conv2d with
+// channels-last tensors:
+//
+//	y[n,i,j,o] = b[o] + Σ_{kh,kw,c} x[n, i·s−p+kh, j·s−p+kw, c]·w[o,kh,kw,c]
+//
+// (x taken as 0 outside the image), for x [N,H,W,Cin], w [Cout,KH,KW,Cin]
+// and y [N,Ho,Wo,Cout] with Ho = ConvOutSize(H, KH, s, p), all contiguous
+// and of one dtype (f32 or bf16); b [Cout] of that dtype, or nil. Padding
+// must be smaller than the kernel. Products accumulate in f32 (TF32 under
+// PrecTF32 for f32 data, as the GEMM family). A 1×1 kernel with stride 1
+// and no padding is one GEMM; on CUDA, bf16 convolutions with Cin a
+// multiple of 32 run as an implicit GEMM on tensor cores
+// (conv_igemm_fwd: the columns are gathered into shared memory tile by
+// tile, never stored); other kernels gather the columns (im2col, K =
+// KH·KW·Cin per output position) into scratch memory a few images at a
+// time and multiply them by wᵀ with the bias fused. Errors
+// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice or
+// ErrConfig.
+func (e *Engine) Conv2D(y, x, w, b *tensor.Tensor, p Conv2DParams) error {
+	s, err := e.convGeometry("conv2d", x, w, p)
+	if err != nil {
+		return err
+	}
+	if err := e.checkView("conv2d y", y, true, []tensor.DType{x.DType}, s.n, s.ho, s.wo, s.cout); err != nil {
+		return err
+	}
+	if b != nil {
+		if err := e.checkView("conv2d b", b, true, []tensor.DType{x.DType}, s.cout); err != nil {
+			return err
+		}
+	}
+	if s.n == 0 {
+		return nil
+	}
+	return e.dispatch(func(h *hostImpl) error { return h.conv2d(y, x, w, b, &s) },
+		func(c *cudaImpl) error { return c.conv2d(e, y, x, w, b, &s) })
+}
+
+// Conv2DBackward computes the gradients of Conv2D from dy [N,Ho,Wo,Cout]
+// (of x's dtype):
+//
+//	dx[n,h,w,c] = Σ_{o,kh,kw: h = i·s−p+kh, w = j·s−p+kw} dy[n,i,j,o]·w[o,kh,kw,c]
+//	dw[o,kh,kw,c] = Σ_{n,i,j} dy[n,i,j,o]·x[n, i·s−p+kh, j·s−p+kw, c]
+//	db[o] = Σ_{n,i,j} dy[n,i,j,o]
+//
+// dx of x's shape and dtype; dw of w's shape, f32 or x's dtype; db [Cout],
+// f32 or x's dtype (an f32 master's gradient under bf16 autocast). Any of
+// them may be nil (not wanted); acc[0..2] add dx, dw, db to what they hold
+// instead of overwriting it. dw is the GEMM dyᵀ·columns over the same
+// im2col chunks as the forward (f32 accumulation across chunks when dw
+// is f32); dx is the GEMM dy·w into column gradients, which a gather
+// (col2im: each dx element sums its ≤ KH·KW terms in a fixed order, no
+// atomics) folds back into the image — or, on CUDA in bf16 at stride 1, the
+// forward's implicit GEMM on dy with the filters flipped. Errors as
+// Conv2D.
+func (e *Engine) Conv2DBackward(dx, dw, db, dy, x, w *tensor.Tensor, p Conv2DParams, acc [3]bool) error {
+	s, err := e.convGeometry("conv2d backward", x, w, p)
+	if err != nil {
+		return err
+	}
+	if err := e.checkView("conv2d backward dy", dy, true, []tensor.DType{x.DType}, s.n, s.ho, s.wo, s.cout); err != nil {
+		return err
+	}
+	if dx != nil {
+		if err := e.checkView("conv2d backward dx", dx, true, []tensor.DType{x.DType}, x.Shape...); err != nil {
+			return err
+		}
+	}
+	if dw != nil {
+		if err := e.checkView("conv2d backward dw", dw, true, []tensor.DType{tensor.F32, x.DType}, w.Shape...); err != nil {
+			return err
+		}
+	}
+	if db != nil {
+		if err := e.checkView("conv2d backward db", db, true, []tensor.DType{tensor.F32, x.DType}, s.cout); err != nil {
+			return err
+		}
+	}
+	if s.n == 0 {
+		for i, t := range []*tensor.Tensor{dw, db} {
+			if t != nil && !acc[i+1] {
+				if err := e.Zero(t); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if db != nil {
+		dy3, err := dy.View(1, s.n*s.outPerImg, s.cout)
+		if err != nil {
+			return err
+		}
+		db2, err := db.View(1, s.cout)
+		if err != nil {
+			return err
+		}
+		if err := e.SpatialSum(db2, dy3, acc[2]); err != nil {
+			return err
+		}
+	}
+	if dx == nil && dw == nil {
+		return nil
+	}
+	return e.dispatch(func(h *hostImpl) error { return h.conv2dBackward(dx, dw, dy, x, w, &s, acc) },
+		func(c *cudaImpl) error { return c.conv2dBackward(e, dx, dw, dy, x, w, &s, acc) })
+}
+
+// Zero sets a contiguous float tensor (f32 or bf16) to zero.
+func (e *Engine) Zero(t *tensor.Tensor) error {
+	if t.DType == tensor.F32 {
+		return e.Fill(t, 0)
+	}
+	if err := e.checkView("zero", t, true, floatTypes); err != nil {
+		return err
+	}
+	return e.dispatch(func(*hostImpl) error { return t.WriteFloat32(make([]float32, t.Numel())) },
+		func(c *cudaImpl) error { return c.zero(t) })
+}
+
+// convColBytes bounds the im2col scratch (columns, or their gradient) of
+// one chunk of images.
+const convColBytes = 256 << 20
+
+// convChunk is the number of images whose columns fit in convColBytes (at
+// least one).
+func convChunk(s *convShape, elt int) int {
+	per := int64(s.colImg) * int64(elt)
+	return int(max(1, min(int64(s.n), convColBytes/max(per, 1))))
+}
+
+// ---- host ----
+
+// hostIm2col writes the columns of images [n0, n0+nc) of x (row-major f32
+// [N,H,W,C]) into col [nc·Ho·Wo, K], K ordered (kh, kw, c).
+func hostIm2col(col, x []float32, s *convShape, n0, nc int) {
+	C := s.cin
+	i := 0
+	for n := n0; n < n0+nc; n++ {
+		for oh := 0; oh < s.ho; oh++ {
+			for ow := 0; ow < s.wo; ow++ {
+				for kh := 0; kh < s.kh; kh++ {
+					h := oh*s.stride - s.pad + kh
+					for kw := 0; kw < s.kw; kw++ {
+						w := ow*s.stride - s.pad + kw
+						dst := col[i : i+C]
+						i += C
+						if h < 0 || h >= s.h || w < 0 || w >= s.w {
+							clear(dst)
+							continue
+						}
+						copy(dst, x[((n*s.h+h)*s.w+w)*C:])
+					}
+				}
+			}
+		}
+	}
+}
+
+// hostCol2im adds the column gradients dcol of images [n0, n0+nc) into dx
+// (row-major f32 [N,H,W,C], already holding what it must be added to).
+func hostCol2im(dx, dcol []float32, s *convShape, n0, nc int) {
+	C := s.cin
+	i := 0
+	for n := n0; n < n0+nc; n++ {
+		for oh := 0; oh < s.ho; oh++ {
+			for ow := 0; ow < s.wo; ow++ {
+				for kh := 0; kh < s.kh; kh++ {
+					h := oh*s.stride - s.pad + kh
+					for kw := 0; kw < s.kw; kw++ {
+						w := ow*s.stride - s.pad + kw
+						src := dcol[i : i+C]
+						i += C
+						if h < 0 || h >= s.h || w < 0 || w >= s.w {
+							continue
+						}
+						dst := dx[((n*s.h+h)*s.w+w)*C:]
+						for c, v := range src {
+							dst[c] += v
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func (h *hostImpl) conv2d(y, x, w, b *tensor.Tensor, s *convShape) error {
+	xs, err := hostIn(x)
+	if err != nil {
+		return err
+	}
+	ws, err := hostIn(w)
+	if err != nil {
+		return err
+	}
+	bs, err := hostIn(b)
+	if err != nil {
+		return err
+	}
+	ys, commit, err := hostOut(y, false)
+	if err != nil {
+		return err
+	}
+	nc := convChunk(s, 4)
+	var col []float32
+	if !s.pointwise {
+		col = make([]float32, nc*s.colImg)
+	}
+	for n0 := 0; n0 < s.n; n0 += nc {
+		m := min(nc, s.n-n0)
+		rows := m * s.outPerImg
+		a := xs[n0*s.outPerImg*s.cin:]
+		if !s.pointwise {
+			hostIm2col(col, xs, s, n0, m)
+			a = col
+		}
+		out := ys[n0*s.outPerImg*s.cout : (n0+m)*s.outPerImg*s.cout]
+		h.blas.Sgemm(blas.NoTrans, blas.Trans, rows, s.cout, s.k, 1, a, s.k, ws, s.k, 0, out, s.cout)
+		if bs != nil {
+			for r := 0; r < rows; r++ {
+				row := out[r*s.cout : (r+1)*s.cout]
+				for o := range row {
+					row[o] += bs[o]
+				}
+			}
+		}
+	}
+	return commit()
+}
+
+func (h *hostImpl) conv2dBackward(dx, dw, dy, x, w *tensor.Tensor, s *convShape, acc [3]bool) error {
+	gs, err := hostIn(dy)
+	if err != nil {
+		return err
+	}
+	if dw != nil {
+		xs, err := hostIn(x)
+		if err != nil {
+			return err
+		}
+		dws, commit, err := hostOut(dw, acc[1])
+		if err != nil {
+			return err
+		}
+		nc := convChunk(s, 4)
+		var col []float32
+		if !s.pointwise {
+			col = make([]float32, nc*s.colImg)
+		}
+		for n0 := 0; n0 < s.n; n0 += nc {
+			m := min(nc, s.n-n0)
+			a := xs[n0*s.outPerImg*s.cin:]
+			if !s.pointwise {
+				hostIm2col(col, xs, s, n0, m)
+				a = col
+			}
+			beta := float32(1)
+			if n0 == 0 {
+				beta = 0
+			}
+			// dw[Cout, K] (+)= dyᵀ[Cout, rows]·col[rows, K]
+			h.blas.Sgemm(blas.Trans, blas.NoTrans, s.cout, s.k, m*s.outPerImg, 1, gs[n0*s.outPerImg*s.cout:], s.cout, a, s.k, beta, dws, s.k)
+		}
+		if err := commit(); err != nil {
+			return err
+		}
+	}
+	if dx == nil {
+		return nil
+	}
+	ws, err := hostIn(w)
+	if err != nil {
+		return err
+	}
+	dxs, commit, err := hostOut(dx, acc[0])
+	if err != nil {
+		return err
+	}
+	if s.pointwise {
+		// dx[rows, Cin] = dy[rows, Cout]·w[Cout, Cin]
+		h.blas.Sgemm(blas.NoTrans, blas.NoTrans, s.n*s.outPerImg, s.cin, s.cout, 1, gs, s.cout, ws, s.cin, 0, dxs, s.cin)
+		return commit()
+	}
+	clear(dxs)
+	nc := convChunk(s, 4)
+	dcol := make([]float32, nc*s.colImg)
+	for n0 := 0; n0 < s.n; n0 += nc {
+		m := min(nc, s.n-n0)
+		h.blas.Sgemm(blas.NoTrans, blas.NoTrans, m*s.outPerImg, s.k, s.cout, 1, gs[n0*s.outPerImg*s.cout:], s.cout, ws, s.k, 0, dcol, s.k)
+		hostCol2im(dxs, dcol, s, n0, m)
+	}
+	return commit()
+}
+
+// ---- CUDA ----
+
+// convVec is the elements per 16-byte vector of dt.
+func convVec(dt tensor.DType) int { return 16 / dt.Size() }
+
+// scratchTensor wraps n elements of the scratch slot name as a contiguous
+// tensor of dtype dt and shape (valid until the slot grows: within one op).
+func (c *cudaImpl) scratchTensor(e *Engine, name string, dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
+	n := int64(tensor.Numel(shape)) * int64(dt.Size())
+	p, err := c.scratchPtr(name, n)
+	if err != nil {
+		return nil, err
+	}
+	return tensor.New(device.NewBuffer(e.dev, uintptr(p), n, nil, device.Shareable{FD: -1}, nil), dt, shape...)
+}
+
+// convImplicit makes the CUDA backend run the bf16 convolutions
+// conv_igemm_fwd takes as that implicit GEMM (and, at stride 1, their input
+// gradient through flipped filters) instead of im2col + cuBLASLt; tests and
+// benchmarks compare the two (SetConvImplicit).
+var convImplicit = true
+
+// aligned16 reports whether every present tensor starts 16-byte aligned.
+func aligned16(ts ...*tensor.Tensor) bool {
+	for _, t := range ts {
+		if t != nil && devPtr(t)%16 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// igemmOK reports whether conv_igemm_fwd computes y = conv(x, w) + b: bf16,
+// Cin a multiple of 32 (a K chunk stays within one tap; filter rows of
+// 16-byte multiples), 16-byte aligned tensors.
+func igemmOK(cin, cout int, ts ...*tensor.Tensor) bool {
+	return convImplicit && ts[0].DType == tensor.BF16 && cin%32 == 0 && cout >= 1 && aligned16(ts...)
+}
+
+// convIgemmArgs mirrors struct conv_igemm_args (conv2d.cu).
+type convIgemmArgs struct {
+	x, w, bias, y        uintptr
+	n, h, w_, cin        int32
+	ho, wo, cout, kh     int32
+	kw, stride, pad, acc int32
+}
+
+// convIgemm launches conv_igemm_fwd: y (+)= conv(x, w) + bias over n images
+// of h×w×cin into ho×wo×cout.
+func (c *cudaImpl) convIgemm(x, w, bias, y *tensor.Tensor, n, h, wd, cin, ho, wo, cout, kh, kw, stride, pad int, acc bool) error {
+	a := convIgemmArgs{x: x.Ptr(), w: w.Ptr(), y: y.Ptr(), n: int32(n), h: int32(h), w_: int32(wd), cin: int32(cin),
+		ho: int32(ho), wo: int32(wo), cout: int32(cout), kh: int32(kh), kw: int32(kw), stride: int32(stride), pad: int32(pad)}
+	if bias != nil {
+		a.bias = bias.Ptr()
+	}
+	if acc {
+		a.acc = 1
+	}
+	rows := int64(n) * int64(ho) * int64(wo)
+	grid := [3]uint32{uint32((rows + 127) / 128), uint32((cout + 63) / 64), 1}
+	return c.launchK("conv2d.cu", "conv_igemm_fwd", grid, block1(128), 2*(128+64)*40*2, unsafe.Pointer(&a))
+}
+
+func (c *cudaImpl) conv2d(e *Engine, y, x, w, b *tensor.Tensor, s *convShape) error {
+	if !s.pointwise && igemmOK(s.cin, s.cout, x, w, y, b) {
+		return c.convIgemm(x, w, b, y, s.n, s.h, s.w, s.cin, s.ho, s.wo, s.cout, s.kh, s.kw, s.stride, s.pad, false)
+	}
+	y2, err := y.View(s.n*s.outPerImg, s.cout)
+	if err != nil {
+		return err
+	}
+	w2, err := w.View(s.cout, s.k)
+	if err != nil {
+		return err
+	}
+	if s.pointwise {
+		x2, err := x.View(s.n*s.outPerImg, s.cin)
+		if err != nil {
+			return err
+		}
+		return e.Matmul(Matmul{A: x2, B: w2, D: y2, TransB: true, Bias: b})
+	}
+	nc := convChunk(s, x.DType.Size())
+	col, err := c.scratchTensor(e, "conv2d.col", x.DType, nc*s.outPerImg, s.k)
+	if err != nil {
+		return err
+	}
+	for n0 := 0; n0 < s.n; n0 += nc {
+		m := min(nc, s.n-n0)
+		rows := m * s.outPerImg
+		if err := c.im2col(col, x, s, n0, m); err != nil {
+			return err
+		}
+		a, err := col.Rows(0, rows)
+		if err != nil {
+			return err
+		}
+		d, err := y2.Rows(n0*s.outPerImg, n0*s.outPerImg+rows)
+		if err != nil {
+			return err
+		}
+		if err := e.Matmul(Matmul{A: a, B: w2, D: d, TransB: true, Bias: b}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s *convShape, acc [3]bool) error {
+	rowsAll := s.n * s.outPerImg
+	dy2, err := dy.View(rowsAll, s.cout)
+	if err != nil {
+		return err
+	}
+	w2, err := w.View(s.cout, s.k)
+	if err != nil {
+		return err
+	}
+	if s.pointwise {
+		x2, err := x.View(rowsAll, s.cin)
+		if err != nil {
+			return err
+		}
+		if dw != nil {
+			dw2, err := dw.View(s.cout, s.k)
+			if err != nil {
+				return err
+			}
+			if err := e.Matmul(Matmul{A: dy2, B: x2, D: dw2, TransA: true, Accumulate: acc[1]}); err != nil {
+				return err
+			}
+		}
+		if dx != nil {
+			dx2, err := dx.View(rowsAll, s.cin)
+			if err != nil {
+				return err
+			}
+			return e.Matmul(Matmul{A: dy2, B: w2, D: dx2, Accumulate: acc[0]})
+		}
+		return nil
+	}
+	nc := convChunk(s, x.DType.Size())
+	if dw != nil {
+		dw2, err := dw.View(s.cout, s.k)
+		if err != nil {
+			return err
+		}
+		col, err := c.scratchTensor(e, "conv2d.col", x.DType, nc*s.outPerImg, s.k)
+		if err != nil {
+			return err
+		}
+		for n0 := 0; n0 < s.n; n0 += nc {
+			m := min(nc, s.n-n0)
+			rows := m * s.outPerImg
+			if err := c.im2col(col, x, s, n0, m); err != nil {
+				return err
+			}
+			a, err := dy2.Rows(n0*s.outPerImg, n0*s.outPerImg+rows)
+			if err != nil {
+				return err
+			}
+			bm, err := col.Rows(0, rows)
+			if err != nil {
+				return err
+			}
+			if err := e.Matmul(Matmul{A: a, B: bm, D: dw2, TransA: true, Accumulate: acc[1] || n0 > 0}); err != nil {
+				return err
+			}
+		}
+	}
+	if dx == nil {
+		return nil
+	}
+	if s.stride == 1 && s.kh == s.kw && igemmOK(s.cout, s.cin, dy, w, dx) {
+		// dx = conv(dy, flip(w)) with padding KH−1−pad: the forward kernel
+		// on the filters rotated by 180° with in and out channels swapped.
+		wf, err := c.scratchTensor(e, "conv2d.wflip", w.DType, s.cin, s.kh, s.kw, s.cout)
+		if err != nil {
+			return err
+		}
+		if err := c.launchK("conv2d.cu", "conv_flip_w", gridFor(int64(w.Numel()), 256), block1(256), 0,
+			kPtr(wf), kPtr(w), kI32(s.cout), kI32(s.kh), kI32(s.kw), kI32(s.cin)); err != nil {
+			return err
+		}
+		return c.convIgemm(dy, wf, nil, dx, s.n, s.ho, s.wo, s.cout, s.h, s.w, s.cin, s.kh, s.kw, 1, s.kh-1-s.pad, acc[0])
+	}
+	dcol, err := c.scratchTensor(e, "conv2d.dcol", x.DType, nc*s.outPerImg, s.k)
+	if err != nil {
+		return err
+	}
+	for n0 := 0; n0 < s.n; n0 += nc {
+		m := min(nc, s.n-n0)
+		rows := m * s.outPerImg
+		a, err := dy2.Rows(n0*s.outPerImg, n0*s.outPerImg+rows)
+		if err != nil {
+			return err
+		}
+		d, err := dcol.Rows(0, rows)
+		if err != nil {
+			return err
+		}
+		if err := e.Matmul(Matmul{A: a, B: w2, D: d}); err != nil {
+			return err
+		}
+		if err := c.col2im(dx, dcol, s, n0, m, acc[0]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// convArgs mirrors struct conv_args (conv2d.cu): the geometry of one chunk.
+type convArgs struct {
+	n0, nc, h, w, c  int32
+	kh, kw, ho, wo   int32
+	stride, pad, acc int32
+}
+
+func newConvArgs(s *convShape, n0, nc int, acc bool) convArgs {
+	a := convArgs{n0: int32(n0), nc: int32(nc), h: int32(s.h), w: int32(s.w), c: int32(s.cin),
+		kh: int32(s.kh), kw: int32(s.kw), ho: int32(s.ho), wo: int32(s.wo), stride: int32(s.stride), pad: int32(s.pad)}
+	if acc {
+		a.acc = 1
+	}
+	return a
+}
+
+// im2col launches conv_im2col_<s|v>_<dt> over the columns of images
+// [n0, n0+nc): 16-byte vectors of channels when Cin and both pointers
+// allow.
+func (c *cudaImpl) im2col(col, x *tensor.Tensor, s *convShape, n0, nc int) error {
+	v := convVec(x.DType)
+	inst := "s"
+	if s.cin%v == 0 && devPtr(x)%16 == 0 && devPtr(col)%16 == 0 {
+		inst = "v"
+	} else {
+		v = 1
+	}
+	a := newConvArgs(s, n0, nc, false)
+	n := int64(nc) * int64(s.colImg) / int64(v)
+	return c.launchK("conv2d.cu", "conv_im2col_"+inst+dtSuffix(x.DType), gridFor(n, 256), block1(256), 0,
+		kPtr(col), kPtr(x), kConv(&a))
+}
+
+// col2im launches conv_col2im_<dt> over the elements of images [n0, n0+nc)
+// of dx.
+func (c *cudaImpl) col2im(dx, dcol *tensor.Tensor, s *convShape, n0, nc int, acc bool) error {
+	a := newConvArgs(s, n0, nc, acc)
+	n := int64(nc) * int64(s.h) * int64(s.w) * int64(s.cin)
+	return c.launchK("conv2d.cu", "conv_col2im"+dtSuffix(dx.DType), gridFor(n, 256), block1(256), 0,
+		kPtr(dx), kPtr(dcol), kConv(&a))
+}
+
+func kConv(a *convArgs) karg { return unsafe.Pointer(a) }
+
+// ---- graph ----
+
+// Conv2D records y = conv2d(x, w) + b (Engine.Conv2D, PyTorch's
+// nn.Conv2d(Cin, Cout, (KH, KW), stride, padding) on channels-last
+// tensors): x [N,H,W,Cin], w [Cout,KH,KW,Cin] (an f32 master), b [Cout] or
+// nil; y [N,Ho,Wo,Cout] in the graph's activation dtype. Under bf16
+// autocast x, w and b are used through bf16 copies (Graph.Cast) whose
+// gradients land in the f32 masters.
+func (g *Graph) Conv2D(x, w, b *Var, stride, pad int) *Var {
+	if !g.ok(x, w) {
+		return nil
+	}
+	xs, ws := x.Value.Shape, w.Value.Shape
+	if len(xs) != 4 || len(ws) != 4 || xs[3] != ws[3] || stride < 1 || pad < 0 {
+		g.Fail("conv2d", fmt.Errorf("%w: x %v, w %v, stride %d, padding %d", tensor.ErrShape, xs, ws, stride, pad))
+		return nil
+	}
+	ho, wo := ConvOutSize(xs[1], ws[1], stride, pad), ConvOutSize(xs[2], ws[2], stride, pad)
+	dt := g.ActDType()
+	x, w = g.Cast(x, dt), g.Cast(w, dt)
+	in := []*Var{x, w}
+	if b != nil {
+		b = g.Cast(b, dt)
+		in = append(in, b)
+	}
+	y := g.NewOut("conv2d", dt, xs[0], ho, wo, ws[0])
+	if !g.ok(y) {
+		return nil
+	}
+	p := Conv2DParams{Stride: stride, Pad: pad}
+	e := g.e
+	g.Record("conv2d", in, []*Var{y}, func(*Grads) error {
+		var bv *tensor.Tensor
+		if b != nil {
+			bv = b.Value
+		}
+		return e.Conv2D(y.Value, x.Value, w.Value, bv, p)
+	}, func(gr *Grads) error {
+		dy := gr.Out(0)
+		if dy == nil {
+			return nil
+		}
+		var db *tensor.Tensor
+		if b != nil {
+			db = gr.In(2)
+		}
+		return e.Conv2DBackward(gr.In(0), gr.In(1), db, dy, x.Value, w.Value, p, [3]bool{gr.Acc(0), gr.Acc(1), gr.Acc(2)})
+	})
+	return y
+}

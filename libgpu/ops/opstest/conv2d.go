@@ -1,0 +1,285 @@
+package opstest
+
+import (
+	"fmt"
+	"math"
+
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
+)
+
+func init() { Register(Family{Name: "conv2d", Check: checkConv2D}) }
+
+// ConvGeom is a convolution's geometry for the references: x [N,H,W,Cin],
+// w [Cout,KH,KW,Cin], stride S, padding P.
+type ConvGeom struct {
+	N, H, W, Cin, Cout, KH, KW, S, P int
+}
+
+// Out is (Ho, Wo).
+func (g ConvGeom) Out() (int, int) {
+	return ops.ConvOutSize(g.H, g.KH, g.S, g.P), ops.ConvOutSize(g.W, g.KW, g.S, g.P)
+}
+
+// RefConv2D is the float64 reference of ops.Engine.Conv2D (PyTorch's
+// nn.Conv2d cross-correlation, channels-last): y[n,i,j,o] = b[o] +
+// Σ x[n, i·S−P+kh, j·S−P+kw, c]·w[o,kh,kw,c]. b may be nil.
+func RefConv2D(x, w, b []float64, g ConvGeom) []float64 {
+	ho, wo := g.Out()
+	y := make([]float64, g.N*ho*wo*g.Cout)
+	for n := 0; n < g.N; n++ {
+		for i := 0; i < ho; i++ {
+			for j := 0; j < wo; j++ {
+				out := y[((n*ho+i)*wo+j)*g.Cout:]
+				for o := 0; o < g.Cout; o++ {
+					var s float64
+					if b != nil {
+						s = b[o]
+					}
+					for kh := 0; kh < g.KH; kh++ {
+						h := i*g.S - g.P + kh
+						if h < 0 || h >= g.H {
+							continue
+						}
+						for kw := 0; kw < g.KW; kw++ {
+							ww := j*g.S - g.P + kw
+							if ww < 0 || ww >= g.W {
+								continue
+							}
+							xr := x[((n*g.H+h)*g.W+ww)*g.Cin:]
+							wr := w[((o*g.KH+kh)*g.KW+kw)*g.Cin:]
+							for c := 0; c < g.Cin; c++ {
+								s += xr[c] * wr[c]
+							}
+						}
+					}
+					out[o] = s
+				}
+			}
+		}
+	}
+	return y
+}
+
+// RefConv2DBackward is the float64 reference of the gradients of Conv2D
+// (derived from the forward by the chain rule: each product x·w sends
+// dy·w to x and dy·x to w; db sums dy over every position).
+func RefConv2DBackward(dy, x, w []float64, g ConvGeom) (dx, dw, db []float64) {
+	ho, wo := g.Out()
+	dx = make([]float64, len(x))
+	dw = make([]float64, len(w))
+	db = make([]float64, g.Cout)
+	for n := 0; n < g.N; n++ {
+		for i := 0; i < ho; i++ {
+			for j := 0; j < wo; j++ {
+				gr := dy[((n*ho+i)*wo+j)*g.Cout:]
+				for o := 0; o < g.Cout; o++ {
+					d := gr[o]
+					db[o] += d
+					for kh := 0; kh < g.KH; kh++ {
+						h := i*g.S - g.P + kh
+						if h < 0 || h >= g.H {
+							continue
+						}
+						for kw := 0; kw < g.KW; kw++ {
+							ww := j*g.S - g.P + kw
+							if ww < 0 || ww >= g.W {
+								continue
+							}
+							xo := ((n*g.H+h)*g.W + ww) * g.Cin
+							wo := ((o*g.KH+kh)*g.KW + kw) * g.Cin
+							for c := 0; c < g.Cin; c++ {
+								dx[xo+c] += d * w[wo+c]
+								dw[wo+c] += d * x[xo+c]
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return dx, dw, db
+}
+
+// convGeoms reach every path: 3×3 same padding (vectorised channels at
+// Cin = 8, 16; scalar at odd Cin), stride 2, no padding, 1×1 pointwise (a
+// plain GEMM), 1×1 strided (im2col), non-square images and kernels, a
+// kernel that covers the whole image.
+var convGeoms = []ConvGeom{
+	{N: 1, H: 5, W: 5, Cin: 3, Cout: 4, KH: 3, KW: 3, S: 1, P: 1},
+	{N: 2, H: 7, W: 6, Cin: 5, Cout: 3, KH: 3, KW: 3, S: 2, P: 1},
+	{N: 3, H: 6, W: 6, Cin: 8, Cout: 16, KH: 3, KW: 3, S: 1, P: 1},
+	{N: 2, H: 4, W: 5, Cin: 16, Cout: 7, KH: 3, KW: 3, S: 1, P: 0},
+	{N: 2, H: 4, W: 4, Cin: 9, Cout: 17, KH: 1, KW: 1, S: 1, P: 0},
+	{N: 1, H: 6, W: 5, Cin: 2, Cout: 3, KH: 1, KW: 1, S: 2, P: 0},
+	{N: 2, H: 5, W: 7, Cin: 3, Cout: 2, KH: 2, KW: 3, S: 1, P: 1},
+	{N: 1, H: 3, W: 3, Cin: 4, Cout: 5, KH: 3, KW: 3, S: 3, P: 0},
+	// Channels the CUDA backend's implicit GEMM takes in bf16 (Cin a
+	// multiple of 32): partial row and channel blocks, stride 2, the input
+	// gradient through flipped filters (Cout a multiple of 32), one output
+	// channel.
+	{N: 2, H: 5, W: 6, Cin: 32, Cout: 24, KH: 3, KW: 3, S: 1, P: 1},
+	{N: 1, H: 7, W: 7, Cin: 64, Cout: 8, KH: 3, KW: 3, S: 2, P: 1},
+	{N: 2, H: 4, W: 5, Cin: 32, Cout: 32, KH: 3, KW: 3, S: 1, P: 1},
+	{N: 2, H: 4, W: 4, Cin: 64, Cout: 1, KH: 3, KW: 3, S: 1, P: 1},
+}
+
+func checkConv2D(s *Suite) {
+	for _, dt := range s.DTypes() {
+		for _, g := range convGeoms {
+			name := fmt.Sprintf("%v/x%dx%dx%dx%d/w%dx%dx%d/s%dp%d", dt, g.N, g.H, g.W, g.Cin, g.Cout, g.KH, g.KW, g.S, g.P)
+			s.Run(name, func(s *Suite) { convForwardBackward(s, dt, g) })
+		}
+		s.Run(fmt.Sprintf("%v/grad", dt), func(s *Suite) {
+			g := ConvGeom{N: 2, H: 4, W: 3, Cin: 3, Cout: 2, KH: 3, KW: 3, S: 1, P: 1}
+			s.GradCheck(GradCase{
+				Name: "conv2d", DType: dt, Params: [][]int{{g.N, g.H, g.W, g.Cin}, {g.Cout, g.KH, g.KW, g.Cin}, {g.Cout}},
+				PDTypes: []tensor.DType{0, tensor.F32, tensor.F32}, Twice: true, TolB: convGradTol(s, dt),
+				Record: func(gr *ops.Graph, p, _ []*ops.Var) *ops.Var { return gr.Conv2D(p[0], p[1], p[2], g.S, g.P) },
+				Ref:    func(p [][]float64) []float64 { return RefConv2D(p[0], p[1], p[2], g) },
+				TolF:   convFwdTol(s, dt),
+			})
+		})
+		s.Run(fmt.Sprintf("%v/grad-strided", dt), func(s *Suite) {
+			g := ConvGeom{N: 1, H: 5, W: 5, Cin: 2, Cout: 3, KH: 3, KW: 3, S: 2, P: 1}
+			s.GradCheck(GradCase{
+				Name: "conv2d stride 2", DType: dt, Params: [][]int{{g.N, g.H, g.W, g.Cin}, {g.Cout, g.KH, g.KW, g.Cin}},
+				PDTypes: []tensor.DType{0, tensor.F32}, TolB: convGradTol(s, dt), TolF: convFwdTol(s, dt),
+				Record: func(gr *ops.Graph, p, _ []*ops.Var) *ops.Var { return gr.Conv2D(p[0], p[1], nil, g.S, g.P) },
+				Ref:    func(p [][]float64) []float64 { return RefConv2D(p[0], p[1], nil, g) },
+			})
+		})
+	}
+	s.Run("validation", convValidation)
+}
+
+// convFwdTol is the relative error bound of a convolution's output: the
+// GEMM family's (bf16 products and storage 1e-2; TF32 1e-3).
+func convFwdTol(s *Suite, dt tensor.DType) float64 { return 2 * s.GemmTol(dt) }
+
+// convGradTol bounds gradient errors against finite differences (which
+// carry their own error) and, in bf16, the rounding of the column
+// gradients before they are folded back.
+func convGradTol(s *Suite, dt tensor.DType) float64 {
+	if dt == tensor.BF16 {
+		return 5e-2
+	}
+	return max(1e-3, 10*s.GemmTol(dt))
+}
+
+// absAll64 is |v| element-wise (nil stays nil).
+func absAll64(v []float64) []float64 {
+	if v == nil {
+		return nil
+	}
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = math.Abs(x)
+	}
+	return out
+}
+
+func convForwardBackward(s *Suite, dt tensor.DType, g ConvGeom) {
+	ho, wo := g.Out()
+	x, xv := s.Rand(dt, 1, g.N, g.H, g.W, g.Cin)
+	w, wv := s.Rand(dt, 0.5, g.Cout, g.KH, g.KW, g.Cin)
+	b, bv := s.Rand(dt, 1, g.Cout)
+	p := ops.Conv2DParams{Stride: g.S, Pad: g.P}
+	tol := convFwdTol(s, dt)
+	// Reduced precision rounds the operands: errors are bounded by the
+	// magnitude of the terms (the convolution of |x| with |w|).
+	mag := norm(RefConv2D(absAll64(xv), absAll64(wv), absAll64(bv), g))
+	for _, withBias := range []bool{true, false} {
+		y := s.Empty(dt, g.N, ho, wo, g.Cout)
+		var bt *tensor.Tensor
+		var bb []float64
+		if withBias {
+			bt, bb = b, bv
+		}
+		s.NoErr("conv2d", s.E.Conv2D(y, x, w, bt, p))
+		s.NearFloor(fmt.Sprintf("y (bias=%v)", withBias), s.Read(y), RefConv2D(xv, wv, bb, g), mag, tol)
+	}
+
+	dy, dyv := s.Rand(dt, 1, g.N, ho, wo, g.Cout)
+	wdx, wdw, wdb := RefConv2DBackward(dyv, xv, wv, g)
+	mdx, mdw, _ := RefConv2DBackward(absAll64(dyv), absAll64(xv), absAll64(wv), g)
+	fdx, fdw, fdb := norm(mdx), norm(mdw), norm(absAll64(wdb))+norm(dyv)
+	gtol := tol
+	if dt == tensor.BF16 {
+		gtol = 2e-2 // column gradients are rounded to bf16 before they are summed
+	}
+	for _, gdt := range []tensor.DType{tensor.F32, dt} {
+		dx := s.Empty(dt, g.N, g.H, g.W, g.Cin)
+		dw := s.Empty(gdt, g.Cout, g.KH, g.KW, g.Cin)
+		db := s.Empty(gdt, g.Cout)
+		s.NoErr("conv2d backward", s.E.Conv2DBackward(dx, dw, db, dy, x, w, p, [3]bool{}))
+		s.NearFloor("dx", s.Read(dx), wdx, fdx, gtol)
+		s.NearFloor(fmt.Sprintf("dw (%v)", gdt), s.Read(dw), wdw, fdw, gtol)
+		s.NearFloor(fmt.Sprintf("db (%v)", gdt), s.Read(db), wdb, fdb, gtol)
+	}
+	// Accumulate onto what is there: each flag alone, then all.
+	for _, acc := range [][3]bool{{true, false, false}, {false, true, false}, {false, false, true}, {true, true, true}} {
+		dx0, dx0v := s.Rand(dt, 1, g.N, g.H, g.W, g.Cin)
+		dw0, dw0v := s.Rand(tensor.F32, 1, g.Cout, g.KH, g.KW, g.Cin)
+		db0, db0v := s.Rand(tensor.F32, 1, g.Cout)
+		s.NoErr("conv2d backward (acc)", s.E.Conv2DBackward(dx0, dw0, db0, dy, x, w, p, acc))
+		for i, c := range []struct {
+			what      string
+			t         *tensor.Tensor
+			old, want []float64
+			floor     float64
+		}{{"dx", dx0, dx0v, wdx, fdx}, {"dw", dw0, dw0v, wdw, fdw}, {"db", db0, db0v, wdb, fdb}} {
+			want := c.want
+			if acc[i] {
+				want = lnSum(c.old, c.want)
+			}
+			s.NearFloor(fmt.Sprintf("%s (acc=%v)", c.what, acc), s.Read(c.t), want, max(c.floor, norm(want)), gtol)
+		}
+	}
+	// Only some gradients wanted.
+	dx1 := s.Empty(dt, g.N, g.H, g.W, g.Cin)
+	s.NoErr("conv2d backward (dx only)", s.E.Conv2DBackward(dx1, nil, nil, dy, x, w, p, [3]bool{}))
+	s.NearFloor("dx (alone)", s.Read(dx1), wdx, fdx, gtol)
+	dw1 := s.Empty(tensor.F32, g.Cout, g.KH, g.KW, g.Cin)
+	s.NoErr("conv2d backward (dw only)", s.E.Conv2DBackward(nil, dw1, nil, dy, x, w, p, [3]bool{}))
+	s.NearFloor("dw (alone)", s.Read(dw1), wdw, fdw, gtol)
+}
+
+func convValidation(s *Suite) {
+	x := s.Empty(tensor.F32, 2, 5, 5, 3)
+	w := s.Empty(tensor.F32, 4, 3, 3, 3)
+	y := s.Empty(tensor.F32, 2, 5, 5, 4)
+	ok := ops.Conv2DParams{Stride: 1, Pad: 1}
+	for _, c := range []struct {
+		what string
+		err  error
+	}{
+		{"w with another Cin", s.E.Conv2D(y, x, s.Empty(tensor.F32, 4, 3, 3, 2), nil, ok)},
+		{"y of the wrong shape", s.E.Conv2D(s.Empty(tensor.F32, 2, 4, 4, 4), x, w, nil, ok)},
+		{"y of another dtype", s.E.Conv2D(s.Empty(tensor.BF16, 2, 5, 5, 4), x, w, nil, ok)},
+		{"w of another dtype", s.E.Conv2D(y, x, s.Empty(tensor.BF16, 4, 3, 3, 3), nil, ok)},
+		{"bias of the wrong size", s.E.Conv2D(y, x, w, s.Empty(tensor.F32, 3), ok)},
+		{"stride 0", s.E.Conv2D(y, x, w, nil, ops.Conv2DParams{Stride: 0, Pad: 1})},
+		{"padding as large as the kernel", s.E.Conv2D(s.Empty(tensor.F32, 2, 9, 9, 4), x, w, nil, ops.Conv2DParams{Stride: 1, Pad: 3})},
+		{"negative padding", s.E.Conv2D(y, x, w, nil, ops.Conv2DParams{Stride: 1, Pad: -1})},
+		{"rank-3 x", s.E.Conv2D(y, s.Empty(tensor.F32, 5, 5, 3), w, nil, ok)},
+		{"kernel larger than the image", s.E.Conv2D(y, s.Empty(tensor.F32, 2, 1, 1, 3), w, nil, ops.Conv2DParams{Stride: 1})},
+		{"i32 x", s.E.Conv2D(y, s.Empty(tensor.I32, 2, 5, 5, 3), w, nil, ok)},
+		{"backward dy of the wrong shape", s.E.Conv2DBackward(nil, nil, nil, s.Empty(tensor.F32, 2, 5, 5, 3), x, w, ok, [3]bool{})},
+		{"backward dw of the wrong shape", s.E.Conv2DBackward(nil, s.Empty(tensor.F32, 4, 3, 3, 2), nil, y, x, w, ok, [3]bool{})},
+		{"backward dx of another dtype", s.E.Conv2DBackward(s.Empty(tensor.BF16, 2, 5, 5, 3), nil, nil, y, x, w, ok, [3]bool{})},
+	} {
+		if c.err == nil {
+			s.T.Errorf("%s: accepted", c.what)
+		}
+	}
+	tr, _ := x.Transpose(1, 2)
+	if err := s.E.Conv2D(y, tr, w, nil, ok); err == nil {
+		s.T.Error("a non-contiguous x was accepted")
+	}
+	gr := ops.NewGraph(s.E, s.A, "", ops.GraphOptions{})
+	defer gr.Free()
+	if gr.Conv2D(gr.Input("x", x), gr.Input("w", s.Empty(tensor.F32, 4, 3, 3, 2)), nil, 1, 1) != nil || gr.Err() == nil {
+		s.T.Error("graph conv2d with mismatched channels was recorded")
+	}
+}

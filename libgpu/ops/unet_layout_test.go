@@ -1,0 +1,27 @@
+package ops
+
+import (
+	"testing"
+	"unsafe"
+)
+
+// The Go mirrors of the U-Net kernels' argument structs have their C
+// layouts (LP64, as NVPTX): conv2d.cu's conv_args and conv_igemm_args,
+// diffusion.cu's diff_args.
+func TestUNetKernelArgLayouts(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"conv_args", unsafe.Sizeof(convArgs{}), 12 * 4},
+		{"conv_igemm_args", unsafe.Sizeof(convIgemmArgs{}), 4*8 + 12*4},
+		{"diff_args", unsafe.Sizeof(diffArgs{}), 8*8 + 8 + 8 + 4*4},
+		{"diff_args.seed", unsafe.Offsetof(diffArgs{}.seed), 64},
+		{"diff_args.stream", unsafe.Offsetof(diffArgs{}.stream), 92},
+		{"conv_igemm_args.n", unsafe.Offsetof(convIgemmArgs{}.n), 32},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, c.got, c.want)
+		}
+	}
+}
