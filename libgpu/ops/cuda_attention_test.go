@@ -254,11 +254,18 @@ func attnFlops(c attnLarge) float64 {
 	return f
 }
 
+// attnPath is a choice of forward kernels (ops.SetAttentionWGMMA's mode).
+type attnPath struct {
+	name string
+	mode int
+}
+
 // benchAttention times pass (forward, backward or both) the way
 // bench/reference/gpt.py times SDPA: each call between two CUDA events,
 // waited for before the next, and the median over b.N calls, reported as
-// ms/call and TFLOP/s (attnFlops).
-func benchAttention(b *testing.B, pass string) {
+// ms/call and TFLOP/s (attnFlops). With paths, each shape is timed once
+// per path (sub-benchmark path/shape); without, on the default path.
+func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 	cudatest.RequireGPU(b)
 	d, err := device.NewCUDA(0)
 	if err != nil {
@@ -279,6 +286,11 @@ func benchAttention(b *testing.B, pass string) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { ev0.Close(); ev1.Close() })
+	if len(paths) == 0 {
+		paths = []attnPath{{"", -1}}
+	} else if !ops.AttentionHopper(e) {
+		b.Log("not sm_90a (or attention.cu lacks its wgmma code): the wgmma paths run mma.sync")
+	}
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, c := range attnBenchShapes {
 		at := newAttnTensors(b, device.Local{Dev: d}, r, c)
@@ -293,35 +305,44 @@ func benchAttention(b *testing.B, pass string) {
 			}
 			return nil
 		}
-		if err := at.forward(e, c); err != nil { // compiles, and gives backward its inputs
-			b.Fatal(err)
-		}
 		flops := map[string]float64{"forward": 1, "backward": 2.5, "forward+backward": 3.5}[pass] * attnFlops(c)
-		b.Run(fmt.Sprintf("B%d,H%d,T%d,D%d", c.b, c.h, c.t, c.d), func(b *testing.B) {
-			for i := 0; i < 3; i++ { // warm-up
-				if err := step(); err != nil {
-					b.Fatal(err)
-				}
+		for _, p := range paths {
+			name := fmt.Sprintf("B%d,H%d,T%d,D%d", c.b, c.h, c.t, c.d)
+			if p.name != "" {
+				name = p.name + "/" + name
 			}
-			if err := e.Sync(); err != nil {
+			if p.mode >= 0 {
+				defer ops.SetAttentionWGMMA(p.mode)() // restored last-in first-out: the original at the end
+			}
+			if err := at.forward(e, c); err != nil { // compiles, and gives backward its inputs
 				b.Fatal(err)
 			}
-			ms := make([]float64, 0, b.N)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				err := errors.Join(ev0.Record(), step(), ev1.Record(), ev1.Wait())
-				t, terr := ev1.Elapsed(ev0)
-				if err := errors.Join(err, terr); err != nil {
+			b.Run(name, func(b *testing.B) {
+				for i := 0; i < 3; i++ { // warm-up
+					if err := step(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := e.Sync(); err != nil {
 					b.Fatal(err)
 				}
-				ms = append(ms, float64(t))
-			}
-			b.StopTimer()
-			slices.Sort(ms)
-			med := ms[len(ms)/2]
-			b.ReportMetric(med, "ms/call")
-			b.ReportMetric(flops/(med*1e-3)/1e12, "TFLOP/s")
-		})
+				ms := make([]float64, 0, b.N)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					err := errors.Join(ev0.Record(), step(), ev1.Record(), ev1.Wait())
+					t, terr := ev1.Elapsed(ev0)
+					if err := errors.Join(err, terr); err != nil {
+						b.Fatal(err)
+					}
+					ms = append(ms, float64(t))
+				}
+				b.StopTimer()
+				slices.Sort(ms)
+				med := ms[len(ms)/2]
+				b.ReportMetric(med, "ms/call")
+				b.ReportMetric(flops/(med*1e-3)/1e12, "TFLOP/s")
+			})
+		}
 	}
 }
 
@@ -334,3 +355,51 @@ func BenchmarkAttentionBackward(b *testing.B) { benchAttention(b, "backward") }
 // BenchmarkAttentionForwardBackward: forward then backward, what SDPA's
 // forward+backward figures measure.
 func BenchmarkAttentionForwardBackward(b *testing.B) { benchAttention(b, "forward+backward") }
+
+// BenchmarkAttentionForwardPaths: the forward on each kernel family at
+// both shapes: mma.sync (sm_80 and later) and wgmma (sm_90a) for D = 128
+// and D = 64.
+func BenchmarkAttentionForwardPaths(b *testing.B) {
+	benchAttention(b, "forward", attnPath{"mma.sync", 0}, attnPath{"wgmma", 2})
+}
+
+// TestCUDAAttentionPaths checks the kernel families the default dispatch
+// does not take on this GPU against the reference, like
+// TestCUDAAttentionLarge: on sm_90a the mma.sync forward at D = 128 and
+// the wgmma forward at D = 64 (the default takes wgmma for D = 128 and
+// mma.sync for D = 64). On an sm_90a device the wgmma kernels must be
+// there: a module compiled without them (the sm_90a guard off) fails.
+func TestCUDAAttentionPaths(t *testing.T) {
+	d := gpu(t)
+	e := cudaEngine(t, d, ops.PrecTF32)
+	a := device.Local{Dev: d}
+	if major, minor := d.ComputeCapability(); major == 9 && minor == 0 && !ops.AttentionHopper(e) {
+		t.Fatal("sm_90a device, but attention.cu was compiled without its wgmma kernels")
+	}
+	r := rand.New(rand.NewPCG(rand.Uint64(), 22))
+	for _, p := range []struct {
+		path  attnPath
+		cases []attnLarge
+	}{
+		{attnPath{"mma.sync", 0}, []attnLarge{
+			{8, 16, 2048, 128, true, tensor.BF16},
+			{2, 4, 777, 128, false, tensor.BF16},
+			{1, 2, 1, 128, true, tensor.BF16},
+		}},
+		{attnPath{"wgmma", 2}, []attnLarge{
+			{64, 6, 256, 64, true, tensor.BF16},
+			{4, 6, 1000, 64, true, tensor.BF16},
+			{2, 4, 777, 64, false, tensor.BF16},
+			{1, 2, 1, 64, true, tensor.BF16},
+			{3, 5, 130, 128, true, tensor.BF16},
+		}},
+	} {
+		for _, c := range p.cases {
+			t.Run(p.path.name+"/"+c.String(), func(t *testing.T) {
+				cudatest.RequireGPU(t)
+				defer ops.SetAttentionWGMMA(p.path.mode)()
+				attnLargeCheck(t, e, a, r, c)
+			})
+		}
+	}
+}
