@@ -1013,8 +1013,305 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   }
 }
 
+
+// attn_bwd_dkdv_wg: dV = Pᵀ·dO and dK = scale·dSᵀ·Q over query tiles of 64,
+// grid (H, B, ⌈Tk/128⌉) (key block 0, which sees every query under causal,
+// first). 256 threads: warpgroup w owns keys 64w..64w+63 of the block and
+// works on the transposed products (keys × queries) so that Pᵀ and dSᵀ are
+// the A operands of dV and dK straight from their accumulators:
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ (m64n64k16, both operands in shared memory),
+//   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − δ),
+//   dV += Pᵀ·dO, dK += dSᵀ·Q (m64nDk16, A from registers, dO and Q N-major).
+// Shared memory (from a 1024-byte boundary): K and V [128][D] resident,
+// three stages of Q and dO [64][D] and of lse·log2e and δ [64] f32. Query
+// tile i: (1) wait, fence.proxy.async, barrier; (2) queue tile i+1 (its
+// stage held tile i−2, whose last reader, dK of i−2, retired during i−1);
+// (3) issue Sᵀ and dPᵀ; wait for Sᵀ (this also retires dV and dK of i−1);
+// Pᵀ; issue dV; wait for dPᵀ; dSᵀ; issue dK — so the exponentials run
+// while dPᵀ is on the tensor cores, dSᵀ while dV is, and dK overlaps the
+// next tile's start.
+template <int D>
+__device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
+  constexpr int BN = 128, BM = 64, KD = D / 16, ND = D / 8;
+  constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned s0 = attn_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
+  const unsigned sK = base, sV = base + KT, sQ = base + 2 * KT, sO = sQ + 3 * QT;  // sQ, sO: [3]
+  float* sL = (float*)(attn_smem + (base - s0) + 2 * KT + 6 * QT);  // [3][64] lse·log2e (+∞ past Tq)
+  float* sD = sL + 3 * BM;                                          // [3][64] δ
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+            t = lane & 3;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int k0 = blockIdx.z * BN;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  const int qstart = a.causal ? k0 / BM : 0;  // causal: queries before k0 see none of these keys
+  const int n = max((a.Tq + BM - 1) / BM - qstart, 0);
+  const int krow0 = k0 + wg * 64 + warp * 16;  // this warp's first key
+  const int krow = krow0 + g;                  // this thread's keys: krow, krow + 8
+  const unsigned ka = sK + wg * 64 * 128, va = sV + wg * 64 * 128;  // this warpgroup's K and V rows
+
+  // stage_lse fills stage st's lse·log2e and δ for the query tile at qbase
+  // (plain shared stores: the barrier before their use orders them).
+  auto stage_lse = [&](int st, int qbase) {
+    if (threadIdx.x < BM) {
+      const int qi = qbase + threadIdx.x;
+      sL[st * BM + threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
+      sD[st * BM + threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+    }
+  };
+  attn_wg_load<D, BN>(sK, K, a.sk[1], k0, a.Tk);
+  attn_wg_load<D, BN>(sV, V, a.sv[1], k0, a.Tk);
+  if (n > 0) {
+    attn_wg_load<D, BM>(sQ, Q, a.sq[1], qstart * BM, a.Tq);
+    attn_wg_load<D, BM>(sO, dO, a.sdo[1], qstart * BM, a.Tq);
+    stage_lse(0, qstart * BM);
+  }
+  attn_cp_commit();
+
+  float dk[D / 2], dv[D / 2], st[BM / 2], dpt[BM / 2];
+  unsigned pp[BM / 16][4], ds[BM / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BM / 2; i++) st[i] = dpt[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BM / 16; i++) pp[i][0] = pp[i][1] = pp[i][2] = pp[i][3] = ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+
+  for (int i = 0; i < n; i++) {
+    const int stg = i % 3, qbase = (qstart + i) * BM;
+    attn_cp_wait0();
+    attn_fence_proxy_async();
+    __syncthreads();
+    if (i + 1 < n) {
+      const int nx = (i + 1) % 3;
+      attn_wg_load<D, BM>(sQ + nx * QT, Q, a.sq[1], qbase + BM, a.Tq);
+      attn_wg_load<D, BM>(sO + nx * QT, dO, a.sdo[1], qbase + BM, a.Tq);
+      stage_lse(nx, qbase + BM);
+    }
+    attn_cp_commit();
+    const unsigned qt = sQ + stg * QT, ot = sO + stg * QT;
+    const float* lt = sL + stg * BM;
+    const float* dt = sD + stg * BM;
+
+    attn_keep_f<BM / 2>(st);
+    attn_keep_f<BM / 2>(dpt);
+    attn_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BM, 0>::ss(st, attn_wg_desc(ka + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(qt + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BM, 0>::ss(dpt, attn_wg_desc(va + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(ot + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+    attn_wg_wait<1>();
+    attn_keep_f<BM / 2>(st);
+    attn_keep_u<BM / 4>(&pp[0][0]);
+    attn_keep_u<BM / 4>(&ds[0][0]);
+
+    // Pᵀ, zero where masked (causal: key after the query) and past Tq (lse +∞).
+    const bool mask = a.causal && qbase < krow0 + 15;
+#pragma unroll
+    for (int j = 0; j < BM / 8; j++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int qc = j * 8 + 2 * t + (e & 1);
+        float p = attn_ex2(st[4 * j + e] * a.scale_log2 - lt[qc]);
+        if (mask && krow + (e >> 1) * 8 > qbase + qc) p = 0.0f;
+        st[4 * j + e] = p;
+      }
+    }
+    attn_wg_pack<BM>(pp, st);
+    attn_keep_u<BM / 4>(&pp[0][0]);
+    attn_wg_fence();
+    // dV += Pᵀ·dO (dO N-major: 16 queries per k-step).
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; kk++) attn_wg_mma<D, 1>::rs(dv, pp[kk], attn_wg_desc(ot + kk * 2048, BM * 128, 1024), 1);
+    attn_wg_commit();
+    attn_wg_wait<1>();
+    attn_keep_f<BM / 2>(dpt);
+    // dSᵀ = Pᵀ ∘ (dPᵀ − δ), Pᵀ from its bf16 copy.
+#pragma unroll
+    for (int j = 0; j < BM / 8; j++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const unsigned w = pp[j >> 1][(j & 1) * 2 + (e >> 1)];
+        const float p = (e & 1) ? attn_unpack_hi(w) : attn_unpack_lo(w);
+        dpt[4 * j + e] = p * (dpt[4 * j + e] - dt[j * 8 + 2 * t + (e & 1)]);
+      }
+    }
+    attn_wg_pack<BM>(ds, dpt);
+    attn_keep_u<BM / 4>(&ds[0][0]);
+    attn_wg_fence();
+    // dK += dSᵀ·Q (Q N-major).
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; kk++) attn_wg_mma<D, 1>::rs(dk, ds[kk], attn_wg_desc(qt + kk * 2048, BM * 128, 1024), 1);
+    attn_wg_commit();
+  }
+  attn_wg_wait<0>();
+  attn_keep_f<D / 2>(dk);
+  attn_keep_f<D / 2>(dv);
+
+  gpukit_bf16* dK = (gpukit_bf16*)a.dk + b * a.sdk[0] + h * a.sdk[2];
+  gpukit_bf16* dV = (gpukit_bf16*)a.dv + b * a.sdv[0] + h * a.sdv[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int kj = krow + r * 8;
+    if (kj >= a.Tk) continue;
+    if (a.dk) {
+      gpukit_bf16* row = dK + (long long)kj * a.sdk[1];
+#pragma unroll
+      for (int j = 0; j < ND; j++)
+        attn_store_pair(row + j * 8 + 2 * t, dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale, a.acc_k);
+    }
+    if (a.dv) {
+      gpukit_bf16* row = dV + (long long)kj * a.sdv[1];
+#pragma unroll
+      for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1], a.acc_v);
+    }
+  }
+}
+
+// attn_bwd_dq_wg: dQ = scale·dS·K over key tiles of 64, grid (H, B,
+// ⌈Tq/128⌉) in reverse like the forward. 256 threads, warpgroup w owns
+// queries 64w..64w+63: S = Q·Kᵀ and dP = dO·Vᵀ (m64n64k16, Q and dO
+// resident in shared memory), dS = P ∘ (dP − δ), dQ += dS·K (m64nDk16, A
+// from registers, K N-major). Shared memory (from a 1024-byte boundary): Q
+// and dO [128][D], three stages of K and V [64][D]. Key tile j: (1) wait,
+// fence.proxy.async, barrier; (2) queue tile j+1 (its stage held tile j−2,
+// whose K was last read by dQ of j−2, retired during j−1); (3) issue S and
+// dP; wait for S (retiring dQ of j−1); P; wait for dP; dS; issue dQ.
+template <int D>
+__device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
+  constexpr int BM = 128, BN = 64, KD = D / 16, ND = D / 8;
+  constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned sQ = (attn_smem_addr(attn_smem) + 1023u) & ~1023u;
+  const unsigned sO = sQ + QT, sK = sQ + 2 * QT, sV = sK + 3 * KT;  // sK, sV: [3]
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+            t = lane & 3;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
+  const int n = (kend + BN - 1) / BN;
+  const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query
+  const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
+  const unsigned qa = sQ + wg * 64 * 128, oa = sO + wg * 64 * 128;
+
+  attn_wg_load<D, BM>(sQ, Q, a.sq[1], q0, a.Tq);
+  attn_wg_load<D, BM>(sO, dO, a.sdo[1], q0, a.Tq);
+  attn_wg_load<D, BN>(sK, K, a.sk[1], 0, a.Tk);
+  attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
+  attn_cp_commit();
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = qrow + r * 8;
+    lse2[r] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
+    dl[r] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+  }
+  float dq[D / 2], s[BN / 2], dp[BN / 2];
+  unsigned ds[BN / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dq[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) s[i] = dp[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BN / 16; i++) ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+
+  for (int j = 0; j < n; j++) {
+    const int stg = j % 3, kbase = j * BN;
+    attn_cp_wait0();
+    attn_fence_proxy_async();
+    __syncthreads();
+    if (j + 1 < n) {
+      const int nx = (j + 1) % 3;
+      attn_wg_load<D, BN>(sK + nx * KT, K, a.sk[1], kbase + BN, a.Tk);
+      attn_wg_load<D, BN>(sV + nx * KT, V, a.sv[1], kbase + BN, a.Tk);
+    }
+    attn_cp_commit();
+    const unsigned kt = sK + stg * KT, vt = sV + stg * KT;
+
+    attn_keep_f<BN / 2>(s);
+    attn_keep_f<BN / 2>(dp);
+    attn_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(kt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BN, 0>::ss(dp, attn_wg_desc(oa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(vt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+    attn_wg_wait<1>();
+    attn_keep_f<BN / 2>(s);
+    // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
+    const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
+#pragma unroll
+    for (int jn = 0; jn < BN / 8; jn++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = e >> 1;
+        float p = attn_ex2(s[4 * jn + e] * a.scale_log2 - lse2[r]);
+        if (mask) {
+          const int key = kbase + jn * 8 + 2 * t + (e & 1), qi = qrow + r * 8;
+          if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
+        }
+        s[4 * jn + e] = p;
+      }
+    }
+    attn_wg_wait<0>();
+    attn_keep_f<BN / 2>(dp);
+    attn_keep_u<BN / 4>(&ds[0][0]);
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) dp[i] = s[i] * (dp[i] - dl[(i >> 1) & 1]);
+    attn_wg_pack<BN>(ds, dp);
+    attn_keep_u<BN / 4>(&ds[0][0]);
+    attn_keep_f<D / 2>(dq);
+    attn_wg_fence();
+    // dQ += dS·K (K N-major: 16 keys per k-step).
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(dq, ds[kk], attn_wg_desc(kt + kk * 2048, BN * 128, 1024), 1);
+    attn_wg_commit();
+  }
+  attn_wg_wait<0>();
+  attn_keep_f<D / 2>(dq);
+
+  gpukit_bf16* dQ = (gpukit_bf16*)a.dq + b * a.sdq[0] + h * a.sdq[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = qrow + r * 8;
+    if (qi >= a.Tq) continue;
+    gpukit_bf16* row = dQ + (long long)qi * a.sdq[1];
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+      attn_store_pair(row + i * 8 + 2 * t, dq[4 * i + 2 * r] * a.scale, dq[4 * i + 2 * r + 1] * a.scale, a.acc_q);
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg_d64(const attn_args a) { attn_fwd_wg<64>(a); }
 extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg_d128(const attn_args a) { attn_fwd_wg<128>(a); }
+extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg_d64(const attn_args a) {
+  attn_bwd_dkdv_wg<64>(a);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg_d128(const attn_args a) {
+  attn_bwd_dkdv_wg<128>(a);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg_d64(const attn_args a) { attn_bwd_dq_wg<64>(a); }
+extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg_d128(const attn_args a) { attn_bwd_dq_wg<128>(a); }
 #else
 // Not sm_90a: the symbols exist (one module for every GPU) but are never
 // launched (ops/attention.go launches them only on sm_90a, and only when
@@ -1022,6 +1319,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg_d12
 extern "C" __global__ void attn_wg_unavailable() {}
 extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_wg_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_wg_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_wg_d128(const attn_args) { asm volatile("trap;"); }
 #endif
 
 // ---- CUDA-core kernels (f32 or bf16, any D ≤ 128) ----

@@ -627,7 +627,8 @@ const (
 
 func attnWGSmem(d int) uint32 { return uint32(5*attnWGRows*d*2 + 1024) }
 
-// attnWGMode says which head dimensions take the wgmma forward on sm_90a:
+// attnWGMode says which head dimensions take the wgmma kernels (forward
+// and backward) on sm_90a:
 // 0 none (mma.sync everywhere), 1 D = 128 (the default: at D = 64 the
 // short sequences of the GPT workload favour the mma.sync kernel's smaller
 // blocks), 2 both. Tests and benchmarks change it to compare the paths.
@@ -715,15 +716,29 @@ func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
 	return l
 }
 
-// attnBwdDKDVTC launches attn_bwd_dkdv_tc_d{64,128}: K, V, 2 Q and 2 dO
-// tiles, and 2 × 64 lse and δ values.
+// attnBwdDKDVTC launches attn_bwd_dkdv_wg_d{64,128} (wgmma, 128-key
+// blocks: K and V, 3 stages of 64-query Q and dO tiles and of lse and δ)
+// where attnWG says so, else attn_bwd_dkdv_tc_d{64,128} (mma.sync: K, V, 2
+// Q and 2 dO tiles, and 2 × 64 lse and δ values).
 func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
+	if c.attnWG(s.d) {
+		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 6*64*4 + 1024)
+		return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dkdv_wg_d%d", s.d), attnGrid(s, s.tk, attnWGRows),
+			block1(attnWGThreads), smem, kAttn(a))
+	}
 	return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dkdv_tc_d%d", s.d), attnGrid(s, s.tk, attnTCRows),
 		block1(attnThreads), 6*attnTCTile(s.d)+4*attnTCRows*4, kAttn(a))
 }
 
-// attnBwdDQTC launches attn_bwd_dq_tc_d{64,128}: Q, dO, 2 K and 2 V tiles.
+// attnBwdDQTC launches attn_bwd_dq_wg_d{64,128} (wgmma, 128-query blocks: Q,
+// dO, 3 stages of 64-key K and V tiles) where attnWG says so, else
+// attn_bwd_dq_tc_d{64,128} (mma.sync: Q, dO, 2 K and 2 V tiles).
 func (c *cudaImpl) attnBwdDQTC(a *attnArgs, s attnShape) error {
+	if c.attnWG(s.d) {
+		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 1024)
+		return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dq_wg_d%d", s.d), attnGrid(s, s.tq, attnWGRows),
+			block1(attnWGThreads), smem, kAttn(a))
+	}
 	return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dq_tc_d%d", s.d), attnGrid(s, s.tq, attnTCRows),
 		block1(attnThreads), 6*attnTCTile(s.d), kAttn(a))
 }

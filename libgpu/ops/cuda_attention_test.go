@@ -294,18 +294,26 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, c := range attnBenchShapes {
 		at := newAttnTensors(b, device.Local{Dev: d}, r, c)
+		scale := float32(1 / math.Sqrt(float64(c.d)))
 		step := func() error {
-			if pass != "backward" {
-				if err := at.forward(e, c); err != nil {
-					return err
-				}
-			}
-			if pass != "forward" {
+			switch pass {
+			case "forward":
+				return at.forward(e, c)
+			case "backward":
 				return at.backward(e, c)
+			case "forward+backward":
+				return errors.Join(at.forward(e, c), at.backward(e, c))
+			case "backward dK,dV":
+				return e.AttentionBackward(nil, at.dk, at.dv, at.do, at.q, at.k, at.v, at.o, at.lse, c.causal, scale, [3]bool{})
+			case "backward dQ":
+				return e.AttentionBackward(at.dq, nil, nil, at.do, at.q, at.k, at.v, at.o, at.lse, c.causal, scale, [3]bool{})
 			}
-			return nil
+			return fmt.Errorf("pass %q", pass)
 		}
-		flops := map[string]float64{"forward": 1, "backward": 2.5, "forward+backward": 3.5}[pass] * attnFlops(c)
+		// The backward's passes are counted as their products: dK,dV 4 and
+		// dQ 3 of the 2-FLOP-per-MAC T²/2·D products (δ included in the time).
+		flops := map[string]float64{"forward": 1, "backward": 2.5, "forward+backward": 3.5,
+			"backward dK,dV": 2, "backward dQ": 1.5}[pass] * attnFlops(c)
 		for _, p := range paths {
 			name := fmt.Sprintf("B%d,H%d,T%d,D%d", c.b, c.h, c.t, c.d)
 			if p.name != "" {
@@ -356,12 +364,29 @@ func BenchmarkAttentionBackward(b *testing.B) { benchAttention(b, "backward") }
 // forward+backward figures measure.
 func BenchmarkAttentionForwardBackward(b *testing.B) { benchAttention(b, "forward+backward") }
 
+// attnPaths are the kernel families: mma.sync (sm_80 and later) and wgmma
+// (sm_90a) for D = 128 and D = 64.
+var attnPaths = []attnPath{{"mma.sync", 0}, {"wgmma", 2}}
+
 // BenchmarkAttentionForwardPaths: the forward on each kernel family at
-// both shapes: mma.sync (sm_80 and later) and wgmma (sm_90a) for D = 128
-// and D = 64.
-func BenchmarkAttentionForwardPaths(b *testing.B) {
-	benchAttention(b, "forward", attnPath{"mma.sync", 0}, attnPath{"wgmma", 2})
+// both shapes.
+func BenchmarkAttentionForwardPaths(b *testing.B) { benchAttention(b, "forward", attnPaths...) }
+
+// BenchmarkAttentionBackwardPaths: the backward on each kernel family.
+func BenchmarkAttentionBackwardPaths(b *testing.B) { benchAttention(b, "backward", attnPaths...) }
+
+// BenchmarkAttentionForwardBackwardPaths: forward+backward on each family.
+func BenchmarkAttentionForwardBackwardPaths(b *testing.B) {
+	benchAttention(b, "forward+backward", attnPaths...)
 }
+
+// BenchmarkAttentionBackwardDKDV: δ and the dK/dV pass alone (no dq asked
+// for), per kernel family; TFLOP/s counts the pass's 4 products.
+func BenchmarkAttentionBackwardDKDV(b *testing.B) { benchAttention(b, "backward dK,dV", attnPaths...) }
+
+// BenchmarkAttentionBackwardDQ: δ and the dQ pass alone (no dk, dv), per
+// kernel family; TFLOP/s counts the pass's 3 products.
+func BenchmarkAttentionBackwardDQ(b *testing.B) { benchAttention(b, "backward dQ", attnPaths...) }
 
 // TestCUDAAttentionPaths checks the kernel families the default dispatch
 // does not take on this GPU against the reference, like

@@ -172,8 +172,7 @@ static void strides(attn_args& a, int which, const View& x) {
 
 static void track(Buf& b) { emu::track(b.mem.data(), b.mem.size()); }
 
-// The forward kernels: CUDA cores, mma.sync (tc), wgmma (wg, sm_90a; the
-// backward then runs on mma.sync).
+// The kernels: CUDA cores, mma.sync (tc), wgmma (wg, sm_90a).
 enum Mode { SIMT, TC, WG };
 
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
@@ -334,7 +333,22 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
         }
     check(std::string(name) + (L > 0 ? " delta (v)" : " delta"), got, want, 1e-5);
   }
-  if (tc) {
+  if (mode == WG) {
+    size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024;  // ops/attention.go
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
+      if (D == 64)
+        attn_bwd_dkdv_wg_d64(a);
+      else
+        attn_bwd_dkdv_wg_d128(a);
+    });
+    smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 1024;
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
+      if (D == 64)
+        attn_bwd_dq_wg_d64(a);
+      else
+        attn_bwd_dq_wg_d128(a);
+    });
+  } else if (tc) {
     size_t smem = 6 * 64 * (D + 8) * 2;
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 63) / 64)}, {128, 1, 1}, smem + 1024, seed++, [&] {
       if (D == 64)
@@ -487,6 +501,7 @@ int main(int argc, char** argv) {
         run(1, 129, 129, 1, D, false, true, mode, false);
         run(1, 100, 200, 2, D, false, true, mode, true);
         run(1, 257, 257, 1, D, true, true, mode, false);
+        if (mode == WG) run(1, 450, 450, 1, D, true, true, mode, true);  // 3 stages turn over twice
       }
     }
   }
