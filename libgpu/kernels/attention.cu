@@ -904,7 +904,8 @@ __device__ __forceinline__ void attn_wg_pack(unsigned p[][4], const float* s) {
 // barrier: K_j and V_{j−1} are in, and every warpgroup is done with K_{j−1}
 // and V_{j−2}; (2) queue K_{j+1} and V_j into those buffers; (3) issue
 // S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1}; wait for S_j; softmax; wait for
-// P·V; rescale O; P_j = bf16(S_j).
+// P·V; rescale O; P_j = bf16(S_j). Tile 0 is peeled off (no P·V), so the
+// loop issues and waits for the same wgmma groups every time.
 template <int D>
 __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   constexpr int BM = ATTN_WG_BM, BN = ATTN_WG_BN, KD = D / 16, ND = D / 8;
@@ -938,7 +939,26 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
   float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
 
-  for (int j = 0; j < ntiles; j++) {
+  // Tile 0: S_0 alone (no P·V before it).
+  attn_cp_wait0();
+  attn_fence_proxy_async();
+  __syncthreads();
+  if (ntiles > 1) attn_wg_load<D, BN>(sK + KT, K, a.sk[1], BN, a.Tk);
+  attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
+  attn_cp_commit();
+  attn_keep_f<BN / 2>(s);
+  attn_wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < KD; kk++)
+    attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
+                           attn_wg_desc(sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+  attn_wg_commit();
+  attn_wg_wait<0>();
+  attn_keep_f<BN / 2>(s);
+  attn_wg_softmax<BN>(s, m, l, alpha, 0, row0, qrow, a);
+  attn_wg_pack<BN>(p, s);
+
+  for (int j = 1; j < ntiles; j++) {
     attn_cp_wait0();
     attn_fence_proxy_async();
     __syncthreads();
@@ -950,28 +970,21 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
     attn_keep_f<D / 2>(o);
     attn_keep_u<BN / 4>(&p[0][0]);
     attn_wg_fence();
-    const unsigned kt = sK + (j & 1) * KT;
+    const unsigned kt = sK + (j & 1) * KT, vt = sV + ((j - 1) & 1) * KT;
 #pragma unroll
     for (int kk = 0; kk < KD; kk++)
       attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
                              attn_wg_desc(kt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
     attn_wg_commit();
-    if (j > 0) {
-      const unsigned vt = sV + ((j - 1) & 1) * KT;
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(o, p[kk], attn_wg_desc(vt + kk * 2048, BN * 128, 1024), 1);
-      attn_wg_commit();
-      attn_wg_wait<1>();
-    } else {
-      attn_wg_wait<0>();
-    }
+    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(o, p[kk], attn_wg_desc(vt + kk * 2048, BN * 128, 1024), 1);
+    attn_wg_commit();
+    attn_wg_wait<1>();
     attn_keep_f<BN / 2>(s);
     attn_wg_softmax<BN>(s, m, l, alpha, j * BN, row0, qrow, a);
-    if (j > 0) {
-      attn_wg_wait<0>();
-      attn_keep_f<D / 2>(o);
-      attn_keep_u<BN / 4>(&p[0][0]);
-    }
+    attn_wg_wait<0>();
+    attn_keep_f<D / 2>(o);
+    attn_keep_u<BN / 4>(&p[0][0]);
 #pragma unroll
     for (int i = 0; i < ND; i++) {
       o[4 * i + 0] *= alpha[0];
