@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"gpukit/libgpu/cuda/cudatest"
@@ -193,11 +194,11 @@ func attnLargeCheck(t *testing.T, e *ops.Engine, a device.Allocator, r *rand.Ran
 		wo, wl := opstest.RefAttention(q, k, v, one, c.causal, scale)
 		wq, wk, wv := opstest.RefAttentionBackward(slice(do, 1, 0), q, k, v, one, c.causal, scale)
 		what := fmt.Sprintf("(b,h)=(%d,%d)", b, h)
-		near(t, what+" o", slice(o, 1, 0), wo, tolO)
-		near(t, what+" lse", opstest.F64(lse[(b*c.h+h)*c.t:(b*c.h+h+1)*c.t]), wl, 1e-5)
-		near(t, what+" dq", slice(dqkv, 3, 0), wq, tolG)
-		near(t, what+" dk", slice(dqkv, 3, 1), wk, tolG)
-		near(t, what+" dv", slice(dqkv, 3, 2), wv, tolG)
+		attnNear(t, what+" o", slice(o, 1, 0), wo, tolO, c.d)
+		attnNear(t, what+" lse", opstest.F64(lse[(b*c.h+h)*c.t:(b*c.h+h+1)*c.t]), wl, 1e-5, 1)
+		attnNear(t, what+" dq", slice(dqkv, 3, 0), wq, tolG, c.d)
+		attnNear(t, what+" dk", slice(dqkv, 3, 1), wk, tolG, c.d)
+		attnNear(t, what+" dv", slice(dqkv, 3, 2), wv, tolG, c.d)
 	}
 
 	// A second eager run, then a captured graph replayed: bitwise equal.
@@ -232,6 +233,46 @@ func attnLargeCheck(t *testing.T, e *ops.Engine, a device.Allocator, r *rand.Ran
 			t.Errorf("graph replay: %s differs from the eager run", []string{"o", "lse", "dqkv"}[i])
 		}
 	}
+}
+
+// attnNear is near for a [T, d] matrix; on failure it also logs the
+// relative error of each block of 64 rows × 64 columns (and the first bad
+// element), which tells a wrong tile layout (one column half, one key
+// block) from wrong arithmetic (everything).
+func attnNear(t *testing.T, what string, got, want []float64, tol float64, d int) {
+	t.Helper()
+	if err := opstest.RelErr(got, want); err <= tol {
+		return
+	}
+	near(t, what, got, want, tol)
+	rows := len(want) / d
+	var b strings.Builder
+	skipped := false
+	for r0 := 0; r0 < rows; r0 += 64 {
+		if r0 >= 64*8 && r0 < rows-64*2 {
+			if !skipped {
+				fmt.Fprintf(&b, "\n  ...")
+			}
+			skipped = true
+			continue
+		}
+		fmt.Fprintf(&b, "\n  rows %4d..:", r0)
+		for c0 := 0; c0 < d; c0 += 64 {
+			var g, w []float64
+			for r := r0; r < min(r0+64, rows); r++ {
+				g = append(g, got[r*d+c0:r*d+min(c0+64, d)]...)
+				w = append(w, want[r*d+c0:r*d+min(c0+64, d)]...)
+			}
+			fmt.Fprintf(&b, " cols %d..: %.2g", c0, opstest.RelErr(g, w))
+		}
+	}
+	for i := range got {
+		if e := math.Abs(got[i] - want[i]); !(e <= 10*tol*(1+math.Abs(want[i]))) {
+			fmt.Fprintf(&b, "\n  first bad element [%d, %d]: %v, want %v", i/d, i%d, got[i], want[i])
+			break
+		}
+	}
+	t.Logf("%s by blocks:%s", what, b.String())
 }
 
 // The benchmark shapes of issue 10: nanoGPT's shakespeare-char attention
