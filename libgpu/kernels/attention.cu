@@ -696,7 +696,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc_d
 // 16·warp + lane/4 + 8·(e/2), column 8j + 2·(lane%4) + e%2 of the
 // warpgroup's 64 × N product.
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(GPUKIT_EMU) || defined(GPUKIT_CHECK_SM90)
+// NVRTC defines __CUDA_ARCH_FEAT_SM90_ALL for sm_90a (CUDA 12.9 and later
+// also __CUDA_ARCH_SPECIFIC__ = 900); for sm_90 and other targets the
+// kernels below are stubs and ops/attention.go does not launch them.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || (defined(__CUDA_ARCH_SPECIFIC__) && __CUDA_ARCH_SPECIFIC__ == 900) || \
+    defined(GPUKIT_EMU) || defined(GPUKIT_CHECK_SM90)
 #define ATTN_WG 1
 #endif
 
