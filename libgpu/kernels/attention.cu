@@ -662,6 +662,686 @@ extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc_d
   attn_bwd_dkdv_tc<128>(a);
 }
 
+// ---- Hopper kernels (sm_90a): wgmma ----
+//
+// The forward on warpgroup MMA (wgmma.mma_async, sm_90a only): the
+// algorithm of the kernels above with FlashAttention-3's structure for one
+// consumer warpgroup per 64 query rows (Shah et al., "FlashAttention-3:
+// Fast and Accurate Attention with Asynchrony and Low-precision", 2024):
+// S = Q·Kᵀ with Q and K in shared memory, O += P·V with P from registers
+// (the S accumulators, rounded to bf16, are the A fragments as they are)
+// and V in shared memory read N-major (no transpose copy), and the
+// intra-warpgroup overlap: the S product of key tile j and the P·V product
+// of tile j−1 are issued together, and the softmax of tile j (exp2 on the
+// multi-function unit) runs while the tensor cores do P·V. Tiles arrive by
+// cp.async (all threads, double buffered, one tile ahead), made visible to
+// the tensor cores' async proxy by fence.proxy.async before the barrier.
+// No TMA and no producer warps (a later step).
+//
+// Shared tiles are 128-byte swizzled, the layout wgmma's descriptors name
+// with swizzle mode 1: a tile of R rows × D bf16 is D/64 panels of R rows ×
+// 128 bytes (64 columns), panel p at p·R·128; 16-byte chunk c of row r of a
+// panel sits at r·128 + ((c ^ (r%8))·16); every tile starts on a 1024-byte
+// boundary. K-major operands (Q, K: rows are M or N, 16 elements of K per
+// wgmma) use start = panel + row offset + 32·(k-step % 4), stride byte
+// offset (8-row groups) 1024; the N-major V (rows are keys = K of P·V)
+// uses start = tile + 2048·k-step, leading byte offset (64-column panels)
+// R·128 and stride byte offset (8-key groups) 1024. The PTX ISA's
+// "Asynchronous Warpgroup Level Matrix Shared Memory Layout" defines these;
+// scripts/cudaemu emulates wgmma on exactly these layouts.
+//
+// Block: 256 threads (two warpgroups), 128 query rows (warpgroup w owns
+// rows 64w..64w+63, warp w' of it rows 16w'.. as in the mma.sync kernels),
+// key tiles of 128. Accumulator fragments: s[4j+e] (and o[4j+e]) is row
+// 16·warp + lane/4 + 8·(e/2), column 8j + 2·(lane%4) + e%2 of the
+// warpgroup's 64 × N product.
+
+// NVRTC defines __CUDA_ARCH_FEAT_SM90_ALL for sm_90a (CUDA 12.9 and later
+// also __CUDA_ARCH_SPECIFIC__ = 900); for sm_90 and other targets the
+// kernels below are stubs and ops/attention.go does not launch them.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || (defined(__CUDA_ARCH_SPECIFIC__) && __CUDA_ARCH_SPECIFIC__ == 900) || \
+    defined(GPUKIT_EMU) || defined(GPUKIT_CHECK_SM90)
+#define ATTN_WG 1
+#endif
+
+#define ATTN_WG_THREADS 256
+#define ATTN_WG_BM 128  // query rows per block
+#define ATTN_WG_BN 128  // keys per tile
+
+#ifdef ATTN_WG
+typedef unsigned long long attn_u64;
+
+// attn_wg_desc is a wgmma shared-memory matrix descriptor with 128-byte
+// swizzling and base offset 0 (PTX ISA, "Matrix Descriptor Format": bits
+// 0-13 start address, 16-29 leading dimension byte offset, 32-45 stride
+// dimension byte offset, each >> 4; 62-63 swizzle mode, 1 = 128-byte).
+__device__ __forceinline__ attn_u64 attn_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (attn_u64)((addr & 0x3ffff) >> 4) | ((attn_u64)((lbo & 0x3ffff) >> 4) << 16) |
+         ((attn_u64)((sbo & 0x3ffff) >> 4) << 32) | (1ull << 62);
+}
+
+#ifndef GPUKIT_EMU
+// attn_wg_mma<N, TB>: wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16,
+// d (N/2 f32 per thread) = A·B + (scale_d ? d : 0). ss: A and B from
+// shared memory (descriptors; A K-major); rs: A from registers (the
+// mma.m16n8k16 A layout, warp w of the warpgroup holding rows 16w..).
+// TB = 1 reads B N-major (imm-trans-b).
+template <int N, int TB>
+struct attn_wg_mma;
+template <int TB>
+struct attn_wg_mma<64, TB> {
+  static __device__ __forceinline__ void ss(float* d, attn_u64 da, attn_u64 db, int scale_d) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %34, 0; "
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, %35; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+  }
+  static __device__ __forceinline__ void rs(float* d, const unsigned a[4], attn_u64 db, int scale_d) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %37, 0; "
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+  }
+};
+
+template <int TB>
+struct attn_wg_mma<128, TB> {
+  static __device__ __forceinline__ void ss(float* d, attn_u64 da, attn_u64 db, int scale_d) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %66, 0; "
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, %67; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+  }
+  static __device__ __forceinline__ void rs(float* d, const unsigned a[4], attn_u64 db, int scale_d) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %69, 0; "
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, %70; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+  }
+};
+
+__device__ __forceinline__ void attn_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void attn_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void attn_wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// attn_fence_proxy_async makes this thread's writes to shared memory
+// (landed cp.async copies) visible to the async proxy the tensor cores
+// read through; a barrier after it makes everyone's visible.
+__device__ __forceinline__ void attn_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// attn_ex2: 2^x on the multi-function unit (ex2.approx.ftz: relative error
+// about 2^-22, −∞ → +0).
+__device__ __forceinline__ float attn_ex2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+// attn_keep_f / attn_keep_u pin register values at this point of the
+// program for the compiler (CUTLASS's warpgroup_fence_operand): reads of
+// wgmma accumulators are not hoisted above the wait that retires them,
+// writes not sunk below the wgmma that reads them.
+template <int N>
+__device__ __forceinline__ void attn_keep_f(float* x) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(x[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void attn_keep_u(unsigned* x) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+r"(x[i])::"memory");
+}
+#else
+template <int N, int TB>
+struct attn_wg_mma {
+  static void ss(float* d, attn_u64 da, attn_u64 db, int scale_d) {
+    gpukit_emu_wgmma(d, N, nullptr, da, db, scale_d, 0, TB);
+  }
+  static void rs(float* d, const unsigned a[4], attn_u64 db, int scale_d) {
+    gpukit_emu_wgmma(d, N, a, 0, db, scale_d, 0, TB);
+  }
+};
+__device__ __forceinline__ void attn_wg_fence() { gpukit_emu_wg_fence(); }
+__device__ __forceinline__ void attn_wg_commit() { gpukit_emu_wg_commit(); }
+template <int N>
+__device__ __forceinline__ void attn_wg_wait() {
+  gpukit_emu_wg_wait(N);
+}
+__device__ __forceinline__ void attn_fence_proxy_async() { gpukit_emu_fence_proxy_async(); }
+__device__ __forceinline__ float attn_ex2(float x) { return exp2f(x); }
+template <int N>
+__device__ __forceinline__ void attn_keep_f(float*) {}
+template <int N>
+__device__ __forceinline__ void attn_keep_u(unsigned*) {}
+#endif
+
+// attn_wg_load queues the cp.async copies of rows [r0, r0+R) of a [T, D]
+// bf16 matrix (row 0 at g, row stride ld) into the swizzled tile at
+// shared address s; rows at or past T are zero-filled.
+template <int D, int R>
+__device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, long long ld, int r0, int T) {
+  constexpr int CH = D / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int i = 0; i < R * CH / ATTN_WG_THREADS; i++) {
+    const int c = threadIdx.x + i * ATTN_WG_THREADS;
+    const int r = c / CH, ch = c % CH, row = r0 + r;
+    const bool ok = row < T;
+    attn_cp16(s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4),
+              ok ? g + (long long)row * ld + ch * 8 : g, ok);
+  }
+}
+
+// attn_wg_softmax turns s (this thread's two rows of a 64 × BN score tile
+// of key tile kbase) into unnormalised probabilities in place: scaled to
+// base 2, masked (keys past Tk; causal: keys after the query), the running
+// maximum m updated, the row sums l rescaled and added to; alpha[r] is the
+// factor the rows' output accumulators must be multiplied by.
+template <int BN>
+__device__ __forceinline__ void attn_wg_softmax(float* s, float m[2], float l[2], float alpha[2], int kbase, int row0,
+                                                int qrow, const attn_args& a) {
+  const int t = threadIdx.x & 3;
+  const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float x = s[4 * j + e] * a.scale_log2;
+      if (mask) {
+        const int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + (e >> 1) * 8;
+        if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
+      }
+      s[4 * j + e] = x;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float mx = -ATTN_INF;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    mx = attn_quad_max(mx);
+    const float mnew = fmaxf(m[r], mx);
+    const float mu = mnew == -ATTN_INF ? 0.0f : mnew;  // a row with every key masked so far
+    alpha[r] = attn_ex2(m[r] - mu);
+    float rs = 0.0f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+      const float p0 = attn_ex2(s[4 * j + 2 * r] - mu), p1 = attn_ex2(s[4 * j + 2 * r + 1] - mu);
+      s[4 * j + 2 * r] = p0;
+      s[4 * j + 2 * r + 1] = p1;
+      rs += p0 + p1;
+    }
+    l[r] = l[r] * alpha[r] + rs;  // this thread's part of the row sum; quads add up at the end
+    m[r] = mnew;
+  }
+}
+
+// attn_wg_pack rounds probabilities s to the bf16 A fragments of P·V: k
+// step kk (keys 16kk..16kk+15) is n-tiles 2kk and 2kk+1.
+template <int BN>
+__device__ __forceinline__ void attn_wg_pack(unsigned p[][4], const float* s) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++) {
+    p[kk][0] = attn_pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+    p[kk][1] = attn_pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+    p[kk][2] = attn_pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+    p[kk][3] = attn_pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// attn_fwd_wg: grid (H, B, ⌈Tq/128⌉), the query blocks in reverse (the
+// longest causal rows start first). Shared memory (from the first 1024-byte
+// boundary of the dynamic block, 1 KiB of slack requested): Q [128][D],
+// two K and two V tiles [128][D]: 160 KiB for D = 128, 80 KiB for D = 64.
+// Iteration j: (1) wait for this thread's copies, fence.proxy.async,
+// barrier: K_j and V_{j−1} are in, and every warpgroup is done with K_{j−1}
+// and V_{j−2}; (2) queue K_{j+1} and V_j into those buffers; (3) issue
+// S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1}; wait for S_j; softmax; wait for
+// P·V; rescale O; P_j = bf16(S_j). Tile 0 is peeled off (no P·V), so the
+// loop issues and waits for the same wgmma groups every time.
+template <int D>
+__device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
+  constexpr int BM = ATTN_WG_BM, BN = ATTN_WG_BN, KD = D / 16, ND = D / 8;
+  constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;  // tile bytes
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned sQ = (attn_smem_addr(attn_smem) + 1023u) & ~1023u;
+  const unsigned sK = sQ + QT, sV = sK + 2 * KT;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+            t = lane & 3;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
+  const int ntiles = (kend + BN - 1) / BN;
+  const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query
+  const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
+  // This warpgroup's Q rows, k-step kk: panel kk/4, 32 bytes per k-step.
+  const unsigned qa = sQ + wg * 64 * 128;
+
+  attn_wg_load<D, BM>(sQ, Q, a.sq[1], q0, a.Tq);
+  attn_wg_load<D, BN>(sK, K, a.sk[1], 0, a.Tk);
+  attn_cp_commit();
+
+  float s[BN / 2], o[D / 2];
+  unsigned p[BN / 16][4];
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) s[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+  float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+
+  // Tile 0: S_0 alone (no P·V before it).
+  attn_cp_wait0();
+  attn_fence_proxy_async();
+  __syncthreads();
+  if (ntiles > 1) attn_wg_load<D, BN>(sK + KT, K, a.sk[1], BN, a.Tk);
+  attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
+  attn_cp_commit();
+  attn_keep_f<BN / 2>(s);
+  attn_wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < KD; kk++)
+    attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
+                           attn_wg_desc(sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+  attn_wg_commit();
+  attn_wg_wait<0>();
+  attn_keep_f<BN / 2>(s);
+  attn_wg_softmax<BN>(s, m, l, alpha, 0, row0, qrow, a);
+  attn_wg_pack<BN>(p, s);
+
+  for (int j = 1; j < ntiles; j++) {
+    attn_cp_wait0();
+    attn_fence_proxy_async();
+    __syncthreads();
+    if (j + 1 < ntiles) attn_wg_load<D, BN>(sK + ((j + 1) & 1) * KT, K, a.sk[1], (j + 1) * BN, a.Tk);
+    attn_wg_load<D, BN>(sV + (j & 1) * KT, V, a.sv[1], j * BN, a.Tk);
+    attn_cp_commit();
+
+    attn_keep_f<BN / 2>(s);
+    attn_keep_f<D / 2>(o);
+    attn_keep_u<BN / 4>(&p[0][0]);
+    attn_wg_fence();
+    const unsigned kt = sK + (j & 1) * KT, vt = sV + ((j - 1) & 1) * KT;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(kt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(o, p[kk], attn_wg_desc(vt + kk * 2048, BN * 128, 1024), 1);
+    attn_wg_commit();
+    attn_wg_wait<1>();
+    attn_keep_f<BN / 2>(s);
+    attn_wg_softmax<BN>(s, m, l, alpha, j * BN, row0, qrow, a);
+    attn_wg_wait<0>();
+    attn_keep_f<D / 2>(o);
+    attn_keep_u<BN / 4>(&p[0][0]);
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+      o[4 * i + 0] *= alpha[0];
+      o[4 * i + 1] *= alpha[0];
+      o[4 * i + 2] *= alpha[1];
+      o[4 * i + 3] *= alpha[1];
+    }
+    attn_wg_pack<BN>(p, s);
+  }
+  // The last P·V.
+  attn_cp_wait0();
+  attn_fence_proxy_async();
+  __syncthreads();
+  attn_keep_f<D / 2>(o);
+  attn_keep_u<BN / 4>(&p[0][0]);
+  attn_wg_fence();
+  {
+    const unsigned vt = sV + ((ntiles - 1) & 1) * KT;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(o, p[kk], attn_wg_desc(vt + kk * 2048, BN * 128, 1024), 1);
+  }
+  attn_wg_commit();
+  attn_wg_wait<0>();
+  attn_keep_f<D / 2>(o);
+
+  gpukit_bf16* O = (gpukit_bf16*)a.o + b * a.so[0] + h * a.so[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float lr = attn_quad_sum(l[r]);
+    const int qi = qrow + r * 8;
+    if (qi >= a.Tq) continue;
+    const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+    gpukit_bf16* orow = O + (long long)qi * a.so[1];
+#pragma unroll
+    for (int i = 0; i < ND; i++) attn_store_pair(orow + i * 8 + 2 * t, o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv, 0);
+    if (t == 0 && a.lse) {
+      a.lse[((long long)b * a.H + h) * a.Tq + qi] = lr > 0.0f ? (m[r] + log2f(lr)) * ATTN_LN2 : -ATTN_INF;
+    }
+  }
+}
+
+
+// attn_bwd_dkdv_wg: dV = Pᵀ·dO and dK = scale·dSᵀ·Q over query tiles of 64,
+// grid (H, B, ⌈Tk/128⌉) (key block 0, which sees every query under causal,
+// first). 256 threads: warpgroup w owns keys 64w..64w+63 of the block and
+// works on the transposed products (keys × queries) so that Pᵀ and dSᵀ are
+// the A operands of dV and dK straight from their accumulators:
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ (m64n64k16, both operands in shared memory),
+//   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − δ),
+//   dV += Pᵀ·dO, dK += dSᵀ·Q (m64nDk16, A from registers, dO and Q N-major).
+// Shared memory (from a 1024-byte boundary): K and V [128][D] resident,
+// three stages of Q and dO [64][D] and of lse·log2e and δ [64] f32. Query
+// tile i: (1) wait, fence.proxy.async, barrier; (2) queue tile i+1 (its
+// stage held tile i−2, whose last reader, dK of i−2, retired during i−1);
+// (3) issue Sᵀ and dPᵀ; wait for Sᵀ (this also retires dV and dK of i−1);
+// Pᵀ; issue dV; wait for dPᵀ; dSᵀ; issue dK — so the exponentials run
+// while dPᵀ is on the tensor cores, dSᵀ while dV is, and dK overlaps the
+// next tile's start.
+template <int D>
+__device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
+  constexpr int BN = 128, BM = 64, KD = D / 16, ND = D / 8;
+  constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned s0 = attn_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
+  const unsigned sK = base, sV = base + KT, sQ = base + 2 * KT, sO = sQ + 3 * QT;  // sQ, sO: [3]
+  float* sL = (float*)(attn_smem + (base - s0) + 2 * KT + 6 * QT);  // [3][64] lse·log2e (+∞ past Tq)
+  float* sD = sL + 3 * BM;                                          // [3][64] δ
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+            t = lane & 3;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int k0 = blockIdx.z * BN;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  const int qstart = a.causal ? k0 / BM : 0;  // causal: queries before k0 see none of these keys
+  const int n = max((a.Tq + BM - 1) / BM - qstart, 0);
+  const int krow0 = k0 + wg * 64 + warp * 16;  // this warp's first key
+  const int krow = krow0 + g;                  // this thread's keys: krow, krow + 8
+  const unsigned ka = sK + wg * 64 * 128, va = sV + wg * 64 * 128;  // this warpgroup's K and V rows
+
+  // stage_lse fills stage st's lse·log2e and δ for the query tile at qbase
+  // (plain shared stores: the barrier before their use orders them).
+  auto stage_lse = [&](int st, int qbase) {
+    if (threadIdx.x < BM) {
+      const int qi = qbase + threadIdx.x;
+      sL[st * BM + threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
+      sD[st * BM + threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+    }
+  };
+  attn_wg_load<D, BN>(sK, K, a.sk[1], k0, a.Tk);
+  attn_wg_load<D, BN>(sV, V, a.sv[1], k0, a.Tk);
+  if (n > 0) {
+    attn_wg_load<D, BM>(sQ, Q, a.sq[1], qstart * BM, a.Tq);
+    attn_wg_load<D, BM>(sO, dO, a.sdo[1], qstart * BM, a.Tq);
+    stage_lse(0, qstart * BM);
+  }
+  attn_cp_commit();
+
+  float dk[D / 2], dv[D / 2], st[BM / 2], dpt[BM / 2];
+  unsigned pp[BM / 16][4], ds[BM / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BM / 2; i++) st[i] = dpt[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BM / 16; i++) pp[i][0] = pp[i][1] = pp[i][2] = pp[i][3] = ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+
+  for (int i = 0; i < n; i++) {
+    const int stg = i % 3, qbase = (qstart + i) * BM;
+    attn_cp_wait0();
+    attn_fence_proxy_async();
+    __syncthreads();
+    if (i + 1 < n) {
+      const int nx = (i + 1) % 3;
+      attn_wg_load<D, BM>(sQ + nx * QT, Q, a.sq[1], qbase + BM, a.Tq);
+      attn_wg_load<D, BM>(sO + nx * QT, dO, a.sdo[1], qbase + BM, a.Tq);
+      stage_lse(nx, qbase + BM);
+    }
+    attn_cp_commit();
+    const unsigned qt = sQ + stg * QT, ot = sO + stg * QT;
+    const float* lt = sL + stg * BM;
+    const float* dt = sD + stg * BM;
+
+    attn_keep_f<BM / 2>(st);
+    attn_keep_f<BM / 2>(dpt);
+    attn_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BM, 0>::ss(st, attn_wg_desc(ka + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(qt + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BM, 0>::ss(dpt, attn_wg_desc(va + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(ot + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+    attn_wg_wait<1>();
+    attn_keep_f<BM / 2>(st);
+    attn_keep_u<BM / 4>(&pp[0][0]);
+    attn_keep_u<BM / 4>(&ds[0][0]);
+
+    // Pᵀ, zero where masked (causal: key after the query) and past Tq (lse +∞).
+    const bool mask = a.causal && qbase < krow0 + 15;
+#pragma unroll
+    for (int j = 0; j < BM / 8; j++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int qc = j * 8 + 2 * t + (e & 1);
+        float p = attn_ex2(st[4 * j + e] * a.scale_log2 - lt[qc]);
+        if (mask && krow + (e >> 1) * 8 > qbase + qc) p = 0.0f;
+        st[4 * j + e] = p;
+      }
+    }
+    attn_wg_pack<BM>(pp, st);
+    attn_keep_u<BM / 4>(&pp[0][0]);
+    attn_wg_fence();
+    // dV += Pᵀ·dO (dO N-major: 16 queries per k-step).
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; kk++) attn_wg_mma<D, 1>::rs(dv, pp[kk], attn_wg_desc(ot + kk * 2048, BM * 128, 1024), 1);
+    attn_wg_commit();
+    attn_wg_wait<1>();
+    attn_keep_f<BM / 2>(dpt);
+    // dSᵀ = Pᵀ ∘ (dPᵀ − δ), Pᵀ from its bf16 copy.
+#pragma unroll
+    for (int j = 0; j < BM / 8; j++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const unsigned w = pp[j >> 1][(j & 1) * 2 + (e >> 1)];
+        const float p = (e & 1) ? attn_unpack_hi(w) : attn_unpack_lo(w);
+        dpt[4 * j + e] = p * (dpt[4 * j + e] - dt[j * 8 + 2 * t + (e & 1)]);
+      }
+    }
+    attn_wg_pack<BM>(ds, dpt);
+    attn_keep_u<BM / 4>(&ds[0][0]);
+    attn_wg_fence();
+    // dK += dSᵀ·Q (Q N-major).
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; kk++) attn_wg_mma<D, 1>::rs(dk, ds[kk], attn_wg_desc(qt + kk * 2048, BM * 128, 1024), 1);
+    attn_wg_commit();
+  }
+  attn_wg_wait<0>();
+  attn_keep_f<D / 2>(dk);
+  attn_keep_f<D / 2>(dv);
+
+  gpukit_bf16* dK = (gpukit_bf16*)a.dk + b * a.sdk[0] + h * a.sdk[2];
+  gpukit_bf16* dV = (gpukit_bf16*)a.dv + b * a.sdv[0] + h * a.sdv[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int kj = krow + r * 8;
+    if (kj >= a.Tk) continue;
+    if (a.dk) {
+      gpukit_bf16* row = dK + (long long)kj * a.sdk[1];
+#pragma unroll
+      for (int j = 0; j < ND; j++)
+        attn_store_pair(row + j * 8 + 2 * t, dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale, a.acc_k);
+    }
+    if (a.dv) {
+      gpukit_bf16* row = dV + (long long)kj * a.sdv[1];
+#pragma unroll
+      for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1], a.acc_v);
+    }
+  }
+}
+
+// attn_bwd_dq_wg: dQ = scale·dS·K over key tiles of 64, grid (H, B,
+// ⌈Tq/128⌉) in reverse like the forward. 256 threads, warpgroup w owns
+// queries 64w..64w+63: S = Q·Kᵀ and dP = dO·Vᵀ (m64n64k16, Q and dO
+// resident in shared memory), dS = P ∘ (dP − δ), dQ += dS·K (m64nDk16, A
+// from registers, K N-major). Shared memory (from a 1024-byte boundary): Q
+// and dO [128][D], three stages of K and V [64][D]. Key tile j: (1) wait,
+// fence.proxy.async, barrier; (2) queue tile j+1 (its stage held tile j−2,
+// whose K was last read by dQ of j−2, retired during j−1); (3) issue S and
+// dP; wait for S (retiring dQ of j−1); P; wait for dP; dS; issue dQ.
+template <int D>
+__device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
+  constexpr int BM = 128, BN = 64, KD = D / 16, ND = D / 8;
+  constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned sQ = (attn_smem_addr(attn_smem) + 1023u) & ~1023u;
+  const unsigned sO = sQ + QT, sK = sQ + 2 * QT, sV = sK + 3 * KT;  // sK, sV: [3]
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+            t = lane & 3;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
+  const int n = (kend + BN - 1) / BN;
+  const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query
+  const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
+  const unsigned qa = sQ + wg * 64 * 128, oa = sO + wg * 64 * 128;
+
+  attn_wg_load<D, BM>(sQ, Q, a.sq[1], q0, a.Tq);
+  attn_wg_load<D, BM>(sO, dO, a.sdo[1], q0, a.Tq);
+  attn_wg_load<D, BN>(sK, K, a.sk[1], 0, a.Tk);
+  attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
+  attn_cp_commit();
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = qrow + r * 8;
+    lse2[r] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
+    dl[r] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+  }
+  float dq[D / 2], s[BN / 2], dp[BN / 2];
+  unsigned ds[BN / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dq[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) s[i] = dp[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BN / 16; i++) ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+
+  for (int j = 0; j < n; j++) {
+    const int stg = j % 3, kbase = j * BN;
+    attn_cp_wait0();
+    attn_fence_proxy_async();
+    __syncthreads();
+    if (j + 1 < n) {
+      const int nx = (j + 1) % 3;
+      attn_wg_load<D, BN>(sK + nx * KT, K, a.sk[1], kbase + BN, a.Tk);
+      attn_wg_load<D, BN>(sV + nx * KT, V, a.sv[1], kbase + BN, a.Tk);
+    }
+    attn_cp_commit();
+    const unsigned kt = sK + stg * KT, vt = sV + stg * KT;
+
+    attn_keep_f<BN / 2>(s);
+    attn_keep_f<BN / 2>(dp);
+    attn_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(kt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BN, 0>::ss(dp, attn_wg_desc(oa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(vt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+    attn_wg_wait<1>();
+    attn_keep_f<BN / 2>(s);
+    // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
+    const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
+#pragma unroll
+    for (int jn = 0; jn < BN / 8; jn++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = e >> 1;
+        float p = attn_ex2(s[4 * jn + e] * a.scale_log2 - lse2[r]);
+        if (mask) {
+          const int key = kbase + jn * 8 + 2 * t + (e & 1), qi = qrow + r * 8;
+          if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
+        }
+        s[4 * jn + e] = p;
+      }
+    }
+    attn_wg_wait<0>();
+    attn_keep_f<BN / 2>(dp);
+    attn_keep_u<BN / 4>(&ds[0][0]);
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) dp[i] = s[i] * (dp[i] - dl[(i >> 1) & 1]);
+    attn_wg_pack<BN>(ds, dp);
+    attn_keep_u<BN / 4>(&ds[0][0]);
+    attn_keep_f<D / 2>(dq);
+    attn_wg_fence();
+    // dQ += dS·K (K N-major: 16 keys per k-step).
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(dq, ds[kk], attn_wg_desc(kt + kk * 2048, BN * 128, 1024), 1);
+    attn_wg_commit();
+  }
+  attn_wg_wait<0>();
+  attn_keep_f<D / 2>(dq);
+
+  gpukit_bf16* dQ = (gpukit_bf16*)a.dq + b * a.sdq[0] + h * a.sdq[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = qrow + r * 8;
+    if (qi >= a.Tq) continue;
+    gpukit_bf16* row = dQ + (long long)qi * a.sdq[1];
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+      attn_store_pair(row + i * 8 + 2 * t, dq[4 * i + 2 * r] * a.scale, dq[4 * i + 2 * r + 1] * a.scale, a.acc_q);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg_d64(const attn_args a) { attn_fwd_wg<64>(a); }
+extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg_d128(const attn_args a) { attn_fwd_wg<128>(a); }
+extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg_d64(const attn_args a) {
+  attn_bwd_dkdv_wg<64>(a);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg_d128(const attn_args a) {
+  attn_bwd_dkdv_wg<128>(a);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg_d64(const attn_args a) { attn_bwd_dq_wg<64>(a); }
+extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg_d128(const attn_args a) { attn_bwd_dq_wg<128>(a); }
+#else
+// Not sm_90a: the symbols exist (one module for every GPU) but are never
+// launched (ops/attention.go launches them only on sm_90a, and only when
+// this marker is absent).
+extern "C" __global__ void attn_wg_unavailable() {}
+extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_wg_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_wg_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_wg_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_wg_d128(const attn_args) { asm volatile("trap;"); }
+#endif
+
 // ---- CUDA-core kernels (f32 or bf16, any D ≤ 128) ----
 //
 // 128 threads (4 warps). Each warp owns 4 rows of its block's 16 (queries

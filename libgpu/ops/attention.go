@@ -604,10 +604,69 @@ func attnGrid(s attnShape, rows, per int) [3]uint32 {
 // attnTCTile is the bytes of one padded 64-row bf16 tile.
 func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 
-// attnFwdTC launches attn_fwd_tc_d{64,128}: 4 K/V tiles of shared memory.
+// attnFwdTC launches the tensor-core forward: attn_fwd_wg_d{64,128} (wgmma)
+// where attnWG says so, else attn_fwd_tc_d{64,128} (mma.sync) with 4 K/V
+// tiles of shared memory.
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
+	if c.attnWG(s.d) {
+		return c.launchK("attention.cu", fmt.Sprintf("attn_fwd_wg_d%d", s.d), attnGrid(s, s.tq, attnWGRows),
+			block1(attnWGThreads), attnWGSmem(s.d), kAttn(a))
+	}
 	return c.launchK("attention.cu", fmt.Sprintf("attn_fwd_tc_d%d", s.d), attnGrid(s, s.tq, attnTCRows),
 		block1(attnThreads), 4*attnTCTile(s.d), kAttn(a))
+}
+
+// The Hopper (sm_90a) forward, attn_fwd_wg_d{64,128}: 256 threads (two
+// warpgroups), 128 query rows per block, key tiles of 128; shared memory
+// Q, two K and two V tiles of 128 rows, 128-byte swizzled, from a
+// 1024-byte boundary (1 KiB of slack).
+const (
+	attnWGThreads = 256
+	attnWGRows    = 128
+)
+
+func attnWGSmem(d int) uint32 { return uint32(5*attnWGRows*d*2 + 1024) }
+
+// attnWGMode says which head dimensions take the wgmma kernels (forward
+// and backward) on sm_90a:
+// 0 none (mma.sync everywhere), 1 D = 128 (the default: at D = 64 the
+// short sequences of the GPT workload favour the mma.sync kernel's smaller
+// blocks), 2 both. Tests and benchmarks change it to compare the paths.
+var attnWGMode = 1
+
+// attnWGState caches whether the device runs the wgmma kernels.
+type attnWGState struct {
+	once sync.Once
+	ok   bool
+}
+
+// attnHopper reports whether attention.cu was compiled with its wgmma
+// code: for sm_90a (the only target with wgmma), and the module lacks the
+// attn_wg_unavailable marker that the kernel file defines when its sm_90a
+// guard (__CUDA_ARCH_FEAT_SM90_ALL) is off. Decided once per engine, so a
+// captured graph takes the path the eager run took.
+func (c *cudaImpl) attnHopper() bool {
+	c.attnWGS.once.Do(func() {
+		kc, err := kernelCompiler(c)
+		if err != nil || kc.Arch() != "sm_90a" {
+			return
+		}
+		m, err := kc.Module("attention.cu")
+		if err != nil {
+			return // the launch reports the compile error
+		}
+		if _, err := m.Function("attn_wg_unavailable"); err == nil {
+			return
+		}
+		c.attnWGS.ok = true
+	})
+	return c.attnWGS.ok
+}
+
+// attnWG reports whether the forward at head dimension d runs on wgmma.
+func (c *cudaImpl) attnWG(d int) bool {
+	on := (d == 128 && attnWGMode >= 1) || (d == 64 && attnWGMode >= 2)
+	return on && c.attnHopper()
 }
 
 // attnFwdSIMT launches attn_fwd_simt_<dt>: Q [16][D], K [32][D+1], V [32][D] f32.
@@ -657,15 +716,29 @@ func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
 	return l
 }
 
-// attnBwdDKDVTC launches attn_bwd_dkdv_tc_d{64,128}: K, V, 2 Q and 2 dO
-// tiles, and 2 × 64 lse and δ values.
+// attnBwdDKDVTC launches attn_bwd_dkdv_wg_d{64,128} (wgmma, 128-key
+// blocks: K and V, 3 stages of 64-query Q and dO tiles and of lse and δ)
+// where attnWG says so, else attn_bwd_dkdv_tc_d{64,128} (mma.sync: K, V, 2
+// Q and 2 dO tiles, and 2 × 64 lse and δ values).
 func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
+	if c.attnWG(s.d) {
+		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 6*64*4 + 1024)
+		return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dkdv_wg_d%d", s.d), attnGrid(s, s.tk, attnWGRows),
+			block1(attnWGThreads), smem, kAttn(a))
+	}
 	return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dkdv_tc_d%d", s.d), attnGrid(s, s.tk, attnTCRows),
 		block1(attnThreads), 6*attnTCTile(s.d)+4*attnTCRows*4, kAttn(a))
 }
 
-// attnBwdDQTC launches attn_bwd_dq_tc_d{64,128}: Q, dO, 2 K and 2 V tiles.
+// attnBwdDQTC launches attn_bwd_dq_wg_d{64,128} (wgmma, 128-query blocks: Q,
+// dO, 3 stages of 64-key K and V tiles) where attnWG says so, else
+// attn_bwd_dq_tc_d{64,128} (mma.sync: Q, dO, 2 K and 2 V tiles).
 func (c *cudaImpl) attnBwdDQTC(a *attnArgs, s attnShape) error {
+	if c.attnWG(s.d) {
+		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 1024)
+		return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dq_wg_d%d", s.d), attnGrid(s, s.tq, attnWGRows),
+			block1(attnWGThreads), smem, kAttn(a))
+	}
 	return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dq_tc_d%d", s.d), attnGrid(s, s.tq, attnTCRows),
 		block1(attnThreads), 6*attnTCTile(s.d), kAttn(a))
 }

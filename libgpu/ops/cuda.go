@@ -79,6 +79,8 @@ type cudaImpl struct {
 	// on first use; noBatchedEigh: its library has no batched solver.
 	solver        *cuda.SolverHandle
 	noBatchedEigh bool
+	// attnWGS caches whether attention's wgmma kernels run (attention.go).
+	attnWGS attnWGState
 
 	mu      sync.Mutex
 	scratch map[string]scratchBuf

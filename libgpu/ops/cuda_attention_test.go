@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"gpukit/libgpu/cuda/cudatest"
@@ -193,11 +194,11 @@ func attnLargeCheck(t *testing.T, e *ops.Engine, a device.Allocator, r *rand.Ran
 		wo, wl := opstest.RefAttention(q, k, v, one, c.causal, scale)
 		wq, wk, wv := opstest.RefAttentionBackward(slice(do, 1, 0), q, k, v, one, c.causal, scale)
 		what := fmt.Sprintf("(b,h)=(%d,%d)", b, h)
-		near(t, what+" o", slice(o, 1, 0), wo, tolO)
-		near(t, what+" lse", opstest.F64(lse[(b*c.h+h)*c.t:(b*c.h+h+1)*c.t]), wl, 1e-5)
-		near(t, what+" dq", slice(dqkv, 3, 0), wq, tolG)
-		near(t, what+" dk", slice(dqkv, 3, 1), wk, tolG)
-		near(t, what+" dv", slice(dqkv, 3, 2), wv, tolG)
+		attnNear(t, what+" o", slice(o, 1, 0), wo, tolO, c.d)
+		attnNear(t, what+" lse", opstest.F64(lse[(b*c.h+h)*c.t:(b*c.h+h+1)*c.t]), wl, 1e-5, 1)
+		attnNear(t, what+" dq", slice(dqkv, 3, 0), wq, tolG, c.d)
+		attnNear(t, what+" dk", slice(dqkv, 3, 1), wk, tolG, c.d)
+		attnNear(t, what+" dv", slice(dqkv, 3, 2), wv, tolG, c.d)
 	}
 
 	// A second eager run, then a captured graph replayed: bitwise equal.
@@ -234,6 +235,46 @@ func attnLargeCheck(t *testing.T, e *ops.Engine, a device.Allocator, r *rand.Ran
 	}
 }
 
+// attnNear is near for a [T, d] matrix; on failure it also logs the
+// relative error of each block of 64 rows × 64 columns (and the first bad
+// element), which tells a wrong tile layout (one column half, one key
+// block) from wrong arithmetic (everything).
+func attnNear(t *testing.T, what string, got, want []float64, tol float64, d int) {
+	t.Helper()
+	if err := opstest.RelErr(got, want); err <= tol {
+		return
+	}
+	near(t, what, got, want, tol)
+	rows := len(want) / d
+	var b strings.Builder
+	skipped := false
+	for r0 := 0; r0 < rows; r0 += 64 {
+		if r0 >= 64*8 && r0 < rows-64*2 {
+			if !skipped {
+				fmt.Fprintf(&b, "\n  ...")
+			}
+			skipped = true
+			continue
+		}
+		fmt.Fprintf(&b, "\n  rows %4d..:", r0)
+		for c0 := 0; c0 < d; c0 += 64 {
+			var g, w []float64
+			for r := r0; r < min(r0+64, rows); r++ {
+				g = append(g, got[r*d+c0:r*d+min(c0+64, d)]...)
+				w = append(w, want[r*d+c0:r*d+min(c0+64, d)]...)
+			}
+			fmt.Fprintf(&b, " cols %d..: %.2g", c0, opstest.RelErr(g, w))
+		}
+	}
+	for i := range got {
+		if e := math.Abs(got[i] - want[i]); !(e <= 10*tol*(1+math.Abs(want[i]))) {
+			fmt.Fprintf(&b, "\n  first bad element [%d, %d]: %v, want %v", i/d, i%d, got[i], want[i])
+			break
+		}
+	}
+	t.Logf("%s by blocks:%s", what, b.String())
+}
+
 // The benchmark shapes of issue 10: nanoGPT's shakespeare-char attention
 // (B 64, H 6, T 256, D 64) and a long one (B 8, H 16, T 2048, D 128),
 // causal bf16. PyTorch SDPA on an H100: 0.033 / 0.185 ms and 0.263 / 1.40
@@ -254,11 +295,18 @@ func attnFlops(c attnLarge) float64 {
 	return f
 }
 
+// attnPath is a choice of forward kernels (ops.SetAttentionWGMMA's mode).
+type attnPath struct {
+	name string
+	mode int
+}
+
 // benchAttention times pass (forward, backward or both) the way
 // bench/reference/gpt.py times SDPA: each call between two CUDA events,
 // waited for before the next, and the median over b.N calls, reported as
-// ms/call and TFLOP/s (attnFlops).
-func benchAttention(b *testing.B, pass string) {
+// ms/call and TFLOP/s (attnFlops). With paths, each shape is timed once
+// per path (sub-benchmark path/shape); without, on the default path.
+func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 	cudatest.RequireGPU(b)
 	d, err := device.NewCUDA(0)
 	if err != nil {
@@ -279,49 +327,71 @@ func benchAttention(b *testing.B, pass string) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { ev0.Close(); ev1.Close() })
+	if len(paths) == 0 {
+		paths = []attnPath{{"", -1}}
+	} else if !ops.AttentionHopper(e) {
+		b.Log("not sm_90a (or attention.cu lacks its wgmma code): the wgmma paths run mma.sync")
+	}
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, c := range attnBenchShapes {
 		at := newAttnTensors(b, device.Local{Dev: d}, r, c)
+		scale := float32(1 / math.Sqrt(float64(c.d)))
 		step := func() error {
-			if pass != "backward" {
-				if err := at.forward(e, c); err != nil {
-					return err
-				}
-			}
-			if pass != "forward" {
+			switch pass {
+			case "forward":
+				return at.forward(e, c)
+			case "backward":
 				return at.backward(e, c)
+			case "forward+backward":
+				return errors.Join(at.forward(e, c), at.backward(e, c))
+			case "backward dK,dV":
+				return e.AttentionBackward(nil, at.dk, at.dv, at.do, at.q, at.k, at.v, at.o, at.lse, c.causal, scale, [3]bool{})
+			case "backward dQ":
+				return e.AttentionBackward(at.dq, nil, nil, at.do, at.q, at.k, at.v, at.o, at.lse, c.causal, scale, [3]bool{})
 			}
-			return nil
+			return fmt.Errorf("pass %q", pass)
 		}
-		if err := at.forward(e, c); err != nil { // compiles, and gives backward its inputs
-			b.Fatal(err)
-		}
-		flops := map[string]float64{"forward": 1, "backward": 2.5, "forward+backward": 3.5}[pass] * attnFlops(c)
-		b.Run(fmt.Sprintf("B%d,H%d,T%d,D%d", c.b, c.h, c.t, c.d), func(b *testing.B) {
-			for i := 0; i < 3; i++ { // warm-up
-				if err := step(); err != nil {
-					b.Fatal(err)
-				}
+		// The backward's passes are counted as their products: dK,dV 4 and
+		// dQ 3 of the 2-FLOP-per-MAC T²/2·D products (δ included in the time).
+		flops := map[string]float64{"forward": 1, "backward": 2.5, "forward+backward": 3.5,
+			"backward dK,dV": 2, "backward dQ": 1.5}[pass] * attnFlops(c)
+		for _, p := range paths {
+			name := fmt.Sprintf("B%d,H%d,T%d,D%d", c.b, c.h, c.t, c.d)
+			if p.name != "" {
+				name = p.name + "/" + name
 			}
-			if err := e.Sync(); err != nil {
+			if p.mode >= 0 {
+				defer ops.SetAttentionWGMMA(p.mode)() // restored last-in first-out: the original at the end
+			}
+			if err := at.forward(e, c); err != nil { // compiles, and gives backward its inputs
 				b.Fatal(err)
 			}
-			ms := make([]float64, 0, b.N)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				err := errors.Join(ev0.Record(), step(), ev1.Record(), ev1.Wait())
-				t, terr := ev1.Elapsed(ev0)
-				if err := errors.Join(err, terr); err != nil {
+			b.Run(name, func(b *testing.B) {
+				for i := 0; i < 3; i++ { // warm-up
+					if err := step(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := e.Sync(); err != nil {
 					b.Fatal(err)
 				}
-				ms = append(ms, float64(t))
-			}
-			b.StopTimer()
-			slices.Sort(ms)
-			med := ms[len(ms)/2]
-			b.ReportMetric(med, "ms/call")
-			b.ReportMetric(flops/(med*1e-3)/1e12, "TFLOP/s")
-		})
+				ms := make([]float64, 0, b.N)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					err := errors.Join(ev0.Record(), step(), ev1.Record(), ev1.Wait())
+					t, terr := ev1.Elapsed(ev0)
+					if err := errors.Join(err, terr); err != nil {
+						b.Fatal(err)
+					}
+					ms = append(ms, float64(t))
+				}
+				b.StopTimer()
+				slices.Sort(ms)
+				med := ms[len(ms)/2]
+				b.ReportMetric(med, "ms/call")
+				b.ReportMetric(flops/(med*1e-3)/1e12, "TFLOP/s")
+			})
+		}
 	}
 }
 
@@ -334,3 +404,68 @@ func BenchmarkAttentionBackward(b *testing.B) { benchAttention(b, "backward") }
 // BenchmarkAttentionForwardBackward: forward then backward, what SDPA's
 // forward+backward figures measure.
 func BenchmarkAttentionForwardBackward(b *testing.B) { benchAttention(b, "forward+backward") }
+
+// attnPaths are the kernel families: mma.sync (sm_80 and later) and wgmma
+// (sm_90a) for D = 128 and D = 64.
+var attnPaths = []attnPath{{"mma.sync", 0}, {"wgmma", 2}}
+
+// BenchmarkAttentionForwardPaths: the forward on each kernel family at
+// both shapes.
+func BenchmarkAttentionForwardPaths(b *testing.B) { benchAttention(b, "forward", attnPaths...) }
+
+// BenchmarkAttentionBackwardPaths: the backward on each kernel family.
+func BenchmarkAttentionBackwardPaths(b *testing.B) { benchAttention(b, "backward", attnPaths...) }
+
+// BenchmarkAttentionForwardBackwardPaths: forward+backward on each family.
+func BenchmarkAttentionForwardBackwardPaths(b *testing.B) {
+	benchAttention(b, "forward+backward", attnPaths...)
+}
+
+// BenchmarkAttentionBackwardDKDV: δ and the dK/dV pass alone (no dq asked
+// for), per kernel family; TFLOP/s counts the pass's 4 products.
+func BenchmarkAttentionBackwardDKDV(b *testing.B) { benchAttention(b, "backward dK,dV", attnPaths...) }
+
+// BenchmarkAttentionBackwardDQ: δ and the dQ pass alone (no dk, dv), per
+// kernel family; TFLOP/s counts the pass's 3 products.
+func BenchmarkAttentionBackwardDQ(b *testing.B) { benchAttention(b, "backward dQ", attnPaths...) }
+
+// TestCUDAAttentionPaths checks the kernel families the default dispatch
+// does not take on this GPU against the reference, like
+// TestCUDAAttentionLarge: on sm_90a the mma.sync forward at D = 128 and
+// the wgmma forward at D = 64 (the default takes wgmma for D = 128 and
+// mma.sync for D = 64). On an sm_90a device the wgmma kernels must be
+// there: a module compiled without them (the sm_90a guard off) fails.
+func TestCUDAAttentionPaths(t *testing.T) {
+	d := gpu(t)
+	e := cudaEngine(t, d, ops.PrecTF32)
+	a := device.Local{Dev: d}
+	if major, minor := d.ComputeCapability(); major == 9 && minor == 0 && !ops.AttentionHopper(e) {
+		t.Fatal("sm_90a device, but attention.cu was compiled without its wgmma kernels")
+	}
+	r := rand.New(rand.NewPCG(rand.Uint64(), 22))
+	for _, p := range []struct {
+		path  attnPath
+		cases []attnLarge
+	}{
+		{attnPath{"mma.sync", 0}, []attnLarge{
+			{8, 16, 2048, 128, true, tensor.BF16},
+			{2, 4, 777, 128, false, tensor.BF16},
+			{1, 2, 1, 128, true, tensor.BF16},
+		}},
+		{attnPath{"wgmma", 2}, []attnLarge{
+			{64, 6, 256, 64, true, tensor.BF16},
+			{4, 6, 1000, 64, true, tensor.BF16},
+			{2, 4, 777, 64, false, tensor.BF16},
+			{1, 2, 1, 64, true, tensor.BF16},
+			{3, 5, 130, 128, true, tensor.BF16},
+		}},
+	} {
+		for _, c := range p.cases {
+			t.Run(p.path.name+"/"+c.String(), func(t *testing.T) {
+				cudatest.RequireGPU(t)
+				defer ops.SetAttentionWGMMA(p.path.mode)()
+				attnLargeCheck(t, e, a, r, c)
+			})
+		}
+	}
+}

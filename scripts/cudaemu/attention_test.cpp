@@ -172,12 +172,16 @@ static void strides(attn_args& a, int which, const View& x) {
 
 static void track(Buf& b) { emu::track(b.mem.data(), b.mem.size()); }
 
+// The kernels: CUDA cores, mma.sync (tc), wgmma (wg, sm_90a).
+enum Mode { SIMT, TC, WG };
+
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
 // when Tq == Tk, separate padded tensors otherwise.
-static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, bool tc, bool acc) {
+static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mode mode, bool acc) {
+  const bool tc = mode != SIMT;
   char name[160];
   snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d", B, Tq, Tk, H, D, causal,
-           bf16 ? "bf16" : "f32", tc ? "tc" : "simt", acc);
+           bf16 ? "bf16" : "f32", mode == WG ? "wg" : tc ? "tc" : "simt", acc);
   emu::untrack();
   Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab;
   View q, k, v, o, dout, dq, dk, dv;
@@ -252,7 +256,15 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, boo
   a.scale_log2 = (float)(scale * 1.4426950408889634);
 
   // forward
-  if (tc) {
+  if (mode == WG) {
+    size_t smem = 5 * 128 * D * 2 + 1024;  // ops/attention.go attnWGSmem
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
+      if (D == 64)
+        attn_fwd_wg_d64(a);
+      else
+        attn_fwd_wg_d128(a);
+    });
+  } else if (tc) {
     size_t smem = 4 * 64 * (D + 8) * 2;
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 63) / 64)}, {128, 1, 1}, smem, seed++, [&] {
       if (D == 64)
@@ -321,7 +333,22 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, boo
         }
     check(std::string(name) + (L > 0 ? " delta (v)" : " delta"), got, want, 1e-5);
   }
-  if (tc) {
+  if (mode == WG) {
+    size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024;  // ops/attention.go
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
+      if (D == 64)
+        attn_bwd_dkdv_wg_d64(a);
+      else
+        attn_bwd_dkdv_wg_d128(a);
+    });
+    smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 1024;
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
+      if (D == 64)
+        attn_bwd_dq_wg_d64(a);
+      else
+        attn_bwd_dq_wg_d128(a);
+    });
+  } else if (tc) {
     size_t smem = 6 * 64 * (D + 8) * 2;
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 63) / 64)}, {128, 1, 1}, smem + 1024, seed++, [&] {
       if (D == 64)
@@ -447,32 +474,39 @@ static void run_decode(int B, int Tmax, int H, int D, int pos, bool bf16) {
 
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::string(argv[1]) == "quick";
+  bool wgonly = argc > 1 && std::string(argv[1]) == "wg";
   // SIMT (f32 and bf16), odd shapes
   for (bool bf16 : {false, true}) {
-    run(1, 1, 1, 1, 8, false, bf16, false, false);
-    run(2, 17, 17, 3, 16, true, bf16, false, false);
-    run(1, 37, 37, 2, 24, false, bf16, false, true);
-    run(1, 5, 19, 2, 32, false, bf16, false, false);
+    if (wgonly) break;
+    run(1, 1, 1, 1, 8, false, bf16, SIMT, false);
+    run(2, 17, 17, 3, 16, true, bf16, SIMT, false);
+    run(1, 37, 37, 2, 24, false, bf16, SIMT, true);
+    run(1, 5, 19, 2, 32, false, bf16, SIMT, false);
     if (!quick) {
-      run(1, 70, 70, 1, 128, true, bf16, false, true);
-      run(1, 100, 45, 2, 64, false, bf16, false, false);
-      run(1, 77, 77, 1, 100, true, bf16, false, false);
+      run(1, 70, 70, 1, 128, true, bf16, SIMT, true);
+      run(1, 100, 45, 2, 64, false, bf16, SIMT, false);
+      run(1, 77, 77, 1, 100, true, bf16, SIMT, false);
     }
   }
-  // tensor cores (bf16)
-  for (int D : {64, 128}) {
-    run(1, 1, 1, 1, D, true, true, true, false);
-    run(1, 17, 17, 2, D, true, true, true, false);
-    run(1, 17, 17, 1, D, false, true, true, true);
-    run(1, 5, 70, 1, D, false, true, true, false);
-    if (!quick) {
-      run(2, 130, 130, 1, D, true, true, true, true);
-      run(1, 129, 129, 1, D, false, true, true, false);
-      run(1, 100, 200, 2, D, false, true, true, true);
-      run(1, 257, 257, 1, D, true, true, true, false);
+  // tensor cores (bf16): mma.sync, then the wgmma forward
+  for (Mode mode : {TC, WG}) {
+    if (wgonly && mode != WG) continue;
+    for (int D : {64, 128}) {
+      run(1, 1, 1, 1, D, true, true, mode, false);
+      run(1, 17, 17, 2, D, true, true, mode, false);
+      run(1, 17, 17, 1, D, false, true, mode, true);
+      run(1, 5, 70, 1, D, false, true, mode, false);
+      if (!quick) {
+        run(2, 130, 130, 1, D, true, true, mode, true);
+        run(1, 129, 129, 1, D, false, true, mode, false);
+        run(1, 100, 200, 2, D, false, true, mode, true);
+        run(1, 257, 257, 1, D, true, true, mode, false);
+        if (mode == WG) run(1, 450, 450, 1, D, true, true, mode, true);  // 3 stages turn over twice
+      }
     }
   }
   for (bool bf16 : {false, true}) {
+    if (wgonly) break;
     run_decode(2, 20, 3, 24, 0, bf16);
     run_decode(1, 40, 2, 64, 17, bf16);
     run_decode(1, 40, 1, 128, 39, bf16);

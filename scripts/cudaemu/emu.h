@@ -20,6 +20,28 @@
 //     wait_group 0: each copy is done either at once or at the wait
 //     (chosen at random), so reading a tile before waiting, or overwriting
 //     one that another warp still reads, shows up.
+//   - wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 (sm_90a), A from
+//     shared memory (descriptor) or registers, B from shared memory, with
+//     wgmma.fence, commit_group and wait_group N: a warpgroup collective
+//     (its 128 threads meet, their descriptors must agree); the product is
+//     computed at the issue but lands in the accumulator registers only at
+//     the thread's wait_group that retires its group. At that wait the
+//     emulator checks that the accumulators were not written meanwhile,
+//     that the thread's A registers (register-A form) still hold what was
+//     issued, and that the shared memory the product read is unchanged. Only
+//     the 128-byte swizzle with the repeating pattern on 1024-byte boundaries
+//     (descriptor base offset 0) is modelled: K-major and MN-major operands
+//     in the canonical layouts of the PTX ISA ("Asynchronous Warpgroup Level
+//     Matrix Shared Memory Layout"; CUTLASS's make_gmma_desc states the same
+//     in units of 16 bytes: K-major ((8,m),(8,2)):((8,SBO),(1,LBO)) and
+//     MN-major ((8,n),(8,k)):((1,LBO),(8,SBO)), rows of 128 bytes), the
+//     swizzle XORing byte-address bits [4,7) with bits [7,10) of the
+//     absolute shared address.
+//   - fence.proxy.async.shared::cta: shared memory written by cp.async is
+//     marked as written by its thread through the generic proxy until that
+//     thread's next proxy fence after the copy landed; a wgmma that reads
+//     such bytes fails (HOPPER.md: the tensor cores read through the async
+//     proxy).
 //
 // Checks: dynamic shared memory is poisoned (0xff: NaN) at every block
 // start; ldmatrix and cp.async addresses must be 16-byte aligned and
@@ -74,6 +96,20 @@ struct Thread {
     bool zero;
   };
   std::vector<Copy> pending;  // cp.async copies not yet done
+  std::vector<unsigned> fresh;  // shared offsets of landed copies not yet behind a proxy fence
+  struct WgOp {  // an issued wgmma.mma_async not yet retired by wait_group
+    float* d;
+    int n;  // accumulator registers of this thread: N/2
+    long group;
+    bool chained;  // an earlier pending op of this thread writes the same d
+    float before[128], result[128];
+    const unsigned* areg;  // register-A form: this thread's A registers
+    unsigned asnap[4];
+    uint64_t da, db, hash;
+    int trans_a, trans_b, N;
+  };
+  std::vector<WgOp> wg;  // pending wgmma ops, in issue order
+  long wg_group = 0;     // the open (uncommitted) group's number
 };
 
 struct Slot {  // one lane's contribution to a warp collective
@@ -95,6 +131,9 @@ struct Global {
   std::vector<long> warp_gen;
   std::vector<int> warp_count;
   std::vector<Slot> slots;  // [warps][32]
+  std::vector<long> wg_gen;   // warpgroup barriers (wgmma)
+  std::vector<int> wg_count;
+  std::vector<uint16_t> owner;  // per shared byte: 1 + the thread whose cp.async wrote it, not yet fenced
   long progress = 0;
   std::vector<std::pair<const unsigned char*, size_t>> tracked;
 };
@@ -171,21 +210,29 @@ inline void launch(emu_dim3 grid, emu_dim3 block, size_t smem, uint64_t seed, st
   g.slots.assign(nt, Slot());
   g.warp_gen.assign(nt / 32, 0);
   g.warp_count.assign(nt / 32, 0);
+  g.wg_gen.assign((nt + 127) / 128, 0);
+  g.wg_count.assign((nt + 127) / 128, 0);
   for (auto& t : g.threads) t.stack.resize(256 << 10);
   for (unsigned bz = 0; bz < grid.z; bz++)
     for (unsigned by = 0; by < grid.y; by++)
       for (unsigned bx = 0; bx < grid.x; bx++) {
         g.bidx = {bx, by, bz};
         g.smem.assign(smem, 0xff);
+        g.owner.assign(smem, 0);
         g.blk_gen = 0;
         g.blk_count = 0;
         std::fill(g.warp_gen.begin(), g.warp_gen.end(), 0);
         std::fill(g.warp_count.begin(), g.warp_count.end(), 0);
+        std::fill(g.wg_gen.begin(), g.wg_gen.end(), 0);
+        std::fill(g.wg_count.begin(), g.wg_count.end(), 0);
         for (int i = 0; i < nt; i++) {
           Thread& t = g.threads[i];
           t.done = false;
           t.at_barrier = false;
           t.pending.clear();
+          t.fresh.clear();
+          t.wg.clear();
+          t.wg_group = 0;
           t.index = i;
           t.tid = {(unsigned)(i % block.x), (unsigned)(i / block.x % block.y), (unsigned)(i / (block.x * block.y))};
           t.lane = i & 31;
@@ -222,7 +269,11 @@ inline void launch(emu_dim3 grid, emu_dim3 block, size_t smem, uint64_t seed, st
             }
           }
           for (auto& t : g.threads) live = live || !t.done;
-          if (!live) break;
+          if (!live) {
+            for (auto& t : g.threads)
+              if (!t.wg.empty()) fail("thread ended with a wgmma.mma_async not retired by wgmma.wait_group");
+            break;
+          }
           if (g.progress == before) fail("deadlock: threads wait on a barrier others never reach");
         }
       }
@@ -307,6 +358,18 @@ inline void mma16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1) 
   for (int e = 0; e < 4; e++) c[e] = d[e];
 }
 
+// land performs a cp.async copy and marks its bytes as written through
+// the generic proxy by the current thread (see fence_proxy_async).
+inline void land(const Thread::Copy& c) {
+  if (c.zero)
+    memset(c.dst, 0, 16);
+  else
+    memcpy(c.dst, c.src, 16);
+  unsigned off = (unsigned)(c.dst - g.smem.data());
+  for (int i = 0; i < 16; i++) g.owner[off + i] = (uint16_t)(g.cur->index + 1);
+  g.cur->fresh.push_back(off);
+}
+
 inline void cp16(unsigned saddr, const void* src, bool ok) {
   void* s = smem_ptr(saddr);
   if (ok) {
@@ -315,25 +378,29 @@ inline void cp16(unsigned saddr, const void* src, bool ok) {
   }
   Thread::Copy c{(unsigned char*)s, (const unsigned char*)src, !ok};
   if (g.rng() & 1) {
-    if (c.zero)
-      memset(c.dst, 0, 16);
-    else
-      memcpy(c.dst, c.src, 16);
+    land(c);
   } else {
     g.cur->pending.push_back(c);
   }
 }
 
 inline void cp_wait0() {
-  for (auto& c : g.cur->pending) {
-    if (c.zero)
-      memset(c.dst, 0, 16);
-    else
-      memcpy(c.dst, c.src, 16);
-  }
+  for (auto& c : g.cur->pending) land(c);
   g.cur->pending.clear();
   g.progress++;
   yield();  // let others run between a wait and what follows
+}
+
+// fence_proxy_async (fence.proxy.async.shared::cta): the copies this
+// thread has landed so far become visible to the async proxy (wgmma).
+inline void fence_proxy_async() {
+  uint16_t me = (uint16_t)(g.cur->index + 1);
+  for (unsigned off : g.cur->fresh)
+    for (int i = 0; i < 16; i++)
+      if (g.owner[off + i] == me) g.owner[off + i] = 0;
+  g.cur->fresh.clear();
+  g.progress++;
+  yield();
 }
 
 template <typename T>
@@ -348,6 +415,166 @@ inline T shfl(T v, int src) {
   T out;
   memcpy(&out, &r, 4);
   return out;
+}
+
+
+// ---- wgmma (sm_90a) ----
+
+inline void wg_barrier() {
+  if (g.threads.size() % 128) fail("wgmma in a block whose size is not a multiple of 128");
+  int w = g.cur->warp >> 2;
+  long gen = g.wg_gen[w];
+  g.progress++;
+  if (++g.wg_count[w] == 128) {
+    g.wg_count[w] = 0;
+    g.wg_gen[w]++;
+    return;
+  }
+  while (g.wg_gen[w] == gen) yield();
+}
+
+struct Desc {
+  unsigned start, lbo, sbo;
+};
+
+// decode reads a wgmma matrix descriptor (PTX ISA, "Matrix Descriptor
+// Format"): bits 0-13 start address >> 4, 16-29 leading dimension byte
+// offset >> 4, 32-45 stride dimension byte offset >> 4, 49-51 base offset,
+// 62-63 swizzle mode (1: 128-byte).
+inline Desc decode(uint64_t d) {
+  Desc r;
+  r.start = (unsigned)(d & 0x3fff) << 4;
+  r.lbo = (unsigned)((d >> 16) & 0x3fff) << 4;
+  r.sbo = (unsigned)((d >> 32) & 0x3fff) << 4;
+  if (((d >> 49) & 7) != 0) fail("wgmma descriptor base offset not 0 (not emulated)");
+  if ((d >> 62) != 1) fail("wgmma descriptor swizzle mode not 128-byte (the only one emulated)");
+  if (d & 0x3ff1c000c000c000ull) fail("wgmma descriptor reserved bits set");
+  // With base offset 0 the swizzle pattern must repeat from a 1024-byte
+  // boundary: bits 7-9 of the start address are 0 (a start inside a
+  // 128-byte row, bits 4-6, is how K advances within the atom).
+  if (r.start & 0x380) fail("wgmma descriptor start address not on a 1024-byte swizzle row 0 (base offset not emulated)");
+  return r;
+}
+
+// The byte offset (before swizzling) of element (mn, k), k < 16, of a
+// 16-bit operand in the canonical layouts (K-major: rows of mn, each 128
+// bytes of k; MN-major: rows of k, each 128 bytes of mn).
+inline unsigned wg_off_k(const Desc& d, int mn, int k) {
+  return d.start + (mn & 7) * 128 + (mn >> 3) * d.sbo + (k >> 3) * 16 + (k & 7) * 2;
+}
+inline unsigned wg_off_mn(const Desc& d, int mn, int k) {
+  return d.start + (mn & 63) * 2 + (mn >> 6) * d.lbo + (k & 7) * 128 + (k >> 3) * d.sbo;
+}
+
+// wg_ld reads the bf16 at a pre-swizzle offset (128-byte swizzle: bits
+// [4,7) ^= bits [7,10)), folding it into hash.
+inline double wg_ld(unsigned off, uint64_t& hash) {
+  unsigned a = off ^ (((off >> 7) & 7) << 4);
+  if ((size_t)a + 2 > g.smem.size()) fail("wgmma reads outside the dynamic shared memory");
+  if (g.owner[a] || g.owner[a + 1])
+    fail("wgmma reads shared memory written by cp.async without a fence.proxy.async after it landed");
+  uint16_t v = ld16(g.smem.data() + a);
+  hash = (hash ^ (v | (uint64_t)a << 16)) * 0x100000001b3ull;
+  return bf(v, 0);
+}
+
+// wg_compute computes this thread's accumulators of op (base: the input
+// accumulators, or null for zero) and the hash of the shared memory read;
+// with a null out only the hash (the register A operand is skipped).
+inline uint64_t wg_compute(const Thread::WgOp& op, const float* base, float* out) {
+  int lane = g.cur->lane, wq = g.cur->warp & 3, wgbase = (g.cur->index / 128) * 128;
+  Desc da = op.areg ? Desc{} : decode(op.da), db = decode(op.db);
+  uint64_t hash = 1469598103934665603ull;
+  for (int j = 0; j < op.N / 8; j++)
+    for (int e = 0; e < 4; e++) {
+      int row = 16 * wq + (lane >> 2) + 8 * (e >> 1), col = 8 * j + 2 * (lane & 3) + (e & 1);
+      double acc = base ? base[4 * j + e] : 0.0;
+      for (int k = 0; k < 16; k++) {
+        double A = 0;
+        if (!op.areg) {
+          A = wg_ld(op.trans_a ? wg_off_mn(da, row, k) : wg_off_k(da, row, k), hash);
+        } else if (out) {
+          // register A (PTX ISA, "Register Fragments" for wgmma .m64nNk16):
+          // the mma.m16n8k16 A layout per warp, warp w holding rows 16w..
+          int r = row & 15, src = wgbase + (row >> 4) * 32 + (r & 7) * 4 + ((k & 7) >> 1);
+          int reg = (r >> 3) + 2 * (k >> 3);
+          A = bf(g.slots[src].w[reg], k & 1);
+        }
+        double B = wg_ld(op.trans_b ? wg_off_mn(db, col, k) : wg_off_k(db, col, k), hash);
+        acc += A * B;
+      }
+      if (out) out[4 * j + e] = (float)acc;
+    }
+  return hash;
+}
+
+// wgmma issues d (+)= A·B for a 64×N×16 product (areg null: A from the
+// descriptor da). d holds this thread's N/2 accumulators in the layout of
+// the PTX ISA's wgmma .m64nNk16 D fragments: d[4j+e] is row
+// 16·(warp%4) + lane/4 + 8·(e/2), column 8j + 2·(lane%4) + e%2.
+inline void wgmma(float* d, int N, const unsigned* areg, uint64_t da, uint64_t db, int scale_d, int trans_a,
+                  int trans_b) {
+  if (N % 8 || N < 8 || N > 256) fail("wgmma N not a multiple of 8 in [8, 256]");
+  Thread* me = g.cur;
+  Slot& sl = slot(me->lane);
+  for (int i = 0; i < 4; i++) sl.w[i] = areg ? areg[i] : 0;
+  memcpy(&sl.w[4], &da, 8);
+  memcpy(&sl.w[6], &db, 8);
+  wg_barrier();
+  const Slot& s0 = g.slots[(me->index / 128) * 128];
+  if (memcmp(&s0.w[4], &sl.w[4], 16) != 0) fail("wgmma descriptors differ across the warpgroup");
+  Thread::WgOp op{};
+  op.d = d;
+  op.N = N;
+  op.n = N / 2;
+  op.group = me->wg_group;
+  op.areg = areg;
+  if (areg) memcpy(op.asnap, areg, 16);
+  op.da = da;
+  op.db = db;
+  op.trans_a = trans_a;
+  op.trans_b = trans_b;
+  memcpy(op.before, d, 4 * op.n);
+  const float* base = nullptr;
+  for (auto it = me->wg.rbegin(); it != me->wg.rend(); ++it)
+    if (it->d == d) {
+      if (it->N != N) fail("wgmma chained on one accumulator with different N");
+      op.chained = true;
+      base = it->result;
+      break;
+    }
+  if (!op.chained) base = d;
+  op.hash = wg_compute(op, scale_d ? base : nullptr, op.result);
+  me->wg.push_back(op);
+  wg_barrier();  // the slots are read; they may be reused
+}
+
+inline void wg_fence() {
+  g.progress++;
+  yield();
+}
+
+inline void wg_commit() { g.cur->wg_group++; }
+
+// wg_wait retires this thread's ops of every group but the n most recent.
+inline void wg_wait(int n) {
+  Thread* me = g.cur;
+  size_t done = 0;
+  for (auto& op : me->wg) {
+    if (op.group >= me->wg_group) fail("wgmma.wait_group with a wgmma.mma_async not committed");
+    if (op.group >= me->wg_group - n) break;
+    if (op.areg && memcmp(op.asnap, op.areg, 16) != 0)
+      fail("wgmma A registers changed before wgmma.wait_group retired the wgmma reading them");
+    if (!op.chained && memcmp(op.before, op.d, 4 * op.n) != 0)
+      fail("wgmma accumulators written before wgmma.wait_group retired the wgmma writing them");
+    if (wg_compute(op, nullptr, nullptr) != op.hash)
+      fail("shared memory read by a wgmma changed before wgmma.wait_group retired it");
+    memcpy(op.d, op.result, 4 * op.n);
+    done++;
+  }
+  me->wg.erase(me->wg.begin(), me->wg.begin() + done);
+  g.progress++;
+  yield();
 }
 
 }  // namespace emu
@@ -408,3 +635,11 @@ inline void gpukit_emu_mma_bf16_16816(float c[4], const unsigned a[4], unsigned 
 inline void gpukit_emu_cp16(unsigned s, const void* src, bool ok) { emu::cp16(s, src, ok); }
 inline void gpukit_emu_cp_commit() {}
 inline void gpukit_emu_cp_wait0() { emu::cp_wait0(); }
+inline void gpukit_emu_fence_proxy_async() { emu::fence_proxy_async(); }
+inline void gpukit_emu_wgmma(float* d, int N, const unsigned* areg, uint64_t da, uint64_t db, int scale_d, int trans_a,
+                             int trans_b) {
+  emu::wgmma(d, N, areg, da, db, scale_d, trans_a, trans_b);
+}
+inline void gpukit_emu_wg_fence() { emu::wg_fence(); }
+inline void gpukit_emu_wg_commit() { emu::wg_commit(); }
+inline void gpukit_emu_wg_wait(int n) { emu::wg_wait(n); }
