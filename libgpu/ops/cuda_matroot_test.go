@@ -95,8 +95,16 @@ func TestCUDAInverseRootLarge(t *testing.T) {
 			re := rootRelErr(t, x, ref, batch, n)
 			dmax := float64(slices.Max(ev))
 			t.Logf("Newton (%d iterations): relative error %.3g, residuals δ %v", ops.NewtonIters(p, relEps, n), re, ev)
-			if !(dmax < 1) || !(re <= dmax/(p*(1-dmax))+prec.tol/4) || !(re <= prec.tol) {
-				t.Errorf("Newton: relative error %.3g, largest residual %.3g (bound %.3g)", re, dmax, dmax/(p*(1-dmax)))
+			// The bound δ/(p(1−δ)) holds for δ < 1. Under TF32 the iterate's
+			// 10-bit products leave δ above 1 for ill-conditioned inputs
+			// (X^p·A amplifies the error in the small eigenvalues' directions)
+			// while the root itself stays accurate (seen on an H100: relative
+			// error 2.8e-4, δ 2.5): there only the error is asserted.
+			if !(re <= prec.tol) || (dmax < 1 && !(re <= dmax/(p*(1-dmax))+prec.tol/4)) {
+				t.Errorf("Newton: relative error %.3g, largest residual %.3g", re, dmax)
+			}
+			if prec.name == "f32" && !(dmax < 1) {
+				t.Errorf("Newton in f32: residual %.3g, want < 1", dmax)
 			}
 		})
 	}

@@ -187,7 +187,8 @@ func TestCUDAUNetShapes(t *testing.T) {
 			if err := w.h.SpatialSum(s1h, x1h, false); err != nil {
 				t.Fatal(err)
 			}
-			w.near("column sum of 524288 rows", s1g, s1h, 1e-5)
+			// f32 sums of 2¹⁹ terms in two orders differ by about √n·ε ≈ 4e-5.
+			w.near("column sum of 524288 rows", s1g, s1h, 2e-4)
 		})
 	}
 }
