@@ -29,8 +29,9 @@ struct ops_adam_args {
     float lr, b1, b2, eps;
     const float* bc;        // {1 - b1^t, 1 - b2^t}, written by adamw_step
     const float* lr_scale;  // null, or a device scalar multiplying lr (a schedule)
+    const float* g_scale;   // null, or a device scalar multiplying every gradient (clipping)
 };
-static_assert(sizeof(ops_adam_args) == 1704, "ops_adam_args layout changed: update cuda_optim.go");
+static_assert(sizeof(ops_adam_args) == 1712, "ops_adam_args layout changed: update cuda_optim.go");
 
 struct ops_sgd_tensor {
     float* p;
@@ -82,7 +83,9 @@ extern "C" __global__ void adamw_step(int* step, float* bc, float b1, float b2) 
 //	p <- p - lr (m / bc1) / (sqrt(v / bc2) + eps)
 //
 // with lr = a.lr · *a.lr_scale when lr_scale is set (read on the device, so
-// a replayed graph follows a schedule) and wd per tensor (param groups).
+// a replayed graph follows a schedule), g = g · *g_scale when g_scale is set
+// (the clipping coefficient: the same f32 product clip_scale_multi would
+// have stored) and wd per tensor (param groups).
 extern "C" __global__ void adamw_multi(const __grid_constant__ ops_adam_args a) {
     int ti = gpukit_mt_find(a.start, a.count, blockIdx.x);
     const ops_adam_tensor& T = a.t[ti];
@@ -93,9 +96,10 @@ extern "C" __global__ void adamw_multi(const __grid_constant__ ops_adam_args a) 
     }
     float bc1 = a.bc[0], bc2 = a.bc[1];
     float lr = a.lr_scale ? a.lr * *a.lr_scale : a.lr;
+    const float gsc = a.g_scale ? *a.g_scale : 1.0f;
     float decay = 1.0f - lr * T.wd;
     for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {
-        float g = T.g[k];
+        float g = a.g_scale ? T.g[k] * gsc : T.g[k];
         float m = a.b1 * T.m[k] + (1.0f - a.b1) * g;
         float v = a.b2 * T.v[k] + (1.0f - a.b2) * g * g;
         T.m[k] = m;

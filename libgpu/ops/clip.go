@@ -11,6 +11,30 @@ import (
 // torch.nn.utils.clip_grad_norm_ does (coef = maxNorm/(norm + 1e-6)).
 const ClipEps = 1e-6
 
+// ClipCoef computes what ClipGradNorm would scale by without scaling:
+// norm ([1] f32) receives n = √(Σ g²) and coef ([1] f32) min(maxNorm/(n +
+// ClipEps), 1), both on the device. Pass coef as AdamWConfig.GradScale to
+// fuse the clipping into the update (same results, one pass over the
+// gradients fewer). Errors as ClipGradNorm.
+func (e *Engine) ClipCoef(grads []*tensor.Tensor, maxNorm float32, norm, coef *tensor.Tensor) error {
+	if coef == nil {
+		return fmt.Errorf("%w: clip coefficient is missing", tensor.ErrShape)
+	}
+	if err := e.check("clip coefficient", coef, tensor.F32, 1); err != nil {
+		return err
+	}
+	if err := e.checkClip(grads, maxNorm, norm); err != nil {
+		return err
+	}
+	switch b := e.impl.(type) {
+	case *hostImpl:
+		return b.clip(grads, maxNorm, norm, coef, false)
+	case *cudaImpl:
+		return b.clip(grads, maxNorm, norm, coef, false)
+	}
+	return fmt.Errorf("%w: %v has no gradient clipping", ErrNoBackend, e.dev)
+}
+
 // GradClipper is implemented by backends that clip gradients by their joint
 // norm (the host and CUDA backends). Engine.ClipGradNorm validates and calls
 // it; it is separate from Impl so backends without it still build.
@@ -33,6 +57,17 @@ type GradClipper interface {
 // list is ErrConfig too. Other errors as Linear; a backend without the op
 // gives ErrNoBackend.
 func (e *Engine) ClipGradNorm(grads []*tensor.Tensor, maxNorm float32, norm *tensor.Tensor) error {
+	if err := e.checkClip(grads, maxNorm, norm); err != nil {
+		return err
+	}
+	c, ok := e.impl.(GradClipper)
+	if !ok {
+		return fmt.Errorf("%w: %v has no gradient clipping", ErrNoBackend, e.dev)
+	}
+	return c.ClipGradNorm(grads, maxNorm, norm)
+}
+
+func (e *Engine) checkClip(grads []*tensor.Tensor, maxNorm float32, norm *tensor.Tensor) error {
 	if !(maxNorm > 0) || math.IsInf(float64(maxNorm), 1) {
 		return fmt.Errorf("%w: clip max norm %v (want a positive finite number)", ErrConfig, maxNorm)
 	}
@@ -50,19 +85,18 @@ func (e *Engine) ClipGradNorm(grads []*tensor.Tensor, maxNorm float32, norm *ten
 	if norm == nil {
 		return fmt.Errorf("%w: clip norm is missing", tensor.ErrShape)
 	}
-	if err := e.check("clip norm", norm, tensor.F32, 1); err != nil {
-		return err
-	}
-	c, ok := e.impl.(GradClipper)
-	if !ok {
-		return fmt.Errorf("%w: %v has no gradient clipping", ErrNoBackend, e.dev)
-	}
-	return c.ClipGradNorm(grads, maxNorm, norm)
+	return e.check("clip norm", norm, tensor.F32, 1)
 }
 
 // ClipGradNorm implements GradClipper on the host: the sum of squares in
 // float64, the coefficient rounded to f32, every element multiplied in f32.
 func (h *hostImpl) ClipGradNorm(grads []*tensor.Tensor, maxNorm float32, norm *tensor.Tensor) error {
+	return h.clip(grads, maxNorm, norm, nil, true)
+}
+
+// clip computes the norm (and, when coef is set, stores the coefficient)
+// and, with scale, scales the gradients.
+func (h *hostImpl) clip(grads []*tensor.Tensor, maxNorm float32, norm, coefT *tensor.Tensor, scale bool) error {
 	s, err := f32s(append(append([]*tensor.Tensor(nil), grads...), norm)...)
 	if err != nil {
 		return err
@@ -75,11 +109,20 @@ func (h *hostImpl) ClipGradNorm(grads []*tensor.Tensor, maxNorm float32, norm *t
 	}
 	n := float32(math.Sqrt(ss))
 	coef := min(maxNorm/(n+ClipEps), 1)
-	for _, g := range s[:len(grads)] {
-		for j := range g {
-			g[j] *= coef
+	if scale {
+		for _, g := range s[:len(grads)] {
+			for j := range g {
+				g[j] *= coef
+			}
 		}
 	}
 	s[len(grads)][0] = n
+	if coefT != nil {
+		c, err := coefT.F32()
+		if err != nil {
+			return fmt.Errorf("ops: host backend: %w", err)
+		}
+		c[0] = coef
+	}
 	return nil
 }

@@ -102,6 +102,13 @@ func clipPlan(sizes []int) ([]clipGroup, int64, error) {
 // norm and the coefficient on the device, and a multi-tensor scale that
 // reads the coefficient. No host synchronisation; bitwise reproducible.
 func (c *cudaImpl) ClipGradNorm(grads []*tensor.Tensor, maxNorm float32, norm *tensor.Tensor) error {
+	return c.clip(grads, maxNorm, norm, nil, true)
+}
+
+// clip queues the sums of squares and the finalize (norm and coefficient
+// into coefT, or the backend's scratch when nil) and, with scale, the
+// multi-tensor scale.
+func (c *cudaImpl) clip(grads []*tensor.Tensor, maxNorm float32, norm, coefT *tensor.Tensor, scale bool) error {
 	groups, total, err := clipPlan(numels(grads))
 	if err != nil {
 		return err
@@ -115,9 +122,11 @@ func (c *cudaImpl) ClipGradNorm(grads []*tensor.Tensor, maxNorm float32, norm *t
 		if err != nil {
 			return err
 		}
-		coef, err := c.scratchPtr("clip_coef", 4)
-		if err != nil {
-			return err
+		coef := devPtr(coefT)
+		if coefT == nil {
+			if coef, err = c.scratchPtr("clip_coef", 4); err != nil {
+				return err
+			}
 		}
 		args := make([]*clipArgs, len(groups))
 		for gi, g := range groups {
@@ -141,6 +150,9 @@ func (c *cudaImpl) ClipGradNorm(grads []*tensor.Tensor, maxNorm float32, norm *t
 			unsafe.Pointer(&partial), unsafe.Pointer(&cnt), unsafe.Pointer(&np), unsafe.Pointer(&coef),
 			unsafe.Pointer(&mx)); err != nil {
 			return err
+		}
+		if !scale {
+			return nil
 		}
 		for gi, g := range groups {
 			nb := uint32(g.start[g.hi-g.lo])

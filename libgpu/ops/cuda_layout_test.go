@@ -16,13 +16,14 @@ func TestCUDAMultiTensorArgsLayout(t *testing.T) {
 		got, want uintptr
 	}{
 		{"sizeof(ops_adam_tensor)", unsafe.Sizeof(mtAdamTensor{}), 48},
-		{"sizeof(ops_adam_args)", unsafe.Sizeof(a), 1704},
+		{"sizeof(ops_adam_args)", unsafe.Sizeof(a), 1712},
 		{"offsetof(ops_adam_tensor, wd)", unsafe.Offsetof(mtAdamTensor{}.wd), 40},
 		{"offsetof(ops_adam_args, start)", unsafe.Offsetof(a.start), 1536},
 		{"offsetof(ops_adam_args, count)", unsafe.Offsetof(a.count), 1668},
 		{"offsetof(ops_adam_args, lr)", unsafe.Offsetof(a.lr), 1672},
 		{"offsetof(ops_adam_args, bc)", unsafe.Offsetof(a.bc), 1688},
 		{"offsetof(ops_adam_args, lr_scale)", unsafe.Offsetof(a.lrScale), 1696},
+		{"offsetof(ops_adam_args, g_scale)", unsafe.Offsetof(a.gScale), 1704},
 		{"sizeof(ops_sgd_tensor)", unsafe.Sizeof(mtSGDTensor{}), 32},
 		{"sizeof(ops_sgd_args)", unsafe.Sizeof(s), 1176},
 		{"offsetof(ops_sgd_args, count)", unsafe.Offsetof(s.count), 1156},

@@ -29,7 +29,7 @@ type mtAdamTensor struct {
 	_          [4]byte
 }
 
-// mtAdamArgs mirrors ops_adam_args (1704 bytes, asserted in the .cu and in
+// mtAdamArgs mirrors ops_adam_args (1712 bytes, asserted in the .cu and in
 // the tests).
 type mtAdamArgs struct {
 	t               [mtMax]mtAdamTensor
@@ -38,6 +38,7 @@ type mtAdamArgs struct {
 	lr, b1, b2, eps float32
 	bc              cuda.DevicePtr
 	lrScale         cuda.DevicePtr
+	gScale          cuda.DevicePtr
 }
 
 // mtSGDTensor mirrors ops_sgd_tensor.
@@ -117,7 +118,8 @@ func (c *cudaImpl) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tens
 				continue
 			}
 			a := &mtAdamArgs{start: g.start, count: int32(g.hi - g.lo),
-				lr: cfg.LR, b1: cfg.Beta1, b2: cfg.Beta2, eps: cfg.Eps, bc: c.bc, lrScale: devPtr(cfg.LRScale)}
+				lr: cfg.LR, b1: cfg.Beta1, b2: cfg.Beta2, eps: cfg.Eps, bc: c.bc, lrScale: devPtr(cfg.LRScale),
+				gScale: devPtr(cfg.GradScale)}
 			for i := g.lo; i < g.hi; i++ {
 				a.t[i-g.lo] = mtAdamTensor{p: devPtr(params[i]), g: devPtr(grads[i]), m: devPtr(m[i]),
 					v: devPtr(v[i]), n: int64(params[i].Numel()), wd: cfg.decay(i)}

@@ -232,6 +232,11 @@ func (e *Engine) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tensor
 			return err
 		}
 	}
+	if cfg.GradScale != nil {
+		if err := e.check("adamw GradScale", cfg.GradScale, tensor.F32, 1); err != nil {
+			return err
+		}
+	}
 	if step == nil {
 		return fmt.Errorf("%w: adamw step is missing", tensor.ErrShape)
 	}

@@ -209,6 +209,14 @@ func (h *hostImpl) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tens
 		}
 		lr = float64(float32(cfg.LR) * sc[0]) // the f32 product, as the kernel forms it
 	}
+	gsc := float32(1)
+	if cfg.GradScale != nil {
+		v, err := cfg.GradScale.F32()
+		if err != nil {
+			return fmt.Errorf("ops: host backend: %w", err)
+		}
+		gsc = v[0]
+	}
 	for i := range params {
 		wd := float64(cfg.decay(i))
 		s, err := f32s(params[i], grads[i], m[i], v[i])
@@ -217,7 +225,11 @@ func (h *hostImpl) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tens
 		}
 		ps, gs, ms, vs := s[0], s[1], s[2], s[3]
 		for j := range ps {
-			p, g := float64(ps[j]), float64(gs[j])
+			gj := gs[j]
+			if cfg.GradScale != nil {
+				gj *= gsc // the f32 product the CUDA kernel forms
+			}
+			p, g := float64(ps[j]), float64(gj)
 			mj := b1*float64(ms[j]) + (1-b1)*g
 			vj := b2*float64(vs[j]) + (1-b2)*g*g
 			ms[j], vs[j] = float32(mj), float32(vj)

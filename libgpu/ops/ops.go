@@ -76,6 +76,11 @@ type AdamWConfig struct {
 	LR, Beta1, Beta2, Eps, WeightDecay float32
 	LRScale                            *tensor.Tensor
 	NoDecay                            []bool
+	// GradScale, when set, is an f32 scalar on the device multiplying
+	// every gradient as it is read (Engine.ClipCoef's coefficient: clipping
+	// fused into the update, one pass over the gradients fewer; the same
+	// f32 products as scaling them first).
+	GradScale *tensor.Tensor
 }
 
 // decay is the weight decay of parameter i.

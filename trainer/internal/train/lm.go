@@ -89,6 +89,7 @@ type lm struct {
 	hook   bool           // K-FAC reads the graph's Linear layers through OnLinear
 	lr     *tensor.Tensor // [1] f32: the learning rate's scale, an input of every step
 	norm   *tensor.Tensor // [1] f32 gradient norm (Clip > 0)
+	coef   *tensor.Tensor // [1] f32 clipping coefficient AdamW applies (Clip > 0, in-process AdamW)
 	grads  []*tensor.Tensor
 	train  *nn.GPTStep
 	eval   *nn.GPTStep
@@ -161,9 +162,23 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec
 		l.grads = append(l.grads, p.Grad)
 	}
 	var counter *tensor.Tensor
+	if cfg.Clip > 0 {
+		if l.norm, err = alloc1("acts/grad_norm"); err != nil {
+			return l, err
+		}
+	}
 	if name := cfg.optimName(); name == "adamw" && socket == "" {
 		ac := ops.AdamWConfig{LR: cfg.LR, Beta1: cfg.Beta1, Beta2: cfg.Beta2, Eps: 1e-8, WeightDecay: cfg.WeightDecay,
 			LRScale: l.lr, NoDecay: noDecay}
+		if cfg.Clip > 0 {
+			// Clipping fused into AdamW: the coefficient scales each gradient
+			// as AdamW reads it (ops.Engine.ClipCoef; same results as
+			// clipping first, one pass over the gradients fewer).
+			if l.coef, err = alloc1("acts/clip_coef"); err != nil {
+				return l, err
+			}
+			ac.GradScale = l.coef
+		}
 		adam, err := optim.NewAdamW(a, run, l.m.Params(), ac)
 		if err != nil {
 			return l, fmt.Errorf("building the optimizer: %w", err)
@@ -188,11 +203,6 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec
 			return l, fmt.Errorf("%w: dropout needs an optimizer with a step counter (--optim %s has none)", ErrConfig, name)
 		}
 	}
-	if cfg.Clip > 0 {
-		if l.norm, err = alloc1("acts/grad_norm"); err != nil {
-			return l, err
-		}
-	}
 	gopts := ops.GraphOptions{Autocast: cast, Train: cfg.Model.Dropout > 0, Seed: cfg.Seed, Counter: counter}
 	if l.hook {
 		gopts.OnLinear = l.set.Optimizer.(*optim.KFAC).OnLinear(e)
@@ -214,8 +224,11 @@ func (l *lm) compute(e *ops.Engine, gt *trace.GPUTimer) error {
 		{spanForward, g.Forward},
 		{spanBackward, g.Backward},
 		{spanClip, func() error {
-			if l.norm == nil {
+			switch {
+			case l.norm == nil:
 				return nil
+			case l.coef != nil:
+				return e.ClipCoef(l.grads, l.cfg.Clip, l.norm, l.coef)
 			}
 			return e.ClipGradNorm(l.grads, l.cfg.Clip, l.norm)
 		}},
