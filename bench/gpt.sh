@@ -31,7 +31,7 @@ shk=(--model gpt --data "$text" --layers 6 --heads 6 --d-model 384 --block 256 -
 # Step time: 300 steps, loss lines every 50; the first interval holds
 # compilation and capture, so the median of the later ones.
 "$bin/trainer" run "${shk[@]}" --out "$work/step" --steps 300 --log-every 50 --eval-every 300 --eval-batches 1 \
-	--dropout 0 >"$work/step.jsonl" 2>"$work/step.err" || { cat "$work/step.err" >&2; exit 1; }
+	--dropout 0 --clip 0 >"$work/step.jsonl" 2>"$work/step.err" || { cat "$work/step.err" >&2; exit 1; }
 python3 - "$work/step.jsonl" <<'PY' | emit
 import json, sys, statistics
 ls = [json.loads(l) for l in open(sys.argv[1]) if '"step_ms"' in l][1:]
