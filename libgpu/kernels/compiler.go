@@ -29,6 +29,10 @@ type Result struct {
 	// Recovered is non-empty when a corrupt cache entry for this key was
 	// found, removed and replaced by a fresh compilation; it says why.
 	Recovered string
+	// CacheErr is why a fresh compilation could not be stored in the cache
+	// (a removed or read-only directory, a full disk): the result is good,
+	// only a later process compiles again.
+	CacheErr error
 }
 
 // Image is the cubin, or the PTX for a PTX result.
@@ -176,9 +180,7 @@ func (c *Compiler) compile(src Source, opts Options) (Result, error) {
 	res.LoweredNames = out.Lowered
 	res.setImage(out.Image, opts.PTX)
 	if c.cache != nil {
-		if err := c.cache.Put(key, encodePayload(out.Image, out.Lowered, res.Log)); err != nil {
-			return res, err
-		}
+		res.CacheErr = c.cache.Put(key, encodePayload(out.Image, out.Lowered, res.Log))
 	}
 	return res, nil
 }

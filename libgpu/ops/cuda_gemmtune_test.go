@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/kernels"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/ops/opstest"
 	"gpukit/libgpu/tensor"
@@ -18,11 +19,15 @@ import (
 // bias gradient, accumulated) give the host backend's results within the
 // GEMM tolerance, the choices land in the cache directory's
 // gemm-algos.json, and a second engine (as a second process would) reads
-// them and computes bitwise the same outputs.
+// them and computes bitwise the same outputs. (The cache directory is the
+// process's: the kernel cache is opened once per process, so a test must
+// not move it.)
 func TestCUDAMatmulTuned(t *testing.T) {
 	d := gpu(t)
-	cache := t.TempDir()
-	t.Setenv("GPUKIT_CACHE_DIR", cache)
+	cache, err := kernels.DefaultCacheDir()
+	if err != nil {
+		t.Fatalf("no cache directory: %v", err)
+	}
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 9))

@@ -141,6 +141,9 @@ func runBuild(c *cli.Context) error {
 			failed = append(failed, err)
 			continue
 		}
+		if r.CacheErr != nil {
+			fmt.Fprintf(stderr(c), "kernelc: %s: compiled but not cached: %v\n", j.in, r.CacheErr)
+		}
 		if j.out == "-" {
 			for e, l := range r.LoweredNames {
 				fmt.Fprintf(stderr(c), "kernelc: %s = %s\n", e, l)
@@ -265,6 +268,9 @@ func buildLibgpu(c *cli.Context) error {
 		r, err := comp.Compile(src, kernels.EmbeddedOptions(arch))
 		if err != nil {
 			return err
+		}
+		if r.CacheErr != nil { // warming the cache is the point of --libgpu
+			return fmt.Errorf("libgpu/kernels/%s: %w", name, r.CacheErr)
 		}
 		writeJSON(stdout(c), buildResult{Source: "libgpu/kernels/" + name, Arch: r.Arch, Key: r.Key,
 			CacheHit: r.CacheHit, Bytes: len(r.Cubin)})
