@@ -72,6 +72,7 @@ type node struct {
 	fwd, bwd  Func
 	fwdGrads  bool   // the forward writes the inputs' gradients (a fused loss)
 	acc       []bool // per input: accumulate into its gradient (else overwrite)
+	sole      []bool // per input: this node is the only writer of its gradient
 	wantsIn   []bool // per input: its gradient is written by this node
 	outNeeded []bool // per output: something downstream writes its gradient
 	runBwd    bool
@@ -98,6 +99,11 @@ func (g *Grads) In(i int) *tensor.Tensor {
 	}
 	return g.n.in[i].Grad
 }
+
+// Sole reports whether this node is the only writer of input i's gradient
+// (no fan-out): an op may then write it on a side stream, joined before
+// anything reads it, without ordering against other writers.
+func (g *Grads) Sole(i int) bool { return i >= 0 && i < len(g.n.in) && g.n.sole[i] }
 
 // Acc reports whether the gradient of input i must be added to what In(i)
 // holds (another consumer of the same value wrote first) rather than
@@ -225,7 +231,7 @@ func (t *Tape) record(name string, in, out []*Var, fwd, bwd Func, fwdGrads bool)
 		}
 	}
 	n := &node{name: name, in: in, out: out, fwd: fwd, bwd: bwd, fwdGrads: fwdGrads,
-		acc: make([]bool, len(in)), wantsIn: make([]bool, len(in)), outNeeded: make([]bool, len(out))}
+		acc: make([]bool, len(in)), sole: make([]bool, len(in)), wantsIn: make([]bool, len(in)), outNeeded: make([]bool, len(out))}
 	n.grads.n = n
 	req := false
 	for _, v := range in {
@@ -289,6 +295,12 @@ func (t *Tape) Build(grads bool) error {
 			n.wantsIn[i] = true
 			n.acc[i] = len(r.writers) > 0
 			r.writers = append(r.writers, writer{n: n, in: i})
+		}
+	}
+	for _, v := range t.vars {
+		if v.alias == nil && len(v.writers) == 1 {
+			w := v.writers[0]
+			w.n.sole[w.in] = true
 		}
 	}
 	// Allocate root gradients, then derive alias gradients.

@@ -274,3 +274,41 @@ func TestNoGradientWhereNothingFlows(t *testing.T) {
 		t.Fatalf("dw = %v, want x = [1 2]", f32(w.Grad))
 	}
 }
+
+// TestSoleWriter: Grads.Sole is true only where a node is the one writer
+// of an input's gradient (not for a value read twice, not through an alias
+// of a value read elsewhere).
+func TestSoleWriter(t *testing.T) {
+	c := newCalc(t, 2)
+	w := c.param("w", []float32{1, 2}) // read by two nodes
+	v := c.param("v", []float32{3, 4}) // read once
+	u := c.param("u", []float32{5, 6}) // read once, through an alias, and directly
+	uc, _ := tensor.Alloc(c.a, "", tensor.F32, 2)
+	ua, err := c.p.Alias("u.alias", u, uc, func(g *tensor.Tensor) (*tensor.Tensor, error) { return g, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.mul(w, v)
+	b := c.mul(w, ua)
+	d := c.mul(a, b)
+	e := c.mul(d, u)
+	c.sum(e)
+	if err := c.p.Build(true); err != nil {
+		t.Fatal(err)
+	}
+	sole := map[string][]bool{}
+	for _, n := range c.p.nodes {
+		for i, in := range n.in {
+			if n.wantsIn[i] {
+				sole[in.Name] = append(sole[in.Name], n.grads.Sole(i))
+			}
+		}
+	}
+	for name, want := range map[string]bool{"w": false, "v": true, "u": false, "u.alias": false} {
+		for _, got := range sole[name] {
+			if got != want {
+				t.Errorf("%s: Sole %v, want %v (%v)", name, got, want, sole[name])
+			}
+		}
+	}
+}

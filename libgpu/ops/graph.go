@@ -71,6 +71,7 @@ type graphShared struct {
 	castBatch *castBatch
 	sites     int              // dropout call-sites so far
 	owned     []*tensor.Tensor // buffers the graph allocated outside the tape (casts)
+	side      bool             // some backward step queues work on the side stream
 }
 
 type castKey struct {
@@ -236,8 +237,19 @@ func (g *Graph) Build(grads bool) error {
 // Forward runs the forward pass (queued on the engine).
 func (g *Graph) Forward() error { return g.tape.Forward() }
 
-// Backward runs the backward pass (queued on the engine).
-func (g *Graph) Backward() error { return g.tape.Backward() }
+// Backward runs the backward pass (queued on the engine). Work that
+// backward steps queued on the engine's side stream (weight gradients) is
+// joined before it returns, so what follows (clipping, the optimizer)
+// sees every gradient.
+func (g *Graph) Backward() error {
+	if err := g.tape.Backward(); err != nil {
+		return err
+	}
+	if g.shared.side {
+		return g.e.Join()
+	}
+	return nil
+}
 
 // Free releases the buffers the graph allocated.
 func (g *Graph) Free() error {

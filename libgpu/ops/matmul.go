@@ -544,6 +544,7 @@ func (g *Graph) Linear(x, w, b *Var, act Act) *Var {
 			}
 		}
 		mm := Matmul{A: dz, B: x2, D: gr.In(1), TransA: true, Accumulate: gr.Acc(1)}
+		side := e.HasSide() && gr.Sole(1) && (b == nil || gr.In(2) == nil || gr.Sole(2))
 		if b != nil && gr.In(2) != nil {
 			if mm.D != nil && gr.Acc(2) == gr.Acc(1) {
 				mm.BiasGrad = gr.In(2) // from the weight-gradient product (BGRADB)
@@ -553,6 +554,15 @@ func (g *Graph) Linear(x, w, b *Var, act Act) *Var {
 		}
 		if mm.D == nil {
 			return nil
+		}
+		if side {
+			// The weight gradient (a product over all the batch's rows
+			// into a small matrix, which fills few multiprocessors) runs
+			// on the side stream beside the rest of the backward; this
+			// node is its only writer and Graph.Backward joins before
+			// anything reads it.
+			g.shared.side = true
+			return e.Side(func() error { return e.Matmul(mm) })
 		}
 		return e.Matmul(mm)
 	})
