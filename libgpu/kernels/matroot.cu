@@ -156,11 +156,17 @@ extern "C" __global__ void root_status_err(const int* status, int count, float* 
   if (b < count) err[b] = status[b] == 0 ? 0.0f : __int_as_float(0x7f800000);
 }
 
-// root_err_status: status[b] = 0 where err[b] < 1 (a usable Newton root),
-// else 1 (NaN included).
-extern "C" __global__ void root_err_status(const float* err, int count, int* status) {
+// root_err_status: status[b] = 0 where err[b] is below ops.ResidualAccept
+// = max(1, 4·2⁻²⁴·√n·‖A + rI‖_F/r) (a usable Newton root; scal from
+// root_scalars: r = scal[b·4], ‖A + rI‖_F = scal[b·4 + 3]), else 1 (NaN
+// included).
+extern "C" __global__ void root_err_status(const float* err, const float* scal, int count, int n, int* status) {
   int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b < count) status[b] = err[b] < 1.0f ? 0 : 1;
+  if (b >= count) return;
+  double r = scal[b * 4], nrm = scal[b * 4 + 3];
+  double accept = 1.0;
+  if (r > 0.0) accept = fmax(1.0, 4.0 * 5.9604644775390625e-8 * sqrt((double)n) * nrm / r);
+  status[b] = (double)err[b] < accept ? 0 : 1;
 }
 
 // root_commit: dst[b] = src[b] (per items of `per` elements) for every

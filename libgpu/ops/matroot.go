@@ -50,9 +50,74 @@ const (
 	// InverseRoot.Err reports δ per matrix; rounding (f32, or TF32 tensor
 	// cores) adds to it an error of the order of the GEMMs' relative
 	// precision times the iteration count (opstest/matroot.go checks the
-	// bound against eigendecomposition with that allowance).
+	// bound against eigendecomposition with that allowance). In finite
+	// precision the iteration needs the ridge to stand above the products'
+	// rounding: see NewtonTF32MinRelEps; and δ itself, computed in f32,
+	// has a rounding floor: see ResidualFloor.
 	RootNewton
 )
+
+// RootTF32 says whether RootNewton's products may run in TF32.
+type RootTF32 uint8
+
+const (
+	// RootTF32Auto (the zero value): TF32 tensor cores on an engine whose
+	// precision is not PrecF32 when RelEps ≥ NewtonTF32MinRelEps, full f32
+	// products (Matmul.FullF32) otherwise.
+	RootTF32Auto RootTF32 = iota
+	// RootTF32On: the engine's precision whatever the ridge (benchmarks of
+	// the instability NewtonTF32MinRelEps avoids).
+	RootTF32On
+	// RootTF32Off: full f32 products.
+	RootTF32Off
+)
+
+// NewtonTF32MinRelEps is the smallest relative ridge (InverseRoot.RelEps)
+// at which RootNewton computes its products in TF32 by default. The
+// iteration starts from M₀ = z(A + rI) with ‖M₀‖_F = (p+1)/2 and smallest
+// eigenvalue z·r ≈ (p+1)/2·RelEps; rounding M₀ (and every later M) to
+// TF32's 10-bit mantissa (unit roundoff u = 2⁻¹¹ ≈ 4.9e-4) moves its
+// eigenvalues by an amount of order u·‖M₀‖_F/n to u·‖M₀‖_F/√n (first order
+// for delocalised eigenvectors, spectral norm of the rounding), so below
+// RelEps ~ u the small eigenvalues can be pushed negative, and
+// m ← ((p+1−m)/p)^p·m then diverges (|m| grows without bound for m < 0).
+// In an emulation of TF32 GEMMs (operands rounded to 10 mantissa bits,
+// f32 accumulation; the same emulation in plain f32 reproduced an H100's
+// f32 Newton error, 6e-6, and residual, 4e-3, at order 512) on Shampoo's
+// statistics (GᵀG/k of Gaussian G, orders 45 to 256, rank-deficient and
+// full rank) the iteration diverged (NaN) at RelEps ≤ 1e-5 and left
+// residuals δ above 1 up to RelEps 5e-4 to 1e-3; from 2e-3 every δ was
+// below 0.5. An H100 did better than the emulation at order 512 (RelEps
+// 1e-4: error 2.8e-4), so the bound may be loosened for large orders on
+// measured evidence (bench/roots.sh reports TF32 forced at every ridge).
+const NewtonTF32MinRelEps = 2e-3
+
+// ResidualFloor is the rounding floor of the residual δ = ‖X^p(A + rI) −
+// I‖_F that InverseRoot.Err reports for an n×n matrix with ridge r and
+// nrm = ‖A + rI‖_F: u·√n·nrm/r with u = 2⁻²⁴ (f32). X^p has eigenvalues up
+// to 1/r, so forming X^p·A in f32 leaves an error of order u·‖X^p‖·‖A‖ in
+// every direction near the ridge: even an exact root shows δ of this
+// size. (The same f32 emulation: accurate roots, error ~2e-3, of
+// rank-deficient statistics of order 45–256 at RelEps 1e-6 had δ from 0.6
+// to 1.25 times this floor, up to δ = 1.14.) 0 when r is 0.
+func ResidualFloor(n int, r, nrm float64) float64 {
+	if !(r > 0) {
+		return 0
+	}
+	return 0x1p-24 * math.Sqrt(float64(n)) * nrm / r
+}
+
+// ResidualAccept is the largest residual δ at which InverseRoot commits a
+// Newton root: max(1, 4·ResidualFloor(n, r, nrm)). Below 1, δ bounds the
+// root's error (RootNewton); where the floor exceeds 1/4, δ certifies
+// nothing beyond its rounding, and the check catches what it can: a
+// non-finite or diverged iteration, or one stopped far from convergence.
+// (Convergence itself is what the default iteration count guarantees in
+// exact arithmetic, and NewtonTF32MinRelEps keeps rounding from undoing
+// it.)
+func ResidualAccept(n int, r, nrm float64) float64 {
+	return math.Max(1, 4*ResidualFloor(n, r, nrm))
+}
 
 func (m RootMethod) String() string {
 	switch m {
@@ -109,16 +174,21 @@ type Eigh struct {
 // eigenvalues are clamped to 0 before the ridge is added. RootNewton runs
 // Iters iterations (0: NewtonIters(P, RelEps, n), enough from the
 // smallest eigenvalue the relative ridge allows) of the GEMM-based coupled
-// iteration documented at RootNewton; its products follow the engine's
-// precision (TF32 tensor cores on a GPU engine unless PrecF32).
+// iteration documented at RootNewton; TF32 chooses the precision of its
+// products (the zero value: TF32 tensor cores on a GPU engine unless
+// PrecF32, when RelEps ≥ NewtonTF32MinRelEps; full f32 below, where TF32
+// rounding breaks the iteration).
 //
 // Err (optional, [B] f32) receives per matrix the Newton residual
-// δ = ‖X^p·(A + rI) − I‖_F of the returned X (see RootNewton for the
-// error bound it gives; it costs a few more products), or for
-// RootEigen 0, or +Inf for a matrix whose decomposition failed. A matrix
-// whose decomposition failed, or (with Err) whose Newton residual is not
-// below 1, keeps the X it had: an optimizer keeps its previous root and
-// may retry (with F64).
+// δ = ‖X^p·(A + rI) − I‖_F of the returned X, computed with full f32
+// products (see RootNewton for the error bound it gives, ResidualFloor
+// for its rounding; it costs a few more products), or for RootEigen 0, or
+// +Inf for a matrix whose decomposition failed. Status (optional, [B]
+// i32) receives 0 for a matrix whose X was written, 1 for one that kept
+// the X it had: its decomposition failed or (with Err or Status set) its
+// Newton residual was not below ResidualAccept (NaN included). An
+// optimizer keeps its previous root and may retry (with F64). Without
+// Err and Status, Newton roots are written unchecked.
 type InverseRoot struct {
 	A, X        *tensor.Tensor
 	P           int
@@ -126,8 +196,10 @@ type InverseRoot struct {
 	Ridge       *tensor.Tensor
 	Method      RootMethod
 	Iters       int
+	TF32        RootTF32
 	F64         bool
 	Err         *tensor.Tensor
+	Status      *tensor.Tensor
 }
 
 // NewtonIters is the default iteration count of RootNewton for the
@@ -224,26 +296,30 @@ func (e *Engine) InverseRoot(r InverseRoot) error {
 	for _, t := range []struct {
 		what string
 		t    *tensor.Tensor
-	}{{"Ridge", r.Ridge}, {"Err", r.Err}} {
+		dt   []tensor.DType
+	}{{"Ridge", r.Ridge, f32Only}, {"Err", r.Err, f32Only}, {"Status", r.Status, []tensor.DType{tensor.I32}}} {
 		if t.t == nil {
 			continue
 		}
-		if err := e.checkView("inverse root "+t.what, t.t, true, f32Only, batch); err != nil {
+		if err := e.checkView("inverse root "+t.what, t.t, true, t.dt, batch); err != nil {
 			return err
 		}
 	}
 	finite := func(v float32) bool { return !math.IsInf(float64(v), 0) && !math.IsNaN(float64(v)) && v >= 0 }
-	if r.P < 1 || r.P > 64 || !finite(r.Eps) || !finite(r.RelEps) || r.Iters < 0 || r.Iters > 1000 {
-		return fmt.Errorf("%w: inverse root P %d, Eps %v, RelEps %v, Iters %d", ErrConfig, r.P, r.Eps, r.RelEps, r.Iters)
+	if r.P < 1 || r.P > 64 || !finite(r.Eps) || !finite(r.RelEps) || r.Iters < 0 || r.Iters > 1000 || r.TF32 > RootTF32Off {
+		return fmt.Errorf("%w: inverse root P %d, Eps %v, RelEps %v, Iters %d, TF32 %d", ErrConfig, r.P, r.Eps, r.RelEps, r.Iters, r.TF32)
 	}
 	a3, _ := r.A.View(batch, n, n)
 	x3, _ := r.X.View(batch, n, n)
-	var ridge, errT *tensor.Tensor
+	var ridge, errT, statT *tensor.Tensor
 	if r.Ridge != nil {
 		ridge, _ = r.Ridge.View(batch)
 	}
 	if r.Err != nil {
 		errT, _ = r.Err.View(batch)
+	}
+	if r.Status != nil {
+		statT, _ = r.Status.View(batch)
 	}
 	// Both methods read the upper triangle only (a statistic accumulated
 	// by GEMMs is symmetric only to rounding): a symmetric copy first.
@@ -274,7 +350,7 @@ func (e *Engine) InverseRoot(r InverseRoot) error {
 	}); err != nil {
 		return err
 	}
-	g := rootArgs{a: sym, x: x3, batch: batch, n: n, p: r.P, eps: r.Eps, relEps: r.RelEps, ridge: ridge, err: errT}
+	g := rootArgs{a: sym, x: x3, batch: batch, n: n, p: r.P, eps: r.Eps, relEps: r.RelEps, ridge: ridge, err: errT, status: statT}
 	switch r.Method {
 	case RootEigen:
 		return e.rootEigen(&g, r.F64)
@@ -283,7 +359,8 @@ func (e *Engine) InverseRoot(r InverseRoot) error {
 		if iters == 0 {
 			iters = NewtonIters(r.P, float64(r.RelEps), n)
 		}
-		return e.rootNewton(&g, iters)
+		full := r.TF32 == RootTF32Off || (r.TF32 == RootTF32Auto && r.RelEps < NewtonTF32MinRelEps)
+		return e.rootNewton(&g, iters, full)
 	}
 	return fmt.Errorf("%w: root method %v", ErrConfig, r.Method)
 }
@@ -294,6 +371,7 @@ type rootArgs struct {
 	batch, n, p int
 	eps, relEps float32
 	ridge, err  *tensor.Tensor
+	status      *tensor.Tensor // optional [B] i32 output
 }
 
 // rootChunks is the number of slices each matrix is reduced in
@@ -376,8 +454,9 @@ func (e *Engine) rootPartials(a, part *tensor.Tensor, batch, n, chunks int, shif
 	})
 }
 
-// rootNewton runs the coupled Newton iteration (RootNewton).
-func (e *Engine) rootNewton(g *rootArgs, iters int) error {
+// rootNewton runs the coupled Newton iteration (RootNewton), its products
+// in full f32 when full is set.
+func (e *Engine) rootNewton(g *rootArgs, iters int, full bool) error {
 	scal, err := e.rootScalars(g)
 	if err != nil {
 		return err
@@ -428,11 +507,11 @@ func (e *Engine) rootNewton(g *rootArgs, iters int) error {
 		if err := e.rootNewtonT(m, t, total, g.n, g.p); err != nil {
 			return err
 		}
-		if err := e.Matmul(Matmul{A: x, B: t, D: xn}); err != nil {
+		if err := e.Matmul(Matmul{A: x, B: t, D: xn, FullF32: full}); err != nil {
 			return err
 		}
 		x, xn = xn, x
-		tp, err := e.matPow(t, g.p, pool[1], mn, false)
+		tp, err := e.matPow(t, g.p, pool[1], mn, full)
 		if err != nil {
 			return err
 		}
@@ -442,7 +521,7 @@ func (e *Engine) rootNewton(g *rootArgs, iters int) error {
 		if tp == mn {
 			out = pool[1]
 		}
-		if err := e.Matmul(Matmul{A: tp, B: m, D: out}); err != nil {
+		if err := e.Matmul(Matmul{A: tp, B: m, D: out, FullF32: full}); err != nil {
 			return err
 		}
 		if out == pool[1] {
@@ -470,43 +549,55 @@ func (e *Engine) rootNewton(g *rootArgs, iters int) error {
 	}); err != nil {
 		return err
 	}
-	if g.err == nil {
+	if g.err == nil && g.status == nil {
 		return e.Copy(g.x, xs)
 	}
-	if err := e.rootResidual(g, xs, scal, []*tensor.Tensor{x, m, mn, pool[0], pool[1]}); err != nil {
+	errT := g.err
+	if errT == nil {
+		if errT, err = e.scratchTensor("root.newton.err", tensor.F32, g.batch); err != nil {
+			return err
+		}
+	}
+	if err := e.rootResidual(g, errT, xs, scal, []*tensor.Tensor{x, m, mn, pool[0], pool[1]}); err != nil {
 		return err
 	}
-	// Commit the matrices whose residual is below 1 (finite).
-	status, err := e.scratchTensor("root.newton.status", tensor.I32, g.batch)
-	if err != nil {
-		return err
+	// Commit the matrices whose residual is below ResidualAccept (finite).
+	status := g.status
+	if status == nil {
+		if status, err = e.scratchTensor("root.newton.status", tensor.I32, g.batch); err != nil {
+			return err
+		}
 	}
 	if err := e.dispatch(func(*hostImpl) error {
-		ev, err := hostIn(g.err)
+		ev, err := hostIn(errT)
 		if err != nil {
 			return err
 		}
-		st, _ := status.I32()
+		sv, _ := scal.F32()
+		st, err := status.I32()
+		if err != nil {
+			return fmt.Errorf("ops: host backend: %w", err)
+		}
 		for b := range st {
 			st[b] = 1
-			if ev[b] < 1 {
+			if float64(ev[b]) < ResidualAccept(g.n, float64(sv[b*4]), float64(sv[b*4+3])) {
 				st[b] = 0
 			}
 		}
 		return nil
 	}, func(c *cudaImpl) error {
 		return c.launchK("matroot.cu", "root_err_status", grid1((g.batch+127)/128), block1(128), 0,
-			kPtr(g.err), kI32(g.batch), kPtr(status))
+			kPtr(errT), kPtr(scal), kI32(g.batch), kI32(g.n), kPtr(status))
 	}); err != nil {
 		return err
 	}
 	return e.rootCommit(xs, g.x, status, g.batch, g.n*g.n)
 }
 
-// rootResidual writes Err[b] = ‖X^p·(A + r_b·I) − I‖_F for the root X
+// rootResidual writes errT[b] = ‖X^p·(A + r_b·I) − I‖_F for the root X
 // (the residual of the returned root, which bounds its error: see
 // RootNewton), using the five spare buffers.
-func (e *Engine) rootResidual(g *rootArgs, x, scal *tensor.Tensor, spare []*tensor.Tensor) error {
+func (e *Engine) rootResidual(g *rootArgs, errT, x, scal *tensor.Tensor, spare []*tensor.Tensor) error {
 	total := int64(g.batch) * int64(g.n) * int64(g.n)
 	base := spare[0]
 	if err := e.Copy(base, x); err != nil {
@@ -546,7 +637,7 @@ func (e *Engine) rootResidual(g *rootArgs, x, scal *tensor.Tensor, spare []*tens
 	}
 	return e.dispatch(func(*hostImpl) error {
 		pv, _ := part.F32()
-		out, commit, err := hostOut(g.err, false)
+		out, commit, err := hostOut(errT, false)
 		if err != nil {
 			return err
 		}
@@ -556,7 +647,7 @@ func (e *Engine) rootResidual(g *rootArgs, x, scal *tensor.Tensor, spare []*tens
 		return commit()
 	}, func(c *cudaImpl) error {
 		return c.launchK("matroot.cu", "root_err", grid1((g.batch+127)/128), block1(128), 0,
-			kPtr(part), kI32(chunks), kI32(g.batch), kPtr(g.err))
+			kPtr(part), kI32(chunks), kI32(g.batch), kPtr(errT))
 	})
 }
 
@@ -647,9 +738,11 @@ func (e *Engine) rootEigen(g *rootArgs, f64 bool) error {
 	if err != nil {
 		return err
 	}
-	status, err := e.scratchTensor("root.eig.status", tensor.I32, g.batch)
-	if err != nil {
-		return err
+	status := g.status
+	if status == nil {
+		if status, err = e.scratchTensor("root.eig.status", tensor.I32, g.batch); err != nil {
+			return err
+		}
 	}
 	if err := e.Eigh(Eigh{A: g.a, Q: q, W: w, F64: f64, Status: status}); err != nil {
 		return err

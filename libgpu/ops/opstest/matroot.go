@@ -118,6 +118,7 @@ func checkMatroot(s *Suite) {
 		s.Run(fmt.Sprintf("root/%v/ridge-tensor+in-place", m), func(s *Suite) { rootRidge(s, m) })
 		s.Run(fmt.Sprintf("root/%v/upper-triangle", m), func(s *Suite) { rootUpper(s, m) })
 	}
+	s.Run("root/newton/rank-deficient", rootRankDeficient)
 	s.Run("root/eigen/failure", func(s *Suite) { rootFailure(s, ops.RootEigen) })
 	s.Run("root/newton/failure", func(s *Suite) { rootFailure(s, ops.RootNewton) })
 	s.Run("validation", matrootValidation)
@@ -321,6 +322,53 @@ func rootUpper(s *Suite, m ops.RootMethod) {
 	s.Near("X", s.Read(x), RefInverseRoot(av, n, p, float64(float32(0.01))), rootTol(s))
 }
 
+// rootRankDeficient: Shampoo's first statistics — GᵀG/k of a Gaussian
+// k×n block with k < n, rank k — at Shampoo's default ridge 1e-6·‖A‖_F,
+// where the condition number is 10⁶: the Newton roots (full f32 products
+// on any engine: the ridge is below ops.NewtonTF32MinRelEps) are
+// accurate, and they are accepted (Status 0) although their residual δ,
+// computed in f32, sits near its rounding floor ops.ResidualFloor (an f32
+// emulation put δ near 1 at these orders: under the old acceptance, δ < 1,
+// such roots were discarded).
+func rootRankDeficient(s *Suite) {
+	const batch, k, n, p, relEps = 2, 40, 96, 4, 1e-6
+	g := make([]float64, batch*k*n)
+	for i := range g {
+		g[i] = s.R.NormFloat64()
+	}
+	av := make([]float64, 0, batch*n*n)
+	for b := 0; b < batch; b++ {
+		ab := RefMatmul(g[b*k*n:(b+1)*k*n], g[b*k*n:(b+1)*k*n], n, n, k, true, false)
+		for i := range ab {
+			ab[i] /= k
+		}
+		av = append(av, ab...)
+	}
+	a := s.Const(tensor.F32, av, batch, n, n)
+	av = s.Read(a)
+	x := s.Empty(tensor.F32, batch, n, n)
+	errT := s.Empty(tensor.F32, batch)
+	st := s.Empty(tensor.I32, batch)
+	s.NoErr("inverse root", s.E.InverseRoot(ops.InverseRoot{A: a, X: x, P: p, RelEps: relEps, Method: ops.RootNewton, Err: errT, Status: st}))
+	xv, ev, sv := s.Read(x), s.Read(errT), readI32(s, st)
+	for b := 0; b < batch; b++ {
+		ab := av[b*n*n : (b+1)*n*n]
+		nrmA := mat.Norm(RefSym(ab, n), 2)
+		r := relEps * nrmA
+		want := RefInverseRoot(ab, n, p, r)
+		e := RelErr(xv[b*n*n:(b+1)*n*n], want)
+		// ‖A + rI‖_F ≈ ‖A‖_F: the floor and the acceptance it gives.
+		floor, accept := ops.ResidualFloor(n, r, nrmA), ops.ResidualAccept(n, r, nrmA)
+		s.T.Logf("matrix %d: relative error %.3g, δ %.3g (floor %.3g, accepted below %.3g), status %d", b, e, ev[b], floor, accept, sv[b])
+		if sv[b] != 0 || !(ev[b] < accept) {
+			s.T.Errorf("matrix %d: status %d, δ %.3g: an accurate root (error %.3g) was rejected", b, sv[b], ev[b], e)
+		}
+		if !(e <= 1e-2) {
+			s.T.Errorf("matrix %d: relative error %.3g > 1e-2", b, e)
+		}
+	}
+}
+
 // rootFailure: a matrix with a NaN keeps its previous root and reports
 // Err = +Inf (eigen) or a residual not below 1 (Newton: NaN); the others
 // are computed.
@@ -335,10 +383,14 @@ func rootFailure(s *Suite, m ops.RootMethod) {
 	}
 	x := s.Const(tensor.F32, old, batch, n, n)
 	errT := s.Empty(tensor.F32, batch)
-	s.NoErr("inverse root", s.E.InverseRoot(ops.InverseRoot{A: a, X: x, P: 4, Eps: 1e-3, Method: m, Err: errT}))
+	st := s.Empty(tensor.I32, batch)
+	s.NoErr("inverse root", s.E.InverseRoot(ops.InverseRoot{A: a, X: x, P: 4, Eps: 1e-3, Method: m, Err: errT, Status: st}))
 	ev, xv := s.Read(errT), s.Read(x)
 	if !(ev[0] < 1e-2) || ev[1] < 1 {
 		s.T.Errorf("Err %v, want [small, not below 1]", ev)
+	}
+	if sv := readI32(s, st); sv[0] != 0 || sv[1] != 1 {
+		s.T.Errorf("Status %v, want [0 1]", sv)
 	}
 	if m == ops.RootEigen && !math.IsInf(ev[1], 1) {
 		s.T.Errorf("Err %v, want [0 +Inf]", ev)
@@ -365,6 +417,8 @@ func matrootValidation(s *Suite) {
 		{"negative Eps", s.E.InverseRoot(ops.InverseRoot{A: sq, X: sq, P: 2, Eps: -1}), ops.ErrConfig},
 		{"Ridge shape", s.E.InverseRoot(ops.InverseRoot{A: sq, X: sq, P: 2, Ridge: s.Empty(tensor.F32, 3)}), tensor.ErrShape},
 		{"method", s.E.InverseRoot(ops.InverseRoot{A: sq, X: sq, P: 2, Method: 9}), ops.ErrConfig},
+		{"TF32 mode", s.E.InverseRoot(ops.InverseRoot{A: sq, X: sq, P: 2, TF32: 7}), ops.ErrConfig},
+		{"Status dtype", s.E.InverseRoot(ops.InverseRoot{A: sq, X: sq, P: 2, Status: s.Empty(tensor.F32, 2)}), tensor.ErrDType},
 		{"eigh W shape", s.E.Eigh(ops.Eigh{A: sq, Q: sq, W: s.Empty(tensor.F32, 4)}), tensor.ErrShape},
 		{"eigh Status dtype", s.E.Eigh(ops.Eigh{A: sq, Q: sq, W: s.Empty(tensor.F32, 2, 4), Status: s.Empty(tensor.F32, 2)}), tensor.ErrDType},
 		{"rank 4", s.E.Eigh(ops.Eigh{A: s.Empty(tensor.F32, 1, 2, 4, 4), Q: s.Empty(tensor.F32, 1, 2, 4, 4), W: s.Empty(tensor.F32, 2, 4)}), tensor.ErrShape},
