@@ -74,6 +74,7 @@ type kfacLayer struct {
 	ainv, ginv     *tensor.Tensor // state: inverses in use
 	ridgeA, ridgeG *tensor.Tensor // work: damping
 	errs           *tensor.Tensor // work: the inverses' residuals [2]
+	status         *tensor.Tensor // work: the inverses' statuses [2] i32 (0: written)
 	v              *tensor.Tensor // work: the preconditioned gradient
 	updated        int            // the step whose factors were last captured
 }
@@ -176,6 +177,9 @@ func NewKFAC(a device.Allocator, prefix string, params []nn.Param, layers []KFAC
 				return o, err
 			}
 		}
+		if l.status, err = o.s.work(a, prefix, n+".root_status", tensor.I32, 2); err != nil {
+			return o, err
+		}
 		job := &rootJob{name: "kfac/" + n, src: []*tensor.Tensor{l.a, l.g}, dst: []*tensor.Tensor{l.ainv, l.ginv},
 			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64 bool) (*tensor.Tensor, error) {
 				if err := e.KFACDamping(l.ridgeA, l.ridgeG, src[0], src[1], cfg.Damping); err != nil {
@@ -187,14 +191,15 @@ func NewKFAC(a device.Allocator, prefix string, params []nn.Param, layers []KFAC
 				}
 				for i, r := range []*tensor.Tensor{l.ridgeA, l.ridgeG} {
 					ev, _ := l.errs.Narrow(0, i, 1)
+					sv, _ := l.status.Narrow(0, i, 1)
 					if err := e.InverseRoot(ops.InverseRoot{A: src[i], X: dst[i], P: 1, Ridge: r, Method: method,
-						Iters: cfg.Roots.NewtonIters, F64: f64, Err: ev}); err != nil {
+						Iters: cfg.Roots.NewtonIters, F64: f64, Err: ev, Status: sv}); err != nil {
 						return nil, err
 					}
 				}
-				return l.errs, nil
+				return l.status, nil
 			}}
-		if err := o.sched.add(&o.s, a, prefix, job, l.errs); err != nil {
+		if err := o.sched.add(&o.s, a, prefix, job, l.status); err != nil {
 			return o, err
 		}
 		o.layers = append(o.layers, l)

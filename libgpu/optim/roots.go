@@ -35,7 +35,7 @@ type RootOptions struct {
 // RootStats count what the preconditioner refreshes did.
 type RootStats struct {
 	Refreshes int // refreshes started
-	Failures  int // matrices whose root or decomposition failed (kept their previous value)
+	Failures  int // matrices whose root or decomposition failed (kept their previous value, or at the first refresh were recomputed)
 	F64       int // jobs switched to float64 eigendecomposition after a failure
 }
 
@@ -46,7 +46,12 @@ type RootStats struct {
 // last refresh's status as state and reads it at the next refresh, a
 // refresh interval later (when it is long computed), to switch a failing
 // job to float64 eigendecomposition: a fixed point of the schedule, so
-// runs and resumed runs decide alike.
+// runs and resumed runs decide alike. A failed matrix keeps its previous
+// result meanwhile — except at the first refresh, where there is none
+// (dst holds the identities it starts with, which would silently turn
+// the preconditioned step into another one): the first refresh's status
+// is read at once (one host wait per run) and a failing job is recomputed
+// in float64 before its results are used (rootSched.verifyFirst).
 type rootJob struct {
 	name    string
 	src     []*tensor.Tensor
@@ -156,6 +161,11 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 			if err := r.stageStatus(e, j, st); err != nil {
 				return err
 			}
+			if t == r.start {
+				if err := r.verifyFirst(e, j, j.src, j.dst); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	}
@@ -195,10 +205,17 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 }
 
 // publish makes the main stream wait for the side stream's refresh and
-// copies its results into use.
+// copies its results into use (the first refresh's verified first).
 func (r *rootSched) publish(e *ops.Engine) error {
 	if err := e.WaitEvent(r.done); err != nil {
 		return err
+	}
+	if r.pendingT == r.start {
+		for _, j := range r.jobs {
+			if err := r.verifyFirst(e, j, j.snap, j.pend); err != nil {
+				return err
+			}
+		}
 	}
 	for _, j := range r.jobs {
 		for i := range j.dst {
@@ -270,6 +287,69 @@ func (r *rootSched) stageStatus(e *ops.Engine, j *rootJob, st *tensor.Tensor) er
 	return j.ev.Record()
 }
 
+// failures counts the failed matrices of a job's staged status, waiting
+// on the host for the stream that staged it.
+func (r *rootSched) failures(j *rootJob) (int, error) {
+	if j.ev != nil {
+		if err := j.ev.Wait(); err != nil {
+			return 0, err
+		}
+	}
+	b, err := j.status.Read()
+	if err != nil {
+		return 0, err
+	}
+	failed := 0
+	switch j.status.DType {
+	case tensor.F32:
+		for _, v := range tensor.BytesAs[float32](b) {
+			if !(v < 1) || math.IsNaN(float64(v)) {
+				failed++
+			}
+		}
+	case tensor.I32:
+		for _, v := range tensor.BytesAs[int32](b) {
+			if v != 0 {
+				failed++
+			}
+		}
+	}
+	return failed, nil
+}
+
+// verifyFirst checks a job's first refresh (computed from src into dst)
+// before its results are used: the host waits for its status, and a job
+// with failed matrices — which would keep dst's starting identities — is
+// switched to float64 eigendecomposition and recomputed at once, on the
+// main stream (the switch recorded in its state, as checkFailures does).
+// Matrices that fail in float64 too keep the identity; both counts go to
+// RootStats.Failures.
+func (r *rootSched) verifyFirst(e *ops.Engine, j *rootJob, src, dst []*tensor.Tensor) error {
+	if j.f64 {
+		return nil
+	}
+	failed, err := r.failures(j)
+	if err != nil || failed == 0 {
+		return err
+	}
+	r.stats.Failures += failed
+	j.f64 = true
+	r.stats.F64++
+	if err := e.Fill(j.f64s, 1); err != nil {
+		return err
+	}
+	st, err := j.compute(e, src, dst, true)
+	if err != nil {
+		return fmt.Errorf("optim: %s (float64 retry): %w", j.name, err)
+	}
+	if err := r.stageStatus(e, j, st); err != nil {
+		return err
+	}
+	failed, err = r.failures(j)
+	r.stats.Failures += failed
+	return err
+}
+
 // checkFailures reads the last refresh's statuses (waiting, on a GPU, for
 // that refresh's status copy, which a refresh interval has normally long
 // completed) and switches jobs with failed matrices to float64
@@ -279,29 +359,9 @@ func (r *rootSched) checkFailures(e *ops.Engine) error {
 		if j.f64 {
 			continue
 		}
-		if j.ev != nil {
-			if err := j.ev.Wait(); err != nil {
-				return err
-			}
-		}
-		b, err := j.status.Read()
+		failed, err := r.failures(j)
 		if err != nil {
 			return err
-		}
-		failed := 0
-		switch j.status.DType {
-		case tensor.F32:
-			for _, v := range tensor.BytesAs[float32](b) {
-				if !(v < 1) || math.IsNaN(float64(v)) {
-					failed++
-				}
-			}
-		case tensor.I32:
-			for _, v := range tensor.BytesAs[int32](b) {
-				if v != 0 {
-					failed++
-				}
-			}
 		}
 		r.stats.Failures += failed
 		if failed > 0 {

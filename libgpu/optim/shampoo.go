@@ -77,7 +77,8 @@ type statClass struct {
 	stats  *tensor.Tensor // [count, d, d] state
 	out    *tensor.Tensor // [count, d, d] state: roots (Shampoo) or eigenbases (SOAP)
 	real   []int32        // the real order of each block (SOAP's PadDiag)
-	status *tensor.Tensor // work: the refresh's per-matrix status
+	status *tensor.Tensor // work: the refresh's per-matrix status ([count] i32, 0: ok)
+	resid  *tensor.Tensor // work: Shampoo's Newton residuals ([count] f32)
 	job    *rootJob
 }
 
@@ -212,7 +213,10 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 		if err := identity(c.out); err != nil {
 			return o, err
 		}
-		if c.status, err = o.s.work(a, prefix, tag+".residual", tensor.F32, c.count); err != nil {
+		if c.resid, err = o.s.work(a, prefix, tag+".residual", tensor.F32, c.count); err != nil {
+			return o, err
+		}
+		if c.status, err = o.s.work(a, prefix, tag+".root_status", tensor.I32, c.count); err != nil {
 			return o, err
 		}
 		maxD = max(maxD, c.d)
@@ -220,7 +224,7 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 		c.job = &rootJob{name: tag, src: []*tensor.Tensor{c.stats}, dst: []*tensor.Tensor{c.out},
 			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64 bool) (*tensor.Tensor, error) {
 				r := ops.InverseRoot{A: src[0], X: dst[0], P: 4, Eps: cfg.MatrixEps, RelEps: cfg.MatrixRelEps,
-					Method: cfg.Roots.Method, Iters: cfg.Roots.NewtonIters, F64: f64, Err: c.status}
+					Method: cfg.Roots.Method, Iters: cfg.Roots.NewtonIters, F64: f64, Err: c.resid, Status: c.status}
 				if f64 {
 					r.Method = ops.RootEigen
 				}

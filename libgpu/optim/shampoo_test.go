@@ -1,6 +1,7 @@
 package optim_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -358,4 +359,48 @@ func TestShampooRootFailure(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestShampooFirstRootFailure: a root that fails at the first refresh —
+// there is no earlier root to keep, only the identities the roots start
+// as — does not silently change the update: the refresh's status is read
+// at once and the job recomputed by float64 eigendecomposition before the
+// roots are used, so a run whose Newton roots all fail (one iteration:
+// far from converged, δ ≫ 1) steps bitwise as a run with eigen roots
+// (on the host, both decompose in float64), synchronously and with
+// asynchronous roots (in flight at a stop and resumed, too), and says so
+// in its RootStats.
+func TestShampooFirstRootFailure(t *testing.T) {
+	mk := func(m ops.RootMethod, async bool, stale int) maker {
+		return func(t testing.TB, p *problem) optim.Optimizer {
+			cfg := testShampooConfig()
+			cfg.Roots.Method, cfg.Roots.NewtonIters = m, 1
+			cfg.Roots.Async, cfg.Roots.MaxStaleness = async, stale
+			o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return o
+		}
+	}
+	for _, c := range []struct {
+		async bool
+		stale int
+	}{{false, 0}, {true, 0}, {true, 2}} {
+		t.Run(fmt.Sprintf("async=%v,stale=%d", c.async, c.stale), func(t *testing.T) {
+			var o *optim.Shampoo
+			newton := runSteps(t, shampooShapes, 3, 7, func(t testing.TB, p *problem) optim.Optimizer {
+				o = mk(ops.RootNewton, c.async, c.stale)(t, p).(*optim.Shampoo)
+				return o
+			})
+			stats := o.RootStats()
+			sameBits(t, "failed Newton roots vs eigen roots", newton, runSteps(t, shampooShapes, 3, 7, mk(ops.RootEigen, c.async, c.stale)))
+			// Blocks of order 3 (7×5 in 3×3 blocks and 3×3) and 1 (the 7×5
+			// blocks' last row) form the classes; each fails and switches.
+			if stats.Failures == 0 || stats.F64 == 0 {
+				t.Errorf("root stats %+v: the failures were not counted", stats)
+			}
+		})
+	}
+	checkResume(t, shampooShapes, 8, mk(ops.RootNewton, true, 2))
 }
