@@ -91,9 +91,20 @@ func (r *refMuon) step(w, g [][]float64) {
 	}
 }
 
+// muonBF16Tol is the accuracy of Muon's step with bf16 Newton–Schulz
+// against float64 Newton–Schulz, relative to the step: 10u, u = 2⁻⁸
+// (bf16's unit roundoff). The output's own rounding gives u/√3 (RMS);
+// each of the 5 iterations rounds its three products and its result, and
+// the quintic passes a perturbation of a singular value σ on with gain
+// |p'(σ)| = |a + 3bσ² + 5cσ⁴|, up to 3.9 on [0.7, 1.2] where the iterates
+// end, so the rounding of early iterations grows; measured on the host
+// over 160 steps of this test's problems with 40 seeds: median 4.3u, 90th
+// percentile 5.7u, largest 6.9u.
+const muonBF16Tol = 10 * 0x1p-8
+
 // TestMuonMatchesReference: Muon against its float64 reference, in f32
 // (to f32 accuracy) and in bf16 (to the accuracy of bf16 Newton–Schulz,
-// relative to the size of the step).
+// muonBF16Tol, relative to the size of the step).
 func TestMuonMatchesReference(t *testing.T) {
 	for _, f32 := range []bool{true, false} {
 		cfg := testMuonConfig()
@@ -133,7 +144,7 @@ func TestMuonMatchesReference(t *testing.T) {
 			}
 			tol := 1e-4
 			if !f32 {
-				tol = 0.05
+				tol = muonBF16Tol
 			}
 			if e := math.Sqrt(num / den); !(e < tol) {
 				t.Fatalf("f32 %v, step %d: error %.3g of the step's size (tol %g)", f32, step, e, tol)

@@ -59,8 +59,12 @@ func TestTorchParity(t *testing.T) {
 			s.Async, s.MaxStaleness = true, 1
 		}, 1e-4},
 		{"soap", [][]int{{6, 6}, {4}, {4, 4}}, nil, func(s *optim.Spec) { s.MaxBlock, s.UpdateFreq, s.LR = 3, 3, 0.02 }, 1e-4},
+		// Muon's bf16 Newton–Schulz against the reference's float64: the
+		// per-step bound muonBF16Tol holds for the whole run's update too
+		// (steps' errors partly cancel, and AdamW's parameters are exact
+		// to f32): 0.0103 = 2.6u on an H100's run, deterministic (host).
 		{"muon", [][]int{{6, 9}, {11, 4}, {5, 3}, {6}}, []string{"h.0.weight", "h.1.weight", "wte.weight", "ln.weight"},
-			func(s *optim.Spec) { s.WeightDecay = 0.1 }, 5e-2},
+			func(s *optim.Spec) { s.WeightDecay = 0.1 }, muonBF16Tol},
 		{"kfac", [][]int{{5, 4}, {5}, {3, 5}, {6}}, []string{"l0.weight", "l0.bias", "l1.weight", "norm.weight"},
 			func(s *optim.Spec) { s.UpdateFreq, s.Damping, s.KLClip, s.WeightDecay = 2, 0.01, 0.05, 0.01 }, 1e-4},
 	}
