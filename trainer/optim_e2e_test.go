@@ -157,8 +157,16 @@ func gpuLines(t *testing.T, args ...string) []string {
 			LR      *float32 `json:"lr"`
 			ValLoss *float64 `json:"val_loss"`
 		}
+		var roots struct {
+			Roots *struct {
+				Failures int `json:"failures"`
+			} `json:"roots"`
+		}
 		if err := json.Unmarshal([]byte(text), &l); err != nil {
 			t.Fatalf("not a JSON line: %q", text)
+		}
+		if json.Unmarshal([]byte(text), &roots) == nil && roots.Roots != nil && roots.Roots.Failures != 0 {
+			t.Errorf("failed preconditioner refreshes: %s", text)
 		}
 		l2, _ := json.Marshal(l)
 		out = append(out, string(l2))

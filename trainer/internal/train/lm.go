@@ -59,9 +59,10 @@ type LMStepLine struct {
 // LMEvalLine is written every EvalEvery steps and at the end: the mean
 // loss over the fixed validation batches.
 type LMEvalLine struct {
-	Step    int     `json:"step"`
-	ValLoss float64 `json:"val_loss"`
-	Elapsed float64 `json:"elapsed_s"`
+	Step    int        `json:"step"`
+	ValLoss float64    `json:"val_loss"`
+	Elapsed float64    `json:"elapsed_s"`
+	Roots   *RootsLine `json:"roots,omitempty"` // Shampoo, SOAP, K-FAC
 }
 
 // LMResult says how a run ended.
@@ -428,7 +429,11 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 			return err
 		}
 		res.ValLoss = v
-		return emit(LMEvalLine{Step: step, ValLoss: round(v, 4), Elapsed: round(time.Since(start).Seconds(), 2)})
+		line := LMEvalLine{Step: step, ValLoss: round(v, 4), Elapsed: round(time.Since(start).Seconds(), 2)}
+		if l.set != nil {
+			line.Roots = rootsLine(l.set.Optimizer)
+		}
+		return emit(line)
 	}
 	finish := func(step int) error {
 		if err := save(step); err != nil {

@@ -144,3 +144,31 @@ func serviceAlloc(a device.Allocator, socket string) (device.Allocator, *service
 	book := service.NewNameBook(a)
 	return book, book, mem, nil
 }
+
+// RootsLine reports a second-order optimizer's preconditioner refreshes
+// so far (libgpu/optim.RootStats): on evaluation lines, so a run whose
+// roots failed — and were replaced by float64 recomputations or kept
+// from an earlier refresh — says so.
+type RootsLine struct {
+	Refreshes int `json:"refreshes"`
+	Failures  int `json:"failures"`
+	F64       int `json:"f64"`
+}
+
+// rootsLine is o's RootsLine, or nil for an optimizer without roots (or
+// a service that cannot be asked).
+func rootsLine(o optim.Optimizer) *RootsLine {
+	switch x := o.(type) {
+	case interface{ RootStats() optim.RootStats }:
+		s := x.RootStats()
+		return &RootsLine{Refreshes: s.Refreshes, Failures: s.Failures, F64: s.F64}
+	case *service.Remote:
+		s, err := x.Stats()
+		if err != nil || s.Refreshes == 0 && s.Failures == 0 {
+			return nil
+		}
+		return &RootsLine{Refreshes: s.Refreshes, Failures: s.Failures, F64: s.F64}
+	}
+	return nil
+}
+

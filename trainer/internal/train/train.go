@@ -76,9 +76,10 @@ type StepLine struct {
 // EpochLine is the JSON line written after every epoch: the accuracy of the
 // model on the whole test set.
 type EpochLine struct {
-	Step         int     `json:"step"`
-	Epoch        int     `json:"epoch"`
-	TestAccuracy float64 `json:"test_accuracy"`
+	Step         int        `json:"step"`
+	Epoch        int        `json:"epoch"`
+	TestAccuracy float64    `json:"test_accuracy"`
+	Roots        *RootsLine `json:"roots,omitempty"` // Shampoo, SOAP, K-FAC
 }
 
 // Result says how a run ended.
@@ -254,7 +255,11 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 		}
 		res.TestAccuracy = acc
 		pos = Position{Step: pos.Step, Epoch: epoch + 1}
-		if err := emit(EpochLine{Step: pos.Step, Epoch: epoch + 1, TestAccuracy: acc}); err != nil {
+		el := EpochLine{Step: pos.Step, Epoch: epoch + 1, TestAccuracy: acc}
+		if m.opt != nil {
+			el.Roots = rootsLine(m.opt.Optimizer)
+		}
+		if err := emit(el); err != nil {
 			return res, err
 		}
 		// A checkpoint per epoch: a crash loses at most one epoch.
