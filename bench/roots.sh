@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # bench/roots.sh — issue 13's inverse-root benchmark on a GPU machine:
 # (A + r·I)^(-1/4) of Wishart matrices of order 1024, 4096 and a batch of 64
-# of order 512 (ridge 1e-6·‖A‖_F and 1e-4·‖A‖_F) by gpukit's batched Newton
-# iteration (TF32 and f32 tensor cores) and cuSOLVER eigendecomposition
-# (libgpu/ops BenchmarkInverseRoot), and by torch.linalg.eigh
-# (bench/reference/roots.py), in one run; then the table: each method's
-# median ms, its ratio to torch's eigh route (target ≤ 0.25 for Newton) and
-# its relative error against the float64 eigendecomposition. JSON lines on
-# stdout and in $BENCH_OUT/roots.jsonl. Also the optimizer service's round
-# trip (optimizer BenchmarkServiceStepGPU: target p50 ≤ 30 µs).
+# of order 512 (ridge 1e-6, 1e-4 and 2e-3 times ‖A‖_F) by gpukit's batched
+# Newton iteration (newton-auto: as an optimizer runs it on a TF32 engine,
+# full f32 products below ops.NewtonTF32MinRelEps = 2e-3 and TF32 from it;
+# newton-tf32: TF32 forced below it; newton-f32) and cuSOLVER
+# eigendecomposition (libgpu/ops BenchmarkInverseRoot), and by
+# torch.linalg.eigh (bench/reference/roots.py), in one run; then the
+# table: each method's median ms, its ratio to torch's eigh route (target
+# ≤ 0.25 for Newton), its relative error against the float64
+# eigendecomposition, its largest residual and how many matrices it
+# rejected. JSON lines on stdout and in $BENCH_OUT/roots.jsonl. Also the
+# optimizer service's round trip (optimizer BenchmarkServiceStepGPU:
+# target p50 ≤ 30 µs) unless ROOTS_ONLY=1.
 #
 # usage: bench/roots.sh     (inside the GPU bundle, or a source tree whose
 #                            tests/ holds the go test -c binaries)
@@ -18,13 +22,14 @@ root=$(cd "$here/.." && pwd)
 out=${BENCH_OUT:-$(mktemp -d)}
 mkdir -p "$out"
 export GPUKIT_REQUIRE_GPU=1
+export GPUKIT_BIN=${GPUKIT_BIN:-$root/bin}
 ops=$root/tests/libgpu_ops.test
 [ -x "$ops" ] || { echo "roots.sh: no $ops (make gpu-bundle)" >&2; exit 1; }
 (cd "$root/tests/libgpu_ops.d" && "$ops" -test.run '^$' -test.bench 'InverseRoot' -test.benchtime 10x) |
 	grep '^Benchmark' >"$out/roots-go.txt"
 python3 "$here/reference/roots.py" >"$out/roots-torch.jsonl"
 python3 - "$out/roots-go.txt" "$out/roots-torch.jsonl" <<'PY' | tee -a "$out/roots.jsonl"
-import json, re, sys
+import json, math, re, sys
 torch = [json.loads(l) for l in open(sys.argv[2])]
 base = {(t["batch"], t["n"], t["releps"]): t["ms"] for t in torch if t["impl"] == "torch-eigh"}
 for t in torch:
@@ -34,16 +39,18 @@ for line in open(sys.argv[1]):
     if not m:
         continue
     batch, n, releps, method = int(m[1]), int(m[2]), float(m[3]), m[4]
-    metrics = dict((u, float(v)) for v, u in re.findall(r"([0-9.e+-]+) (ms/call|rel_err|iters)", line))
+    metrics = {u: float(v) for v, u in re.findall(r"([0-9.e+-]+|NaN|[+-]Inf) (ms/call|rel_err|iters|resid|failed)", line)}
+    fin = lambda k: metrics[k] if k in metrics and math.isfinite(metrics[k]) else None  # noqa: E731
     row = {"workload": "inverse-root", "impl": "gpukit-" + method, "batch": batch, "n": n, "releps": releps,
-           "ms": metrics.get("ms/call"), "rel_err": metrics.get("rel_err"), "iters": metrics.get("iters")}
+           "ms": fin("ms/call"), "rel_err": fin("rel_err"), "resid": fin("resid"), "failed": fin("failed"),
+           "iters": fin("iters")}
     b = base.get((batch, n, releps))
     if b and row["ms"]:
         row["over_torch_eigh"] = round(row["ms"] / b, 4)
     print(json.dumps(row))
 PY
 opt=$root/tests/optimizer.test
-if [ -x "$opt" ]; then
+if [ "${ROOTS_ONLY:-0}" != 1 ] && [ -x "$opt" ]; then
 	(cd "$root/tests/optimizer.d" && "$opt" -test.run '^$' -test.bench 'ServiceStep' -test.benchtime 5000x) |
 		grep '^Benchmark' | tee -a "$out/roots.jsonl"
 fi
