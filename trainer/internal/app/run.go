@@ -61,6 +61,7 @@ func runCommand() *cli.Command {
 			&cli.BoolFlag{Name: "async-roots", Usage: "shampoo, soap, kfac: compute preconditioners on a second stream, off the step's critical path"},
 			&cli.IntFlag{Name: "max-staleness", Usage: "with --async-roots: steps after its refresh a preconditioner is put in use (≤ --update-freq)"},
 			&cli.Float64Flag{Name: "adam-lr", Usage: "muon: AdamW's learning rate for embeddings, heads and vectors (default 0.001)"},
+			&cli.Float64Flag{Name: "rel-eps", Usage: "shampoo: the roots' ridge relative to each statistic's Frobenius norm (default 1e-6; --root newton runs its products in TF32 from 2e-3, in f32 below)"},
 			deviceFlag, graphFlag, precisionFlag, fuseBackwardFlag, traceFlag,
 		}, append(lmFlags, unetFlags...)...),
 		Action: runAction,
@@ -71,7 +72,7 @@ const defaultLogEvery = 50
 
 // modelFlags may not change on --resume: the checkpoint fixes them.
 var modelFlags = []string{"model", "batch", "lr", "weight-decay", "momentum", "seed", "widths", "act", "optim", "limit", "clip",
-	"update-freq", "max-block", "root", "async-roots", "max-staleness", "adam-lr"}
+	"update-freq", "max-block", "root", "async-roots", "max-staleness", "adam-lr", "rel-eps"}
 
 func runAction(c *cli.Context) error {
 	// SIGINT/SIGTERM from the start: one during the slow start-up (data,
@@ -223,5 +224,6 @@ func sameDir(a, b string) bool {
 // precondFromFlags reads the second-order optimizers' flags.
 func precondFromFlags(c *cli.Context) train.OptimConfig {
 	return train.OptimConfig{UpdateFreq: c.Int("update-freq"), MaxBlock: c.Int("max-block"), Root: c.String("root"),
-		Async: c.Bool("async-roots"), MaxStaleness: c.Int("max-staleness"), AdamLR: float32(c.Float64("adam-lr"))}
+		Async: c.Bool("async-roots"), MaxStaleness: c.Int("max-staleness"), AdamLR: float32(c.Float64("adam-lr")),
+		RelEps: float32(c.Float64("rel-eps"))}
 }

@@ -26,6 +26,7 @@ type OptimConfig struct {
 	Async        bool    `json:"async,omitempty"`         // preconditioners on the side stream
 	MaxStaleness int     `json:"max_staleness,omitempty"` // with Async
 	AdamLR       float32 `json:"adam_lr,omitempty"`       // Muon: the other parameters' AdamW
+	RelEps       float32 `json:"rel_eps,omitempty"`       // Shampoo: the roots' relative ridge
 }
 
 // spec is the optim.Spec of --optim name with a run's hyper-parameters.
@@ -57,6 +58,9 @@ func (x OptimConfig) spec(name string, lr, wd, momentum, beta1, beta2 float32) (
 	if x.Root != "" {
 		s.Root = x.Root
 	}
+	if x.RelEps > 0 {
+		s.RelEps = x.RelEps
+	}
 	s.Async, s.MaxStaleness = x.Async, x.MaxStaleness
 	return s, nil
 }
@@ -64,9 +68,9 @@ func (x OptimConfig) spec(name string, lr, wd, momentum, beta1, beta2 float32) (
 // validate checks what the flags can get wrong before a model exists.
 func (x OptimConfig) validate(name string) error {
 	switch {
-	case x.UpdateFreq < 0 || x.MaxBlock < 0 || x.MaxStaleness < 0 || !(x.AdamLR >= 0):
-		return fmt.Errorf("%w: --update-freq %d, --max-block %d, --max-staleness %d, --adam-lr %v (want ≥ 0)", ErrConfig,
-			x.UpdateFreq, x.MaxBlock, x.MaxStaleness, x.AdamLR)
+	case x.UpdateFreq < 0 || x.MaxBlock < 0 || x.MaxStaleness < 0 || !(x.AdamLR >= 0) || !(x.RelEps >= 0 && x.RelEps < 1):
+		return fmt.Errorf("%w: --update-freq %d, --max-block %d, --max-staleness %d, --adam-lr %v, --rel-eps %v (want ≥ 0; --rel-eps < 1)", ErrConfig,
+			x.UpdateFreq, x.MaxBlock, x.MaxStaleness, x.AdamLR, x.RelEps)
 	case x.Root != "" && x.Root != "eigen" && x.Root != "newton":
 		return fmt.Errorf("%w: --root %q (want eigen or newton)", ErrConfig, x.Root)
 	case x.MaxStaleness > 0 && !x.Async:
@@ -171,4 +175,3 @@ func rootsLine(o optim.Optimizer) *RootsLine {
 	}
 	return nil
 }
-
