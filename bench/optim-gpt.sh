@@ -20,9 +20,17 @@
 #
 # usage: bench/optim-gpt.sh TEXT            (TEXT: tinyshakespeare.txt)
 #   OPTIMS="adamw shampoo soap muon"        which runs (adamw first: the baseline)
-#   STEPS=5000                               steps of every run
+#   STEPS=5000                               steps of every run (the schedule's length)
+#   EVAL_EVERY=250 EVAL_BATCHES=200          validation interval and size
 #   <NAME>_FLAGS="..."                       extra trainer flags for one run
 #                                            (ADAMW_FLAGS, SHAMPOO_FLAGS, SOAP_FLAGS, MUON_FLAGS)
+#   <NAME>_TIMEOUT=S, RUN_TIMEOUT=S          a wall-clock limit per run (0: none): the
+#                                            trainer gets SIGINT, finishes its step,
+#                                            writes its checkpoint and metrics and
+#                                            exits; the run's line says how far it got
+#                                            ("cut": true), and the comparison uses
+#                                            what it reached. A failed run is reported
+#                                            and the others go on.
 #   SMOKE=1                                  a tiny model for a few steps on any
 #                                            device (checks the script, measures nothing)
 #   OPTIMIZER_SOCKET=SOCK POOL=SOCK          run the second-order optimizers in
@@ -31,7 +39,7 @@
 # Needs trainer and gpukit-optimplot in $GPUKIT_BIN (default ./bin; make
 # build; the plot tool: cd bench && go build -o ../bin/gpukit-optimplot
 # ./cmd/gpukit-optimplot, or the GPU bundle's bench/).
-set -euo pipefail
+set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 text=${1:?usage: bench/optim-gpt.sh TEXT}
@@ -47,7 +55,7 @@ emit() { tee -a "$out/optim-gpt.jsonl"; }
 # nanoGPT's shakespeare-char recipe (config/train_shakespeare_char.py).
 recipe=(--model gpt --data "$text" --layers 6 --heads 6 --d-model 384 --block 256 --batch 64 --precision bf16
 	--dropout 0.2 --steps "$steps" --warmup 100 --weight-decay 0.1 --clip 1
-	--eval-every 250 --eval-batches 200 --log-every 50)
+	--eval-every "${EVAL_EVERY:-250}" --eval-batches "${EVAL_BATCHES:-200}" --log-every 50)
 if [ "${SMOKE:-0}" = 1 ]; then
 	recipe=(--model gpt --data "$text" --layers 1 --heads 2 --d-model 32 --block 16 --batch 4 --dropout 0.2
 		--steps "${STEPS:-30}" --warmup 3 --weight-decay 0.1 --clip 1 --eval-every 10 --eval-batches 2 --log-every 5
@@ -76,36 +84,72 @@ flags_for() {
 }
 
 runs=()
+done_optims=()
 for o in $optims; do
 	dir=$out/$o
 	rm -rf "$dir"
-	extra_var=$(echo "${o}_FLAGS" | tr '[:lower:]' '[:upper:]')
+	up=$(echo "$o" | tr '[:lower:]' '[:upper:]')
+	extra_var=${up}_FLAGS
 	read -r -a extra <<<"${!extra_var:-}"
-	read -r -a base <<<"$(flags_for "$o")"
+	read -r -a base <<<"$(flags_for "$o")" || continue
 	service=()
 	if [ -n "${OPTIMIZER_SOCKET:-}" ] && [ "$o" != adamw ]; then
 		service=(--pool "${POOL:?POOL=SOCK with OPTIMIZER_SOCKET}" --optimizer-socket "$OPTIMIZER_SOCKET" --run "optim-gpt-$o")
 	fi
-	echo "optim-gpt.sh: $o: trainer run ${base[*]} ${extra[*]:-}" >&2
-	"$bin/trainer" run "${recipe[@]}" "${base[@]}" "${extra[@]}" "${service[@]}" --out "$dir" \
-		>"$dir.jsonl" 2>"$dir.err" || { cat "$dir.err" >&2; exit 1; }
-	runs+=("$o=$dir/metrics.jsonl")
+	limit_var=${up}_TIMEOUT
+	limit=${!limit_var:-${RUN_TIMEOUT:-0}}
+	lim=()
+	[ "$limit" != 0 ] && lim=(timeout -s INT -k 30 "$limit")
+	echo "optim-gpt.sh: $o: trainer run ${base[*]} ${extra[*]:-} (limit ${limit}s)" >&2
+	t0=$(date +%s.%N)
+	"${lim[@]}" "$bin/trainer" run "${recipe[@]}" "${base[@]}" "${extra[@]}" "${service[@]}" --out "$dir" \
+		>"$dir.jsonl" 2>"$dir.err"
+	rc=$?
+	t1=$(date +%s.%N)
+	python3 - "$o" "$dir.jsonl" "$rc" "$t0" "$t1" "$steps" <<'PY' | emit
+import json, sys
+name, path, rc, t0, t1, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+last, val, roots = 0, None, None
+for l in open(path):
+    try:
+        d = json.loads(l)
+    except ValueError:
+        continue
+    last = max(last, d.get("step", 0))
+    if "val_loss" in d:
+        val, roots = d["val_loss"], d.get("roots")
+print(json.dumps({"workload": "optim-gpt-run", "optimizer": name, "exit": rc, "steps_done": last, "steps": steps,
+                  "cut": last < steps, "final_val_loss": val, "roots": roots, "wall_s": round(t1 - t0, 1)}))
+PY
+	if [ "$rc" != 0 ] && [ "$rc" != 124 ]; then
+		echo "optim-gpt.sh: $o failed (exit $rc):" >&2
+		tail -5 "$dir.err" >&2
+	fi
+	if [ -s "$dir/metrics.jsonl" ]; then
+		runs+=("$o=$dir/metrics.jsonl")
+		done_optims+=("$o")
+	fi
 done
+[ ${#runs[@]} -gt 0 ] || { echo "optim-gpt.sh: no run produced metrics" >&2; exit 1; }
 
-# Steps and seconds to AdamW's final validation loss, and the plot.
+# Steps and seconds to AdamW's final validation loss (the first run's: if
+# its line above says "cut", its last one), and the plot.
 "$plot" -o "$out/optim-gpt.png" "${runs[@]}" | emit
 
 # Median step time (the loss lines' step_ms, after the first interval:
 # compilation, capture and the first roots) against AdamW's.
-python3 - "$out" $optims <<'PY' | emit
+python3 - "$out" "${done_optims[@]}" <<'PY' | emit
 import json, statistics, sys
 out, names = sys.argv[1], sys.argv[2:]
 med = {}
 for n in names:
     ls = [json.loads(l) for l in open(f"{out}/{n}/metrics.jsonl") if '"step_ms"' in l][1:]
-    med[n] = statistics.median(l["step_ms"] for l in ls)
+    if ls:
+        med[n] = statistics.median(l["step_ms"] for l in ls)
+base = med.get(names[0])
 for n in names:
-    print(json.dumps({"workload": "optim-gpt-step", "optimizer": n, "step_ms": round(med[n], 3),
-                      "over_adamw": round(med[n] / med[names[0]], 4)}))
+    if n in med:
+        print(json.dumps({"workload": "optim-gpt-step", "optimizer": n, "step_ms": round(med[n], 3),
+                          "over_adamw": round(med[n] / base, 4) if base else None}))
 PY
 echo "optim-gpt.sh: results in $out (optim-gpt.jsonl, optim-gpt.png)" >&2
