@@ -64,6 +64,7 @@ type rootJob struct {
 	status *tensor.Tensor // state: the last refresh's status (allocated at its first refresh's shape)
 	f64s   *tensor.Tensor // state [1] i32: 1 once the job runs in float64
 	ev     *ops.Event     // recorded after the status copy, in this process
+	stage  *ops.Staging   // host copy of status, queued behind it (read without a device-wide sync)
 }
 
 // rootSched runs an optimizer's rootJobs on a fixed schedule: at steps t ≥
@@ -270,7 +271,8 @@ func (r *rootSched) resume(e *ops.Engine, t int) error {
 }
 
 // stageStatus copies a job's status into its state, on the stream that
-// computed it, and records the job's event behind it.
+// computed it, queues a copy of it to the host (pinned staging memory on a
+// GPU) and records the job's event behind both.
 func (r *rootSched) stageStatus(e *ops.Engine, j *rootJob, st *tensor.Tensor) error {
 	if st == nil {
 		return nil
@@ -281,23 +283,38 @@ func (r *rootSched) stageStatus(e *ops.Engine, j *rootJob, st *tensor.Tensor) er
 			return err
 		}
 	}
+	if j.stage == nil {
+		var err error
+		if j.stage, err = e.NewStaging(j.status.Bytes()); err != nil {
+			return err
+		}
+	}
 	if err := e.Copy(j.status, st); err != nil {
+		return err
+	}
+	if err := e.CopyOut(j.stage, 0, j.status); err != nil {
 		return err
 	}
 	return j.ev.Record()
 }
 
-// failures counts the failed matrices of a job's staged status, waiting
-// on the host for the stream that staged it.
+// failures counts the failed matrices of a job's staged status: from its
+// host copy, once the job's event says the copy has run (normally long
+// since: a refresh interval ago), so the host waits for that copy alone;
+// a status staged by another process (a resumed run) is read from the
+// state, which waits for the whole device (tensor.Read).
 func (r *rootSched) failures(j *rootJob) (int, error) {
-	if j.ev != nil {
+	var b []byte
+	if j.ev != nil && j.stage != nil {
 		if err := j.ev.Wait(); err != nil {
 			return 0, err
 		}
-	}
-	b, err := j.status.Read()
-	if err != nil {
-		return 0, err
+		b = j.stage.Bytes()
+	} else {
+		var err error
+		if b, err = j.status.Read(); err != nil {
+			return 0, err
+		}
 	}
 	failed := 0
 	switch j.status.DType {
@@ -351,8 +368,10 @@ func (r *rootSched) verifyFirst(e *ops.Engine, j *rootJob, src, dst []*tensor.Te
 }
 
 // checkFailures reads the last refresh's statuses (waiting, on a GPU, for
-// that refresh's status copy, which a refresh interval has normally long
-// completed) and switches jobs with failed matrices to float64
+// that refresh's status copy to the host, which a refresh interval has
+// normally long completed: no device-wide synchronisation, so the host
+// keeps queueing the step ahead of the device) and switches jobs with
+// failed matrices to float64
 // eigendecomposition, recording the switch in their state.
 func (r *rootSched) checkFailures(e *ops.Engine) error {
 	for _, j := range r.jobs {
@@ -385,6 +404,10 @@ func (r *rootSched) close(e *ops.Engine) error {
 		if j.ev != nil {
 			errs = append(errs, j.ev.Close())
 			j.ev = nil
+		}
+		if j.stage != nil {
+			errs = append(errs, j.stage.Close())
+			j.stage = nil
 		}
 	}
 	if r.done != nil {
