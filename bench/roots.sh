@@ -16,6 +16,7 @@
 #
 # usage: bench/roots.sh     (inside the GPU bundle, or a source tree whose
 #                            tests/ holds the go test -c binaries)
+#   BENCHTIME=10x (calls per Go benchmark), ROOTS_ITERS=10 (torch's), ROOTS_ONLY=1
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -25,9 +26,11 @@ export GPUKIT_REQUIRE_GPU=1
 export GPUKIT_BIN=${GPUKIT_BIN:-$root/bin}
 ops=$root/tests/libgpu_ops.test
 [ -x "$ops" ] || { echo "roots.sh: no $ops (make gpu-bundle)" >&2; exit 1; }
-(cd "$root/tests/libgpu_ops.d" && "$ops" -test.run '^$' -test.bench 'InverseRoot' -test.benchtime 10x) |
-	grep '^Benchmark' >"$out/roots-go.txt"
-python3 "$here/reference/roots.py" >"$out/roots-torch.jsonl"
+# Each step's failure is reported and the next one runs: what finished is
+# kept.
+(cd "$root/tests/libgpu_ops.d" && "$ops" -test.run '^$' -test.bench 'InverseRoot' -test.benchtime "${BENCHTIME:-10x}") |
+	grep --line-buffered -E '^(Benchmark|---|panic|\s+cuda_)' >"$out/roots-go.txt" || echo "roots.sh: the Go benchmark failed" >&2
+python3 "$here/reference/roots.py" --iters "${ROOTS_ITERS:-10}" >"$out/roots-torch.jsonl" || echo "roots.sh: roots.py failed" >&2
 python3 - "$out/roots-go.txt" "$out/roots-torch.jsonl" <<'PY' | tee -a "$out/roots.jsonl"
 import json, math, re, sys
 torch = [json.loads(l) for l in open(sys.argv[2])]
@@ -51,7 +54,20 @@ for line in open(sys.argv[1]):
 PY
 opt=$root/tests/optimizer.test
 if [ "${ROOTS_ONLY:-0}" != 1 ] && [ -x "$opt" ]; then
-	(cd "$root/tests/optimizer.d" && "$opt" -test.run '^$' -test.bench 'ServiceStep' -test.benchtime 5000x) |
-		grep '^Benchmark' | tee -a "$out/roots.jsonl"
+	(cd "$root/tests/optimizer.d" && "$opt" -test.run '^$' -test.bench 'ServiceStepGPU' -test.benchtime 5000x) |
+		grep -E '^(Benchmark|---|panic)' | python3 -c '
+import json, re, sys
+for l in sys.stdin:
+    m = re.match(r"BenchmarkServiceStep(\w+?)(-\d+)?\s", l)
+    if not m:
+        print(json.dumps({"workload": "service-round-trip", "error": l.strip()}))
+        continue
+    row = {"workload": "service-round-trip", "pool": m[1].lower()}
+    for v, u in re.findall(r"([0-9.e+-]+) (\w+_us)", l):
+        row[u] = float(v)
+    if "overhead_p50_us" in row:
+        row["target_p50_us"], row["met"] = 30, row["overhead_p50_us"] <= 30
+    print(json.dumps(row))
+' | tee -a "$out/roots.jsonl" || echo "roots.sh: the service benchmark failed" >&2
 fi
 echo "roots.sh: results in $out/roots.jsonl" >&2

@@ -87,9 +87,11 @@ const (
 // statistics (GᵀG/k of Gaussian G, orders 45 to 256, rank-deficient and
 // full rank) the iteration diverged (NaN) at RelEps ≤ 1e-5 and left
 // residuals δ above 1 up to RelEps 5e-4 to 1e-3; from 2e-3 every δ was
-// below 0.5. An H100 did better than the emulation at order 512 (RelEps
-// 1e-4: error 2.8e-4), so the bound may be loosened for large orders on
-// measured evidence (bench/roots.sh reports TF32 forced at every ridge).
+// below 0.5 (bench/cmd/gpukit-tf32newton reproduces this). An H100 did
+// better than the emulation at order 512 (RelEps 1e-4: error 2.8e-4), so
+// the bound may be loosened for large orders on measured evidence
+// (bench/roots.sh reports TF32 forced below it, TestCUDANewtonTF32 logs
+// it on Shampoo-like statistics).
 const NewtonTF32MinRelEps = 2e-3
 
 // ResidualFloor is the rounding floor of the residual δ = ‖X^p(A + rI) −
