@@ -31,6 +31,10 @@
 #                                            ("cut": true), and the comparison uses
 #                                            what it reached. A failed run is reported
 #                                            and the others go on.
+#   DEADLINE=EPOCH_S                         all runs end by then: each run's limit is
+#                                            also at most an equal share of the time
+#                                            left (runs to go included), so time a run
+#                                            leaves unused goes to the later ones
 #   SMOKE=1                                  a tiny model for a few steps on any
 #                                            device (checks the script, measures nothing)
 #   OPTIMIZER_SOCKET=SOCK POOL=SOCK          run the second-order optimizers in
@@ -85,6 +89,8 @@ flags_for() {
 
 runs=()
 done_optims=()
+read -r -a all <<<"$optims"
+togo=${#all[@]}
 for o in $optims; do
 	dir=$out/$o
 	rm -rf "$dir"
@@ -98,6 +104,16 @@ for o in $optims; do
 	fi
 	limit_var=${up}_TIMEOUT
 	limit=${!limit_var:-${RUN_TIMEOUT:-0}}
+	if [ -n "${DEADLINE:-}" ]; then
+		fair=$(((DEADLINE - $(date +%s)) / togo))
+		if [ "$limit" = 0 ] || [ "$fair" -lt "$limit" ]; then limit=$fair; fi
+		if [ "$limit" -lt 10 ]; then
+			echo "{\"workload\": \"optim-gpt-run\", \"optimizer\": \"$o\", \"exit\": null, \"error\": \"not run: no time left\"}" | emit
+			togo=$((togo - 1))
+			continue
+		fi
+	fi
+	togo=$((togo - 1))
 	lim=()
 	[ "$limit" != 0 ] && lim=(timeout -s INT -k 30 "$limit")
 	echo "optim-gpt.sh: $o: trainer run ${base[*]} ${extra[*]:-} (limit ${limit}s)" >&2
