@@ -16,7 +16,7 @@
 #             AdamW's final test accuracy (MLP_EPOCHS, default 5)
 #   4. gpt    bench/optim-gpt.sh, SHORTER than the issue's recipe: the
 #             shakespeare-char model and its other settings, but GPT_STEPS
-#             (default 1500, not 5000) steps per run with the cosine
+#             (default 2000, not 5000) steps per run with the cosine
 #             schedule over them, validation on 100 batches every 100 steps,
 #             runs in the order adamw, muon, shampoo, soap, each limited to
 #             a fair share of the time left (a run cut short says so and
@@ -35,7 +35,7 @@
 #   TEXT         tinyshakespeare.txt (the GPT runs; also the GPU tests' GPT text)
 #   FASHION_DIR  Fashion-MNIST's IDX files (default $GPUKIT_DATA_DIR, else
 #                /usr/share/datasets/fashion-mnist)
-#   BENCH_OUT=DIR  BUDGET_S=480  PARTS="tests roots mlp gpt"  GPT_STEPS=1500
+#   BENCH_OUT=DIR  BUDGET_S=480  PARTS="tests roots mlp gpt"  GPT_STEPS=2000
 #   MLP_EPOCHS=5  SHAMPOO_FLAGS=... (and the other optim-gpt.sh variables)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -46,7 +46,7 @@ text=$(cd "$(dirname "$text")" && pwd)/$(basename "$text")
 out=${BENCH_OUT:-$(mktemp -d)}
 mkdir -p "$out"
 work=$(mktemp -d)
-mkdir -p "$work/tests" "$work/runs"
+mkdir -p "$work/tests"
 export GPUKIT_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 export GPUKIT_BIN=${GPUKIT_BIN:-$root/bin}
 export PATH="$GPUKIT_BIN:$PATH"
@@ -224,7 +224,7 @@ if has gpt; then
 	lim=$(share 100000 10)
 	if ((lim >= 40)); then
 		mkdir -p "$work/gpt"
-		BENCH_OUT=$work/gpt RUNS_DIR=$work/runs STEPS=${GPT_STEPS:-1500} EVAL_EVERY=${EVAL_EVERY:-100} EVAL_BATCHES=${EVAL_BATCHES:-100} \
+		BENCH_OUT=$work/gpt STEPS=${GPT_STEPS:-2000} EVAL_EVERY=${EVAL_EVERY:-100} EVAL_BATCHES=${EVAL_BATCHES:-100} \
 			OPTIMS=${OPTIMS:-adamw muon shampoo soap} DEADLINE=$((t0 + lim)) \
 			bash "$here/optim-gpt.sh" "$text" 2>"$work/gpt/optim-gpt.err" | emit >/dev/null
 		rc=$?
