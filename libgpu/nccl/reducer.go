@@ -25,7 +25,7 @@ import (
 // a bucket's gradients between their all-reduce's fork and Wait. Gradient
 // accumulation over micro-batches marks only on the last one.
 type Reducer struct {
-	c  *Comm
+	c  Collective
 	e  *ops.Engine
 	l  *dist.Layout
 	g  *dist.Grads
@@ -42,10 +42,21 @@ type Reducer struct {
 	skip      bool
 }
 
+// Collective is what a Reducer needs of its communicator: a *Comm, or a
+// stand-in that reduces another way (an in-process fake of several ranks
+// on the host, in tests of code built on the Reducer).
+type Collective interface {
+	// AllReduce as Comm.AllReduce.
+	AllReduce(e *ops.Engine, dst, src *tensor.Tensor, op Op) error
+	// IsSolo: one rank, nothing to reduce (the Reducer then queues no
+	// all-reduce and uses no side stream).
+	IsSolo() bool
+}
+
 // NewReducer makes a reducer of g's buckets (laid out by l) over c, queued
 // on e, reducing with op (Avg: the gradient of the mean loss over the
 // global batch when every rank's loss is its local mean).
-func NewReducer(e *ops.Engine, c *Comm, l *dist.Layout, g *dist.Grads, op Op) (*Reducer, error) {
+func NewReducer(e *ops.Engine, c Collective, l *dist.Layout, g *dist.Grads, op Op) (*Reducer, error) {
 	if len(g.Buckets) != len(l.Buckets) || len(g.Params) != len(l.Params) {
 		return nil, fmt.Errorf("%w: %d bucket tensors for %d buckets", ErrArg, len(g.Buckets), len(l.Buckets))
 	}

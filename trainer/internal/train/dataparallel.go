@@ -42,10 +42,23 @@ import (
 	"gpukit/libgpu/tensor"
 )
 
+// collective is what a data-parallel run needs of its communicator:
+// nccl.Comm's collectives, queued on the engine's stream. Tests put an
+// in-process stand-in of several ranks on the host in its place.
+type collective interface {
+	nccl.Collective
+	Rank() int
+	Size() int
+	BroadcastAll(e *ops.Engine, ts []*tensor.Tensor, root int) error
+	Group(e *ops.Engine, fn func() error) error
+}
+
+var _ collective = (*nccl.Comm)(nil)
+
 // dpConfig is how a model is spread over ranks: the communicator (Solo
 // for one rank) and the gradient buckets' sizes.
 type dpConfig struct {
-	comm   *nccl.Comm
+	comm   collective
 	bucket dist.BucketConfig
 }
 
@@ -72,7 +85,7 @@ func (d *dpConfig) localBatch(b int) (int, error) {
 // lmDP is a training model's data-parallel state: its gradients in bucket
 // buffers and the reducer that averages them during the backward.
 type lmDP struct {
-	comm   *nccl.Comm
+	comm   collective
 	layout *dist.Layout
 	grads  *dist.Grads
 	red    *nccl.Reducer

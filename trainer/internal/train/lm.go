@@ -55,6 +55,9 @@ type LMOptions struct {
 	// buckets puts the gradients in bucket buffers and runs the reducer
 	// even alone (tests: a Solo communicator reduces nothing).
 	buckets bool
+	// comm, when set, is the communicator of World instead of NCCL's
+	// (tests: ranks in goroutines of one process, on the host).
+	comm collective
 }
 
 // LMStepLine is the JSON line written every LogEvery steps: the loss of
@@ -461,7 +464,9 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (res LMResult, err er
 	}
 	defer closeEngine(eng)
 	var dpc *dpConfig
-	if w.Distributed() || o.buckets {
+	if o.comm != nil {
+		dpc = &dpConfig{comm: o.comm, bucket: bucketConfig(o.BucketBytes)}
+	} else if w.Distributed() || o.buckets {
 		comm, err := nccl.Connect(ctx, eng, &dist.Rendezvous{World: w, Logf: func(format string, args ...any) {
 			if o.Log != nil {
 				fmt.Fprintf(o.Log, "trainer: "+format+"\n", args...)
