@@ -411,8 +411,10 @@ func (t *Tape) Forward() error {
 //
 // fn runs on the calling goroutine at queue time, like the steps: on a
 // device that queues work, "final" means the last write is queued before
-// anything fn queues, so a collective fn queues on a stream forked from
-// the engine's at that point (PyTorch DDP's autograd hook that marks a
+// anything fn queues — on the engine's main stream, or on its side stream
+// for a sole writer (Grads.Sole: ops' weight gradients) — so a collective
+// fn queues on a stream forked from both at that point
+// (ops.Engine.CommSide; PyTorch DDP's autograd hook that marks a
 // parameter ready for its bucket, torch/csrc/distributed/c10d/reducer.cpp)
 // sees the whole gradient, and a step captured as a CUDA graph captures
 // fn's work with the rest. An error from fn stops the Backward. fn nil

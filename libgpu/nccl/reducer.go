@@ -12,10 +12,12 @@ import (
 // is still running, as PyTorch's DDP does: the training step marks each
 // parameter's gradient Ready once the backward has queued its last write;
 // when that completes a bucket, the bucket's all-reduce is queued on the
-// engine's side stream (Engine.Side), forked from the main stream at that
-// point, so it overlaps the rest of the backward; Wait queues what is left
-// and joins the side stream before the optimizer. Buckets are reduced in
-// bucket order (a bucket completed early waits for the ones before it), so
+// engine's communication stream (Engine.CommSide), forked at that point
+// from the main stream and from the side stream (where the backward may
+// have queued the bucket's weight gradients), so it overlaps the rest of
+// the backward without waiting behind, or holding up, the side stream's
+// work; Wait queues what is left and joins the communication stream
+// before the optimizer. Buckets are reduced in bucket order (a bucket completed early waits for the ones before it), so
 // every rank issues the same collectives in the same order, as NCCL
 // requires. All of it is host-side bookkeeping at queue time: a step
 // captured in a CUDA graph (Engine.Capture) replays the forks, all-reduces
@@ -35,9 +37,10 @@ type Reducer struct {
 	ready []bool // per parameter
 	next  int    // the first bucket not issued yet
 
-	// allReduce queues one bucket's reduction (on the side stream, inside
-	// Side); tests replace it. skip: a communicator of one rank, whose
-	// reductions change nothing, needs neither them nor the side stream.
+	// allReduce queues one bucket's reduction (on the communication
+	// stream, inside CommSide); tests replace it. skip: a communicator of
+	// one rank, whose reductions change nothing, needs neither them nor
+	// the communication stream.
 	allReduce func(b int, t *tensor.Tensor) error
 	skip      bool
 }
@@ -49,7 +52,7 @@ type Collective interface {
 	// AllReduce as Comm.AllReduce.
 	AllReduce(e *ops.Engine, dst, src *tensor.Tensor, op Op) error
 	// IsSolo: one rank, nothing to reduce (the Reducer then queues no
-	// all-reduce and uses no side stream).
+	// all-reduce and uses no communication stream).
 	IsSolo() bool
 }
 
@@ -109,7 +112,7 @@ func (r *Reducer) issue(all bool) error {
 			continue
 		}
 		t := r.g.Buckets[b]
-		if err := r.e.Side(func() error { return r.allReduce(b, t) }); err != nil {
+		if err := r.e.CommSide(func() error { return r.allReduce(b, t) }); err != nil {
 			return fmt.Errorf("nccl: reducer: bucket %d (%s, %d bytes): %w", b, r.l.Params[r.l.Buckets[b].Params[0]].Name,
 				r.l.Buckets[b].Bytes(), err)
 		}
@@ -120,13 +123,13 @@ func (r *Reducer) issue(all bool) error {
 
 // Wait queues the all-reduce of the buckets not queued yet (gradients never
 // marked: parameters the step did not use, whose gradients must hold zeros
-// or their value) and joins the side stream: work queued after Wait (the
+// or their value) and joins the communication stream: work queued after Wait (the
 // optimizer, a gradient-norm clip) sees reduced gradients. It then resets
 // the marks for the next step.
 func (r *Reducer) Wait() error {
 	err := r.issue(true)
 	if !r.skip {
-		if jerr := r.e.Join(); err == nil {
+		if jerr := r.e.JoinComm(); err == nil {
 			err = jerr
 		}
 	}

@@ -11,11 +11,12 @@ package train
 // the reverse of the parameters' order), are averaged across ranks by one
 // in-place all-reduce per bucket as soon as the backward has written the
 // bucket's last gradient (autograd.Tape.OnGradReady → nccl.Reducer.Ready),
-// on a second stream, so the all-reduces overlap the rest of the
-// backward; the step joins that stream before clipping and AdamW, which
+// on a stream of their own (ops.Engine.CommSide), so the all-reduces
+// overlap the rest of the backward, whose weight gradients run on the
+// side stream; the step joins that stream before clipping and AdamW, which
 // then run identically on every rank. The collectives are queued inside
 // the step the runner captures as a CUDA graph (its first step is eager:
-// NCCL connects its peers and the side stream is made there), so a replay
+// NCCL connects its peers and the streams are made there), so a replay
 // is one graph launch with the all-reduces as parallel branches (NCCL
 // "Using NCCL with CUDA Graphs": collectives may be captured, and eager
 // and captured collectives may share a communicator since NCCL 2.11).
@@ -130,7 +131,8 @@ func newLMDP(a device.Allocator, run string, m *nn.GPT, c *dpConfig) (*lmDP, err
 
 // attach makes the reducer and hooks it to the training graph's tape: a
 // parameter's gradient is marked ready as soon as the backward has queued
-// its last write (a bucket's all-reduce then starts on the side stream).
+// its last write (a bucket's all-reduce then starts on the communication
+// stream).
 // It also allocates the scalars of the loss report and the stop flag.
 func (d *lmDP) attach(e *ops.Engine, a device.Allocator, run string, m *nn.GPT, g *ops.Graph) error {
 	var err error
