@@ -35,6 +35,21 @@ AdamW groups and schedule.
   gpt.py attention [--shape B,H,T,D ...]
       Times causal bf16 SDPA forward and forward+backward.
 
+  torchrun --nproc-per-node N gpt.py ddp [--layers 12 --heads 12 --d-model 768 --block 1024
+                                          --batch 16 --vocab 65 --mode compile --bucket-mb 25]
+      Data-parallel training throughput with DistributedDataParallel
+      (NCCL, bucket_cap_mb --bucket-mb, gradient_as_bucket_view): the
+      global batch of --batch sequences split over the ranks (--batch/N
+      each, random tokens), bf16 autocast, fused AdamW, dropout 0, no
+      clipping. --mode: eager (DDP alone), compile (torch.compile of the
+      DDP module; TorchDynamo's DDPOptimizer splits the graph at bucket
+      boundaries so the all-reduces still overlap the backward) or
+      reduce-overhead (the same with CUDA graphs; PyTorch's docs call DDP
+      with CUDA graphs fragile: a failure is printed as {"error": ...}).
+      Rank 0 prints one JSON line: tokens/s of the whole job and the step
+      time (CUDA events around --iters steps after --warmup, median of
+      --repeats).
+
 Needs torch and safetensors (numpy for batches).
 """
 import argparse
@@ -301,6 +316,75 @@ def cmd_attention(a):
                           "fwd_bwd_ms": both, "fwd_tflops": flops / fwd / 1e9}), flush=True)
 
 
+def nccl_version():
+    v = torch.cuda.nccl.version()
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def cmd_ddp(a):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    if a.batch % world:
+        sys.exit(f"gpt.py ddp: --batch {a.batch} does not divide by the world size {world}")
+    b = a.batch // world
+    c = dict(vocab=a.vocab, layers=a.layers, heads=a.heads, d_model=a.d_model, block=a.block, bias=False, dropout=0.0)
+    cfg = dict(lr=1e-3, beta1=0.9, beta2=0.99, weight_decay=0.1)
+    torch.manual_seed(1)  # the same initial weights everywhere (DDP broadcasts rank 0's anyway)
+    model = GPT(c).cuda()
+    opt = optimizer(model, cfg, "cuda")
+    ddp = DDP(model, device_ids=[local], bucket_cap_mb=a.bucket_mb, gradient_as_bucket_view=True)
+    fwd = ddp
+    if a.mode == "compile":
+        fwd = torch.compile(ddp)
+    elif a.mode == "reduce-overhead":
+        fwd = torch.compile(ddp, mode="reduce-overhead")
+    g = torch.Generator(device="cuda").manual_seed(100 + rank)
+    x = torch.randint(0, a.vocab, (b, a.block), device="cuda", generator=g)
+    y = torch.randint(0, a.vocab, (b, a.block), device="cuda", generator=g)
+
+    def step():
+        if a.mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            loss = fwd(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # gradients stay bucket views
+        return loss
+
+    line = {"workload": "gpt-dp", "impl": "torch-ddp-" + a.mode, "ranks": world, "batch": a.batch,
+            "block": a.block, "layers": a.layers, "d_model": a.d_model, "bucket_mb": a.bucket_mb,
+            "torch": torch.__version__, "nccl": nccl_version()}
+    try:
+        for _ in range(a.warmup):
+            step()
+        ms = []
+        for _ in range(a.repeats):
+            dist.barrier()
+            torch.cuda.synchronize()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(a.iters):
+                step()
+            e.record()
+            e.synchronize()
+            ms.append(s.elapsed_time(e) / a.iters)
+        ms.sort()
+        step_ms = ms[len(ms) // 2]
+        line.update(step_ms=step_ms, tokens_per_s=a.batch * a.block / (step_ms / 1e3), repeats_ms=ms)
+    except Exception as err:  # noqa: BLE001 - reported in the line; every rank fails alike
+        line["error"] = f"{type(err).__name__}: {err}"[:500]
+    if rank == 0:
+        print(json.dumps(line), flush=True)
+    dist.destroy_process_group()
+
+
 def cmd_train(a):
     device = "cuda"
     text = open(a.data, encoding="utf-8").read()
@@ -376,6 +460,13 @@ def main():
         q.add_argument("--" + k.replace("_", "-"), type=int, default=v)
     q.add_argument("--modes", default="eager,compile,reduce-overhead")
     q.set_defaults(f=cmd_bench)
+    q = sub.add_parser("ddp")
+    for k, v in dict(layers=12, heads=12, d_model=768, block=1024, batch=16, vocab=65, warmup=15, iters=20,
+                     repeats=3).items():
+        q.add_argument("--" + k.replace("_", "-"), type=int, default=v)
+    q.add_argument("--bucket-mb", type=float, default=25.0)
+    q.add_argument("--mode", default="compile", choices=["eager", "compile", "reduce-overhead"])
+    q.set_defaults(f=cmd_ddp)
     q = sub.add_parser("attention")
     q.add_argument("--shape", action="append", default=None)
     q.set_defaults(f=cmd_attention)

@@ -54,6 +54,9 @@ type writer struct {
 // RequiresGrad reports whether a gradient flows to v.
 func (v *Var) RequiresGrad() bool { return v.requires }
 
+// IsParam reports whether v was registered with Tape.Param.
+func (v *Var) IsParam() bool { return v.param }
+
 // Computed reports whether a recorded node writes v's value (v is an op's
 // output, or an alias of one); false for params, inputs and their aliases,
 // whose values are set before Forward runs.
@@ -77,6 +80,9 @@ type node struct {
 	outNeeded []bool // per output: something downstream writes its gradient
 	runBwd    bool
 	grads     Grads
+	// ready are the params whose gradient this node writes last in
+	// backward order (Tape.OnGradReady).
+	ready []*Var
 }
 
 // Grads is what a node's steps see of the gradients.
@@ -135,6 +141,11 @@ type Tape struct {
 	built  bool
 	grads  bool
 	ranFwd bool
+	// onReady is OnGradReady's hook; readyFirst are the params whose
+	// gradients are final when Backward starts (no writer, or written by a
+	// loss node in the forward).
+	onReady    func(v *Var) error
+	readyFirst []*Var
 }
 
 // New returns an empty tape that allocates through a, naming buffers
@@ -303,6 +314,19 @@ func (t *Tape) Build(grads bool) error {
 			w.n.sole[w.in] = true
 		}
 	}
+	// The last writer of each param's gradient in backward order is where
+	// the gradient becomes final (OnGradReady).
+	for _, v := range t.vars {
+		if !v.param {
+			continue
+		}
+		if k := len(v.writers); k == 0 || v.writers[k-1].n.fwdGrads {
+			t.readyFirst = append(t.readyFirst, v)
+		} else {
+			n := v.writers[k-1].n
+			n.ready = append(n.ready, v)
+		}
+	}
 	// Allocate root gradients, then derive alias gradients.
 	for _, v := range t.vars {
 		if v.alias != nil || !v.requires || v.Grad != nil {
@@ -374,9 +398,45 @@ func (t *Tape) Forward() error {
 	return nil
 }
 
+// OnGradReady makes every later Backward call fn(v) for each Param v as
+// soon as v's gradient is final: right after the backward step of the
+// node that is the last writer of that gradient in backward order (a tied
+// weight is final only after its last consumer's contribution: the token
+// embedding of a GPT whose head shares it, written first by the head's
+// GEMM and last by the embedding's backward), or when Backward starts for
+// a Param written by no node (its gradient holds the zeros of Build) or
+// only by a loss node (written in the forward). Each Param is reported
+// exactly once per Backward, in that order; Params that become final at
+// the same node come in the node's input order.
+//
+// fn runs on the calling goroutine at queue time, like the steps: on a
+// device that queues work, "final" means the last write is queued before
+// anything fn queues — on the engine's main stream, or on its side stream
+// for a sole writer (Grads.Sole: ops' weight gradients) — so a collective
+// fn queues on a stream forked from both at that point
+// (ops.Engine.CommSide; PyTorch DDP's autograd hook that marks a
+// parameter ready for its bucket, torch/csrc/distributed/c10d/reducer.cpp)
+// sees the whole gradient, and a step captured as a CUDA graph captures
+// fn's work with the rest. An error from fn stops the Backward. fn nil
+// removes the hook.
+func (t *Tape) OnGradReady(fn func(v *Var) error) { t.onReady = fn }
+
+func (t *Tape) ready(vs []*Var) error {
+	if t.onReady == nil {
+		return nil
+	}
+	for _, v := range vs {
+		if err := t.onReady(v); err != nil {
+			return fmt.Errorf("autograd: gradient of %s ready: %w", v.Name, err)
+		}
+	}
+	return nil
+}
+
 // Backward runs, in reverse record order, the backward step of every node
-// through which a gradient flows. It needs a Forward since the last
-// Backward (else ErrNoForward) and a tape built with gradients.
+// through which a gradient flows, and the OnGradReady hook as gradients
+// become final. It needs a Forward since the last Backward (else
+// ErrNoForward) and a tape built with gradients.
 func (t *Tape) Backward() error {
 	if !t.built || !t.grads {
 		return fmt.Errorf("%w: backward on a tape built without gradients", ErrBuilt)
@@ -385,6 +445,9 @@ func (t *Tape) Backward() error {
 		return ErrNoForward
 	}
 	t.ranFwd = false
+	if err := t.ready(t.readyFirst); err != nil {
+		return err
+	}
 	for i := len(t.nodes) - 1; i >= 0; i-- {
 		n := t.nodes[i]
 		if !n.runBwd {
@@ -392,6 +455,9 @@ func (t *Tape) Backward() error {
 		}
 		if err := n.bwd(&n.grads); err != nil {
 			return fmt.Errorf("autograd: backward %s: %w", n.name, err)
+		}
+		if err := t.ready(n.ready); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -44,8 +44,12 @@ func TraceFlag(what string) *ucli.StringFlag {
 // collector socket, as the process c.App.Name. The returned func flushes
 // and closes the tracer and, when events were dropped, says how many in one
 // line on stderr; call it (defer it) before the tool exits.
-func StartTrace(c *ucli.Context) (stop func()) {
-	tr := trace.Setup(c.String("trace"), c.App.Name)
+func StartTrace(c *ucli.Context) (stop func()) { return StartTraceAs(c, c.App.Name) }
+
+// StartTraceAs is StartTrace with the process named process in the trace
+// (one rank of a data-parallel job: "trainer rank 1", a track of its own).
+func StartTraceAs(c *ucli.Context, process string) (stop func()) {
+	tr := trace.Setup(c.String("trace"), process)
 	return func() {
 		tr.Close()
 		if s := tr.Summary(); s != "" {

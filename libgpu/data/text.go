@@ -171,17 +171,31 @@ func LoadText(path string, tok *CharTokenizer) (*Corpus, error) {
 // run and a reference implementation given the same numbers see the same
 // batches.
 func Blocks(tokens []int32, x, y []int32, batch, block int, seed, draw uint64) error {
-	if block < 1 || batch < 1 || len(x) < batch*block || len(y) < batch*block {
-		return fmt.Errorf("%w: batch %d × block %d into %d and %d tokens", ErrBatch, batch, block, len(x), len(y))
+	return BlockRows(tokens, x, y, batch, block, seed, draw, 0, batch)
+}
+
+// BlockRows fills x and y, each n×block, with rows [first, first+n) of
+// the batch Blocks draws for (batch, seed, draw): a data-parallel rank's
+// shard of the global batch (rank r of k takes first = r·batch/k). The
+// offsets of the rows before first are drawn and skipped, so every shard
+// comes from the same sequence of draws.
+func BlockRows(tokens []int32, x, y []int32, batch, block int, seed, draw uint64, first, n int) error {
+	if block < 1 || batch < 1 || first < 0 || n < 0 || first+n > batch || len(x) < n*block || len(y) < n*block {
+		return fmt.Errorf("%w: rows [%d, %d) of a batch of %d × block %d into %d and %d tokens", ErrBatch, first, first+n,
+			batch, block, len(x), len(y))
 	}
 	if len(tokens) <= block {
 		return fmt.Errorf("%w: %d tokens make no window of %d+1", ErrText, len(tokens), block)
 	}
 	r := rand.New(rand.NewPCG(seed, draw))
-	for i := 0; i < batch; i++ {
+	for i := 0; i < first+n; i++ {
 		o := r.IntN(len(tokens) - block)
-		copy(x[i*block:(i+1)*block], tokens[o:o+block])
-		copy(y[i*block:(i+1)*block], tokens[o+1:o+1+block])
+		if i < first {
+			continue
+		}
+		k := i - first
+		copy(x[k*block:(k+1)*block], tokens[o:o+block])
+		copy(y[k*block:(k+1)*block], tokens[o+1:o+1+block])
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -102,5 +103,39 @@ func TestLoadTextSplitAndBlocks(t *testing.T) {
 	}
 	if _, err := os.Stat(DefaultTextPath()); err != nil {
 		t.Fatalf("the default corpus is missing: %v", err)
+	}
+}
+
+// TestBlockRowsShards: the shards of k ranks, each BlockRows of its rows,
+// put together are the batch Blocks draws (for a text whose windows all
+// differ, so a shifted or repeated row would show).
+func TestBlockRowsShards(t *testing.T) {
+	tokens := make([]int32, 5000)
+	for i := range tokens {
+		tokens[i] = int32(i)
+	}
+	const batch, block = 12, 6
+	x, y := make([]int32, batch*block), make([]int32, batch*block)
+	if err := Blocks(tokens, x, y, batch, block, 11, 4); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []int{1, 2, 3, 4, 6} {
+		b := batch / k
+		gx, gy := make([]int32, 0, batch*block), make([]int32, 0, batch*block)
+		for r := range k {
+			sx, sy := make([]int32, b*block), make([]int32, b*block)
+			if err := BlockRows(tokens, sx, sy, batch, block, 11, 4, r*b, b); err != nil {
+				t.Fatal(err)
+			}
+			gx, gy = append(gx, sx...), append(gy, sy...)
+		}
+		if !slices.Equal(gx, x) || !slices.Equal(gy, y) {
+			t.Fatalf("%d shards of %d rows differ from the batch", k, b)
+		}
+	}
+	for _, bad := range [][2]int{{-1, 2}, {11, 2}, {0, 13}} {
+		if err := BlockRows(tokens, x, y, batch, block, 11, 4, bad[0], bad[1]); !errors.Is(err, ErrBatch) {
+			t.Fatalf("rows [%d, %d): %v", bad[0], bad[0]+bad[1], err)
+		}
 	}
 }

@@ -101,6 +101,15 @@ func NewCUDA(ordinal int) (*CUDA, error) {
 	return d, nil
 }
 
+// CUDACount is the number of GPUs this process sees (CUDA_VISIBLE_DEVICES
+// applied): 0, with the reason, when there is no driver or no device.
+func CUDACount() (int, error) {
+	if err := cuda.Init(); err != nil {
+		return 0, err
+	}
+	return cuda.DeviceCount()
+}
+
 // Auto returns GPU ordinal when one answers, else the host device. Only the
 // absence of a GPU (no driver library, no device, no such ordinal) selects
 // the host; any other failure of a present GPU is returned as an error.

@@ -7,9 +7,14 @@
 // word, k1 high) at counter (q low, q high, site, step) for the group of
 // elements q = i/4; element i takes word i mod 4, r, and u = (r >> 8)·2⁻²⁴.
 // step is read here, on the device, from the i32 counter (null: 0), so a
-// captured graph draws a new mask each time the counter moves. The Go host
+// captured graph draws a new mask each time the counter moves. off shifts
+// the element numbering (element i is drawn as element off + i): a
+// data-parallel rank holding rows [r·b, (r+1)·b) of a global batch passes
+// off = r·n and draws the masks a single process would for those rows.
+// With off a multiple of 4 the groups stay aligned (one draw per 4
+// elements); otherwise each element draws its own group. The Go host
 // backend computes the same bits (ops.Philox4x32); the backward is this
-// kernel on dy with the same seed, site and counter.
+// kernel on dy with the same seed, site, counter and offset.
 #include "common.cuh"
 #include "vec.cuh"
 
@@ -43,12 +48,24 @@ extern "C" __global__ void philox4x32_10_kat(unsigned int* out, unsigned int c0,
 
 template <typename T, int VEC>
 __device__ void dropout(T* y, const T* x, long long n, float p, float scale, unsigned long long seed,
-                        unsigned int site, const int* counter, int acc) {
+                        unsigned int site, const int* counter, int acc, long long off) {
   const unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);
   const unsigned int step = counter ? (unsigned int)*counter : 0u;
-  const long long ng = (n + 3) / 4;
+  if (off & 3) {  // groups straddle this tensor's: one draw per element
+    GPUKIT_GRID_STRIDE(i, n) {
+      const long long gi = (long long)i + off, gq = gi >> 2;
+      unsigned int r[4] = {(unsigned int)gq, (unsigned int)(gq >> 32), site, step};
+      philox4x32_10(r, k0, k1);
+      float v = (float)(r[gi & 3] >> 8) * 5.9604644775390625e-08f >= p ? gpukit_ld(x + i) * scale : 0.0f;
+      if (acc) v += gpukit_ld(y + i);
+      gpukit_st(y + i, v);
+    }
+    return;
+  }
+  const long long ng = (n + 3) / 4, q0 = off >> 2;
   GPUKIT_GRID_STRIDE(q, ng) {
-    unsigned int r[4] = {(unsigned int)q, (unsigned int)(q >> 32), site, step};
+    const long long gq = (long long)q + q0;
+    unsigned int r[4] = {(unsigned int)gq, (unsigned int)(gq >> 32), site, step};
     philox4x32_10(r, k0, k1);
     const long long i0 = (long long)q * 4;
     float u[4], o[4];
@@ -75,8 +92,8 @@ __device__ void dropout(T* y, const T* x, long long n, float p, float scale, uns
 #define DROPOUT_INSTANCE(SUF, T, VEC)                                                             \
   extern "C" __global__ void dropout_##SUF(T* y, const T* x, long long n, float p, float scale,   \
                                            unsigned long long seed, unsigned int site,             \
-                                           const int* counter, int acc) {                          \
-    dropout<T, VEC>(y, x, n, p, scale, seed, site, counter, acc);                                  \
+                                           const int* counter, int acc, long long off) {           \
+    dropout<T, VEC>(y, x, n, p, scale, seed, site, counter, acc, off);                             \
   }
 
 DROPOUT_INSTANCE(s_f32, float, 0)

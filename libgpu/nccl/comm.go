@@ -27,8 +27,8 @@ var (
 // processes, one GPU each, that run collectives together (NCCL's
 // ncclComm_t). Collectives take the engine whose stream they queue on and
 // tensors on that engine's device: they are queued in order with the ops
-// around them, the host does not wait, and inside Engine.Side they go to
-// the side stream. Every rank must call the same collectives in the same
+// around them, the host does not wait, and inside Engine.Side or
+// Engine.CommSide they go to that stream. Every rank must call the same collectives in the same
 // order with the same sizes and dtypes (NCCL's rule; a mismatch hangs or
 // corrupts). A communicator of one rank (Solo) needs no NCCL and works on
 // the host too. Not safe for concurrent use.
@@ -151,8 +151,9 @@ func (c *Comm) handle() (uintptr, error) {
 }
 
 // stream is the stream e queues on now: Streamer.Stream, which inside
-// Engine.Side is the side stream (the CUDA backend swaps its stream there,
-// ops/side.go), so collectives stay in order with the ops around them.
+// Engine.Side or CommSide is that stream (the CUDA backend swaps its
+// stream there, ops/side.go), so collectives stay in order with the ops
+// around them.
 func stream(e *ops.Engine) (cuda.Stream, error) {
 	s, ok := e.Impl().(ops.Streamer)
 	if !ok {

@@ -16,12 +16,12 @@
 // rank needs neither NCCL nor a GPU (Solo). Collectives — AllReduce (sum,
 // avg, max, min, prod), Broadcast, AllGather, ReduceScatter, grouped with
 // Group — take an *ops.Engine and *tensor.Tensor (f32, bf16, f16, i32, i64,
-// u8) and are queued on the engine's stream (its side stream inside
-// Engine.Side) in order with the ops around them, so tools never touch
+// u8) and are queued on the engine's stream (its side or communication
+// stream inside Engine.Side or CommSide) in order with the ops around them, so tools never touch
 // CUDA streams; they can be captured in a CUDA graph (Engine.Capture) once
 // they have run eagerly (NCCL connects its peers on the first
 // collective). A Reducer all-reduces gradient buckets (dist.Layout) on the
-// side stream as the backward completes them, overlapping the rest of the
+// communication stream as the backward completes them, overlapping the rest of the
 // backward, as PyTorch's DistributedDataParallel does.
 //
 // Results (ncclResult_t) are Go errors that name themselves without the

@@ -30,7 +30,7 @@ import (
 // ranks started through dist/launch as re-executions of this test binary
 // (TestRankHelper), joined through dist.Rendezvous, checking every
 // collective exactly (f32 and bf16, up to 256 MiB), the Reducer's bucketed
-// all-reduce on the side stream inside a replayed graph, and the same over
+// all-reduce on the communication stream inside a replayed graph, and the same over
 // NCCL's socket transport with the ranks as two machines on 127.0.0.1.
 
 // requireNCCL is cudatest.RequireGPU plus a loadable NCCL: on the GPU
@@ -140,7 +140,7 @@ func expect(t *testing.T, what string, x *tensor.Tensor, tol float64, want func(
 
 // TestNCCLOneRank: a communicator of one rank made through NCCL (not
 // Solo; its collectives are copies, see Comm.local): every collective,
-// eagerly and replayed in a captured graph, the Reducer on the side stream
+// eagerly and replayed in a captured graph, the Reducer on the communication stream
 // inside the graph; AsyncError stays nil.
 func TestNCCLOneRank(t *testing.T) {
 	requireNCCL(t)
@@ -177,7 +177,7 @@ func TestNCCLOneRank(t *testing.T) {
 		}
 	}
 	// A graph: a copy on the main stream, then the Reducer's all-reduces on
-	// the side stream, replayed with new inputs.
+	// the communication stream, replayed with new inputs.
 	ps := []dist.Param{{Name: "a", DType: tensor.F32, Shape: []int{300, 700}}, {Name: "b", DType: tensor.F32, Shape: []int{5}},
 		{Name: "c", DType: tensor.F32, Shape: []int{1 << 18}}}
 	l, err := dist.Plan(ps, dist.BucketConfig{Bytes: 512 << 10, FirstBytes: 64 << 10})
@@ -230,7 +230,7 @@ func TestNCCLOneRank(t *testing.T) {
 		}
 	}
 	load(1)
-	if err := step(); err != nil { // eager first: NCCL connects, the side stream is made
+	if err := step(); err != nil { // eager first: NCCL connects, the communication stream is made
 		t.Fatal(err)
 	}
 	check("eager", 1)
@@ -314,7 +314,8 @@ func TestMultiGPUCollectives(t *testing.T) {
 }
 
 // TestMultiGPUGraph: the Reducer's all-reduces of gradient buckets on the
-// side stream, and a 256 MiB in-place all-reduce, captured and replayed.
+// communication stream, and a 256 MiB in-place all-reduce, captured and
+// replayed.
 func TestMultiGPUGraph(t *testing.T) {
 	needGPUs(t, 2)
 	ranks(t, "graph", []launch.Config{{NProc: 2}})
@@ -469,8 +470,8 @@ func values(n, rank int) []float32 {
 	return v
 }
 
-// graphs checks the Reducer's bucketed all-reduce (average) on the side
-// stream and an in-place 256 MiB all-reduce, each captured once and
+// graphs checks the Reducer's bucketed all-reduce (average) on the
+// communication stream and an in-place 256 MiB all-reduce, each captured once and
 // replayed with new inputs.
 func graphs(t *testing.T, e *ops.Engine, a device.Allocator, c *nccl.Comm) {
 	rank, size := c.Rank(), c.Size()

@@ -12,10 +12,12 @@ import (
 // is still running, as PyTorch's DDP does: the training step marks each
 // parameter's gradient Ready once the backward has queued its last write;
 // when that completes a bucket, the bucket's all-reduce is queued on the
-// engine's side stream (Engine.Side), forked from the main stream at that
-// point, so it overlaps the rest of the backward; Wait queues what is left
-// and joins the side stream before the optimizer. Buckets are reduced in
-// bucket order (a bucket completed early waits for the ones before it), so
+// engine's communication stream (Engine.CommSide), forked at that point
+// from the main stream and from the side stream (where the backward may
+// have queued the bucket's weight gradients), so it overlaps the rest of
+// the backward without waiting behind, or holding up, the side stream's
+// work; Wait queues what is left and joins the communication stream
+// before the optimizer. Buckets are reduced in bucket order (a bucket completed early waits for the ones before it), so
 // every rank issues the same collectives in the same order, as NCCL
 // requires. All of it is host-side bookkeeping at queue time: a step
 // captured in a CUDA graph (Engine.Capture) replays the forks, all-reduces
@@ -25,7 +27,7 @@ import (
 // a bucket's gradients between their all-reduce's fork and Wait. Gradient
 // accumulation over micro-batches marks only on the last one.
 type Reducer struct {
-	c  *Comm
+	c  Collective
 	e  *ops.Engine
 	l  *dist.Layout
 	g  *dist.Grads
@@ -35,17 +37,29 @@ type Reducer struct {
 	ready []bool // per parameter
 	next  int    // the first bucket not issued yet
 
-	// allReduce queues one bucket's reduction (on the side stream, inside
-	// Side); tests replace it. skip: a communicator of one rank, whose
-	// reductions change nothing, needs neither them nor the side stream.
+	// allReduce queues one bucket's reduction (on the communication
+	// stream, inside CommSide); tests replace it. skip: a communicator of
+	// one rank, whose reductions change nothing, needs neither them nor
+	// the communication stream.
 	allReduce func(b int, t *tensor.Tensor) error
 	skip      bool
+}
+
+// Collective is what a Reducer needs of its communicator: a *Comm, or a
+// stand-in that reduces another way (an in-process fake of several ranks
+// on the host, in tests of code built on the Reducer).
+type Collective interface {
+	// AllReduce as Comm.AllReduce.
+	AllReduce(e *ops.Engine, dst, src *tensor.Tensor, op Op) error
+	// IsSolo: one rank, nothing to reduce (the Reducer then queues no
+	// all-reduce and uses no communication stream).
+	IsSolo() bool
 }
 
 // NewReducer makes a reducer of g's buckets (laid out by l) over c, queued
 // on e, reducing with op (Avg: the gradient of the mean loss over the
 // global batch when every rank's loss is its local mean).
-func NewReducer(e *ops.Engine, c *Comm, l *dist.Layout, g *dist.Grads, op Op) (*Reducer, error) {
+func NewReducer(e *ops.Engine, c Collective, l *dist.Layout, g *dist.Grads, op Op) (*Reducer, error) {
 	if len(g.Buckets) != len(l.Buckets) || len(g.Params) != len(l.Params) {
 		return nil, fmt.Errorf("%w: %d bucket tensors for %d buckets", ErrArg, len(g.Buckets), len(l.Buckets))
 	}
@@ -98,7 +112,7 @@ func (r *Reducer) issue(all bool) error {
 			continue
 		}
 		t := r.g.Buckets[b]
-		if err := r.e.Side(func() error { return r.allReduce(b, t) }); err != nil {
+		if err := r.e.CommSide(func() error { return r.allReduce(b, t) }); err != nil {
 			return fmt.Errorf("nccl: reducer: bucket %d (%s, %d bytes): %w", b, r.l.Params[r.l.Buckets[b].Params[0]].Name,
 				r.l.Buckets[b].Bytes(), err)
 		}
@@ -109,13 +123,13 @@ func (r *Reducer) issue(all bool) error {
 
 // Wait queues the all-reduce of the buckets not queued yet (gradients never
 // marked: parameters the step did not use, whose gradients must hold zeros
-// or their value) and joins the side stream: work queued after Wait (the
+// or their value) and joins the communication stream: work queued after Wait (the
 // optimizer, a gradient-norm clip) sees reduced gradients. It then resets
 // the marks for the next step.
 func (r *Reducer) Wait() error {
 	err := r.issue(true)
 	if !r.skip {
-		if jerr := r.e.Join(); err == nil {
+		if jerr := r.e.JoinComm(); err == nil {
 			err = jerr
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 
 	"gpukit/libgpu/device"
@@ -76,7 +77,7 @@ type GPT struct {
 	cfg    GPTConfig
 	params []Param
 	byName map[string]Param
-	bufs   []*tensor.Tensor
+	bufs   []*tensor.Tensor // what Free frees: not gradients from SetGrads
 }
 
 // gptParam names one parameter and its shape; init is its initialisation.
@@ -185,6 +186,41 @@ func NewGPT(a device.Allocator, prefix string, cfg GPTConfig, grads bool, seed u
 		m.byName[s.name] = p
 	}
 	return m, nil
+}
+
+// SetGrads gives a model made without gradients (NewGPT with grads
+// false) the caller's gradient storage, one tensor per parameter in
+// Params' order, each an f32 tensor of the parameter's shape on its device
+// (contiguous; views are fine): for data-parallel training, the
+// per-parameter views of dist.Layout's bucket buffers, so that one
+// all-reduce per bucket reduces the gradients where the backward wrote
+// them, with no packing copy (PyTorch DDP's gradient_as_bucket_view).
+// The caller keeps ownership (Free does not free them). Record after
+// SetGrads. Errors wrap ErrGPTConfig.
+func (m *GPT) SetGrads(grads []*tensor.Tensor) error {
+	if len(grads) != len(m.params) {
+		return fmt.Errorf("%w: %d gradient tensors for %d parameters", ErrGPTConfig, len(grads), len(m.params))
+	}
+	for i, p := range m.params {
+		if p.Grad != nil {
+			return fmt.Errorf("%w: the model already has gradients (%s)", ErrGPTConfig, p.Name)
+		}
+		g := grads[i]
+		switch {
+		case g == nil || g.Buf == nil:
+			return fmt.Errorf("%w: no gradient tensor for %s", ErrGPTConfig, p.Name)
+		case g.DType != tensor.F32 || !slices.Equal(g.Shape, p.Value.Shape) || !g.Contiguous():
+			return fmt.Errorf("%w: the gradient of %s is %v %v (contiguous %v), want f32 %v", ErrGPTConfig, p.Name,
+				g.DType, g.Shape, g.Contiguous(), p.Value.Shape)
+		case g.Device() != p.Value.Device() && g.Device().String() != p.Value.Device().String():
+			return fmt.Errorf("%w: the gradient of %s is on %v, the parameter on %v", ErrGPTConfig, p.Name, g.Device(), p.Value.Device())
+		}
+	}
+	for i := range m.params {
+		m.params[i].Grad = grads[i]
+		m.byName[m.params[i].Name] = m.params[i]
+	}
+	return nil
 }
 
 // Config is the model's configuration.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/dist"
 	"gpukit/libgpu/nn"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/ops/opstest"
@@ -217,6 +218,114 @@ func TestGPTDecoderMatchesForward(t *testing.T) {
 		want := full[p*cfg.Vocab : (p+1)*cfg.Vocab]
 		if e := opstest.RelErr(opstest.F64(got), opstest.F64(want)); !(e < 1e-5) {
 			t.Fatalf("position %d: decoder logits differ from the full forward (relative %.3g)", p, e)
+		}
+	}
+}
+
+// TestGPTGradsInBuckets: a GPT whose gradients live in dist.Layout's
+// bucket buffers (SetGrads) computes bitwise the gradients of one with
+// gradients of its own, and the training graph's OnGradReady reports every
+// parameter once, with its final gradient, in the reverse of Params'
+// order (the order dist.Plan fills buckets in, so each bucket's last
+// gradient arrives before any of the next bucket's) and the tied token
+// embedding last (the embedding's backward is its last writer, after the
+// head's GEMM).
+func TestGPTGradsInBuckets(t *testing.T) {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 13))
+	for _, bias := range []bool{false, true} {
+		cfg := nn.GPTConfig{Vocab: 11, Layers: 2, Heads: 2, DModel: 8, Block: 5, Bias: bias}
+		own, s1, _ := tinyGPT(t, cfg, 3, true)
+		host := device.NewHost()
+		a := device.Local{Dev: host}
+		e, err := ops.NewEngine(host, ops.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := nn.NewGPT(a, "", cfg, false, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ps []dist.Param
+		for _, p := range m.Params() {
+			ps = append(ps, dist.Param{Name: p.Name, DType: tensor.F32, Shape: p.Value.Shape})
+		}
+		l, err := dist.Plan(ps, dist.BucketConfig{Bytes: 1 << 10, FirstBytes: 256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := l.Alloc(a, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.SetGrads(g.Params); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.SetGrads(g.Params); err == nil {
+			t.Fatal("SetGrads twice: no error")
+		}
+		s2, err := m.Record(e, a, "", 3, ops.GraphOptions{}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s2.Free(); m.Free(); g.Free() })
+		if len(l.Buckets) < 3 {
+			t.Fatalf("%d buckets: the test wants several", len(l.Buckets))
+		}
+		idx := map[string]int{}
+		for i, p := range m.Params() {
+			idx[p.Name] = i
+		}
+		var order []int
+		atReady := map[int][]float32{}
+		s2.Graph.Tape().OnGradReady(func(v *ops.Var) error {
+			i, ok := idx[v.Name]
+			if !ok {
+				t.Fatalf("hook reports %s, not a parameter", v.Name)
+			}
+			order = append(order, i)
+			atReady[i], _ = v.Grad.ReadFloat32()
+			return nil
+		})
+		for step := range 2 {
+			x, y := randTokens(r, 15, 11), randTokens(r, 15, 11)
+			for _, s := range []*nn.GPTStep{s1, s2} {
+				if err := s.Idx.Write(tensor.AsBytes(x)); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Targets.Write(tensor.AsBytes(y)); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Graph.Forward(); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Graph.Backward(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n := len(m.Params())
+			if len(order) != n {
+				t.Fatalf("bias %v step %d: %d parameters reported, want %d", bias, step, len(order), n)
+			}
+			if last := m.Params()[order[n-1]].Name; last != "transformer.wte.weight" {
+				t.Fatalf("bias %v: %s reported last, want the tied transformer.wte.weight", bias, last)
+			}
+			for k, i := range order {
+				if !bias && i != n-1-k {
+					t.Fatalf("step %d: report %d is %s, want %s (the reverse of Params)", step, k, m.Params()[i].Name, m.Params()[n-1-k].Name)
+				}
+				p, q := own.Params()[i], m.Params()[i]
+				a, _ := p.Grad.ReadFloat32()
+				b, _ := q.Grad.ReadFloat32()
+				if !slices.Equal(a, b) {
+					t.Fatalf("bias %v step %d: %s's gradient in a bucket differs from its own buffer's", bias, step, p.Name)
+				}
+				if !slices.Equal(atReady[i], b) {
+					t.Fatalf("bias %v step %d: %s's gradient when reported is not its final value", bias, step, p.Name)
+				}
+			}
+			order = order[:0]
 		}
 	}
 }

@@ -75,6 +75,8 @@ type cudaImpl struct {
 
 	// side is the side stream (side.go), made on the first Engine.Side.
 	side sideState
+	// comm is the communication stream (Engine.CommSide).
+	comm sideState
 	// solver is the cuSOLVER handle of the eigensolver (matroot.go), made
 	// on first use; noBatchedEigh: its library has no batched solver.
 	solver        *cuda.SolverHandle
@@ -206,8 +208,10 @@ func (c *cudaImpl) Close() error {
 				first = err
 			}
 		}
-		if c.side.on {
-			c.stream, c.ws = c.side.main, c.side.mainWS
+		for _, s := range []*sideState{&c.side, &c.comm} {
+			if s.on {
+				c.stream, c.ws = s.main, s.mainWS
+			}
 		}
 		c.sideClose(keep)
 		if c.stream != 0 {

@@ -2,6 +2,7 @@ package ops_test
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -85,6 +86,81 @@ func TestCUDASide(t *testing.T) {
 		t.Errorf("nested Side: %v, want ErrSide", err)
 	}
 	must("join", e.Join())
+}
+
+// TestCUDACommSide: work queued with CommSide starts after what the main
+// stream and the side stream queued before it (a copy of a long side-stream
+// GEMM's result sees the whole result, eagerly and replayed from a
+// capture), runs beside later side-stream work, and JoinComm orders it
+// before what the main stream queues next; nesting is refused.
+func TestCUDACommSide(t *testing.T) {
+	d := gpu(t)
+	e := cudaEngine(t, d, ops.PrecF32)
+	a := device.Local{Dev: d}
+	const n = 1536 // an f32 GEMM of ~7 GFLOP: long enough for a copy that did not wait to see it unfinished
+	x := opstest.Upload(t, a, sideVec(n*n), n, n)
+	want := opstest.Empty(t, a, tensor.F32, n, n)
+	side := opstest.Empty(t, a, tensor.F32, n, n)
+	got := opstest.Empty(t, a, tensor.F32, n, n)
+	later := opstest.Empty(t, a, tensor.F32, n, n)
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	must("main", e.Matmul(ops.Matmul{A: x, B: x, D: want}))
+	must("sync", e.Sync())
+	w, _ := want.ReadF32()
+	step := func() error {
+		if err := e.Fill(got, 0); err != nil {
+			return err
+		}
+		if err := e.Side(func() error { return e.Matmul(ops.Matmul{A: x, B: x, D: side}) }); err != nil {
+			return err
+		}
+		if err := e.CommSide(func() error { return e.Copy(got, side) }); err != nil {
+			return err
+		}
+		// More side work meanwhile (it must not be ordered behind the copy
+		// for correctness; it only has to finish before the join).
+		if err := e.Side(func() error { return e.Matmul(ops.Matmul{A: x, B: x, D: later, TransB: true}) }); err != nil {
+			return err
+		}
+		if err := e.Join(); err != nil {
+			return err
+		}
+		return e.JoinComm()
+	}
+	check := func(what string) {
+		t.Helper()
+		must("sync", e.Sync())
+		g, _ := got.ReadF32()
+		for i := range w {
+			if g[i] != w[i] {
+				t.Fatalf("%s: the copy on the communication stream [%d] = %v, the GEMM's %v", what, i, g[i], w[i])
+			}
+		}
+	}
+	must("eager", step())
+	check("eager")
+	must("clear", e.Fill(side, 0))
+	graph, err := e.Capture(step)
+	must("capture", err)
+	defer graph.Close()
+	for k := range 3 {
+		must("clear", e.Fill(side, 0))
+		must("launch", graph.Launch())
+		check(fmt.Sprint("replay ", k+1))
+	}
+	if err := e.CommSide(func() error { return e.Side(func() error { return nil }) }); !errors.Is(err, ops.ErrSide) {
+		t.Errorf("Side inside CommSide: %v, want ErrSide", err)
+	}
+	if err := e.Side(func() error { return e.CommSide(func() error { return nil }) }); !errors.Is(err, ops.ErrSide) {
+		t.Errorf("CommSide inside Side: %v, want ErrSide", err)
+	}
+	must("join", e.Join())
+	must("join comm", e.JoinComm())
 }
 
 // sideVec is n seeded draws from U(−1, 1).

@@ -98,13 +98,22 @@ func (e *Engine) checkDropout(p float32, site int, counter *tensor.Tensor) error
 // Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice
 // or ErrConfig.
 func (e *Engine) Dropout(y, x *tensor.Tensor, p float32, seed uint64, site int, counter *tensor.Tensor) error {
+	return e.DropoutAt(y, x, p, seed, site, counter, 0)
+}
+
+// DropoutAt is Dropout with the elements numbered from off: element i of x
+// is kept as DropoutKeep(seed, site, step, off+i, p) says. A shard of a
+// larger tensor (rows [r·b, (r+1)·b) of a batch, a data-parallel rank's
+// part) passes its first element's index in the whole, off = r·x.Numel(),
+// and draws the whole tensor's masks for its part. off ≥ 0.
+func (e *Engine) DropoutAt(y, x *tensor.Tensor, p float32, seed uint64, site int, counter *tensor.Tensor, off int64) error {
 	if err := e.checkDropout(p, site, counter); err != nil {
 		return err
 	}
 	if err := e.rwCheckElem("dropout", true, x, []string{"x", "y"}, y); err != nil {
 		return err
 	}
-	return e.dropout(y, x, p, seed, site, counter, false)
+	return e.dropout(y, x, p, seed, site, counter, false, off)
 }
 
 // DropoutBackward computes dx = dy·m/(1−p), or adds it to dx when acc, with
@@ -112,16 +121,24 @@ func (e *Engine) Dropout(y, x *tensor.Tensor, p float32, seed uint64, site int, 
 // value (recomputed, not stored: run it before the counter moves). dx and
 // dy contiguous, of one shape and dtype; dx may be dy. Errors as Dropout.
 func (e *Engine) DropoutBackward(dx, dy *tensor.Tensor, p float32, seed uint64, site int, counter *tensor.Tensor, acc bool) error {
+	return e.DropoutBackwardAt(dx, dy, p, seed, site, counter, acc, 0)
+}
+
+// DropoutBackwardAt is DropoutBackward for DropoutAt's mask at off.
+func (e *Engine) DropoutBackwardAt(dx, dy *tensor.Tensor, p float32, seed uint64, site int, counter *tensor.Tensor, acc bool, off int64) error {
 	if err := e.checkDropout(p, site, counter); err != nil {
 		return err
 	}
 	if err := e.rwCheckElem("dropout backward", true, dy, []string{"dy", "dx"}, dx); err != nil {
 		return err
 	}
-	return e.dropout(dx, dy, p, seed, site, counter, acc)
+	return e.dropout(dx, dy, p, seed, site, counter, acc, off)
 }
 
-func (e *Engine) dropout(y, x *tensor.Tensor, p float32, seed uint64, site int, counter *tensor.Tensor, acc bool) error {
+func (e *Engine) dropout(y, x *tensor.Tensor, p float32, seed uint64, site int, counter *tensor.Tensor, acc bool, off int64) error {
+	if off < 0 {
+		return fmt.Errorf("%w: dropout element offset %d", ErrConfig, off)
+	}
 	n := x.Numel()
 	if n == 0 {
 		return nil
@@ -145,16 +162,19 @@ func (e *Engine) dropout(y, x *tensor.Tensor, p float32, seed uint64, site int, 
 			return err
 		}
 		key := [2]uint32{uint32(seed), uint32(seed >> 32)}
-		for q := 0; q < (n+3)/4; q++ {
-			r := Philox4x32([4]uint32{uint32(q), uint32(uint64(q) >> 32), uint32(site), step}, key)
-			for k := 0; k < 4 && 4*q+k < n; k++ {
-				i := 4*q + k
-				v := float32(0)
-				if dropoutU(r[k]) >= p {
-					v = float32(xs[i] * scale) // the conversion forbids fusing with acc's add
-				}
-				ys[i] = v // y may be x: each element is read before it is written
+		var r [4]uint32
+		last := int64(-1) // the group r holds
+		for i := 0; i < n; i++ {
+			gi := off + int64(i)
+			if q := gi / 4; q != last {
+				r = Philox4x32([4]uint32{uint32(q), uint32(uint64(q) >> 32), uint32(site), step}, key)
+				last = q
 			}
+			v := float32(0)
+			if dropoutU(r[gi%4]) >= p {
+				v = float32(xs[i] * scale) // the conversion forbids fusing with acc's add
+			}
+			ys[i] = v // y may be x: each element is read before it is written
 		}
 		return commit()
 	}, func(c *cudaImpl) error {
@@ -164,15 +184,16 @@ func (e *Engine) dropout(y, x *tensor.Tensor, p float32, seed uint64, site int, 
 		}
 		return c.launchK("dropout.cu", "dropout_"+inst+dtSuffix(x.DType), gridFor(int64((n+3)/4), 256), block1(256), 0,
 			kPtr(y), kPtr(x), kI64(int64(n)), kF32(p), kF32(scale),
-			kU64(seed), dropU32(uint32(site)), kPtr(counter), kBool(acc))
+			kU64(seed), dropU32(uint32(site)), kPtr(counter), kBool(acc), kI64(off))
 	})
 }
 
 // dropU32 is an unsigned int kernel argument (the same 4 bytes as kI32's).
 func dropU32(v uint32) karg { return kI32(int(int32(v))) }
 
-// Dropout records y = dropout(x, p) (Engine.Dropout) with the graph's Seed
-// and Counter and the next call-site number. Outside training
+// Dropout records y = dropout(x, p) (Engine.DropoutAt) with the graph's
+// Seed and Counter, the next call-site number and elements numbered from
+// Shard × x's elements (GraphOptions.Shard). Outside training
 // (GraphOptions.Train false) or with p = 0 it is the identity: it returns x
 // and records nothing. y of x's shape and dtype (x contiguous). The
 // backward recomputes the mask from the same seed, site and counter, so
@@ -192,18 +213,23 @@ func (g *Graph) Dropout(x *Var, p float32) *Var {
 		g.Fail("dropout", fmt.Errorf("%w: dropout probability %v", ErrConfig, p))
 		return nil
 	}
+	if g.opts.Shard < 0 {
+		g.Fail("dropout", fmt.Errorf("%w: shard %d", ErrConfig, g.opts.Shard))
+		return nil
+	}
 	site := g.nextSite()
 	seed, counter := g.opts.Seed, g.opts.Counter
+	off := int64(g.opts.Shard) * int64(x.Value.Numel())
 	y := g.NewOut("dropout", x.Value.DType, x.Value.Shape...)
 	e := g.e
 	g.Record("dropout", []*Var{x}, []*Var{y}, func(*Grads) error {
-		return e.Dropout(y.Value, x.Value, p, seed, site, counter)
+		return e.DropoutAt(y.Value, x.Value, p, seed, site, counter, off)
 	}, func(gr *Grads) error {
 		dy, dx := gr.Out(0), gr.In(0)
 		if dy == nil || dx == nil {
 			return nil
 		}
-		return e.DropoutBackward(dx, dy, p, seed, site, counter, gr.Acc(0))
+		return e.DropoutBackwardAt(dx, dy, p, seed, site, counter, gr.Acc(0), off)
 	})
 	return y
 }

@@ -34,6 +34,14 @@ type GraphOptions struct {
 	// draws new masks on every replay.
 	Seed    uint64
 	Counter *tensor.Tensor
+	// Shard numbers this graph's batch among equal shards of a larger
+	// batch (data parallelism: rank r of n holds rows [r·b, (r+1)·b) of a
+	// global batch of n·b, every dropout site's tensor leading with the
+	// batch): dropout numbers its elements from Shard × the site's
+	// elements (Engine.DropoutAt), so the masks are those a graph of the
+	// whole batch draws for these rows, and n ranks train as one process
+	// on the global batch would. 0 for a graph of the whole batch.
+	Shard int
 	// OnLinear, when set, is called by every Graph.Linear's backward step,
 	// after the gradient of the layer's pre-activation is computed and
 	// before the weight-gradient product: weight is the name of the

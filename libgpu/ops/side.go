@@ -15,6 +15,13 @@ package ops
 // refusing GEMMs there, and adds WaitEvent and Event.Query so that a
 // caller can join one piece of side work at a later step of its choosing
 // (bounded staleness) rather than everything at once.
+//
+// The communication stream (CommSide, JoinComm) is a third stream, of the
+// same kind, for collectives: a bucket's all-reduce queued there during
+// the backward (nccl.Reducer) neither waits behind the weight gradients
+// the backward queues on the side stream nor holds them up, as PyTorch's
+// DDP keeps NCCL's work on a stream of its own
+// (ProcessGroupNCCL's per-device NCCL streams).
 
 import (
 	"errors"
@@ -36,6 +43,7 @@ type sideState struct {
 	stream      cuda.Stream
 	ws          cuda.DevicePtr
 	fork, join  cuda.Event
+	forkSide    cuda.Event  // the communication stream's fork from the side stream
 	main        cuda.Stream // the main stream, while on the side
 	mainWS      cuda.DevicePtr
 	on, pending bool
@@ -112,13 +120,40 @@ func (v *Event) Query() (bool, error) {
 	return done, err
 }
 
-// onSide reports whether ops are being queued on the side stream (inside
-// Side); ops that use shared backend state refuse then.
-func (c *cudaImpl) onSide() bool { return c.side.on }
+// CommSide queues fn's ops — collectives, typically — on the backend's
+// communication stream, after everything queued so far on the engine's
+// main stream and on its side stream (a fork from both: a gradient's last
+// write may be a weight-gradient product Side queued). Ops queued after
+// CommSide returns, on either stream, may run concurrently with fn's;
+// JoinComm makes the main stream wait for them (Join does not). Inside a
+// capture the forks and the join become parallel branches of the graph,
+// as with Side, and the capture must join the communication stream
+// before it ends. The rules of Side hold (no shared backend state, no
+// nesting in Side or CommSide). The host backend runs fn in line.
+func (e *Engine) CommSide(fn func() error) error {
+	c, ok := e.impl.(*cudaImpl)
+	if !ok {
+		return fn()
+	}
+	return c.dev.Do(func() error { return c.commRun(fn) })
+}
 
-// sideInit creates the side stream, its workspace and events. Inside Do.
-func (c *cudaImpl) sideInit() error {
-	s := &c.side
+// JoinComm makes the engine's main stream wait for every op queued by
+// CommSide so far. With nothing pending it does nothing.
+func (e *Engine) JoinComm() error {
+	c, ok := e.impl.(*cudaImpl)
+	if !ok {
+		return nil
+	}
+	return c.dev.Do(func() error { return c.join(&c.comm, "JoinComm") })
+}
+
+// onSide reports whether ops are being queued off the main stream (inside
+// Side or CommSide); ops that use shared backend state refuse then.
+func (c *cudaImpl) onSide() bool { return c.side.on || c.comm.on }
+
+// sideInit creates s's stream, its workspace and events. Inside Do.
+func (c *cudaImpl) sideInit(s *sideState) error {
 	if s.stream != 0 {
 		return nil
 	}
@@ -127,6 +162,9 @@ func (c *cudaImpl) sideInit() error {
 		return err
 	}
 	if s.join, err = cuda.EventCreate(cuda.EventDisableTiming); err != nil {
+		return err
+	}
+	if s.forkSide, err = cuda.EventCreate(cuda.EventDisableTiming); err != nil {
 		return err
 	}
 	if s.ws, err = cuda.MemAlloc(cudaWorkspace); err != nil {
@@ -138,12 +176,37 @@ func (c *cudaImpl) sideInit() error {
 
 // sideRun implements Side. Inside Do.
 func (c *cudaImpl) sideRun(fn func() error) error {
-	s := &c.side
-	if s.on {
+	if c.side.on || c.comm.on {
 		return fmt.Errorf("%w: nested Side", ErrSide)
 	}
-	if err := c.sideInit(); err != nil {
-		return fmt.Errorf("ops: side stream: %w", err)
+	return c.offMain(&c.side, "side", fn)
+}
+
+// commRun implements CommSide: the fork from the main stream, and from the
+// side stream when it has work the main stream has not joined. Inside Do.
+func (c *cudaImpl) commRun(fn func() error) error {
+	if c.side.on || c.comm.on {
+		return fmt.Errorf("%w: nested CommSide", ErrSide)
+	}
+	if err := c.sideInit(&c.comm); err != nil {
+		return fmt.Errorf("ops: communication stream: %w", err)
+	}
+	if c.side.pending {
+		if err := c.comm.forkSide.Record(c.side.stream); err != nil {
+			return fmt.Errorf("ops: fork from the side stream: %w", err)
+		}
+		if err := c.comm.stream.WaitEvent(c.comm.forkSide); err != nil {
+			return fmt.Errorf("ops: fork from the side stream: %w", err)
+		}
+	}
+	return c.offMain(&c.comm, "communication", fn)
+}
+
+// offMain forks s from the main stream and runs fn with s's stream and
+// workspace in the main ones' place. Inside Do.
+func (c *cudaImpl) offMain(s *sideState, what string, fn func() error) error {
+	if err := c.sideInit(s); err != nil {
+		return fmt.Errorf("ops: %s stream: %w", what, err)
 	}
 	if err := s.fork.Record(c.stream); err != nil {
 		return fmt.Errorf("ops: fork: %w", err)
@@ -159,10 +222,12 @@ func (c *cudaImpl) sideRun(fn func() error) error {
 }
 
 // sideJoin implements Join. Inside Do.
-func (c *cudaImpl) sideJoin() error {
-	s := &c.side
-	if s.on {
-		return fmt.Errorf("%w: Join inside Side", ErrSide)
+func (c *cudaImpl) sideJoin() error { return c.join(&c.side, "Join") }
+
+// join makes the main stream wait for s's work. Inside Do.
+func (c *cudaImpl) join(s *sideState, what string) error {
+	if c.side.on || c.comm.on {
+		return fmt.Errorf("%w: %s inside Side or CommSide", ErrSide, what)
 	}
 	if !s.pending {
 		return nil
@@ -177,31 +242,35 @@ func (c *cudaImpl) sideJoin() error {
 	return nil
 }
 
-// sideClose waits for the side stream and frees what sideInit made. Inside
-// Do, from Close.
+// sideClose waits for the side and communication streams and frees what
+// sideInit made. Inside Do, from Close.
 func (c *cudaImpl) sideClose(keep func(error)) {
-	s := &c.side
-	if s.stream != 0 {
-		keep(s.stream.Synchronize())
-		keep(s.stream.Destroy())
-	}
-	for _, ev := range []cuda.Event{s.fork, s.join} {
-		if ev != 0 {
-			keep(ev.Destroy())
+	for _, s := range []*sideState{&c.side, &c.comm} {
+		if s.stream != 0 {
+			keep(s.stream.Synchronize())
+			keep(s.stream.Destroy())
 		}
+		for _, ev := range []cuda.Event{s.fork, s.join, s.forkSide} {
+			if ev != 0 {
+				keep(ev.Destroy())
+			}
+		}
+		if s.ws != 0 {
+			keep(cuda.MemFree(s.ws))
+		}
+		*s = sideState{}
 	}
-	if s.ws != 0 {
-		keep(cuda.MemFree(s.ws))
-	}
-	*s = sideState{}
 }
 
 // sideScratch is the scratch slot name for name on the current stream:
-// the side stream's scratch is its own, so the two streams never share a
-// scratch buffer.
+// the side and communication streams' scratch is their own, so no two
+// streams share a scratch buffer.
 func (c *cudaImpl) sideScratch(name string) string {
-	if c.side.on {
+	switch {
+	case c.side.on:
 		return "side/" + name
+	case c.comm.on:
+		return "comm/" + name
 	}
 	return name
 }

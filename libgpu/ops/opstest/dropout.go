@@ -97,6 +97,9 @@ func checkDropout(s *Suite) {
 		}
 		s.Run(fmt.Sprintf("%v/exact/misaligned", dt), func(s *Suite) { dropExact(s, dt, 1003, 1) })
 		s.Run(fmt.Sprintf("%v/counter", dt), func(s *Suite) { dropCounter(s, dt) })
+		for _, n := range []int{12, 7} {
+			s.Run(fmt.Sprintf("%v/shards/n=%d", dt, n), func(s *Suite) { dropShards(s, dt, n) })
+		}
 		s.Run(fmt.Sprintf("%v/grad", dt), func(s *Suite) { dropGrad(s, dt) })
 	}
 	s.Run("statistics", dropStats)
@@ -107,6 +110,37 @@ func checkDropout(s *Suite) {
 // dropCounterAt allocates the i32 step counter holding step.
 func dropCounterAt(s *Suite, step int32) *tensor.Tensor {
 	return UploadI32(s.T, s.A, []int32{step}, 1)
+}
+
+// dropShards: dropping each of 3 shards of n elements of x at its offset
+// (DropoutAt, r·n) gives the elements of dropping x whole, forward and
+// backward (accumulating): what a data-parallel rank relies on to draw a
+// one-rank run's masks (n = 7: groups of 4 straddle the shards).
+func dropShards(s *Suite, dt tensor.DType, n int) {
+	const p, site, step, shards = 0.4, 3, 9, 3
+	ctr := dropCounterAt(s, step)
+	x, xv := s.Rand(dt, 1, shards*n)
+	y := s.Empty(dt, shards*n)
+	s.NoErr("dropout", s.E.Dropout(y, x, p, dropSeed, site, ctr))
+	whole := s.Read(y)
+	dropEqual(s, "whole", whole, dropRound(dt, RefDropout(xv, RefDropoutMask(shards*n, p, dropSeed, site, step), p)))
+	dx, dxv := s.Rand(dt, 1, shards*n)
+	s.NoErr("dropout backward", s.E.DropoutBackward(dx, x, p, dropSeed, site, ctr, true))
+	wholeDx := s.Read(dx)
+	ys := s.Empty(dt, shards*n)
+	dxs := s.Const(dt, dxv, shards*n)
+	for r := range shards {
+		part := func(t *tensor.Tensor) *tensor.Tensor {
+			v, err := t.Narrow(0, r*n, n)
+			s.NoErr("narrow", err)
+			return v
+		}
+		off := int64(r * n)
+		s.NoErr("dropout at", s.E.DropoutAt(part(ys), part(x), p, dropSeed, site, ctr, off))
+		s.NoErr("dropout backward at", s.E.DropoutBackwardAt(part(dxs), part(x), p, dropSeed, site, ctr, true, off))
+	}
+	dropEqual(s, "shards", s.Read(ys), whole)
+	dropEqual(s, "shards backward", s.Read(dxs), wholeDx)
 }
 
 // dropExact: forward and backward (written, accumulated, in place) equal

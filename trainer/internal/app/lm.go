@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,9 @@ import (
 
 	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/data"
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/dist"
+	"gpukit/libgpu/nccl"
 	"gpukit/libgpu/ops"
 	"gpukit/trainer/internal/train"
 )
@@ -33,6 +37,8 @@ var lmFlags = func() []cli.Flag {
 		&cli.Float64Flag{Name: "beta2", Value: kit.F32(d.Beta2), Usage: "gpt: AdamW β2"},
 		&cli.IntFlag{Name: "eval-every", Value: d.EvalEvery, Usage: "gpt: steps between validation losses"},
 		&cli.IntFlag{Name: "eval-batches", Value: d.EvalBatches, Usage: "gpt: fixed validation batches per evaluation"},
+		&cli.Float64Flag{Name: "bucket-mb", Value: float64(dist.DefaultBucketBytes) / (1 << 20),
+			Usage: "gpt, several ranks: size limit in MiB of a gradient bucket, one all-reduce each (PyTorch DDP's bucket_cap_mb; the first bucket is 1 MiB)"},
 	}
 }()
 
@@ -121,17 +127,38 @@ func isLM(c *cli.Context) bool {
 // mlpOnly are the MLP's flags, which a language-model run refuses.
 var mlpOnly = []string{"epochs", "widths", "act", "limit", "momentum", "fuse-backward"}
 
-// runLM is `trainer run --model gpt` (ctx is cancelled by SIGINT/SIGTERM).
-func runLM(c *cli.Context, ctx context.Context, prec ops.Precision) error {
+// runLM is `trainer run --model gpt` (ctx is cancelled by SIGINT/SIGTERM)
+// as rank w.Rank of w.Size: with several ranks (trainer launch, torchrun,
+// srun) each trains on its rows of every batch on GPU LOCAL_RANK, and
+// only rank 0 writes (libgpu/nccl/DATAPARALLEL.md).
+func runLM(c *cli.Context, ctx context.Context, prec ops.Precision, w dist.World) error {
+	err := runLMRank(c, ctx, prec, w)
+	if err != nil && w.Distributed() {
+		return fmt.Errorf("%v: %w", w, err) // which rank, and where its world came from
+	}
+	return err
+}
+
+func runLMRank(c *cli.Context, ctx context.Context, prec ops.Precision, w dist.World) error {
 	for _, f := range mlpOnly {
 		if c.IsSet(f) {
 			return kit.Usagef("--%s is an MLP flag; --model gpt takes --steps, --layers, --heads, --d-model, --block (see trainer run --help)", f)
 		}
 	}
 	var err error
-	defer setupTrace(c)()
+	process := c.App.Name
+	if w.Distributed() {
+		process = fmt.Sprintf("%s rank %d", c.App.Name, w.Rank) // a track of its own in the trace
+	}
+	defer kit.StartTraceAs(c, process)()
 	out := c.String("out")
-	o := train.LMOptions{LogEvery: c.Int("log-every"), Stdout: c.App.Writer, Precision: prec, Graph: c.String("graph") == "on"}
+	o := train.LMOptions{LogEvery: c.Int("log-every"), Stdout: c.App.Writer, Precision: prec, Graph: c.String("graph") == "on",
+		World: w}
+	mb := c.Float64("bucket-mb")
+	if !(mb > 0 && mb <= 1<<20) {
+		return kit.Usagef("--bucket-mb %v: want a size in MiB above 0", mb)
+	}
+	o.BucketBytes = int64(mb * (1 << 20))
 	var cfg train.LMConfig
 	var tok *data.CharTokenizer
 	if dir := c.String("resume"); dir != "" {
@@ -160,7 +187,11 @@ func runLM(c *cli.Context, ctx context.Context, prec ops.Precision) error {
 	if out == "" {
 		return kit.Usagef("run: --out DIR is required (see trainer run --help)")
 	}
-	if dir := c.String("resume"); dir == "" || !sameDir(dir, out) {
+	if cfg.Batch%w.Size != 0 {
+		return kit.Usagef("--batch %d does not divide by the world size %d: each rank takes --batch/%d rows of every global batch", cfg.Batch, w.Size, w.Size)
+	}
+	// Only rank 0 writes --out (the others would find its files).
+	if dir := c.String("resume"); w.IsMain() && (dir == "" || !sameDir(dir, out)) {
 		if err := kit.CheckOut(c, "out", out, train.ModelFile, train.MetricsFile); err != nil {
 			return fmt.Errorf("run: %w (or continue it with --resume %s)", err, out)
 		}
@@ -175,7 +206,7 @@ func runLM(c *cli.Context, ctx context.Context, prec ops.Precision) error {
 	if o.Corpus, err = data.LoadText(path, tok); err != nil {
 		return fmt.Errorf("--data: %w", err)
 	}
-	if p := c.String("batches-out"); p != "" {
+	if p := c.String("batches-out"); p != "" && w.IsMain() {
 		if err := train.WriteLMBatches(p, cfg, o.Corpus, cfg.Steps); err != nil {
 			return fmt.Errorf("--batches-out: %w", err)
 		}
@@ -188,7 +219,13 @@ func runLM(c *cli.Context, ctx context.Context, prec ops.Precision) error {
 		}
 		o.Run = filepath.Base(abs)
 	}
-	a, closeFn, err := allocator(c)
+	var a device.Allocator
+	var closeFn func()
+	if w.Distributed() {
+		a, closeFn, err = rankAllocator(c, w)
+	} else {
+		a, closeFn, err = allocator(c)
+	}
 	if err != nil {
 		return err
 	}
@@ -200,6 +237,9 @@ func runLM(c *cli.Context, ctx context.Context, prec ops.Precision) error {
 	res, err := train.RunLM(ctx, cfg, o)
 	if err != nil {
 		return usage(err)
+	}
+	if !w.IsMain() {
+		return nil
 	}
 	model := filepath.Join(out, train.ModelFile)
 	if res.Interrupted {
@@ -323,4 +363,41 @@ func initLM(c *cli.Context) error {
 	}
 	fmt.Fprintf(c.App.ErrWriter, "trainer: wrote the initial weights of a %d-layer GPT (vocabulary %d) to %s\n", cfg.Model.Layers, corpus.Tok.Vocab(), c.String("out"))
 	return nil
+}
+
+// rankAllocator is where rank w of a data-parallel job allocates: its own
+// GPU, LOCAL_RANK among the visible ones (dist.World.DeviceOrdinal), in
+// this process. Several ranks need a GPU each and NCCL: without them it
+// refuses with one line, before anything is allocated.
+func rankAllocator(c *cli.Context, w dist.World) (device.Allocator, func(), error) {
+	if c.String("pool") != "" || c.String("optimizer-socket") != "" {
+		return nil, nil, kit.Usagef("--pool and --optimizer-socket are not built for several ranks; each rank allocates on its GPU")
+	}
+	switch dev := c.String("device"); dev {
+	case "auto", "cuda":
+	case "host":
+		return nil, nil, errors.New("run: several ranks need a GPU each (--device host)")
+	default:
+		return nil, nil, kit.Usagef("--device %s: each rank takes GPU LOCAL_RANK (%d); leave --device auto", dev, w.LocalRank)
+	}
+	visible, err := device.CUDACount()
+	if err != nil || visible == 0 {
+		why := "no GPU here"
+		if err != nil {
+			why += " (" + err.Error() + ")"
+		}
+		return nil, nil, fmt.Errorf("run: several ranks need a GPU each: %s", why)
+	}
+	if _, err := nccl.LibraryVersion(); err != nil {
+		return nil, nil, fmt.Errorf("run: several ranks need NCCL: %w", err)
+	}
+	ord, err := w.DeviceOrdinal(visible)
+	if err != nil {
+		return nil, nil, fmt.Errorf("run: %w", err)
+	}
+	d, err := device.NewCUDA(ord)
+	if err != nil {
+		return nil, nil, fmt.Errorf("run: cuda:%d: %w", ord, err)
+	}
+	return device.Local{Dev: d}, func() { d.Close() }, nil
 }

@@ -84,20 +84,22 @@ func runAction(c *cli.Context) error {
 	if err := kit.NoArgs(c); err != nil {
 		return err
 	}
-	// Until the data-parallel step exists (issue 14's integration), ranks
-	// started by trainer launch, torchrun or srun would each train alone
-	// into the same --out: refuse them.
-	if w, err := dist.FromEnv(); err != nil {
+	// Ranks started by trainer launch, torchrun or srun train one GPT
+	// together (runLM); the other models would each train alone into the
+	// same --out: refuse them.
+	w, err := dist.FromEnv()
+	if err != nil {
 		return fmt.Errorf("run: %w", err)
-	} else if w.Distributed() {
-		return fmt.Errorf("run: %v: training on several ranks is not built yet; run one process", w)
 	}
 	prec, err := commonChecks(c)
 	if err != nil {
 		return err
 	}
 	if isLM(c) {
-		return runLM(c, ctx, prec)
+		return runLM(c, ctx, prec, w)
+	}
+	if w.Distributed() {
+		return fmt.Errorf("run: %v: data-parallel training is built for --model gpt; run one process for --model %s", w, c.String("model"))
 	}
 	if isUNet(c) {
 		return runUNet(c, ctx, prec)

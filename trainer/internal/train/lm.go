@@ -13,6 +13,8 @@ import (
 	"gpukit/libgpu/ckpt"
 	"gpukit/libgpu/data"
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/dist"
+	"gpukit/libgpu/nccl"
 	"gpukit/libgpu/nn"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/optim"
@@ -40,6 +42,22 @@ type LMOptions struct {
 	// OptimizerSocket, when set, runs the optimizer in the service there
 	// (`optimizer serve`); Alloc must then be a pool client.
 	OptimizerSocket string
+	// World is this process's place in a data-parallel job (dist.FromEnv;
+	// the zero World is a process alone). With several ranks, Alloc is
+	// this rank's GPU, and each rank trains on its rows of every global
+	// batch of cfg.Batch sequences (see dataparallel.go).
+	World dist.World
+	// BucketBytes is the size limit of a gradient bucket of a
+	// data-parallel run (0: dist.DefaultBucketBytes, PyTorch DDP's 25 MiB;
+	// the first bucket's is dist.DefaultFirstBucketBytes, 1 MiB, or
+	// BucketBytes when smaller).
+	BucketBytes int64
+	// buckets puts the gradients in bucket buffers and runs the reducer
+	// even alone (tests: a Solo communicator reduces nothing).
+	buckets bool
+	// comm, when set, is the communicator of World instead of NCCL's
+	// (tests: ranks in goroutines of one process, on the host).
+	comm collective
 }
 
 // LMStepLine is the JSON line written every LogEvery steps: the loss of
@@ -95,6 +113,9 @@ type lm struct {
 	train  *nn.GPTStep
 	eval   *nn.GPTStep
 	bufs   []*tensor.Tensor
+	// dp is the data-parallel part (nil: a process alone, gradients of
+	// the model's own).
+	dp *lmDP
 }
 
 func (l *lm) free() {
@@ -102,6 +123,9 @@ func (l *lm) free() {
 		if s != nil {
 			s.Free()
 		}
+	}
+	if l.dp != nil {
+		l.dp.free()
 	}
 	if l.opt != nil {
 		l.opt.Free()
@@ -117,13 +141,23 @@ func (l *lm) free() {
 // newLM builds the model and its evaluation graph, and for training
 // (training true) the gradients, the optimizer and the training graph.
 func newLM(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec ops.Precision, training bool) (l *lm, err error) {
-	return newLMWith(e, a, run, cfg, prec, training, "")
+	return newLMWith(e, a, run, cfg, prec, training, "", nil)
 }
 
 // newLMWith is newLM with the optimizer in the service at socket (when
-// not empty; a is then a pool client).
-func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec ops.Precision, training bool, socket string) (l *lm, err error) {
+// not empty; a is then a pool client) and, with dp, as one rank of a
+// data-parallel job: graphs of the rank's rows of each batch, gradients
+// in bucket buffers that dp's reducer all-reduces during the backward.
+func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec ops.Precision, training bool, socket string,
+	dp *dpConfig) (l *lm, err error) {
 	l = &lm{cfg: cfg}
+	batch, shard := cfg.Batch, 0
+	if dp != nil {
+		if batch, err = dp.localBatch(cfg.Batch); err != nil {
+			return nil, err
+		}
+		shard = dp.comm.Rank()
+	}
 	a, book, mem, err := serviceAlloc(a, socket)
 	if err != nil {
 		return nil, err
@@ -134,14 +168,19 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec
 			l = nil
 		}
 	}()
-	if l.m, err = nn.NewGPT(a, run, cfg.Model, training, cfg.Seed); err != nil {
+	if l.m, err = nn.NewGPT(a, run, cfg.Model, training && dp == nil, cfg.Seed); err != nil {
 		return l, fmt.Errorf("building the model: %w", err)
+	}
+	if training && dp != nil {
+		if l.dp, err = newLMDP(a, run, l.m, dp); err != nil {
+			return l, err
+		}
 	}
 	cast := tensor.F32
 	if prec == ops.PrecBF16 && e.IsGraphCapable() {
 		cast = tensor.BF16
 	}
-	if l.eval, err = l.m.Record(e, a, join(run, "eval"), cfg.Batch, ops.GraphOptions{Autocast: cast}, false); err != nil {
+	if l.eval, err = l.m.Record(e, a, join(run, "eval"), batch, ops.GraphOptions{Autocast: cast}, false); err != nil {
 		return l, fmt.Errorf("recording the evaluation step: %w", err)
 	}
 	if !training {
@@ -204,12 +243,17 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec
 			return l, fmt.Errorf("%w: dropout needs an optimizer with a step counter (--optim %s has none)", ErrConfig, name)
 		}
 	}
-	gopts := ops.GraphOptions{Autocast: cast, Train: cfg.Model.Dropout > 0, Seed: cfg.Seed, Counter: counter}
+	gopts := ops.GraphOptions{Autocast: cast, Train: cfg.Model.Dropout > 0, Seed: cfg.Seed, Counter: counter, Shard: shard}
 	if l.hook {
 		gopts.OnLinear = l.set.Optimizer.(*optim.KFAC).OnLinear(e)
 	}
-	if l.train, err = l.m.Record(e, a, run, cfg.Batch, gopts, true); err != nil {
+	if l.train, err = l.m.Record(e, a, run, batch, gopts, true); err != nil {
 		return l, fmt.Errorf("recording the training step: %w", err)
+	}
+	if l.dp != nil {
+		if err := l.dp.attach(e, a, run, l.m, l.train.Graph); err != nil {
+			return l, err
+		}
 	}
 	return l, nil
 }
@@ -224,6 +268,12 @@ func (l *lm) compute(e *ops.Engine, gt *trace.GPUTimer) error {
 	}{
 		{spanForward, g.Forward},
 		{spanBackward, g.Backward},
+		{spanReduce, func() error {
+			if l.dp == nil {
+				return nil
+			}
+			return l.dp.red.Wait() // the last buckets, then the join: clipping and AdamW see averaged gradients
+		}},
 		{spanClip, func() error {
 			switch {
 			case l.norm == nil:
@@ -274,7 +324,8 @@ func (l *lm) load(f *ckpt.File) error {
 	return nil
 }
 
-// evaluator runs the evaluation graph over the fixed validation batches.
+// evaluator runs the evaluation graph over the fixed validation batches
+// (in a data-parallel run, over this rank's rows of each).
 type evaluator struct {
 	l   *lm
 	sum *tensor.Tensor // [1] f32: the batches' losses added on the device
@@ -286,10 +337,16 @@ type evaluator struct {
 func newEvaluator(e *ops.Engine, l *lm, val []int32, graph bool) (*evaluator, error) {
 	c := l.cfg
 	ev := &evaluator{l: l}
-	n := c.Batch * c.Model.Block
+	b, first := c.Batch, 0
+	if l.dp != nil {
+		n := l.dp.comm.Size()
+		b = c.Batch / n
+		first = l.dp.comm.Rank() * b
+	}
+	n := b * c.Model.Block
 	for k := 0; k < c.EvalBatches; k++ {
 		x, y := make([]int32, n), make([]int32, n)
-		if err := data.Blocks(val, x, y, c.Batch, c.Model.Block, c.Seed^evalSeed, uint64(k)); err != nil {
+		if err := data.BlockRows(val, x, y, c.Batch, c.Model.Block, c.Seed^evalSeed, uint64(k), first, b); err != nil {
 			return nil, fmt.Errorf("validation batches: %w", err)
 		}
 		ev.xs, ev.ys = append(ev.xs, x), append(ev.ys, y)
@@ -320,7 +377,8 @@ func (ev *evaluator) close() error {
 	return err
 }
 
-// loss is the mean validation loss.
+// loss is the mean validation loss (averaged across ranks: every rank
+// calls it at the same step).
 func (ev *evaluator) loss() (float64, error) {
 	sp := trace.Default().Begin(traceCat, spanEvaluate)
 	defer sp.End()
@@ -338,6 +396,11 @@ func (ev *evaluator) loss() (float64, error) {
 			return 0, err
 		}
 	}
+	if dp := ev.l.dp; dp != nil {
+		if err := dp.comm.AllReduce(ev.r.e, ev.sum, ev.sum, nccl.Avg); err != nil {
+			return 0, fmt.Errorf("averaging the validation loss across ranks: %w", err)
+		}
+	}
 	v, err := ev.sum.ReadF32() // waits for the device
 	if err != nil {
 		return 0, err
@@ -346,10 +409,19 @@ func (ev *evaluator) loss() (float64, error) {
 }
 
 // RunLM trains a GPT on o.Corpus. It stops after the step during which
-// ctx is cancelled, writing a checkpoint that RunLM with o.Resume
+// ctx is cancelled (with several ranks: at the next loss line, where the
+// ranks agree on it), writing a checkpoint that RunLM with o.Resume
 // continues from with the same losses.
-func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
-	res := LMResult{ValLoss: math.NaN()}
+//
+// With o.World of several ranks every rank calls RunLM with the same
+// configuration (see dataparallel.go): the ranks meet through
+// dist.Rendezvous and NCCL, rank 0's parameters and optimizer state are
+// broadcast (after o.Resume loads them on every rank), and only rank 0
+// writes to o.Out, o.Stdout, o.Log and o.Progress; the loss lines carry
+// the loss averaged across ranks, tokens/s of the whole job and MFU per
+// GPU.
+func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (res LMResult, err error) {
+	res = LMResult{ValLoss: math.NaN()}
 	start := time.Now()
 	cfg.Model.Vocab = o.Corpus.Tok.Vocab()
 	if err := cfg.Validate(); err != nil {
@@ -364,34 +436,99 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 				ErrConfig, len(o.Corpus.Train), len(o.Corpus.Val), cfg.Model.Block)
 		}
 	}
-	if err := os.MkdirAll(o.Out, 0o755); err != nil {
-		return res, fmt.Errorf("train: %w", err)
+	w := o.World
+	if w.Size == 0 {
+		w = dist.Single()
+	}
+	if cfg.Batch%w.Size != 0 {
+		return res, fmt.Errorf("%w: --batch %d does not divide by the world size %d (each rank takes --batch/%d rows of every global batch)",
+			ErrConfig, cfg.Batch, w.Size, w.Size)
+	}
+	main := w.IsMain()
+	if !main {
+		o.Stdout, o.Log, o.Progress = io.Discard, nil, nil
+	}
+	if w.Distributed() && o.OptimizerSocket != "" {
+		return res, fmt.Errorf("%w: --optimizer-socket with %d ranks: the optimizer service is not built for data-parallel runs", ErrConfig, w.Size)
+	}
+	if name := cfg.optimName(); w.Distributed() && name != "adamw" {
+		return res, fmt.Errorf("%w: --optim %s with %d ranks: data-parallel runs use adamw", ErrConfig, name, w.Size)
+	}
+	if main {
+		if err := os.MkdirAll(o.Out, 0o755); err != nil {
+			return res, fmt.Errorf("train: %w", err)
+		}
 	}
 	eng, err := ops.NewEngine(o.Alloc.Device(), ops.Options{Precision: o.Precision})
 	if err != nil {
 		return res, err
 	}
 	defer closeEngine(eng)
-	l, err := newLMWith(eng, o.Alloc, o.Run, cfg, o.Precision, true, o.OptimizerSocket)
+	var dpc *dpConfig
+	if o.comm != nil {
+		dpc = &dpConfig{comm: o.comm, bucket: bucketConfig(o.BucketBytes)}
+	} else if w.Distributed() || o.buckets {
+		comm, err := nccl.Connect(ctx, eng, &dist.Rendezvous{World: w, Logf: func(format string, args ...any) {
+			if o.Log != nil {
+				fmt.Fprintf(o.Log, "trainer: "+format+"\n", args...)
+			}
+		}})
+		if err != nil {
+			return res, err
+		}
+		// A failed rank leaves its peers mid-collective: abort rather
+		// than wait for them (ncclCommAbort; Close waits for queued work).
+		defer func() {
+			if err != nil {
+				comm.Abort()
+			} else if cerr := comm.Close(); cerr != nil {
+				err = cerr
+			}
+		}()
+		dpc = &dpConfig{comm: comm, bucket: bucketConfig(o.BucketBytes)}
+	}
+	l, err := newLMWith(eng, o.Alloc, o.Run, cfg, o.Precision, true, o.OptimizerSocket, dpc)
 	if err != nil {
 		return res, err
 	}
 	defer l.free()
 	step := 0
-	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
 	if o.Resume != nil {
 		if err := l.load(o.Resume); err != nil {
 			return res, err
 		}
 		step = o.Step
-		flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
 	}
-	mf, err := os.OpenFile(filepath.Join(o.Out, MetricsFile), flags, 0o644)
-	if err != nil {
-		return res, fmt.Errorf("train: %w", err)
+	if l.dp != nil {
+		// Rank 0's weights and optimizer state everywhere (the initial
+		// ones, or the checkpoint's), as DDP's constructor broadcasts the
+		// module's state from rank 0.
+		var ts []*tensor.Tensor
+		for _, p := range l.m.Params() {
+			ts = append(ts, p.Value)
+		}
+		for _, s := range l.opt.State() {
+			ts = append(ts, s.Value)
+		}
+		if err := l.dp.comm.BroadcastAll(eng, ts, 0); err != nil {
+			return res, fmt.Errorf("broadcasting the parameters from rank 0: %w", err)
+		}
 	}
-	defer mf.Close()
+	var mf *os.File
+	if main {
+		flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+		if o.Resume != nil {
+			flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
+		}
+		if mf, err = os.OpenFile(filepath.Join(o.Out, MetricsFile), flags, 0o644); err != nil {
+			return res, fmt.Errorf("train: %w", err)
+		}
+		defer mf.Close()
+	}
 	emit := func(v any) error {
+		if !main {
+			return nil
+		}
 		b, _ := json.Marshal(v)
 		b = append(b, '\n')
 		if _, err := o.Stdout.Write(b); err != nil {
@@ -403,14 +540,21 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 		return nil
 	}
 	save := func(step int) error {
+		if !main {
+			return nil
+		}
 		sp := trace.Default().Begin(traceCat, spanCheckpoint)
 		defer sp.End()
 		return l.save(filepath.Join(o.Out, ModelFile), o.Corpus.Tok, step)
 	}
 	// K-FAC's hook decides on the host, in the backward, whether factors
 	// are due: its steps are not replayed from a graph.
-	r, err := newStepRunner(eng, []*tensor.Tensor{l.train.Idx, l.train.Targets, l.lr},
-		func(gt *trace.GPUTimer) error { return l.compute(eng, gt) }, o.Graph && !l.hook)
+	inputs := []*tensor.Tensor{l.train.Idx, l.train.Targets, l.lr}
+	distributed := l.dp != nil && w.Distributed()
+	if distributed {
+		inputs = append(inputs, l.dp.stop)
+	}
+	r, err := newStepRunner(eng, inputs, func(gt *trace.GPUTimer) error { return l.compute(eng, gt) }, o.Graph && !l.hook)
 	if err != nil {
 		return res, err
 	}
@@ -436,11 +580,15 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 		return emit(line)
 	}
 	finish := func(step int) error {
+		if !main {
+			return nil
+		}
 		if err := save(step); err != nil {
 			return err
 		}
 		return Plot(filepath.Join(o.Out, MetricsFile), filepath.Join(o.Out, PlotFile))
 	}
+	local := cfg.Batch / w.Size
 	if o.Log != nil {
 		how := "f32 (the host computes every precision in f32)"
 		if eng.IsGraphCapable() {
@@ -449,14 +597,20 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 		fmt.Fprintf(o.Log, "trainer: GPT of %.2fM parameters (%d layers, %d heads, d %d, block %d, vocabulary %d) on %v: %s\n",
 			float64(l.m.NumParams(true))/1e6, cfg.Model.Layers, cfg.Model.Heads, cfg.Model.DModel, cfg.Model.Block,
 			cfg.Model.Vocab, o.Alloc.Device(), how)
+		if distributed {
+			v, _ := nccl.LibraryVersion()
+			fmt.Fprintf(o.Log, "trainer: data parallel over %d ranks on %d node(s) (NCCL %v): %d sequences per rank of each global batch of %d; gradients in %d bucket(s) of ≤ %g MiB (first %g MiB), averaged during the backward\n",
+				w.Size, w.Nodes, v, local, cfg.Batch, len(l.dp.layout.Buckets), bucketMiB(dpc.bucket.Bytes), bucketMiB(dpc.bucket.FirstBytes))
+		}
 	}
 	peak, havePeak := ops.PeakFLOPS(o.Alloc.Device(), o.Precision)
-	flops := l.m.FLOPsPerToken(cfg.Model.Block) * float64(cfg.Batch*cfg.Model.Block)
+	flops := l.m.FLOPsPerToken(cfg.Model.Block) * float64(local*cfg.Model.Block) // this GPU's share
 	bar := newProgress(o.Progress, 0, cfg.Steps)
 	tk := trace.Default().Main()
 	last, lastStep := time.Now(), step
 	var lastLoss float32
-	n := cfg.Batch * cfg.Model.Block
+	n := local * cfg.Model.Block
+	first := w.Rank * local
 	for ; step < cfg.Steps; step++ {
 		sp := tk.Begin(traceCat, spanStep)
 		sp.Arg(trace.Int(argStep, int64(step+1)))
@@ -466,11 +620,18 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 			return res, err
 		}
 		x, y := tensor.BytesAs[int32](r.view(b, 0)), tensor.BytesAs[int32](r.view(b, 1))
-		if err := data.Blocks(o.Corpus.Train, x[:n], y[:n], cfg.Batch, cfg.Model.Block, cfg.Seed, uint64(step)); err != nil {
+		if err := data.BlockRows(o.Corpus.Train, x[:n], y[:n], cfg.Batch, cfg.Model.Block, cfg.Seed, uint64(step), first, local); err != nil {
 			return res, err
 		}
 		lr := cfg.LRAt(step)
 		tensor.BytesAs[float32](r.view(b, 2))[0] = lr / cfg.LR
+		if distributed {
+			stop := float32(0)
+			if ctx.Err() != nil {
+				stop = 1
+			}
+			tensor.BytesAs[float32](r.view(b, 3))[0] = stop
+		}
 		if l.hostLR {
 			l.opt.SetLR(lr) // a host value: these optimizers take no device scale
 		}
@@ -479,16 +640,40 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 			return res, fmt.Errorf("step %d: %w", step+1, err)
 		}
 		done := step + 1
+		stopAll := false // every rank agrees to stop here
 		if done%o.LogEvery == 0 || done == cfg.Steps {
-			v, err := l.train.Loss.ReadF32()
+			lp := tk.Begin(traceCat, spanLog)
+			lossT := l.train.Loss
+			if distributed {
+				// The loss of the whole global batch (the mean of equal
+				// shards' means) and whether any rank was signalled.
+				err := l.dp.comm.Group(eng, func() error {
+					if err := l.dp.comm.AllReduce(eng, l.dp.lossAvg, l.train.Loss, nccl.Avg); err != nil {
+						return err
+					}
+					return l.dp.comm.AllReduce(eng, l.dp.stopAll, l.dp.stop, nccl.Max)
+				})
+				if err != nil {
+					return res, fmt.Errorf("step %d: averaging the loss across ranks: %w", done, err)
+				}
+				lossT = l.dp.lossAvg
+			}
+			v, err := lossT.ReadF32()
 			if err != nil {
 				return res, err
+			}
+			if distributed {
+				s, err := l.dp.stopAll.ReadF32()
+				if err != nil {
+					return res, err
+				}
+				stopAll = s[0] > 0
 			}
 			lastLoss = v[0]
 			now := time.Now()
 			k := done - lastStep
 			dt := now.Sub(last).Seconds()
-			line := LMStepLine{Step: done, Loss: v[0], LR: lr, TokensPerS: round(float64(k*n)/dt, 1),
+			line := LMStepLine{Step: done, Loss: v[0], LR: lr, TokensPerS: round(float64(k*n*w.Size)/dt, 1),
 				StepMS: round(dt*1000/float64(k), 3)}
 			if havePeak {
 				u := roundSig(flops*float64(k)/dt/peak, 3)
@@ -504,6 +689,7 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 			if err := emit(line); err != nil {
 				return res, err
 			}
+			lp.End()
 			last, lastStep = now, done
 		}
 		sp.End()
@@ -517,7 +703,11 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 			}
 			last = time.Now() // evaluation is not training time
 		}
-		if ctx.Err() != nil && done < cfg.Steps {
+		stopping := ctx.Err() != nil
+		if distributed {
+			stopping = stopAll
+		}
+		if stopping && done < cfg.Steps {
 			bar.done()
 			res.Step, res.Interrupted, res.Elapsed = done, true, time.Since(start)
 			return res, finish(done)
@@ -527,6 +717,9 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (LMResult, error) {
 	res.Step, res.Elapsed = step, time.Since(start)
 	return res, finish(step)
 }
+
+// bucketMiB is a bucket limit in MiB, for messages.
+func bucketMiB(b int64) float64 { return float64(b) / (1 << 20) }
 
 // EvalLM loads a language model's checkpoint and returns its mean loss
 // over cfg.EvalBatches fixed validation batches of corpus (the same

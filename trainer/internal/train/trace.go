@@ -6,7 +6,10 @@ import "gpukit/libgpu/trace"
 // --trace or GPUKIT_TRACE). Host spans go on the process's main track in
 // category traceCat: "step" (argument step, 1-based) with children "data"
 // (waiting for a staging slot and filling it), "forward", "backward",
-// "clip", "optimizer" (queuing those ops; on the host, running them),
+// "all-reduce" (data-parallel runs: queuing the buckets' all-reduces not
+// yet out and the join of their stream; the others go out during
+// "backward"), "clip", "optimizer" (queuing those ops; on the host,
+// running them),
 // "graph capture", "graph replay" and "log" (reading the loss, which waits
 // for the GPU, and writing the line); outside steps "evaluate" and
 // "checkpoint". On a GPU a GPUTimer puts on the "GPU: trainer" track the
@@ -20,6 +23,7 @@ const (
 	spanData       = "data"
 	spanForward    = "forward"
 	spanBackward   = "backward"
+	spanReduce     = "all-reduce"
 	spanClip       = "clip"
 	spanOptimizer  = "optimizer"
 	spanCapture    = "graph capture"
