@@ -101,7 +101,7 @@ echo "$pass passed, $fail failed"
 RUN
 chmod +x "$stage/run.sh"
 
-tar -C "$stage" -cf - . | xz -T2 -6 >"$out/gpukit-gpu.tar.xz"
+tar -C "$stage" -cf - . | xz -T0 -9 >"$out/gpukit-gpu.tar.xz"
 cat >"$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Unpacks the bundle next to this script into a temp dir and runs its run.sh
