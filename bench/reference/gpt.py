@@ -83,6 +83,7 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(c["d_model"], 3 * c["d_model"], bias=c["bias"])
         self.c_proj = nn.Linear(c["d_model"], c["d_model"], bias=c["bias"])
         self.resid_dropout = nn.Dropout(c["dropout"])
+        self.dropout = c["dropout"]  # nanoGPT's attn_dropout, inside SDPA (gpukit: inside its flash kernels)
         self.n_head = c["heads"]
 
     def forward(self, x):
@@ -92,7 +93,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, h, C // h).transpose(1, 2)
         k = k.view(B, T, h, C // h).transpose(1, 2)
         v = v.view(B, T, h, C // h).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

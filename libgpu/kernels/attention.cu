@@ -37,11 +37,26 @@
 // a position read on the device) and attn_kv_write (a step's k or v into
 // the cache at that position).
 //
+// Dropout on P (nanoGPT's attn_dropout; FlashAttention's dropout, Dao et
+// al. 2022, Algorithm 2): the *_drop kernels (attn_args.drop_p > 0; the
+// plain ones are the p = 0 path, untouched) keep element (i, j) of head h
+// of batch row b with the rule of dropout.cu — Philox4x32-10 under key
+// seed at counter (q low, q high, site, step) for the group q = n/4 of the
+// element index n = ((b0 + b)·H + h)·Tq + i)·Tk + j, word n mod 4, kept
+// when u ≥ p — and scale kept elements by 1/(1−p):
+//
+//   O = (P∘Z)·V (lse the undropped one),   Z = mask/(1−p),
+//   dV = (P∘Z)ᵀ·dO,   dS = P ∘ (Z∘(dO·Vᵀ) − δ),   δ_i = Σ_d dO_id·O_id
+//
+// (δ = Σ_j P_ij Z_ij dP_ij since O includes the dropout). The masks are
+// recomputed, not stored; 1/(1−p) is applied to O and dV once at the end.
+//
 // The inline PTX sits in a few attn_* wrappers below; with GPUKIT_EMU
 // defined (scripts/cudaemu) they are replaced by a host emulation of the
 // same instructions, so the kernels can be run and checked on a machine
 // without a GPU.
 #include "common.cuh"
+#include "philox.cuh"
 #include "vec.cuh"
 
 #define ATTN_INF __int_as_float(0x7f800000)
@@ -69,8 +84,17 @@ struct attn_args {
   int acc_v, pad;
   float scale;       // the softmax scale (usually 1/√D)
   float scale_log2;  // scale·log2(e): scores are kept in base 2
+  // Dropout on P (the *_drop kernels only): the i32 step counter (null:
+  // step 0), the Philox key, the batch index of row 0 in the whole batch
+  // (a data-parallel shard's first row), p and 1/(1−p), the call-site.
+  const int* drop_counter;
+  unsigned long long drop_seed;
+  long long drop_b0;
+  float drop_p, drop_scale;
+  unsigned drop_site;
+  int pad2;
 };
-static_assert(sizeof(attn_args) == 320, "attn_args layout (ops/attention.go attnArgs)");
+static_assert(sizeof(attn_args) == 360, "attn_args layout (ops/attention.go attnArgs)");
 
 #ifndef ATTN_DYN_SMEM
 #define ATTN_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
@@ -166,6 +190,92 @@ __device__ __forceinline__ float attn_quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// ---- dropout masks ----
+
+// attn_dctx is a kernel's dropout state for one (b, h): the Philox key,
+// site and step, p, and the element index of (query 0, key 0).
+struct attn_dctx {
+  unsigned k0, k1, site, step;
+  float p;
+  long long base;
+};
+
+__device__ __forceinline__ attn_dctx attn_dctx_make(const attn_args& a, int b, int h) {
+  attn_dctx c;
+  c.k0 = (unsigned)a.drop_seed;
+  c.k1 = (unsigned)(a.drop_seed >> 32);
+  c.site = a.drop_site;
+  c.step = a.drop_counter ? (unsigned)*a.drop_counter : 0u;
+  c.p = a.drop_p;
+  c.base = ((a.drop_b0 + b) * a.H + h) * (long long)a.Tq * a.Tk;
+  return c;
+}
+
+// attn_pick is r[w] without indexing a register array at run time.
+__device__ __forceinline__ unsigned attn_pick(const unsigned r[4], int w) {
+  return w == 0 ? r[0] : w == 1 ? r[1] : w == 2 ? r[2] : r[3];
+}
+
+// attn_keep_bit: 1 when the uniform (r >> 8)·2⁻²⁴ is ≥ p (dropout.cu's rule).
+__device__ __forceinline__ unsigned attn_keep_bit(unsigned r, float p) {
+  return (float)(r >> 8) * 5.9604644775390625e-08f >= p ? 1u : 0u;
+}
+
+// attn_keep1 is the keep bit of element n (n ≥ 0).
+__device__ __forceinline__ unsigned attn_keep1(const attn_dctx& c, long long n) {
+  const unsigned long long q = (unsigned long long)n >> 2;
+  unsigned r[4] = {(unsigned)q, (unsigned)(q >> 32), c.site, c.step};
+  gpukit_philox4x32_10(r, c.k0, c.k1);
+  return attn_keep_bit(attn_pick(r, (int)(n & 3)), c.p);
+}
+
+// attn_keep2 is the keep bits of elements n (bit 0) and n + dn (bit 1):
+// one Philox call when both fall in one group of 4.
+__device__ __forceinline__ unsigned attn_keep2(const attn_dctx& c, long long n, long long dn) {
+  const unsigned long long q = (unsigned long long)n >> 2;
+  unsigned r[4] = {(unsigned)q, (unsigned)(q >> 32), c.site, c.step};
+  gpukit_philox4x32_10(r, c.k0, c.k1);
+  const int w = (int)(n & 3);
+  const unsigned k = attn_keep_bit(attn_pick(r, w), c.p);
+  if (dn == 1 && w < 3) return k | attn_keep_bit(attn_pick(r, w + 1), c.p) << 1;
+  return k | attn_keep1(c, n + dn) << 1;
+}
+
+// attn_drop_bits is the keep mask of this thread's elements of an mma
+// accumulator fragment of NJ n-tiles (16 rows from row0 by 8·NJ columns
+// from col0): bit 4j+e for element (j, e), at row row0 + lane/4 + 8(e/2),
+// column col0 + 8j + 2(lane%4) + e%2, whose element index is c.base +
+// row·rs + column·cs (rs = Tk, cs = 1 for rows of queries; rs = 1, cs =
+// Tk for the transposed products, rows of keys).
+template <int NJ>
+__device__ __forceinline__ unsigned long long attn_drop_bits(const attn_dctx& c, int row0, int col0, long long rs,
+                                                             long long cs) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  unsigned long long bits = 0;
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const long long n = c.base + (long long)(row0 + g + 8 * r) * rs + (long long)(col0 + 8 * j + 2 * t) * cs;
+      bits |= (unsigned long long)attn_keep2(c, n, cs) << (4 * j + 2 * r);
+    }
+  }
+  return bits;
+}
+
+// attn_drop_f zeroes the dropped elements of a fragment s[4j+e].
+template <int NJ>
+__device__ __forceinline__ void attn_drop_f(float* s, unsigned long long bits) {
+#pragma unroll
+  for (int i = 0; i < 4 * NJ; i++)
+    if (!((bits >> i) & 1)) s[i] = 0.0f;
+}
+
+// attn_half_mask turns 2 keep bits into the mask of a packed bf16 pair.
+__device__ __forceinline__ unsigned attn_half_mask(unsigned long long b2) {
+  return ((b2 & 1) ? 0x0000ffffu : 0u) | ((b2 & 2) ? 0xffff0000u : 0u);
+}
+
 // ---- tensor-core kernels (bf16, D = 64 or 128) ----
 //
 // Shared tiles are 64 rows of D bf16, rows padded to D+8 elements so that
@@ -233,7 +343,7 @@ __device__ __forceinline__ void attn_store_pair(gpukit_bf16* p, float x0, float 
 // longest causal rows start first). Shared memory: K and V tiles, two of
 // each (the next pair is copied while the current one is used); the Q tile
 // borrows the second K tile until it is in registers. 4·64·(D+8)·2 bytes.
-template <int D>
+template <int D, bool DROP>
 __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
   constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
   ATTN_DYN_SMEM(attn_smem);
@@ -265,6 +375,7 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
   for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f};
   const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
   for (int it = 0; it < ntiles; it++) {
     const int buf = it & 1, kbase = it * 64;
@@ -329,6 +440,8 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
         o[j][2 * r + 1] *= alpha;
       }
     }
+    // Dropout: l has the undropped sums; P·V takes the kept elements.
+    if (DROP) attn_drop_f<8>(&s[0][0], attn_drop_bits<8>(dc, q0 + warp * 16, kbase, a.Tk, 1));
     // O += P·V: P's accumulator fragments are the A fragments of the
     // product (16 keys per k-step), V is stored [key][d]: .trans.
 #pragma unroll
@@ -354,7 +467,7 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
     const float lr = attn_quad_sum(l[r]);
     const int qi = qrow + r * 8;
     if (qi >= a.Tq) continue;
-    const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+    const float inv = lr > 0.0f ? (DROP ? a.drop_scale : 1.0f) / lr : 0.0f;
     gpukit_bf16* orow = O + (long long)qi * a.so[1];
 #pragma unroll
     for (int j = 0; j < ND; j++) attn_store_pair(orow + j * 8 + 2 * t, o[j][2 * r] * inv, o[j][2 * r + 1] * inv, 0);
@@ -367,7 +480,7 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
 // attn_bwd_dq_tc: dQ = scale·dS·K over key tiles, grid (H, B, ⌈Tq/64⌉) in
 // reverse like the forward. Shared memory: the Q and dO tiles (resident)
 // and two K and two V tiles: 6·64·(D+8)·2 bytes.
-template <int D>
+template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
   constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
   ATTN_DYN_SMEM(attn_smem);
@@ -403,6 +516,7 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
   float dq[ND][4];
 #pragma unroll
   for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   attn_cp_wait0();
   __syncthreads();
 
@@ -438,7 +552,9 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
       }
     }
     // dS = P ∘ (dP − δ), P = exp2(S·scale·log2e − lse·log2e); masked → 0.
+    // Dropout: dP of dropped elements is 0, of kept ones dP/(1−p).
     const bool mask = kbase + 64 > a.Tk || (a.causal && kbase + 63 > q0);
+    const unsigned long long km = DROP ? attn_drop_bits<8>(dc, q0 + warp * 16, kbase, a.Tk, 1) : 0ull;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
 #pragma unroll
@@ -449,7 +565,9 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
           int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + r * 8;
           if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
         }
-        s[j][e] = p * (dp[j][e] - dl[r]);
+        float dpv = dp[j][e];
+        if (DROP) dpv = ((km >> (4 * j + e)) & 1) ? dpv * a.drop_scale : 0.0f;
+        s[j][e] = p * (dpv - dl[r]);
       }
     }
     // dQ += dS·K: K is stored [key][d], the k dimension: .trans.
@@ -487,7 +605,7 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
 // Each warp works on the transposed products (its 16 keys × 64 queries).
 // Shared memory: the K and V tiles (resident), two Q and two dO tiles, and
 // two tiles each of lse·log2e and δ: 6·64·(D+8)·2 + 4·64·4 bytes.
-template <int D>
+template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
   constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
   ATTN_DYN_SMEM(attn_smem);
@@ -528,6 +646,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
     dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.0f;
   }
   const int krow = k0 + warp * 16 + g;  // this thread's keys: krow, krow + 8
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   attn_cp_wait0();
   __syncthreads();
 
@@ -580,15 +699,21 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
       pp[j >> 1][(j & 1) * 2] = attn_pack_bf16(pv[0], pv[1]);
       pp[j >> 1][(j & 1) * 2 + 1] = attn_pack_bf16(pv[2], pv[3]);
     }
+    // Dropout: the keep mask of Pᵀ (keys × queries: element index
+    // base + query·Tk + key); dV takes the kept elements, dS all of P.
+    const unsigned long long km = DROP ? attn_drop_bits<8>(dc, k0 + warp * 16, qbase, 1, a.Tk) : 0ull;
     // dV += Pᵀ·dO: dO is stored [query][d], the k dimension: .trans.
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
+      unsigned pk[4];
+#pragma unroll
+      for (int w = 0; w < 4; w++) pk[w] = DROP ? pp[kk][w] & attn_half_mask(km >> (8 * kk + 2 * w)) : pp[kk][w];
 #pragma unroll
       for (int np = 0; np < ND / 2; np++) {
         unsigned ob[4];
         attn_ldsm_x4_t(ob, attn_bt_addr<LDS>(os, kk * 16, np * 16, lane));
-        attn_mma(dv[2 * np], pp[kk], ob[0], ob[1]);
-        attn_mma(dv[2 * np + 1], pp[kk], ob[2], ob[3]);
+        attn_mma(dv[2 * np], pk, ob[0], ob[1]);
+        attn_mma(dv[2 * np + 1], pk, ob[2], ob[3]);
       }
     }
     // dPᵀ = V·dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ − δ) (Pᵀ from its bf16 copy).
@@ -605,6 +730,13 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
         attn_ldsm_x4(ob, attn_b_addr<LDS>(os, np * 16, kk * 16, lane));
         attn_mma(dpt[2 * np], va, ob[0], ob[1]);
         attn_mma(dpt[2 * np + 1], va, ob[2], ob[3]);
+      }
+    }
+    if (DROP) {
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) dpt[j][e] = ((km >> (4 * j + e)) & 1) ? dpt[j][e] * a.drop_scale : 0.0f;
       }
     }
 #pragma unroll
@@ -645,22 +777,40 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
     }
     if (a.dv) {
       gpukit_bf16* row = dV + (long long)kj * a.sdv[1];
+      if (DROP) {
 #pragma unroll
-      for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[j][2 * r], dv[j][2 * r + 1], a.acc_v);
+        for (int j = 0; j < ND; j++)
+          attn_store_pair(row + j * 8 + 2 * t, dv[j][2 * r] * a.drop_scale, dv[j][2 * r + 1] * a.drop_scale, a.acc_v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[j][2 * r], dv[j][2 * r + 1], a.acc_v);
+      }
     }
   }
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_fwd_tc_d64(const attn_args a) { attn_fwd_tc<64>(a); }
-extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_fwd_tc_d128(const attn_args a) { attn_fwd_tc<128>(a); }
-extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dq_tc_d64(const attn_args a) { attn_bwd_dq_tc<64>(a); }
-extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dq_tc_d128(const attn_args a) { attn_bwd_dq_tc<128>(a); }
-extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc_d64(const attn_args a) {
-  attn_bwd_dkdv_tc<64>(a);
-}
-extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc_d128(const attn_args a) {
-  attn_bwd_dkdv_tc<128>(a);
-}
+// Instances: attn_<fwd|bwd_dq|bwd_dkdv>_tc[_drop]_d<D> (_drop: dropout on P).
+#define ATTN_TC_INSTANCES(DROPSUF, DROP)                                                                     \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_fwd_tc##DROPSUF##_d64(const attn_args a) {      \
+    attn_fwd_tc<64, DROP>(a);                                                                                \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_fwd_tc##DROPSUF##_d128(const attn_args a) {     \
+    attn_fwd_tc<128, DROP>(a);                                                                               \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dq_tc##DROPSUF##_d64(const attn_args a) {   \
+    attn_bwd_dq_tc<64, DROP>(a);                                                                             \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dq_tc##DROPSUF##_d128(const attn_args a) {  \
+    attn_bwd_dq_tc<128, DROP>(a);                                                                            \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc##DROPSUF##_d64(const attn_args a) { \
+    attn_bwd_dkdv_tc<64, DROP>(a);                                                                           \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc##DROPSUF##_d128(const attn_args a) {\
+    attn_bwd_dkdv_tc<128, DROP>(a);                                                                          \
+  }
+ATTN_TC_INSTANCES(, false)
+ATTN_TC_INSTANCES(_drop, true)
 
 // ---- Hopper kernels (sm_90a): wgmma ----
 //
@@ -910,7 +1060,7 @@ __device__ __forceinline__ void attn_wg_pack(unsigned p[][4], const float* s) {
 // S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1}; wait for S_j; softmax; wait for
 // P·V; rescale O; P_j = bf16(S_j). Tile 0 is peeled off (no P·V), so the
 // loop issues and waits for the same wgmma groups every time.
-template <int D>
+template <int D, bool DROP>
 __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   constexpr int BM = ATTN_WG_BM, BN = ATTN_WG_BN, KD = D / 16, ND = D / 8;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;  // tile bytes
@@ -942,6 +1092,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
 #pragma unroll
   for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
   float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
   // Tile 0: S_0 alone (no P·V before it).
   attn_cp_wait0();
@@ -960,6 +1111,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   attn_wg_wait<0>();
   attn_keep_f<BN / 2>(s);
   attn_wg_softmax<BN>(s, m, l, alpha, 0, row0, qrow, a);
+  if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, 0, a.Tk, 1));  // l is undropped
   attn_wg_pack<BN>(p, s);
 
   for (int j = 1; j < ntiles; j++) {
@@ -986,6 +1138,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
     attn_wg_wait<1>();
     attn_keep_f<BN / 2>(s);
     attn_wg_softmax<BN>(s, m, l, alpha, j * BN, row0, qrow, a);
+    if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, j * BN, a.Tk, 1));
     attn_wg_wait<0>();
     attn_keep_f<D / 2>(o);
     attn_keep_u<BN / 4>(&p[0][0]);
@@ -1020,7 +1173,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
     const float lr = attn_quad_sum(l[r]);
     const int qi = qrow + r * 8;
     if (qi >= a.Tq) continue;
-    const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+    const float inv = lr > 0.0f ? (DROP ? a.drop_scale : 1.0f) / lr : 0.0f;
     gpukit_bf16* orow = O + (long long)qi * a.so[1];
 #pragma unroll
     for (int i = 0; i < ND; i++) attn_store_pair(orow + i * 8 + 2 * t, o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv, 0);
@@ -1047,7 +1200,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
 // Pᵀ; issue dV; wait for dPᵀ; dSᵀ; issue dK — so the exponentials run
 // while dPᵀ is on the tensor cores, dSᵀ while dV is, and dK overlaps the
 // next tile's start.
-template <int D>
+template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
   constexpr int BN = 128, BM = 64, KD = D / 16, ND = D / 8;
   constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
@@ -1097,6 +1250,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
   for (int i = 0; i < BM / 2; i++) st[i] = dpt[i] = 0.0f;
 #pragma unroll
   for (int i = 0; i < BM / 16; i++) pp[i][0] = pp[i][1] = pp[i][2] = pp[i][3] = ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
   for (int i = 0; i < n; i++) {
     const int stg = i % 3, qbase = (qstart + i) * BM;
@@ -1127,6 +1281,9 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
       attn_wg_mma<BM, 0>::ss(dpt, attn_wg_desc(va + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),
                              attn_wg_desc(ot + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
     attn_wg_commit();
+    // Dropout: the keep mask of Pᵀ (keys × queries: element index base +
+    // query·Tk + key), drawn while Sᵀ and dPᵀ are on the tensor cores.
+    const unsigned long long km = DROP ? attn_drop_bits<BM / 8>(dc, krow0, qbase, 1, a.Tk) : 0ull;
     attn_wg_wait<1>();
     attn_keep_f<BM / 2>(st);
     attn_keep_u<BM / 4>(&pp[0][0]);
@@ -1146,12 +1303,28 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
     }
     attn_wg_pack<BM>(pp, st);
     attn_keep_u<BM / 4>(&pp[0][0]);
+    if (DROP) {
+      // dV's A operand is the kept part of Pᵀ, in ds (free: dK of i−1 has
+      // retired); pp keeps all of Pᵀ for dS.
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; kk++) {
+#pragma unroll
+        for (int w = 0; w < 4; w++) ds[kk][w] = pp[kk][w] & attn_half_mask(km >> (8 * kk + 2 * w));
+      }
+      attn_keep_u<BM / 4>(&ds[0][0]);
+    }
     attn_wg_fence();
     // dV += Pᵀ·dO (dO N-major: 16 queries per k-step).
 #pragma unroll
-    for (int kk = 0; kk < BM / 16; kk++) attn_wg_mma<D, 1>::rs(dv, pp[kk], attn_wg_desc(ot + kk * 2048, BM * 128, 1024), 1);
+    for (int kk = 0; kk < BM / 16; kk++)
+      attn_wg_mma<D, 1>::rs(dv, DROP ? ds[kk] : pp[kk], attn_wg_desc(ot + kk * 2048, BM * 128, 1024), 1);
     attn_wg_commit();
-    attn_wg_wait<1>();
+    if (DROP) {
+      attn_wg_wait<0>();  // dV has read ds before dS overwrites it
+      attn_keep_u<BM / 4>(&ds[0][0]);
+    } else {
+      attn_wg_wait<1>();
+    }
     attn_keep_f<BM / 2>(dpt);
     // dSᵀ = Pᵀ ∘ (dPᵀ − δ), Pᵀ from its bf16 copy.
 #pragma unroll
@@ -1160,7 +1333,9 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
       for (int e = 0; e < 4; e++) {
         const unsigned w = pp[j >> 1][(j & 1) * 2 + (e >> 1)];
         const float p = (e & 1) ? attn_unpack_hi(w) : attn_unpack_lo(w);
-        dpt[4 * j + e] = p * (dpt[4 * j + e] - dt[j * 8 + 2 * t + (e & 1)]);
+        float dpv = dpt[4 * j + e];
+        if (DROP) dpv = ((km >> (4 * j + e)) & 1) ? dpv * a.drop_scale : 0.0f;
+        dpt[4 * j + e] = p * (dpv - dt[j * 8 + 2 * t + (e & 1)]);
       }
     }
     attn_wg_pack<BM>(ds, dpt);
@@ -1189,8 +1364,15 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
     }
     if (a.dv) {
       gpukit_bf16* row = dV + (long long)kj * a.sdv[1];
+      if (DROP) {
 #pragma unroll
-      for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1], a.acc_v);
+        for (int j = 0; j < ND; j++)
+          attn_store_pair(row + j * 8 + 2 * t, dv[4 * j + 2 * r] * a.drop_scale, dv[4 * j + 2 * r + 1] * a.drop_scale,
+                          a.acc_v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1], a.acc_v);
+      }
     }
   }
 }
@@ -1204,7 +1386,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
 // fence.proxy.async, barrier; (2) queue tile j+1 (its stage held tile j−2,
 // whose K was last read by dQ of j−2, retired during j−1); (3) issue S and
 // dP; wait for S (retiring dQ of j−1); P; wait for dP; dS; issue dQ.
-template <int D>
+template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   constexpr int BM = 128, BN = 64, KD = D / 16, ND = D / 8;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
@@ -1246,6 +1428,7 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   for (int i = 0; i < BN / 2; i++) s[i] = dp[i] = 0.0f;
 #pragma unroll
   for (int i = 0; i < BN / 16; i++) ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
   for (int j = 0; j < n; j++) {
     const int stg = j % 3, kbase = j * BN;
@@ -1273,6 +1456,8 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
       attn_wg_mma<BN, 0>::ss(dp, attn_wg_desc(oa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
                              attn_wg_desc(vt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
     attn_wg_commit();
+    // Dropout: the keep mask, drawn while S and dP are on the tensor cores.
+    const unsigned long long km = DROP ? attn_drop_bits<BN / 8>(dc, row0, kbase, a.Tk, 1) : 0ull;
     attn_wg_wait<1>();
     attn_keep_f<BN / 2>(s);
     // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
@@ -1294,7 +1479,11 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
     attn_keep_f<BN / 2>(dp);
     attn_keep_u<BN / 4>(&ds[0][0]);
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) dp[i] = s[i] * (dp[i] - dl[(i >> 1) & 1]);
+    for (int i = 0; i < BN / 2; i++) {
+      float dpv = dp[i];
+      if (DROP) dpv = ((km >> i) & 1) ? dpv * a.drop_scale : 0.0f;
+      dp[i] = s[i] * (dpv - dl[(i >> 1) & 1]);
+    }
     attn_wg_pack<BN>(ds, dp);
     attn_keep_u<BN / 4>(&ds[0][0]);
     attn_keep_f<D / 2>(dq);
@@ -1319,16 +1508,28 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg_d64(const attn_args a) { attn_fwd_wg<64>(a); }
-extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg_d128(const attn_args a) { attn_fwd_wg<128>(a); }
-extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg_d64(const attn_args a) {
-  attn_bwd_dkdv_wg<64>(a);
-}
-extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg_d128(const attn_args a) {
-  attn_bwd_dkdv_wg<128>(a);
-}
-extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg_d64(const attn_args a) { attn_bwd_dq_wg<64>(a); }
-extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg_d128(const attn_args a) { attn_bwd_dq_wg<128>(a); }
+// Instances: attn_<fwd|bwd_dkdv|bwd_dq>_wg[_drop]_d<D> (_drop: dropout on P).
+#define ATTN_WG_INSTANCES(DROPSUF, DROP)                                                                       \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg##DROPSUF##_d64(const attn_args a) {      \
+    attn_fwd_wg<64, DROP>(a);                                                                                  \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg##DROPSUF##_d128(const attn_args a) {     \
+    attn_fwd_wg<128, DROP>(a);                                                                                 \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg##DROPSUF##_d64(const attn_args a) { \
+    attn_bwd_dkdv_wg<64, DROP>(a);                                                                             \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg##DROPSUF##_d128(const attn_args a) {\
+    attn_bwd_dkdv_wg<128, DROP>(a);                                                                            \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg##DROPSUF##_d64(const attn_args a) {   \
+    attn_bwd_dq_wg<64, DROP>(a);                                                                               \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg##DROPSUF##_d128(const attn_args a) {  \
+    attn_bwd_dq_wg<128, DROP>(a);                                                                              \
+  }
+ATTN_WG_INSTANCES(, false)
+ATTN_WG_INSTANCES(_drop, true)
 #else
 // Not sm_90a: the symbols exist (one module for every GPU) but are never
 // launched (ops/attention.go launches them only on sm_90a, and only when
@@ -1340,6 +1541,12 @@ extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile(
 extern "C" __global__ void attn_bwd_dkdv_wg_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dq_wg_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dq_wg_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_wg_drop_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_wg_drop_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_wg_drop_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_wg_drop_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_wg_drop_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_wg_drop_d128(const attn_args) { asm volatile("trap;"); }
 #endif
 
 // ---- CUDA-core kernels (f32 or bf16, any D ≤ 128) ----
@@ -1383,7 +1590,7 @@ __device__ __forceinline__ void attn_s_store(T* row, const float x[4], int D, in
 
 // attn_fwd_simt: grid (H, B, ⌈Tq/16⌉) in reverse. Shared memory: Q [16][D],
 // K [32][D+1], V [32][D] in f32.
-template <typename T>
+template <typename T, bool DROP>
 __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
   ATTN_DYN_SMEM(attn_smem);
   const int D = a.D;
@@ -1399,6 +1606,7 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
   const int kend = a.causal ? min(a.Tk, q0 + ATTN_S_ROWS) : a.Tk;
 
   attn_s_load(sQ, D, Q, a.sq[1], q0, ATTN_S_ROWS, a.Tq, D);
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   float m[4], l[4], acc[4][4];
 #pragma unroll
   for (int u = 0; u < 4; u++) {
@@ -1424,9 +1632,10 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
       const float mnew = fmaxf(m[u], gpukit_warp_max(x));
       const float mu = mnew == -ATTN_INF ? 0.0f : mnew;
       const float alpha = exp2f(m[u] - mu);
-      const float p = exp2f(x - mu);
+      float p = exp2f(x - mu);
       l[u] = l[u] * alpha + gpukit_warp_sum(p);
       m[u] = mnew;
+      if (DROP && !attn_keep1(dc, dc.base + (long long)qi * a.Tk + key)) p = 0.0f;  // l is undropped
 #pragma unroll
       for (int c = 0; c < 4; c++) acc[u][c] *= alpha;
       for (int j = 0; j < ATTN_S_TILE; j++) {
@@ -1445,7 +1654,7 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
   for (int u = 0; u < 4; u++) {
     const int qi = q0 + warp * 4 + u;
     if (qi >= a.Tq) continue;
-    const float inv = l[u] > 0.0f ? 1.0f / l[u] : 0.0f;
+    const float inv = l[u] > 0.0f ? (DROP ? a.drop_scale : 1.0f) / l[u] : 0.0f;
     float x[4];
 #pragma unroll
     for (int c = 0; c < 4; c++) x[c] = acc[u][c] * inv;
@@ -1458,7 +1667,7 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
 
 // attn_bwd_dq_simt: grid (H, B, ⌈Tq/16⌉) in reverse. Shared memory: Q and
 // dO [16][D], K and V [32][D+1] in f32.
-template <typename T>
+template <typename T, bool DROP>
 __device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
   ATTN_DYN_SMEM(attn_smem);
   const int D = a.D;
@@ -1478,6 +1687,7 @@ __device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
 
   attn_s_load(sQ, D, Q, a.sq[1], q0, ATTN_S_ROWS, a.Tq, D);
   attn_s_load(sO, D, dO, a.sdo[1], q0, ATTN_S_ROWS, a.Tq, D);
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   float lse2[4], dl[4], acc[4][4];
 #pragma unroll
   for (int u = 0; u < 4; u++) {
@@ -1506,6 +1716,7 @@ __device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
       }
       float p = exp2f(s * a.scale_log2 - lse2[u]);
       if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
+      if (DROP) dp = attn_keep1(dc, dc.base + (long long)qi * a.Tk + key) ? dp * a.drop_scale : 0.0f;
       const float ds = p * (dp - dl[u]);
       for (int j = 0; j < ATTN_S_TILE; j++) {
         const float dsj = __shfl_sync(0xffffffffu, ds, j);
@@ -1532,7 +1743,7 @@ __device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
 
 // attn_bwd_dkdv_simt: grid (H, B, ⌈Tk/16⌉). Shared memory: K and V [16][D]
 // (resident), Q and dO [32][D+1], lse·log2e and δ [32] in f32.
-template <typename T>
+template <typename T, bool DROP>
 __device__ __forceinline__ void attn_bwd_dkdv_simt(const attn_args& a) {
   ATTN_DYN_SMEM(attn_smem);
   const int D = a.D;
@@ -1555,6 +1766,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_simt(const attn_args& a) {
 
   attn_s_load(sK, D, K, a.sk[1], k0, ATTN_S_ROWS, a.Tk, D);
   attn_s_load(sV, D, V, a.sv[1], k0, ATTN_S_ROWS, a.Tk, D);
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   float dk[4][4], dv[4][4];
 #pragma unroll
   for (int u = 0; u < 4; u++) {
@@ -1586,9 +1798,15 @@ __device__ __forceinline__ void attn_bwd_dkdv_simt(const attn_args& a) {
       }
       float p = exp2f(s * a.scale_log2 - sL[lane]);  // 0 past Tq (lse +∞)
       if (a.causal && kj > qi) p = 0.0f;
+      float pd = p;  // P∘mask for dV (1/(1−p) at the end)
+      if (DROP) {
+        const bool keep = attn_keep1(dc, dc.base + (long long)qi * a.Tk + kj);
+        dp = keep ? dp * a.drop_scale : 0.0f;
+        pd = keep ? p : 0.0f;
+      }
       const float ds = p * (dp - sD[lane]);
       for (int i = 0; i < ATTN_S_TILE; i++) {
-        const float pi = __shfl_sync(0xffffffffu, p, i);
+        const float pi = __shfl_sync(0xffffffffu, pd, i);
         const float dsi = __shfl_sync(0xffffffffu, ds, i);
         const float* qi_ = sQ + i * (D + 1);
         const float* oi = sO + i * (D + 1);
@@ -1615,7 +1833,13 @@ __device__ __forceinline__ void attn_bwd_dkdv_simt(const attn_args& a) {
       for (int c = 0; c < 4; c++) x[c] = dk[u][c] * a.scale;
       attn_s_store(dK + (long long)kj * a.sdk[1], x, D, a.acc_k);
     }
-    if (a.dv) attn_s_store(dV + (long long)kj * a.sdv[1], dv[u], D, a.acc_v);
+    if (a.dv) {
+      if (DROP) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) dv[u][c] *= a.drop_scale;
+      }
+      attn_s_store(dV + (long long)kj * a.sdv[1], dv[u], D, a.acc_v);
+    }
   }
 }
 
@@ -1704,22 +1928,28 @@ __device__ __forceinline__ void attn_bwd_delta_v(const attn_args& a) {
   }
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_fwd_simt_f32(const attn_args a) { attn_fwd_simt<float>(a); }
-extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_fwd_simt_bf16(const attn_args a) {
-  attn_fwd_simt<gpukit_bf16>(a);
-}
-extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dq_simt_f32(const attn_args a) {
-  attn_bwd_dq_simt<float>(a);
-}
-extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dq_simt_bf16(const attn_args a) {
-  attn_bwd_dq_simt<gpukit_bf16>(a);
-}
-extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dkdv_simt_f32(const attn_args a) {
-  attn_bwd_dkdv_simt<float>(a);
-}
-extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dkdv_simt_bf16(const attn_args a) {
-  attn_bwd_dkdv_simt<gpukit_bf16>(a);
-}
+// Instances: attn_<fwd|bwd_dq|bwd_dkdv>_simt[_drop]_<dt> (_drop: dropout on P).
+#define ATTN_SIMT_INSTANCES(DROPSUF, DROP)                                                                     \
+  extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_fwd_simt##DROPSUF##_f32(const attn_args a) {       \
+    attn_fwd_simt<float, DROP>(a);                                                                             \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_fwd_simt##DROPSUF##_bf16(const attn_args a) {      \
+    attn_fwd_simt<gpukit_bf16, DROP>(a);                                                                       \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dq_simt##DROPSUF##_f32(const attn_args a) {    \
+    attn_bwd_dq_simt<float, DROP>(a);                                                                          \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dq_simt##DROPSUF##_bf16(const attn_args a) {   \
+    attn_bwd_dq_simt<gpukit_bf16, DROP>(a);                                                                    \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dkdv_simt##DROPSUF##_f32(const attn_args a) {  \
+    attn_bwd_dkdv_simt<float, DROP>(a);                                                                        \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dkdv_simt##DROPSUF##_bf16(const attn_args a) { \
+    attn_bwd_dkdv_simt<gpukit_bf16, DROP>(a);                                                                  \
+  }
+ATTN_SIMT_INSTANCES(, false)
+ATTN_SIMT_INSTANCES(_drop, true)
 extern "C" __global__ void attn_bwd_delta_f32(const attn_args a) { attn_bwd_delta<float>(a); }
 extern "C" __global__ void attn_bwd_delta_bf16(const attn_args a) { attn_bwd_delta<gpukit_bf16>(a); }
 extern "C" __global__ void attn_bwd_delta_v_f32(const attn_args a) { attn_bwd_delta_v<float>(a); }

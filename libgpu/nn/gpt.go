@@ -28,10 +28,10 @@ type GPTConfig struct {
 	// Bias gives every Linear and LayerNorm a bias (nanoGPT's bias=True,
 	// GPT-2's layout); nanoGPT's training default is False.
 	Bias bool `json:"bias"`
-	// Dropout is the probability of dropping after the embedding sum and
-	// on both residual branches (nanoGPT's resid/embedding dropout). The
-	// attention probabilities are not dropped: the flash kernels have no
-	// dropout (see BENCHMARKS.md for its effect on the recipe).
+	// Dropout is the probability of dropping after the embedding sum, on
+	// both residual branches and on the attention probabilities inside
+	// the flash kernels (nanoGPT's resid, embedding and attn dropout, one
+	// config value as there), in training graphs only.
 	Dropout float32 `json:"dropout"`
 	// GELUTanh selects the tanh approximation (GPT-2's original); the
 	// default is the erf form, PyTorch's nn.GELU() as nanoGPT uses it.
@@ -363,7 +363,7 @@ func (m *GPT) Record(e *ops.Engine, a device.Allocator, prefix string, batch int
 	for l := 0; l < c.Layers; l++ {
 		hn := "transformer.h." + strconv.Itoa(l) + "."
 		sg := g.Scope("h" + strconv.Itoa(l))
-		a := sg.SelfAttention(sg.Linear(h, p(hn+"attn.c_attn.weight"), p(hn+"attn.c_attn.bias"), ops.ActNone), c.Heads, true)
+		a := sg.SelfAttention(sg.Linear(h, p(hn+"attn.c_attn.weight"), p(hn+"attn.c_attn.bias"), ops.ActNone), c.Heads, true, c.Dropout)
 		a = sg.Dropout(sg.Linear(a, p(hn+"attn.c_proj.weight"), p(hn+"attn.c_proj.bias"), ops.ActNone), c.Dropout)
 		var f *ops.Var
 		x, f = sg.AddLayerNorm(x, a, p(hn+"ln_2.weight"), p(hn+"ln_2.bias"), eps)

@@ -555,7 +555,7 @@ func (m *UNet) Forward(g *ops.Graph, w []Param, x, t, y *ops.Var) *ops.Var {
 		}
 		B, H, W, C := h.Value.Dim(0), h.Value.Dim(1), h.Value.Dim(2), h.Value.Dim(3)
 		a := s.View(norm(s, name+".norm", h, false), B, H*W, C)
-		a = s.SelfAttention(linear(s, name+".qkv", a), c.Heads, false)
+		a = s.SelfAttention(linear(s, name+".qkv", a), c.Heads, false, 0)
 		a = s.View(linear(s, name+".proj", a), B, H, W, C)
 		return s.Add(h, a)
 	}

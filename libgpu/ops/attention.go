@@ -2,7 +2,8 @@ package ops
 
 // The attention family: scaled dot-product attention, forward and
 // backward (FlashAttention-2's algorithm: online softmax over key tiles,
-// log-sum-exp saved, P recomputed in the backward), decoding against a KV
+// log-sum-exp saved, P recomputed in the backward) with optional dropout
+// on the attention probabilities (AttnDropout), decoding against a KV
 // cache, and Graph.SelfAttention over a fused qkv projection. Kernels:
 // libgpu/kernels/attention.cu (tensor cores for bf16 with D = 64 or 128,
 // CUDA cores otherwise). Reference and checks: opstest/attention.go.
@@ -68,6 +69,78 @@ func (e *Engine) checkAttn(q, k, v *tensor.Tensor, causal bool, scale float32) (
 	return s, nil
 }
 
+// AttnDropout is dropout on the attention probabilities (nanoGPT's
+// attn_dropout: F.scaled_dot_product_attention's dropout_p in training),
+// applied inside AttentionForward and AttentionBackward as FlashAttention
+// does (Dao et al. 2022, Algorithm 2): the mask is recomputed, never
+// stored. Element (i, j) of head h of batch row b is kept as
+// DropoutKeep(Seed, Site, step, n, P) says for
+//
+//	n = ((B0 + b)·H + h)·Tq + i)·Tk + j
+//
+// with step read from Counter by the device when the op runs (nil: step
+// 0) — the dropout family's rule and key scheme, so a captured graph draws
+// new masks as the counter moves. Kept elements are scaled by 1/(1−P). B0
+// is the index of row 0 in the whole batch: a data-parallel rank holding
+// rows [r·B, (r+1)·B) passes r·B and draws the single-process masks. The
+// zero value (P = 0) is no dropout, bitwise the plain kernels.
+type AttnDropout struct {
+	P       float32
+	Seed    uint64
+	Site    int
+	Counter *tensor.Tensor
+	B0      int64
+}
+
+func (e *Engine) checkAttnDropout(d AttnDropout) error {
+	if err := e.checkDropout(d.P, d.Site, d.Counter); err != nil {
+		return err
+	}
+	if d.B0 < 0 {
+		return fmt.Errorf("%w: attention dropout batch offset %d", ErrConfig, d.B0)
+	}
+	return nil
+}
+
+// attnDropStep reads the step counter on the host (nil: 0).
+func attnDropStep(d AttnDropout) (uint32, error) {
+	if d.Counter == nil {
+		return 0, nil
+	}
+	c, err := d.Counter.I32()
+	if err != nil {
+		return 0, fmt.Errorf("ops: host backend: %w", err)
+	}
+	return uint32(c[0]), nil
+}
+
+// attnKeep is the host's keep mask for one (b, h): keep(i, j) for query i
+// and key j, the groups of 4 drawn once (element n uses word n mod 4 of
+// group n/4).
+type attnKeep struct {
+	key       [2]uint32
+	site, stp uint32
+	p         float32
+	base      int64
+	tk        int64
+	last      int64
+	r         [4]uint32
+}
+
+func newAttnKeep(d AttnDropout, step uint32, s attnShape, b, h int) *attnKeep {
+	return &attnKeep{key: [2]uint32{uint32(d.Seed), uint32(d.Seed >> 32)}, site: uint32(d.Site), stp: step, p: d.P,
+		base: ((d.B0+int64(b))*int64(s.h) + int64(h)) * int64(s.tq) * int64(s.tk), tk: int64(s.tk), last: -1}
+}
+
+func (k *attnKeep) keep(i, j int) bool {
+	n := k.base + int64(i)*k.tk + int64(j)
+	if q := n / 4; q != k.last {
+		k.r = Philox4x32([4]uint32{uint32(q), uint32(uint64(q) >> 32), k.site, k.stp}, k.key)
+		k.last = q
+	}
+	return dropoutU(k.r[n%4]) >= k.p
+}
+
 // checkLSE validates lse [B,H,Tq], contiguous f32.
 func (e *Engine) checkLSE(lse *tensor.Tensor, s attnShape) error {
 	return e.checkView("attention lse", lse, true, []tensor.DType{tensor.F32}, s.b, s.h, s.tq)
@@ -87,12 +160,16 @@ func (e *Engine) checkLSE(lse *tensor.Tensor, s attnShape) error {
 // arithmetic is f32. 1 ≤ D ≤ 128; causal needs Tq = Tk. scale is usually
 // 1/√D. o must not overlap the inputs. On CUDA, bf16 with D = 64 or 128
 // and 16-byte aligned rows (pointers and strides multiples of 8 elements)
-// runs on tensor cores; everything else on CUDA cores. Errors wrap
-// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice or
-// ErrConfig.
-func (e *Engine) AttentionForward(o, lse, q, k, v *tensor.Tensor, causal bool, scale float32) error {
+// runs on tensor cores; everything else on CUDA cores. drop is dropout on
+// softmax(S) (AttnDropout; the zero value: none): o = (P∘mask/(1−p))·v,
+// lse still the undropped log-sum-exp. Errors wrap tensor.ErrShape,
+// tensor.ErrDType, tensor.ErrLayout, ErrDevice or ErrConfig.
+func (e *Engine) AttentionForward(o, lse, q, k, v *tensor.Tensor, causal bool, scale float32, drop AttnDropout) error {
 	s, err := e.checkAttn(q, k, v, causal, scale)
 	if err != nil {
+		return err
+	}
+	if err := e.checkAttnDropout(drop); err != nil {
 		return err
 	}
 	if err := e.checkView("attention o", o, false, []tensor.DType{q.DType}, q.Shape...); err != nil {
@@ -106,9 +183,10 @@ func (e *Engine) AttentionForward(o, lse, q, k, v *tensor.Tensor, causal bool, s
 	if s.b*s.h*s.tq == 0 {
 		return nil
 	}
-	return e.dispatch(func(h *hostImpl) error { return h.attnForward(o, lse, q, k, v, s, causal, scale) },
+	return e.dispatch(func(h *hostImpl) error { return h.attnForward(o, lse, q, k, v, s, causal, scale, drop) },
 		func(c *cudaImpl) error {
 			a := newAttnArgs(s, causal, scale)
+			a.setDropout(drop)
 			a.setQKV(q, k, v)
 			a.o, a.so = devPtr(o), attnStrides(o)
 			a.lse = devPtr(lse)
@@ -133,10 +211,16 @@ func (e *Engine) AttentionForward(o, lse, q, k, v *tensor.Tensor, causal bool, s
 // not computed. dq, dk, dv must not overlap each other or the inputs.
 // Deterministic: the CUDA kernels sum in a fixed order (a pass over key
 // blocks for dk and dv, a second over query blocks for dq) with no atomics,
-// so results are bitwise reproducible. Scratch: B·H·Tq f32 for δ.
-func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, scale float32, acc [3]bool) error {
+// so results are bitwise reproducible. Scratch: B·H·Tq f32 for δ. drop
+// must be the forward's (same p, seed, site, B0 and counter value: run the
+// backward before the counter moves); with Z = mask/(1−p) the gradients
+// are dv = (P∘Z)ᵀ·do and dS = P∘(Z∘(do·vᵀ) − δ), δ from the dropped o.
+func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, causal bool, scale float32, acc [3]bool, drop AttnDropout) error {
 	s, err := e.checkAttn(q, k, v, causal, scale)
 	if err != nil {
+		return err
+	}
+	if err := e.checkAttnDropout(drop); err != nil {
 		return err
 	}
 	dts := []tensor.DType{q.DType}
@@ -163,9 +247,10 @@ func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tenso
 		return nil
 	}
 	return e.dispatch(func(h *hostImpl) error {
-		return h.attnBackward(dq, dk, dv, do, q, k, v, o, lse, s, causal, scale, acc)
+		return h.attnBackward(dq, dk, dv, do, q, k, v, o, lse, s, causal, scale, acc, drop)
 	}, func(c *cudaImpl) error {
 		a := newAttnArgs(s, causal, scale)
+		a.setDropout(drop)
 		a.setQKV(q, k, v)
 		a.o, a.so = devPtr(o), attnStrides(o)
 		a.lse = devPtr(lse)
@@ -358,7 +443,12 @@ func attnOff(s attnShape, t, b, h int) int { return attnIdx(s, t, b, 0, h) }
 
 // hostAttnForward: S = scale·Q·Kᵀ, P = softmax(S) row by row (lse kept),
 // O = P·V.
-func (hi *hostImpl) attnForward(o, lse, q, k, v *tensor.Tensor, s attnShape, causal bool, scale float32) error {
+func (hi *hostImpl) attnForward(o, lse, q, k, v *tensor.Tensor, s attnShape, causal bool, scale float32, drop AttnDropout) error {
+	step, err := attnDropStep(drop)
+	if err != nil {
+		return err
+	}
+	dscale := dropoutScale(drop.P)
 	qs, err := hostIn(q)
 	if err != nil {
 		return err
@@ -384,6 +474,10 @@ func (hi *hostImpl) attnForward(o, lse, q, k, v *tensor.Tensor, s attnShape, cau
 		b, h := bh/s.h, bh%s.h
 		qo, ko := attnOff(s, s.tq, b, h), attnOff(s, s.tk, b, h)
 		p := make([]float32, s.tq*s.tk)
+		var keep *attnKeep
+		if drop.P > 0 {
+			keep = newAttnKeep(drop, step, s, b, h)
+		}
 		hi.blas.Sgemm(blas.NoTrans, blas.Trans, s.tq, s.tk, s.d, scale, qs[qo:], hd, ks[ko:], hd, 0, p, s.tk)
 		for i := 0; i < s.tq; i++ {
 			row := p[i*s.tk : (i+1)*s.tk]
@@ -409,6 +503,15 @@ func (hi *hostImpl) attnForward(o, lse, q, k, v *tensor.Tensor, s attnShape, cau
 			if ls != nil {
 				ls[(b*s.h+h)*s.tq+i] = float32(m + math.Log(l))
 			}
+			if drop.P > 0 {
+				for j := range row[:n] {
+					if keep.keep(i, j) {
+						row[j] *= dscale
+					} else {
+						row[j] = 0
+					}
+				}
+			}
 		}
 		hi.blas.Sgemm(blas.NoTrans, blas.NoTrans, s.tq, s.d, s.tk, 1, p, s.tk, vs[ko:], hd, 0, out[qo:], hd)
 	})
@@ -419,8 +522,14 @@ func (hi *hostImpl) attnForward(o, lse, q, k, v *tensor.Tensor, s attnShape, cau
 }
 
 // hostAttnBackward: P = exp(scale·Q·Kᵀ − lse) (masked), δ_i = do_i·o_i,
-// dS = P∘(do·Vᵀ − δ), then dQ = scale·dS·K, dK = scale·dSᵀ·Q, dV = Pᵀ·do.
-func (hi *hostImpl) attnBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, s attnShape, causal bool, scale float32, acc [3]bool) error {
+// dS = P∘(do·Vᵀ − δ), then dQ = scale·dS·K, dK = scale·dSᵀ·Q, dV = Pᵀ·do
+// (with dropout, Z = mask/(1−p): dS = P∘(Z∘(do·Vᵀ) − δ), dV = (P∘Z)ᵀ·do).
+func (hi *hostImpl) attnBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor, s attnShape, causal bool, scale float32, acc [3]bool, drop AttnDropout) error {
+	step, err := attnDropStep(drop)
+	if err != nil {
+		return err
+	}
+	dscale := dropoutScale(drop.P)
 	var in [6][]float32
 	for i, t := range []*tensor.Tensor{q, k, v, o, do, lse} {
 		var err error
@@ -444,6 +553,10 @@ func (hi *hostImpl) attnBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor,
 		qo, ko := attnOff(s, s.tq, b, h), attnOff(s, s.tk, b, h)
 		p := make([]float32, s.tq*s.tk)
 		ds := make([]float32, s.tq*s.tk)
+		var keep *attnKeep
+		if drop.P > 0 {
+			keep = newAttnKeep(drop, step, s, b, h)
+		}
 		if s.tq > 0 {
 			hi.blas.Sgemm(blas.NoTrans, blas.Trans, s.tq, s.tk, s.d, scale, qs[qo:], hd, ks[ko:], hd, 0, p, s.tk)
 			hi.blas.Sgemm(blas.NoTrans, blas.Trans, s.tq, s.tk, s.d, 1, dos[qo:], hd, vs[ko:], hd, 0, ds, s.tk)
@@ -464,6 +577,17 @@ func (hi *hostImpl) attnBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor,
 				}
 				pj := float32(math.Exp(float64(prow[j]) - lse))
 				prow[j] = pj
+				if keep != nil {
+					// Dropout: dV takes P∘Z, dS = P∘(Z∘dP − δ).
+					if keep.keep(i, j) {
+						prow[j] = pj * dscale
+						drow[j] = pj * (drow[j]*dscale - delta)
+					} else {
+						prow[j] = 0
+						drow[j] = pj * -delta
+					}
+					continue
+				}
 				drow[j] = pj * (drow[j] - delta)
 			}
 		}
@@ -517,12 +641,12 @@ func (hi *hostImpl) attnDecode(o, q, kc, vc *tensor.Tensor, p int, s attnShape, 
 		return err
 	}
 	s.tk = p + 1
-	return hi.attnForward(o, nil, q, kn, vn, s, false, scale)
+	return hi.attnForward(o, nil, q, kn, vn, s, false, scale, AttnDropout{})
 }
 
 // ---- CUDA ----
 
-// attnArgs mirrors struct attn_args of attention.cu field for field (320
+// attnArgs mirrors struct attn_args of attention.cu field for field (360
 // bytes; attention_layout_test.go checks): the one parameter of the
 // forward and backward kernels. Strides are in elements: batch, time, head.
 type attnArgs struct {
@@ -533,6 +657,31 @@ type attnArgs struct {
 	accQ, accK                               int32
 	accV, pad                                int32
 	scale, scaleLog2                         float32
+	dropCounter                              cuda.DevicePtr
+	dropSeed                                 uint64
+	dropB0                                   int64
+	dropP, dropScale                         float32
+	dropSite                                 uint32
+	pad2                                     int32
+}
+
+// setDropout fills the dropout fields (the *_drop kernels read them).
+func (a *attnArgs) setDropout(d AttnDropout) {
+	if d.P == 0 {
+		return
+	}
+	a.dropCounter = devPtr(d.Counter)
+	a.dropSeed, a.dropB0, a.dropSite = d.Seed, d.B0, uint32(d.Site)
+	a.dropP, a.dropScale = d.P, dropoutScale(d.P)
+}
+
+// drop is the kernel-name infix of the dropout instances ("_drop"), "" for
+// the plain ones.
+func (a *attnArgs) drop() string {
+	if a.dropP > 0 {
+		return "_drop"
+	}
+	return ""
 }
 
 func newAttnArgs(s attnShape, causal bool, scale float32) attnArgs {
@@ -609,10 +758,10 @@ func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 // tiles of shared memory.
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s.d) {
-		return c.launchK("attention.cu", fmt.Sprintf("attn_fwd_wg_d%d", s.d), attnGrid(s, s.tq, attnWGRows),
+		return c.launchK("attention.cu", fmt.Sprintf("attn_fwd_wg%s_d%d", a.drop(), s.d), attnGrid(s, s.tq, attnWGRows),
 			block1(attnWGThreads), attnWGSmem(s.d), kAttn(a))
 	}
-	return c.launchK("attention.cu", fmt.Sprintf("attn_fwd_tc_d%d", s.d), attnGrid(s, s.tq, attnTCRows),
+	return c.launchK("attention.cu", fmt.Sprintf("attn_fwd_tc%s_d%d", a.drop(), s.d), attnGrid(s, s.tq, attnTCRows),
 		block1(attnThreads), 4*attnTCTile(s.d), kAttn(a))
 }
 
@@ -672,7 +821,7 @@ func (c *cudaImpl) attnWG(d int) bool {
 // attnFwdSIMT launches attn_fwd_simt_<dt>: Q [16][D], K [32][D+1], V [32][D] f32.
 func (c *cudaImpl) attnFwdSIMT(a *attnArgs, s attnShape, dt tensor.DType) error {
 	smem := 4 * (attnSIMTRows*s.d + attnSIMTTile*(s.d+1) + attnSIMTTile*s.d)
-	return c.launchK("attention.cu", "attn_fwd_simt"+dtSuffix(dt), attnGrid(s, s.tq, attnSIMTRows),
+	return c.launchK("attention.cu", "attn_fwd_simt"+a.drop()+dtSuffix(dt), attnGrid(s, s.tq, attnSIMTRows),
 		block1(attnThreads), uint32(smem), kAttn(a))
 }
 
@@ -723,10 +872,10 @@ func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
 func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s.d) {
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 6*64*4 + 1024)
-		return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dkdv_wg_d%d", s.d), attnGrid(s, s.tk, attnWGRows),
+		return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dkdv_wg%s_d%d", a.drop(), s.d), attnGrid(s, s.tk, attnWGRows),
 			block1(attnWGThreads), smem, kAttn(a))
 	}
-	return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dkdv_tc_d%d", s.d), attnGrid(s, s.tk, attnTCRows),
+	return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dkdv_tc%s_d%d", a.drop(), s.d), attnGrid(s, s.tk, attnTCRows),
 		block1(attnThreads), 6*attnTCTile(s.d)+4*attnTCRows*4, kAttn(a))
 }
 
@@ -736,10 +885,10 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 func (c *cudaImpl) attnBwdDQTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s.d) {
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 1024)
-		return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dq_wg_d%d", s.d), attnGrid(s, s.tq, attnWGRows),
+		return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dq_wg%s_d%d", a.drop(), s.d), attnGrid(s, s.tq, attnWGRows),
 			block1(attnWGThreads), smem, kAttn(a))
 	}
-	return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dq_tc_d%d", s.d), attnGrid(s, s.tq, attnTCRows),
+	return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dq_tc%s_d%d", a.drop(), s.d), attnGrid(s, s.tq, attnTCRows),
 		block1(attnThreads), 6*attnTCTile(s.d), kAttn(a))
 }
 
@@ -747,14 +896,14 @@ func (c *cudaImpl) attnBwdDQTC(a *attnArgs, s attnShape) error {
 // [32][D+1], lse and δ [32] f32.
 func (c *cudaImpl) attnBwdDKDVSIMT(a *attnArgs, s attnShape, dt tensor.DType) error {
 	smem := 4 * (2*attnSIMTRows*s.d + 2*attnSIMTTile*(s.d+1) + 2*attnSIMTTile)
-	return c.launchK("attention.cu", "attn_bwd_dkdv_simt"+dtSuffix(dt), attnGrid(s, s.tk, attnSIMTRows),
+	return c.launchK("attention.cu", "attn_bwd_dkdv_simt"+a.drop()+dtSuffix(dt), attnGrid(s, s.tk, attnSIMTRows),
 		block1(attnThreads), uint32(smem), kAttn(a))
 }
 
 // attnBwdDQSIMT launches attn_bwd_dq_simt_<dt>: Q, dO [16][D], K, V [32][D+1] f32.
 func (c *cudaImpl) attnBwdDQSIMT(a *attnArgs, s attnShape, dt tensor.DType) error {
 	smem := 4 * (2*attnSIMTRows*s.d + 2*attnSIMTTile*(s.d+1))
-	return c.launchK("attention.cu", "attn_bwd_dq_simt"+dtSuffix(dt), attnGrid(s, s.tq, attnSIMTRows),
+	return c.launchK("attention.cu", "attn_bwd_dq_simt"+a.drop()+dtSuffix(dt), attnGrid(s, s.tq, attnSIMTRows),
 		block1(attnThreads), uint32(smem), kAttn(a))
 }
 
@@ -792,10 +941,22 @@ func (c *cudaImpl) attnKVWrite(cache, x, pos *tensor.Tensor) error {
 // scale 1/√D: y [B,T,C] (= [B,T,H,D] contiguous, what the output
 // projection reads with no transpose), in qkv's dtype. causal masks later
 // positions. The backward writes dq, dk, dv into the views of qkv's
-// gradient (accumulating on fan-out). No dropout on the attention
-// weights.
-func (g *Graph) SelfAttention(qkv *Var, heads int, causal bool) *Var {
+// gradient (accumulating on fan-out). dropout is the probability of
+// dropout on the attention weights (nanoGPT's attn_dropout, AttnDropout)
+// in training (GraphOptions.Train): the graph's Seed and Counter, the next
+// call-site, and batch rows numbered from Shard × B as Graph.Dropout
+// numbers them; outside training or with dropout 0 there is none (and no
+// call-site is taken).
+func (g *Graph) SelfAttention(qkv *Var, heads int, causal bool, dropout float32) *Var {
 	if !g.ok(qkv) {
+		return nil
+	}
+	if !(dropout >= 0 && dropout <= 1) {
+		g.Fail("attention", fmt.Errorf("%w: attention dropout probability %v", ErrConfig, dropout))
+		return nil
+	}
+	if g.opts.Shard < 0 {
+		g.Fail("attention", fmt.Errorf("%w: shard %d", ErrConfig, g.opts.Shard))
 		return nil
 	}
 	x := qkv.Value
@@ -833,9 +994,14 @@ func (g *Graph) SelfAttention(qkv *Var, heads int, causal bool) *Var {
 		return nil
 	}
 	scale := float32(1 / math.Sqrt(float64(d)))
+	var drop AttnDropout
+	if g.opts.Train && dropout > 0 {
+		drop = AttnDropout{P: dropout, Seed: g.opts.Seed, Site: g.nextSite(), Counter: g.opts.Counter,
+			B0: int64(g.opts.Shard) * int64(b)}
+	}
 	e := g.e
 	g.Record("attention", []*Var{qkv}, []*Var{y, lse}, func(*Grads) error {
-		return e.AttentionForward(y4, lse.Value, q, k, v, causal, scale)
+		return e.AttentionForward(y4, lse.Value, q, k, v, causal, scale, drop)
 	}, func(gr *Grads) error {
 		dy, dx := gr.Out(0), gr.In(0)
 		if dy == nil || dx == nil {
@@ -850,7 +1016,7 @@ func (g *Graph) SelfAttention(qkv *Var, heads int, causal bool) *Var {
 			return err
 		}
 		acc := gr.Acc(0)
-		return e.AttentionBackward(dq, dk, dv, dy4, q, k, v, y4, lse.Value, causal, scale, [3]bool{acc, acc, acc})
+		return e.AttentionBackward(dq, dk, dv, dy4, q, k, v, y4, lse.Value, causal, scale, [3]bool{acc, acc, acc}, drop)
 	})
 	return y
 }

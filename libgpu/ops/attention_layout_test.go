@@ -15,7 +15,7 @@ func TestAttentionArgsLayout(t *testing.T) {
 		what      string
 		got, want uintptr
 	}{
-		{"sizeof(attn_args)", unsafe.Sizeof(a), 320},
+		{"sizeof(attn_args)", unsafe.Sizeof(a), 360},
 		{"offsetof(attn_args, delta)", unsafe.Offsetof(a.delta), 72},
 		{"offsetof(attn_args, sq)", unsafe.Offsetof(a.sq), 80},
 		{"offsetof(attn_args, sdv)", unsafe.Offsetof(a.sdv), 248},
@@ -25,6 +25,12 @@ func TestAttentionArgsLayout(t *testing.T) {
 		{"offsetof(attn_args, acc_v)", unsafe.Offsetof(a.accV), 304},
 		{"offsetof(attn_args, scale)", unsafe.Offsetof(a.scale), 312},
 		{"offsetof(attn_args, scale_log2)", unsafe.Offsetof(a.scaleLog2), 316},
+		{"offsetof(attn_args, drop_counter)", unsafe.Offsetof(a.dropCounter), 320},
+		{"offsetof(attn_args, drop_seed)", unsafe.Offsetof(a.dropSeed), 328},
+		{"offsetof(attn_args, drop_b0)", unsafe.Offsetof(a.dropB0), 336},
+		{"offsetof(attn_args, drop_p)", unsafe.Offsetof(a.dropP), 344},
+		{"offsetof(attn_args, drop_scale)", unsafe.Offsetof(a.dropScale), 348},
+		{"offsetof(attn_args, drop_site)", unsafe.Offsetof(a.dropSite), 352},
 		{"sizeof(attn_dec_strides)", unsafe.Sizeof(attnDecStrides{}), 96},
 	}
 	for _, c := range checks {

@@ -34,6 +34,7 @@ func (c attnLarge) String() string {
 type attnTensors struct {
 	qkv, dqkv, o, do, lse *tensor.Tensor
 	q, k, v, dq, dk, dv   *tensor.Tensor
+	drop                  ops.AttnDropout // dropout on P (zero: none)
 }
 
 // newAttnTensors uploads fresh random qkv and do (unit variance) and
@@ -75,12 +76,12 @@ func newAttnTensors(tb testing.TB, a device.Allocator, r *rand.Rand, c attnLarge
 }
 
 func (at *attnTensors) forward(e *ops.Engine, c attnLarge) error {
-	return e.AttentionForward(at.o, at.lse, at.q, at.k, at.v, c.causal, float32(1/math.Sqrt(float64(c.d))))
+	return e.AttentionForward(at.o, at.lse, at.q, at.k, at.v, c.causal, float32(1/math.Sqrt(float64(c.d))), at.drop)
 }
 
 func (at *attnTensors) backward(e *ops.Engine, c attnLarge) error {
 	return e.AttentionBackward(at.dq, at.dk, at.dv, at.do, at.q, at.k, at.v, at.o, at.lse, c.causal,
-		float32(1/math.Sqrt(float64(c.d))), [3]bool{})
+		float32(1/math.Sqrt(float64(c.d))), [3]bool{}, at.drop)
 }
 
 // outputs are the raw bytes of everything the forward and backward write.
@@ -143,7 +144,15 @@ func TestCUDAAttentionLarge(t *testing.T) {
 }
 
 func attnLargeCheck(t *testing.T, e *ops.Engine, a device.Allocator, r *rand.Rand, c attnLarge) {
+	attnLargeCheckDrop(t, e, a, r, c, ops.AttnDropout{}, 0)
+}
+
+// attnLargeCheckDrop is attnLargeCheck with dropout drop on P, whose
+// counter holds step.
+func attnLargeCheckDrop(t *testing.T, e *ops.Engine, a device.Allocator, r *rand.Rand, c attnLarge, drop ops.AttnDropout, step uint32) {
 	at := newAttnTensors(t, a, r, c)
+	at.drop = drop
+	full := opstest.RefAttnKeep(drop, step, opstest.AttnShape{B: c.b, Tq: c.t, Tk: c.t, H: c.h, D: c.d})
 	if err := at.forward(e, c); err != nil {
 		t.Fatal(err)
 	}
@@ -191,8 +200,12 @@ func attnLargeCheck(t *testing.T, e *ops.Engine, a device.Allocator, r *rand.Ran
 			return out
 		}
 		q, k, v := slice(qkv, 3, 0), slice(qkv, 3, 1), slice(qkv, 3, 2)
-		wo, wl := opstest.RefAttention(q, k, v, one, c.causal, scale)
-		wq, wk, wv := opstest.RefAttentionBackward(slice(do, 1, 0), q, k, v, one, c.causal, scale)
+		var keep opstest.AttnKeep
+		if full != nil {
+			keep = func(_, _, i, j int) bool { return full(b, h, i, j) }
+		}
+		wo, wl := opstest.RefAttentionDrop(q, k, v, one, c.causal, scale, keep, drop.P)
+		wq, wk, wv := opstest.RefAttentionBackwardDrop(slice(do, 1, 0), q, k, v, one, c.causal, scale, keep, drop.P)
 		what := fmt.Sprintf("(b,h)=(%d,%d)", b, h)
 		attnNear(t, what+" o", slice(o, 1, 0), wo, tolO, c.d)
 		attnNear(t, what+" lse", opstest.F64(lse[(b*c.h+h)*c.t:(b*c.h+h+1)*c.t]), wl, 1e-5, 1)
@@ -345,9 +358,9 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 			case "forward+backward":
 				return errors.Join(at.forward(e, c), at.backward(e, c))
 			case "backward dK,dV":
-				return e.AttentionBackward(nil, at.dk, at.dv, at.do, at.q, at.k, at.v, at.o, at.lse, c.causal, scale, [3]bool{})
+				return e.AttentionBackward(nil, at.dk, at.dv, at.do, at.q, at.k, at.v, at.o, at.lse, c.causal, scale, [3]bool{}, ops.AttnDropout{})
 			case "backward dQ":
-				return e.AttentionBackward(at.dq, nil, nil, at.do, at.q, at.k, at.v, at.o, at.lse, c.causal, scale, [3]bool{})
+				return e.AttentionBackward(at.dq, nil, nil, at.do, at.q, at.k, at.v, at.o, at.lse, c.causal, scale, [3]bool{}, ops.AttnDropout{})
 			}
 			return fmt.Errorf("pass %q", pass)
 		}
@@ -428,6 +441,77 @@ func BenchmarkAttentionBackwardDKDV(b *testing.B) { benchAttention(b, "backward 
 // BenchmarkAttentionBackwardDQ: δ and the dQ pass alone (no dk, dv), per
 // kernel family; TFLOP/s counts the pass's 3 products.
 func BenchmarkAttentionBackwardDQ(b *testing.B) { benchAttention(b, "backward dQ", attnPaths...) }
+
+// TestCUDAAttentionDropout: dropout on P (p = 0.2, a shard's batch offset,
+// a step from the counter) on every kernel family against the float64
+// reference with the same mask — f32 (CUDA cores), bf16 D = 64 and 128 on
+// the default dispatch (mma.sync; wgmma for D = 128 on sm_90a), causal and
+// not, T not a multiple of any tile, D = 80 (CUDA cores, bf16) — forward
+// and backward; two eager runs and a graph replay bitwise equal
+// (attnLargeCheckDrop); and on sm_90a the other tensor-core family too.
+// Then the step counter moving changes o, and moving back restores it.
+func TestCUDAAttentionDropout(t *testing.T) {
+	d := gpu(t)
+	e := cudaEngine(t, d, ops.PrecTF32)
+	a := device.Local{Dev: d}
+	r := rand.New(rand.NewPCG(rand.Uint64(), 23))
+	const step = 4321
+	ctr := opstest.UploadI32(t, a, []int32{step}, 1)
+	drop := ops.AttnDropout{P: 0.2, Seed: 0x9e3779b97f4a7c15, Site: 3, Counter: ctr, B0: 7}
+	cases := []attnLarge{
+		{4, 6, 256, 64, true, tensor.BF16},
+		{2, 4, 333, 64, false, tensor.BF16},
+		{2, 4, 200, 128, true, tensor.BF16},
+		{1, 2, 129, 128, false, tensor.BF16},
+		{2, 3, 100, 64, true, tensor.F32},
+		{1, 2, 77, 32, false, tensor.F32},
+		{2, 3, 129, 80, true, tensor.BF16},
+		{1, 2, 1, 64, true, tensor.BF16},
+	}
+	for _, c := range cases {
+		t.Run(c.String(), func(t *testing.T) {
+			cudatest.RequireGPU(t)
+			attnLargeCheckDrop(t, e, a, r, c, drop, step)
+		})
+	}
+	if ops.AttentionHopper(e) {
+		for _, p := range []attnPath{{"mma.sync", 0}, {"wgmma", 2}} {
+			for _, c := range cases[:4] {
+				t.Run(p.name+"/"+c.String(), func(t *testing.T) {
+					cudatest.RequireGPU(t)
+					defer ops.SetAttentionWGMMA(p.mode)()
+					attnLargeCheckDrop(t, e, a, r, c, drop, step)
+				})
+			}
+		}
+	}
+	t.Run("counter", func(t *testing.T) {
+		cudatest.RequireGPU(t)
+		c := attnLarge{2, 4, 200, 64, true, tensor.BF16}
+		at := newAttnTensors(t, a, r, c)
+		at.drop = drop
+		run := func(s int32) []byte {
+			if err := ctr.Write(tensor.AsBytes([]int32{s})); err != nil {
+				t.Fatal(err)
+			}
+			if err := at.forward(e, c); err != nil {
+				t.Fatal(err)
+			}
+			if err := at.backward(e, c); err != nil {
+				t.Fatal(err)
+			}
+			out := at.outputs(t, e)
+			return slices.Concat(out[0], out[2])
+		}
+		o1 := run(step)
+		if o2 := run(step + 1); bytes.Equal(o1, o2) {
+			t.Error("the next step drew the same masks")
+		}
+		if o3 := run(step); !bytes.Equal(o1, o3) {
+			t.Error("the same step twice: outputs differ")
+		}
+	})
+}
 
 // TestCUDAAttentionPaths checks the kernel families the default dispatch
 // does not take on this GPU against the reference, like

@@ -1,8 +1,16 @@
 // attention_test.cpp: runs libgpu/kernels/attention.cu under the host
 // emulation (emu.h) with the launch geometry of libgpu/ops/attention.go and
 // checks every kernel against a float64 naive attention (softmax(QKᵀ·scale
-// + mask)·V and its gradients). Usage: scripts/cuda-emu.sh attention
+// + mask)·V and its gradients), the *_drop instances against it with the
+// same dropout mask on P (an independent Philox). Usage:
+// scripts/cuda-emu.sh attention [quick|wg|drop]
 #include "emu.h"
+inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
+// philox.cuh (included by attention.cu) also holds a normal draw that needs it.
+inline void sincospif(float x, float* s, float* c) {
+  *s = (float)sin(M_PI * (double)x);
+  *c = (float)cos(M_PI * (double)x);
+}
 // clang-format off
 #include "../../libgpu/kernels/attention.cu"
 // clang-format on
@@ -21,6 +29,13 @@ static_assert(offsetof(attn_args, acc_q) == 296, "attn_args");
 static_assert(offsetof(attn_args, acc_v) == 304, "attn_args");
 static_assert(offsetof(attn_args, scale) == 312, "attn_args");
 static_assert(offsetof(attn_args, scale_log2) == 316, "attn_args");
+static_assert(offsetof(attn_args, drop_counter) == 320, "attn_args");
+static_assert(offsetof(attn_args, drop_seed) == 328, "attn_args");
+static_assert(offsetof(attn_args, drop_b0) == 336, "attn_args");
+static_assert(offsetof(attn_args, drop_p) == 344, "attn_args");
+static_assert(offsetof(attn_args, drop_scale) == 348, "attn_args");
+static_assert(offsetof(attn_args, drop_site) == 352, "attn_args");
+static_assert(sizeof(attn_args) == 360, "attn_args");
 static_assert(sizeof(attn_dec_strides) == 96, "attn_dec_strides");
 
 static int failures = 0;
@@ -82,8 +97,42 @@ struct Ref {
   std::vector<double> o, lse, dq, dk, dv;
 };
 
-// reference computes the float64 naive attention and, given dO, its gradients.
-static Ref reference(const View& q, const View& k, const View& v, const View* dout, bool causal, double scale) {
+// Dropout on P: an independent Philox4x32-10 (Random123's philox4x32_R(10))
+// and ops.DropoutKeep's rule for element n = ((b0+b)·H+h)·Tq+i)·Tk+j.
+struct Drop {
+  float p = 0;
+  uint64_t seed = 0;
+  unsigned site = 0, step = 0;
+  long long b0 = 0;
+  bool keep(long long n) const {
+    uint64_t q = (uint64_t)n >> 2;
+    uint32_t c[4] = {(uint32_t)q, (uint32_t)(q >> 32), site, step}, k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int r = 0; r < 10; r++) {
+      if (r) {
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+      }
+      uint64_t p0 = (uint64_t)0xD2511F53u * c[0], p1 = (uint64_t)0xCD9E8D57u * c[2];
+      uint32_t n0 = (uint32_t)(p1 >> 32) ^ c[1] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c[3] ^ k1;
+      c[0] = n0;
+      c[1] = (uint32_t)p1;
+      c[2] = n2;
+      c[3] = (uint32_t)p0;
+    }
+    return (float)(c[n & 3] >> 8) * (float)(1.0 / (1 << 24)) >= p;
+  }
+  // z is the factor of element (b, h, i, j): 1 without dropout, else keep/(1−p).
+  double z(int b, int h, int i, int j, int H, int Tq, int Tk) const {
+    if (p == 0) return 1;
+    long long n = (((b0 + b) * H + h) * (long long)Tq + i) * Tk + j;
+    return keep(n) ? 1 / (1 - (double)p) : 0;
+  }
+};
+
+// reference computes the float64 naive attention and, given dO, its
+// gradients, with dropout dr on P (o = (P∘Z)·V, dP = Z∘(dO·Vᵀ)).
+static Ref reference(const View& q, const View& k, const View& v, const View* dout, bool causal, double scale,
+                     const Drop& dr = Drop()) {
   int B = q.B, Tq = q.T, Tk = k.T, H = q.H, D = q.D;
   Ref r;
   r.o.assign((size_t)B * Tq * H * D, 0);
@@ -109,9 +158,11 @@ static Ref reference(const View& q, const View& k, const View& v, const View* do
         for (int j = 0; j < Tk; j++) p[j] /= l;
         r.lse[((size_t)b * H + h) * Tq + i] = m + log(l);
         size_t oi = (((size_t)b * Tq + i) * H + h) * D;
+        std::vector<double> z(Tk);
+        for (int j = 0; j < Tk; j++) z[j] = dr.z(b, h, i, j, H, Tq, Tk);
         for (int d = 0; d < D; d++) {
           double acc = 0;
-          for (int j = 0; j < Tk; j++) acc += p[j] * v.get(b, j, h, d);
+          for (int j = 0; j < Tk; j++) acc += p[j] * z[j] * v.get(b, j, h, d);
           r.o[oi + d] = acc;
         }
         if (!dout) continue;
@@ -120,8 +171,8 @@ static Ref reference(const View& q, const View& k, const View& v, const View* do
         for (int j = 0; j < Tk; j++) {
           double s = 0;
           for (int d = 0; d < D; d++) s += dout->get(b, i, h, d) * v.get(b, j, h, d);
-          dp[j] = s;
-          delta += p[j] * s;
+          dp[j] = z[j] * s;
+          delta += p[j] * dp[j];
         }
         for (int j = 0; j < Tk; j++) {
           double ds = p[j] * (dp[j] - delta);
@@ -129,7 +180,7 @@ static Ref reference(const View& q, const View& k, const View& v, const View* do
           for (int d = 0; d < D; d++) {
             r.dq[oi + d] += scale * ds * k.get(b, j, h, d);
             r.dk[kj + d] += scale * ds * q.get(b, i, h, d);
-            r.dv[kj + d] += p[j] * dout->get(b, i, h, d);
+            r.dv[kj + d] += p[j] * z[j] * dout->get(b, i, h, d);
           }
         }
       }
@@ -177,11 +228,11 @@ enum Mode { SIMT, TC, WG };
 
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
 // when Tq == Tk, separate padded tensors otherwise.
-static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mode mode, bool acc) {
+static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mode mode, bool acc, float pdrop = 0) {
   const bool tc = mode != SIMT;
   char name[160];
-  snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d", B, Tq, Tk, H, D, causal,
-           bf16 ? "bf16" : "f32", mode == WG ? "wg" : tc ? "tc" : "simt", acc);
+  snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g", B, Tq, Tk, H, D, causal,
+           bf16 ? "bf16" : "f32", mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop);
   emu::untrack();
   Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab;
   View q, k, v, o, dout, dq, dk, dv;
@@ -254,34 +305,50 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   a.acc_q = a.acc_k = a.acc_v = acc;
   a.scale = (float)scale;
   a.scale_log2 = (float)(scale * 1.4426950408889634);
+  Drop dr;
+  int step = 4242;
+  const bool DR = pdrop > 0;
+  if (DR) {
+    dr.p = pdrop;
+    dr.seed = 0x243f6a8885a308d3ull;
+    dr.site = 5;
+    dr.step = (unsigned)step;
+    dr.b0 = 3;
+    a.drop_counter = &step;
+    a.drop_seed = dr.seed;
+    a.drop_b0 = dr.b0;
+    a.drop_p = pdrop;
+    a.drop_scale = 1.0f / (1.0f - pdrop);
+    a.drop_site = dr.site;
+  }
 
   // forward
   if (mode == WG) {
     size_t smem = 5 * 128 * D * 2 + 1024;  // ops/attention.go attnWGSmem
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
       if (D == 64)
-        attn_fwd_wg_d64(a);
+        DR ? attn_fwd_wg_drop_d64(a) : attn_fwd_wg_d64(a);
       else
-        attn_fwd_wg_d128(a);
+        DR ? attn_fwd_wg_drop_d128(a) : attn_fwd_wg_d128(a);
     });
   } else if (tc) {
     size_t smem = 4 * 64 * (D + 8) * 2;
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 63) / 64)}, {128, 1, 1}, smem, seed++, [&] {
       if (D == 64)
-        attn_fwd_tc_d64(a);
+        DR ? attn_fwd_tc_drop_d64(a) : attn_fwd_tc_d64(a);
       else
-        attn_fwd_tc_d128(a);
+        DR ? attn_fwd_tc_drop_d128(a) : attn_fwd_tc_d128(a);
     });
   } else {
     size_t smem = (16 * D + 32 * (D + 1) + 32 * D) * 4;
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 15) / 16)}, {128, 1, 1}, smem, seed++, [&] {
       if (bf16)
-        attn_fwd_simt_bf16(a);
+        DR ? attn_fwd_simt_drop_bf16(a) : attn_fwd_simt_bf16(a);
       else
-        attn_fwd_simt_f32(a);
+        DR ? attn_fwd_simt_drop_f32(a) : attn_fwd_simt_f32(a);
     });
   }
-  Ref r = reference(q, k, v, &dout, causal, scale);
+  Ref r = reference(q, k, v, &dout, causal, scale, dr);
   double tolF = bf16 ? 1e-2 : 1e-5;
   check(std::string(name) + " o", read(o), r.o, tolF);
   std::vector<double> lse;
@@ -337,45 +404,45 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
     size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024;  // ops/attention.go
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
       if (D == 64)
-        attn_bwd_dkdv_wg_d64(a);
+        DR ? attn_bwd_dkdv_wg_drop_d64(a) : attn_bwd_dkdv_wg_d64(a);
       else
-        attn_bwd_dkdv_wg_d128(a);
+        DR ? attn_bwd_dkdv_wg_drop_d128(a) : attn_bwd_dkdv_wg_d128(a);
     });
     smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 1024;
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
       if (D == 64)
-        attn_bwd_dq_wg_d64(a);
+        DR ? attn_bwd_dq_wg_drop_d64(a) : attn_bwd_dq_wg_d64(a);
       else
-        attn_bwd_dq_wg_d128(a);
+        DR ? attn_bwd_dq_wg_drop_d128(a) : attn_bwd_dq_wg_d128(a);
     });
   } else if (tc) {
     size_t smem = 6 * 64 * (D + 8) * 2;
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 63) / 64)}, {128, 1, 1}, smem + 1024, seed++, [&] {
       if (D == 64)
-        attn_bwd_dkdv_tc_d64(a);
+        DR ? attn_bwd_dkdv_tc_drop_d64(a) : attn_bwd_dkdv_tc_d64(a);
       else
-        attn_bwd_dkdv_tc_d128(a);
+        DR ? attn_bwd_dkdv_tc_drop_d128(a) : attn_bwd_dkdv_tc_d128(a);
     });
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 63) / 64)}, {128, 1, 1}, smem, seed++, [&] {
       if (D == 64)
-        attn_bwd_dq_tc_d64(a);
+        DR ? attn_bwd_dq_tc_drop_d64(a) : attn_bwd_dq_tc_d64(a);
       else
-        attn_bwd_dq_tc_d128(a);
+        DR ? attn_bwd_dq_tc_drop_d128(a) : attn_bwd_dq_tc_d128(a);
     });
   } else {
     size_t smem = (32 * D + 64 * (D + 1) + 64) * 4;
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 15) / 16)}, {128, 1, 1}, smem, seed++, [&] {
       if (bf16)
-        attn_bwd_dkdv_simt_bf16(a);
+        DR ? attn_bwd_dkdv_simt_drop_bf16(a) : attn_bwd_dkdv_simt_bf16(a);
       else
-        attn_bwd_dkdv_simt_f32(a);
+        DR ? attn_bwd_dkdv_simt_drop_f32(a) : attn_bwd_dkdv_simt_f32(a);
     });
     smem = (32 * D + 64 * (D + 1)) * 4;
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 15) / 16)}, {128, 1, 1}, smem, seed++, [&] {
       if (bf16)
-        attn_bwd_dq_simt_bf16(a);
+        DR ? attn_bwd_dq_simt_drop_bf16(a) : attn_bwd_dq_simt_bf16(a);
       else
-        attn_bwd_dq_simt_f32(a);
+        DR ? attn_bwd_dq_simt_drop_f32(a) : attn_bwd_dq_simt_f32(a);
     });
   }
   if (acc) {
@@ -475,6 +542,25 @@ static void run_decode(int B, int Tmax, int H, int D, int pos, bool bf16) {
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::string(argv[1]) == "quick";
   bool wgonly = argc > 1 && std::string(argv[1]) == "wg";
+  bool droponly = argc > 1 && std::string(argv[1]) == "drop";
+  // Dropout on P (p = 0.2; 0.5 once): every kernel family.
+  for (bool bf16 : {false, true}) {
+    run(2, 17, 17, 3, 16, true, bf16, SIMT, false, 0.2f);
+    run(1, 5, 19, 2, 32, false, bf16, SIMT, true, 0.2f);
+    run(1, 37, 37, 1, 24, false, bf16, SIMT, false, 0.5f);
+  }
+  for (Mode mode : {TC, WG}) {
+    for (int D : {64, 128}) {
+      run(1, 17, 17, 2, D, true, true, mode, false, 0.2f);
+      run(1, 5, 70, 1, D, false, true, mode, true, 0.2f);
+      run(2, 130, 130, 1, D, true, true, mode, false, 0.2f);
+      if (D == 64) run(1, 129, 129, 1, D, false, true, mode, false, 0.5f);
+    }
+  }
+  if (droponly) {
+    printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
+    return failures ? 1 : 0;
+  }
   // SIMT (f32 and bf16), odd shapes
   for (bool bf16 : {false, true}) {
     if (wgonly) break;
