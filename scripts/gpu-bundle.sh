@@ -33,6 +33,11 @@ if [ -d bench/cmd ]; then
 fi
 cp -r bench/run.sh bench/gpt.sh bench/dp.sh bench/scale.sh bench/unet.sh bench/optim-gpt.sh bench/optim-mlp.sh bench/optim-all.sh bench/roots.sh bench/report.py bench/workloads.json bench/reference "$stage/bench/"
 mkdir -p "$stage/bench/kernels" && cp libgpu/kernels/*.cu libgpu/kernels/*.cuh "$stage/bench/kernels/"
+# The default text of the GPT tests (data.DefaultTextPath finds it through
+# Go's GOROOT, which a GPU machine without Go lacks): run.sh points
+# GPUKIT_TEXT at it unless set, so GPU tests train on real text, not their
+# synthetic stand-in (a periodic word list the models memorise).
+mkdir -p "$stage/data" && cp "$(go env GOROOT)/src/testdata/Isaac.Newton-Opticks.txt" "$stage/data/"
 
 # Packages with GPU tests, and the names of those tests: Test functions that
 # call RequireGPU, plus the ones named in scripts/gpu-tests.txt (tests that
@@ -79,6 +84,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export GPUKIT_REQUIRE_GPU=1 PATH="$here/bin:$PATH" GPUKIT_BIN="$here/bin"
 export GPUKIT_CACHE_DIR=${GPUKIT_CACHE_DIR:-$(mktemp -d)}
+export GPUKIT_TEXT=${GPUKIT_TEXT:-$here/data/Isaac.Newton-Opticks.txt}
 logdir=${GPUKIT_LOG_DIR:-$here/logs}
 mkdir -p "$logdir"
 pass=0 fail=0

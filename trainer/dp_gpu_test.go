@@ -26,6 +26,12 @@ package main
 // that: the bound is 1e-2 relative at every step (2.6 bf16 units of
 // roundoff), and 4e-3 (one unit) at the first step, where only the
 // forward's row counts differ.
+//
+// The bounds are for real text (GPUKIT_TEXT; the GPU bundle's run.sh sets
+// it to Newton's Opticks): on the synthetic stand-in of gptText, a
+// periodic word list, the model memorises its data, the loss falls to
+// ~0.12 in 200 steps and the same absolute differences read as 3e-5
+// relative (measured on two H200s).
 
 import (
 	"bytes"

@@ -150,6 +150,7 @@ func gpuLines(t *testing.T, args ...string) []string {
 	r := trainer(t, args...)
 	mustOK(t, r)
 	var out []string
+	failures, f64s := 0, 0
 	for _, text := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
 		var l struct {
 			Step    int      `json:"step"`
@@ -160,13 +161,24 @@ func gpuLines(t *testing.T, args ...string) []string {
 		var roots struct {
 			Roots *struct {
 				Failures int `json:"failures"`
+				F64      int `json:"f64"`
 			} `json:"roots"`
 		}
 		if err := json.Unmarshal([]byte(text), &l); err != nil {
 			t.Fatalf("not a JSON line: %q", text)
 		}
-		if json.Unmarshal([]byte(text), &roots) == nil && roots.Roots != nil && roots.Roots.Failures != 0 {
-			t.Errorf("failed preconditioner refreshes: %s", text)
+		// A root that fails switches its job to float64
+		// eigendecomposition (recomputed at once at the first refresh,
+		// at the next refresh later): failures are allowed only where
+		// they bring such a switch. A failure without one is a job
+		// already in float64 failing again — a preconditioner left stale.
+		if json.Unmarshal([]byte(text), &roots) == nil && roots.Roots != nil {
+			if r := roots.Roots; r.Failures > failures && r.F64 == f64s {
+				t.Errorf("failed preconditioner refreshes with no float64 fallback: %s", text)
+			} else if r.Failures > failures {
+				t.Logf("Newton roots failed, jobs switched to float64: %s", text)
+			}
+			failures, f64s = roots.Roots.Failures, roots.Roots.F64
 		}
 		l2, _ := json.Marshal(l)
 		out = append(out, string(l2))
