@@ -22,7 +22,8 @@ import (
 //	W ← W·(1 − LR·WeightDecay) − LR·max(1, m/n)^½·O
 //
 // See ops.MuonPrep, ops.NewtonSchulz and ops.MuonApply. Weights of one
-// shape are orthogonalised together, as one batch of GEMMs.
+// shape, or of its transpose (m×n and n×m), are orthogonalised together,
+// as one batch of GEMMs.
 type MuonConfig struct {
 	LR, Momentum, WeightDecay float32
 	Nesterov                  bool
@@ -162,7 +163,7 @@ func NewMuon(a device.Allocator, prefix string, params []nn.Param, cfg MuonConfi
 	return o, nil
 }
 
-// Step implements Optimizer: per shape group, the momentum and
+// Step implements Optimizer: per shape group (up to transposition), the momentum and
 // normalisation of every weight into one batch, Newton–Schulz on the
 // batch, the updates; then AdamW for the other parameters (which also
 // advances the step counter). Everything is queued on e with no host state
