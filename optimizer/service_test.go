@@ -393,7 +393,25 @@ func childTrainer(t *testing.T) {
 // the client's event record, the message and reply, the service's wait,
 // kernel launch and event record, the client's stream wait — against the
 // same step in process. Reports the medians and the 99th percentiles in µs
-// and their difference, the overhead per step.
+// and their difference, the overhead per step, three ways:
+//
+//   - back to back (service_p50_us, inprocess_p50_us, overhead_p50_us,
+//     service_p99_us): b.N steps with no wait between them. Nothing here
+//     waits for the GPU, so once the GPU falls behind (on a GPU pool each
+//     step is a chain the GPU runs in order across two processes' contexts:
+//     the client's record, the service's wait, kernel and record, the
+//     client's wait) the launch queues fill and a step's time becomes the
+//     GPU's time per step, not the host's;
+//   - idle (*_idle_p50_us, overhead_idle_p50_us): each step timed alone
+//     with the GPU idle (the engine synchronised before it, outside the
+//     timer): the host's round trip, what a trainer whose step takes
+//     milliseconds of GPU work pays per message;
+//   - synced (*_sync_p50_us, overhead_sync_p50_us): a step and the
+//     engine's synchronisation, from an idle GPU: the latency of the step's
+//     GPU work ordered through the interprocess events, against the same
+//     kernel in process.
+//
+// On the host backend the three agree (there is no GPU work to wait for).
 func benchService(b *testing.B, backend string) {
 	st := startStackTB(b, backend)
 	ts := newTrainerSideTB(b, st.pool, "bench", [][]int{{16, 16}}, 1)
@@ -413,38 +431,55 @@ func benchService(b *testing.B, backend string) {
 		b.Fatal(err)
 	}
 	defer lo.Free()
-	measure := func(o optim.Optimizer) []float64 {
-		for i := 0; i < 50; i++ { // warm-up: kernels, spinning
-			if err := o.Step(ts.e); err != nil {
-				b.Fatal(err)
-			}
-		}
+	sync := func() {
 		if err := ts.e.Sync(); err != nil {
 			b.Fatal(err)
 		}
+	}
+	step := func(o optim.Optimizer) {
+		if err := o.Step(ts.e); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// mode 0: back to back; 1: idle; 2: synced.
+	measure := func(o optim.Optimizer, mode int) []float64 {
+		for i := 0; i < 50; i++ { // warm-up: kernels, spinning
+			step(o)
+		}
+		sync()
 		us := make([]float64, 0, b.N)
 		for i := 0; i < b.N; i++ {
+			if mode != 0 {
+				sync()
+			}
 			t0 := time.Now()
-			if err := o.Step(ts.e); err != nil {
-				b.Fatal(err)
+			step(o)
+			if mode == 2 {
+				sync()
 			}
 			us = append(us, float64(time.Since(t0).Nanoseconds())/1e3)
 		}
-		if err := ts.e.Sync(); err != nil {
-			b.Fatal(err)
-		}
+		sync()
 		sort.Float64s(us)
 		return us
 	}
-	b.ResetTimer()
-	remote := measure(ro)
-	local := measure(lo)
-	b.StopTimer()
 	q := func(v []float64, p float64) float64 { return v[int(p*float64(len(v)-1))] }
+	b.ResetTimer()
+	remote, local := measure(ro, 0), measure(lo, 0)
+	remoteIdle, localIdle := measure(ro, 1), measure(lo, 1)
+	remoteSync, localSync := measure(ro, 2), measure(lo, 2)
+	b.StopTimer()
 	b.ReportMetric(q(remote, 0.5), "service_p50_us")
 	b.ReportMetric(q(remote, 0.99), "service_p99_us")
 	b.ReportMetric(q(local, 0.5), "inprocess_p50_us")
 	b.ReportMetric(q(remote, 0.5)-q(local, 0.5), "overhead_p50_us")
+	b.ReportMetric(q(remoteIdle, 0.5), "service_idle_p50_us")
+	b.ReportMetric(q(remoteIdle, 0.99), "service_idle_p99_us")
+	b.ReportMetric(q(localIdle, 0.5), "inprocess_idle_p50_us")
+	b.ReportMetric(q(remoteIdle, 0.5)-q(localIdle, 0.5), "overhead_idle_p50_us")
+	b.ReportMetric(q(remoteSync, 0.5), "service_sync_p50_us")
+	b.ReportMetric(q(localSync, 0.5), "inprocess_sync_p50_us")
+	b.ReportMetric(q(remoteSync, 0.5)-q(localSync, 0.5), "overhead_sync_p50_us")
 }
 
 // BenchmarkServiceStepHost: the service's round trip on a host pool.

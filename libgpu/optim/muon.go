@@ -22,7 +22,8 @@ import (
 //	W ← W·(1 − LR·WeightDecay) − LR·max(1, m/n)^½·O
 //
 // See ops.MuonPrep, ops.NewtonSchulz and ops.MuonApply. Weights of one
-// shape are orthogonalised together, as one batch of GEMMs.
+// shape, or of its transpose (m×n and n×m), are orthogonalised together,
+// as one batch of GEMMs.
 type MuonConfig struct {
 	LR, Momentum, WeightDecay float32
 	Nesterov                  bool
@@ -58,13 +59,16 @@ func (c MuonConfig) validate() error {
 	return nil
 }
 
-// muonGroup is the hidden weights of one shape.
+// muonGroup is the hidden weights of one shape up to transposition: an
+// m×n and an n×m weight are orthogonalised in the same batch (ops.MuonPrep
+// writes a tall weight transposed), so a transformer's MLP input and
+// output weights (d×4d and 4d×d) take one Newton–Schulz batch, not two.
 type muonGroup struct {
-	m, n  int
+	r, c  int // the batch's matrices: r = min(m, n) rows, c = max(m, n) columns
 	p, g  []*tensor.Tensor
 	buf   []*tensor.Tensor // state: momentum buffers
-	x     *tensor.Tensor   // work: [L, min(m,n), max(m,n)] orthogonalised matrices
-	scale float32
+	x     *tensor.Tensor   // work: [L, r, c] orthogonalised matrices
+	scale []float32        // per weight: √max(1, m/n)
 }
 
 // Muon is the optimizer of MuonConfig.
@@ -121,12 +125,14 @@ func NewMuon(a device.Allocator, prefix string, params []nn.Param, cfg MuonConfi
 			noDecay = append(noDecay, p.Value.Rank() < 2)
 			continue
 		}
-		key := [2]int{p.Value.Dim(0), p.Value.Dim(1)}
+		m, n := p.Value.Dim(0), p.Value.Dim(1)
+		key := [2]int{min(m, n), max(m, n)}
 		g := byShape[key]
 		if g == nil {
-			g = &muonGroup{m: key[0], n: key[1], scale: float32(math.Sqrt(math.Max(1, float64(key[0])/float64(key[1]))))}
+			g = &muonGroup{r: key[0], c: key[1]}
 			byShape[key] = g
 		}
+		g.scale = append(g.scale, float32(math.Sqrt(math.Max(1, float64(m)/float64(n)))))
 		b, err := o.s.zeros(a, prefix, p.Name+".momentum_buffer", tensor.F32, p.Value.Shape...)
 		if err != nil {
 			return o, err
@@ -140,14 +146,14 @@ func NewMuon(a device.Allocator, prefix string, params []nn.Param, cfg MuonConfi
 		o.groups = append(o.groups, g)
 	}
 	sort.Slice(o.groups, func(i, j int) bool {
-		return o.groups[i].m < o.groups[j].m || (o.groups[i].m == o.groups[j].m && o.groups[i].n < o.groups[j].n)
+		return o.groups[i].r < o.groups[j].r || (o.groups[i].r == o.groups[j].r && o.groups[i].c < o.groups[j].c)
 	})
 	dt := tensor.BF16
 	if cfg.F32 {
 		dt = tensor.F32
 	}
 	for _, g := range o.groups {
-		if g.x, err = o.s.work(a, prefix, fmt.Sprintf("muon/%dx%d", g.m, g.n), dt, len(g.p), min(g.m, g.n), max(g.m, g.n)); err != nil {
+		if g.x, err = o.s.work(a, prefix, fmt.Sprintf("muon/%dx%d", g.r, g.c), dt, len(g.p), g.r, g.c); err != nil {
 			return o, err
 		}
 	}
@@ -157,7 +163,7 @@ func NewMuon(a device.Allocator, prefix string, params []nn.Param, cfg MuonConfi
 	return o, nil
 }
 
-// Step implements Optimizer: per shape group, the momentum and
+// Step implements Optimizer: per shape group (up to transposition), the momentum and
 // normalisation of every weight into one batch, Newton–Schulz on the
 // batch, the updates; then AdamW for the other parameters (which also
 // advances the step counter). Everything is queued on e with no host state
@@ -180,7 +186,7 @@ func (o *Muon) Step(e *ops.Engine) error {
 		}
 		for l := range g.p {
 			x, _ := g.x.Select(0, l)
-			if err := e.MuonApply(g.p[l], x, c.LRScale, c.LR, g.scale, c.WeightDecay); err != nil {
+			if err := e.MuonApply(g.p[l], x, c.LRScale, c.LR, g.scale[l], c.WeightDecay); err != nil {
 				return err
 			}
 		}

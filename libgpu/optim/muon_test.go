@@ -106,26 +106,41 @@ const muonBF16Tol = 10 * 0x1p-8
 // (to f32 accuracy) and in bf16 (to the accuracy of bf16 Newton–Schulz,
 // muonBF16Tol, relative to the size of the step).
 func TestMuonMatchesReference(t *testing.T) {
+	checkMuonReference(t, muonShapes, func(p *problem) { muonNames(p) }, []bool{false, false, false, true, true})
+}
+
+// TestMuonTransposedPairs: weights m×n and n×m share one Newton–Schulz
+// batch (a transformer's MLP weights d×4d and 4d×d); each still takes its
+// own update (the tall one transposed, scaled by √(m/n)), against the
+// float64 reference.
+func TestMuonTransposedPairs(t *testing.T) {
+	shapes := [][]int{{6, 9}, {9, 6}, {6, 9}, {9, 6}, {4, 4}, {5}}
+	checkMuonReference(t, shapes, nil, []bool{false, false, false, false, false, true})
+}
+
+func checkMuonReference(t *testing.T, shapes [][]int, names func(*problem), adam []bool) {
 	for _, f32 := range []bool{true, false} {
 		cfg := testMuonConfig()
 		cfg.F32 = f32
-		p := hostProblem(t, muonShapes...)
-		muonNames(p)
+		p := hostProblem(t, shapes...)
+		if names != nil {
+			names(p)
+		}
 		r := rand.New(rand.NewPCG(31, 32))
-		w := roundF32(draws(r, 1, muonShapes))
+		w := roundF32(draws(r, 1, shapes))
 		p.set(w)
 		o, err := optim.NewMuon(p.a, "run", p.params, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ref := &refMuon{cfg: cfg, shapes: muonShapes, adam: []bool{false, false, false, true, true}}
-		for _, sh := range muonShapes {
+		ref := &refMuon{cfg: cfg, shapes: shapes, adam: adam}
+		for _, sh := range shapes {
 			n := tensorNumel(sh)
 			ref.buf, ref.m, ref.v = append(ref.buf, make([]float64, n)), append(ref.m, make([]float64, n)), append(ref.v, make([]float64, n))
 		}
 		for step := 1; step <= 4; step++ {
 			prev := roundF32(w)
-			g := roundF32(draws(r, 1, muonShapes))
+			g := roundF32(draws(r, 1, shapes))
 			p.grads(g)
 			if err := o.Step(p.e); err != nil {
 				t.Fatal(err)
