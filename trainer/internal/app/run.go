@@ -62,7 +62,7 @@ func runCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-staleness", Usage: "with --async-roots: steps after its refresh a preconditioner is put in use (≤ --update-freq)"},
 			&cli.Float64Flag{Name: "adam-lr", Usage: "muon: AdamW's learning rate for embeddings, heads and vectors (default 0.001)"},
 			&cli.Float64Flag{Name: "rel-eps", Usage: "shampoo: the roots' ridge relative to each statistic's Frobenius norm (default 1e-6; --root newton runs its products in TF32 from 2e-3, in f32 below)"},
-			&cli.Float64Flag{Name: "damping", Usage: "kfac: Tikhonov damping λ, split between the factors by π (default 0.03)"},
+			&cli.Float64Flag{Name: "damping", Usage: "kfac: Tikhonov damping λ, split between the factors by π (default 0.1)"},
 			&cli.Float64Flag{Name: "kl-clip", Usage: "kfac: κ, the bound on each step's predicted KL divergence (default 0.001)"},
 			deviceFlag, graphFlag, precisionFlag, fuseBackwardFlag, traceFlag,
 		}, append(lmFlags, unetFlags...)...),
