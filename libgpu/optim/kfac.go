@@ -42,10 +42,17 @@ type KFACConfig struct {
 	Roots                     RootOptions
 }
 
-// DefaultKFAC is kfac-pytorch's usual setting: LR 0.1, momentum 0.9,
-// damping 1e-3, factor decay 0.95, factors every step, inverses every 10,
-// KL clip 1e-3.
-var DefaultKFAC = KFACConfig{LR: 0.1, Momentum: 0.9, Damping: 1e-3, StatDecay: 0.95, CovEvery: 1, InvEvery: 10, KLClip: 1e-3}
+// DefaultKFAC: LR 0.1, momentum 0.9, damping 0.1, factor decay 0.95,
+// factors every step, inverses every 10, KL clip 1e-3. Damping is relative
+// to the Fisher's scale, which for the empirical Fisher of a softmax
+// classifier is small (tr G/d ≈ 3e-3 on the hidden layers of the trainer's
+// Fashion-MNIST MLP, tr A/d ≈ 1): at kfac-pytorch's λ = 1e-3 the inverses
+// amplify the gradient's noise in the factors' small eigendirections, the
+// KL clip then scales every step down to ν ≈ 0.03 and the MLP stalls near
+// 83% test accuracy. On the host (lr 0.05, no weight decay, seed 1) λ =
+// 0.03 gives 86.5% after one epoch and 87.5% after two, λ = 0.1 86.9% and
+// 88.2%, past AdamW's 87.5% after five (bench/optim-mlp.sh).
+var DefaultKFAC = KFACConfig{LR: 0.1, Momentum: 0.9, Damping: 0.1, StatDecay: 0.95, CovEvery: 1, InvEvery: 10, KLClip: 1e-3}
 
 func (c KFACConfig) validate() error {
 	if !(c.LR >= 0 && c.Momentum >= 0 && c.Momentum < 1 && c.WeightDecay >= 0 && c.Damping > 0 && c.StatDecay >= 0 &&

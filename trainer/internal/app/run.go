@@ -43,7 +43,7 @@ func runCommand() *cli.Command {
 			&cli.IntFlag{Name: "epochs", Value: def.Epochs, Usage: "passes over the training set (with --resume: the new total)"},
 			&cli.IntFlag{Name: "batch", Value: def.Batch, Usage: "examples per step"},
 			&cli.Float64Flag{Name: "lr", Value: kit.F32(def.LR), Usage: "learning rate"},
-			&cli.Float64Flag{Name: "weight-decay", Usage: "weight decay (default 0.01 for adamw, 0 for sgd)"},
+			&cli.Float64Flag{Name: "weight-decay", Usage: "weight decay (default 0.01, decoupled, for adamw; 0 for sgd and kfac, whose L2 term goes through the momentum)"},
 			&cli.Float64Flag{Name: "momentum", Value: kit.F32(def.Momentum), Usage: "SGD momentum"},
 			seedFlag, widthsFlag, actFlag,
 			&cli.StringFlag{Name: "optim", Value: def.Optim, Usage: "adamw|sgd|shampoo|soap|muon|kfac (libgpu/optim; gpt: kfac reads the Linear layers through the graph's hook)"},
@@ -62,6 +62,8 @@ func runCommand() *cli.Command {
 			&cli.IntFlag{Name: "max-staleness", Usage: "with --async-roots: steps after its refresh a preconditioner is put in use (≤ --update-freq)"},
 			&cli.Float64Flag{Name: "adam-lr", Usage: "muon: AdamW's learning rate for embeddings, heads and vectors (default 0.001)"},
 			&cli.Float64Flag{Name: "rel-eps", Usage: "shampoo: the roots' ridge relative to each statistic's Frobenius norm (default 1e-6; --root newton runs its products in TF32 from 2e-3, in f32 below)"},
+			&cli.Float64Flag{Name: "damping", Usage: "kfac: Tikhonov damping λ, split between the factors by π (default 0.1)"},
+			&cli.Float64Flag{Name: "kl-clip", Usage: "kfac: κ, the bound on each step's predicted KL divergence (default 0.001)"},
 			deviceFlag, graphFlag, precisionFlag, fuseBackwardFlag, traceFlag,
 		}, append(lmFlags, unetFlags...)...),
 		Action: runAction,
@@ -72,7 +74,7 @@ const defaultLogEvery = 50
 
 // modelFlags may not change on --resume: the checkpoint fixes them.
 var modelFlags = []string{"model", "batch", "lr", "weight-decay", "momentum", "seed", "widths", "act", "optim", "limit", "clip",
-	"update-freq", "max-block", "root", "async-roots", "max-staleness", "adam-lr", "rel-eps"}
+	"update-freq", "max-block", "root", "async-roots", "max-staleness", "adam-lr", "rel-eps", "damping", "kl-clip"}
 
 func runAction(c *cli.Context) error {
 	// SIGINT/SIGTERM from the start: one during the slow start-up (data,
@@ -207,7 +209,11 @@ func configFromFlags(c *cli.Context) (train.Config, error) {
 	switch {
 	case c.IsSet("weight-decay"):
 		cfg.WeightDecay = float32(c.Float64("weight-decay"))
-	case cfg.Optim == "sgd":
+	case cfg.Optim == "sgd" || cfg.Optim == "kfac":
+		// Both add wd·w to the gradient through the momentum (torch.optim.SGD's
+		// L2): per step lr·wd/(1−μ), 0.005 at --lr 0.05, 500× AdamW's
+		// decoupled lr·wd at its defaults — and K-FAC's KL clipping scales
+		// the gradient's part, not this one.
 		cfg.WeightDecay = 0
 	}
 	return cfg, cfg.Validate()
@@ -227,5 +233,5 @@ func sameDir(a, b string) bool {
 func precondFromFlags(c *cli.Context) train.OptimConfig {
 	return train.OptimConfig{UpdateFreq: c.Int("update-freq"), MaxBlock: c.Int("max-block"), Root: c.String("root"),
 		Async: c.Bool("async-roots"), MaxStaleness: c.Int("max-staleness"), AdamLR: float32(c.Float64("adam-lr")),
-		RelEps: float32(c.Float64("rel-eps"))}
+		RelEps: float32(c.Float64("rel-eps")), Damping: float32(c.Float64("damping")), KLClip: float32(c.Float64("kl-clip"))}
 }

@@ -27,6 +27,8 @@ type OptimConfig struct {
 	MaxStaleness int     `json:"max_staleness,omitempty"` // with Async
 	AdamLR       float32 `json:"adam_lr,omitempty"`       // Muon: the other parameters' AdamW
 	RelEps       float32 `json:"rel_eps,omitempty"`       // Shampoo: the roots' relative ridge
+	Damping      float32 `json:"damping,omitempty"`       // K-FAC: λ
+	KLClip       float32 `json:"kl_clip,omitempty"`       // K-FAC: κ
 }
 
 // spec is the optim.Spec of --optim name with a run's hyper-parameters.
@@ -61,6 +63,12 @@ func (x OptimConfig) spec(name string, lr, wd, momentum, beta1, beta2 float32) (
 	if x.RelEps > 0 {
 		s.RelEps = x.RelEps
 	}
+	if x.Damping > 0 {
+		s.Damping = x.Damping
+	}
+	if x.KLClip > 0 {
+		s.KLClip = x.KLClip
+	}
 	s.Async, s.MaxStaleness = x.Async, x.MaxStaleness
 	return s, nil
 }
@@ -68,9 +76,10 @@ func (x OptimConfig) spec(name string, lr, wd, momentum, beta1, beta2 float32) (
 // validate checks what the flags can get wrong before a model exists.
 func (x OptimConfig) validate(name string) error {
 	switch {
-	case x.UpdateFreq < 0 || x.MaxBlock < 0 || x.MaxStaleness < 0 || !(x.AdamLR >= 0) || !(x.RelEps >= 0 && x.RelEps < 1):
-		return fmt.Errorf("%w: --update-freq %d, --max-block %d, --max-staleness %d, --adam-lr %v, --rel-eps %v (want ≥ 0; --rel-eps < 1)", ErrConfig,
-			x.UpdateFreq, x.MaxBlock, x.MaxStaleness, x.AdamLR, x.RelEps)
+	case x.UpdateFreq < 0 || x.MaxBlock < 0 || x.MaxStaleness < 0 || !(x.AdamLR >= 0) || !(x.RelEps >= 0 && x.RelEps < 1) ||
+		!(x.Damping >= 0) || !(x.KLClip >= 0):
+		return fmt.Errorf("%w: --update-freq %d, --max-block %d, --max-staleness %d, --adam-lr %v, --rel-eps %v, --damping %v, --kl-clip %v (want ≥ 0; --rel-eps < 1)", ErrConfig,
+			x.UpdateFreq, x.MaxBlock, x.MaxStaleness, x.AdamLR, x.RelEps, x.Damping, x.KLClip)
 	case x.Root != "" && x.Root != "eigen" && x.Root != "newton":
 		return fmt.Errorf("%w: --root %q (want eigen or newton)", ErrConfig, x.Root)
 	case x.MaxStaleness > 0 && !x.Async:
