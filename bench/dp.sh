@@ -122,11 +122,11 @@ done
 
 if [ "$maxn" -gt 1 ]; then
 	echo "bench/dp.sh: all-reduce of 256 MiB on $maxn GPUs" >&2
-	if ROUNDS=${AR_ROUNDS:-2} bash "$root/bench/reference/allreduce.sh" "$maxn" 256MiB >"$work/allreduce.txt" 2>"$work/allreduce.err"; then
+	if ROUNDS=${AR_ROUNDS:-2} bash "$root/bench/reference/allreduce.sh" "$maxn" 256MiB >"$work/allreduce.txt" 2>"$work/allreduce.err" && grep -q "^{" "$work/allreduce.txt"; then
 		grep '^{' "$work/allreduce.txt" | emit
 	else
 		echo "bench/dp.sh: bench/reference/allreduce.sh failed:" >&2
-		tail -5 "$work/allreduce.err" >&2
+		tail -40 "$work/allreduce.err" >&2
 	fi
 fi
 

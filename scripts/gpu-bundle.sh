@@ -79,7 +79,8 @@ done < <( {
 cat >"$stage/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs every GPU test binary with GPUKIT_REQUIRE_GPU=1 (a GPU test that skips
-# fails) and ends with one line: N passed, N failed.
+# fails) and ends with one line: N passed, N failed. GPUKIT_TEST_RUN and
+# GPUKIT_TEST_SKIP replace the test selection (go test's -run and -skip).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export GPUKIT_REQUIRE_GPU=1 PATH="$here/bin:$PATH" GPUKIT_BIN="$here/bin"
@@ -94,7 +95,7 @@ for t in "$here"/tests/*.test; do
 	re="^($(paste -sd'|' "$d/TESTS"))\$"
 	[ -n "${GPUKIT_TEST_RUN:-}" ] && re=$GPUKIT_TEST_RUN
 	echo "== $name"
-	(cd "$d" && "$t" -test.v -test.count=1 -test.timeout=20m -test.run "$re" 2>&1) >"$logdir/$name.log"
+	(cd "$d" && "$t" -test.v -test.count=1 -test.timeout=20m -test.run "$re" ${GPUKIT_TEST_SKIP:+-test.skip "$GPUKIT_TEST_SKIP"} 2>&1) >"$logdir/$name.log"
 	p=$(grep -acE '^--- PASS: ' "$logdir/$name.log" || true)
 	f=$(grep -acE '^--- (FAIL|SKIP): ' "$logdir/$name.log" || true)
 	if ! grep -aqE '^(ok|PASS)$' "$logdir/$name.log" && [ "$f" = 0 ]; then f=1; fi

@@ -24,9 +24,15 @@ fi
 work=$(mktemp -d)
 for r in $(seq "$rounds"); do
 	echo "round $r/$rounds" >&2
-	"$drv" --nproc "$nproc" --size "$size" | tee -a "$work/gpukit.jsonl"
-	python3 -m torch.distributed.run --standalone --nproc-per-node "$nproc" "$here/allreduce.py" --size "$size" |
-		tee -a "$work/torch.jsonl"
+	# Each side under its own limit (AR_TIMEOUT seconds, default 120): a
+	# hang (two runs on 2 H200s never returned within 200 s, with no line
+	# out) ends as a line saying which side, with NCCL's warnings.
+	NCCL_DEBUG=${NCCL_DEBUG:-WARN} timeout "${AR_TIMEOUT:-120}" "$drv" --nproc "$nproc" --size "$size" \
+		2>"$work/gpukit-$r.err" | tee -a "$work/gpukit.jsonl" ||
+		{ echo "allreduce.sh: gpukit-allreduce failed or timed out (round $r):" >&2; tail -20 "$work/gpukit-$r.err" >&2; }
+	NCCL_DEBUG=${NCCL_DEBUG:-WARN} timeout "${AR_TIMEOUT:-120}" python3 -m torch.distributed.run --standalone \
+		--nproc-per-node "$nproc" "$here/allreduce.py" --size "$size" 2>"$work/torch-$r.err" | tee -a "$work/torch.jsonl" ||
+		{ echo "allreduce.sh: allreduce.py failed or timed out (round $r):" >&2; tail -20 "$work/torch-$r.err" >&2; }
 done
 python3 - "$work/gpukit.jsonl" "$work/torch.jsonl" <<'PY'
 import json, statistics, sys
