@@ -205,7 +205,14 @@ func attnLargeCheckDrop(t *testing.T, e *ops.Engine, a device.Allocator, r *rand
 			keep = func(_, _, i, j int) bool { return full(b, h, i, j) }
 		}
 		wo, wl := opstest.RefAttentionDrop(q, k, v, one, c.causal, scale, keep, drop.P)
-		wq, wk, wv := opstest.RefAttentionBackwardDrop(slice(do, 1, 0), q, k, v, one, c.causal, scale, keep, drop.P)
+		// bf16: δ from the stored output, as the kernel takes it (see
+		// RefAttentionBackwardDropO: at T = 1 the gradients of q and k
+		// are that rounding alone).
+		var ostored []float64
+		if c.dt == tensor.BF16 {
+			ostored = slice(o, 1, 0)
+		}
+		wq, wk, wv := opstest.RefAttentionBackwardDropO(slice(do, 1, 0), ostored, q, k, v, one, c.causal, scale, keep, drop.P)
 		what := fmt.Sprintf("(b,h)=(%d,%d)", b, h)
 		attnNear(t, what+" o", slice(o, 1, 0), wo, tolO, c.d)
 		attnNear(t, what+" lse", opstest.F64(lse[(b*c.h+h)*c.t:(b*c.h+h+1)*c.t]), wl, 1e-5, 1)
@@ -454,7 +461,9 @@ func TestCUDAAttentionDropout(t *testing.T) {
 	d := gpu(t)
 	e := cudaEngine(t, d, ops.PrecTF32)
 	a := device.Local{Dev: d}
-	r := rand.New(rand.NewPCG(rand.Uint64(), 23))
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 23))
 	const step = 4321
 	ctr := opstest.UploadI32(t, a, []int32{step}, 1)
 	drop := ops.AttnDropout{P: 0.2, Seed: 0x9e3779b97f4a7c15, Site: 3, Counter: ctr, B0: 7}

@@ -108,6 +108,18 @@ func RefAttentionBackward(do, q, k, v []float64, a AttnShape, causal bool, scale
 // RefAttentionBackwardDrop is RefAttentionBackward for RefAttentionDrop's
 // o: the gradient of Σ_j P_ij Z_ij v_j through P, dP = Z∘(do·vᵀ).
 func RefAttentionBackwardDrop(do, q, k, v []float64, a AttnShape, causal bool, scale float64, keep AttnKeep, pd float32) (dq, dk, dv []float64) {
+	return RefAttentionBackwardDropO(do, nil, q, k, v, a, causal, scale, keep, pd)
+}
+
+// RefAttentionBackwardDropO is RefAttentionBackwardDrop with the row terms
+// δ_i = rowsum(do_i ∘ o_i) taken from a given forward output o (laid out
+// as q), as FlashAttention's backward takes them from the stored output
+// (Dao 2023, Algorithm 2, line 4) — equal to Σ_j P_ij dP_ij in exact
+// arithmetic. With a bf16 o whose rounding does not cancel (dropout scales
+// v by 1/(1−p)), dS at T = 1, exactly 0 in exact arithmetic, is that
+// rounding: a reference from the stored o checks what the kernel computes.
+// o nil: δ from P and dP.
+func RefAttentionBackwardDropO(do, o, q, k, v []float64, a AttnShape, causal bool, scale float64, keep AttnKeep, pd float32) (dq, dk, dv []float64) {
 	dq = make([]float64, len(q))
 	dk = make([]float64, len(k))
 	dv = make([]float64, len(v))
@@ -141,6 +153,9 @@ func RefAttentionBackwardDrop(do, q, k, v []float64, a AttnShape, causal bool, s
 					p[j] /= l
 					dp[j] = attnZ(keep, pd, b, h, i, j) * dot(do, qi, v, a.at(a.Tk, b, j, h))
 					delta += p[j] * dp[j]
+				}
+				if o != nil {
+					delta = dot(do, qi, o, qi)
 				}
 				for j := range p {
 					ds := p[j] * (dp[j] - delta)
