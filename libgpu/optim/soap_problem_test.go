@@ -52,34 +52,6 @@ func soapSepConfig() optim.SOAPConfig {
 	return c
 }
 
-// randOrth is a random n×n orthogonal matrix (Gram–Schmidt on Gaussian
-// columns), row-major.
-func randOrth(r *rand.Rand, n int) []float64 {
-	q := make([]float64, n*n)
-	for i := range q {
-		q[i] = r.NormFloat64()
-	}
-	for j := 0; j < n; j++ {
-		for k := 0; k < j; k++ {
-			var d float64
-			for i := 0; i < n; i++ {
-				d += q[i*n+j] * q[i*n+k]
-			}
-			for i := 0; i < n; i++ {
-				q[i*n+j] -= d * q[i*n+k]
-			}
-		}
-		var s float64
-		for i := 0; i < n; i++ {
-			s += q[i*n+j] * q[i*n+j]
-		}
-		for i := 0; i < n; i++ {
-			q[i*n+j] /= math.Sqrt(s)
-		}
-	}
-	return q
-}
-
 // soapSepGrads are the gradients of steps 1..soapSepSteps (rounded to
 // f32): see above.
 func soapSepGrads(seed uint64) [][][]float64 {
@@ -93,7 +65,7 @@ func soapSepGrads(seed uint64) [][][]float64 {
 		}
 		first[i] = make([]float64, sh[0]*sh[1])
 		for r0 := 0; r0 < sh[0]; r0 += b {
-			u, v := randOrth(r, b), randOrth(r, b)
+			u, v := opstest.RandOrth(r, b), opstest.RandOrth(r, b)
 			for x := 0; x < b; x++ {
 				for y := 0; y < b; y++ {
 					var s float64

@@ -62,10 +62,9 @@ func RefInverseRoot(a []float64, n, p int, r float64) []float64 {
 	return x
 }
 
-// RandSPD is Q·diag(λ)·Qᵀ for a random orthogonal Q (Gram–Schmidt of
-// Gaussian columns) and eigenvalues log-uniform in [scale/cond, scale]:
-// a symmetric positive definite matrix of condition number about cond.
-func RandSPD(r *rand.Rand, n int, cond, scale float64) []float64 {
+// RandOrth is a random n×n orthogonal matrix, row-major: Gram–Schmidt
+// on the columns of a Gaussian matrix.
+func RandOrth(r *rand.Rand, n int) []float64 {
 	q := make([]float64, n*n)
 	for i := range q {
 		q[i] = r.NormFloat64()
@@ -88,6 +87,14 @@ func RandSPD(r *rand.Rand, n int, cond, scale float64) []float64 {
 			q[i*n+j] /= math.Sqrt(s)
 		}
 	}
+	return q
+}
+
+// RandSPD is Q·diag(λ)·Qᵀ for a random orthogonal Q (Gram–Schmidt of
+// Gaussian columns) and eigenvalues log-uniform in [scale/cond, scale]:
+// a symmetric positive definite matrix of condition number about cond.
+func RandSPD(r *rand.Rand, n int, cond, scale float64) []float64 {
+	q := RandOrth(r, n)
 	a := make([]float64, n*n)
 	for k := 0; k < n; k++ {
 		lam := scale * math.Pow(cond, -r.Float64())
