@@ -88,17 +88,14 @@ type kfacLayer struct {
 
 // KFAC is the optimizer of KFACConfig.
 type KFAC struct {
+	rooted
 	cfg      KFACConfig
-	s        state
-	step     counter
 	layers   []*kfacLayer
 	byWeight map[string]*kfacLayer
-	sched    rootSched
 	dots, nu *tensor.Tensor
 	rest     []*tensor.Tensor // other parameters, their gradients and momentum buffers
 	restG    []*tensor.Tensor
 	restBuf  []*tensor.Tensor
-	e        *ops.Engine
 }
 
 // NewKFAC allocates K-FAC's state through a: per layer
@@ -116,8 +113,8 @@ func NewKFAC(a device.Allocator, prefix string, params []nn.Param, layers []KFAC
 	if err := checkParams(params); err != nil {
 		return nil, err
 	}
-	o = &KFAC{cfg: cfg, step: counter{t: -1}, byWeight: map[string]*kfacLayer{},
-		sched: rootSched{opts: cfg.Roots, start: 1, every: cfg.InvEvery}}
+	o = &KFAC{cfg: cfg, rooted: newRooted(rootSched{opts: cfg.Roots, start: 1, every: cfg.InvEvery}),
+		byWeight: map[string]*kfacLayer{}}
 	defer func() {
 		if err != nil {
 			o.s.free()
@@ -358,52 +355,19 @@ func (o *KFAC) SetLR(lr float32) { o.cfg.LR = lr }
 // Config is the current configuration.
 func (o *KFAC) Config() KFACConfig { return o.cfg }
 
-// Steps implements Stepper.
-func (o *KFAC) Steps() int { return o.step.t }
-
-// Counter is the device's step counter ([1] i32).
-func (o *KFAC) Counter() *tensor.Tensor { return o.step.dev }
-
-// RootStats says what the inverses' refreshes did.
-func (o *KFAC) RootStats() RootStats { return o.sched.stats }
-
-// Capturable implements Capturer: false.
-func (o *KFAC) Capturable() bool { return false }
-
-// Reset implements Optimizer.
+// Reset implements Optimizer: rooted's reset, and every layer's factors
+// counted as never updated.
 func (o *KFAC) Reset(e *ops.Engine) error {
-	if err := o.sched.close(o.e); err != nil {
+	if err := o.rooted.Reset(e); err != nil {
 		return err
-	}
-	if err := o.s.reset(e); err != nil {
-		return err
-	}
-	if err := e.Sync(); err != nil {
-		return err
-	}
-	for _, j := range o.sched.jobs {
-		for _, t := range append(append([]*tensor.Tensor(nil), j.dst...), j.pend...) {
-			if err := identity(t); err != nil {
-				return err
-			}
-		}
 	}
 	for _, l := range o.layers {
 		l.updated = 0
 	}
-	o.step.t = 0
-	o.sched.pendingT, o.sched.resumed = 0, true
 	return nil
 }
 
-// Free implements Optimizer.
-func (o *KFAC) Free() error {
-	err := o.sched.close(o.e)
-	if e := o.s.free(); err == nil {
-		err = e
-	}
-	return err
-}
+// Free, Steps, Counter, RootStats and Capturable come from rooted.
 
 var (
 	_ Optimizer = (*KFAC)(nil)

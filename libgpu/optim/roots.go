@@ -430,3 +430,64 @@ func (o RootOptions) validate(every int) error {
 	}
 	return nil
 }
+
+// rooted is what Shampoo, SOAP and K-FAC share: their state, the step
+// counter and the schedule of their preconditioners' refreshes, and the
+// engine of the last Step (Free waits for its side stream). It supplies
+// their Reset, Free, Steps, Counter, RootStats and Capturable.
+type rooted struct {
+	s     state
+	step  counter
+	sched rootSched
+	e     *ops.Engine
+}
+
+// newRooted is a rooted before its first step (Steps −1) on schedule sched.
+func newRooted(sched rootSched) rooted { return rooted{step: counter{t: -1}, sched: sched} }
+
+// Steps implements Stepper (−1 before the first step after construction).
+func (r *rooted) Steps() int { return r.step.t }
+
+// Counter is the device's step counter ([1] i32).
+func (r *rooted) Counter() *tensor.Tensor { return r.step.dev }
+
+// RootStats says what the preconditioners' refreshes did.
+func (r *rooted) RootStats() RootStats { return r.sched.stats }
+
+// Capturable implements Capturer: false (the refresh schedule is the
+// host's).
+func (r *rooted) Capturable() bool { return false }
+
+// Reset implements Optimizer: side work waited for, state zeroed, every
+// job's results (and pending results) back to identities, the schedule
+// restarted.
+func (r *rooted) Reset(e *ops.Engine) error {
+	if err := r.sched.close(r.e); err != nil {
+		return err
+	}
+	if err := r.s.reset(e); err != nil {
+		return err
+	}
+	if err := e.Sync(); err != nil {
+		return err
+	}
+	for _, j := range r.sched.jobs {
+		for _, t := range append(append([]*tensor.Tensor(nil), j.dst...), j.pend...) {
+			if err := identity(t); err != nil {
+				return err
+			}
+		}
+	}
+	r.step.t = 0
+	r.sched.pendingT, r.sched.resumed = 0, true
+	return nil
+}
+
+// Free implements Optimizer (after waiting for side-stream work).
+func (r *rooted) Free() error {
+	err := r.sched.close(r.e)
+	if e := r.s.free(); err == nil {
+		err = e
+	}
+	return err
+}

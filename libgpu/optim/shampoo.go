@@ -129,16 +129,13 @@ type shampooParam struct {
 
 // Shampoo is the optimizer of ShampooConfig.
 type Shampoo struct {
+	rooted
 	cfg    ShampooConfig
-	s      state
-	step   counter
 	params []*shampooParam
 	cls    []*statClass
-	sched  rootSched
 	gs, t1 *tensor.Tensor // work shared by parameters (sized for the largest)
 	sdir   *tensor.Tensor
 	scale  *tensor.Tensor
-	e      *ops.Engine // the engine of the last Step (Free waits for its side stream)
 }
 
 // NewShampoo allocates Shampoo's state for params through a: per
@@ -156,7 +153,7 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 	if err := checkParams(params); err != nil {
 		return nil, err
 	}
-	o = &Shampoo{cfg: cfg, step: counter{t: -1}, sched: rootSched{opts: cfg.Roots, start: cfg.StartStep, every: cfg.UpdateFreq}}
+	o = &Shampoo{cfg: cfg, rooted: newRooted(rootSched{opts: cfg.Roots, start: cfg.StartStep, every: cfg.UpdateFreq})}
 	defer func() {
 		if err != nil {
 			o.s.free()
@@ -370,51 +367,7 @@ func (o *Shampoo) SetLR(lr float32) { o.cfg.LR = lr }
 // Config is the current configuration.
 func (o *Shampoo) Config() ShampooConfig { return o.cfg }
 
-// Steps implements Stepper (−1 before the first step after construction).
-func (o *Shampoo) Steps() int { return o.step.t }
-
-// Counter is the device's step counter ([1] i32).
-func (o *Shampoo) Counter() *tensor.Tensor { return o.step.dev }
-
-// RootStats says what the roots' refreshes did.
-func (o *Shampoo) RootStats() RootStats { return o.sched.stats }
-
-// Capturable implements Capturer: false (the refresh schedule is the
-// host's).
-func (o *Shampoo) Capturable() bool { return false }
-
-// Reset implements Optimizer: state zeroed, roots back to identities,
-// the schedule restarted.
-func (o *Shampoo) Reset(e *ops.Engine) error {
-	if err := o.sched.close(o.e); err != nil {
-		return err
-	}
-	if err := o.s.reset(e); err != nil {
-		return err
-	}
-	if err := e.Sync(); err != nil {
-		return err
-	}
-	for _, c := range o.cls {
-		for _, t := range append([]*tensor.Tensor{c.out}, c.job.pend...) {
-			if err := identity(t); err != nil {
-				return err
-			}
-		}
-	}
-	o.step.t = 0
-	o.sched.pendingT, o.sched.resumed = 0, true
-	return nil
-}
-
-// Free implements Optimizer (after waiting for side-stream work).
-func (o *Shampoo) Free() error {
-	err := o.sched.close(o.e)
-	if e := o.s.free(); err == nil {
-		err = e
-	}
-	return err
-}
+// Reset, Free, Steps, Counter, RootStats and Capturable come from rooted.
 
 var (
 	_ Optimizer = (*Shampoo)(nil)

@@ -76,12 +76,10 @@ type soapParam struct {
 
 // SOAP is the optimizer of SOAPConfig.
 type SOAP struct {
+	rooted
 	cfg    SOAPConfig
-	s      state
-	step   counter
 	params []*soapParam
 	cls    []*statClass
-	sched  rootSched
 	// work shared by parameters: a product, the rotated gradient (reused
 	// for the step), the rotated moment and the eigenbasis step.
 	t1, gr, mr, nr *tensor.Tensor
@@ -90,7 +88,6 @@ type SOAP struct {
 	adamM, adamV []*tensor.Tensor
 	adamStep     *tensor.Tensor
 	adamP, adamG []*tensor.Tensor
-	e            *ops.Engine
 }
 
 // NewSOAP allocates SOAP's state through a: per matrix parameter
@@ -109,7 +106,7 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 	if cfg.ShampooBeta == 0 {
 		cfg.ShampooBeta = cfg.Beta2
 	}
-	o = &SOAP{cfg: cfg, step: counter{t: -1}, sched: rootSched{opts: cfg.Roots, start: 1, every: cfg.UpdateFreq}}
+	o = &SOAP{cfg: cfg, rooted: newRooted(rootSched{opts: cfg.Roots, start: 1, every: cfg.UpdateFreq})}
 	o.sched.opts.Method = ops.RootEigen
 	defer func() {
 		if err != nil {
@@ -348,49 +345,7 @@ func (o *SOAP) SetLR(lr float32) { o.cfg.LR = lr }
 // Config is the current configuration.
 func (o *SOAP) Config() SOAPConfig { return o.cfg }
 
-// Steps implements Stepper.
-func (o *SOAP) Steps() int { return o.step.t }
-
-// Counter is the device's step counter ([1] i32).
-func (o *SOAP) Counter() *tensor.Tensor { return o.step.dev }
-
-// RootStats says what the bases' refreshes did.
-func (o *SOAP) RootStats() RootStats { return o.sched.stats }
-
-// Capturable implements Capturer: false.
-func (o *SOAP) Capturable() bool { return false }
-
-// Reset implements Optimizer.
-func (o *SOAP) Reset(e *ops.Engine) error {
-	if err := o.sched.close(o.e); err != nil {
-		return err
-	}
-	if err := o.s.reset(e); err != nil {
-		return err
-	}
-	if err := e.Sync(); err != nil {
-		return err
-	}
-	for _, c := range o.cls {
-		for _, t := range append([]*tensor.Tensor{c.out}, c.job.pend...) {
-			if err := identity(t); err != nil {
-				return err
-			}
-		}
-	}
-	o.step.t = 0
-	o.sched.pendingT, o.sched.resumed = 0, true
-	return nil
-}
-
-// Free implements Optimizer.
-func (o *SOAP) Free() error {
-	err := o.sched.close(o.e)
-	if e := o.s.free(); err == nil {
-		err = e
-	}
-	return err
-}
+// Reset, Free, Steps, Counter, RootStats and Capturable come from rooted.
 
 var (
 	_ Optimizer = (*SOAP)(nil)
