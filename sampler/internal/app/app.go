@@ -254,6 +254,18 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
+// outAndPlan checks the required --out (absent, or present without
+// --force: a usage error) and returns the sampling plan's options.
+func outAndPlan(c *cli.Context) (diffusion.PlanOptions, error) {
+	if err := kit.Require(c, "out"); err != nil {
+		return diffusion.PlanOptions{}, err
+	}
+	if err := kit.CheckOut(c, "out", c.String("out")); err != nil {
+		return diffusion.PlanOptions{}, err
+	}
+	return planOptions(c)
+}
+
 func sampleCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "sample",
@@ -276,13 +288,7 @@ func sampleCommand() *cli.Command {
 			kit.ForceFlag(),
 		),
 		Action: func(c *cli.Context) error {
-			if err := kit.Require(c, "out"); err != nil {
-				return err
-			}
-			if err := kit.CheckOut(c, "out", c.String("out")); err != nil {
-				return err
-			}
-			po, err := planOptions(c)
+			po, err := outAndPlan(c)
 			if err != nil {
 				return err
 			}
@@ -363,13 +369,7 @@ func videoCommand() *cli.Command {
 			kit.ForceFlag(),
 		),
 		Action: func(c *cli.Context) error {
-			if err := kit.Require(c, "out"); err != nil {
-				return err
-			}
-			if err := kit.CheckOut(c, "out", c.String("out")); err != nil {
-				return err
-			}
-			po, err := planOptions(c)
+			po, err := outAndPlan(c)
 			if err != nil {
 				return err
 			}
