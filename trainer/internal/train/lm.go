@@ -262,10 +262,7 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg LMConfig, prec
 // inputs: forward, loss, backward, clipping, AdamW.
 func (l *lm) compute(e *ops.Engine, gt *trace.GPUTimer) error {
 	g := l.train.Graph
-	for _, ph := range []struct {
-		name string
-		f    func() error
-	}{
+	return runPhases(gt, []namedPhase{
 		{spanForward, g.Forward},
 		{spanBackward, g.Backward},
 		{spanReduce, func() error {
@@ -289,15 +286,7 @@ func (l *lm) compute(e *ops.Engine, gt *trace.GPUTimer) error {
 			}
 			return l.opt.Step(e)
 		}},
-	} {
-		p := beginPhase(gt, ph.name)
-		err := ph.f()
-		p.end()
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	})
 }
 
 // save writes the checkpoint (state dict, optimizer state, metadata).

@@ -54,3 +54,23 @@ func (p *phase) end() {
 	p.g.End()
 	p.h.End()
 }
+
+// namedPhase is a phase's name and its work.
+type namedPhase struct {
+	name string
+	f    func() error
+}
+
+// runPhases runs each phase's work inside its phase, in order, and stops
+// at the first error.
+func runPhases(gt *trace.GPUTimer, phases []namedPhase) error {
+	for _, ph := range phases {
+		p := beginPhase(gt, ph.name)
+		err := ph.f()
+		p.end()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

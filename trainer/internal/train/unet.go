@@ -247,10 +247,7 @@ func newUNetRun(e *ops.Engine, a device.Allocator, run string, cfg UNetConfig, p
 // clipping, AdamW, and the EMA of the weights.
 func (u *unetRun) compute(e *ops.Engine, gt *trace.GPUTimer) error {
 	g := u.step.Graph
-	for _, ph := range []struct {
-		name string
-		f    func() error
-	}{
+	return runPhases(gt, []namedPhase{
 		{spanForward, g.Forward},
 		{spanBackward, g.Backward},
 		{spanClip, func() error {
@@ -265,15 +262,7 @@ func (u *unetRun) compute(e *ops.Engine, gt *trace.GPUTimer) error {
 			}
 			return e.EMA(u.m.FlatEMA(), u.m.Flat(), u.cfg.EMADecay)
 		}},
-	} {
-		p := beginPhase(gt, ph.name)
-		err := ph.f()
-		p.end()
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	})
 }
 
 // unetBatch fills step's inputs: x0 the images of a batch (pixels p →
