@@ -249,16 +249,7 @@ func (c *Comm) AllReduce(e *ops.Engine, dst, src *tensor.Tensor, op Op) error {
 	if dst.Numel() != src.Numel() {
 		return fmt.Errorf("%w: all-reduce of %d elements into %d", ErrArg, src.Numel(), dst.Numel())
 	}
-	if c.local() {
-		if _, err := c.handle(); err != nil {
-			return err
-		}
-		return copySolo(e, dst, src)
-	}
-	if dst.Numel() == 0 {
-		return nil
-	}
-	return c.run(e, func(h uintptr, s cuda.Stream) error {
+	return c.collective(e, dst, src, dst.Numel(), func(h uintptr, s cuda.Stream) error {
 		return allReduce(ptr(src), ptr(dst), dst.Numel(), dt, op, h, s)
 	})
 }
@@ -281,16 +272,7 @@ func (c *Comm) Broadcast(e *ops.Engine, dst, src *tensor.Tensor, root int) error
 	if dst.Numel() != src.Numel() {
 		return fmt.Errorf("%w: broadcast of %d elements into %d", ErrArg, src.Numel(), dst.Numel())
 	}
-	if c.local() {
-		if _, err := c.handle(); err != nil {
-			return err
-		}
-		return copySolo(e, dst, src)
-	}
-	if dst.Numel() == 0 {
-		return nil
-	}
-	return c.run(e, func(h uintptr, s cuda.Stream) error {
+	return c.collective(e, dst, src, dst.Numel(), func(h uintptr, s cuda.Stream) error {
 		return broadcast(ptr(src), ptr(dst), dst.Numel(), dt, root, h, s)
 	})
 }
@@ -319,16 +301,7 @@ func (c *Comm) AllGather(e *ops.Engine, dst, src *tensor.Tensor) error {
 	if dst.Numel() != c.size*src.Numel() {
 		return fmt.Errorf("%w: all-gather of %d elements from %d ranks into %d", ErrArg, src.Numel(), c.size, dst.Numel())
 	}
-	if c.local() {
-		if _, err := c.handle(); err != nil {
-			return err
-		}
-		return copySolo(e, dst, src)
-	}
-	if src.Numel() == 0 {
-		return nil
-	}
-	return c.run(e, func(h uintptr, s cuda.Stream) error {
+	return c.collective(e, dst, src, src.Numel(), func(h uintptr, s cuda.Stream) error {
 		return allGather(ptr(src), ptr(dst), src.Numel(), dt, h, s)
 	})
 }
@@ -347,18 +320,25 @@ func (c *Comm) ReduceScatter(e *ops.Engine, dst, src *tensor.Tensor, op Op) erro
 	if src.Numel() != c.size*dst.Numel() {
 		return fmt.Errorf("%w: reduce-scatter of %d elements over %d ranks into %d", ErrArg, src.Numel(), c.size, dst.Numel())
 	}
+	return c.collective(e, dst, src, dst.Numel(), func(h uintptr, s cuda.Stream) error {
+		return reduceScatter(ptr(src), ptr(dst), dst.Numel(), dt, op, h, s)
+	})
+}
+
+// collective queues one collective of n elements per rank by launch on
+// e's stream; on one rank it is the copy of src into dst (after checking
+// the communicator is open), and nothing when n is 0.
+func (c *Comm) collective(e *ops.Engine, dst, src *tensor.Tensor, n int, launch func(h uintptr, s cuda.Stream) error) error {
 	if c.local() {
 		if _, err := c.handle(); err != nil {
 			return err
 		}
 		return copySolo(e, dst, src)
 	}
-	if dst.Numel() == 0 {
+	if n == 0 {
 		return nil
 	}
-	return c.run(e, func(h uintptr, s cuda.Stream) error {
-		return reduceScatter(ptr(src), ptr(dst), dst.Numel(), dt, op, h, s)
-	})
+	return c.run(e, launch)
 }
 
 // Group runs fn, whose collectives NCCL then launches together
