@@ -195,6 +195,44 @@ func hostIn(t *tensor.Tensor) ([]float32, error) {
 	return s, nil
 }
 
+// hostMap is the host side of an element-wise op: y = f(x) per element.
+func hostMap(y, x *tensor.Tensor, f func(x float32) float32) error {
+	xs, err := hostIn(x)
+	if err != nil {
+		return err
+	}
+	ys, commit, err := hostOut(y, false)
+	if err != nil {
+		return err
+	}
+	for i, v := range xs {
+		ys[i] = f(v)
+	}
+	return commit()
+}
+
+// hostMapBackward is the host side of an element-wise op's backward: dx =
+// f(dy, x) per element, or added to dx when acc. dx may be dy: each
+// element is read before it is written.
+func hostMapBackward(dx, dy, x *tensor.Tensor, acc bool, f func(dy, x float32) float32) error {
+	xs, err := hostIn(x)
+	if err != nil {
+		return err
+	}
+	gs, err := hostIn(dy)
+	if err != nil {
+		return err
+	}
+	dxs, commit, err := hostOut(dx, acc)
+	if err != nil {
+		return err
+	}
+	for i, v := range xs {
+		dxs[i] = f(gs[i], v)
+	}
+	return commit()
+}
+
 // hostOut returns row-major f32 space for an op's result for t (f32,
 // bf16 or f16, any strides, host memory) and the commit that stores it:
 // rounding to t's dtype, and adding to t's values when acc. For a

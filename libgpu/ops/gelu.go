@@ -63,18 +63,7 @@ func (e *Engine) GELU(y, x *tensor.Tensor, form GELUForm) error {
 		return nil
 	}
 	return e.dispatch(func(*hostImpl) error {
-		xs, err := hostIn(x)
-		if err != nil {
-			return err
-		}
-		ys, commit, err := hostOut(y, false)
-		if err != nil {
-			return err
-		}
-		for i, v := range xs {
-			ys[i] = hostGELU(v, form)
-		}
-		return commit()
+		return hostMap(y, x, func(v float32) float32 { return hostGELU(v, form) })
 	}, func(c *cudaImpl) error {
 		inst := rwElemInst(x, y)
 		return c.launchK("gelu.cu", "gelu_fwd_"+inst+dtSuffix(x.DType), geluGrid(n, inst), block1(256), 0,
@@ -98,22 +87,7 @@ func (e *Engine) GELUBackward(dx, dy, x *tensor.Tensor, form GELUForm, acc bool)
 		return nil
 	}
 	return e.dispatch(func(*hostImpl) error {
-		xs, err := hostIn(x)
-		if err != nil {
-			return err
-		}
-		gs, err := hostIn(dy)
-		if err != nil {
-			return err
-		}
-		dxs, commit, err := hostOut(dx, acc)
-		if err != nil {
-			return err
-		}
-		for i, v := range xs { // dx may be dy: each element is read before it is written
-			dxs[i] = gs[i] * hostGELUGrad(v, form)
-		}
-		return commit()
+		return hostMapBackward(dx, dy, x, acc, func(g, v float32) float32 { return g * hostGELUGrad(v, form) })
 	}, func(c *cudaImpl) error {
 		inst := rwElemInst(x, dx, dy)
 		return c.launchK("gelu.cu", "gelu_bwd_"+inst+dtSuffix(x.DType), geluGrid(n, inst), block1(256), 0,

@@ -23,19 +23,10 @@ func (e *Engine) SiLU(y, x *tensor.Tensor) error {
 		return nil
 	}
 	return e.dispatch(func(*hostImpl) error {
-		xs, err := hostIn(x)
-		if err != nil {
-			return err
-		}
-		ys, commit, err := hostOut(y, false)
-		if err != nil {
-			return err
-		}
-		for i, v := range xs {
+		return hostMap(y, x, func(v float32) float32 {
 			z := float64(v)
-			ys[i] = float32(z * sigmoid64(z))
-		}
-		return commit()
+			return float32(z * sigmoid64(z))
+		})
 	}, func(c *cudaImpl) error {
 		inst := rwElemInst(x, y)
 		return c.launchK("silu.cu", "silu_fwd_"+inst+dtSuffix(x.DType), rwElemGrid(n, inst), block1(256), 0,
@@ -55,24 +46,11 @@ func (e *Engine) SiLUBackward(dx, dy, x *tensor.Tensor, acc bool) error {
 		return nil
 	}
 	return e.dispatch(func(*hostImpl) error {
-		xs, err := hostIn(x)
-		if err != nil {
-			return err
-		}
-		gs, err := hostIn(dy)
-		if err != nil {
-			return err
-		}
-		out, commit, err := hostOut(dx, acc)
-		if err != nil {
-			return err
-		}
-		for i, v := range xs { // dx may be dy: each element is read before it is written
+		return hostMapBackward(dx, dy, x, acc, func(g, v float32) float32 {
 			z := float64(v)
 			sg := sigmoid64(z)
-			out[i] = float32(float64(gs[i]) * sg * (1 + z*(1-sg)))
-		}
-		return commit()
+			return float32(float64(g) * sg * (1 + z*(1-sg)))
+		})
 	}, func(c *cudaImpl) error {
 		inst := rwElemInst(x, dx, dy)
 		return c.launchK("silu.cu", "silu_bwd_"+inst+dtSuffix(x.DType), rwElemGrid(n, inst), block1(256), 0,
