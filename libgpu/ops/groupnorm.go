@@ -433,22 +433,10 @@ func (g *Graph) GroupNorm(x, w, b *Var, groups int, eps float32, silu bool) *Var
 		return nil
 	}
 	cols := xs[len(xs)-1]
-	for _, p := range []*Var{w, b} {
-		if p != nil && (p.Value.DType != tensor.F32 || !tensor.SameShape(p.Value.Shape, []int{cols})) {
-			g.Fail("groupnorm", fmt.Errorf("%w: groupnorm parameter %s is %v %v, want f32 [%d]", tensor.ErrShape, p.Name, p.Value.DType, p.Value.Shape, cols))
-			return nil
-		}
+	if !g.lnParams("groupnorm", cols, w, b) {
+		return nil
 	}
-	in := []*Var{x}
-	wi, bi := -1, -1
-	if w != nil {
-		wi = len(in)
-		in = append(in, w)
-	}
-	if b != nil {
-		bi = len(in)
-		in = append(in, b)
-	}
+	in, wi, bi := withAffine([]*Var{x}, w, b)
 	op := "groupnorm"
 	if silu {
 		op = "groupnorm_silu"

@@ -605,22 +605,10 @@ func (g *Graph) LayerNorm(x, w, b *Var, eps float32) *Var {
 		return nil
 	}
 	rows, cols := rowsCols(x.Value)
-	for _, p := range []*Var{w, b} {
-		if p != nil && (p.Value.DType != tensor.F32 || !tensor.SameShape(p.Value.Shape, []int{cols})) {
-			g.Fail("layernorm", fmt.Errorf("%w: layernorm parameter %s is %v %v, want f32 [%d]", tensor.ErrShape, p.Name, p.Value.DType, p.Value.Shape, cols))
-			return nil
-		}
+	if !g.lnParams("layernorm", cols, w, b) {
+		return nil
 	}
-	in := []*Var{x}
-	wi, bi := -1, -1
-	if w != nil {
-		wi = len(in)
-		in = append(in, w)
-	}
-	if b != nil {
-		bi = len(in)
-		in = append(in, b)
-	}
+	in, wi, bi := withAffine([]*Var{x}, w, b)
 	y := g.NewOut("layernorm", x.Value.DType, x.Value.Shape...)
 	mean := g.NewOut("layernorm.mean", tensor.F32, rows)
 	rstd := g.NewOut("layernorm.rstd", tensor.F32, rows)
@@ -684,16 +672,7 @@ func (g *Graph) AddLayerNorm(x, r, w, b *Var, eps float32) (sum, y *Var) {
 	if !g.lnParams("addlayernorm", cols, w, b) {
 		return nil, nil
 	}
-	in := []*Var{x, r}
-	wi, bi := -1, -1
-	if w != nil {
-		wi = len(in)
-		in = append(in, w)
-	}
-	if b != nil {
-		bi = len(in)
-		in = append(in, b)
-	}
+	in, wi, bi := withAffine([]*Var{x, r}, w, b)
 	sum = g.NewOut("addlayernorm.sum", x.Value.DType, x.Value.Shape...)
 	y = g.NewOut("addlayernorm", x.Value.DType, x.Value.Shape...)
 	mean := g.NewOut("addlayernorm.mean", tensor.F32, rows)
@@ -747,6 +726,21 @@ func (g *Graph) AddLayerNorm(x, r, w, b *Var, eps float32) (sum, y *Var) {
 		return e.AddLayerNormBackward(dx, dr, dw, db, dy, dsum, sum.Value, val(wi), mean.Value, rstd.Value, acc)
 	})
 	return sum, y
+}
+
+// withAffine is an op's inputs in followed by w and b where given, with
+// their indices (−1 where absent).
+func withAffine(in []*Var, w, b *Var) (all []*Var, wi, bi int) {
+	wi, bi = -1, -1
+	if w != nil {
+		wi = len(in)
+		in = append(in, w)
+	}
+	if b != nil {
+		bi = len(in)
+		in = append(in, b)
+	}
+	return in, wi, bi
 }
 
 // lnParams fails the graph unless w and b (each optional) are f32 [cols].
