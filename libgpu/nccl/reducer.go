@@ -165,9 +165,13 @@ func (r *Reducer) reduce(b int) error {
 // dtype before summing (ncclDevPreMulSum; NCCL's enqueue.cc,
 // hostToDevRedOp), which is PyTorch's pre-division (the same numbers for a
 // power-of-two world, where 1/Size() is exact). The sum is then carried
-// in bf16: each element of the result is within a few bf16 units
-// (2⁻⁸ relative) of Σ|gᵣ|/Size() of its f32 average, and identical on
-// every rank. Buckets of other dtypes are reduced in place as before.
+// in bf16, which keeps 8 significant bits (a rounding moves a value by at
+// most 2⁻⁸ of itself): each rank's gradient rounded once, each of the
+// Size() − 1 additions rounding a partial sum, so an element of the
+// result is within about Size()·2⁻⁸·S of its f32 average, S = Σᵣ|gᵣ|/Size()
+// (not of the average itself, where the ranks' gradients cancel), and the
+// same on every rank. Buckets of other dtypes are reduced in place as
+// before.
 //
 // The staging copies are allocated once, here, through a (named name),
 // half the bytes of the f32 buckets; Free frees them. A reducer of one
