@@ -532,3 +532,26 @@ func TestLMBF16CommGrads(t *testing.T) {
 			n, nonzero, differ, worst, worst/math.Exp2(-8), n)
 	}
 }
+
+// TestLMResumeChangesGradComm: the gradients' communication dtype is not
+// part of the checkpoint: 6 steps on 2 ranks in bf16 resumed on 2 ranks
+// in f32 (and the reverse) continue within TestLMRanksBF16Comm's bound of
+// 12 uninterrupted steps of one process.
+func TestLMResumeChangesGradComm(t *testing.T) {
+	corpus := testCorpus(t)
+	cfg := lmTestConfig()
+	full, _ := lmHostRanks(t, corpus, cfg, 1, LMOptions{Out: t.TempDir()}, nil)
+	want := parseLMLines(t, full)
+	for _, c := range [][2]tensor.DType{{tensor.BF16, tensor.F32}, {tensor.F32, tensor.BF16}} {
+		out := t.TempDir()
+		first := cfg
+		first.Steps = 6
+		lmHostRanks(t, corpus, first, 2, LMOptions{Out: out, GradComm: c[0]}, nil)
+		f, _, _, step, err := ReadLMCheckpoint(filepath.Join(out, ModelFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := lmHostRanks(t, corpus, cfg, 2, LMOptions{Out: out, Resume: f, Step: step, GradComm: c[1]}, nil)
+		closeLinesVal(t, fmt.Sprintf("%v, then %v", c[0], c[1]), parseLMLines(t, got), want[7:], 1e-2, 1e-2)
+	}
+}
