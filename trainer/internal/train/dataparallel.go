@@ -14,7 +14,11 @@ package train
 // on a stream of their own (ops.Engine.CommSide), so the all-reduces
 // overlap the rest of the backward, whose weight gradients run on the
 // side stream; the step joins that stream before clipping and AdamW, which
-// then run identically on every rank. The collectives are queued inside
+// then run identically on every rank. With --grad-comm bf16
+// (LMOptions.GradComm) the reducer casts each f32 bucket to bf16 around
+// its all-reduce (nccl.Reducer.Compress, PyTorch DDP's
+// bf16_compress_hook): half the bytes, the gradients rounded to bf16. The
+// collectives are queued inside
 // the step the runner captures as a CUDA graph (its first step is eager:
 // NCCL connects its peers and the streams are made there), so a replay
 // is one graph launch with the all-reduces as parallel branches (NCCL
