@@ -237,25 +237,36 @@ func checkRankZeroWrote(t *testing.T, r dpResult, out string, steps int) {
 // step, bf16 autocast with dropout 0.1 within 1e-2 (4e-3 at the first
 // step); see the file's comment for why those bounds. Validation losses
 // (each rank evaluates its rows of every fixed batch; averaged) agree
-// within the same bounds.
+// within the same bounds. "bf16-comm" is the bf16 case with the 2 ranks'
+// gradient buckets all-reduced in bf16 (--grad-comm bf16: cast, bf16
+// average, cast back): each averaged gradient is then within 2·2⁻⁸ of
+// the ranks' mean magnitude of its f32 average (two bf16 roundings;
+// internal/train's TestLMBF16CommGrads), a rounding of the size the bf16
+// case's autocast already puts in every GEMM operand, so the same 1e-2
+// bound holds (the first step's loss precedes any update: 4e-3).
 func TestMultiGPUDataParallel(t *testing.T) {
 	needGPUs(t, 2)
 	for _, c := range []struct {
 		name, prec  string
 		dropout     float64
 		tol, first1 float64
+		extra       []string // the 2-rank run's own flags
 	}{
-		{"f32", "f32", 0, 1e-5, 0},
-		{"f32-dropout", "f32", 0.1, 1e-5, 0},
-		{"bf16-dropout", "bf16", 0.1, 1e-2, 4e-3},
+		{"f32", "f32", 0, 1e-5, 0, nil},
+		{"f32-dropout", "f32", 0.1, 1e-5, 0, nil},
+		{"bf16-dropout", "bf16", 0.1, 1e-2, 4e-3, nil},
+		{"bf16-comm", "bf16", 0.1, 1e-2, 4e-3, []string{"--grad-comm", "bf16"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			needGPUs(t, 2)
 			model := dpModel(t, c.prec, c.dropout, "11")
 			out1, out2 := t.TempDir(), t.TempDir()
 			r1 := runTrainers(t, one(append([]string{"--out", out1, "--steps", "200"}, model...)...))
-			r2 := runTrainers(t, two(append([]string{"--out", out2, "--steps", "200"}, model...)...))
+			r2 := runTrainers(t, two(append(append([]string{"--out", out2, "--steps", "200"}, model...), c.extra...)...))
 			checkRankZeroWrote(t, r2, out2, 200)
+			if c.extra != nil && !strings.Contains(r2.stderr, "averaged during the backward in bf16") {
+				t.Fatalf("the 2-rank run does not say its gradients travel in bf16:\n%s", r2.stderr)
+			}
 			if len(r2.val) != 2 {
 				t.Fatalf("%d validation lines, want 2", len(r2.val))
 			}

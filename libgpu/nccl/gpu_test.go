@@ -30,7 +30,8 @@ import (
 // ranks started through dist/launch as re-executions of this test binary
 // (TestRankHelper), joined through dist.Rendezvous, checking every
 // collective exactly (f32 and bf16, up to 256 MiB), the Reducer's bucketed
-// all-reduce on the communication stream inside a replayed graph, and the same over
+// all-reduce on the communication stream inside a replayed graph (f32 and
+// compressed to bf16), and the same over
 // NCCL's socket transport with the ranks as two machines on 127.0.0.1.
 
 // requireNCCL is cudatest.RequireGPU plus a loadable NCCL: on the GPU
@@ -314,7 +315,8 @@ func TestMultiGPUCollectives(t *testing.T) {
 }
 
 // TestMultiGPUGraph: the Reducer's all-reduces of gradient buckets on the
-// communication stream, and a 256 MiB in-place all-reduce, captured and
+// communication stream (in f32, and compressed to bf16: cast, bf16
+// all-reduce, cast back), and a 256 MiB in-place all-reduce, captured and
 // replayed.
 func TestMultiGPUGraph(t *testing.T) {
 	needGPUs(t, 2)
@@ -471,9 +473,48 @@ func values(n, rank int) []float32 {
 }
 
 // graphs checks the Reducer's bucketed all-reduce (average) on the
-// communication stream and an in-place 256 MiB all-reduce, each captured once and
+// communication stream, in f32 and compressed to bf16 (Reducer.Compress:
+// the patterns' averages over a power-of-two number of ranks are exact in
+// bf16 too), and an in-place 256 MiB all-reduce, each captured once and
 // replayed with new inputs.
 func graphs(t *testing.T, e *ops.Engine, a device.Allocator, c *nccl.Comm) {
+	rank, size := c.Rank(), c.Size()
+	for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
+		reducerGraph(t, e, a, c, dt)
+	}
+
+	// 256 MiB, in place, replayed: each replay sums what the last left, so
+	// replay k holds size^(k-1) × Σ_r pattern(r, i).
+	n := (256 << 20) / 4
+	x := alloc(t, a, tensor.F32, n, func(i int) float32 { return pattern(rank, i, 0) })
+	defer x.Buf.Free()
+	if err := c.AllReduce(e, x, x, nccl.Sum); err != nil { // eager first
+		t.Fatal(err)
+	}
+	ar, err := e.Capture(func() error { return c.AllReduce(e, x, x, nccl.Sum) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ar.Close()
+	for k := 2; k <= 4; k++ {
+		if err := ar.Launch(); err != nil {
+			t.Fatal(err)
+		}
+		scale := math.Pow(float64(size), float64(k-1))
+		expect(t, fmt.Sprint("256 MiB all-reduce, replay ", k-1), x, 0, func(i int) float64 {
+			s := 0.0
+			for r := range size {
+				s += float64(pattern(r, i, 0))
+			}
+			return scale * s
+		})
+	}
+	t.Logf("256 MiB all-reduce: 3 replays exact")
+}
+
+// reducerGraph is graphs' Reducer check with the buckets communicated in
+// comm.
+func reducerGraph(t *testing.T, e *ops.Engine, a device.Allocator, c *nccl.Comm, comm tensor.DType) {
 	rank, size := c.Rank(), c.Size()
 	ps := []dist.Param{
 		{Name: "wte", DType: tensor.F32, Shape: []int{512, 768}}, {Name: "ln", DType: tensor.F32, Shape: []int{768}},
@@ -494,6 +535,10 @@ func graphs(t *testing.T, e *ops.Engine, a device.Allocator, c *nccl.Comm) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := r.Compress(a, "", comm); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Free()
 	srcs := make([]*tensor.Tensor, len(ps))
 	flats := make([]*tensor.Tensor, len(ps))
 	for i, p := range ps {
@@ -554,35 +599,7 @@ func graphs(t *testing.T, e *ops.Engine, a device.Allocator, c *nccl.Comm) {
 		}
 		check(fmt.Sprint("replay ", k), k)
 	}
-	t.Logf("reducer: eager and 4 replays exact")
-
-	// 256 MiB, in place, replayed: each replay sums what the last left, so
-	// replay k holds size^(k-1) × Σ_r pattern(r, i).
-	n := (256 << 20) / 4
-	x := alloc(t, a, tensor.F32, n, func(i int) float32 { return pattern(rank, i, 0) })
-	defer x.Buf.Free()
-	if err := c.AllReduce(e, x, x, nccl.Sum); err != nil { // eager first
-		t.Fatal(err)
-	}
-	ar, err := e.Capture(func() error { return c.AllReduce(e, x, x, nccl.Sum) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ar.Close()
-	for k := 2; k <= 4; k++ {
-		if err := ar.Launch(); err != nil {
-			t.Fatal(err)
-		}
-		scale := math.Pow(float64(size), float64(k-1))
-		expect(t, fmt.Sprint("256 MiB all-reduce, replay ", k-1), x, 0, func(i int) float64 {
-			s := 0.0
-			for r := range size {
-				s += float64(pattern(r, i, 0))
-			}
-			return scale * s
-		})
-	}
-	t.Logf("256 MiB all-reduce: 3 replays exact")
+	t.Logf("reducer (%v communication): eager and 4 replays exact", comm)
 }
 
 // freePort is a loopback port nothing listens on now.

@@ -2,7 +2,9 @@ package nccl
 
 import (
 	"fmt"
+	"slices"
 
+	"gpukit/libgpu/device"
 	"gpukit/libgpu/dist"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
@@ -26,6 +28,9 @@ import (
 // The backward must not write a gradient after marking it ready, nor read
 // a bucket's gradients between their all-reduce's fork and Wait. Gradient
 // accumulation over micro-batches marks only on the last one.
+//
+// Compress makes the f32 buckets travel in bf16 (half the bytes), as
+// PyTorch DDP's bf16_compress_hook does.
 type Reducer struct {
 	c  Collective
 	e  *ops.Engine
@@ -43,6 +48,11 @@ type Reducer struct {
 	// the communication stream.
 	allReduce func(b int, t *tensor.Tensor) error
 	skip      bool
+
+	// stage: per bucket, its compressed copy (Compress), or nil where the
+	// bucket is reduced in place; in stageBuf.
+	stage    []*tensor.Tensor
+	stageBuf *device.Buffer
 }
 
 // Collective is what a Reducer needs of its communicator: a *Comm, or a
@@ -111,14 +121,112 @@ func (r *Reducer) issue(all bool) error {
 			r.next++
 			continue
 		}
-		t := r.g.Buckets[b]
-		if err := r.e.CommSide(func() error { return r.allReduce(b, t) }); err != nil {
+		if err := r.e.CommSide(func() error { return r.reduce(b) }); err != nil {
 			return fmt.Errorf("nccl: reducer: bucket %d (%s, %d bytes): %w", b, r.l.Params[r.l.Buckets[b].Params[0]].Name,
 				r.l.Buckets[b].Bytes(), err)
 		}
 		r.next++
 	}
 	return nil
+}
+
+// reduce queues bucket b's reduction (inside CommSide): in place, or,
+// compressed, the cast of the bucket into its staging copy, the staging
+// copy's all-reduce and the cast back into the bucket.
+func (r *Reducer) reduce(b int) error {
+	t := r.g.Buckets[b]
+	var s *tensor.Tensor
+	if r.stage != nil {
+		s = r.stage[b]
+	}
+	if s == nil {
+		return r.allReduce(b, t)
+	}
+	if err := r.e.Cast(s, t); err != nil {
+		return err
+	}
+	if err := r.allReduce(b, s); err != nil {
+		return err
+	}
+	return r.e.Cast(t, s)
+}
+
+// Compress makes the reducer communicate its f32 buckets in dt: BF16, or
+// F32 to communicate them as they are again. Each f32 bucket's reduction
+// becomes three operations on the communication stream, queued where its
+// all-reduce was: a cast of the bucket into a bf16 staging copy (one
+// launch, round to nearest even), the all-reduce of the copy with the
+// reducer's op in bf16, and a cast back into the f32 bucket (exact) —
+// PyTorch DDP's bf16_compress_hook (torch/distributed/algorithms/
+// ddp_comm_hooks/default_hooks.py, _compress_hook: the bucket cast to
+// bf16 and divided by the world size, all-reduced with sum, copied back
+// into the bucket). With Avg that division is NCCL's own: for floating-
+// point types ncclAvg multiplies each rank's input by 1/Size() in the
+// dtype before summing (ncclDevPreMulSum; NCCL's enqueue.cc,
+// hostToDevRedOp), which is PyTorch's pre-division (the same numbers for a
+// power-of-two world, where 1/Size() is exact). The sum is then carried
+// in bf16, which keeps 8 significant bits (a rounding moves a value by at
+// most 2⁻⁸ of itself): each rank's gradient rounded once, each of the
+// Size() − 1 additions rounding a partial sum, so an element of the
+// result is within about Size()·2⁻⁸·S of its f32 average, S = Σᵣ|gᵣ|/Size()
+// (not of the average itself, where the ranks' gradients cancel), and the
+// same on every rank. Buckets of other dtypes are reduced in place as
+// before.
+//
+// The staging copies are allocated once, here, through a (named name),
+// half the bytes of the f32 buckets; Free frees them. A reducer of one
+// rank (IsSolo) reduces nothing and allocates nothing. Call Compress
+// between steps (no gradient marked). Errors: ErrArg for another dtype
+// or a step under way; the allocator's.
+func (r *Reducer) Compress(a device.Allocator, name string, dt tensor.DType) error {
+	if dt != tensor.BF16 && dt != tensor.F32 {
+		return fmt.Errorf("%w: reducer: compressing gradients to %v (want bf16, or f32 for none)", ErrArg, dt)
+	}
+	if slices.Contains(r.ready, true) || r.next != 0 {
+		return fmt.Errorf("%w: reducer: Compress during a step", ErrArg)
+	}
+	if err := r.Free(); err != nil {
+		return err
+	}
+	if dt == tensor.F32 || r.skip {
+		return nil
+	}
+	align := r.l.Align
+	offs := make([]int64, len(r.l.Buckets))
+	total := int64(0)
+	for b, bk := range r.l.Buckets {
+		offs[b] = -1
+		if bk.DType != tensor.F32 {
+			continue
+		}
+		offs[b] = total
+		total += (int64(bk.Numel)*int64(dt.Size()) + align - 1) / align * align
+	}
+	if total == 0 {
+		return nil
+	}
+	buf, err := a.Alloc(name, total)
+	if err != nil {
+		return fmt.Errorf("nccl: reducer: %v staging of the gradient buckets (%d bytes): %w", dt, total, err)
+	}
+	r.stageBuf, r.stage = buf, make([]*tensor.Tensor, len(r.l.Buckets))
+	for b, bk := range r.l.Buckets {
+		if offs[b] >= 0 {
+			r.stage[b] = &tensor.Tensor{Buf: buf, DType: dt, Shape: []int{bk.Numel}, Strides: []int{1}, Offset: int(offs[b]) / dt.Size()}
+		}
+	}
+	return nil
+}
+
+// Free frees Compress's staging copies (the reducer then reduces every
+// bucket in place). The reducer's work queued so far must have run.
+func (r *Reducer) Free() error {
+	buf := r.stageBuf
+	r.stage, r.stageBuf = nil, nil
+	if buf == nil {
+		return nil
+	}
+	return buf.Free()
 }
 
 // Wait queues the all-reduce of the buckets not queued yet (gradients never

@@ -15,6 +15,7 @@ import (
 	"gpukit/libgpu/dist"
 	"gpukit/libgpu/nccl"
 	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
 	"gpukit/trainer/internal/train"
 )
 
@@ -39,6 +40,8 @@ var lmFlags = func() []cli.Flag {
 		&cli.IntFlag{Name: "eval-batches", Value: d.EvalBatches, Usage: "gpt: fixed validation batches per evaluation"},
 		&cli.Float64Flag{Name: "bucket-mb", Value: float64(dist.DefaultBucketBytes) / (1 << 20),
 			Usage: "gpt, several ranks: size limit in MiB of a gradient bucket, one all-reduce each (PyTorch DDP's bucket_cap_mb; the first bucket is 1 MiB)"},
+		&cli.StringFlag{Name: "grad-comm", Value: "f32",
+			Usage: "gpt, several ranks: f32|bf16 dtype the gradient buckets are all-reduced in (bf16: cast to bf16 and back around the all-reduce, half the bytes, as PyTorch DDP's bf16_compress_hook; the gradients are rounded to bf16; may change on --resume; one process ignores it)"},
 	}
 }()
 
@@ -159,6 +162,14 @@ func runLMRank(c *cli.Context, ctx context.Context, prec ops.Precision, w dist.W
 		return kit.Usagef("--bucket-mb %v: want a size in MiB above 0", mb)
 	}
 	o.BucketBytes = int64(mb * (1 << 20))
+	switch gc := c.String("grad-comm"); gc {
+	case "f32":
+		o.GradComm = tensor.F32
+	case "bf16":
+		o.GradComm = tensor.BF16
+	default:
+		return kit.Usagef("--grad-comm %q: want f32 or bf16", gc)
+	}
 	var cfg train.LMConfig
 	var tok *data.CharTokenizer
 	if dir := c.String("resume"); dir != "" {

@@ -14,7 +14,11 @@ package train
 // on a stream of their own (ops.Engine.CommSide), so the all-reduces
 // overlap the rest of the backward, whose weight gradients run on the
 // side stream; the step joins that stream before clipping and AdamW, which
-// then run identically on every rank. The collectives are queued inside
+// then run identically on every rank. With --grad-comm bf16
+// (LMOptions.GradComm) the reducer casts each f32 bucket to bf16 around
+// its all-reduce (nccl.Reducer.Compress, PyTorch DDP's
+// bf16_compress_hook): half the bytes, the gradients rounded to bf16. The
+// collectives are queued inside
 // the step the runner captures as a CUDA graph (its first step is eager:
 // NCCL connects its peers and the streams are made there), so a replay
 // is one graph launch with the all-reduces as parallel branches (NCCL
@@ -57,10 +61,13 @@ type collective interface {
 var _ collective = (*nccl.Comm)(nil)
 
 // dpConfig is how a model is spread over ranks: the communicator (Solo
-// for one rank) and the gradient buckets' sizes.
+// for one rank), the gradient buckets' sizes and the dtype the f32
+// buckets travel in (gradComm: 0 or F32 as they are, BF16 compressed by
+// the reducer, nccl.Reducer.Compress).
 type dpConfig struct {
-	comm   collective
-	bucket dist.BucketConfig
+	comm     collective
+	bucket   dist.BucketConfig
+	gradComm tensor.DType
 }
 
 // bucketConfig is the bucket plan of a run with buckets of at most b
@@ -86,10 +93,11 @@ func (d *dpConfig) localBatch(b int) (int, error) {
 // lmDP is a training model's data-parallel state: its gradients in bucket
 // buffers and the reducer that averages them during the backward.
 type lmDP struct {
-	comm   collective
-	layout *dist.Layout
-	grads  *dist.Grads
-	red    *nccl.Reducer
+	comm     collective
+	layout   *dist.Layout
+	grads    *dist.Grads
+	gradComm tensor.DType
+	red      *nccl.Reducer
 	// lossAvg, stop and stopAll: the logged loss averaged across ranks,
 	// and this rank's stop flag (a step input) and every rank's maximum.
 	lossAvg, stop, stopAll *tensor.Tensor
@@ -98,6 +106,9 @@ type lmDP struct {
 
 // free releases the buckets and scalars.
 func (d *lmDP) free() {
+	if d.red != nil {
+		d.red.Free()
+	}
 	for _, t := range d.bufs {
 		t.Buf.Free()
 	}
@@ -126,18 +137,24 @@ func newLMDP(a device.Allocator, run string, m *nn.GPT, c *dpConfig) (*lmDP, err
 		g.Free()
 		return nil, err
 	}
-	return &lmDP{comm: c.comm, layout: l, grads: g}, nil
+	return &lmDP{comm: c.comm, layout: l, grads: g, gradComm: c.gradComm}, nil
 }
 
 // attach makes the reducer and hooks it to the training graph's tape: a
 // parameter's gradient is marked ready as soon as the backward has queued
 // its last write (a bucket's all-reduce then starts on the communication
-// stream).
+// stream). With gradComm BF16 the reducer casts each f32 bucket to a bf16
+// staging copy (allocated here, once), averages that and casts it back.
 // It also allocates the scalars of the loss report and the stop flag.
 func (d *lmDP) attach(e *ops.Engine, a device.Allocator, run string, m *nn.GPT, g *ops.Graph) error {
 	var err error
 	if d.red, err = nccl.NewReducer(e, d.comm, d.layout, d.grads, nccl.Avg); err != nil {
 		return err
+	}
+	if d.gradComm == tensor.BF16 {
+		if err := d.red.Compress(a, join(run, "grads/comm_bf16"), tensor.BF16); err != nil {
+			return err
+		}
 	}
 	idx := map[string]int{}
 	for i, p := range m.Params() {

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"gpukit/libgpu/dist"
 	"gpukit/libgpu/nccl"
 	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
 )
 
 // lmTestConfig is the tiny GPT of the host tests: dropout and clipping
@@ -224,6 +226,13 @@ func parseLMLines(t *testing.T, lines []string) []lmLine {
 // (written to 4 decimals) within 2e-4.
 func closeLines(t *testing.T, what string, got, want []lmLine, tol float64) {
 	t.Helper()
+	closeLinesVal(t, what, got, want, tol, 0)
+}
+
+// closeLinesVal is closeLines with validation losses within valTol
+// relative (0: 2e-4 absolute, what rounding to 4 decimals allows).
+func closeLinesVal(t *testing.T, what string, got, want []lmLine, tol, valTol float64) {
+	t.Helper()
 	if len(got) != len(want) {
 		t.Fatalf("%s: %d lines, want %d", what, len(got), len(want))
 	}
@@ -248,7 +257,11 @@ func closeLines(t *testing.T, what string, got, want []lmLine, tol float64) {
 		} else {
 			worst = max(worst, r)
 		}
-		if g.ValLoss != nil && !(math.Abs(*g.ValLoss-*w.ValLoss) <= 2e-4) {
+		vbound := 2e-4
+		if valTol > 0 && w.ValLoss != nil {
+			vbound = max(vbound, valTol*math.Abs(*w.ValLoss))
+		}
+		if g.ValLoss != nil && !(math.Abs(*g.ValLoss-*w.ValLoss) <= vbound) {
 			t.Fatalf("%s: validation loss at step %d: %v, want %v", what, g.Step, *g.ValLoss, *w.ValLoss)
 		}
 	}
@@ -329,5 +342,216 @@ func TestLMStopAgreed(t *testing.T) {
 	}
 	if _, _, _, step, err := ReadLMCheckpoint(filepath.Join(out, ModelFile)); err != nil || step != 1 {
 		t.Fatalf("checkpoint: step %d, %v", step, err)
+	}
+}
+
+// TestLMRanksBF16Comm: 2 and 4 ranks whose gradient buckets travel in
+// bf16 (LMOptions.GradComm, the reducer's Compress; the stand-in reduces
+// bf16 as NCCL does, rounding every addition) give the losses, gradient
+// norms and validation losses of one process (f32 throughout) within 1e-2
+// relative: the bound of trainer/dp_gpu_test.go's bf16 case, 2.6 bf16
+// units (2⁻⁸ ≈ 3.9e-3 relative) of roundoff. Each averaged gradient is
+// then within n/2 bf16 units of the mean of the ranks' magnitudes
+// (TestLMBF16CommGrads); AdamW normalises the update by the gradient's
+// running magnitude, so a relative error of that size in a gradient moves
+// a parameter by about that fraction of the learning rate, and the loss
+// by far less than one bf16 unit: the measured difference is logged.
+// Every host op computes in f32, so the bound here is loose: it is the
+// bound a GPU run under bf16 autocast keeps.
+func TestLMRanksBF16Comm(t *testing.T) {
+	corpus := testCorpus(t)
+	cfg := lmTestConfig()
+	one, _ := lmHostRanks(t, corpus, cfg, 1, LMOptions{Out: t.TempDir()}, nil)
+	want := parseLMLines(t, one)
+	for _, n := range []int{2, 4} {
+		var log bytes.Buffer
+		got, _ := lmHostRanks(t, corpus, cfg, n, LMOptions{Out: t.TempDir(), BucketBytes: 4 << 10, GradComm: tensor.BF16, Log: &log}, nil)
+		closeLinesVal(t, fmt.Sprintf("%d ranks, bf16 communication", n), parseLMLines(t, got), want, 1e-2, 1e-2)
+		if !strings.Contains(log.String(), "averaged during the backward in bf16") {
+			t.Fatalf("%d ranks: the log does not say the gradients travel in bf16:\n%s", n, log.String())
+		}
+	}
+}
+
+// TestLMBF16CommIgnoredAlone: one process with GradComm bf16 (gradients
+// in buckets or not) trains bitwise as with f32 and says it ignored it;
+// another dtype is refused.
+func TestLMBF16CommIgnoredAlone(t *testing.T) {
+	corpus := testCorpus(t)
+	want, wantT := lmHostRun(t, corpus, LMOptions{})
+	for _, buckets := range []bool{false, true} {
+		var log bytes.Buffer
+		got, gotT := lmHostRun(t, corpus, LMOptions{GradComm: tensor.BF16, Log: &log, buckets: buckets})
+		if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotT, wantT) {
+			t.Fatalf("buckets %v: one process with bf16 communication trained differently", buckets)
+		}
+		if !strings.Contains(log.String(), "--grad-comm bf16 ignored") {
+			t.Fatalf("buckets %v: log:\n%s", buckets, log.String())
+		}
+	}
+	o := LMOptions{Alloc: host(), Corpus: corpus, Out: t.TempDir(), LogEvery: 1, Stdout: &bytes.Buffer{}, GradComm: tensor.F16}
+	if _, err := RunLM(context.Background(), lmTestConfig(), o); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "--grad-comm f16") {
+		t.Fatalf("f16 communication: %v", err)
+	}
+}
+
+// localComm is rank rank of n that reduces nothing (IsSolo: the reducer
+// skips its buckets), for a rank's own gradients of its rows.
+type localComm struct{ rank, n int }
+
+func (c localComm) IsSolo() bool { return true }
+func (c localComm) Rank() int    { return c.rank }
+func (c localComm) Size() int    { return c.n }
+func (c localComm) AllReduce(*ops.Engine, *tensor.Tensor, *tensor.Tensor, nccl.Op) error {
+	return errors.New("localComm: no collectives")
+}
+func (c localComm) BroadcastAll(*ops.Engine, []*tensor.Tensor, int) error {
+	return errors.New("localComm: no collectives")
+}
+func (c localComm) Group(e *ops.Engine, fn func() error) error { return fn() }
+
+// dpStepGrads runs the first training step of cfg (initial weights, the
+// first batch) as n ranks on the host, rank r's collective mk(r), and
+// returns each rank's gradient buckets after the step (reduced, unless
+// the collective reduces nothing).
+func dpStepGrads(t *testing.T, corpus *data.Corpus, cfg LMConfig, n int, gradComm tensor.DType, mk func(r int) collective,
+	fail func(error)) [][]float32 {
+	t.Helper()
+	cfg.Model.Vocab = corpus.Tok.Vocab()
+	out := make([][]float32, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			errs[r] = func() error {
+				e, err := ops.NewEngine(device.NewHost(), ops.Options{})
+				if err != nil {
+					return err
+				}
+				l, err := newLMWith(e, host(), "", cfg, ops.PrecF32, true, "",
+					&dpConfig{comm: mk(r), bucket: bucketConfig(4 << 10), gradComm: gradComm})
+				if err != nil {
+					return err
+				}
+				defer l.free()
+				local, block := cfg.Batch/n, cfg.Model.Block
+				x, y := make([]int32, local*block), make([]int32, local*block)
+				if err := data.BlockRows(corpus.Train, x, y, cfg.Batch, block, cfg.Seed, 0, r*local, local); err != nil {
+					return err
+				}
+				if err := errors.Join(l.train.Idx.Write(tensor.AsBytes(x)), l.train.Targets.Write(tensor.AsBytes(y)),
+					l.lr.WriteF32([]float32{1})); err != nil {
+					return err
+				}
+				if err := l.compute(e, nil); err != nil {
+					return err
+				}
+				for _, b := range l.dp.grads.Buckets {
+					v, err := b.ReadFloat32()
+					if err != nil {
+						return err
+					}
+					out[r] = append(out[r], v...)
+				}
+				return nil
+			}()
+			if errs[r] != nil && fail != nil {
+				fail(fmt.Errorf("rank %d: %w", r, errs[r]))
+			}
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d of %d: %v", r, n, err)
+		}
+	}
+	return out
+}
+
+// TestLMBF16CommGrads: after one step on 2 and 4 ranks, the gradients
+// averaged in bf16 are the same on every rank, are bf16 numbers (the
+// result of a bf16 sum, cast back exactly), and differ from the ones
+// averaged in f32 by at most n·2⁻⁸·S per element, S = Σᵣ|gᵣ|/n, the mean
+// of the ranks' own gradients' magnitudes. bf16 keeps 8 significant bits,
+// so rounding to it moves a value by at most 2⁻⁸ of itself (half a unit
+// in the last place; that unit is 2⁻⁷ to 2⁻⁸ of the value): each rank's
+// gradient is rounded once by the cast (2⁻⁸·|gᵣ|/n after the exact 1/n
+// of the average, n a power of two: 2⁻⁸·S in all) and each of the n − 1
+// additions rounds a partial sum no larger than about S ((n − 1)·2⁻⁸·S).
+// Relative to the average itself no bound holds where the ranks'
+// gradients cancel. A slack of 2⁻¹⁴·S covers the second-order terms and
+// the f32 average's own rounding.
+func TestLMBF16CommGrads(t *testing.T) {
+	corpus := testCorpus(t)
+	cfg := lmTestConfig()
+	for _, n := range []int{2, 4} {
+		own := dpStepGrads(t, corpus, cfg, n, 0, func(r int) collective { return localComm{r, n} }, nil)
+		reduced := map[tensor.DType][][]float32{}
+		for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
+			fw := newFakeWorld(n)
+			reduced[dt] = dpStepGrads(t, corpus, cfg, n, dt, func(r int) collective { return &fakeComm{w: fw, rank: r} }, fw.fail)
+		}
+		f, b := reduced[tensor.F32], reduced[tensor.BF16]
+		for r := 1; r < n; r++ {
+			if !reflect.DeepEqual(b[r], b[0]) || !reflect.DeepEqual(f[r], f[0]) {
+				t.Fatalf("%d ranks: rank %d's averaged gradients differ from rank 0's", n, r)
+			}
+		}
+		worst, differ, nonzero := 0.0, 0, 0
+		for i := range f[0] {
+			s := 0.0
+			for r := range n {
+				s += math.Abs(float64(own[r][i]))
+			}
+			s /= float64(n)
+			if s == 0 {
+				if f[0][i] != 0 || b[0][i] != 0 {
+					t.Fatalf("%d ranks: element %d: no rank has a gradient, averaged %v (f32) and %v (bf16)", n, i, f[0][i], b[0][i])
+				}
+				continue
+			}
+			nonzero++
+			if tensor.BF16ToF32(tensor.BF16FromF32(b[0][i])) != b[0][i] {
+				t.Fatalf("%d ranks: element %d averaged in bf16 is %v, not a bf16 number", n, i, b[0][i])
+			}
+			d := math.Abs(float64(b[0][i]) - float64(f[0][i]))
+			if d != 0 {
+				differ++
+			}
+			if bound := (float64(n)*math.Exp2(-8) + math.Exp2(-14)) * s; !(d <= bound) {
+				t.Fatalf("%d ranks: element %d: %v averaged in bf16, %v in f32 (difference %.3g > %.3g; S = %.3g)",
+					n, i, b[0][i], f[0][i], d, bound, s)
+			}
+			worst = max(worst, d/s)
+		}
+		if differ < nonzero/2 {
+			t.Fatalf("%d ranks: only %d of %d gradients changed by bf16 communication", n, differ, nonzero)
+		}
+		t.Logf("%d ranks: %d gradients, %d changed by bf16 communication; largest difference %.3g·S = %.2f·2⁻⁸·S (bound %d·2⁻⁸·S)",
+			n, nonzero, differ, worst, worst/math.Exp2(-8), n)
+	}
+}
+
+// TestLMResumeChangesGradComm: the gradients' communication dtype is not
+// part of the checkpoint: 6 steps on 2 ranks in bf16 resumed on 2 ranks
+// in f32 (and the reverse) continue within TestLMRanksBF16Comm's bound of
+// 12 uninterrupted steps of one process.
+func TestLMResumeChangesGradComm(t *testing.T) {
+	corpus := testCorpus(t)
+	cfg := lmTestConfig()
+	full, _ := lmHostRanks(t, corpus, cfg, 1, LMOptions{Out: t.TempDir()}, nil)
+	want := parseLMLines(t, full)
+	for _, c := range [][2]tensor.DType{{tensor.BF16, tensor.F32}, {tensor.F32, tensor.BF16}} {
+		out := t.TempDir()
+		first := cfg
+		first.Steps = 6
+		lmHostRanks(t, corpus, first, 2, LMOptions{Out: out, GradComm: c[0]}, nil)
+		f, _, _, step, err := ReadLMCheckpoint(filepath.Join(out, ModelFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := lmHostRanks(t, corpus, cfg, 2, LMOptions{Out: out, Resume: f, Step: step, GradComm: c[1]}, nil)
+		closeLinesVal(t, fmt.Sprintf("%v, then %v", c[0], c[1]), parseLMLines(t, got), want[7:], 1e-2, 1e-2)
 	}
 }

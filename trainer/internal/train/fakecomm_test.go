@@ -86,21 +86,29 @@ func (c *fakeComm) Rank() int    { return c.rank }
 func (c *fakeComm) Size() int    { return c.w.n }
 func (c *fakeComm) IsSolo() bool { return false }
 
-// AllReduce reduces f32 tensors (the trainer's only reduced dtype) in
-// rank order, in f32: Sum and Avg add rank 0's, then rank 1's, ... and
-// Avg divides by the number of ranks (NCCL's ncclAvg; for 2 ranks
-// (a + b)/2, what NCCL computes).
+// AllReduce reduces f32 tensors in rank order, in f32: Sum and Avg add
+// rank 0's, then rank 1's, ... and Avg divides by the number of ranks
+// (NCCL's ncclAvg; for 2 ranks (a + b)/2, what NCCL computes). It reduces
+// bf16 tensors (Sum, Avg: the reducer's compressed buckets) as NCCL does
+// in bf16: Avg multiplies each rank's value by 1/n rounded to bf16 first
+// (ncclAvg on floating-point types is a pre-multiplied sum, NCCL's
+// ncclDevPreMulSum), and each addition's result is rounded to bf16, as a
+// bf16 sum carried hop by hop around NCCL's ring is.
 func (c *fakeComm) AllReduce(e *ops.Engine, dst, src *tensor.Tensor, op nccl.Op) error {
-	if src.DType != tensor.F32 || dst.DType != tensor.F32 || dst.Numel() != src.Numel() {
-		return fmt.Errorf("%w: fake all-reduce of %v ×%d into %v ×%d", nccl.ErrArg, src.DType, src.Numel(), dst.DType, dst.Numel())
+	if src.DType != dst.DType || dst.Numel() != src.Numel() || (src.DType != tensor.F32 && src.DType != tensor.BF16) ||
+		(src.DType == tensor.BF16 && op != nccl.Sum && op != nccl.Avg) {
+		return fmt.Errorf("%w: fake all-reduce %v of %v ×%d into %v ×%d", nccl.ErrArg, op, src.DType, src.Numel(), dst.DType, dst.Numel())
 	}
 	b, err := src.Read()
 	if err != nil {
 		return err
 	}
-	all, err := c.w.exchange(c.rank, fmt.Sprintf("all-reduce %v of %d", op, src.Numel()), b)
+	all, err := c.w.exchange(c.rank, fmt.Sprintf("all-reduce %v %v of %d", op, src.DType, src.Numel()), b)
 	if err != nil {
 		return err
+	}
+	if src.DType == tensor.BF16 {
+		return dst.Write(bf16Reduce(all, op, c.w.n))
 	}
 	out := make([]float32, src.Numel())
 	for r, rb := range all {
@@ -124,6 +132,34 @@ func (c *fakeComm) AllReduce(e *ops.Engine, dst, src *tensor.Tensor, op nccl.Op)
 		}
 	}
 	return dst.WriteF32(out)
+}
+
+// bf16Reduce is the bf16 Sum or Avg of n ranks' bytes, in rank order,
+// rounding to bf16 after every operation (see AllReduce).
+func bf16Reduce(all [][]byte, op nccl.Op, n int) []byte {
+	round := func(x float32) float32 { return tensor.BF16ToF32(tensor.BF16FromF32(x)) }
+	scale := float32(1)
+	if op == nccl.Avg {
+		scale = round(1 / float32(n))
+	}
+	vs := make([][]uint16, len(all))
+	for r, rb := range all {
+		vs[r] = tensor.BytesAs[uint16](rb)
+	}
+	out := make([]uint16, len(vs[0]))
+	for i := range out {
+		var s float32
+		for r, v := range vs {
+			x := round(tensor.BF16ToF32(v[i]) * scale)
+			if r == 0 {
+				s = x
+			} else {
+				s = round(s + x)
+			}
+		}
+		out[i] = tensor.BF16FromF32(s)
+	}
+	return tensor.AsBytes(out)
 }
 
 // BroadcastAll gives every tensor root's bytes.

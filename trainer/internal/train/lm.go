@@ -52,6 +52,11 @@ type LMOptions struct {
 	// the first bucket's is dist.DefaultFirstBucketBytes, 1 MiB, or
 	// BucketBytes when smaller).
 	BucketBytes int64
+	// GradComm is the dtype the f32 gradient buckets of a data-parallel
+	// run travel in: 0 or tensor.F32 as they are; tensor.BF16 cast to bf16
+	// for the all-reduce and back (PyTorch DDP's bf16_compress_hook; half
+	// the bytes, gradients rounded to bf16). A process alone ignores it.
+	GradComm tensor.DType
 	// buckets puts the gradients in bucket buffers and runs the reducer
 	// even alone (tests: a Solo communicator reduces nothing).
 	buckets bool
@@ -419,6 +424,9 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (res LMResult, err er
 	if o.LogEvery < 1 {
 		return res, fmt.Errorf("%w: --log-every %d (want ≥ 1)", ErrConfig, o.LogEvery)
 	}
+	if o.GradComm != 0 && o.GradComm != tensor.F32 && o.GradComm != tensor.BF16 {
+		return res, fmt.Errorf("%w: --grad-comm %v (want f32 or bf16)", ErrConfig, o.GradComm)
+	}
 	for _, part := range [][]int32{o.Corpus.Train, o.Corpus.Val} {
 		if len(part) <= cfg.Model.Block {
 			return res, fmt.Errorf("%w: the text's %d training and %d validation tokens must each exceed --block %d",
@@ -455,7 +463,7 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (res LMResult, err er
 	defer closeEngine(eng)
 	var dpc *dpConfig
 	if o.comm != nil {
-		dpc = &dpConfig{comm: o.comm, bucket: bucketConfig(o.BucketBytes)}
+		dpc = &dpConfig{comm: o.comm, bucket: bucketConfig(o.BucketBytes), gradComm: o.GradComm}
 	} else if w.Distributed() || o.buckets {
 		comm, err := nccl.Connect(ctx, eng, &dist.Rendezvous{World: w, Logf: func(format string, args ...any) {
 			if o.Log != nil {
@@ -474,7 +482,7 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (res LMResult, err er
 				err = cerr
 			}
 		}()
-		dpc = &dpConfig{comm: comm, bucket: bucketConfig(o.BucketBytes)}
+		dpc = &dpConfig{comm: comm, bucket: bucketConfig(o.BucketBytes), gradComm: o.GradComm}
 	}
 	l, err := newLMWith(eng, o.Alloc, o.Run, cfg, o.Precision, true, o.OptimizerSocket, dpc)
 	if err != nil {
@@ -588,8 +596,11 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (res LMResult, err er
 			cfg.Model.Vocab, o.Alloc.Device(), how)
 		if distributed {
 			v, _ := nccl.LibraryVersion()
-			fmt.Fprintf(o.Log, "trainer: data parallel over %d ranks on %d node(s) (NCCL %v): %d sequences per rank of each global batch of %d; gradients in %d bucket(s) of ≤ %g MiB (first %g MiB), averaged during the backward\n",
-				w.Size, w.Nodes, v, local, cfg.Batch, len(l.dp.layout.Buckets), bucketMiB(dpc.bucket.Bytes), bucketMiB(dpc.bucket.FirstBytes))
+			fmt.Fprintf(o.Log, "trainer: data parallel over %d ranks on %d node(s) (NCCL %v): %d sequences per rank of each global batch of %d; gradients in %d bucket(s) of ≤ %g MiB (first %g MiB), averaged during the backward%s\n",
+				w.Size, w.Nodes, v, local, cfg.Batch, len(l.dp.layout.Buckets), bucketMiB(dpc.bucket.Bytes), bucketMiB(dpc.bucket.FirstBytes),
+				gradCommNote(o.GradComm))
+		} else if o.GradComm == tensor.BF16 {
+			fmt.Fprintf(o.Log, "trainer: --grad-comm bf16 ignored: one process communicates no gradients\n")
 		}
 	}
 	peak, havePeak := ops.PeakFLOPS(o.Alloc.Device(), o.Precision)
@@ -705,6 +716,15 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (res LMResult, err er
 	bar.done()
 	res.Step, res.Elapsed = step, time.Since(start)
 	return res, finish(step)
+}
+
+// gradCommNote is the data-parallel log line's word on the gradients'
+// communication dtype.
+func gradCommNote(dt tensor.DType) string {
+	if dt == tensor.BF16 {
+		return " in bf16 (cast from and back to the f32 gradients)"
+	}
+	return " in f32"
 }
 
 // bucketMiB is a bucket limit in MiB, for messages.
