@@ -7,10 +7,11 @@ import (
 	"unsafe"
 )
 
-// cuSOLVER's dense eigensolver (cusolverDn, libcusolver.so), loaded at run
-// time like cuBLASLt: the symmetric eigendecomposition syevd in single and
-// double precision, on a stream, for the inverse matrix roots of
-// second-order optimizers (libgpu/ops/matroot.go).
+// cuSOLVER's dense solvers (cusolverDn, libcusolver.so), loaded at run
+// time like cuBLASLt: the symmetric eigendecomposition syevd and the QR
+// factorisation geqrf with its orthogonal factor orgqr, in single and
+// double precision, on a stream, for the inverse matrix roots and
+// eigenbases of second-order optimizers (libgpu/ops/matroot.go, qr.go).
 
 var libSolver = &library{names: []string{"libcusolver.so.12", "libcusolver.so.11", "libcusolver.so"},
 	hint: "CUDA toolkit's cuSOLVER not installed?"}
@@ -28,6 +29,14 @@ var (
 	pDestroyParams   = newProc(libSolver, "cusolverDnDestroyParams")
 	pSyevBatchedSize = newProc(libSolver, "cusolverDnXsyevBatched_bufferSize")
 	pSyevBatched     = newProc(libSolver, "cusolverDnXsyevBatched")
+	pSgeqrfBufSize   = newProc(libSolver, "cusolverDnSgeqrf_bufferSize")
+	pDgeqrfBufSize   = newProc(libSolver, "cusolverDnDgeqrf_bufferSize")
+	pSgeqrf          = newProc(libSolver, "cusolverDnSgeqrf")
+	pDgeqrf          = newProc(libSolver, "cusolverDnDgeqrf")
+	pSorgqrBufSize   = newProc(libSolver, "cusolverDnSorgqr_bufferSize")
+	pDorgqrBufSize   = newProc(libSolver, "cusolverDnDorgqr_bufferSize")
+	pSorgqr          = newProc(libSolver, "cusolverDnSorgqr")
+	pDorgqr          = newProc(libSolver, "cusolverDnDorgqr")
 )
 
 // ErrSolverDestroyed: the SolverHandle was destroyed.
@@ -281,4 +290,109 @@ func (s *SolverHandle) SyevBatched(st Stream, dt DataType, n, lda, batch int, a,
 	return pSyevBatched.solver(s.h, p, solverEigModeVector, fillModeLower, uintptr(n), uintptr(dt), uintptr(a),
 		uintptr(lda), uintptr(dt), uintptr(w), uintptr(dt), uintptr(work), uintptr(workBytes), uintptr(s.host),
 		uintptr(host), uintptr(info), uintptr(batch))
+}
+
+// qrProcs are the geqrf and orgqr functions of dt.
+func qrProcs(dt DataType) (geqrfSize, geqrf, orgqrSize, orgqr *proc, err error) {
+	switch dt {
+	case R32F:
+		return pSgeqrfBufSize, pSgeqrf, pSorgqrBufSize, pSorgqr, nil
+	case R64F:
+		return pDgeqrfBufSize, pDgeqrf, pDorgqrBufSize, pDorgqr, nil
+	}
+	return nil, nil, nil, nil, fmt.Errorf("%w: QR of data type %d (want R32F or R64F)", ErrBadArg, dt)
+}
+
+// GeqrfBufferSize is the workspace, in elements of dt (R32F or R64F), that
+// Geqrf needs for an m×n matrix at a with leading dimension lda
+// (cusolverDn<t>geqrf_bufferSize(handle, m, n, A, lda, &lwork)).
+func (s *SolverHandle) GeqrfBufferSize(dt DataType, m, n, lda int, a DevicePtr) (int, error) {
+	if m <= 0 || n <= 0 || lda < m {
+		return 0, badArg("geqrf of m = %d, n = %d, lda = %d", m, n, lda)
+	}
+	size, _, _, _, err := qrProcs(dt)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == 0 {
+		return 0, ErrSolverDestroyed
+	}
+	var lwork int32
+	err = size.solver(s.h, uintptr(m), uintptr(n), uintptr(a), uintptr(lda), uintptr(unsafe.Pointer(&lwork)))
+	return int(lwork), err
+}
+
+// Geqrf queues, on stream st, the QR factorisation A = Q·R of the m×n
+// matrix at a (column-major, leading dimension lda) in precision dt
+// (cusolverDn<t>geqrf(handle, m, n, A, lda, TAU, Workspace, Lwork,
+// devInfo)): R over A's upper triangle, the Householder vectors below it
+// and their scalars in tau (min(m, n) elements); work holds lwork
+// elements (GeqrfBufferSize); info (one int32 on the device) receives 0,
+// or −i when argument i was bad. Nothing is read back.
+func (s *SolverHandle) Geqrf(st Stream, dt DataType, m, n, lda int, a, tau, work DevicePtr, lwork int, info DevicePtr) error {
+	if m <= 0 || n <= 0 || lda < m || lwork < 0 {
+		return badArg("geqrf of m = %d, n = %d, lda = %d, lwork = %d", m, n, lda, lwork)
+	}
+	_, run, _, _, err := qrProcs(dt)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == 0 {
+		return ErrSolverDestroyed
+	}
+	if err := pSolverSetStream.solver(s.h, uintptr(st)); err != nil {
+		return err
+	}
+	return run.solver(s.h, uintptr(m), uintptr(n), uintptr(a), uintptr(lda), uintptr(tau), uintptr(work),
+		uintptr(lwork), uintptr(info))
+}
+
+// OrgqrBufferSize is the workspace, in elements of dt, that Orgqr needs
+// (cusolverDn<t>orgqr_bufferSize(handle, m, n, k, A, lda, tau, &lwork)).
+func (s *SolverHandle) OrgqrBufferSize(dt DataType, m, n, k, lda int, a, tau DevicePtr) (int, error) {
+	if m <= 0 || n <= 0 || n > m || k < 0 || k > n || lda < m {
+		return 0, badArg("orgqr of m = %d, n = %d, k = %d, lda = %d", m, n, k, lda)
+	}
+	_, _, size, _, err := qrProcs(dt)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == 0 {
+		return 0, ErrSolverDestroyed
+	}
+	var lwork int32
+	err = size.solver(s.h, uintptr(m), uintptr(n), uintptr(k), uintptr(a), uintptr(lda), uintptr(tau),
+		uintptr(unsafe.Pointer(&lwork)))
+	return int(lwork), err
+}
+
+// Orgqr queues, on stream st, the formation of the m×n matrix Q with
+// orthonormal columns from k Householder reflectors left by Geqrf at a
+// and tau, over a (cusolverDn<t>orgqr(handle, m, n, k, A, lda, tau, work,
+// lwork, devInfo)); work holds lwork elements (OrgqrBufferSize); info as
+// Geqrf's. Nothing is read back.
+func (s *SolverHandle) Orgqr(st Stream, dt DataType, m, n, k, lda int, a, tau, work DevicePtr, lwork int, info DevicePtr) error {
+	if m <= 0 || n <= 0 || n > m || k < 0 || k > n || lda < m || lwork < 0 {
+		return badArg("orgqr of m = %d, n = %d, k = %d, lda = %d, lwork = %d", m, n, k, lda, lwork)
+	}
+	_, _, _, run, err := qrProcs(dt)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.h == 0 {
+		return ErrSolverDestroyed
+	}
+	if err := pSolverSetStream.solver(s.h, uintptr(st)); err != nil {
+		return err
+	}
+	return run.solver(s.h, uintptr(m), uintptr(n), uintptr(k), uintptr(a), uintptr(lda), uintptr(tau), uintptr(work),
+		uintptr(lwork), uintptr(info))
 }

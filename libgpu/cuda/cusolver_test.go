@@ -290,3 +290,98 @@ func TestSyevBatched(t *testing.T) {
 		})
 	}
 }
+
+// TestGeqrfOrgqr factorises a random column-major 29×29 matrix with geqrf,
+// keeps R, forms Q with orgqr, and checks, in f32 and f64, info = 0, QᵀQ =
+// I and Q·R = A.
+func TestGeqrfOrgqr(t *testing.T) {
+	cudatest.RequireGPU(t)
+	h, err := cuda.SolverCreate()
+	must(t, err)
+	defer h.Destroy()
+	st, err := cuda.StreamCreate(true)
+	must(t, err)
+	defer st.Destroy()
+	const n = 29
+	r := newRand(t)
+	a := make([]float64, n*n) // column-major
+	for i := range a {
+		a[i] = r.NormFloat64()
+	}
+	for _, c := range []struct {
+		name string
+		dt   cuda.DataType
+		tol  float64
+	}{{"f32", cuda.R32F, 1e-5}, {"f64", cuda.R64F, 1e-12}} {
+		t.Run(c.name, func(t *testing.T) {
+			cudatest.RequireGPU(t)
+			size := 4
+			if c.dt == cuda.R64F {
+				size = 8
+			}
+			host := make([]byte, n*n*size)
+			for i, x := range a {
+				putF(host, i, size, x)
+			}
+			da, err := cuda.MemAlloc(int64(len(host)))
+			must(t, err)
+			defer cuda.MemFree(da)
+			must(t, cuda.MemcpyHtoD(da, ptr(host), int64(len(host))))
+			tau, err := cuda.MemAlloc(int64(n * size))
+			must(t, err)
+			defer cuda.MemFree(tau)
+			info, err := cuda.MemAlloc(8)
+			must(t, err)
+			defer cuda.MemFree(info)
+			l1, err := h.GeqrfBufferSize(c.dt, n, n, n, da)
+			must(t, err)
+			l2, err := h.OrgqrBufferSize(c.dt, n, n, n, n, da, tau)
+			must(t, err)
+			lwork := max(l1, l2, 1)
+			work, err := cuda.MemAlloc(int64(lwork * size))
+			must(t, err)
+			defer cuda.MemFree(work)
+			must(t, cuda.CtxSynchronize())
+			must(t, h.Geqrf(st, c.dt, n, n, n, da, tau, work, lwork, info))
+			must(t, st.Synchronize())
+			rb := make([]byte, len(host))
+			must(t, cuda.MemcpyDtoH(ptr(rb), da, int64(len(rb))))
+			must(t, h.Orgqr(st, c.dt, n, n, n, n, da, tau, work, lwork, info.Add(4)))
+			must(t, st.Synchronize())
+			must(t, cuda.MemcpyDtoH(ptr(host), da, int64(len(host))))
+			ib := make([]byte, 8)
+			must(t, cuda.MemcpyDtoH(ptr(ib), info, 8))
+			for _, x := range ib {
+				if x != 0 {
+					t.Fatalf("info = %v", ib)
+				}
+			}
+			q := func(i, j int) float64 { return getF(host, j*n+i, size) }
+			rr := func(i, j int) float64 {
+				if i > j {
+					return 0
+				}
+				return getF(rb, j*n+i, size)
+			}
+			var orth, res, nrm float64
+			for i := 0; i < n; i++ {
+				for j := 0; j < n; j++ {
+					var d, p float64
+					for k := 0; k < n; k++ {
+						d += q(k, i) * q(k, j)
+						p += q(i, k) * rr(k, j)
+					}
+					if i == j {
+						d--
+					}
+					orth += d * d
+					res += (p - a[j*n+i]) * (p - a[j*n+i])
+					nrm += a[j*n+i] * a[j*n+i]
+				}
+			}
+			if math.Sqrt(orth) > 10*c.tol*n || math.Sqrt(res/nrm) > 10*c.tol*n {
+				t.Errorf("‖QᵀQ − I‖ = %.3g, ‖QR − A‖/‖A‖ = %.3g", math.Sqrt(orth), math.Sqrt(res/nrm))
+			}
+		})
+	}
+}

@@ -187,3 +187,50 @@ extern "C" __global__ void root_widen(const float* src, double* dst, long long t
 extern "C" __global__ void root_narrow(const double* src, float* dst, long long total) {
   GPUKIT_GRID_STRIDE(i, total) { dst[i] = (float)src[i]; }
 }
+
+// qr_signs_f32 / qr_signs_f64: after geqrf over count/n column-major n×n
+// matrices at a (R in the upper triangle), sgn[b·n + j] = −1 where
+// R[j][j] < 0, else 1 (one thread per diagonal entry, cnt = batch·n).
+template <typename T>
+__device__ __forceinline__ void qr_signs(const T* a, float* sgn, int n, long long cnt) {
+  GPUKIT_GRID_STRIDE(i, cnt) {
+    long long b = (long long)i / n, j = (long long)i % n;
+    sgn[i] = a[b * n * n + j * n + j] < (T)0 ? -1.0f : 1.0f;
+  }
+}
+extern "C" __global__ void qr_signs_f32(const float* a, float* sgn, int n, long long cnt) { qr_signs(a, sgn, n, cnt); }
+extern "C" __global__ void qr_signs_f64(const double* a, float* sgn, int n, long long cnt) { qr_signs(a, sgn, n, cnt); }
+
+// qr_apply_f32 / qr_apply_f64: after orgqr, q (f32, row-major [batch, n,
+// n]) = the orthogonal factors at a with column j (row j read row-major)
+// multiplied by sgn[b·n + j], so that diag(R) ≥ 0.
+template <typename T>
+__device__ __forceinline__ void qr_apply(const T* a, const float* sgn, float* q, int n, long long total) {
+  long long nn = (long long)n * n;
+  GPUKIT_GRID_STRIDE(i, total) {
+    long long b = (long long)i / nn, j = ((long long)i % nn) / n;
+    q[i] = (float)a[i] * sgn[b * n + j];
+  }
+}
+extern "C" __global__ void qr_apply_f32(const float* a, const float* sgn, float* q, int n, long long total) {
+  qr_apply(a, sgn, q, n, total);
+}
+extern "C" __global__ void qr_apply_f64(const double* a, const float* sgn, float* q, int n, long long total) {
+  qr_apply(a, sgn, q, n, total);
+}
+
+// qr_status: one block per matrix b of q (nn elements each): status[b] = 0
+// when geqrf's and orgqr's infos (info[2b], info[2b + 1]) are 0 and every
+// element is finite, else 1.
+extern "C" __global__ void qr_status(const int* info, const float* q, long long nn, int* status) {
+  __shared__ int bad;
+  long long b = blockIdx.x;
+  if (threadIdx.x == 0) bad = info[2 * b] != 0 || info[2 * b + 1] != 0;
+  __syncthreads();
+  for (long long i = threadIdx.x; i < nn; i += blockDim.x) {
+    float v = q[b * nn + i];
+    if (!(v == v && fabsf(v) <= 3.402823466e38f)) bad = 1;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) status[b] = bad ? 1 : 0;
+}

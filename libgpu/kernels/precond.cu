@@ -169,3 +169,74 @@ extern "C" __global__ void pad_diag(float* s, const int* real, int d) {
   tr = gpukit_blk_sum(tr, sh);
   for (int i = re + threadIdx.x; i < d; i += blockDim.x) sb[(long long)i * d + i] = 2.0f * tr + 1.0f;
 }
+
+// soap_est: SOAP's estimated eigenvalues e_r = Σ_k p[r][k]·q[r][k] for the
+// rows r < rows of p = Q·S and Q (d columns each), one warp per row
+// (blockDim.x a multiple of 32).
+extern "C" __global__ void soap_est(const float* p, const float* q, float* est, int d, long long rows) {
+  long long lane = threadIdx.x & 31;
+  long long stride = ((long long)gridDim.x * blockDim.x) >> 5;
+  for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += stride) {
+    float acc = 0.0f;
+    for (long long k = lane; k < d; k += 32) acc += p[r * d + k] * q[r * d + k];
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    if (lane == 0) est[r] = acc;
+  }
+}
+
+// soap_key orders estimates with NaN as +∞.
+__device__ __forceinline__ float soap_key(float v) { return v == v ? v : __int_as_float(0x7f800000); }
+
+// soap_rank: the stable ascending sort of each matrix's d estimates, one
+// thread per estimate: perm[b·d + rank] = i.
+extern "C" __global__ void soap_rank(const float* est, int* perm, int d, long long rows) {
+  GPUKIT_GRID_STRIDE(r, rows) {
+    long long b = (long long)r / d;
+    int i = (int)((long long)r % d);
+    const float* e = est + b * d;
+    float ki = soap_key(e[i]);
+    int rank = 0;
+    for (int j = 0; j < d; j++) {
+      float kj = soap_key(e[j]);
+      rank += kj < ki || (kj == ki && j < i);
+    }
+    perm[b * d + rank] = i;
+  }
+}
+
+// soap_gather_desc: g's row k of matrix b = p's row perm[b·d + d−1−k]
+// (the rows of p in descending order of their estimates).
+extern "C" __global__ void soap_gather_desc(const float* p, const int* perm, float* g, int d, long long total) {
+  long long dd = (long long)d * d;
+  GPUKIT_GRID_STRIDE(e, total) {
+    long long b = (long long)e / dd, k = ((long long)e % dd) / d, c = (long long)e % d;
+    g[e] = p[(b * d + perm[b * d + d - 1 - k]) * d + c];
+  }
+}
+
+// soap_basis_commit: where status[b] is 0, q's row k of matrix b = g's row
+// d−1−k (back to ascending order); elsewhere q is kept and perm[b] is
+// reset to the identity.
+extern "C" __global__ void soap_basis_commit(const float* g, float* q, int* perm, const int* status, int d,
+                                             long long total) {
+  long long dd = (long long)d * d;
+  GPUKIT_GRID_STRIDE(e, total) {
+    long long b = (long long)e / dd, k = ((long long)e % dd) / d, c = (long long)e % d;
+    if (status[b] == 0) {
+      q[e] = g[(b * d + d - 1 - k) * d + c];
+    } else if (c == 0) {
+      perm[b * d + k] = (int)k;
+    }
+  }
+}
+
+// soap_permute: v[b][r][c] = tmp[b][rows[b][r]][cols[b][c]] over blocked
+// [count, br, bc] tensors.
+extern "C" __global__ void soap_permute(const float* tmp, float* v, const int* rows, const int* cols, int br, int bc,
+                                        long long total) {
+  long long per = (long long)br * bc;
+  GPUKIT_GRID_STRIDE(e, total) {
+    long long b = (long long)e / per, r = ((long long)e % per) / bc, c = (long long)e % bc;
+    v[e] = tmp[b * per + (long long)rows[b * br + r] * bc + cols[b * bc + c]];
+  }
+}

@@ -40,7 +40,9 @@ type RootStats struct {
 }
 
 // rootJob is one piece of preconditioner work: compute reads statistics
-// src and writes results dst (roots, eigenbases), and returns a status
+// src and writes results dst (roots, eigenbases; dst holds the previous
+// results, which a refresh may start from, as SOAP's power iteration
+// does; first says whether this is the first refresh), and returns a status
 // tensor ([count] f32 residuals — a failure is a value not below 1 — or
 // [count] i32 statuses — a failure is non-zero). The scheduler keeps the
 // last refresh's status as state and reads it at the next refresh, a
@@ -56,7 +58,7 @@ type rootJob struct {
 	name    string
 	src     []*tensor.Tensor
 	dst     []*tensor.Tensor
-	compute func(e *ops.Engine, src, dst []*tensor.Tensor, f64 bool) (*tensor.Tensor, error)
+	compute func(e *ops.Engine, src, dst []*tensor.Tensor, f64, first bool) (*tensor.Tensor, error)
 
 	snap, pend []*tensor.Tensor // Async: state copies of src, work copies of dst
 	f64        bool
@@ -78,6 +80,11 @@ type rootSched struct {
 	pendingT     int        // the async refresh not yet in use (0: none)
 	resumed      bool       // the first step after construction has run
 	stats        RootStats
+	// use, when set, runs on the main stream once the results of the
+	// refresh of step t are put in use (after the synchronous refresh, or
+	// after an asynchronous one's results are copied into dst): SOAP
+	// permutes its second moment there.
+	use func(e *ops.Engine, t int) error
 }
 
 // add registers a job. With Async, snapshots of src (state, named
@@ -155,7 +162,7 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 	r.stats.Refreshes++
 	if !r.opts.Async {
 		for _, j := range r.jobs {
-			st, err := j.compute(e, j.src, j.dst, j.f64)
+			st, err := j.compute(e, j.src, j.dst, j.f64, t == r.start)
 			if err != nil {
 				return fmt.Errorf("optim: %s: %w", j.name, err)
 			}
@@ -168,11 +175,21 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 				}
 			}
 		}
+		if r.use != nil {
+			return r.use(e, t)
+		}
 		return nil
 	}
 	for _, j := range r.jobs {
 		for i := range j.src {
 			if err := e.Copy(j.snap[i], j.src[i]); err != nil {
+				return err
+			}
+		}
+		// The refresh starts from the results in use (the same values
+		// unless the state was just loaded: a resumed run).
+		for i := range j.dst {
+			if err := e.Copy(j.pend[i], j.dst[i]); err != nil {
 				return err
 			}
 		}
@@ -183,9 +200,10 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 			return err
 		}
 	}
+	first := t == r.start
 	err := e.Side(func() error {
 		for _, j := range r.jobs {
-			st, err := j.compute(e, j.snap, j.pend, j.f64)
+			st, err := j.compute(e, j.snap, j.pend, j.f64, first)
 			if err != nil {
 				return fmt.Errorf("optim: %s: %w", j.name, err)
 			}
@@ -225,7 +243,11 @@ func (r *rootSched) publish(e *ops.Engine) error {
 			}
 		}
 	}
+	t := r.pendingT
 	r.pendingT = 0
+	if r.use != nil {
+		return r.use(e, t)
+	}
 	return nil
 }
 
@@ -252,7 +274,14 @@ func (r *rootSched) resume(e *ops.Engine, t int) error {
 		return nil
 	}
 	for _, j := range r.jobs {
-		st, err := j.compute(e, j.snap, j.pend, j.f64)
+		// The refresh starts from the results in use before it (the
+		// state's), as the side stream's did.
+		for i := range j.dst {
+			if err := e.Copy(j.pend[i], j.dst[i]); err != nil {
+				return err
+			}
+		}
+		st, err := j.compute(e, j.snap, j.pend, j.f64, last == r.start)
 		if err != nil {
 			return fmt.Errorf("optim: %s (resumed): %w", j.name, err)
 		}
@@ -355,7 +384,7 @@ func (r *rootSched) verifyFirst(e *ops.Engine, j *rootJob, src, dst []*tensor.Te
 	if err := e.Fill(j.f64s, 1); err != nil {
 		return err
 	}
-	st, err := j.compute(e, src, dst, true)
+	st, err := j.compute(e, src, dst, true, true)
 	if err != nil {
 		return fmt.Errorf("optim: %s (float64 retry): %w", j.name, err)
 	}
@@ -459,7 +488,7 @@ func (r *rooted) RootStats() RootStats { return r.sched.stats }
 func (r *rooted) Capturable() bool { return false }
 
 // Reset implements Optimizer: side work waited for, state zeroed, every
-// job's results (and pending results) back to identities, the schedule
+// job's f32 results (and pending results) back to identities, the schedule
 // restarted.
 func (r *rooted) Reset(e *ops.Engine) error {
 	if err := r.sched.close(r.e); err != nil {
@@ -473,6 +502,9 @@ func (r *rooted) Reset(e *ops.Engine) error {
 	}
 	for _, j := range r.sched.jobs {
 		for _, t := range append(append([]*tensor.Tensor(nil), j.dst...), j.pend...) {
+			if t.DType != tensor.F32 {
+				continue // work such as SOAP's permutations: rewritten before it is read
+			}
 			if err := identity(t); err != nil {
 				return err
 			}

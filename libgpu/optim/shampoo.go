@@ -219,7 +219,7 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 		maxD = max(maxD, c.d)
 		c := c
 		c.job = &rootJob{name: tag, src: []*tensor.Tensor{c.stats}, dst: []*tensor.Tensor{c.out},
-			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64 bool) (*tensor.Tensor, error) {
+			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64, _ bool) (*tensor.Tensor, error) {
 				r := ops.InverseRoot{A: src[0], X: dst[0], P: 4, Eps: cfg.MatrixEps, RelEps: cfg.MatrixRelEps,
 					Method: cfg.Roots.Method, Iters: cfg.Roots.NewtonIters, F64: f64, Err: c.resid, Status: c.status}
 				if f64 {

@@ -17,7 +17,9 @@ import (
 // MaxBlock (ops.Blocking), per block G at step t:
 //
 //	L ← βs·L + (1−βs)·G·Gᵀ,  R ← βs·R + (1−βs)·Gᵀ·G
-//	at t = 1, 1+k, 1+2k, ...: Q_L, Q_R = eigenvectors of L, R (rows)
+//	at t = 1: Q_L, Q_R = eigenvectors of L, R (rows)
+//	at t = 1+k, 1+2k, ...: Q_L, Q_R refreshed by one step of power
+//	    iteration and QR (ops.SOAPBasis), V permuted to follow (below)
 //	M ← β1·M + (1−β1)·G                        (in the original coordinates)
 //	G' = Q_L·G·Q_Rᵀ,  M' = Q_L·M·Q_Rᵀ           (into the eigenbasis)
 //	V ← β2·V + (1−β2)·G'²                      (in the eigenbasis)
@@ -35,6 +37,22 @@ import (
 // β1, β2, ε and WeightDecay. With asynchronous bases the eigenbasis in use
 // is MaxStaleness steps old (identities before the first); its second
 // moment V is kept across refreshes, as in the reference code.
+//
+// Refreshes after the first follow the paper (§"Efficiency") and the
+// reference code (get_orthogonal_matrix_QR) rather than decomposing
+// again: with the basis Q in use (rows q_i) and the statistics S, the
+// estimated eigenvalues e_i = q_i·S·q_iᵀ order the rows, the rows S·q_i
+// are orthonormalised in descending order of e_i (one step of subspace
+// iteration, which converges to S's eigenvectors over refreshes while S
+// changes slowly), and V, which lives in the basis, is permuted along
+// each dimension with its basis's rows (ops.SOAPPermute), so that every
+// second-moment entry stays with the direction it was accumulated for.
+// Rows are kept in ascending order of e_i (the reference sorts
+// descending; the order of a basis is immaterial once V follows it, and
+// ascending keeps PadDiag's padded coordinates last, as SOAPAdam
+// expects). One refresh costs two products and a QR per block instead of
+// an eigendecomposition. EighRefresh decomposes at every refresh instead
+// (the behaviour before; V then is not permuted).
 type SOAPConfig struct {
 	LR, Beta1, Beta2, Eps, WeightDecay float32
 	// ShampooBeta is βs, the statistics' decay (0: Beta2).
@@ -42,9 +60,12 @@ type SOAPConfig struct {
 	MaxBlock    int
 	UpdateFreq  int
 	// Roots: Async and MaxStaleness (the basis is always an
-	// eigendecomposition: Method is ignored).
+	// eigenbasis: Method is ignored).
 	Roots    RootOptions
 	AdamOnly []string
+	// EighRefresh recomputes the bases by eigendecomposition at every
+	// refresh instead of by power iteration and QR after the first.
+	EighRefresh bool
 }
 
 // DefaultSOAP is the reference implementation's default (lr 3e-3, betas
@@ -74,6 +95,10 @@ type soapParam struct {
 	offL, offR  int
 }
 
+// soapPerm is a class's permutations of its bases' rows at the last
+// power-iteration refresh ([count, d] i32, work), by class.
+type soapPerm map[*statClass]*tensor.Tensor
+
 // SOAP is the optimizer of SOAPConfig.
 type SOAP struct {
 	rooted
@@ -88,13 +113,15 @@ type SOAP struct {
 	adamM, adamV []*tensor.Tensor
 	adamStep     *tensor.Tensor
 	adamP, adamG []*tensor.Tensor
+	perm         soapPerm
 }
 
 // NewSOAP allocates SOAP's state through a: per matrix parameter
 // "<name>.exp_avg" ([M, N]) and "<name>.exp_avg_sq" (blocked, in the
 // eigenbasis); per block order d "soap/<d>.stats" and "soap/<d>.basis"
-// ([count, d, d], stacked across parameters; bases start as identities);
-// per other parameter "<name>.exp_avg", "<name>.exp_avg_sq" and one
+// ([count, d, d], stacked across parameters; bases start as identities),
+// and the work "soap/<d>.perm" ([count, d] i32: the last refresh's
+// permutations); per other parameter "<name>.exp_avg", "<name>.exp_avg_sq" and one
 // "adamw.step" for AdamW; "step"; with async bases "soap/<d>.snap0".
 func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfig) (o *SOAP, err error) {
 	if err := cfg.validate(); err != nil {
@@ -152,6 +179,7 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 		o.params = append(o.params, sp)
 	}
 	o.cls = cs.sorted()
+	o.perm = soapPerm{}
 	for _, c := range o.cls {
 		tag := fmt.Sprintf("soap/%d", c.d)
 		if c.stats, err = o.s.zeros(a, prefix, tag+".stats", tensor.F32, c.count, c.d, c.d); err != nil {
@@ -181,20 +209,31 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 		if err != nil {
 			return o, err
 		}
+		perm, err := o.s.work(a, prefix, tag+".perm", tensor.I32, c.count, c.d)
+		if err != nil {
+			return o, err
+		}
+		o.perm[c] = perm
 		c := c
-		c.job = &rootJob{name: tag, src: []*tensor.Tensor{c.stats}, dst: []*tensor.Tensor{c.out},
-			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64 bool) (*tensor.Tensor, error) {
+		c.job = &rootJob{name: tag, src: []*tensor.Tensor{c.stats}, dst: []*tensor.Tensor{c.out, perm},
+			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64, first bool) (*tensor.Tensor, error) {
 				if err := e.Copy(eig, src[0]); err != nil {
 					return nil, err
 				}
 				if err := e.PadDiag(eig, real); err != nil {
 					return nil, err
 				}
-				return c.status, e.Eigh(ops.Eigh{A: eig, Q: dst[0], W: vals, F64: f64, Status: c.status})
+				if first || cfg.EighRefresh {
+					return c.status, e.Eigh(ops.Eigh{A: eig, Q: dst[0], W: vals, F64: f64, Status: c.status})
+				}
+				return c.status, e.SOAPBasis(ops.SOAPBasis{L: eig, Q: dst[0], Perm: dst[1], F64: f64, Status: c.status})
 			}}
 		if err := o.sched.add(&o.s, a, prefix, c.job, c.status); err != nil {
 			return o, err
 		}
+	}
+	if !cfg.EighRefresh {
+		o.sched.use = o.permuteMoments
 	}
 	for _, p := range o.adam {
 		m, err := o.s.zeros(a, prefix, p.Name+".exp_avg", tensor.F32, p.Value.Shape...)
@@ -319,6 +358,48 @@ func (o *SOAP) Step(e *ops.Engine) error {
 			ops.AdamWConfig{LR: c.LR, Beta1: c.Beta1, Beta2: c.Beta2, Eps: c.Eps, WeightDecay: c.WeightDecay})
 	}
 	return nil
+}
+
+// permuteMoments carries every second moment over to the bases of the
+// power-iteration refresh of step t just put in use (sched.use): V's rows
+// and columns of each block follow the permutations of its left and right
+// bases. The first refresh (an eigendecomposition) permutes nothing.
+func (o *SOAP) permuteMoments(e *ops.Engine, t int) error {
+	if t == o.sched.start {
+		return nil
+	}
+	for _, sp := range o.params {
+		k := sp.blk.Count()
+		rows, err := slice(o.perm[sp.left], sp.offL, k)
+		if err != nil {
+			return err
+		}
+		cols, err := slice(o.perm[sp.right], sp.offR, k)
+		if err != nil {
+			return err
+		}
+		if err := e.SOAPPermute(sp.v, rows, cols, sp.blk); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Permutation returns, for the matrix parameter named name, the
+// permutations of its blocks' basis rows at the last power-iteration
+// refresh put in use: left [Count, BR] and right [Count, BC] i32 (row k of
+// a refreshed basis refines row perm[k] of the one before; views of work
+// state, meaningful after such a refresh); ok is false for a parameter
+// SOAP does not precondition.
+func (o *SOAP) Permutation(name string) (left, right *tensor.Tensor, ok bool) {
+	for _, sp := range o.params {
+		if sp.name == name {
+			l, _ := slice(o.perm[sp.left], sp.offL, sp.blk.Count())
+			r, _ := slice(o.perm[sp.right], sp.offR, sp.blk.Count())
+			return l, r, true
+		}
+	}
+	return nil, nil, false
 }
 
 // Basis returns the eigenbases in use for the blocks of the matrix

@@ -1,0 +1,188 @@
+package ops_test
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"gpukit/libgpu/cuda/cudatest"
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/ops/opstest"
+	"gpukit/libgpu/tensor"
+)
+
+// TestCUDAQRLarge: at the orders SOAP's blocks have (a batch of 3 of order
+// 512, and one of 1024), cuSOLVER's QR (f32, and f64) against the host's
+// float64 QR (gonum) and the float64 Gram–Schmidt reference, on
+// well-conditioned matrices (2·I + G/(2√n)): Q agrees with both to 1e-4,
+// Q·Qᵀ = I to 1e-4, and A·Qᵀ is lower triangular with a non-negative
+// diagonal (the sign convention that makes the host and CUDA agree).
+// Statuses 0.
+func TestCUDAQRLarge(t *testing.T) {
+	d := gpu(t)
+	a := device.Local{Dev: d}
+	hd := device.NewHost()
+	host, err := ops.NewEngine(hd, ops.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostA := device.Local{Dev: hd}
+	for _, sz := range []struct{ batch, n int }{{3, 512}, {1, 1024}} {
+		r := rand.New(rand.NewPCG(uint64(sz.n), 7))
+		av := make([]float32, sz.batch*sz.n*sz.n)
+		for i := range av {
+			av[i] = float32(r.NormFloat64() / (2 * math.Sqrt(float64(sz.n))))
+		}
+		for b := 0; b < sz.batch; b++ {
+			for i := 0; i < sz.n; i++ {
+				av[(b*sz.n+i)*sz.n+i] += 2
+			}
+		}
+		hq := opstest.Upload(t, hostA, av, sz.batch, sz.n, sz.n)
+		if err := host.QR(ops.QR{A: hq, Q: hq}); err != nil {
+			t.Fatal(err)
+		}
+		hv, _ := hq.ReadFloat32()
+		for _, f64 := range []bool{false, true} {
+			t.Run(fmt.Sprintf("n=%d/f64=%v", sz.n, f64), func(t *testing.T) {
+				cudatest.RequireGPU(t)
+				e := cudaEngine(t, d, ops.PrecF32)
+				at := opstest.Upload(t, a, av, sz.batch, sz.n, sz.n)
+				q := opstest.Empty(t, a, tensor.F32, sz.batch, sz.n, sz.n)
+				st := opstest.Empty(t, a, tensor.I32, sz.batch)
+				if err := e.QR(ops.QR{A: at, Q: q, F64: f64, Status: st}); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.Sync(); err != nil {
+					t.Fatal(err)
+				}
+				qv, _ := q.ReadFloat32()
+				sb, _ := st.Read()
+				n, nn := sz.n, sz.n*sz.n
+				for b := 0; b < sz.batch; b++ {
+					if s := tensor.BytesAs[int32](sb)[b]; s != 0 {
+						t.Errorf("n=%d f64=%v matrix %d: status %d", n, f64, b, s)
+					}
+					qb, ab := opstest.F64(qv[b*nn:(b+1)*nn]), opstest.F64(av[b*nn:(b+1)*nn])
+					if e := opstest.RelErr(qb, opstest.F64(hv[b*nn:(b+1)*nn])); !(e < 1e-4) {
+						t.Errorf("n=%d f64=%v matrix %d: CUDA vs host QR: relative error %.3g", n, f64, b, e)
+					}
+					if b == 0 {
+						ref, _ := opstest.RefQRRows(ab, n)
+						if e := opstest.RelErr(qb, ref); !(e < 1e-4) {
+							t.Errorf("n=%d f64=%v: CUDA vs Gram–Schmidt: relative error %.3g", n, f64, e)
+						}
+					}
+					var orth, upper, anorm float64
+					minDiag := math.Inf(1)
+					for i := 0; i < n; i++ {
+						for j := 0; j < n; j++ {
+							var o, l float64
+							for k := 0; k < n; k++ {
+								o += qb[i*n+k] * qb[j*n+k]
+								l += ab[i*n+k] * qb[j*n+k]
+							}
+							if i == j {
+								o--
+								minDiag = math.Min(minDiag, l)
+							}
+							orth += o * o
+							if j > i {
+								upper += l * l
+							}
+							anorm += ab[i*n+j] * ab[i*n+j]
+						}
+					}
+					t.Logf("n=%d f64=%v matrix %d: ‖QQᵀ−I‖ %.3g, upper part of A·Qᵀ %.3g of ‖A‖, min diag %.3g",
+						n, f64, b, math.Sqrt(orth), math.Sqrt(upper/anorm), minDiag)
+					if math.Sqrt(orth) > 1e-4*math.Sqrt(float64(n)) || math.Sqrt(upper/anorm) > 1e-5 || minDiag < 0 {
+						t.Errorf("n=%d f64=%v matrix %d: not an orthonormalisation of A's rows with diag ≥ 0", n, f64, b)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestCUDASOAPBasisLarge: SOAP's power-iteration refresh on the GPU at
+// order 256 (a batch of 2; statistics U·diag(1..n)·Uᵀ/n, random bases)
+// against the host's: the same permutation and bases within 1e-3, at f32
+// and TF32 engine precision (the product S·q runs in full f32 at both).
+func TestCUDASOAPBasisLarge(t *testing.T) {
+	d := gpu(t)
+	a := device.Local{Dev: d}
+	hd := device.NewHost()
+	host, err := ops.NewEngine(hd, ops.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostA := device.Local{Dev: hd}
+	const batch, n = 2, 256
+	r := rand.New(rand.NewPCG(3, 4))
+	orth := func() []float32 {
+		g := make([]float64, n*n)
+		for i := range g {
+			g[i] = r.NormFloat64()
+		}
+		q, _ := opstest.RefQRRows(g, n)
+		return opstest.F32(q)
+	}
+	var lv, qv []float32
+	for b := 0; b < batch; b++ {
+		u := orth()
+		l := make([]float64, n*n)
+		for i := 0; i < n; i++ {
+			for j := 0; j < n; j++ {
+				for k := 0; k < n; k++ {
+					l[i*n+j] += float64(u[k*n+i]) * float64(k+1) / n * float64(u[k*n+j])
+				}
+			}
+		}
+		lv = append(lv, opstest.F32(l)...)
+		qv = append(qv, orth()...)
+	}
+	hl, hq := opstest.Upload(t, hostA, lv, batch, n, n), opstest.Upload(t, hostA, qv, batch, n, n)
+	hp := opstest.Empty(t, hostA, tensor.I32, batch, n)
+	if err := host.SOAPBasis(ops.SOAPBasis{L: hl, Q: hq, Perm: hp}); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := hq.ReadFloat32()
+	wp, _ := hp.Read()
+	for _, prec := range precs[:2] {
+		t.Run(prec.name, func(t *testing.T) {
+			cudatest.RequireGPU(t)
+			e := cudaEngine(t, d, prec.prec)
+			l, q := opstest.Upload(t, a, lv, batch, n, n), opstest.Upload(t, a, qv, batch, n, n)
+			p := opstest.Empty(t, a, tensor.I32, batch, n)
+			st := opstest.Empty(t, a, tensor.I32, batch)
+			if err := e.SOAPBasis(ops.SOAPBasis{L: l, Q: q, Perm: p, Status: st}); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			got, _ := q.ReadFloat32()
+			gp, _ := p.Read()
+			sb, _ := st.Read()
+			for b, s := range tensor.BytesAs[int32](sb) {
+				if s != 0 {
+					t.Errorf("matrix %d: status %d", b, s)
+				}
+			}
+			diff := 0
+			for i, x := range tensor.BytesAs[int32](gp) {
+				if x != tensor.BytesAs[int32](wp)[i] {
+					diff++
+				}
+			}
+			if diff > 0 {
+				t.Errorf("%d permutation entries differ from the host's", diff)
+			}
+			if e := opstest.RelErr(opstest.F64(got), opstest.F64(want)); !(e < 1e-3) {
+				t.Errorf("CUDA vs host basis: relative error %.3g", e)
+			}
+		})
+	}
+}
