@@ -11,7 +11,9 @@ float64:
            (Agarwal et al. 2020), decoupled weight decay; roots put in use
            max_staleness steps after their refresh with async.
   SOAP     Vyas et al. 2024 — Adam in the eigenbasis of Shampoo's statistics
-           (βs = β2), the basis refreshed at steps 1, 1+k, ...; step 1
+           (βs = β2), the basis refreshed at steps 1, 1+k, ... (first by
+           eigendecomposition, then by one power-iteration step and QR with
+           V permuted to follow the basis' rows); step 1
            gathers statistics only; bias correction √(1−β2ᵗ)/(1−β1ᵗ) with t
            the updates so far; AdamW (PyTorch's) for vectors.
   Muon     Jordan et al. 2024 — Nesterov momentum, Newton–Schulz (a, b, c) =
@@ -61,6 +63,21 @@ def inv_root(s, p, ridge):
 def eig_rows(s):
     _, v = torch.linalg.eigh(s)
     return v.T
+
+
+def soap_qr_rows(s, q):
+    """SOAP's refresh after the first (Vyas et al. 2024, the reference
+    code's get_orthogonal_matrix_QR; ops.SOAPBasis): rows q_i of the basis
+    in use ordered by the estimates q_i·s·q_iᵀ, the rows s·q_i
+    orthonormalised in descending order of them (Gram–Schmidt, positive
+    diagonal), returned in ascending order with the permutation perm (new
+    row k refines old row perm[k])."""
+    p = q @ s
+    perm = torch.argsort((p * q).sum(1), stable=True)
+    g = p[perm.flip(0)]
+    u, r = torch.linalg.qr(g.T)
+    sign = torch.where(torch.diagonal(r) < 0, -1.0, 1.0).to(D)
+    return (u * sign).T.flip(0), perm
 
 
 def matches(name, subs):
@@ -194,8 +211,12 @@ class SOAP:
                 gb = g[r0:r0 + rr, c0:c0 + rc]
                 b["L"] = bs * b["L"] + (1 - bs) * gb @ gb.T
                 b["R"] = bs * b["R"] + (1 - bs) * gb.T @ gb
-                if refresh:
+                if refresh and (first or s.get("eigh_refresh")):
                     b["QL"], b["QR"] = eig_rows(b["L"]), eig_rows(b["R"])
+                elif refresh:
+                    b["QL"], pl = soap_qr_rows(b["L"], b["QL"])
+                    b["QR"], pr = soap_qr_rows(b["R"], b["QR"])
+                    b["V"] = b["V"][pl][:, pr]
                 if first:
                     continue
                 gr = b["QL"] @ gb @ b["QR"].T
