@@ -21,7 +21,8 @@
 #             `sampler score` of 10,000 samples: class accuracy at guidance
 #             3 with 20 DPM-Solver++ steps; FD-MLP of 20-step DPM-Solver++
 #             and of 1000-step DDPM; FD-MLP against steps 5, 10, 20, 50 for
-#             DDIM and DPM-Solver++. BENCH=0 skips the timings.
+#             DDIM and DPM-Solver++; DDIM with eta 1 at 20, 50, 100 steps
+#             and DDPM at 250. BENCH=0 skips the timings.
 #
 # usage: bench/unet.sh [DATA]   (DATA: Fashion-MNIST IDX directory; default
 #        $GPUKIT_DATA_DIR or /usr/share/datasets/fashion-mnist)
@@ -104,6 +105,12 @@ if [ "$q" = 1 ] || [ "$q" = score ]; then
 		score ddim "$k"
 		[ "$k" = 20 ] || score dpmsolver++ "$k"
 	done
+	# The stochastic samplers against the ODE ones: DDIM with η = 1 and a
+	# shorter DDPM (STOCHASTIC=0 leaves them out).
+	if [ "${STOCHASTIC:-1}" = 1 ]; then
+		for k in 20 50 100; do score ddim "$k" --eta 1; done
+		score ddpm 250
+	fi
 	"$bin/sampler" sample --ckpt "$qdir/unet/model.safetensors" --n 100 --class all --out "$out/unet-grid.png" --force >/dev/null
 	"$bin/sampler" video --ckpt "$qdir/unet/model.safetensors" --frames 40 --out "$out/unet-video.gif" --force | tail -n1 | emit
 fi

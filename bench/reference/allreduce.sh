@@ -26,7 +26,9 @@ for r in $(seq "$rounds"); do
 	echo "round $r/$rounds" >&2
 	# Each side under its own limit (AR_TIMEOUT seconds, default 120): a
 	# hang (two runs on 2 H200s never returned within 200 s, with no line
-	# out) ends as a line saying which side, with NCCL's warnings.
+	# out) ends as a line saying which side, with NCCL's warnings. Seen on
+	# 2 H200s (2026-11-23): allreduce.py prints every line, then does not
+	# exit; the limit ends it and its lines are kept.
 	NCCL_DEBUG=${NCCL_DEBUG:-WARN} timeout "${AR_TIMEOUT:-120}" "$drv" --nproc "$nproc" --size "$size" \
 		2>"$work/gpukit-$r.err" | tee -a "$work/gpukit.jsonl" ||
 		{ echo "allreduce.sh: gpukit-allreduce failed or timed out (round $r):" >&2; tail -20 "$work/gpukit-$r.err" >&2; }
