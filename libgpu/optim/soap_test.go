@@ -49,22 +49,7 @@ func refQRStep(s, q []float64, perm []int, n int) (out []float64, p []int, diag 
 	if perm == nil {
 		return opstest.RefSOAPBasis(s, q, n)
 	}
-	g := make([]float64, n*n)
-	for k := 0; k < n; k++ {
-		src := perm[n-1-k]
-		for j := 0; j < n; j++ {
-			for x := 0; x < n; x++ {
-				g[k*n+j] += q[src*n+x] * s[x*n+j]
-			}
-		}
-	}
-	qr, d := opstest.RefQRRows(g, n)
-	out = make([]float64, n*n)
-	diag = make([]float64, n)
-	for k := 0; k < n; k++ {
-		copy(out[k*n:(k+1)*n], qr[(n-1-k)*n:(n-k)*n])
-		diag[k] = d[n-1-k]
-	}
+	out, diag = opstest.RefSOAPBasisPerm(s, q, perm, n)
 	return out, perm, diag
 }
 

@@ -52,7 +52,6 @@ func RefQRRows(a []float64, n int) (q, diag []float64) {
 // orthonormalisation, in ascending order (row k's: how well it is
 // determined).
 func RefSOAPBasis(s, q []float64, n int) (out []float64, perm []int, diag []float64) {
-	p := make([]float64, n*n) // row i: q_i·s
 	est := make([]float64, n)
 	for i := 0; i < n; i++ {
 		for j := 0; j < n; j++ {
@@ -60,7 +59,6 @@ func RefSOAPBasis(s, q []float64, n int) (out []float64, perm []int, diag []floa
 			for k := 0; k < n; k++ {
 				acc += q[i*n+k] * s[k*n+j]
 			}
-			p[i*n+j] = acc
 			est[i] += acc * q[i*n+j]
 		}
 	}
@@ -69,9 +67,23 @@ func RefSOAPBasis(s, q []float64, n int) (out []float64, perm []int, diag []floa
 		perm[i] = i
 	}
 	sort.SliceStable(perm, func(x, y int) bool { return est[perm[x]] < est[perm[y]] })
+	out, diag = RefSOAPBasisPerm(s, q, perm, n)
+	return out, perm, diag
+}
+
+// RefSOAPBasisPerm is RefSOAPBasis with the order given: the rows q_i·s
+// orthonormalised in descending order of perm (perm[n−1] first), returned
+// ascending (row k refines old row perm[k]) with Lo's diagonal in that
+// order.
+func RefSOAPBasisPerm(s, q []float64, perm []int, n int) (out, diag []float64) {
 	g := make([]float64, n*n)
 	for k := 0; k < n; k++ {
-		copy(g[k*n:(k+1)*n], p[perm[n-1-k]*n:(perm[n-1-k]+1)*n])
+		src := perm[n-1-k]
+		for j := 0; j < n; j++ {
+			for x := 0; x < n; x++ {
+				g[k*n+j] += q[src*n+x] * s[x*n+j]
+			}
+		}
 	}
 	qr, d := RefQRRows(g, n)
 	out = make([]float64, n*n)
@@ -80,7 +92,7 @@ func RefSOAPBasis(s, q []float64, n int) (out []float64, perm []int, diag []floa
 		copy(out[k*n:(k+1)*n], qr[(n-1-k)*n:(n-k)*n])
 		diag[k] = d[n-1-k]
 	}
-	return out, perm, diag
+	return out, diag
 }
 
 func checkQR(s *Suite) {
