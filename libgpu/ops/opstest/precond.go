@@ -186,14 +186,20 @@ func soapCheck(s *Suite, sh [3]int) {
 	m, mv := s.Rand(tensor.F32, 0.1, b.M, b.N)
 	gs, gm := s.Empty(tensor.F32, b.Shape()...), s.Empty(tensor.F32, b.Shape()...)
 	s.NoErr("soap prep", s.E.SOAPPrep(g, m, gs, gm, b, beta1))
+	// As in Shampoo's check, the momentum's error is relative to its
+	// terms' size: β1·m and (1−β1)·g may cancel (a 1×1 case failed at
+	// 4.1e-5 for GPUKIT_OPSTEST_SEED=15867075718408845379).
 	wm := make([]float64, len(gv))
+	var magM float64
 	for k := range gv {
 		wm[k] = beta1*mv[k] + (1-beta1)*gv[k]
+		mag := math.Abs(beta1*mv[k]) + math.Abs((1-beta1)*gv[k])
+		magM += mag * mag
 	}
 	tol := s.Tol(tensor.F32)
-	s.Near("m", s.Read(m), wm, tol)
+	s.NearFloor("m", s.Read(m), wm, math.Sqrt(magM), tol)
 	s.Near("GS", s.Read(gs), toBlocked(b, gv), tol)
-	s.Near("GM", s.Read(gm), toBlocked(b, wm), tol)
+	s.NearFloor("GM", s.Read(gm), toBlocked(b, wm), math.Sqrt(magM), tol)
 
 	gr, grv := s.Rand(tensor.F32, 1, b.Shape()...)
 	mr, mrv := s.Rand(tensor.F32, 1, b.Shape()...)
