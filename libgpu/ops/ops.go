@@ -59,6 +59,20 @@ const (
 	PrecBF16
 )
 
+// ParsePrecision reads a precision by the name the tools' --precision
+// flags use: f32, tf32 or bf16.
+func ParsePrecision(s string) (Precision, error) {
+	switch s {
+	case "f32":
+		return PrecF32, nil
+	case "tf32":
+		return PrecTF32, nil
+	case "bf16":
+		return PrecBF16, nil
+	}
+	return 0, fmt.Errorf("%q: want f32, tf32 or bf16", s)
+}
+
 // AdamWConfig holds AdamW hyper-parameters (Loshchilov & Hutter 2019,
 // "Decoupled Weight Decay Regularization", Algorithm 2):
 //

@@ -3,6 +3,7 @@ package ops_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"gpukit/libgpu/device"
@@ -26,6 +27,21 @@ func FuzzParseAct(f *testing.F) {
 			t.Fatalf("ParseAct(%q) = %v, which prints as %q", s, a, a.String())
 		}
 	})
+}
+
+// TestParsePrecision: the three names give the three precisions; anything
+// else is an error that names the choices.
+func TestParsePrecision(t *testing.T) {
+	for s, want := range map[string]ops.Precision{"f32": ops.PrecF32, "tf32": ops.PrecTF32, "bf16": ops.PrecBF16} {
+		if got, err := ops.ParsePrecision(s); err != nil || got != want {
+			t.Errorf("ParsePrecision(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"", "f16", "BF16", "fp32"} {
+		if _, err := ops.ParsePrecision(s); err == nil || !strings.Contains(err.Error(), "want f32, tf32 or bf16") {
+			t.Errorf("ParsePrecision(%q): error %v", s, err)
+		}
+	}
 }
 
 func BenchmarkHostLinear(b *testing.B) {

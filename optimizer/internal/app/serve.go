@@ -37,19 +37,6 @@ message per step. Runs step on streams of their own, at --precision.`,
 	Action: serve,
 }
 
-// parsePrecision reads --precision.
-func parsePrecision(s string) (ops.Precision, error) {
-	switch s {
-	case "f32":
-		return ops.PrecF32, nil
-	case "tf32":
-		return ops.PrecTF32, nil
-	case "bf16":
-		return ops.PrecBF16, nil
-	}
-	return 0, kit.Usagef("--precision %q: want f32, tf32 or bf16", s)
-}
-
 func serve(c *cli.Context) error {
 	if err := kit.Require(c, "socket", "pool"); err != nil {
 		return err
@@ -57,9 +44,9 @@ func serve(c *cli.Context) error {
 	if err := kit.NoArgs(c); err != nil {
 		return err
 	}
-	prec, err := parsePrecision(c.String("precision"))
+	prec, err := ops.ParsePrecision(c.String("precision"))
 	if err != nil {
-		return err
+		return kit.Usagef("--precision %v", err)
 	}
 	sock := c.String("socket")
 	if _, err := kit.CheckSocketDir(sock, true); err != nil {

@@ -93,9 +93,9 @@ func setup(c *cli.Context) (*env, error) {
 	if g != "on" && g != "off" {
 		return nil, kit.Usagef("--graph %q: want on or off", g)
 	}
-	prec, err := parsePrecision(c.String("precision"))
+	prec, err := ops.ParsePrecision(c.String("precision"))
 	if err != nil {
-		return nil, err
+		return nil, kit.Usagef("--precision %v", err)
 	}
 	ckpt, weights, sock := c.String("ckpt"), c.String("weights"), c.String("pool")
 	switch {
@@ -154,18 +154,6 @@ func setup(c *cli.Context) (*env, error) {
 	v.close = append(v.close, func() { v.m.Free() })
 	ok = true
 	return v, nil
-}
-
-func parsePrecision(s string) (ops.Precision, error) {
-	switch s {
-	case "f32":
-		return ops.PrecF32, nil
-	case "tf32":
-		return ops.PrecTF32, nil
-	case "bf16":
-		return ops.PrecBF16, nil
-	}
-	return 0, kit.Usagef("--precision %q: want f32, tf32 or bf16", s)
 }
 
 // localAllocator is --device without a pool.

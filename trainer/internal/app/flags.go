@@ -54,24 +54,16 @@ func parseWidths(s string) ([]int, error) {
 	return ws, nil
 }
 
-func parsePrecision(s string) (ops.Precision, error) {
-	switch s {
-	case "f32":
-		return ops.PrecF32, nil
-	case "tf32":
-		return ops.PrecTF32, nil
-	case "bf16":
-		return ops.PrecBF16, nil
-	}
-	return 0, kit.Usagef("--precision %q: want f32, tf32 or bf16", s)
-}
-
 // commonChecks validates --graph and --precision.
 func commonChecks(c *cli.Context) (ops.Precision, error) {
 	if g := c.String("graph"); g != "on" && g != "off" {
 		return 0, kit.Usagef("--graph %q: want on or off", g)
 	}
-	return parsePrecision(c.String("precision"))
+	p, err := ops.ParsePrecision(c.String("precision"))
+	if err != nil {
+		return 0, kit.Usagef("--precision %v", err)
+	}
+	return p, nil
 }
 
 // allocator returns where to allocate: the pool at --pool, or the device
