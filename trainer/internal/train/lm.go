@@ -2,7 +2,6 @@ package train
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -511,31 +510,14 @@ func RunLM(ctx context.Context, cfg LMConfig, o LMOptions) (res LMResult, err er
 			return res, fmt.Errorf("broadcasting the parameters from rank 0: %w", err)
 		}
 	}
-	var mf *os.File
+	var ml *metricsLog // nil on ranks other than 0: they write no metrics
 	if main {
-		flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
-		if o.Resume != nil {
-			flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
+		if ml, err = openMetrics(o.Out, o.Resume != nil, o.Stdout); err != nil {
+			return res, err
 		}
-		if mf, err = os.OpenFile(filepath.Join(o.Out, MetricsFile), flags, 0o644); err != nil {
-			return res, fmt.Errorf("train: %w", err)
-		}
-		defer mf.Close()
+		defer ml.close()
 	}
-	emit := func(v any) error {
-		if !main {
-			return nil
-		}
-		b, _ := json.Marshal(v)
-		b = append(b, '\n')
-		if _, err := o.Stdout.Write(b); err != nil {
-			return fmt.Errorf("train: stdout: %w", err)
-		}
-		if _, err := mf.Write(b); err != nil {
-			return fmt.Errorf("train: %w", err)
-		}
-		return nil
-	}
+	emit := ml.emit
 	save := func(step int) error {
 		if !main {
 			return nil

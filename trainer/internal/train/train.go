@@ -2,7 +2,6 @@ package train
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -132,30 +131,18 @@ func Run(ctx context.Context, cfg Config, o Options) (Result, error) {
 		}
 	}
 	pos := Position{}
-	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
 	if o.Resume != nil {
 		if err := m.load(o.Resume, true); err != nil {
 			return res, err
 		}
 		pos = o.Pos
-		flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
 	}
-	mf, err := os.OpenFile(filepath.Join(o.Out, MetricsFile), flags, 0o644)
+	ml, err := openMetrics(o.Out, o.Resume != nil, o.Stdout)
 	if err != nil {
-		return res, fmt.Errorf("train: %w", err)
+		return res, err
 	}
-	defer mf.Close()
-	emit := func(v any) error {
-		b, _ := json.Marshal(v)
-		b = append(b, '\n')
-		if _, err := o.Stdout.Write(b); err != nil {
-			return fmt.Errorf("train: stdout: %w", err)
-		}
-		if _, err := mf.Write(b); err != nil {
-			return fmt.Errorf("train: %w", err)
-		}
-		return nil
-	}
+	defer ml.close()
+	emit := ml.emit
 	save := func(pos Position) error {
 		sp := trace.Default().Begin(traceCat, spanCheckpoint)
 		sp.Arg(trace.Int(argStep, int64(pos.Step)))

@@ -482,30 +482,18 @@ func RunUNet(ctx context.Context, cfg UNetConfig, o UNetOptions) (UNetResult, er
 	}
 	defer u.free()
 	step := 0
-	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
 	if o.Resume != nil {
 		if err := u.load(o.Resume); err != nil {
 			return res, err
 		}
 		step = o.Step
-		flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
 	}
-	mf, err := os.OpenFile(filepath.Join(o.Out, MetricsFile), flags, 0o644)
+	ml, err := openMetrics(o.Out, o.Resume != nil, o.Stdout)
 	if err != nil {
-		return res, fmt.Errorf("train: %w", err)
+		return res, err
 	}
-	defer mf.Close()
-	emit := func(v any) error {
-		b, _ := json.Marshal(v)
-		b = append(b, '\n')
-		if _, err := o.Stdout.Write(b); err != nil {
-			return fmt.Errorf("train: stdout: %w", err)
-		}
-		if _, err := mf.Write(b); err != nil {
-			return fmt.Errorf("train: %w", err)
-		}
-		return nil
-	}
+	defer ml.close()
+	emit := ml.emit
 	save := func(step int) error {
 		sp := trace.Default().Begin(traceCat, spanCheckpoint)
 		defer sp.End()
