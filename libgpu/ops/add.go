@@ -23,14 +23,11 @@ func (e *Engine) Add(y, a, b *tensor.Tensor) error {
 		return nil
 	}
 	return e.dispatch(func(*hostImpl) error {
-		as, err := hostIn(a)
+		ins, err := hostIns(a, b)
 		if err != nil {
 			return err
 		}
-		bs, err := hostIn(b)
-		if err != nil {
-			return err
-		}
+		as, bs := ins[0], ins[1]
 		out, commit, err := hostOut(y, false)
 		if err != nil {
 			return err

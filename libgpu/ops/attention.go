@@ -449,18 +449,11 @@ func (hi *hostImpl) attnForward(o, lse, q, k, v *tensor.Tensor, s attnShape, cau
 		return err
 	}
 	dscale := dropoutScale(drop.P)
-	qs, err := hostIn(q)
+	ins, err := hostIns(q, k, v)
 	if err != nil {
 		return err
 	}
-	ks, err := hostIn(k)
-	if err != nil {
-		return err
-	}
-	vs, err := hostIn(v)
-	if err != nil {
-		return err
-	}
+	qs, ks, vs := ins[0], ins[1], ins[2]
 	out, commit, err := hostOut(o, false)
 	if err != nil {
 		return err
@@ -530,14 +523,11 @@ func (hi *hostImpl) attnBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tensor,
 		return err
 	}
 	dscale := dropoutScale(drop.P)
-	var in [6][]float32
-	for i, t := range []*tensor.Tensor{q, k, v, o, do, lse} {
-		var err error
-		if in[i], err = hostIn(t); err != nil {
-			return err
-		}
+	ins, err := hostIns(q, k, v, o, do, lse)
+	if err != nil {
+		return err
 	}
-	qs, ks, vs, os, dos, ls := in[0], in[1], in[2], in[3], in[4], in[5]
+	qs, ks, vs, os, dos, ls := ins[0], ins[1], ins[2], ins[3], ins[4], ins[5]
 	var outs [3][]float32
 	var commits [3]func() error
 	for i, t := range []*tensor.Tensor{dq, dk, dv} {

@@ -34,14 +34,11 @@ func (e *Engine) AddChannels(y, x, b *tensor.Tensor) error {
 	}
 	per := total / n // elements per sample
 	return e.dispatch(func(*hostImpl) error {
-		xs, err := hostIn(x)
+		ins, err := hostIns(x, b)
 		if err != nil {
 			return err
 		}
-		bs, err := hostIn(b)
-		if err != nil {
-			return err
-		}
+		xs, bs := ins[0], ins[1]
 		ys, commit, err := hostOut(y, false)
 		if err != nil {
 			return err

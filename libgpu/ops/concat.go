@@ -91,14 +91,11 @@ func (e *Engine) concat(y, a, b *tensor.Tensor, rows, ca, cb int, split, acca, a
 	}
 	return e.dispatch(func(*hostImpl) error {
 		if !split {
-			as, err := hostIn(a)
+			ins, err := hostIns(a, b)
 			if err != nil {
 				return err
 			}
-			bs, err := hostIn(b)
-			if err != nil {
-				return err
-			}
+			as, bs := ins[0], ins[1]
 			ys, commit, err := hostOut(y, false)
 			if err != nil {
 				return err

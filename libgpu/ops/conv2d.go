@@ -278,18 +278,11 @@ func hostCol2im(dx, dcol []float32, s *convShape, n0, nc int) {
 }
 
 func (h *hostImpl) conv2d(y, x, w, b *tensor.Tensor, s *convShape) error {
-	xs, err := hostIn(x)
+	ins, err := hostIns(x, w, b)
 	if err != nil {
 		return err
 	}
-	ws, err := hostIn(w)
-	if err != nil {
-		return err
-	}
-	bs, err := hostIn(b)
-	if err != nil {
-		return err
-	}
+	xs, ws, bs := ins[0], ins[1], ins[2]
 	ys, commit, err := hostOut(y, false)
 	if err != nil {
 		return err

@@ -195,6 +195,31 @@ func hostIn(t *tensor.Tensor) ([]float32, error) {
 	return s, nil
 }
 
+// hostIns is hostIn of each tensor, in order (a nil tensor gives nil).
+func hostIns(ts ...*tensor.Tensor) ([][]float32, error) {
+	ins := make([][]float32, len(ts))
+	for i, t := range ts {
+		var err error
+		if ins[i], err = hostIn(t); err != nil {
+			return nil, err
+		}
+	}
+	return ins, nil
+}
+
+// hostOut64 writes v (float64 sums, rounded to f32) to t, or adds them to
+// its contents with acc (hostOut's rules).
+func hostOut64(t *tensor.Tensor, acc bool, v []float64) error {
+	out, commit, err := hostOut(t, acc)
+	if err != nil {
+		return err
+	}
+	for j := range out {
+		out[j] = float32(v[j])
+	}
+	return commit()
+}
+
 // hostMap is the host side of an element-wise op: y = f(x) per element.
 func hostMap(y, x *tensor.Tensor, f func(x float32) float32) error {
 	xs, err := hostIn(x)

@@ -167,18 +167,11 @@ func sigmoid64(z float64) float64 { return 1 / (1 + math.Exp(-z)) }
 // ---- host ----
 
 func hostGroupNorm(s *gnShape, y, mean, rstd, x, w, b *tensor.Tensor, eps float32, silu bool) error {
-	xs, err := hostIn(x)
+	ins, err := hostIns(x, w, b)
 	if err != nil {
 		return err
 	}
-	ws, err := hostIn(w)
-	if err != nil {
-		return err
-	}
-	bs, err := hostIn(b)
-	if err != nil {
-		return err
-	}
+	xs, ws, bs := ins[0], ins[1], ins[2]
 	ys, commit, err := hostOut(y, false)
 	if err != nil {
 		return err
@@ -245,30 +238,11 @@ func hostGroupNorm(s *gnShape, y, mean, rstd, x, w, b *tensor.Tensor, eps float3
 }
 
 func hostGroupNormBackward(s *gnShape, dx, dw, db, dy, x, w, b, mean, rstd *tensor.Tensor, silu bool, acc [3]bool) error {
-	xs, err := hostIn(x)
+	ins, err := hostIns(x, dy, w, b, mean, rstd)
 	if err != nil {
 		return err
 	}
-	gs, err := hostIn(dy)
-	if err != nil {
-		return err
-	}
-	ws, err := hostIn(w)
-	if err != nil {
-		return err
-	}
-	bs, err := hostIn(b)
-	if err != nil {
-		return err
-	}
-	ms, err := hostIn(mean)
-	if err != nil {
-		return err
-	}
-	rs, err := hostIn(rstd)
-	if err != nil {
-		return err
-	}
+	xs, gs, ws, bs, ms, rs := ins[0], ins[1], ins[2], ins[3], ins[4], ins[5]
 	dxs, dxCommit, err := hostOut(dx, acc[0])
 	if err != nil {
 		return err
@@ -325,20 +299,11 @@ func hostGroupNormBackward(s *gnShape, dx, dw, db, dy, x, w, b, mean, rstd *tens
 			}
 		}
 	}
-	for i, p := range []struct {
-		t *tensor.Tensor
-		v []float64
-	}{{dw, sw}, {db, sb}} {
-		out, commit, err := hostOut(p.t, acc[i+1])
-		if err != nil {
-			return err
-		}
-		for j := range out {
-			out[j] = float32(p.v[j])
-		}
-		if err := commit(); err != nil {
-			return err
-		}
+	if err := hostOut64(dw, acc[1], sw); err != nil {
+		return err
+	}
+	if err := hostOut64(db, acc[2], sb); err != nil {
+		return err
 	}
 	return dxCommit()
 }

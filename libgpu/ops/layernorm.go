@@ -284,14 +284,11 @@ func hostLayerNorm(a *lnArgs, mean, rstd, w, b *tensor.Tensor, eps float32) erro
 			return err
 		}
 	}
-	ws, err := hostIn(w)
+	ins, err := hostIns(w, b)
 	if err != nil {
 		return err
 	}
-	bs, err := hostIn(b)
-	if err != nil {
-		return err
-	}
+	ws, bs := ins[0], ins[1]
 	ys, commit, err := hostOut(a.y, false)
 	if err != nil {
 		return err
@@ -347,26 +344,11 @@ func hostLayerNorm(a *lnArgs, mean, rstd, w, b *tensor.Tensor, eps float32) erro
 }
 
 func hostLayerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Tensor, acc [4]bool) error {
-	xs, err := hostIn(a.x)
+	ins, err := hostIns(a.x, a.y, w, mean, rstd)
 	if err != nil {
 		return err
 	}
-	gs, err := hostIn(a.y)
-	if err != nil {
-		return err
-	}
-	ws, err := hostIn(w)
-	if err != nil {
-		return err
-	}
-	ms, err := hostIn(mean)
-	if err != nil {
-		return err
-	}
-	rs, err := hostIn(rstd)
-	if err != nil {
-		return err
-	}
+	xs, gs, ws, ms, rs := ins[0], ins[1], ins[2], ins[3], ins[4]
 	var gsum []float32
 	if a.gsum != nil {
 		// Copied: dx or dr may be the same memory.
@@ -416,22 +398,10 @@ func hostLayerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Tensor, acc 
 			return err
 		}
 	}
-	for i, p := range []struct {
-		t *tensor.Tensor
-		s []float64
-	}{{dw, sw}, {db, sb}} {
-		out, commit, err := hostOut(p.t, acc[i+2])
-		if err != nil {
-			return err
-		}
-		for j := range out {
-			out[j] = float32(p.s[j])
-		}
-		if err := commit(); err != nil {
-			return err
-		}
+	if err := hostOut64(dw, acc[2], sw); err != nil {
+		return err
 	}
-	return nil
+	return hostOut64(db, acc[3], sb)
 }
 
 // ---- CUDA ----

@@ -227,14 +227,11 @@ func (e *Engine) Matmul(m Matmul) error {
 // ---- host ----
 
 func (h *hostImpl) matmul(m *Matmul, s *mmShape) error {
-	a, err := hostIn(s.a)
+	ins, err := hostIns(s.a, s.b)
 	if err != nil {
 		return err
 	}
-	b, err := hostIn(s.b)
-	if err != nil {
-		return err
-	}
+	a, b := ins[0], ins[1]
 	alpha, beta := m.scales()
 	var old []float32 // D's values before a scaled accumulation
 	if m.Accumulate && beta != 1 {
@@ -645,14 +642,11 @@ func (e *Engine) ActBackward(dz, dy, z *tensor.Tensor, act Act) error {
 		return nil
 	}
 	return e.dispatch(func(*hostImpl) error {
-		gy, err := hostIn(dy)
+		ins, err := hostIns(dy, z)
 		if err != nil {
 			return err
 		}
-		zz, err := hostIn(z)
-		if err != nil {
-			return err
-		}
+		gy, zz := ins[0], ins[1]
 		out, commit, err := hostOut(dz, false)
 		if err != nil {
 			return err

@@ -40,14 +40,11 @@ func (e *Engine) MSELoss(loss, dpred, pred, target *tensor.Tensor, acc bool) err
 	}
 	inv := float32(1 / float64(n))
 	return e.dispatch(func(*hostImpl) error {
-		ps, err := hostIn(pred)
+		ins, err := hostIns(pred, target)
 		if err != nil {
 			return err
 		}
-		ys, err := hostIn(target)
-		if err != nil {
-			return err
-		}
+		ps, ys := ins[0], ins[1]
 		ds, commit, err := hostOut(dpred, acc)
 		if err != nil {
 			return err

@@ -116,14 +116,11 @@ func hostSoftmax(a *smArgs) error {
 }
 
 func hostSoftmaxBackward(a *smArgs, acc bool) error {
-	gs, err := hostIn(a.a)
+	ins, err := hostIns(a.a, a.b)
 	if err != nil {
 		return err
 	}
-	ys, err := hostIn(a.b)
-	if err != nil {
-		return err
-	}
+	gs, ys := ins[0], ins[1]
 	dxs, commit, err := hostOut(a.out, acc)
 	if err != nil {
 		return err
