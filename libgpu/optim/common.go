@@ -107,9 +107,18 @@ func matches(name string, subs []string) bool {
 	return false
 }
 
-// identity writes the identity into every matrix of t ([..., d, d]).
+// identity writes the identity into t: into every matrix of an f32
+// [..., d, d], and into every row of an i32 [..., d] of permutations
+// (0, 1, …, d−1), such as SOAP's.
 func identity(t *tensor.Tensor) error {
 	d := t.Dim(-1)
+	if t.DType == tensor.I32 {
+		p := make([]int32, t.Numel())
+		for i := range p {
+			p[i] = int32(i % d)
+		}
+		return t.Write(tensor.AsBytes(p))
+	}
 	v := make([]float32, t.Numel())
 	for i := 0; i < len(v); i += d * d {
 		for k := 0; k < d; k++ {

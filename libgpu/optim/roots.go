@@ -488,7 +488,7 @@ func (r *rooted) RootStats() RootStats { return r.sched.stats }
 func (r *rooted) Capturable() bool { return false }
 
 // Reset implements Optimizer: side work waited for, state zeroed, every
-// job's f32 results (and pending results) back to identities, the schedule
+// job's results (and pending results) back to identities, the schedule
 // restarted.
 func (r *rooted) Reset(e *ops.Engine) error {
 	if err := r.sched.close(r.e); err != nil {
@@ -502,9 +502,6 @@ func (r *rooted) Reset(e *ops.Engine) error {
 	}
 	for _, j := range r.sched.jobs {
 		for _, t := range append(append([]*tensor.Tensor(nil), j.dst...), j.pend...) {
-			if t.DType != tensor.F32 {
-				continue // work such as SOAP's permutations: rewritten before it is read
-			}
 			if err := identity(t); err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package optim_test
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"gpukit/libgpu/ops"
@@ -474,5 +475,57 @@ func TestSOAPResume(t *testing.T) {
 				c.Roots.Async, c.Roots.MaxStaleness = true, stale
 			}
 		}))
+	}
+}
+
+// TestSOAPResetStartsOver: after steps that include power-iteration
+// refreshes (bases and permutations changed), Reset puts SOAP back where a
+// new one starts: the same gradients from the same parameters give the
+// same parameters, bit for bit.
+func TestSOAPResetStartsOver(t *testing.T) {
+	shapes := [][]int{{6, 6}, {4}, {5, 3}}
+	cfg := optim.DefaultSOAP
+	cfg.MaxBlock, cfg.UpdateFreq, cfg.LR = 3, 2, 0.02 // refreshes at 1, 3, 5: QR at 3 and 5
+	r := rand.New(rand.NewPCG(31, 32))
+	w0 := roundF32(draws(r, 1, shapes))
+	var gs [][][]float64
+	for range 6 {
+		gs = append(gs, roundF32(draws(r, 1, shapes)))
+	}
+	run := func(p *problem, o optim.Optimizer) [][]float64 {
+		p.set(w0)
+		for _, g := range gs {
+			p.grads(g)
+			if err := o.Step(p.e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return p.values()
+	}
+	p := hostProblem(t, shapes...)
+	o, err := optim.NewSOAP(p.a, "run", p.params, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Free()
+	first := run(p, o)
+	if err := o.Reset(p.e); err != nil {
+		t.Fatalf("Reset: %v", err)
+	}
+	again := run(p, o)
+	q := hostProblem(t, shapes...)
+	fresh, err := optim.NewSOAP(q.a, "run", q.params, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Free()
+	want := run(q, fresh)
+	for i := range want {
+		if !slices.Equal(again[i], want[i]) {
+			t.Fatalf("parameter %d after Reset: %v, a new SOAP: %v", i, again[i], want[i])
+		}
+		if !slices.Equal(first[i], want[i]) {
+			t.Fatalf("parameter %d: the first run %v, a new SOAP %v (not deterministic)", i, first[i], want[i])
+		}
 	}
 }
