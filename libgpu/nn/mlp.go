@@ -74,6 +74,34 @@ func join(prefix, kind, name string) string {
 	return prefix + "/" + kind + "/" + name
 }
 
+// owned are buffers allocated under a prefix (<prefix>/<kind>/<name>) and
+// released together: a model's or a recorded step's own.
+type owned struct {
+	a      device.Allocator
+	prefix string
+	ts     []*tensor.Tensor
+}
+
+// alloc allocates <prefix>/<kind>/<name> and keeps it.
+func (o *owned) alloc(kind, name string, dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
+	t, err := tensor.Alloc(o.a, join(o.prefix, kind, name), dt, shape...)
+	if err != nil {
+		return nil, fmt.Errorf("nn: allocating %s/%s: %w", kind, name, err)
+	}
+	o.ts = append(o.ts, t)
+	return t, nil
+}
+
+// free releases every buffer alloc made (their errors joined).
+func (o *owned) free() error {
+	var errs []error
+	for _, t := range o.ts {
+		errs = append(errs, t.Buf.Free())
+	}
+	o.ts = nil
+	return errors.Join(errs...)
+}
+
 // NewMLP allocates parameters (initialised as the package doc says),
 // gradients, activations, labels and loss, and records the graph. Buffers:
 // params and grads per layer; acts "input" [Batch, Widths[0]], "labels"

@@ -218,7 +218,7 @@ type UNet struct {
 	params []Param
 	emaPar []Param
 	byName map[string]int
-	owned  []*tensor.Tensor
+	owned  owned
 }
 
 // UNetOptions choose the buffers NewUNet allocates besides the parameters.
@@ -240,7 +240,7 @@ func NewUNet(a device.Allocator, prefix string, cfg UNetConfig, o UNetOptions, s
 		return nil, err
 	}
 	layout, n := cfg.Layout()
-	m = &UNet{cfg: cfg, layout: layout, n: n, byName: map[string]int{}}
+	m = &UNet{cfg: cfg, layout: layout, n: n, byName: map[string]int{}, owned: owned{a: a, prefix: prefix}}
 	defer func() {
 		if err != nil {
 			m.Free()
@@ -248,12 +248,7 @@ func NewUNet(a device.Allocator, prefix string, cfg UNetConfig, o UNetOptions, s
 		}
 	}()
 	alloc := func(kind string) (*tensor.Tensor, error) {
-		t, err := tensor.Alloc(a, join(prefix, kind, "flat"), tensor.F32, n)
-		if err != nil {
-			return nil, fmt.Errorf("nn: allocating the U-Net's %s: %w", kind, err)
-		}
-		m.owned = append(m.owned, t)
-		return t, nil
+		return m.owned.alloc(kind, "flat", tensor.F32, n)
 	}
 	if m.flat, err = alloc("params"); err != nil {
 		return m, err
@@ -362,14 +357,7 @@ func (m *UNet) NumParams() int {
 }
 
 // Free releases the buffers NewUNet allocated (not a buffer given to UNetOn).
-func (m *UNet) Free() error {
-	var errs []error
-	for _, t := range m.owned {
-		errs = append(errs, t.Buf.Free())
-	}
-	m.owned = nil
-	return errors.Join(errs...)
-}
+func (m *UNet) Free() error { return m.owned.free() }
 
 // OIHWToKRSC reorders a conv weight from PyTorch's [Cout, Cin, KH, KW]
 // (shape) to [Cout, KH, KW, Cin].
@@ -644,7 +632,7 @@ type UNetTrainStep struct {
 	Pred     *ops.Var // ε̂
 	Target   *ops.Var // ε
 	NoisedX  *ops.Var // x_t
-	owned    []*tensor.Tensor
+	owned    owned
 }
 
 // NoiseStream is the Philox stream of the training noise (ε of q_sample),
@@ -666,7 +654,7 @@ func (m *UNet) RecordTrain(e *ops.Engine, a device.Allocator, prefix string, bat
 	}
 	c := m.cfg
 	g := ops.NewGraph(e, a, prefix, opts)
-	s = &UNetTrainStep{Graph: g}
+	s = &UNetTrainStep{Graph: g, owned: owned{a: a, prefix: prefix}}
 	defer func() {
 		if err != nil {
 			s.Free()
@@ -674,12 +662,7 @@ func (m *UNet) RecordTrain(e *ops.Engine, a device.Allocator, prefix string, bat
 		}
 	}()
 	in := func(name string, dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
-		t, err := tensor.Alloc(a, join(prefix, "acts", name), dt, shape...)
-		if err != nil {
-			return nil, fmt.Errorf("nn: allocating %s: %w", name, err)
-		}
-		s.owned = append(s.owned, t)
-		return t, nil
+		return s.owned.alloc("acts", name, dt, shape...)
 	}
 	if s.X0, err = in("x0", tensor.F32, batch, c.Size, c.Size, c.InChannels); err != nil {
 		return s, err
@@ -702,14 +685,7 @@ func (m *UNet) RecordTrain(e *ops.Engine, a device.Allocator, prefix string, bat
 }
 
 // Free releases the step's buffers (not the model's).
-func (s *UNetTrainStep) Free() error {
-	errs := []error{s.Graph.Free()}
-	for _, t := range s.owned {
-		errs = append(errs, t.Buf.Free())
-	}
-	s.owned = nil
-	return errors.Join(errs...)
-}
+func (s *UNetTrainStep) Free() error { return errors.Join(s.Graph.Free(), s.owned.free()) }
 
 // UNetEval is a forward-only U-Net graph at a static batch (a sampler's
 // model evaluation): the caller writes X (the model input, [B, S, S, Cin]
@@ -719,7 +695,7 @@ type UNetEval struct {
 	Graph   *ops.Graph
 	X, T, Y *tensor.Tensor
 	Eps     *ops.Var
-	owned   []*tensor.Tensor
+	owned   owned
 }
 
 // RecordEval builds a forward-only graph at batch B with weights w (Params
@@ -732,7 +708,7 @@ func (m *UNet) RecordEval(e *ops.Engine, a device.Allocator, prefix string, batc
 	c := m.cfg
 	opts.Train = false
 	g := ops.NewGraph(e, a, prefix, opts)
-	s = &UNetEval{Graph: g}
+	s = &UNetEval{Graph: g, owned: owned{a: a, prefix: prefix}}
 	defer func() {
 		if err != nil {
 			s.Free()
@@ -740,12 +716,7 @@ func (m *UNet) RecordEval(e *ops.Engine, a device.Allocator, prefix string, batc
 		}
 	}()
 	in := func(name string, dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
-		t, err := tensor.Alloc(a, join(prefix, "acts", name), dt, shape...)
-		if err != nil {
-			return nil, fmt.Errorf("nn: allocating %s: %w", name, err)
-		}
-		s.owned = append(s.owned, t)
-		return t, nil
+		return s.owned.alloc("acts", name, dt, shape...)
 	}
 	if s.X, err = in("x", g.ActDType(), batch, c.Size, c.Size, c.InChannels); err != nil {
 		return s, err
@@ -764,11 +735,4 @@ func (m *UNet) RecordEval(e *ops.Engine, a device.Allocator, prefix string, batc
 }
 
 // Free releases the graph's buffers (not the model's).
-func (s *UNetEval) Free() error {
-	errs := []error{s.Graph.Free()}
-	for _, t := range s.owned {
-		errs = append(errs, t.Buf.Free())
-	}
-	s.owned = nil
-	return errors.Join(errs...)
-}
+func (s *UNetEval) Free() error { return errors.Join(s.Graph.Free(), s.owned.free()) }

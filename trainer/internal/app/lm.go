@@ -45,7 +45,7 @@ var lmFlags = func() []cli.Flag {
 	}
 }()
 
-// lmFlagNames may not change on --resume.
+// lmFixed may not change on --resume.
 var lmFixed = []string{"layers", "heads", "d-model", "block", "dropout", "bias", "gelu", "batch", "lr", "min-lr",
 	"warmup", "decay-steps", "beta1", "beta2", "weight-decay", "clip", "seed", "eval-batches",
 	"optim", "update-freq", "max-block", "root", "async-roots", "max-staleness", "adam-lr", "rel-eps", "damping", "kl-clip"}
