@@ -245,27 +245,9 @@ func soapBasesFed(t *testing.T, p *problem, tol, diagTol float64) {
 		t.Fatal(err)
 	}
 	defer o.Free()
-	var names []string
-	for _, q := range p.params {
-		names = append(names, q.Name)
-	}
+	names := p.names()
 	ref := newRefSOAP(cfg, gpuShapes, names)
-	ref.basis = func(i, bi int, l, rs []float64, rr, rc int) ([]float64, []float64) {
-		left, right, blk, ok := o.Basis(names[i])
-		if !ok {
-			t.Fatalf("no basis for %s", names[i])
-		}
-		lv, rv := opstest.F64(mustRead(t, left)), opstest.F64(mustRead(t, right))
-		get := func(v []float64, d, n int, stat []float64) []float64 {
-			q := make([]float64, 0, n*n)
-			for x := 0; x < n; x++ {
-				q = append(q, v[(bi*d+x)*d:(bi*d+x)*d+n]...)
-			}
-			checkDiagonalises(t, q, stat, n, diagTol)
-			return q
-		}
-		return get(lv, blk.BR, rr, l), get(rv, blk.BC, rc, rs)
-	}
+	ref.basis = fedEigen(t, o, names, diagTol)
 	ref.qrBasis = fedQR(t, o, names, diagTol)
 	worst := 0.0
 	for step := 1; step <= 5; step++ {

@@ -74,6 +74,15 @@ func (p *problem) grads(gs [][]float64) {
 	}
 }
 
+// names lists the parameters' names, in order.
+func (p *problem) names() []string {
+	out := make([]string, len(p.params))
+	for i, q := range p.params {
+		out[i] = q.Name
+	}
+	return out
+}
+
 // values reads the parameters as float64.
 func (p *problem) values() [][]float64 {
 	p.t.Helper()

@@ -78,9 +78,7 @@ func TestTorchParity(t *testing.T) {
 			p := hostProblem(t, c.shapes...)
 			names := c.names
 			if names == nil {
-				for _, q := range p.params {
-					names = append(names, q.Name)
-				}
+				names = p.names()
 			}
 			for i := range p.params {
 				p.params[i].Name = names[i]

@@ -217,32 +217,10 @@ func soapRun(t *testing.T, cfg optim.SOAPConfig, shapes [][]int, steps int, inje
 		t.Fatal(err)
 	}
 	defer o.Free()
-	var names []string
-	for _, q := range p.params {
-		names = append(names, q.Name)
-	}
+	names := p.names()
 	ref := newRefSOAP(cfg, shapes, names)
 	if inject {
-		// The device's eigenbasis of block bi of param i (its real part),
-		// after checking that it diagonalises the reference statistics.
-		ref.basis = func(i, bi int, l, rs []float64, rr, rc int) ([]float64, []float64) {
-			left, right, blk, ok := o.Basis(names[i])
-			if !ok {
-				t.Fatalf("no basis for %s", names[i])
-			}
-			lv, rv := opstest.F64(mustRead(t, left)), opstest.F64(mustRead(t, right))
-			get := func(v []float64, d, n int, stat []float64) []float64 {
-				q := make([]float64, 0, n*n)
-				for x := 0; x < n; x++ {
-					q = append(q, v[(bi*d+x)*d:(bi*d+x)*d+n]...)
-				}
-				checkDiagonalises(t, q, stat, n, 1e-5)
-				return q
-			}
-			return get(lv, blk.BR, rr, l), get(rv, blk.BC, rc, rs)
-		}
-	}
-	if inject {
+		ref.basis = fedEigen(t, o, names, 1e-5)
 		ref.qrBasis = fedQR(t, o, names, 1e-5)
 	}
 	for step := 1; step <= steps; step++ {
@@ -255,6 +233,28 @@ func soapRun(t *testing.T, cfg optim.SOAPConfig, shapes [][]int, steps int, inje
 		if e := relErr(p.values(), w); !(e < 2e-5) {
 			t.Fatalf("step %d: relative error %.3g against the float64 reference", step, e)
 		}
+	}
+}
+
+// fedEigen supplies the reference with the device's eigenbases of block
+// bi of param i (their real parts) at an eigendecomposition refresh, after
+// checking that each diagonalises the reference statistics to tol.
+func fedEigen(t *testing.T, o *optim.SOAP, names []string, tol float64) func(int, int, []float64, []float64, int, int) ([]float64, []float64) {
+	return func(i, bi int, l, rs []float64, rr, rc int) ([]float64, []float64) {
+		left, right, blk, ok := o.Basis(names[i])
+		if !ok {
+			t.Fatalf("no basis for %s", names[i])
+		}
+		lv, rv := opstest.F64(mustRead(t, left)), opstest.F64(mustRead(t, right))
+		get := func(v []float64, d, n int, stat []float64) []float64 {
+			q := make([]float64, 0, n*n)
+			for x := 0; x < n; x++ {
+				q = append(q, v[(bi*d+x)*d:(bi*d+x)*d+n]...)
+			}
+			checkDiagonalises(t, q, stat, n, tol)
+			return q
+		}
+		return get(lv, blk.BR, rr, l), get(rv, blk.BC, rc, rs)
 	}
 }
 
