@@ -7,31 +7,6 @@ import (
 	"testing"
 )
 
-// logMul records z = x·y as mul does, appending "bwd:name" to log when
-// its backward step runs.
-func (c *calc) logMul(name string, log *[]string, x, y *Var) *Var {
-	z := c.out(name)
-	err := c.p.Op(name, []*Var{x, y}, []*Var{z}, func(*Grads) error {
-		for i := range f32(z.Value) {
-			f32(z.Value)[i] = f32(x.Value)[i] * f32(y.Value)[i]
-		}
-		return nil
-	}, func(g *Grads) error {
-		*log = append(*log, "bwd:"+name)
-		dz := g.Out(0)
-		for i := range f32(z.Value) {
-			d := f32(dz)[i]
-			put(g.In(0), g.Acc(0), i, d*f32(y.Value)[i])
-			put(g.In(1), g.Acc(1), i, d*f32(x.Value)[i])
-		}
-		return nil
-	})
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return z
-}
-
 // TestGradReadyAfterLastWriter: OnGradReady reports each param once per
 // Backward, right after the backward step of the last writer of its
 // gradient: a tied weight (E, read by the first node and again by a later

@@ -74,14 +74,21 @@ func put(dst *tensor.Tensor, acc bool, i int, v float32) {
 }
 
 // mul records z = x·y.
-func (c *calc) mul(x, y *Var) *Var {
-	z := c.out("mul")
-	err := c.p.Op("mul", []*Var{x, y}, []*Var{z}, func(*Grads) error {
+func (c *calc) mul(x, y *Var) *Var { return c.logMul("mul", nil, x, y) }
+
+// logMul records z = x·y as node name; when log is not nil, its backward
+// step appends "bwd:name" to it.
+func (c *calc) logMul(name string, log *[]string, x, y *Var) *Var {
+	z := c.out(name)
+	err := c.p.Op(name, []*Var{x, y}, []*Var{z}, func(*Grads) error {
 		for i := range f32(z.Value) {
 			f32(z.Value)[i] = f32(x.Value)[i] * f32(y.Value)[i]
 		}
 		return nil
 	}, func(g *Grads) error {
+		if log != nil {
+			*log = append(*log, "bwd:"+name)
+		}
 		dz := g.Out(0)
 		for i := range f32(z.Value) {
 			d := f32(dz)[i]
