@@ -371,19 +371,9 @@ func TestMultiGPUDataParallelTrace(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("tracer record -- trainer launch: %v\n%s", err, se.String())
 	}
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f struct {
-		TraceEvents []traceEvent `json:"traceEvents"`
-	}
-	if err := json.Unmarshal(raw, &f); err != nil {
-		t.Fatal(err)
-	}
 	names := map[uint32]string{}
 	stepsOf := map[uint32]int{}
-	for _, e := range f.TraceEvents {
+	for _, e := range readTrace(t, file) {
 		if e.Ph == "M" && e.Name == "process_name" {
 			var a struct {
 				Name string `json:"name"`

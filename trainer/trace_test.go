@@ -23,6 +23,22 @@ type traceEvent struct {
 	Args json.RawMessage `json:"args"`
 }
 
+// readTrace reads the events of the Chrome trace JSON file.
+func readTrace(t *testing.T, file string) []traceEvent {
+	t.Helper()
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		TraceEvents []traceEvent `json:"traceEvents"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return f.TraceEvents
+}
+
 // tracerBin is $GPUKIT_BIN/tracer (the GPU bundle), or tracer built from
 // ../tracer into a temp dir.
 func tracerBin(t *testing.T) string {
@@ -56,18 +72,9 @@ func tracedRun(t *testing.T, tracer string, args ...string) (evs []traceEvent, g
 	if strings.Contains(se.String(), "events dropped") {
 		t.Fatalf("the trainer dropped events:\n%s", se.String())
 	}
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f struct {
-		TraceEvents []traceEvent `json:"traceEvents"`
-	}
-	if err := json.Unmarshal(raw, &f); err != nil {
-		t.Fatalf("%s: %v", file, err)
-	}
+	all := readTrace(t, file)
 	var pid uint32
-	for _, e := range f.TraceEvents {
+	for _, e := range all {
 		if e.Ph == "X" && e.Cat == "trainer" && e.Name == "step" {
 			pid = e.Pid
 			break
@@ -76,7 +83,7 @@ func tracedRun(t *testing.T, tracer string, args ...string) (evs []traceEvent, g
 	if pid == 0 {
 		t.Fatalf("no trainer step span in the trace:\n%s", se.String())
 	}
-	for _, e := range f.TraceEvents {
+	for _, e := range all {
 		if e.Pid != pid {
 			continue
 		}
