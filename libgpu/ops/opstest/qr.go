@@ -162,36 +162,45 @@ func qrCheck(s *Suite, n, batch int, f64, inPlace bool) {
 		ref, _ := RefQRRows(ab, n)
 		s.Near(fmt.Sprintf("matrix %d: Q", b), qb, ref, 4*tol)
 		// Q·Qᵀ = I; Lo = A·Qᵀ lower triangular with diag ≥ 0.
-		var orth, upper, anorm float64
-		minDiag := math.Inf(1)
-		for i := 0; i < n; i++ {
-			for j := 0; j < n; j++ {
-				var d, l float64
-				for k := 0; k < n; k++ {
-					d += qb[i*n+k] * qb[j*n+k]
-					l += ab[i*n+k] * qb[j*n+k]
-				}
-				if i == j {
-					d--
-					minDiag = math.Min(minDiag, l)
-				}
-				orth += d * d
-				if j > i {
-					upper += l * l
-				}
-				anorm += ab[i*n+j] * ab[i*n+j]
-			}
+		orth, upper, anorm, minDiag := QRRowsResiduals(ab, qb, n)
+		if orth > tol*math.Sqrt(float64(n)) {
+			s.T.Errorf("matrix %d: ‖Q·Qᵀ − I‖_F = %.3g", b, orth)
 		}
-		if math.Sqrt(orth) > tol*math.Sqrt(float64(n)) {
-			s.T.Errorf("matrix %d: ‖Q·Qᵀ − I‖_F = %.3g", b, math.Sqrt(orth))
-		}
-		if math.Sqrt(upper) > tol*math.Sqrt(anorm) {
-			s.T.Errorf("matrix %d: A·Qᵀ has %.3g above its diagonal (‖A‖ = %.3g)", b, math.Sqrt(upper), math.Sqrt(anorm))
+		if upper > tol*anorm {
+			s.T.Errorf("matrix %d: A·Qᵀ has %.3g above its diagonal (‖A‖ = %.3g)", b, upper, anorm)
 		}
 		if minDiag < 0 {
 			s.T.Errorf("matrix %d: diag(Lo) has %v < 0 (sign convention)", b, minDiag)
 		}
 	}
+}
+
+// QRRowsResiduals measures how far q (n×n, row-major) is from an
+// orthonormalisation of a's rows in the sign convention of RefQRRows:
+// orth = ‖Q·Qᵀ − I‖_F, upper = the Frobenius norm of the part of
+// Lo = A·Qᵀ above its diagonal, anorm = ‖A‖_F, and minDiag = min_i Lo_ii
+// (≥ 0 in the convention). All in float64.
+func QRRowsResiduals(a, q []float64, n int) (orth, upper, anorm, minDiag float64) {
+	minDiag = math.Inf(1)
+	for i := 0; i < n; i++ {
+		for j := 0; j < n; j++ {
+			var d, l float64
+			for k := 0; k < n; k++ {
+				d += q[i*n+k] * q[j*n+k]
+				l += a[i*n+k] * q[j*n+k]
+			}
+			if i == j {
+				d--
+				minDiag = math.Min(minDiag, l)
+			}
+			orth += d * d
+			if j > i {
+				upper += l * l
+			}
+			anorm += a[i*n+j] * a[i*n+j]
+		}
+	}
+	return math.Sqrt(orth), math.Sqrt(upper), math.Sqrt(anorm), minDiag
 }
 
 // qrFailure: a matrix with a NaN gets status 1 and keeps its Q; the
