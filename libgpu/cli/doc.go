@@ -12,7 +12,9 @@
 //   - --trace (TraceFlag, StartTrace), JSON lines (JSONLine), float32
 //     defaults shown without float64 noise (F32), the not-built-yet command
 //     (NotBuilt), refusing to replace an existing --out (ForceFlag,
-//     CheckOut) and to create a missing socket directory (CheckSocketDir).
+//     CheckOut) and to create a missing socket directory (CheckSocketDir);
+//   - the progress bar with ETA of every long job (Progress), on stderr
+//     when it is a terminal or GPUKIT_PROGRESS=always.
 //
 // A tool's main is one line: os.Exit(cli.Main(app.New(), os.Args)). Flags
 // live only here and in the tools' CLI packages; no other library defines one.
