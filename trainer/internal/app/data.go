@@ -22,8 +22,8 @@ import (
 func dataCommand() *cli.Command {
 	return &cli.Command{
 		Name:        "data",
-		Usage:       "make datasets for the trainer's models (sudoku)",
-		Subcommands: []*cli.Command{dataSudokuCommand()},
+		Usage:       "make datasets for the trainer's models (sudoku, replay)",
+		Subcommands: []*cli.Command{dataSudokuCommand(), dataReplayCommand()},
 	}
 }
 
@@ -139,4 +139,61 @@ func writeSudoku(c *cli.Context, out string, cfg sudoku.BuildConfig) error {
 	fmt.Fprintf(c.App.ErrWriter, "trainer: wrote %d training and %d test puzzles (%s, seed %d) to %s in %.1fs\n",
 		train.Len(), test.Len(), from, cfg.Seed, out, secs)
 	return nil
+}
+
+func dataReplayCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "replay",
+		Usage: "write the batches of a number of HRM training steps (for parity with bench/reference/hrm.py)",
+		Description: "Draws --steps batches of --batch puzzles from --set (a train.safetensors of trainer data sudoku) with\n" +
+			"the seeded sampler and augmentation of libgpu/data/sudoku, and the ACT exploration draws of each step,\n" +
+			"and writes them to --out as a replay file (gpukit-sudoku-replay/1: inputs, labels U8 [S, B, 81],\n" +
+			"min_halt_steps, puzzle, copy I32 [S, B]), which hrm.py parity --replay trains on. Prints one JSON line.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "set", Usage: "(required) training set file (train.safetensors)"},
+			&cli.StringFlag{Name: "out", Usage: "(required) replay file to write"},
+			&cli.IntFlag{Name: "steps", Value: 50, Usage: "training steps (segments)"},
+			&cli.IntFlag{Name: "batch", Value: 768, Usage: "puzzles per step (the reference's global batch)"},
+			&cli.IntFlag{Name: "num-aug", Value: 1000, Usage: "augmented copies per puzzle (the reference's 1k setting: 1000; 0: none)"},
+			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of the batches, the augmentation and the exploration draws"},
+			&cli.Float64Flag{Name: "halt-exploration-prob", Value: 0.1, Usage: "ACT exploration probability"},
+			&cli.IntFlag{Name: "halt-max-steps", Value: 16, Usage: "most segments per puzzle"},
+			kit.ForceFlag(),
+		},
+		Action: func(c *cli.Context) error {
+			if err := kit.NoArgs(c); err != nil {
+				return err
+			}
+			if err := kit.Require(c, "set", "out"); err != nil {
+				return err
+			}
+			steps, batch, aug := c.Int("steps"), c.Int("batch"), c.Int("num-aug")
+			prob, maxSteps := c.Float64("halt-exploration-prob"), c.Int("halt-max-steps")
+			switch {
+			case steps < 1 || batch < 1 || aug < 0:
+				return kit.Usagef("--steps %d --batch %d --num-aug %d: want steps and batch ≥ 1, num-aug ≥ 0", steps, batch, aug)
+			case !(prob >= 0 && prob <= 1) || maxSteps < 2:
+				return kit.Usagef("--halt-exploration-prob %g --halt-max-steps %d: want a probability and at least 2 steps", prob, maxSteps)
+			}
+			out := c.String("out")
+			if err := kit.CheckOut(c, "out", out); err != nil {
+				return err
+			}
+			set, err := sudoku.Load(c.String("set"))
+			if err != nil {
+				return fmt.Errorf("--set: %w", err)
+			}
+			seed := c.Uint64("seed")
+			r, err := sudoku.NewReplay(set, sudoku.ReplayConfig{
+				Sampler: sudoku.Sampler{N: set.Len(), Batch: batch, Seed: seed, Aug: sudoku.Augmenter{Seed: seed, NumAug: aug}},
+				Steps:   steps, Prob: prob, MaxSteps: maxSteps})
+			if err != nil {
+				return err
+			}
+			if err := r.Save(out); err != nil {
+				return err
+			}
+			return kit.JSONLine(c.App.Writer, map[string]any{"out": out, "steps": steps, "batch": batch, "num_aug": aug, "seed": seed, "train": set.Len()})
+		},
+	}
 }
