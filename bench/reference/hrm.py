@@ -50,7 +50,8 @@ puzzle_emb_ndim = hidden), positions 1..81 are the cells; 82 positions.
 RoPE over the 82 positions (theta 10000, head_dim 64, rotate_half layout:
 cos/sin = cat(freqs, freqs)).
 
-Replay files (sudoku.Replay, gpukit-sudoku-replay/1):
+Replay files (`trainer data replay --set train.safetensors --out F`; sudoku.Replay,
+gpukit-sudoku-replay/1):
     inputs         U8  [S, B, 81]  step t's candidate puzzles (0 blank)
     labels         U8  [S, B, 81]  their solutions
     min_halt_steps I32 [S, B]      exploration draws: 0 or 2..halt_max_steps
@@ -109,7 +110,9 @@ bf16: forward in bfloat16 (weights cast per use, RMSNorm and RoPE in f32, the
 stablemax in float64), master weights and optimizer state f32. f32: forward in
 float32 with TF32 off.
 
-Needs torch and safetensors (selfcheck needs neither).
+Needs torch and safetensors (selfcheck needs neither). Checked on the CPU with
+Debian's python3-torch 1.13 (no SDPA, no torch.compile: sdpa() falls back to
+plain ops) at a tiny size: init, parity on a replay, train, eval, bench eager.
 """
 import argparse
 import json
