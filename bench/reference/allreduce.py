@@ -1,15 +1,19 @@
-"""torch.distributed.all_reduce bus bandwidth, for the table gpukit-allreduce
+"""torch.distributed collective bus bandwidth, for the table gpukit-allreduce
 fills (bench/cmd/gpukit-allreduce): run under torchrun (or trainer launch),
-one process per GPU; rank 0 prints one JSON line per (dtype, mode) with the
-same keys:
+one process per GPU; rank 0 prints one JSON line per (op, dtype, mode) with
+the same keys:
 
-    torchrun --standalone --nproc-per-node 2 bench/reference/allreduce.py --size 256MiB
+    torchrun --standalone --nproc-per-node 2 bench/reference/allreduce.py --size 256MiB [--ops allreduce,reducescatter,allgather]
 
-us is the time of one in-place SUM all-reduce of --size bytes (median over
---repeats of --iters back-to-back collectives timed with CUDA events on rank
-0 after a barrier); algbw = bytes/time, busbw = algbw*2(n-1)/n (nccl-tests'
-PERFORMANCE.md). Mode "eager" calls all_reduce --iters times; "graph"
-replays the --iters calls captured in one torch.cuda.CUDAGraph.
+us is the time of one collective on a --size buffer (median over --repeats
+of --iters back-to-back collectives timed with CUDA events on rank 0 after a
+barrier): allreduce an in-place SUM all_reduce; reducescatter an in-place
+SUM reduce_scatter_tensor (each rank's output its 1/n of the buffer, as
+FSDP and ZeroRedundancyOptimizer's buckets are); allgather an in-place
+all_gather_into_tensor. algbw = bytes/time, busbw = algbw*2(n-1)/n for an
+all-reduce and algbw*(n-1)/n for the others (nccl-tests' PERFORMANCE.md).
+Mode "eager" calls the collective --iters times; "graph" replays the
+--iters calls captured in one torch.cuda.CUDAGraph.
 NCCL_NVLS_ENABLE=0 is set when unset (NVLink multicast stays off on shared
 GPU hosts).
 """
@@ -40,21 +44,21 @@ def parse_size(s):
     return int(m.group(1)) * UNITS[unit]
 
 
-def capture(x, iters, rank):
-    """iters all-reduces of x captured in one CUDA graph (warmed up on a side
-    stream, as torch.cuda.graphs asks); None, said on stderr, when PyTorch
-    cannot capture them."""
+def capture(one, iters, rank):
+    """iters calls of one (a collective) captured in one CUDA graph (warmed
+    up on a side stream, as torch.cuda.graphs asks); None, said on stderr,
+    when PyTorch cannot capture them."""
     try:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(2):
-                dist.all_reduce(x)
+                one()
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             for _ in range(iters):
-                dist.all_reduce(x)
+                one()
         g.replay()
         return g.replay
     except Exception as e:  # noqa: BLE001 - reported, the eager line stands
@@ -67,6 +71,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--size", default="256MiB")
     p.add_argument("--dtypes", default="f32,bf16")
+    p.add_argument("--ops", default="allreduce")
     p.add_argument("--modes", default="eager,graph")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
@@ -81,42 +86,57 @@ def main():
     barrier = torch.zeros(1, device="cuda")
     for ds in a.dtypes.split(","):
         dt = types[ds]
-        x = torch.zeros(nbytes // dt.itemsize, dtype=dt, device="cuda")
-        for mode in a.modes.split(","):
-            for _ in range(a.warmup):
-                dist.all_reduce(x)
-            if mode == "eager":
-                def body():
-                    for _ in range(a.iters):
-                        dist.all_reduce(x)
-            elif mode == "graph":
-                body = capture(x, a.iters, rank)
-                if body is None:
-                    continue
-            else:
-                raise SystemExit(f"mode {mode!r}: want eager or graph")
-            us = []
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            for _ in range(a.repeats):
-                dist.all_reduce(barrier)
-                torch.cuda.synchronize()
-                start.record()
-                body()
-                end.record()
-                end.synchronize()
-                us.append(start.elapsed_time(end) * 1e3 / a.iters)
-            if rank == 0:
-                t = statistics.median(us)
-                alg = x.numel() * x.element_size() / (t * 1e-6) / 1e9
-                print(json.dumps({
-                    "impl": "pytorch", "key": f"allreduce bytes={x.numel() * x.element_size()} dtype={ds} ranks={n} mode={mode}",
-                    "bytes": x.numel() * x.element_size(), "dtype": ds, "ranks": n, "mode": mode, "us": t,
-                    "algbw_GBps": alg, "busbw_GBps": alg * 2 * (n - 1) / n, "repeats_us": us,
-                    "nccl": ".".join(map(str, torch.cuda.nccl.version())), "device": torch.cuda.get_device_name(),
-                    "torch": torch.__version__,
-                }), flush=True)
-        del x
+        x = torch.zeros(nbytes // dt.itemsize // n * n, dtype=dt, device="cuda")
+        part = x.chunk(n)[rank]
+        for op in a.ops.split(","):
+            one = {
+                "allreduce": lambda: dist.all_reduce(x),
+                "reducescatter": lambda: dist.reduce_scatter_tensor(part, x),
+                "allgather": lambda: dist.all_gather_into_tensor(x, part),
+            }.get(op)
+            if one is None:
+                raise SystemExit(f"op {op!r}: want allreduce, reducescatter or allgather")
+            for mode in a.modes.split(","):
+                measure(a, op, one, mode, x, ds, n, rank, barrier)
+        del x, part
     dist.destroy_process_group()
+
+
+def measure(a, op, one, mode, x, ds, n, rank, barrier):
+    """Times one collective in mode and prints rank 0's line."""
+    for _ in range(a.warmup):
+        one()
+    if mode == "eager":
+        def body():
+            for _ in range(a.iters):
+                one()
+    elif mode == "graph":
+        body = capture(one, a.iters, rank)
+        if body is None:
+            return
+    else:
+        raise SystemExit(f"mode {mode!r}: want eager or graph")
+    us = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(a.repeats):
+        dist.all_reduce(barrier)
+        torch.cuda.synchronize()
+        start.record()
+        body()
+        end.record()
+        end.synchronize()
+        us.append(start.elapsed_time(end) * 1e3 / a.iters)
+    if rank == 0:
+        t = statistics.median(us)
+        alg = x.numel() * x.element_size() / (t * 1e-6) / 1e9
+        bus = alg * (n - 1) / n * (2 if op == "allreduce" else 1)
+        print(json.dumps({
+            "impl": "pytorch", "key": f"{op} bytes={x.numel() * x.element_size()} dtype={ds} ranks={n} mode={mode}",
+            "op": op, "bytes": x.numel() * x.element_size(), "dtype": ds, "ranks": n, "mode": mode, "us": t,
+            "algbw_GBps": alg, "busbw_GBps": bus, "repeats_us": us,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+        }), flush=True)
 
 
 if __name__ == "__main__":

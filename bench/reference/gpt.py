@@ -36,23 +36,31 @@ AdamW groups and schedule.
       Times causal bf16 SDPA forward and forward+backward.
 
   torchrun --nproc-per-node N gpt.py ddp [--layers 12 --heads 12 --d-model 768 --block 1024
-                                          --batch 16 --vocab 65 --mode compile --bucket-mb 25]
+                                          --batch 16 --vocab 65 --mode compile --bucket-mb 25
+                                          --optims adamw,zero]
       Data-parallel training throughput with DistributedDataParallel
       (NCCL, bucket_cap_mb --bucket-mb, gradient_as_bucket_view): the
       global batch of --batch sequences split over the ranks (--batch/N
-      each, random tokens), bf16 autocast, fused AdamW, dropout 0, no
-      clipping. --mode: eager (DDP alone), compile (torch.compile of the
-      DDP module; TorchDynamo's DDPOptimizer splits the graph at bucket
-      boundaries so the all-reduces still overlap the backward) or
-      reduce-overhead (the same with CUDA graphs; PyTorch's docs call DDP
-      with CUDA graphs fragile: a failure is printed as {"error": ...}).
-      Rank 0 prints one JSON line: tokens/s of the whole job and the step
+      each, random tokens), bf16 autocast, dropout 0, no clipping. --mode:
+      eager (DDP alone), compile (torch.compile of the DDP module;
+      TorchDynamo's DDPOptimizer splits the graph at bucket boundaries so
+      the all-reduces still overlap the backward) or reduce-overhead (the
+      same with CUDA graphs; PyTorch's docs call DDP with CUDA graphs
+      fragile: a failure is printed as {"error": ...}). --optims lists the
+      optimizers timed one after the other on the same (compiled) DDP
+      module: adamw (fused AdamW on every rank) and zero
+      (torch.distributed.optim.ZeroRedundancyOptimizer over fused AdamW:
+      ZeRO-1, each rank's AdamW holding its share of the parameters' state,
+      the updated parameters broadcast from their owners). Rank 0 prints
+      one JSON line per optimizer: tokens/s of the whole job and the step
       time (CUDA events around --iters steps after --warmup, median of
-      --repeats).
+      --repeats), and rank 0's peak memory while that optimizer ran
+      (torch.cuda.max_memory_allocated and max_memory_reserved, GiB).
 
 Needs torch and safetensors (numpy for batches).
 """
 import argparse
+import gc
 import json
 import math
 import os
@@ -333,12 +341,13 @@ def cmd_ddp(a):
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     if a.batch % world:
         sys.exit(f"gpt.py ddp: --batch {a.batch} does not divide by the world size {world}")
+    if not set(a.optims.split(",")) <= {"adamw", "zero"}:
+        sys.exit(f"gpt.py ddp: --optims {a.optims!r}: want adamw and/or zero")
     b = a.batch // world
     c = dict(vocab=a.vocab, layers=a.layers, heads=a.heads, d_model=a.d_model, block=a.block, bias=False, dropout=0.0)
     cfg = dict(lr=1e-3, beta1=0.9, beta2=0.99, weight_decay=0.1)
     torch.manual_seed(1)  # the same initial weights everywhere (DDP broadcasts rank 0's anyway)
     model = GPT(c).cuda()
-    opt = optimizer(model, cfg, "cuda")
     ddp = DDP(model, device_ids=[local], bucket_cap_mb=a.bucket_mb, gradient_as_bucket_view=True)
     fwd = ddp
     if a.mode == "compile":
@@ -349,40 +358,58 @@ def cmd_ddp(a):
     x = torch.randint(0, a.vocab, (b, a.block), device="cuda", generator=g)
     y = torch.randint(0, a.vocab, (b, a.block), device="cuda", generator=g)
 
-    def step():
-        if a.mode == "reduce-overhead":
-            torch.compiler.cudagraph_mark_step_begin()
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-            loss = fwd(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=False)  # gradients stay bucket views
-        return loss
+    for name in a.optims.split(","):
+        if name == "adamw":
+            opt = optimizer(model, cfg, "cuda")
+        else:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            params = [p for p in model.parameters() if p.requires_grad]
+            opt = ZeroRedundancyOptimizer(
+                [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg["weight_decay"]},
+                 {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                optimizer_class=torch.optim.AdamW, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=1e-8, fused=True)
 
-    line = {"workload": "gpt-dp", "impl": "torch-ddp-" + a.mode, "ranks": world, "batch": a.batch,
-            "block": a.block, "layers": a.layers, "d_model": a.d_model, "bucket_mb": a.bucket_mb,
-            "torch": torch.__version__, "nccl": nccl_version()}
-    try:
-        for _ in range(a.warmup):
-            step()
-        ms = []
-        for _ in range(a.repeats):
-            dist.barrier()
-            torch.cuda.synchronize()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(a.iters):
+        def step(opt=opt):
+            if a.mode == "reduce-overhead":
+                torch.compiler.cudagraph_mark_step_begin()
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                loss = fwd(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)  # gradients stay bucket views
+            return loss
+
+        impl = "torch-ddp-" + a.mode + ("-zero" if name == "zero" else "")
+        line = {"workload": "gpt-dp", "impl": impl, "optim": name, "ranks": world, "batch": a.batch,
+                "block": a.block, "layers": a.layers, "d_model": a.d_model, "bucket_mb": a.bucket_mb,
+                "torch": torch.__version__, "nccl": nccl_version()}
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            for _ in range(a.warmup):
                 step()
-            e.record()
-            e.synchronize()
-            ms.append(s.elapsed_time(e) / a.iters)
-        ms.sort()
-        step_ms = ms[len(ms) // 2]
-        line.update(step_ms=step_ms, tokens_per_s=a.batch * a.block / (step_ms / 1e3), repeats_ms=ms)
-    except Exception as err:  # noqa: BLE001 - reported in the line; every rank fails alike
-        line["error"] = f"{type(err).__name__}: {err}"[:500]
-    if rank == 0:
-        print(json.dumps(line), flush=True)
+            ms = []
+            for _ in range(a.repeats):
+                dist.barrier()
+                torch.cuda.synchronize()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                for _ in range(a.iters):
+                    step()
+                e.record()
+                e.synchronize()
+                ms.append(s.elapsed_time(e) / a.iters)
+            ms.sort()
+            step_ms = ms[len(ms) // 2]
+            line.update(step_ms=step_ms, tokens_per_s=a.batch * a.block / (step_ms / 1e3), repeats_ms=ms,
+                        max_mem_alloc_GiB=torch.cuda.max_memory_allocated() / 2**30,
+                        max_mem_reserved_GiB=torch.cuda.max_memory_reserved() / 2**30)
+        except Exception as err:  # noqa: BLE001 - reported in the line; every rank fails alike
+            line["error"] = f"{type(err).__name__}: {err}"[:500]
+        if rank == 0:
+            print(json.dumps(line), flush=True)
+        del opt
+        gc.collect()
+        torch.cuda.empty_cache()
     dist.destroy_process_group()
 
 
@@ -467,6 +494,7 @@ def main():
         q.add_argument("--" + k.replace("_", "-"), type=int, default=v)
     q.add_argument("--bucket-mb", type=float, default=25.0)
     q.add_argument("--mode", default="compile", choices=["eager", "compile", "reduce-overhead"])
+    q.add_argument("--optims", default="adamw")
     q.set_defaults(f=cmd_ddp)
     q = sub.add_parser("attention")
     q.add_argument("--shape", action="append", default=None)

@@ -7,6 +7,9 @@ import (
 
 var (
 	pStreamCreate       = newProc(libDriver, "cuStreamCreate")
+	pStreamCreatePrio   = newProc(libDriver, "cuStreamCreateWithPriority")
+	pCtxStreamPrios     = newProc(libDriver, "cuCtxGetStreamPriorityRange")
+	pStreamGetPriority  = newProc(libDriver, "cuStreamGetPriority")
 	pStreamSynchronize  = newProc(libDriver, "cuStreamSynchronize")
 	pStreamDestroy      = newProc(libDriver, "cuStreamDestroy_v2")
 	pStreamWaitEvent    = newProc(libDriver, "cuStreamWaitEvent")
@@ -45,6 +48,43 @@ func StreamCreate(nonBlocking bool) (Stream, error) {
 		return 0, err
 	}
 	return Stream(s), nil
+}
+
+// StreamCreateWithPriority creates a stream of the given priority
+// (cuStreamCreateWithPriority: lower numbers are higher priorities, within
+// StreamPriorityRange; the block scheduler starts pending blocks of
+// higher-priority streams first). nonBlocking as StreamCreate.
+func StreamCreateWithPriority(nonBlocking bool, priority int) (Stream, error) {
+	var flags uintptr
+	if nonBlocking {
+		flags = 1
+	}
+	var s uintptr
+	if err := pStreamCreatePrio.cu(uintptr(unsafe.Pointer(&s)), flags, uintptr(int64(priority))); err != nil {
+		return 0, err
+	}
+	return Stream(s), nil
+}
+
+// StreamPriorityRange is the current context's stream priorities
+// (cuCtxGetStreamPriorityRange): least (the default, 0) and greatest
+// (a negative number on GPUs with priorities, −5 on Hopper; 0 and 0
+// without them).
+func StreamPriorityRange() (least, greatest int, err error) {
+	var l, g int32
+	if err := pCtxStreamPrios.cu(uintptr(unsafe.Pointer(&l)), uintptr(unsafe.Pointer(&g))); err != nil {
+		return 0, 0, err
+	}
+	return int(l), int(g), nil
+}
+
+// Priority is s's priority (cuStreamGetPriority).
+func (s Stream) Priority() (int, error) {
+	var p int32
+	if err := pStreamGetPriority.cu(uintptr(s), uintptr(unsafe.Pointer(&p))); err != nil {
+		return 0, err
+	}
+	return int(p), nil
 }
 
 // Synchronize waits until all work queued on s has finished.

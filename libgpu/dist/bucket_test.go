@@ -96,11 +96,18 @@ func TestPlanRandom(t *testing.T) {
 			ps[i] = Param{Name: fmt.Sprint("p", i), DType: dts[r.IntN(len(dts))], Shape: shape}
 		}
 		cfg := BucketConfig{Bytes: int64(1 + r.IntN(20000)), FirstBytes: int64(1 + r.IntN(5000)), Align: int64(16 << r.IntN(5))}
+		if r.IntN(2) == 0 {
+			cfg.LastBytes = int64(1 + r.IntN(3000))
+		}
+		if r.IntN(2) == 0 {
+			cfg.Shards = 1 + r.IntN(8)
+		}
 		l, err := Plan(ps, cfg)
 		if err != nil {
 			t.Fatalf("trial %d: %v", trial, err)
 		}
 		checkLayout(t, l, cfg)
+		checkSegments(t, l)
 		if t.Failed() {
 			t.Fatalf("trial %d (seed %d): %+v with %+v", trial, seed, ps, cfg)
 		}
@@ -110,9 +117,34 @@ func TestPlanRandom(t *testing.T) {
 // checkLayout verifies a plan against its definition: every gradient in
 // exactly one bucket of its dtype, buckets in reverse parameter order,
 // gradients aligned, disjoint and inside their bucket, buckets aligned and
-// back to back, and each bucket closed exactly when it reached its limit.
+// back to back (and a multiple of Shards aligned parts), each bucket
+// closed exactly when it reached its limit, except that with LastBytes the
+// leading parameters of each dtype that fit in it (at least one) make the
+// dtype's last bucket, whatever its size, and the bucket before it closes
+// where they begin.
 func checkLayout(t *testing.T, l *Layout, cfg BucketConfig) {
 	t.Helper()
+	if l.Shards != max(cfg.Shards, 1) {
+		t.Errorf("layout of %d shards, configured %d", l.Shards, cfg.Shards)
+	}
+	// The tail: per dtype, the leading parameters whose aligned bytes fit
+	// in LastBytes (at least one).
+	inTail := make([]bool, len(l.Params))
+	if cfg.LastBytes > 0 {
+		filled, stop := map[tensor.DType]int64{}, map[tensor.DType]bool{}
+		for i, p := range l.Params {
+			if stop[p.DType] {
+				continue
+			}
+			first := filled[p.DType] == 0
+			end := (filled[p.DType]+l.Align-1)/l.Align*l.Align + int64(tensor.Numel(p.Shape)*p.DType.Size())
+			if end > cfg.LastBytes && !first {
+				stop[p.DType] = true
+				continue
+			}
+			inTail[i], filled[p.DType] = true, end
+		}
+	}
 	seen := make([]int, len(l.Params))
 	var off int64
 	closedPerType := map[tensor.DType]int{}
@@ -123,8 +155,17 @@ func checkLayout(t *testing.T, l *Layout, cfg BucketConfig) {
 	prevFirst := len(l.Params)
 	for bi, b := range l.Buckets {
 		es := int64(b.DType.Size())
-		if b.Offset != off || b.Offset%l.Align != 0 || b.Bytes()%l.Align != 0 {
-			t.Errorf("bucket %d at %d, %d bytes (want at %d, %d-aligned)", bi, b.Offset, b.Bytes(), off, l.Align)
+		if b.Offset != off || b.Offset%l.Align != 0 || b.Bytes()%(l.Align*int64(l.Shards)) != 0 {
+			t.Errorf("bucket %d at %d, %d bytes (want at %d, %d-aligned, %d parts)", bi, b.Offset, b.Bytes(), off, l.Align, l.Shards)
+		}
+		tail := len(b.Params) > 0 && inTail[b.Params[0]]
+		for _, i := range b.Params {
+			if inTail[i] != tail {
+				t.Errorf("bucket %d mixes the last bucket's parameters with others: %v", bi, b.Params)
+			}
+		}
+		if tail && bi != lastOfType[b.DType] {
+			t.Errorf("bucket %d holds the leading parameters %v but is not its dtype's last", bi, b.Params)
 		}
 		off += b.Bytes()
 		if len(b.Params) == 0 || b.Params[0] >= prevFirst {
@@ -157,10 +198,17 @@ func checkLayout(t *testing.T, l *Layout, cfg BucketConfig) {
 			}
 			full := end >= limit
 			last := k == len(b.Params)-1
-			if full && !last {
+			if full && !last && !tail {
 				t.Errorf("bucket %d reached its limit %d at param %d but went on", bi, limit, i)
 			}
-			if last && !full && bi != lastOfType[b.DType] {
+			beforeTail := i > 0 && inTail[i-1] && l.Params[i-1].DType == b.DType
+			for j := i - 1; j >= 0 && !beforeTail; j-- { // the next parameter of this dtype
+				if l.Params[j].DType == b.DType {
+					beforeTail = inTail[j]
+					break
+				}
+			}
+			if last && !full && bi != lastOfType[b.DType] && !beforeTail {
 				t.Errorf("bucket %d closed below its limit %d (%d bytes)", bi, limit, end)
 			}
 		}
@@ -176,19 +224,154 @@ func checkLayout(t *testing.T, l *Layout, cfg BucketConfig) {
 	}
 }
 
+// checkSegments verifies Part and Segments: the parts of a bucket are
+// equal, aligned and tile it; every element of every parameter is in
+// exactly one segment of one rank, inside that rank's part, at its slot.
+func checkSegments(t *testing.T, l *Layout) {
+	t.Helper()
+	covered := make([][]int, len(l.Params))
+	for i, p := range l.Params {
+		covered[i] = make([]int, tensor.Numel(p.Shape))
+	}
+	for b, bk := range l.Buckets {
+		es := int64(bk.DType.Size())
+		next := 0
+		for r := range l.Shards {
+			off, n := l.Part(b, r)
+			if off != next || n*l.Shards != bk.Numel || int64(off)*es%l.Align != 0 {
+				t.Errorf("bucket %d (%d elements): part %d at %d of %d", b, bk.Numel, r, off, n)
+			}
+			next = off + n
+		}
+	}
+	for r := range l.Shards {
+		prev := Segment{Bucket: -1}
+		for _, s := range l.Segments(r) {
+			off, n := l.Part(s.Bucket, r)
+			slot := l.Slots[s.Param]
+			if s.Bucket != slot.Bucket || s.At != slot.Offset+s.Offset || s.Numel <= 0 || s.At < off || s.At+s.Numel > off+n {
+				t.Errorf("rank %d: segment %+v outside its part [%d, %d) or its slot %+v", r, s, off, off+n, slot)
+				continue
+			}
+			if s.Bucket < prev.Bucket || s.Bucket == prev.Bucket && s.At < prev.At+prev.Numel {
+				t.Errorf("rank %d: segment %+v after %+v", r, s, prev)
+			}
+			prev = s
+			for k := range s.Numel {
+				covered[s.Param][s.Offset+k]++
+			}
+		}
+	}
+	for i, c := range covered {
+		for k, n := range c {
+			if n != 1 {
+				t.Fatalf("element %d of param %d in %d segments", k, i, n)
+			}
+		}
+	}
+}
+
+// TestPlanLastBucket: with LastBytes the embeddings (the parameters the
+// backward finishes last) get a small bucket of their own; without it,
+// the position embedding shares the last block's bucket (which closes
+// at 25 MiB with it).
+func TestPlanLastBucket(t *testing.T) {
+	d := 768
+	ps := []Param{f32("wte", 65, d), f32("wpe", 1024, d)}
+	for l := range 2 {
+		ps = append(ps, f32(fmt.Sprintf("h%d.ln1.w", l), d), f32(fmt.Sprintf("h%d.attn.w", l), 3*d, d),
+			f32(fmt.Sprintf("h%d.mlp.fc", l), 4*d, d))
+	}
+	names := func(l *Layout) [][]string {
+		var got [][]string
+		for _, b := range l.Buckets {
+			var n []string
+			for _, i := range b.Params {
+				n = append(n, ps[i].Name)
+			}
+			got = append(got, n)
+		}
+		return got
+	}
+	cfg := BucketConfig{Bytes: 25 << 20, FirstBytes: 1 << 20}
+	l, err := Plan(ps, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]string{{"h1.mlp.fc"}, {"h1.attn.w", "h1.ln1.w", "h0.mlp.fc", "h0.attn.w", "h0.ln1.w", "wpe"}, {"wte"}}
+	if got := names(l); !reflect.DeepEqual(got, want) {
+		t.Fatalf("without LastBytes:\n got %q\nwant %q", got, want)
+	}
+	cfg.LastBytes = int64(65*d*4 + 1024*d*4) // wte and wpe fit exactly (wte ends aligned), h0.ln1.w not
+	if l, err = Plan(ps, cfg); err != nil {
+		t.Fatal(err)
+	}
+	want = [][]string{{"h1.mlp.fc"}, {"h1.attn.w", "h1.ln1.w", "h0.mlp.fc", "h0.attn.w", "h0.ln1.w"}, {"wpe", "wte"}}
+	if got := names(l); !reflect.DeepEqual(got, want) {
+		t.Fatalf("LastBytes of wte and wpe:\n got %q\nwant %q", got, want)
+	}
+	checkLayout(t, l, cfg)
+	cfg.LastBytes = 1 // smaller than any parameter: the first one alone
+	if l, err = Plan(ps, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(l); !reflect.DeepEqual(got[len(got)-1], []string{"wte"}) {
+		t.Fatalf("LastBytes 1: buckets %q, want wte alone last", got)
+	}
+	checkLayout(t, l, cfg)
+}
+
+// TestPlanShards: buckets cut into 3 parts are padded to a multiple of 3
+// aligned parts; rank 1's segments of a small layout are as worked out by
+// hand.
+func TestPlanShards(t *testing.T) {
+	// One bucket of 10 + 3 f32 (align 16 bytes: 4 elements): slots a at
+	// 0..10, b at 12..15; 16 elements → padded to 24 (3 × 8).
+	l, err := Plan([]Param{f32("b", 3), f32("a", 10)}, BucketConfig{Bytes: 1 << 20, FirstBytes: 1 << 20, Align: 16, Shards: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Buckets) != 1 || l.Buckets[0].Numel != 24 || l.Bytes != 96 {
+		t.Fatalf("buckets %+v, %d bytes", l.Buckets, l.Bytes)
+	}
+	want := [][]Segment{
+		{{Param: 1, Bucket: 0, Offset: 0, At: 0, Numel: 8}},
+		{{Param: 1, Bucket: 0, Offset: 8, At: 8, Numel: 2}, {Param: 0, Bucket: 0, Offset: 0, At: 12, Numel: 3}},
+		nil,
+	}
+	for r := range 3 {
+		if got := l.Segments(r); !reflect.DeepEqual(got, want[r]) {
+			t.Errorf("rank %d: segments %+v, want %+v", r, got, want[r])
+		}
+	}
+	checkSegments(t, l)
+	a := device.Local{Dev: device.NewHost()}
+	g, err := l.Alloc(a, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Free()
+	p, err := l.PartView(g.Buckets[0], 0, 2)
+	if err != nil || p.Numel() != 8 || p.Offset != 16 {
+		t.Fatalf("part 2: %v, %v", p, err)
+	}
+}
+
 func TestPlanErrors(t *testing.T) {
 	for name, c := range map[string]struct {
 		ps  []Param
 		cfg BucketConfig
 	}{
-		"no params":      {nil, BucketConfig{}},
-		"empty param":    {[]Param{f32("a", 3, 0)}, BucketConfig{}},
-		"negative dim":   {[]Param{f32("a", -3, -2)}, BucketConfig{}},
-		"bad dtype":      {[]Param{{Name: "a", Shape: []int{3}}}, BucketConfig{}},
-		"align 8":        {[]Param{f32("a", 3)}, BucketConfig{Align: 8}},
-		"align 48":       {[]Param{f32("a", 3)}, BucketConfig{Align: 48}},
-		"negative limit": {[]Param{f32("a", 3)}, BucketConfig{Bytes: -1}},
-		"negative first": {[]Param{f32("a", 3)}, BucketConfig{FirstBytes: -5}},
+		"no params":       {nil, BucketConfig{}},
+		"empty param":     {[]Param{f32("a", 3, 0)}, BucketConfig{}},
+		"negative dim":    {[]Param{f32("a", -3, -2)}, BucketConfig{}},
+		"bad dtype":       {[]Param{{Name: "a", Shape: []int{3}}}, BucketConfig{}},
+		"align 8":         {[]Param{f32("a", 3)}, BucketConfig{Align: 8}},
+		"align 48":        {[]Param{f32("a", 3)}, BucketConfig{Align: 48}},
+		"negative limit":  {[]Param{f32("a", 3)}, BucketConfig{Bytes: -1}},
+		"negative first":  {[]Param{f32("a", 3)}, BucketConfig{FirstBytes: -5}},
+		"negative last":   {[]Param{f32("a", 3)}, BucketConfig{LastBytes: -5}},
+		"negative shards": {[]Param{f32("a", 3)}, BucketConfig{Shards: -2}},
 	} {
 		if _, err := Plan(c.ps, c.cfg); !errors.Is(err, ErrBucket) {
 			t.Errorf("%s: %v, want ErrBucket", name, err)

@@ -5,6 +5,11 @@
 //	clip_sumsq_multi  one partial sum of squares per block (multi-tensor)
 //	clip_finalize     one block: norm = sqrt(sum of the partials), coef
 //	clip_scale_multi  g *= coef for every tensor (multi-tensor)
+//	clip_sumsq_total  one block: the partials' sum rounded to f32
+//	                  (ops.Engine.SumSquares: one rank's part of a sum of
+//	                  squares that an all-reduce completes)
+//	clip_coef_from_sumsq  one thread: norm and coef from such a sum
+//	                  (ops.Engine.ClipCoefFromSumSquares)
 //
 // The list travels by value like ops_optim.cu's (a __grid_constant__ struct
 // of up to OPS_CLIP_MAX tensors; tensor i owns blocks [start[i],
@@ -104,5 +109,30 @@ extern "C" __global__ void clip_scale_multi(const __grid_constant__ ops_clip_arg
     float c = coef[0];
     for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {
         T.g[k] *= c;
+    }
+}
+
+// clip_sumsq_total, one block: out[0] = the sum of partial[0..count) in
+// the order of clip_finalize, rounded to f32.
+extern "C" __global__ void clip_sumsq_total(const double* partial, int count, float* out) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+        s += partial[i];
+    }
+    s = clip_block_sum(s);
+    if (threadIdx.x == 0) {
+        out[0] = (float)s;
+    }
+}
+
+// clip_coef_from_sumsq, one thread: n = sqrt(sumsq[0]) rounded to f32,
+// norm[0] = n and coef[0] = min(max_norm / (n + 1e-6), 1) as
+// clip_finalize computes them.
+extern "C" __global__ void clip_coef_from_sumsq(const float* sumsq, float* norm, float* coef, float max_norm) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        float n = (float)sqrt((double)sumsq[0]);
+        float c = max_norm / (n + 1e-6f);
+        norm[0] = n;
+        coef[0] = c < 1.0f ? c : (c == c ? 1.0f : c);  // NaN stays NaN
     }
 }

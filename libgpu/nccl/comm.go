@@ -46,6 +46,37 @@ type Comm struct {
 // are copies (or nothing, in place), and it loads no library.
 func Solo(dev device.Device) *Comm { return &Comm{size: 1, dev: dev} }
 
+// Config tunes a communicator (NCCL's ncclConfig_t, "Communicator
+// Configuration" in NCCL's user guide). The zero Config is NCCL's defaults;
+// NCCL's environment (NCCL_MIN_CTAS, NCCL_MAX_CTAS, and the older
+// NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS) overrides what is set here.
+type Config struct {
+	// MinCTAs and MaxCTAs bound the CTAs — thread blocks, one per
+	// channel, each holding an SM while it runs — of every collective's
+	// kernel (0: NCCL's choice, up to 32 on an NVLink H100). Fewer CTAs
+	// leave more SMs to the computation a bucket's all-reduce overlaps
+	// (the backward) at the cost of the collective's bandwidth; at least
+	// 1, MinCTAs ≤ MaxCTAs where both are set.
+	MinCTAs, MaxCTAs int
+}
+
+func (c Config) check() error {
+	if c.MinCTAs < 0 || c.MaxCTAs < 0 || (c.MinCTAs > 0 && c.MaxCTAs > 0 && c.MinCTAs > c.MaxCTAs) {
+		return fmt.Errorf("%w: CTAs between %d and %d (want ≥ 0, the minimum at most the maximum; 0 for NCCL's choice)",
+			ErrArg, c.MinCTAs, c.MaxCTAs)
+	}
+	return nil
+}
+
+// ncclConfig is c as NCCL's config, nil for the zero Config (NCCL's
+// defaults, as without one).
+func (c Config) ncclConfig() *config {
+	if c == (Config{}) {
+		return nil
+	}
+	return newConfig(c.MinCTAs, c.MaxCTAs)
+}
+
 // NewComm joins the communicator of size ranks identified by id, as rank
 // (ncclCommInitRankScalable with one id; it returns once every rank has
 // joined). e's device is this rank's GPU; the id comes from rank 0's
@@ -53,8 +84,17 @@ func Solo(dev device.Device) *Comm { return &Comm{size: 1, dev: dev} }
 // a host engine, NCCL's (a CallError) otherwise; a missing or old NCCL
 // gives one line naming libnccl.so.2 and GPUKIT_CUDA_PATH (or ErrTooOld).
 func NewComm(e *ops.Engine, id UniqueID, rank, size int) (*Comm, error) {
+	return NewCommConfig(e, id, rank, size, Config{})
+}
+
+// NewCommConfig is NewComm with cfg (every rank passes the same); ErrArg
+// for a Config out of range.
+func NewCommConfig(e *ops.Engine, id UniqueID, rank, size int, cfg Config) (*Comm, error) {
 	if size < 1 || rank < 0 || rank >= size {
 		return nil, fmt.Errorf("%w: rank %d of %d", ErrArg, rank, size)
+	}
+	if err := cfg.check(); err != nil {
+		return nil, err
 	}
 	cd, ok := e.Device().(device.CUDADevice)
 	if !ok {
@@ -66,7 +106,7 @@ func NewComm(e *ops.Engine, id UniqueID, rank, size int) (*Comm, error) {
 	c := &Comm{rank: rank, size: size, dev: e.Device(), cdev: cd}
 	err := cd.Do(func() error {
 		var err error
-		c.h, err = commInit(size, rank, &id)
+		c.h, err = commInit(size, rank, &id, cfg.ncclConfig())
 		return err
 	})
 	if err != nil {
@@ -92,6 +132,16 @@ func NewComm(e *ops.Engine, id UniqueID, rank, size int) (*Comm, error) {
 // without it fails at once; rank 0 tells the other ranks when it cannot
 // make the id.
 func Connect(ctx context.Context, e *ops.Engine, rv *dist.Rendezvous) (*Comm, error) {
+	return ConnectConfig(ctx, e, rv, Config{})
+}
+
+// ConnectConfig is Connect with every rank's communicator made with cfg
+// (NewCommConfig); one rank ignores it (Solo). ErrArg for a Config out of
+// range, before the rendezvous.
+func ConnectConfig(ctx context.Context, e *ops.Engine, rv *dist.Rendezvous, cfg Config) (*Comm, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
 	w := rv.World
 	if w.Size <= 1 {
 		return Solo(e.Device()), nil
@@ -119,7 +169,7 @@ func Connect(ctx context.Context, e *ops.Engine, rv *dist.Rendezvous) (*Comm, er
 		return nil, fmt.Errorf("%w: rank 0 sent a %d-byte id, want %d", dist.ErrRendezvous, len(data), len(id))
 	}
 	copy(id[:], data)
-	return NewComm(e, id, w.Rank, w.Size)
+	return NewCommConfig(e, id, w.Rank, w.Size, cfg)
 }
 
 // Rank is this process's rank in [0, Size()).

@@ -24,7 +24,10 @@
 // communication stream as the backward completes them, overlapping the rest of the
 // backward, as PyTorch's DistributedDataParallel does; Reducer.Compress
 // makes its f32 buckets travel in bf16 (cast, bf16 all-reduce, cast back,
-// on the same stream), as DDP's bf16_compress_hook does.
+// on the same stream), as DDP's bf16_compress_hook does; Reducer.Scatter
+// makes it reduce-scatter each bucket instead (ZeRO-1, libgpu/zero).
+// Config bounds NCCL's CTAs per collective (ConnectConfig). nccltest holds
+// the in-process stand-in for tests on the host and the multi-GPU harness.
 //
 // Results (ncclResult_t) are Go errors that name themselves without the
 // library ("ncclSystemError (2)"); failed calls are CallErrors carrying

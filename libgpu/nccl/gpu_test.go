@@ -1,15 +1,11 @@
 package nccl_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math"
-	"net"
 	"os"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +15,7 @@ import (
 	"gpukit/libgpu/dist"
 	"gpukit/libgpu/dist/launch"
 	"gpukit/libgpu/nccl"
+	"gpukit/libgpu/nccl/nccltest"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
 )
@@ -45,26 +42,6 @@ func requireNCCL(t *testing.T) {
 		}
 		t.Skipf("no NCCL: %v", err)
 	}
-}
-
-// needGPUs skips a test without n GPUs, or fails it when
-// GPUKIT_REQUIRE_GPUS is at least n (set it on the multi-GPU machine).
-func needGPUs(t *testing.T, n int) {
-	t.Helper()
-	have, err := cuda.DeviceCount()
-	if err == nil && have >= n {
-		if _, err := nccl.LibraryVersion(); err == nil {
-			return
-		} else if req, _ := strconv.Atoi(os.Getenv("GPUKIT_REQUIRE_GPUS")); req >= n {
-			t.Fatalf("NCCL required: %v", err)
-		} else {
-			t.Skipf("no NCCL: %v", err)
-		}
-	}
-	if req, _ := strconv.Atoi(os.Getenv("GPUKIT_REQUIRE_GPUS")); req >= n {
-		t.Fatalf("%d GPUs required (GPUKIT_REQUIRE_GPUS=%d), %d here (%v)", n, req, have, err)
-	}
-	t.Skipf("needs %d GPUs, %d here (%v)", n, have, err)
 }
 
 func TestNCCLLibrary(t *testing.T) {
@@ -252,47 +229,16 @@ func TestNCCLOneRank(t *testing.T) {
 	}
 }
 
-// ranks runs mode on two ranks, this test binary re-executed through
-// dist/launch; each configures its own node (several launches stand for
-// several machines).
+// ranks runs mode on the ranks of nodes, this test binary re-executed
+// through dist/launch (nccltest.Ranks); each node config stands for a
+// machine. In mode "sockets" every channel must go through NCCL's socket
+// transport.
 func ranks(t *testing.T, mode string, nodes []launch.Config) {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, err := freePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out syncBuffer
-	errs := make([]error, len(nodes))
-	var wg sync.WaitGroup
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	for i, cfg := range nodes {
-		cfg.Command = []string{exe, "-test.run=^TestRankHelper$", "-test.v", "-test.count=1"}
-		cfg.Env = append(append(os.Environ(), "GPUKIT_NCCL_RANK_MODE="+mode), cfg.Env...)
-		cfg.MasterPort = port
-		cfg.Stdout, cfg.Stderr = &out, &out
-		cfg.Grace = 10 * time.Second
-		cfg.Logf = t.Logf
-		wg.Go(func() { errs[i] = launch.Run(ctx, cfg) })
-	}
-	wg.Wait()
-	t.Logf("ranks' output:\n%s", out.String())
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("node %d: %v", i, err)
-		}
-	}
-	if got := strings.Count(out.String(), "--- PASS: TestRankHelper"); got != 2 {
-		t.Fatalf("%d ranks passed, want 2", got)
-	}
+	log := nccltest.Ranks(t, "TestRankHelper", mode, nodes)
 	// NCCL logs each channel's connection (NCCL_DEBUG=INFO, subsystems
 	// INIT and NET): "Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/0".
-	if log := out.String(); mode == "sockets" &&
-		(!strings.Contains(log, "via NET/Socket") || strings.Contains(log, "via P2P") || strings.Contains(log, "via SHM")) {
+	if mode == "sockets" && (!strings.Contains(log, "via NET/Socket") || strings.Contains(log, "via P2P") || strings.Contains(log, "via SHM")) {
 		t.Errorf("the ranks' channels did not all go through NCCL's socket transport (want \"via NET/Socket\" and no \"via P2P\" or \"via SHM\" in NCCL's log)")
 	}
 }
@@ -310,7 +256,7 @@ func TestRanksHarness(t *testing.T) {
 
 // TestMultiGPUCollectives: two ranks on two GPUs of this machine.
 func TestMultiGPUCollectives(t *testing.T) {
-	needGPUs(t, 2)
+	nccltest.NeedGPUs(t, 2)
 	ranks(t, "collectives", []launch.Config{{NProc: 2}})
 }
 
@@ -319,7 +265,7 @@ func TestMultiGPUCollectives(t *testing.T) {
 // all-reduce, cast back), and a 256 MiB in-place all-reduce, captured and
 // replayed.
 func TestMultiGPUGraph(t *testing.T) {
-	needGPUs(t, 2)
+	nccltest.NeedGPUs(t, 2)
 	ranks(t, "graph", []launch.Config{{NProc: 2}})
 }
 
@@ -328,7 +274,7 @@ func TestMultiGPUGraph(t *testing.T) {
 // transports off: the ranks talk through NCCL's socket transport, as
 // across machines without InfiniBand.
 func TestMultiGPUSockets(t *testing.T) {
-	needGPUs(t, 2)
+	nccltest.NeedGPUs(t, 2)
 	env := []string{"NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1", "NCCL_NET=Socket", "NCCL_SOCKET_IFNAME=lo",
 		"NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,NET"}
 	ranks(t, "sockets", []launch.Config{
@@ -337,10 +283,36 @@ func TestMultiGPUSockets(t *testing.T) {
 	})
 }
 
+// TestMultiGPUReduceScatter: the Reducer in Scatter mode (ZeRO-1) on two
+// ranks, f32 and compressed to bf16, eagerly and replayed from a capture:
+// each rank's part of every bucket holds the average, the rest its own
+// gradients.
+func TestMultiGPUReduceScatter(t *testing.T) {
+	nccltest.NeedGPUs(t, 2)
+	ranks(t, "scatter", []launch.Config{{NProc: 2}})
+}
+
+// TestMultiGPUConfig: communicators made with a Config (at most 2 CTAs
+// per collective) give the same exact collectives and reduce-scatters.
+func TestMultiGPUConfig(t *testing.T) {
+	nccltest.NeedGPUs(t, 2)
+	ranks(t, "config", []launch.Config{{NProc: 2}})
+}
+
+// TestMultiGPU4: four ranks on four GPUs: every collective (up to
+// 256 MiB), the Reducer's all-reduces and reduce-scatters in replayed
+// graphs.
+func TestMultiGPU4(t *testing.T) {
+	nccltest.NeedGPUs(t, 4)
+	for _, mode := range []string{"collectives", "graph", "scatter"} {
+		t.Run(mode, func(t *testing.T) { ranks(t, mode, []launch.Config{{NProc: 4}}) })
+	}
+}
+
 // TestRankHelper is one rank of the TestMultiGPU tests when
 // GPUKIT_NCCL_RANK_MODE is set, and does nothing otherwise.
 func TestRankHelper(t *testing.T) {
-	mode := os.Getenv("GPUKIT_NCCL_RANK_MODE")
+	mode := nccltest.RankMode()
 	if mode == "" {
 		return
 	}
@@ -367,7 +339,11 @@ func TestRankHelper(t *testing.T) {
 	}
 	e, a := setup(t, ord)
 	t.Logf("%v on %v", w, e.Device())
-	c, err := nccl.Connect(context.Background(), e, &dist.Rendezvous{World: w, Timeout: 2 * time.Minute, Logf: t.Logf})
+	var cfg nccl.Config
+	if mode == "config" {
+		cfg = nccl.Config{MinCTAs: 1, MaxCTAs: 2}
+	}
+	c, err := nccl.ConnectConfig(context.Background(), e, &dist.Rendezvous{World: w, Timeout: 2 * time.Minute, Logf: t.Logf}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,6 +355,13 @@ func TestRankHelper(t *testing.T) {
 		collectives(t, e, a, c, []int{7, 1<<20 + 3, 16 << 20}, false)
 	case "graph":
 		graphs(t, e, a, c)
+	case "scatter":
+		for _, dt := range []tensor.DType{tensor.F32, tensor.BF16} {
+			reducerScatterGraph(t, e, a, c, dt)
+		}
+	case "config":
+		collectives(t, e, a, c, []int{7, 1<<20 + 3, 16 << 20}, false)
+		reducerScatterGraph(t, e, a, c, tensor.F32)
 	default:
 		t.Fatalf("mode %q", mode)
 	}
@@ -602,30 +585,108 @@ func reducerGraph(t *testing.T, e *ops.Engine, a device.Allocator, c *nccl.Comm,
 	t.Logf("reducer (%v communication): eager and 4 replays exact", comm)
 }
 
-// freePort is a loopback port nothing listens on now.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// reducerScatterGraph is the Reducer in Scatter mode (buckets cut into
+// one part per rank, reduce-scattered on the communication stream, in
+// comm), eagerly and over 4 replays of a capture: this rank's part of
+// every bucket (its segments, dist.Layout.Segments) holds the average
+// over the ranks, exactly; every other element keeps this rank's own
+// gradient.
+func reducerScatterGraph(t *testing.T, e *ops.Engine, a device.Allocator, c *nccl.Comm, comm tensor.DType) {
+	rank, size := c.Rank(), c.Size()
+	ps := []dist.Param{
+		{Name: "wte", DType: tensor.F32, Shape: []int{512, 768}}, {Name: "ln", DType: tensor.F32, Shape: []int{768}},
+		{Name: "fc", DType: tensor.F32, Shape: []int{3072, 768}}, {Name: "proj", DType: tensor.F32, Shape: []int{768, 3072}},
+		{Name: "bias", DType: tensor.F32, Shape: []int{3}}, {Name: "head", DType: tensor.F32, Shape: []int{100, 768}},
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-// syncBuffer collects the ranks' output from several copying goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	l, err := dist.Plan(ps, dist.BucketConfig{Bytes: 4 << 20, FirstBytes: 256 << 10, LastBytes: 1 << 20, Shards: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := l.Alloc(a, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Free()
+	r, err := nccl.NewReducer(e, c, l, g, nccl.Avg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Scatter(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Compress(a, "", comm); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Free()
+	mine := make([][]bool, len(ps))
+	for i, p := range ps {
+		mine[i] = make([]bool, tensor.Numel(p.Shape))
+	}
+	for _, sg := range l.Segments(rank) {
+		for k := range sg.Numel {
+			mine[sg.Param][sg.Offset+k] = true
+		}
+	}
+	srcs := make([]*tensor.Tensor, len(ps))
+	flats := make([]*tensor.Tensor, len(ps))
+	for i, p := range ps {
+		srcs[i] = alloc(t, a, tensor.F32, tensor.Numel(p.Shape), nil)
+		if flats[i], err = g.Params[i].Reshape(tensor.Numel(p.Shape)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step := func() error {
+		for i := len(ps) - 1; i >= 0; i-- {
+			if err := e.Copy(flats[i], srcs[i]); err != nil {
+				return err
+			}
+			if err := r.Ready(i); err != nil {
+				return err
+			}
+		}
+		return r.Wait()
+	}
+	load := func(salt int) {
+		for i, s := range srcs {
+			v := make([]float32, s.Numel())
+			for j := range v {
+				v[j] = pattern(rank, j+i, salt)
+			}
+			if err := s.WriteFloat32(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	check := func(what string, salt int) {
+		for i := range ps {
+			expect(t, fmt.Sprintf("%s: gradient %s", what, ps[i].Name), flats[i], 0, func(j int) float64 {
+				if !mine[i][j] {
+					return float64(pattern(rank, j+i, salt))
+				}
+				s := 0.0
+				for r := range size {
+					s += float64(pattern(r, j+i, salt))
+				}
+				return s / float64(size)
+			})
+		}
+	}
+	load(0)
+	if err := step(); err != nil {
+		t.Fatal(err)
+	}
+	check("eager", 0)
+	graph, err := e.Capture(step)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer graph.Close()
+	for k := 1; k <= 4; k++ {
+		load(k)
+		if err := graph.Launch(); err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprint("replay ", k), k)
+	}
+	t.Logf("reduce-scatter reducer (%v communication, %d buckets): eager and 4 replays exact", comm, len(l.Buckets))
 }

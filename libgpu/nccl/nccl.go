@@ -3,6 +3,7 @@ package nccl
 import (
 	"encoding/hex"
 	"fmt"
+	"runtime"
 	"unsafe"
 
 	"gpukit/libgpu/cuda"
@@ -75,11 +76,53 @@ func ncclType(dt tensor.DType) (dataType, bool) {
 // s; must run on a thread where the communicator's device context is
 // current (inside the device's Do).
 
-func commInit(nranks, rank int, id *UniqueID) (uintptr, error) {
+// commInit joins a communicator; cfg, when not nil, is its ncclConfig_t.
+func commInit(nranks, rank int, id *UniqueID, cfg *config) (uintptr, error) {
 	var h uintptr
 	err := call(pCommInitRankScalable, "ncclCommInitRankScalable",
-		uintptr(unsafe.Pointer(&h)), uintptr(nranks), uintptr(rank), 1, uintptr(unsafe.Pointer(&id[0])), 0)
+		uintptr(unsafe.Pointer(&h)), uintptr(nranks), uintptr(rank), 1, uintptr(unsafe.Pointer(&id[0])), uintptr(unsafe.Pointer(cfg)))
+	runtime.KeepAlive(cfg)
 	return h, err
+}
+
+// config is the head of ncclConfig_t as NCCL 2.23's nccl.h lays it out
+// (size_t size; unsigned magic, version; int blocking, cgaClusterSize,
+// minCTAs, maxCTAs; const char* netName; int splitShare): 48 bytes on
+// amd64. The struct is versioned and only grows at its end: NCCL copies
+// min(size, its own size) bytes and resets the fields newer than version
+// to their defaults (init.cc, parseCommConfig), so this head works with
+// every NCCL from 2.23 on.
+type config struct {
+	size           uintptr
+	magic          uint32
+	version        uint32
+	blocking       int32
+	cgaClusterSize int32
+	minCTAs        int32
+	maxCTAs        int32
+	netName        uintptr
+	splitShare     int32
+	_              int32
+}
+
+// Constants of nccl.h: NCCL_API_MAGIC, NCCL_CONFIG_UNDEF_INT (INT_MIN).
+const (
+	configMagic = 0xcafebeef
+	configUndef = -1 << 31
+)
+
+// newConfig is NCCL_CONFIG_INITIALIZER (of NCCL 2.23) with minCTAs and
+// maxCTAs set where positive.
+func newConfig(minCTAs, maxCTAs int) *config {
+	c := &config{size: unsafe.Sizeof(config{}), magic: configMagic, version: uint32(MinVersion),
+		blocking: configUndef, cgaClusterSize: configUndef, minCTAs: configUndef, maxCTAs: configUndef, splitShare: configUndef}
+	if minCTAs > 0 {
+		c.minCTAs = int32(minCTAs)
+	}
+	if maxCTAs > 0 {
+		c.maxCTAs = int32(maxCTAs)
+	}
+	return c
 }
 
 func allReduce(send, recv cuda.DevicePtr, count int, dt dataType, op Op, comm uintptr, s cuda.Stream) error {

@@ -1,7 +1,9 @@
 package nccl
 
 import (
+	"context"
 	"errors"
+	"math"
 	"os"
 	"reflect"
 	"strings"
@@ -222,5 +224,37 @@ func TestNoGPU(t *testing.T) {
 	c, err := Connect(t.Context(), e, &dist.Rendezvous{World: dist.Single()})
 	if err != nil || !c.IsSolo() {
 		t.Errorf("Connect of one rank: %v", err)
+	}
+}
+
+// TestConfig: the ncclConfig_t head has nccl.h's layout (NCCL 2.23:
+// minCTAs at 24, maxCTAs at 28, netName at 32, 48 bytes), carries NCCL's
+// magic and the oldest version this package drives, leaves unset fields
+// undefined (INT_MIN) and is not passed at all for the zero Config; bad
+// CTA bounds are refused before anything else, even for one rank.
+func TestConfig(t *testing.T) {
+	var c config
+	if unsafe.Sizeof(c) != 48 || unsafe.Offsetof(c.minCTAs) != 24 || unsafe.Offsetof(c.maxCTAs) != 28 ||
+		unsafe.Offsetof(c.netName) != 32 || unsafe.Offsetof(c.splitShare) != 40 {
+		t.Fatalf("ncclConfig_t head: %d bytes, minCTAs at %d, maxCTAs at %d, netName at %d", unsafe.Sizeof(c),
+			unsafe.Offsetof(c.minCTAs), unsafe.Offsetof(c.maxCTAs), unsafe.Offsetof(c.netName))
+	}
+	if (Config{}).ncclConfig() != nil {
+		t.Error("the zero Config is passed to NCCL")
+	}
+	got := *Config{MaxCTAs: 4}.ncclConfig()
+	want := config{size: 48, magic: 0xcafebeef, version: 22300, blocking: math.MinInt32, cgaClusterSize: math.MinInt32,
+		minCTAs: math.MinInt32, maxCTAs: 4, splitShare: math.MinInt32}
+	if got != want {
+		t.Errorf("config %+v, want %+v", got, want)
+	}
+	e, _ := hostSetup(t)
+	for _, bad := range []Config{{MinCTAs: -1}, {MaxCTAs: -2}, {MinCTAs: 8, MaxCTAs: 4}} {
+		if _, err := ConnectConfig(context.Background(), e, &dist.Rendezvous{World: dist.Single()}, bad); !errors.Is(err, ErrArg) {
+			t.Errorf("%+v: %v, want ErrArg", bad, err)
+		}
+	}
+	if c, err := ConnectConfig(context.Background(), e, &dist.Rendezvous{World: dist.Single()}, Config{MinCTAs: 2, MaxCTAs: 2}); err != nil || !c.IsSolo() {
+		t.Errorf("one rank: %v, %v", c, err)
 	}
 }

@@ -30,7 +30,9 @@ import (
 // accumulation over micro-batches marks only on the last one.
 //
 // Compress makes the f32 buckets travel in bf16 (half the bytes), as
-// PyTorch DDP's bf16_compress_hook does.
+// PyTorch DDP's bf16_compress_hook does. Scatter makes the reducer
+// reduce-scatter the buckets instead (ZeRO-1: each rank receives the
+// reduction of its part of every bucket only).
 type Reducer struct {
 	c  Collective
 	e  *ops.Engine
@@ -42,12 +44,15 @@ type Reducer struct {
 	ready []bool // per parameter
 	next  int    // the first bucket not issued yet
 
-	// allReduce queues one bucket's reduction (on the communication
-	// stream, inside CommSide); tests replace it. skip: a communicator of
-	// one rank, whose reductions change nothing, needs neither them nor
-	// the communication stream.
-	allReduce func(b int, t *tensor.Tensor) error
-	skip      bool
+	// collective queues the reduction of bucket b, held in t (the bucket
+	// or its staging copy), on the communication stream inside CommSide:
+	// an in-place all-reduce, or with scatter a reduce-scatter into
+	// this rank's part of t; tests replace it. skip: a communicator of one
+	// rank, whose reductions change nothing, needs neither them nor the
+	// communication stream.
+	collective func(b int, t *tensor.Tensor) error
+	skip       bool
+	scatter    bool
 
 	// stage: per bucket, its compressed copy (Compress), or nil where the
 	// bucket is reduced in place; in stageBuf.
@@ -66,6 +71,20 @@ type Collective interface {
 	IsSolo() bool
 }
 
+// ShardCollective is a Collective that can also reduce-scatter and
+// all-gather, and says where it stands: what ZeRO-1 needs (Reducer.Scatter,
+// libgpu/zero). *Comm is one; tests use an in-process stand-in.
+type ShardCollective interface {
+	Collective
+	// ReduceScatter and AllGather as Comm's.
+	ReduceScatter(e *ops.Engine, dst, src *tensor.Tensor, op Op) error
+	AllGather(e *ops.Engine, dst, src *tensor.Tensor) error
+	Rank() int
+	Size() int
+}
+
+var _ ShardCollective = (*Comm)(nil)
+
 // NewReducer makes a reducer of g's buckets (laid out by l) over c, queued
 // on e, reducing with op (Avg: the gradient of the mean loss over the
 // global batch when every rank's loss is its local mean).
@@ -77,10 +96,59 @@ func NewReducer(e *ops.Engine, c Collective, l *dist.Layout, g *dist.Grads, op O
 		return nil, err
 	}
 	r := &Reducer{c: c, e: e, l: l, g: g, op: op, left: make([]int, len(l.Buckets)), ready: make([]bool, len(l.Params))}
-	r.allReduce = func(_ int, t *tensor.Tensor) error { return c.AllReduce(e, t, t, op) }
+	r.collective = r.allReduce
 	r.skip = c.IsSolo()
 	r.Reset()
 	return r, nil
+}
+
+// allReduce reduces bucket b's t in place.
+func (r *Reducer) allReduce(_ int, t *tensor.Tensor) error { return r.c.AllReduce(r.e, t, t, r.op) }
+
+// reduceScatter reduces bucket b's t into this rank's part of t (NCCL's
+// in-place reduce-scatter: the destination is the rank's part of the
+// source).
+func (r *Reducer) reduceScatter(b int, t *tensor.Tensor) error {
+	sc := r.c.(ShardCollective)
+	part, err := r.l.PartView(t, b, sc.Rank())
+	if err != nil {
+		return err
+	}
+	return sc.ReduceScatter(r.e, part, t, r.op)
+}
+
+// Scatter makes the reducer reduce-scatter each bucket where it would
+// all-reduce it (on = true), or all-reduce again (false): ZeRO stage 1
+// (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training
+// Trillion Parameter Models", SC 2020, §5.1: the optimizer state split
+// into one partition per rank, the gradients reduce-scattered so each
+// rank holds the reduced gradients of its partition, the updated
+// parameters all-gathered). After Wait, rank r's part of every bucket
+// (dist.Layout.Part) holds the reduction over all ranks of that part; the
+// rest of each bucket still holds this rank's own gradients, unreduced.
+// A ring reduce-scatter moves (n−1)/n of a bucket per rank, half of an
+// all-reduce. With Compress the bf16 staging copy is reduce-scattered and
+// only the rank's part cast back. The layout must be cut into as many
+// parts as the communicator has ranks (dist.BucketConfig.Shards), and the
+// communicator must be a ShardCollective. One rank reduces nothing either
+// way. Call between steps. Errors: ErrArg.
+func (r *Reducer) Scatter(on bool) error {
+	if slices.Contains(r.ready, true) || r.next != 0 {
+		return fmt.Errorf("%w: reducer: Scatter during a step", ErrArg)
+	}
+	if !on {
+		r.scatter, r.collective = false, r.allReduce
+		return nil
+	}
+	sc, ok := r.c.(ShardCollective)
+	if !ok {
+		return fmt.Errorf("%w: reducer: %T cannot reduce-scatter", ErrArg, r.c)
+	}
+	if r.l.Shards != sc.Size() {
+		return fmt.Errorf("%w: reducer: buckets cut into %d parts for %d ranks (dist.BucketConfig.Shards)", ErrArg, r.l.Shards, sc.Size())
+	}
+	r.scatter, r.collective = true, r.reduceScatter
+	return nil
 }
 
 // Reset forgets the marks of the current step (a step abandoned before
@@ -140,13 +208,25 @@ func (r *Reducer) reduce(b int) error {
 		s = r.stage[b]
 	}
 	if s == nil {
-		return r.allReduce(b, t)
+		return r.collective(b, t)
 	}
 	if err := r.e.Cast(s, t); err != nil {
 		return err
 	}
-	if err := r.allReduce(b, s); err != nil {
+	if err := r.collective(b, s); err != nil {
 		return err
+	}
+	if r.scatter {
+		rank := r.c.(ShardCollective).Rank()
+		tp, err := r.l.PartView(t, b, rank)
+		if err != nil {
+			return err
+		}
+		sp, err := r.l.PartView(s, b, rank)
+		if err != nil {
+			return err
+		}
+		t, s = tp, sp
 	}
 	return r.e.Cast(t, s)
 }

@@ -42,7 +42,7 @@ func reducerSetup(t *testing.T) (*Reducer, *[]string) {
 	}
 	var log []string
 	r.skip = false
-	r.allReduce = func(b int, x *tensor.Tensor) error {
+	r.collective = func(b int, x *tensor.Tensor) error {
 		if x != g.Buckets[b] {
 			t.Errorf("bucket %d reduced through another tensor", b)
 		}
@@ -97,7 +97,7 @@ func TestReducerErrors(t *testing.T) {
 		t.Errorf("after Reset: %v", err)
 	}
 	boom := errors.New("boom")
-	r.allReduce = func(int, *tensor.Tensor) error { return boom }
+	r.collective = func(int, *tensor.Tensor) error { return boom }
 	if err := r.Ready(5); !errors.Is(err, boom) {
 		t.Errorf("failing all-reduce: %v", err)
 	}

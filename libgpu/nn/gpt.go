@@ -223,6 +223,58 @@ func (m *GPT) SetGrads(grads []*tensor.Tensor) error {
 	return nil
 }
 
+// SetParams moves the parameters into the caller's storage, one tensor
+// per parameter in Params' order, each an f32 tensor of the parameter's
+// shape on its device (contiguous; views are fine): for ZeRO-1, the
+// per-parameter views of a dist.Layout's bucket buffers laid out like the
+// gradients, so that one in-place all-gather per bucket brings every
+// rank's updated part of the parameters to every rank with no packing
+// copy. The current values are copied in (through the host) and the
+// model's own parameter buffers freed; the caller keeps ownership of the
+// new storage (Free does not free it). Call before Record (graphs
+// recorded earlier keep reading the old buffers). Errors wrap
+// ErrGPTConfig; on error nothing has changed.
+func (m *GPT) SetParams(values []*tensor.Tensor) error {
+	if len(values) != len(m.params) {
+		return fmt.Errorf("%w: %d parameter tensors for %d parameters", ErrGPTConfig, len(values), len(m.params))
+	}
+	for i, p := range m.params {
+		v := values[i]
+		switch {
+		case v == nil || v.Buf == nil:
+			return fmt.Errorf("%w: no storage for %s", ErrGPTConfig, p.Name)
+		case v.DType != tensor.F32 || !slices.Equal(v.Shape, p.Value.Shape) || !v.Contiguous():
+			return fmt.Errorf("%w: the storage of %s is %v %v (contiguous %v), want f32 %v", ErrGPTConfig, p.Name,
+				v.DType, v.Shape, v.Contiguous(), p.Value.Shape)
+		case v.Device() != p.Value.Device() && v.Device().String() != p.Value.Device().String():
+			return fmt.Errorf("%w: the storage of %s is on %v, the parameter on %v", ErrGPTConfig, p.Name, v.Device(), p.Value.Device())
+		}
+	}
+	for i, p := range m.params {
+		b, err := p.Value.Read()
+		if err != nil {
+			return fmt.Errorf("nn: reading %s: %w", p.Name, err)
+		}
+		if err := values[i].Write(b); err != nil {
+			return fmt.Errorf("nn: moving %s: %w", p.Name, err)
+		}
+	}
+	var errs []error
+	for i := range m.params {
+		old := m.params[i].Value
+		m.bufs = slices.DeleteFunc(m.bufs, func(t *tensor.Tensor) bool {
+			if t.Buf == old.Buf {
+				errs = append(errs, t.Buf.Free())
+				return true
+			}
+			return false
+		})
+		m.params[i].Value = values[i]
+		m.byName[m.params[i].Name] = m.params[i]
+	}
+	return errors.Join(errs...)
+}
+
 // Config is the model's configuration.
 func (m *GPT) Config() GPTConfig { return m.cfg }
 

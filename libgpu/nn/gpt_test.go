@@ -229,7 +229,8 @@ func TestGPTDecoderMatchesForward(t *testing.T) {
 // order (the order dist.Plan fills buckets in, so each bucket's last
 // gradient arrives before any of the next bucket's) and the tied token
 // embedding last (the embedding's backward is its last writer, after the
-// head's GEMM).
+// head's GEMM). With biases, the parameters are moved into bucket storage
+// too (SetParams, ZeRO-1's layout), and the gradients must not change.
 func TestGPTGradsInBuckets(t *testing.T) {
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
@@ -264,6 +265,35 @@ func TestGPTGradsInBuckets(t *testing.T) {
 		}
 		if err := m.SetGrads(g.Params); err == nil {
 			t.Fatal("SetGrads twice: no error")
+		}
+		if bias {
+			// The parameters too in bucket storage (ZeRO-1's layout: the
+			// gradients' plan, here cut in 3 parts).
+			pl, err := dist.Plan(ps, dist.BucketConfig{Bytes: 1 << 10, FirstBytes: 256, Shards: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pv, err := pl.Alloc(a, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { pv.Free() })
+			if err := m.SetParams(pv.Params[1:]); err == nil {
+				t.Fatal("SetParams of too few tensors: no error")
+			}
+			if err := m.SetParams(pv.Params); err != nil {
+				t.Fatal(err)
+			}
+			for i, p := range m.Params() {
+				want, _ := own.Params()[i].Value.ReadFloat32()
+				got, _ := p.Value.ReadFloat32()
+				if p.Value != pv.Params[i] || !slices.Equal(got, want) {
+					t.Fatalf("%s after SetParams: not the given storage, or other values", p.Name)
+				}
+				if q, _ := m.Param(p.Name); q.Value != pv.Params[i] {
+					t.Fatalf("Param(%q) is not the given storage", p.Name)
+				}
+			}
 		}
 		s2, err := m.Record(e, a, "", 3, ops.GraphOptions{}, true)
 		if err != nil {

@@ -35,6 +35,55 @@ func (e *Engine) ClipCoef(grads []*tensor.Tensor, maxNorm float32, norm, coef *t
 	return fmt.Errorf("%w: %v has no gradient clipping", ErrNoBackend, e.dev)
 }
 
+// SumSquares queues sumsq[0] = Σ_i Σ_j grads[i]_j² ([1] f32 on the
+// engine's device): ClipCoef's first half, accumulated in double in a
+// fixed order (bitwise the same on every run) and rounded to f32 once.
+// With gradients spread over ranks — ZeRO-1, where each rank holds the
+// reduced gradients of its part of every bucket — each rank sums its part,
+// an all-reduce (sum) of sumsq adds the parts, and ClipCoefFromSumSquares
+// finishes the global norm (torch.nn.utils.clip_grad_norm_'s norm of the
+// whole gradient, as PyTorch's FSDP clip_grad_norm_ adds the shards'
+// squared norms across ranks). grads: f32, contiguous; an empty list
+// gives 0. Errors as ClipGradNorm.
+func (e *Engine) SumSquares(grads []*tensor.Tensor, sumsq *tensor.Tensor) error {
+	if err := e.checkGrads("sum of squares", grads); err != nil {
+		return err
+	}
+	if sumsq == nil {
+		return fmt.Errorf("%w: sum of squares output is missing", tensor.ErrShape)
+	}
+	if err := e.check("sum of squares", sumsq, tensor.F32, 1); err != nil {
+		return err
+	}
+	return e.dispatch(func(h *hostImpl) error { return h.sumSquares(grads, sumsq) },
+		func(c *cudaImpl) error { return c.sumSquares(grads, sumsq) })
+}
+
+// ClipCoefFromSumSquares queues norm[0] = √sumsq[0] (rounded to f32) and
+// coef[0] = min(maxNorm/(norm + ClipEps), 1), ClipCoef's second half from
+// a sum of squares (SumSquares, added across ranks): coef is AdamW's
+// GradScale. All three are [1] f32 on the engine's device; NaN stays NaN.
+// Errors: ErrConfig for a max norm that is not positive and finite; shape,
+// dtype and placement errors as ClipGradNorm.
+func (e *Engine) ClipCoefFromSumSquares(sumsq *tensor.Tensor, maxNorm float32, norm, coef *tensor.Tensor) error {
+	if !(maxNorm > 0) || math.IsInf(float64(maxNorm), 1) {
+		return fmt.Errorf("%w: clip max norm %v (want a positive finite number)", ErrConfig, maxNorm)
+	}
+	for _, x := range []struct {
+		what string
+		t    *tensor.Tensor
+	}{{"sum of squares", sumsq}, {"clip norm", norm}, {"clip coefficient", coef}} {
+		if x.t == nil {
+			return fmt.Errorf("%w: %s is missing", tensor.ErrShape, x.what)
+		}
+		if err := e.check(x.what, x.t, tensor.F32, 1); err != nil {
+			return err
+		}
+	}
+	return e.dispatch(func(h *hostImpl) error { return h.clipFromSumSquares(sumsq, maxNorm, norm, coef) },
+		func(c *cudaImpl) error { return c.clipFromSumSquares(sumsq, maxNorm, norm, coef) })
+}
+
 // GradClipper is implemented by backends that clip gradients by their joint
 // norm (the host and CUDA backends). Engine.ClipGradNorm validates and calls
 // it; it is separate from Impl so backends without it still build.
@@ -74,18 +123,64 @@ func (e *Engine) checkClip(grads []*tensor.Tensor, maxNorm float32, norm *tensor
 	if len(grads) == 0 {
 		return fmt.Errorf("%w: clip of no gradients", ErrConfig)
 	}
-	for i, g := range grads {
-		if g == nil {
-			return fmt.Errorf("%w: clip grads[%d] is missing", tensor.ErrShape, i)
-		}
-		if err := e.check(fmt.Sprintf("clip grads[%d]", i), g, tensor.F32, g.Shape...); err != nil {
-			return err
-		}
+	if err := e.checkGrads("clip", grads); err != nil {
+		return err
 	}
 	if norm == nil {
 		return fmt.Errorf("%w: clip norm is missing", tensor.ErrShape)
 	}
 	return e.check("clip norm", norm, tensor.F32, 1)
+}
+
+// checkGrads checks a list of gradients: present, f32, contiguous, on the
+// engine's device.
+func (e *Engine) checkGrads(what string, grads []*tensor.Tensor) error {
+	for i, g := range grads {
+		if g == nil {
+			return fmt.Errorf("%w: %s grads[%d] is missing", tensor.ErrShape, what, i)
+		}
+		if err := e.check(fmt.Sprintf("%s grads[%d]", what, i), g, tensor.F32, g.Shape...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sumSquares implements SumSquares on the host: the sum in float64,
+// rounded to f32.
+func (h *hostImpl) sumSquares(grads []*tensor.Tensor, sumsq *tensor.Tensor) error {
+	s, err := f32s(append(append([]*tensor.Tensor(nil), grads...), sumsq)...)
+	if err != nil {
+		return err
+	}
+	ss := 0.0
+	for _, g := range s[:len(grads)] {
+		for _, v := range g {
+			ss += float64(v) * float64(v)
+		}
+	}
+	s[len(grads)][0] = float32(ss)
+	return nil
+}
+
+// clipFromSumSquares implements ClipCoefFromSumSquares on the host.
+func (h *hostImpl) clipFromSumSquares(sumsq *tensor.Tensor, maxNorm float32, norm, coef *tensor.Tensor) error {
+	s, err := f32s(sumsq, norm, coef)
+	if err != nil {
+		return err
+	}
+	n := float32(math.Sqrt(float64(s[0][0])))
+	s[1][0], s[2][0] = n, clipCoef(maxNorm, n)
+	return nil
+}
+
+// clipCoef is min(maxNorm/(n + ClipEps), 1) in f32, NaN for a NaN norm.
+func clipCoef(maxNorm, n float32) float32 {
+	c := maxNorm / (n + ClipEps)
+	if c < 1 || c != c {
+		return c
+	}
+	return 1
 }
 
 // ClipGradNorm implements GradClipper on the host: the sum of squares in

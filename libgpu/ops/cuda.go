@@ -75,8 +75,10 @@ type cudaImpl struct {
 
 	// side is the side stream (side.go), made on the first Engine.Side.
 	side sideState
-	// comm is the communication stream (Engine.CommSide).
-	comm sideState
+	// comm is the communication stream (Engine.CommSide); highComm: made
+	// with the context's greatest priority (Options.HighPriorityComm).
+	comm     sideState
+	highComm bool
 	// solver is the cuSOLVER handle of the eigensolver (matroot.go), made
 	// on first use; noBatchedEigh: its library has no batched solver.
 	solver        *cuda.SolverHandle
@@ -124,7 +126,7 @@ func newCUDAImpl(dev device.Device, opts Options) (Impl, error) {
 		return nil, fmt.Errorf("%w: precision %d", ErrConfig, opts.Precision)
 	}
 	c := &cudaImpl{dev: cd, prec: opts.Precision, scratch: map[string]scratchBuf{},
-		rejected: map[cuda.GemmSpec]error{}, noFuse: !cudaFusion}
+		rejected: map[cuda.GemmSpec]error{}, noFuse: !cudaFusion, highComm: opts.HighPriorityComm}
 	err := cd.Do(func() error {
 		var err error
 		if c.stream, err = cuda.StreamCreate(true); err != nil {

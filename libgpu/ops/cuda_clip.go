@@ -33,7 +33,7 @@ type clipArgs struct {
 	count int32
 }
 
-type clipFuncs struct{ sumsq, finalize, scale cuda.Function }
+type clipFuncs struct{ sumsq, finalize, scale, total, fromSumSq cuda.Function }
 
 // clipFuncsByCtx caches the loaded clip kernels per CUDA context handle (a
 // module is loaded once per context by kernels.ForContext; this only saves
@@ -58,7 +58,8 @@ func (c *cudaImpl) clipKernels() (clipFuncs, error) {
 	for _, k := range []struct {
 		f    *cuda.Function
 		name string
-	}{{&f.sumsq, "clip_sumsq_multi"}, {&f.finalize, "clip_finalize"}, {&f.scale, "clip_scale_multi"}} {
+	}{{&f.sumsq, "clip_sumsq_multi"}, {&f.finalize, "clip_finalize"}, {&f.scale, "clip_scale_multi"},
+		{&f.total, "clip_sumsq_total"}, {&f.fromSumSq, "clip_coef_from_sumsq"}} {
 		if *k.f, err = kc.Function("ops_clip.cu", k.name); err != nil {
 			return clipFuncs{}, err
 		}
@@ -94,6 +95,54 @@ func clipPlan(sizes []int) ([]clipGroup, int64, error) {
 		out = append(out, g)
 	}
 	return out, total, nil
+}
+
+// sumSquares implements SumSquares: clip_sumsq_multi's per-block partial
+// sums, then clip_sumsq_total (one block, fixed order) rounds their sum
+// to f32 into sumsq. Inside Do.
+func (c *cudaImpl) sumSquares(grads []*tensor.Tensor, sumsq *tensor.Tensor) error {
+	groups, total, err := clipPlan(numels(grads))
+	if err != nil {
+		return err
+	}
+	f, err := c.clipKernels()
+	if err != nil {
+		return err
+	}
+	partial, err := c.scratchPtr("clip_partial", max(total, 1)*8)
+	if err != nil {
+		return err
+	}
+	for _, g := range groups {
+		a := &clipArgs{start: g.start, count: int32(g.hi - g.lo)}
+		for i := g.lo; i < g.hi; i++ {
+			a.t[i-g.lo] = clipTensor{g: devPtr(grads[i]), n: int64(grads[i].Numel())}
+		}
+		nb := uint32(g.start[g.hi-g.lo])
+		if nb == 0 {
+			continue
+		}
+		p := partial.Add(8 * g.first)
+		if err := c.launch(f.sumsq, [3]uint32{nb, 1, 1}, [3]uint32{clipBlock, 1, 1},
+			unsafe.Pointer(a), unsafe.Pointer(&p)); err != nil {
+			return err
+		}
+	}
+	out, cnt := devPtr(sumsq), int32(total)
+	return c.launch(f.total, [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1},
+		unsafe.Pointer(&partial), unsafe.Pointer(&cnt), unsafe.Pointer(&out))
+}
+
+// clipFromSumSquares implements ClipCoefFromSumSquares: one thread of
+// clip_coef_from_sumsq. Inside Do.
+func (c *cudaImpl) clipFromSumSquares(sumsq *tensor.Tensor, maxNorm float32, norm, coef *tensor.Tensor) error {
+	f, err := c.clipKernels()
+	if err != nil {
+		return err
+	}
+	sp, np, cp, mx := devPtr(sumsq), devPtr(norm), devPtr(coef), maxNorm
+	return c.launch(f.fromSumSq, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1},
+		unsafe.Pointer(&sp), unsafe.Pointer(&np), unsafe.Pointer(&cp), unsafe.Pointer(&mx))
 }
 
 // ClipGradNorm implements GradClipper with three kernels queued on the

@@ -18,3 +18,18 @@ func CUDARejectedEpilogues(e *Engine) map[cuda.GemmSpec]error {
 	}
 	return nil
 }
+
+// CommStreamPriority is the priority of e's communication stream (made by
+// its first CommSide) and the context's greatest priority.
+func CommStreamPriority(e *Engine) (prio, greatest int, err error) {
+	c := e.impl.(*cudaImpl)
+	err = c.dev.Do(func() error {
+		var err error
+		if prio, err = c.comm.stream.Priority(); err != nil {
+			return err
+		}
+		_, greatest, err = cuda.StreamPriorityRange()
+		return err
+	})
+	return prio, greatest, err
+}

@@ -3,6 +3,7 @@ package ops_test
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"testing"
 
@@ -95,7 +96,27 @@ func TestCUDASide(t *testing.T) {
 // before what the main stream queues next; nesting is refused.
 func TestCUDACommSide(t *testing.T) {
 	d := gpu(t)
-	e := cudaEngine(t, d, ops.PrecF32)
+	for _, high := range []bool{false, true} {
+		t.Run(fmt.Sprintf("high priority %v", high), func(t *testing.T) {
+			e, err := ops.NewEngine(d, ops.Options{Precision: ops.PrecF32, HighPriorityComm: high})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Impl().(io.Closer).Close()
+			commSide(t, d, e)
+			prio, greatest, err := ops.CommStreamPriority(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]int{false: 0, true: greatest}[high]; prio != want {
+				t.Errorf("communication stream priority %d, want %d (greatest %d)", prio, want, greatest)
+			}
+		})
+	}
+}
+
+// commSide is TestCUDACommSide on engine e.
+func commSide(t *testing.T, d device.Device, e *ops.Engine) {
 	a := device.Local{Dev: d}
 	const n = 1536 // an f32 GEMM of ~7 GFLOP: long enough for a copy that did not wait to see it unfinished
 	x := opstest.Upload(t, a, sideVec(n*n), n, n)

@@ -176,6 +176,15 @@ type Options struct {
 	// backward (LinearBackward) even where the backend fuses the previous
 	// layer's activation derivative into the dx GEMM (LinearBackwardChain).
 	NoLinearChain bool
+	// HighPriorityComm makes the communication stream (CommSide) a stream
+	// of the context's greatest priority (cuStreamCreateWithPriority), so
+	// that as SMs free up the block scheduler starts the collectives'
+	// blocks (NCCL's CTAs, one per channel) before the backward's pending
+	// GEMM blocks, and a bucket's all-reduce is not held up behind the
+	// backward it overlaps — ProcessGroupNCCL's is_high_priority_stream
+	// option in PyTorch. Off: the default priority, as every other stream.
+	// No effect on the host.
+	HighPriorityComm bool
 }
 
 // Engine runs ops on one device. Not safe for concurrent use: on CUDA it owns

@@ -170,6 +170,14 @@ func (c *cudaImpl) sideInit(s *sideState) error {
 	if s.ws, err = cuda.MemAlloc(cudaWorkspace); err != nil {
 		return err
 	}
+	if s == &c.comm && c.highComm {
+		_, greatest, err := cuda.StreamPriorityRange()
+		if err != nil {
+			return err
+		}
+		s.stream, err = cuda.StreamCreateWithPriority(true, greatest)
+		return err
+	}
 	s.stream, err = cuda.StreamCreate(true)
 	return err
 }

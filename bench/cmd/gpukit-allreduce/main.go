@@ -1,19 +1,28 @@
-// Command gpukit-allreduce measures NCCL all-reduce bus bandwidth through
-// libgpu/nccl, as nccl-tests' all_reduce_perf does, and prints one JSON
-// line per (dtype, mode) on rank 0:
+// Command gpukit-allreduce measures NCCL collective bus bandwidth through
+// libgpu/nccl, as nccl-tests' all_reduce_perf (reduce_scatter_perf,
+// all_gather_perf) does, and prints one JSON line per (collective, dtype,
+// mode) on rank 0:
 //
 //	{"impl":"gpukit","key":"allreduce bytes=268435456 dtype=f32 ranks=2 mode=eager",
-//	 "bytes":268435456,"dtype":"f32","ranks":2,"mode":"eager","us":...,
+//	 "op":"allreduce","bytes":268435456,"dtype":"f32","ranks":2,"mode":"eager","us":...,
 //	 "algbw_GBps":...,"busbw_GBps":...,"repeats_us":[...],"nccl":"2.27.7","device":"NVIDIA H200"}
 //
-// us is the time of one in-place sum all-reduce of --size bytes (median
-// over --repeats of --iters back-to-back collectives timed with CUDA
-// events on rank 0 after a barrier); algbw = bytes/time and busbw =
-// algbw·2(n−1)/n, nccl-tests' definitions (PERFORMANCE.md: the bus
-// bandwidth of a ring all-reduce moves 2(n−1)/n of the data per rank, so
-// it compares with the hardware's link bandwidth at any n). Mode "eager"
-// launches each collective from the host; "graph" replays the --iters
-// collectives captured as one CUDA graph (nccl-tests -G).
+// --ops picks the collectives: allreduce (in-place sum all-reduce of
+// --size bytes), reducescatter (in-place sum reduce-scatter of a --size
+// buffer, each rank receiving its 1/n: ZeRO-1's gradient bucket),
+// allgather (in-place all-gather into a --size buffer: ZeRO-1's parameter
+// bucket). us is the time of one collective (median over --repeats of
+// --iters back-to-back collectives timed with CUDA events on rank 0 after
+// a barrier); algbw = bytes/time, with bytes the whole --size buffer, and
+// busbw = algbw·2(n−1)/n for an all-reduce, algbw·(n−1)/n for a
+// reduce-scatter or an all-gather — nccl-tests' definitions
+// (PERFORMANCE.md: what a ring moves per rank, so the figure compares
+// with the hardware's link bandwidth at any n; a reduce-scatter and an
+// all-gather are each half of a ring all-reduce). Mode "eager" launches
+// each collective from the host; "graph" replays the --iters collectives
+// captured as one CUDA graph (nccl-tests -G). --min-ctas and --max-ctas
+// bound NCCL's CTAs per collective (nccl.Config; NCCL_MIN_CTAS and
+// NCCL_MAX_CTAS do the same from the environment).
 //
 // Inside a rank environment (WORLD_SIZE set: trainer launch, torchrun,
 // srun) it is one rank; otherwise it starts --nproc ranks of itself
@@ -49,6 +58,7 @@ import (
 type Result struct {
 	Impl    string    `json:"impl"`
 	Key     string    `json:"key"`
+	Op      string    `json:"op"`
 	Bytes   int64     `json:"bytes"`
 	DType   string    `json:"dtype"`
 	Ranks   int       `json:"ranks"`
@@ -61,33 +71,55 @@ type Result struct {
 	Device  string    `json:"device"`
 }
 
-// Key is the line's key, shared with allreduce.py.
-func Key(bytes int64, dtype string, ranks int, mode string) string {
-	return fmt.Sprintf("allreduce bytes=%d dtype=%s ranks=%d mode=%s", bytes, dtype, ranks, mode)
+// Key is the line's key, shared with allreduce.py: the collective op
+// (allreduce, reducescatter, allgather), then its size, dtype, ranks and
+// mode.
+func Key(op string, bytes int64, dtype string, ranks int, mode string) string {
+	return fmt.Sprintf("%s bytes=%d dtype=%s ranks=%d mode=%s", op, bytes, dtype, ranks, mode)
 }
 
-// BusBW is nccl-tests' bus bandwidth of an all-reduce: algbw·2(n−1)/n.
-func BusBW(algbw float64, ranks int) float64 { return algbw * 2 * float64(ranks-1) / float64(ranks) }
+// BusBW is nccl-tests' bus bandwidth of collective op: algbw·2(n−1)/n for
+// an all-reduce, algbw·(n−1)/n for a reduce-scatter or an all-gather.
+func BusBW(op string, algbw float64, ranks int) float64 {
+	f := float64(ranks-1) / float64(ranks)
+	if op == "allreduce" {
+		f *= 2
+	}
+	return algbw * f
+}
+
+// ops are the collectives --ops names.
+var ops3 = []string{"allreduce", "reducescatter", "allgather"}
 
 func main() {
 	nproc := flag.Int("nproc", 2, "ranks to start on this machine when not started as a rank")
 	size := flag.String("size", "256MiB", "bytes per all-reduce (IEC or SI: 256MiB, 1G = 1GiB)")
 	dtypes := flag.String("dtypes", "f32,bf16", "comma-separated: f32, bf16")
+	opsFlag := flag.String("ops", "allreduce", "comma-separated: allreduce, reducescatter, allgather")
+	minCTAs := flag.Int("min-ctas", 0, "NCCL's minimum CTAs per collective (0: NCCL's choice)")
+	maxCTAs := flag.Int("max-ctas", 0, "NCCL's maximum CTAs per collective (0: NCCL's choice)")
 	modes := flag.String("modes", "eager,graph", "comma-separated: eager, graph")
 	iters := flag.Int("iters", 20, "collectives per timed repeat")
 	warmup := flag.Int("warmup", 5, "untimed collectives first")
 	repeats := flag.Int("repeats", 5, "timed repeats (the median is printed)")
 	flag.Parse()
-	if err := run(*nproc, *size, *dtypes, *modes, *iters, *warmup, *repeats); err != nil {
+	cfg := nccl.Config{MinCTAs: *minCTAs, MaxCTAs: *maxCTAs}
+	if err := run(*nproc, *size, *dtypes, *opsFlag, *modes, *iters, *warmup, *repeats, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, kit.Message("gpukit-allreduce", err))
-		os.Exit(max(launch.Status(err), 1))
+		os.Exit(max(launch.Status(err), kit.ExitCode(err)))
 	}
 }
 
-func run(nproc int, sizeArg, dtypes, modes string, iters, warmup, repeats int) error {
+func run(nproc int, sizeArg, dtypes, opList, modes string, iters, warmup, repeats int, cfg nccl.Config) error {
 	size, err := kit.ParseSize(sizeArg)
 	if err != nil {
 		return err
+	}
+	colls := strings.Split(opList, ",")
+	for _, o := range colls {
+		if !slices.Contains(ops3, o) {
+			return kit.Usagef("--ops %q: want allreduce, reducescatter or allgather", opList)
+		}
 	}
 	if _, ok := os.LookupEnv("WORLD_SIZE"); !ok {
 		if _, ok := os.LookupEnv("SLURM_STEP_ID"); !ok {
@@ -115,7 +147,7 @@ func run(nproc int, sizeArg, dtypes, modes string, iters, warmup, repeats int) e
 	if err != nil {
 		return err
 	}
-	c, err := nccl.Connect(context.Background(), e, &dist.Rendezvous{World: w})
+	c, err := nccl.ConnectConfig(context.Background(), e, &dist.Rendezvous{World: w}, cfg)
 	if err != nil {
 		return err
 	}
@@ -131,7 +163,9 @@ func run(nproc int, sizeArg, dtypes, modes string, iters, warmup, repeats int) e
 		if err != nil || (dt != tensor.F32 && dt != tensor.BF16) {
 			return fmt.Errorf("--dtypes %q: want f32 and bf16", dtypes)
 		}
-		x, err := tensor.Alloc(a, "", dt, int(size)/dt.Size())
+		// A multiple of the ranks, so a reduce-scatter's and an all-gather's
+		// parts are equal.
+		x, err := tensor.Alloc(a, "", dt, int(size)/dt.Size()/w.Size*w.Size)
 		if err != nil {
 			return err
 		}
@@ -139,31 +173,42 @@ func run(nproc int, sizeArg, dtypes, modes string, iters, warmup, repeats int) e
 		if err := x.Write(make([]byte, x.Bytes())); err != nil {
 			return err
 		}
-		for _, mode := range strings.Split(modes, ",") {
-			us, err := measure(e, c, x, barrier, mode, iters, warmup, repeats)
-			if err != nil {
-				return fmt.Errorf("%v %s: %w", dt, mode, err)
+		part, err := x.Rows(w.Rank*x.Numel()/w.Size, (w.Rank+1)*x.Numel()/w.Size)
+		if err != nil {
+			return err
+		}
+		for _, op := range colls {
+			one := map[string]func() error{
+				"allreduce":     func() error { return c.AllReduce(e, x, x, nccl.Sum) },
+				"reducescatter": func() error { return c.ReduceScatter(e, part, x, nccl.Sum) },
+				"allgather":     func() error { return c.AllGather(e, x, part) },
+			}[op]
+			for _, mode := range strings.Split(modes, ",") {
+				us, err := measure(e, c, one, barrier, mode, iters, warmup, repeats)
+				if err != nil {
+					return fmt.Errorf("%s %v %s: %w", op, dt, mode, err)
+				}
+				if w.Rank != 0 {
+					continue
+				}
+				t := median(us)
+				alg := float64(x.Bytes()) / (t * 1e-6) / 1e9
+				out, _ := json.Marshal(Result{Impl: "gpukit", Key: Key(op, x.Bytes(), dt.String(), w.Size, mode), Op: op, Bytes: x.Bytes(),
+					DType: dt.String(), Ranks: w.Size, Mode: mode, US: t, AlgBW: alg, BusBW: BusBW(op, alg, w.Size),
+					Repeats: us, NCCL: ver.String(), Device: d.Name()})
+				fmt.Println(string(out))
 			}
-			if w.Rank != 0 {
-				continue
-			}
-			t := median(us)
-			alg := float64(x.Bytes()) / (t * 1e-6) / 1e9
-			out, _ := json.Marshal(Result{Impl: "gpukit", Key: Key(x.Bytes(), dt.String(), w.Size, mode), Bytes: x.Bytes(),
-				DType: dt.String(), Ranks: w.Size, Mode: mode, US: t, AlgBW: alg, BusBW: BusBW(alg, w.Size),
-				Repeats: us, NCCL: ver.String(), Device: d.Name()})
-			fmt.Println(string(out))
 		}
 		x.Buf.Free()
 	}
 	return nil
 }
 
-// measure returns the time of one all-reduce of x in µs, per repeat.
-func measure(e *ops.Engine, c *nccl.Comm, x, barrier *tensor.Tensor, mode string, iters, warmup, repeats int) ([]float64, error) {
+// measure returns the time of one collective (one) in µs, per repeat.
+func measure(e *ops.Engine, c *nccl.Comm, one func() error, barrier *tensor.Tensor, mode string, iters, warmup, repeats int) ([]float64, error) {
 	many := func(n int) error {
 		for range n {
-			if err := c.AllReduce(e, x, x, nccl.Sum); err != nil {
+			if err := one(); err != nil {
 				return err
 			}
 		}
