@@ -172,7 +172,7 @@ func smxInPlace(s *Suite, dt tensor.DType) {
 // smxGrad checks Graph.StablemaxCrossEntropy against finite differences:
 // per-sequence groups, a scale, and two loss nodes on the same logits
 // (the second accumulates). The step is small (1e-5): s is only C¹ at 0,
-// and a step across it would measure s” there.
+// and a step across it would measure the jump of the second derivative.
 func smxGrad(s *Suite, dt tensor.DType) {
 	tolB := 1e-3
 	if dt == tensor.BF16 {
