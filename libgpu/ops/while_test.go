@@ -21,7 +21,7 @@ import (
 // 8 after each inner loop (three more halvings per round).
 type halving struct {
 	e                        *ops.Engine
-	x, y, flag, count, limit *tensor.Tensor
+	x, y, flag, count        *tensor.Tensor
 	o, oflag, ocount, minus1 *tensor.Tensor
 	maxIter                  int
 }
