@@ -20,3 +20,11 @@ func TestCUDAWhile(t *testing.T) {
 	runWhile(t, e, device.Local{Dev: d})
 	t.Logf("condition kernel loaded from PTX (cubin fallback): %v", ops.CUDAWhilePTX(e))
 }
+
+// TestCUDAWhileHRMBlock runs runWhileHRMBlock on the GPU (bf16 GEMMs):
+// HRM's halting loop as a conditional WHILE node equals its host loop
+// bitwise.
+func TestCUDAWhileHRMBlock(t *testing.T) {
+	d := gpu(t)
+	runWhileHRMBlock(t, cudaEngine(t, d, ops.PrecBF16), device.Local{Dev: d})
+}
