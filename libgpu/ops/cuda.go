@@ -85,6 +85,8 @@ type cudaImpl struct {
 	noBatchedEigh bool
 	// attnWGS caches whether attention's wgmma kernels run (attention.go).
 	attnWGS attnWGState
+	// while is Engine.While's condition kernel and body streams (while.go).
+	while whileState
 
 	mu      sync.Mutex
 	scratch map[string]scratchBuf
@@ -216,6 +218,7 @@ func (c *cudaImpl) Close() error {
 			}
 		}
 		c.sideClose(keep)
+		c.whileClose(keep)
 		if c.stream != 0 {
 			keep(c.stream.Synchronize())
 		}

@@ -1,5 +1,6 @@
 // Package optim holds optimizer objects over nn.Params: AdamW and SGD with
-// momentum, and the second-order methods Shampoo, SOAP, Muon and K-FAC.
+// momentum, Adam-atan2 and sign-SGD (the update rules of sapientinc/HRM),
+// and the second-order methods Shampoo, SOAP, Muon and K-FAC.
 // Each owns its state buffers (moments, statistics, roots, eigenbases,
 // step counter), allocated once through a device.Allocator under
 // prefix+"/optim/<state name>" zero-initialised (Reset zeroes them again
@@ -21,7 +22,8 @@
 // from a snapshot of the statistics, put in use a fixed number of steps
 // later (bounded staleness), so that a step never waits for a root. Their
 // schedules live on the host, so their steps run eagerly (Capturer);
-// Muon, AdamW and SGD may be captured into a CUDA graph.
+// Muon, AdamW, SGD, Adam-atan2 and sign-SGD may be captured into a CUDA
+// graph.
 //
 // Spec and New build any of them from a flat, serialisable description
 // (command lines, the optimizer service of libgpu/optim/service).

@@ -82,6 +82,9 @@ func TestTrainingLowersLoss(t *testing.T) {
 		"sgd": func(a device.Allocator, ps []nn.Param) (optim.Optimizer, error) {
 			return optim.NewSGD(a, "run", ps, ops.SGDConfig{LR: 0.05, Momentum: 0.9})
 		},
+		"adamatan2": func(a device.Allocator, ps []nn.Param) (optim.Optimizer, error) {
+			return optim.NewAdamATan2(a, "run", ps, ops.AdamATan2Config{LR: 1e-2, Beta1: 0.9, Beta2: 0.95, WeightDecay: 1e-2})
+		},
 	}
 	for name, newOpt := range mk {
 		for _, act := range []ops.Act{ops.ActReLU, ops.ActGELU} {

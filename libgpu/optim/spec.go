@@ -15,7 +15,7 @@ import (
 // fields; New builds the optimizer. Fields an algorithm does not use are
 // ignored.
 type Spec struct {
-	Name string `msgpack:"name" json:"name"` // adamw, sgd, shampoo, soap, muon, kfac
+	Name string `msgpack:"name" json:"name"` // adamw, sgd, shampoo, soap, muon, kfac, adamatan2, signsgd
 
 	LR          float32 `msgpack:"lr" json:"lr"`
 	WeightDecay float32 `msgpack:"weight_decay" json:"weight_decay"`
@@ -49,6 +49,13 @@ type Spec struct {
 	CovEvery  int     `msgpack:"cov_every" json:"cov_every"`
 	KLClip    float32 `msgpack:"kl_clip" json:"kl_clip"`
 
+	// Adam-atan2's a and b constants (0: 1, the adam-atan2 package's) and
+	// the paper's bias correction of m inside the atan2
+	// (ops.AdamATan2Config).
+	ATan2A      float32 `msgpack:"atan2_a" json:"atan2_a,omitempty"`
+	ATan2B      float32 `msgpack:"atan2_b" json:"atan2_b,omitempty"`
+	ATan2Inside bool    `msgpack:"atan2_inside" json:"atan2_inside,omitempty"`
+
 	// Exclude lists substrings of parameter names that the matrix method
 	// leaves to its first-order companion (Shampoo: graft only; SOAP and
 	// Muon: AdamW); nil keeps the algorithm's default.
@@ -56,11 +63,12 @@ type Spec struct {
 }
 
 // Names lists the optimizers New builds.
-var Names = []string{"adamw", "sgd", "shampoo", "soap", "muon", "kfac"}
+var Names = []string{"adamw", "sgd", "shampoo", "soap", "muon", "kfac", "adamatan2", "signsgd"}
 
 // Defaults is the Spec of each algorithm's default configuration
 // (DefaultShampoo, DefaultSOAP, DefaultMuon, DefaultKFAC, ops.DefaultAdamW,
-// SGD with momentum 0.9).
+// SGD with momentum 0.9, ops.DefaultAdamATan2, and sign-SGD with HRM's
+// class defaults lr 1e-3, weight decay 1e-2).
 func Defaults(name string) (Spec, error) {
 	s := Spec{Name: name, Root: "eigen"}
 	switch name {
@@ -86,6 +94,11 @@ func Defaults(name string) (Spec, error) {
 		c := DefaultKFAC
 		s.LR, s.Momentum, s.WeightDecay = c.LR, c.Momentum, c.WeightDecay
 		s.Damping, s.StatDecay, s.CovEvery, s.UpdateFreq, s.KLClip = c.Damping, c.StatDecay, c.CovEvery, c.InvEvery, c.KLClip
+	case "adamatan2":
+		c := ops.DefaultAdamATan2
+		s.LR, s.Beta1, s.Beta2, s.WeightDecay = c.LR, c.Beta1, c.Beta2, c.WeightDecay
+	case "signsgd":
+		s.LR, s.WeightDecay = 1e-3, 1e-2
 	default:
 		return s, fmt.Errorf("%w: optimizer %q (want one of %s)", ErrConfig, name, strings.Join(Names, ", "))
 	}
@@ -143,6 +156,11 @@ func build(a device.Allocator, prefix string, params []nn.Param, layers []KFACLa
 			c.AdamWParams = s.Exclude
 		}
 		return NewMuon(a, prefix, params, c)
+	case "adamatan2":
+		return NewAdamATan2(a, prefix, params, ops.AdamATan2Config{LR: s.LR, Beta1: s.Beta1, Beta2: s.Beta2, WeightDecay: s.WeightDecay,
+			A: s.ATan2A, B: s.ATan2B, BiasInside: s.ATan2Inside})
+	case "signsgd":
+		return NewSignSGD(params, ops.SignSGDConfig{LR: s.LR, WeightDecay: s.WeightDecay})
 	case "kfac":
 		return NewKFAC(a, prefix, params, layers, KFACConfig{LR: s.LR, Momentum: s.Momentum, WeightDecay: s.WeightDecay,
 			Damping: s.Damping, StatDecay: s.StatDecay, CovEvery: s.CovEvery, InvEvery: s.UpdateFreq, KLClip: s.KLClip, Roots: roots})

@@ -403,17 +403,17 @@ inline void fence_proxy_async() {
   yield();
 }
 
+// shfl exchanges values of up to 32 bytes (a double, as __shfl_sync's
+// 64-bit overloads take) through the lanes' slots.
 template <typename T>
 inline T shfl(T v, int src) {
+  static_assert(sizeof(T) <= sizeof(Slot::w), "shfl of a value wider than a slot");
   int lane = g.cur->lane;
-  uint32_t w;
-  memcpy(&w, &v, 4);
-  slot(lane).w[0] = w;
-  warp_barrier();
-  uint32_t r = slot(src & 31).w[0];
+  memcpy(slot(lane).w, &v, sizeof(T));
   warp_barrier();
   T out;
-  memcpy(&out, &r, 4);
+  memcpy(&out, slot(src & 31).w, sizeof(T));
+  warp_barrier();
   return out;
 }
 
@@ -613,6 +613,11 @@ inline int __float_as_int(float f) {
   int u;
   memcpy(&u, &f, 4);
   return u;
+}
+inline double __longlong_as_double(long long u) {
+  double f;
+  memcpy(&f, &u, 8);
+  return f;
 }
 inline int __ffs(int x) { return x ? __builtin_ctz((unsigned)x) + 1 : 0; }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }

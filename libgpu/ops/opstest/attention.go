@@ -210,7 +210,8 @@ func checkAttention(s *Suite) {
 		{AttnShape{1, 70, 70, 2, 64}, true, 0},  // two 64-row tiles, the second partial
 		{AttnShape{1, 33, 33, 1, 128}, true, 0}, // D = 128
 		{AttnShape{1, 9, 23, 1, 128}, false, 0},
-		{AttnShape{2, 21, 21, 2, 40}, true, 0}, // a D the tensor cores do not take
+		{AttnShape{2, 21, 21, 2, 40}, true, 0},  // a D the tensor cores do not take
+		{AttnShape{2, 82, 82, 8, 64}, false, 0}, // HRM on Sudoku: 81 cells + the puzzle token, hidden 512 / 8 heads, non-causal
 	}
 	for _, dt := range s.DTypes() {
 		for _, c := range cases {

@@ -41,7 +41,7 @@ func (x OptimConfig) spec(name string, lr, wd, momentum, beta1, beta2 float32) (
 	switch name {
 	case "sgd", "kfac":
 		s.Momentum = momentum
-	case "adamw", "soap":
+	case "adamw", "soap", "adamatan2":
 		s.Beta1, s.Beta2 = beta1, beta2
 	case "shampoo":
 		s.Beta1, s.GraftBeta2 = beta1, beta2
