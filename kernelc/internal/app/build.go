@@ -115,18 +115,7 @@ func runBuild(c *cli.Context) error {
 	}
 	results := make([]kernels.Result, len(jobs))
 	errs := make([]error, len(jobs))
-	sem := make(chan struct{}, max(1, c.Int("jobs")))
-	var wg sync.WaitGroup
-	for i := range jobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			results[i], errs[i] = comp.Compile(jobs[i].src, opts)
-		}()
-	}
-	wg.Wait()
+	parallel(len(jobs), c.Int("jobs"), func(i int) { results[i], errs[i] = comp.Compile(jobs[i].src, opts) })
 	var failed []error
 	for i, j := range jobs {
 		if errs[i] != nil {
@@ -260,14 +249,20 @@ func buildLibgpu(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, name := range kernels.Sources() {
-		src, err := kernels.Embedded(name)
-		if err != nil {
-			return err
+	names := kernels.Sources()
+	results := make([]kernels.Result, len(names))
+	errs := make([]error, len(names))
+	parallel(len(names), c.Int("jobs"), func(i int) {
+		src, err := kernels.Embedded(names[i])
+		if err == nil {
+			results[i], err = comp.Compile(src, kernels.EmbeddedOptions(arch))
 		}
-		r, err := comp.Compile(src, kernels.EmbeddedOptions(arch))
-		if err != nil {
-			return err
+		errs[i] = err
+	})
+	for i, name := range names {
+		r := results[i]
+		if errs[i] != nil {
+			return errs[i]
 		}
 		if r.CacheErr != nil { // warming the cache is the point of --libgpu
 			return fmt.Errorf("libgpu/kernels/%s: %w", name, r.CacheErr)
@@ -276,4 +271,20 @@ func buildLibgpu(c *cli.Context) error {
 			CacheHit: r.CacheHit, Bytes: len(r.Cubin)})
 	}
 	return nil
+}
+
+// parallel runs f(0), ..., f(n−1) with at most jobs at once.
+func parallel(n, jobs int, f func(i int)) {
+	sem := make(chan struct{}, max(1, jobs))
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			f(i)
+		}()
+	}
+	wg.Wait()
 }
