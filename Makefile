@@ -25,7 +25,7 @@ UNITDIR     ?= $(PREFIX)/lib/systemd/system
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 UNITS       := gpupool.socket gpupool.service
 
-.PHONY: all build install systemd-check test test-short lint demo demo-gpt ci gpu-bundle bench tidy-check clean deps cuda-check
+.PHONY: all build install warm-cache systemd-check test test-short lint demo demo-gpt ci gpu-bundle bench tidy-check clean deps cuda-check
 
 all: build
 
@@ -46,6 +46,15 @@ install: build
 	install -m 0644 examples/systemd/gpukit.conf $(DESTDIR)$(TMPFILESDIR)/gpukit.conf
 	@echo "installed $(TOOLS) into $(DESTDIR)$(BINDIR)/; for the pool under systemd, as root:" \
 		"groupadd --system gpukit && systemctl daemon-reload && systemctl enable --now gpupool.socket"
+	@if [ -z "$(DESTDIR)" ]; then $(MAKE) --no-print-directory warm-cache; fi
+
+## warm-cache: compile every kernel libgpu embeds for this machine's GPU into the kernel cache of the user running it ($$GPUKIT_CACHE_DIR, else ~/.cache/gpukit/kernels) with kernelc build --libgpu, so a first run loads instead of compiling; without a GPU it says so and does nothing (make install runs it unless DESTDIR stages)
+warm-cache: build
+	@if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then \
+		echo "warm-cache: no NVIDIA GPU here (/dev/nvidia*); skipped: a first run compiles the kernels it needs"; \
+	elif $(BINDIR_BUILD)/kernelc build --libgpu >/dev/null; then \
+		echo "warm-cache: compiled libgpu's kernels for this GPU into the kernel cache"; \
+	else echo "warm-cache: kernelc build --libgpu failed (above); a first run compiles the kernels it needs"; fi
 
 ## systemd-check: install into a temporary PREFIX and check the units with systemd-analyze verify, and that gpukit.conf gives the gpukit group the socket's directory (apt-get installs systemd when missing)
 systemd-check:
