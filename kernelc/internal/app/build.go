@@ -37,7 +37,7 @@ var buildCommand = &cli.Command{
 		&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "output file (one input) or directory (several)"},
 		&cli.BoolFlag{Name: "ptx", Usage: "write PTX instead of a cubin"},
 		&cli.BoolFlag{Name: "libgpu", Usage: "compile every kernel libgpu embeds into the cache"},
-		&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.GOMAXPROCS(0), Usage: "parallel compilations"},
+		kit.IntAtLeast(&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.GOMAXPROCS(0), Usage: "parallel compilations"}, 1),
 	}, compileFlags...),
 	Action: runBuild,
 }

@@ -38,7 +38,8 @@ func New() *cli.App {
 			sampleCommand(),
 			videoCommand(),
 			scoreCommand(),
-			kit.NotBuilt("bench", "time sampling steps against the reference (see bench/unet.sh)", "sampler"),
+			kit.NotBuilt("bench", "time sampling steps against PyTorch",
+				"bench/unet.sh does, on a GPU machine (bash build/gpu/run.sh bench/unet.sh; see BENCHMARKS.md)"),
 		},
 	}
 }
@@ -53,14 +54,17 @@ var (
 	graphFlag   = &cli.StringFlag{Name: "graph", Value: "on", Usage: "on|off: capture each sampling loop as one CUDA graph (a no-op on the host)"}
 	precFlag    = &cli.StringFlag{Name: "precision", Value: "bf16", Usage: "bf16|tf32|f32: the U-Net's activations and GEMMs (bf16: bf16 activations; the host computes f32)"}
 	schedFlag   = &cli.StringFlag{Name: "scheduler", Value: "dpmsolver++", Usage: "ddpm|ddim|dpmsolver++"}
-	stepsFlag   = &cli.IntFlag{Name: "steps", Value: 20, Usage: "model evaluations (denoising steps)"}
-	etaFlag     = &cli.Float64Flag{Name: "eta", Usage: "DDIM's η: 0 deterministic, 1 as DDPM's variance"}
-	guideFlag   = &cli.Float64Flag{Name: "guidance-scale", Value: 3, Usage: "classifier-free guidance s: ε = ε_u + s(ε_c − ε_u) (1: conditional only, no unconditional pass)"}
+	stepsFlag   = kit.IntAtLeast(&cli.IntFlag{Name: "steps", Value: 20, Usage: "model evaluations (denoising steps)"}, 1)
+	etaFlag     = kit.FloatWhere(&cli.Float64Flag{Name: "eta", Usage: "DDIM's η: 0 deterministic, 1 as DDPM's variance"}, "want η ≥ 0", nonNegative)
+	guideFlag   = kit.FloatWhere(&cli.Float64Flag{Name: "guidance-scale", Value: 3, Usage: "classifier-free guidance s ≥ 0: ε = ε_u + s(ε_c − ε_u) (1: conditional only, no unconditional pass; 0: unconditional)"},
+			"want s ≥ 0 (1: conditional only, 0: unconditional)", nonNegative)
 	classFlag   = &cli.StringFlag{Name: "class", Value: "all", Usage: "a class 0..9, null (unconditional), or all (image i gets class i mod 10)"}
 	seedFlag    = &cli.Uint64Flag{Name: "seed", Value: 1, Usage: "the noise's seed (Philox key)"}
 	noClipFlag  = &cli.BoolFlag{Name: "no-clip", Usage: "do not clip the predicted x0 to [-1, 1]"}
 	waitFlag    = &cli.DurationFlag{Name: "wait", Value: 30 * time.Second, Usage: "with --pool: how long to wait for a snapshot being written"}
 )
+
+func nonNegative(v float64) bool { return v >= 0 }
 
 func modelFlags() []cli.Flag {
 	return []cli.Flag{ckptFlag, poolFlag, weightsFlag, rawFlag, deviceFlag, graphFlag, precFlag, seedFlag, waitFlag}
@@ -197,12 +201,9 @@ func planOptions(c *cli.Context) (diffusion.PlanOptions, error) {
 	if err != nil {
 		return diffusion.PlanOptions{}, kit.Usagef("--scheduler %q: want ddpm, ddim or dpmsolver++", c.String("scheduler"))
 	}
-	o := diffusion.PlanOptions{Scheduler: sch, Steps: c.Int("steps"), Eta: c.Float64("eta"),
-		Guidance: c.Float64("guidance-scale"), NoClip: c.Bool("no-clip")}
-	if o.Steps < 1 || !(o.Eta >= 0) || math.IsNaN(o.Guidance) || math.IsInf(o.Guidance, 0) {
-		return o, kit.Usagef("--steps %d (≥ 1), --eta %v (≥ 0), --guidance-scale %v", o.Steps, o.Eta, o.Guidance)
-	}
-	return o, nil
+	// --steps, --eta and --guidance-scale are checked as they are parsed.
+	return diffusion.PlanOptions{Scheduler: sch, Steps: c.Int("steps"), Eta: c.Float64("eta"),
+		Guidance: c.Float64("guidance-scale"), NoClip: c.Bool("no-clip")}, nil
 }
 
 // parseClass reads --class: −1 for all.
