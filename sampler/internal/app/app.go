@@ -58,11 +58,11 @@ var (
 	stepsFlag   = kit.IntAtLeast(&cli.IntFlag{Name: "steps", Value: 20, Usage: "model evaluations (denoising steps)"}, 1)
 	etaFlag     = kit.FloatWhere(&cli.Float64Flag{Name: "eta", Usage: "DDIM's η: 0 deterministic, 1 as DDPM's variance"}, "want η ≥ 0", nonNegative)
 	guideFlag   = kit.FloatWhere(&cli.Float64Flag{Name: "guidance-scale", Value: 3, Usage: "classifier-free guidance s ≥ 0: ε = ε_u + s(ε_c − ε_u) (1: conditional only, no unconditional pass; 0: unconditional)"},
-			"want s ≥ 0 (1: conditional only, 0: unconditional)", nonNegative)
-	classFlag   = &cli.StringFlag{Name: "class", Value: "all", Usage: "a class 0..9, null (unconditional), or all (image i gets class i mod 10)"}
-	seedFlag    = &cli.Uint64Flag{Name: "seed", Value: 1, Usage: "the noise's seed (Philox key)"}
-	noClipFlag  = &cli.BoolFlag{Name: "no-clip", Usage: "do not clip the predicted x0 to [-1, 1]"}
-	waitFlag    = &cli.DurationFlag{Name: "wait", Value: 30 * time.Second, Usage: "with --pool: how long to wait for a snapshot being written"}
+		"want s ≥ 0 (1: conditional only, 0: unconditional)", nonNegative)
+	classFlag  = &cli.StringFlag{Name: "class", Value: "all", Usage: "a class 0..9, null (unconditional), or all (image i gets class i mod 10)"}
+	seedFlag   = &cli.Uint64Flag{Name: "seed", Value: 1, Usage: "the noise's seed (Philox key)"}
+	noClipFlag = &cli.BoolFlag{Name: "no-clip", Usage: "do not clip the predicted x0 to [-1, 1]"}
+	waitFlag   = &cli.DurationFlag{Name: "wait", Value: 30 * time.Second, Usage: "with --pool: how long to wait for a snapshot being written"}
 )
 
 func nonNegative(v float64) bool { return v >= 0 }
