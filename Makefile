@@ -25,7 +25,7 @@ UNITDIR     ?= $(PREFIX)/lib/systemd/system
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 UNITS       := gpupool.socket gpupool.service
 
-.PHONY: all build install warm-cache systemd-check test test-short lint demo demo-gpt ci gpu-bundle bench tidy-check clean deps cuda-check
+.PHONY: all build install warm-cache docs-check systemd-check test test-short lint demo demo-gpt ci gpu-bundle bench tidy-check clean deps cuda-check
 
 all: build
 
@@ -96,13 +96,22 @@ tidy-check:
 	@for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod tidy && GOWORK=off $(GO) build ./...) || exit 1; done
 	@git diff --exit-code -- '*/go.mod' '*/go.sum' || { echo "go.mod/go.sum not tidy: run make tidy-check and commit"; exit 1; }
 
-## deps: the Debian package with Fashion-MNIST, when missing
+## deps: the Debian packages with Fashion-MNIST and jq (the README's examples use it), when missing
 deps:
 	@if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then \
 		echo "installing dataset-fashion-mnist (apt-get)"; \
 		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dataset-fashion-mnist; \
 	fi
+	@if ! command -v jq >/dev/null; then \
+		echo "installing jq (apt-get)"; \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq jq; \
+	fi
+
+## docs-check: run every shell example of README.md and TOOLS.md that can run on a CPU, as written (scripts/docs-check.sh lists what it skips and why)
+docs-check: deps build
+	GPUKIT_BIN=$(BINDIR_BUILD) bash scripts/docs-check.sh
 
 ## demo: train a Fashion-MNIST classifier through the pool (GPU when there is one, else CPU)
 demo: deps build
@@ -123,6 +132,8 @@ ci: deps lint tidy-check systemd-check
 	EPOCHS=1 LIMIT=3000 OUT=$$(mktemp -d) GPUKIT_BIN=$(BINDIR_BUILD) bash examples/pipelines/train-fashion.sh >/dev/null
 	@echo "pipeline (short mode): examples/pipelines/gpt-opticks.sh"
 	STEPS=30 TOKENS=60 OUT=$$(mktemp -d)/gpt GPUKIT_BIN=$(BINDIR_BUILD) bash examples/pipelines/gpt-opticks.sh >/dev/null
+	@echo "docs: every shell example of README.md and TOOLS.md that runs on a CPU (scripts/docs-check.sh)"
+	GPUKIT_BIN=$(BINDIR_BUILD) bash scripts/docs-check.sh
 	@git status --porcelain | grep -v '^??' && { echo "tracked files changed during ci"; exit 1; } || true
 
 ## gpu-bundle: static tools and GPU test binaries in build/gpu/ for a GPU machine
