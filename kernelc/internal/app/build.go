@@ -1,7 +1,9 @@
 package app
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"io"
 	"os"
 	"path/filepath"
@@ -213,7 +215,11 @@ func writeOutput(c *cli.Context, path string, img []byte) error {
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".kernelc-*")
 	if err != nil {
-		return fmt.Errorf("build: %w", err)
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the temporary file's name is not the user's
+		}
+		return fmt.Errorf("build: write %s: %w", path, err)
 	}
 	_, err = tmp.Write(img)
 	if cerr := tmp.Close(); err == nil {
@@ -227,6 +233,13 @@ func writeOutput(c *cli.Context, path string, img []byte) error {
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
+		var pe *fs.PathError
+		var le *os.LinkError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		} else if errors.As(err, &le) {
+			err = le.Err
+		}
 		return fmt.Errorf("build: write %s: %w", path, err)
 	}
 	return nil
