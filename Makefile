@@ -25,7 +25,7 @@ UNITDIR     ?= $(PREFIX)/lib/systemd/system
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 UNITS       := gpupool.socket gpupool.service
 
-.PHONY: all build install systemd-check test test-short lint demo demo-gpt ci gpu-bundle bench tidy-check clean deps cuda-check
+.PHONY: all build install warm-cache docs-check systemd-check test test-short lint demo demo-gpt ci gpu-bundle bench tidy-check clean deps cuda-check
 
 all: build
 
@@ -46,6 +46,15 @@ install: build
 	install -m 0644 examples/systemd/gpukit.conf $(DESTDIR)$(TMPFILESDIR)/gpukit.conf
 	@echo "installed $(TOOLS) into $(DESTDIR)$(BINDIR)/; for the pool under systemd, as root:" \
 		"groupadd --system gpukit && systemctl daemon-reload && systemctl enable --now gpupool.socket"
+	@if [ -z "$(DESTDIR)" ]; then $(MAKE) --no-print-directory warm-cache; fi
+
+## warm-cache: compile every kernel libgpu embeds for this machine's GPU into the kernel cache of the user running it ($$GPUKIT_CACHE_DIR, else ~/.cache/gpukit/kernels) with kernelc build --libgpu, so a first run loads instead of compiling; without a GPU it says so and does nothing (make install runs it unless DESTDIR stages)
+warm-cache: build
+	@if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1; then \
+		echo "warm-cache: no NVIDIA GPU here (/dev/nvidia*); skipped: a first run compiles the kernels it needs"; \
+	elif $(BINDIR_BUILD)/kernelc build --libgpu >/dev/null; then \
+		echo "warm-cache: compiled libgpu's kernels for this GPU into the kernel cache"; \
+	else echo "warm-cache: kernelc build --libgpu failed (above); a first run compiles the kernels it needs"; fi
 
 ## systemd-check: install into a temporary PREFIX and check the units with systemd-analyze verify, and that gpukit.conf gives the gpukit group the socket's directory (apt-get installs systemd when missing)
 systemd-check:
@@ -87,17 +96,22 @@ tidy-check:
 	@for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod tidy && GOWORK=off $(GO) build ./...) || exit 1; done
 	@git diff --exit-code -- '*/go.mod' '*/go.sum' || { echo "go.mod/go.sum not tidy: run make tidy-check and commit"; exit 1; }
 
-## deps: the Debian packages the tests need, when missing: Fashion-MNIST; qqwing and faketime (Sudoku puzzles, libgpu/data/sudoku)
+## deps: the Debian packages the tests need, when missing: Fashion-MNIST; qqwing and faketime (Sudoku puzzles, libgpu/data/sudoku); jq (the README's examples use it)
 deps:
 	@pkgs=; \
 	[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || pkgs="$$pkgs dataset-fashion-mnist"; \
 	command -v qqwing >/dev/null || pkgs="$$pkgs qqwing"; \
 	command -v faketime >/dev/null || pkgs="$$pkgs faketime"; \
+	command -v jq >/dev/null || pkgs="$$pkgs jq"; \
 	if [ -n "$$pkgs" ]; then \
 		echo "installing$$pkgs (apt-get)"; \
 		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkgs; \
 	fi
+
+## docs-check: run every shell example of README.md and TOOLS.md that can run on a CPU, as written (scripts/docs-check.sh lists what it skips and why)
+docs-check: deps build
+	GPUKIT_BIN=$(BINDIR_BUILD) bash scripts/docs-check.sh
 
 ## demo: train a Fashion-MNIST classifier through the pool (GPU when there is one, else CPU)
 demo: deps build
@@ -118,6 +132,8 @@ ci: deps lint tidy-check systemd-check
 	EPOCHS=1 LIMIT=3000 OUT=$$(mktemp -d) GPUKIT_BIN=$(BINDIR_BUILD) bash examples/pipelines/train-fashion.sh >/dev/null
 	@echo "pipeline (short mode): examples/pipelines/gpt-opticks.sh"
 	STEPS=30 TOKENS=60 OUT=$$(mktemp -d)/gpt GPUKIT_BIN=$(BINDIR_BUILD) bash examples/pipelines/gpt-opticks.sh >/dev/null
+	@echo "docs: every shell example of README.md and TOOLS.md that runs on a CPU (scripts/docs-check.sh)"
+	GPUKIT_BIN=$(BINDIR_BUILD) bash scripts/docs-check.sh
 	@git status --porcelain | grep -v '^??' && { echo "tracked files changed during ci"; exit 1; } || true
 
 ## gpu-bundle: static tools and GPU test binaries in build/gpu/ for a GPU machine

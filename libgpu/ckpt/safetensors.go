@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -328,11 +329,13 @@ func Save(path string, tensors []Named, meta map[string]string) error {
 }
 
 // WriteFile encodes entries and metadata to path atomically (see Save).
+// Errors name path (never the temporary file beside it).
 func WriteFile(path string, entries []Entry, meta map[string]string) (err error) {
 	dir := filepath.Dir(path)
+	fail := func(err error) error { return fmt.Errorf("ckpt: writing %s: %w", path, plainErr(err)) }
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {
-		return fmt.Errorf("ckpt: %w", err)
+		return fail(err)
 	}
 	defer func() {
 		if err != nil {
@@ -341,30 +344,47 @@ func WriteFile(path string, entries []Entry, meta map[string]string) (err error)
 		}
 	}()
 	if err = tmp.Chmod(0o644); err != nil {
-		return fmt.Errorf("ckpt: %w", err)
+		return fail(err)
 	}
 	bw := &errWriter{w: tmp}
 	if err = Encode(bw, entries, meta); err != nil {
+		if errors.As(err, new(*fs.PathError)) {
+			return fail(err)
+		}
 		return err
 	}
 	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("ckpt: fsync %s: %w", tmp.Name(), err)
+		return fail(err)
 	}
 	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("ckpt: %w", err)
+		return fail(err)
 	}
 	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("ckpt: %w", err)
+		return fail(err)
 	}
 	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("ckpt: %w", err)
+		return fail(err)
 	}
 	defer d.Close()
 	if err = d.Sync(); err != nil {
-		return fmt.Errorf("ckpt: fsync directory %s: %w", dir, err)
+		return fmt.Errorf("ckpt: fsync directory %s: %w", dir, plainErr(err))
 	}
 	return nil
+}
+
+// plainErr drops the file names an *fs.PathError or *os.LinkError carries
+// (a temporary file's), keeping the cause (errors.Is still sees it).
+func plainErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) {
+		return le.Err
+	}
+	return err
 }
 
 type errWriter struct{ w io.Writer }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -199,4 +200,14 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("metadata changed: %s vs %s", m1, m2)
 		}
 	})
+}
+
+// TestWriteFileErrorsNameThePath: a failed write names the file asked
+// for, never the temporary file beside it, and keeps the cause.
+func TestWriteFileErrorsNameThePath(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "missing", "s.safetensors")
+	err := WriteFile(path, []Entry{{Name: "x", DType: tensor.F32, Shape: []int{1}, Data: make([]byte, 4)}}, nil)
+	if err == nil || !strings.Contains(err.Error(), path) || strings.Contains(err.Error(), ".tmp") || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("WriteFile into a missing directory: %v", err)
+	}
 }

@@ -117,7 +117,7 @@ func testApp(stdout, stderr *bytes.Buffer) *ucli.App {
 	flags := func() []ucli.Flag {
 		return []ucli.Flag{
 			&ucli.StringFlag{Name: "out", Aliases: []string{"o"}},
-			&ucli.IntFlag{Name: "n"},
+			&ucli.IntFlag{Name: "n", Action: func(*ucli.Context, int) error { return nil }}, // any integer (-5 is a value)
 			&ucli.BoolFlag{Name: "x"},
 		}
 	}
@@ -139,7 +139,7 @@ func testApp(stdout, stderr *bytes.Buffer) *ucli.App {
 			{Name: "bad", Action: func(c *ucli.Context) error {
 				return fmt.Errorf("line one\nline two")
 			}},
-			NotBuilt("later", "something for later", "some issue"),
+			NotBuilt("later", "something for later", "use tool build meanwhile"),
 		},
 	}
 }
@@ -170,7 +170,7 @@ func TestMainUsageErrors(t *testing.T) {
 		{[]string{"group", "mv"}, `tool: usage: unknown command "mv" (see tool group --help)`},
 		{[]string{"group", "ls", "--bogus"}, "tool: usage: flag provided but not defined: -bogus (see tool group ls --help)"},
 		{[]string{"help"}, `tool: usage: unknown command "help" (see tool --help)`},
-		{[]string{"later", "--anything", "x"}, `tool: later: not built yet; the issue "some issue" builds it`},
+		{[]string{"later", "--anything", "x"}, `tool: later: not built yet; use tool build meanwhile`},
 	} {
 		r := runApp(c.args...)
 		if r.code != ExitUsage || r.stdout != "" || r.stderr != c.say+"\n" {

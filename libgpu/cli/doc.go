@@ -14,7 +14,11 @@
 //     (NotBuilt), refusing to replace an existing --out (ForceFlag,
 //     CheckOut) and to create a missing socket directory (CheckSocketDir);
 //   - the progress bar with ETA of every long job (Progress), on stderr
-//     when it is a terminal or GPUKIT_PROGRESS=always.
+//     when it is a terminal or GPUKIT_PROGRESS=always;
+//   - numeric flags checked as they are parsed (Setup: no negative
+//     integers or durations, no NaN or infinite floats; IntAtLeast and
+//     FloatWhere for narrower ranges), and requests refused when their
+//     memory need exceeds what is available (CheckMemory).
 //
 // A tool's main is one line: os.Exit(cli.Main(app.New(), os.Args)). Flags
 // live only here and in the tools' CLI packages; no other library defines one.

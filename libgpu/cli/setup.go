@@ -35,6 +35,7 @@ func Setup(app *ucli.App) {
 	if flagByName(app.Flags, "version") == nil {
 		app.Flags = append(app.Flags, &ucli.BoolFlag{Name: "version", Usage: "print the version and exit"})
 	}
+	checkFlags(app.Flags)
 	before := app.Before
 	app.Before = func(c *ucli.Context) error {
 		if c.Bool("version") {
@@ -57,6 +58,7 @@ func Setup(app *ucli.App) {
 func setupCommand(cmd *ucli.Command) {
 	cmd.HideHelpCommand = true
 	cmd.OnUsageError = usageError
+	checkFlags(cmd.Flags)
 	if len(cmd.Subcommands) > 0 && cmd.Action == nil {
 		cmd.Action = groupAction(cmd.Subcommands)
 	}
@@ -116,12 +118,13 @@ func NoArgs(c *ucli.Context) error {
 	return nil
 }
 
-// NotBuilt is a command a later issue builds: it takes any arguments, says
-// so in one line and exits 2. issue, when not empty, names that issue.
-func NotBuilt(name, usage, issue string) *ucli.Command {
-	later := "a later issue builds it"
-	if issue != "" {
-		later = fmt.Sprintf("the issue %q builds it", issue)
+// NotBuilt is a command that is not built: it takes any arguments, says
+// so in one line and exits 2. instead, when not empty, says what to use
+// meanwhile ("use bench/unet.sh ..."); else the line says a later issue
+// builds it.
+func NotBuilt(name, usage, instead string) *ucli.Command {
+	if instead == "" {
+		instead = "a later issue builds it"
 	}
 	return &ucli.Command{
 		Name:            name,
@@ -129,7 +132,7 @@ func NotBuilt(name, usage, issue string) *ucli.Command {
 		SkipFlagParsing: true,
 		HideHelp:        true,
 		Action: func(*ucli.Context) error {
-			return fmt.Errorf("%s: %w; %s", name, ErrNotBuilt, later)
+			return fmt.Errorf("%s: %w; %s", name, ErrNotBuilt, instead)
 		},
 	}
 }

@@ -52,6 +52,7 @@ type Sampler struct {
 	t0, t1  *ops.Event
 	graphs  map[loopKey]*ops.CapturedGraph
 	owned   []*tensor.Tensor
+	onStep  func() // the running run's RunOptions.OnStep (host only)
 }
 
 type loopKey struct {
@@ -183,6 +184,11 @@ type RunOptions struct {
 	// re-noised to the plan's Strength and blended by its Blend, and keeps
 	// this run's images as the next previous frame.
 	Video bool
+	// OnStep, when set, is called after each step on an engine that runs
+	// work as it is queued (the host), so a progress bar can move within
+	// a run; on a GPU the steps are queued (or replayed) at once and it is
+	// not called.
+	OnStep func()
 }
 
 // Run queues one sampling run of plan p and waits for it; the images are
@@ -220,6 +226,11 @@ func (s *Sampler) Run(p *Plan, r RunOptions) (float32, error) {
 	clear(tab)
 	copy(tab, p.Table())
 	key := loopKey{steps: steps, video: r.Video}
+	s.onStep = nil
+	if !s.e.IsGraphCapable() {
+		s.onStep = r.OnStep
+	}
+	defer func() { s.onStep = nil }()
 	err := s.e.Do(func() error {
 		if err := s.e.CopyIn(s.counter, s.stage, 0); err != nil {
 			return err
@@ -289,6 +300,9 @@ func (s *Sampler) loop(steps int, video bool) error {
 		}
 		if err := s.e.DiffusionStep(step); err != nil {
 			return err
+		}
+		if s.onStep != nil {
+			s.onStep()
 		}
 	}
 	if video {

@@ -185,3 +185,30 @@ func TestSamplerCastWeightsOnce(t *testing.T) {
 		t.Error("bf16 weights copied once give other images than casting in every evaluation")
 	}
 }
+
+// TestSamplerOnStep: on the host, OnStep is called once per step of each
+// run (the first, eager one and the later, replayed ones), and a run
+// without it calls nothing left over from an earlier run.
+func TestSamplerOnStep(t *testing.T) {
+	s, _ := tinySampler(t, 2, true)
+	calls := 0
+	for _, steps := range []int{3, 7} {
+		p, err := NewPlan(Linear(1000), PlanOptions{Scheduler: DPMSolverPP, Steps: steps, Guidance: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for run := range 2 {
+			before := calls
+			if _, err := s.Run(p, RunOptions{Labels: []int32{0, 1}, Run: run, OnStep: func() { calls++ }}); err != nil {
+				t.Fatal(err)
+			}
+			if calls-before != steps {
+				t.Errorf("%d-step plan, run %d: OnStep called %d times", steps, run, calls-before)
+			}
+		}
+		before := calls
+		if _, err := s.Run(p, RunOptions{Labels: []int32{0, 1}, Run: 5}); err != nil || calls != before {
+			t.Fatalf("run without OnStep: %v, an earlier run's OnStep called %d times", err, calls-before)
+		}
+	}
+}

@@ -790,24 +790,24 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
 }
 
 // Instances: attn_<fwd|bwd_dq|bwd_dkdv>_tc[_drop]_d<D> (_drop: dropout on P).
-#define ATTN_TC_INSTANCES(DROPSUF, DROP)                                                                     \
-  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_fwd_tc##DROPSUF##_d64(const attn_args a) {      \
-    attn_fwd_tc<64, DROP>(a);                                                                                \
-  }                                                                                                          \
-  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_fwd_tc##DROPSUF##_d128(const attn_args a) {     \
-    attn_fwd_tc<128, DROP>(a);                                                                               \
-  }                                                                                                          \
-  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dq_tc##DROPSUF##_d64(const attn_args a) {   \
-    attn_bwd_dq_tc<64, DROP>(a);                                                                             \
-  }                                                                                                          \
-  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dq_tc##DROPSUF##_d128(const attn_args a) {  \
-    attn_bwd_dq_tc<128, DROP>(a);                                                                            \
-  }                                                                                                          \
-  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc##DROPSUF##_d64(const attn_args a) { \
-    attn_bwd_dkdv_tc<64, DROP>(a);                                                                           \
-  }                                                                                                          \
-  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc##DROPSUF##_d128(const attn_args a) {\
-    attn_bwd_dkdv_tc<128, DROP>(a);                                                                          \
+#define ATTN_TC_INSTANCES(DROPSUF, DROP)                                                                              \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_fwd_tc##DROPSUF##_d64(const attn_args a) {       \
+    if constexpr (GPUKIT_KEEP(attn_fwd_tc##DROPSUF##_d64)) attn_fwd_tc<64, DROP>(a);                                  \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_fwd_tc##DROPSUF##_d128(const attn_args a) {      \
+    if constexpr (GPUKIT_KEEP(attn_fwd_tc##DROPSUF##_d128)) attn_fwd_tc<128, DROP>(a);                                \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dq_tc##DROPSUF##_d64(const attn_args a) {    \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_tc##DROPSUF##_d64)) attn_bwd_dq_tc<64, DROP>(a);                            \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dq_tc##DROPSUF##_d128(const attn_args a) {   \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_tc##DROPSUF##_d128)) attn_bwd_dq_tc<128, DROP>(a);                          \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc##DROPSUF##_d64(const attn_args a) {  \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_tc##DROPSUF##_d64)) attn_bwd_dkdv_tc<64, DROP>(a);                        \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc##DROPSUF##_d128(const attn_args a) { \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_tc##DROPSUF##_d128)) attn_bwd_dkdv_tc<128, DROP>(a);                      \
   }
 ATTN_TC_INSTANCES(, false)
 ATTN_TC_INSTANCES(_drop, true)
@@ -1509,24 +1509,24 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
 }
 
 // Instances: attn_<fwd|bwd_dkdv|bwd_dq>_wg[_drop]_d<D> (_drop: dropout on P).
-#define ATTN_WG_INSTANCES(DROPSUF, DROP)                                                                       \
-  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg##DROPSUF##_d64(const attn_args a) {      \
-    attn_fwd_wg<64, DROP>(a);                                                                                  \
-  }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg##DROPSUF##_d128(const attn_args a) {     \
-    attn_fwd_wg<128, DROP>(a);                                                                                 \
-  }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg##DROPSUF##_d64(const attn_args a) { \
-    attn_bwd_dkdv_wg<64, DROP>(a);                                                                             \
-  }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg##DROPSUF##_d128(const attn_args a) {\
-    attn_bwd_dkdv_wg<128, DROP>(a);                                                                            \
-  }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg##DROPSUF##_d64(const attn_args a) {   \
-    attn_bwd_dq_wg<64, DROP>(a);                                                                               \
-  }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg##DROPSUF##_d128(const attn_args a) {  \
-    attn_bwd_dq_wg<128, DROP>(a);                                                                              \
+#define ATTN_WG_INSTANCES(DROPSUF, DROP)                                                                                 \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg##DROPSUF##_d64(const attn_args a) {       \
+    if constexpr (GPUKIT_KEEP(attn_fwd_wg##DROPSUF##_d64)) attn_fwd_wg<64, DROP>(a);                                     \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg##DROPSUF##_d128(const attn_args a) {      \
+    if constexpr (GPUKIT_KEEP(attn_fwd_wg##DROPSUF##_d128)) attn_fwd_wg<128, DROP>(a);                                   \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg##DROPSUF##_d64(const attn_args a) {  \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_wg##DROPSUF##_d64)) attn_bwd_dkdv_wg<64, DROP>(a);                           \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg##DROPSUF##_d128(const attn_args a) { \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_wg##DROPSUF##_d128)) attn_bwd_dkdv_wg<128, DROP>(a);                         \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg##DROPSUF##_d64(const attn_args a) {    \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_wg##DROPSUF##_d64)) attn_bwd_dq_wg<64, DROP>(a);                               \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg##DROPSUF##_d128(const attn_args a) {   \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_wg##DROPSUF##_d128)) attn_bwd_dq_wg<128, DROP>(a);                             \
   }
 ATTN_WG_INSTANCES(, false)
 ATTN_WG_INSTANCES(_drop, true)
@@ -1929,31 +1929,31 @@ __device__ __forceinline__ void attn_bwd_delta_v(const attn_args& a) {
 }
 
 // Instances: attn_<fwd|bwd_dq|bwd_dkdv>_simt[_drop]_<dt> (_drop: dropout on P).
-#define ATTN_SIMT_INSTANCES(DROPSUF, DROP)                                                                     \
+#define ATTN_SIMT_INSTANCES(DROPSUF, DROP)                                                                             \
   extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_fwd_simt##DROPSUF##_f32(const attn_args a) {       \
-    attn_fwd_simt<float, DROP>(a);                                                                             \
-  }                                                                                                            \
+    if constexpr (GPUKIT_KEEP(attn_fwd_simt##DROPSUF##_f32)) attn_fwd_simt<float, DROP>(a);                            \
+  }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_fwd_simt##DROPSUF##_bf16(const attn_args a) {      \
-    attn_fwd_simt<gpukit_bf16, DROP>(a);                                                                       \
-  }                                                                                                            \
+    if constexpr (GPUKIT_KEEP(attn_fwd_simt##DROPSUF##_bf16)) attn_fwd_simt<gpukit_bf16, DROP>(a);                     \
+  }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dq_simt##DROPSUF##_f32(const attn_args a) {    \
-    attn_bwd_dq_simt<float, DROP>(a);                                                                          \
-  }                                                                                                            \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_simt##DROPSUF##_f32)) attn_bwd_dq_simt<float, DROP>(a);                      \
+  }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dq_simt##DROPSUF##_bf16(const attn_args a) {   \
-    attn_bwd_dq_simt<gpukit_bf16, DROP>(a);                                                                    \
-  }                                                                                                            \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_simt##DROPSUF##_bf16)) attn_bwd_dq_simt<gpukit_bf16, DROP>(a);               \
+  }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dkdv_simt##DROPSUF##_f32(const attn_args a) {  \
-    attn_bwd_dkdv_simt<float, DROP>(a);                                                                        \
-  }                                                                                                            \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_simt##DROPSUF##_f32)) attn_bwd_dkdv_simt<float, DROP>(a);                  \
+  }                                                                                                                    \
   extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dkdv_simt##DROPSUF##_bf16(const attn_args a) { \
-    attn_bwd_dkdv_simt<gpukit_bf16, DROP>(a);                                                                  \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_simt##DROPSUF##_bf16)) attn_bwd_dkdv_simt<gpukit_bf16, DROP>(a);           \
   }
 ATTN_SIMT_INSTANCES(, false)
 ATTN_SIMT_INSTANCES(_drop, true)
-extern "C" __global__ void attn_bwd_delta_f32(const attn_args a) { attn_bwd_delta<float>(a); }
-extern "C" __global__ void attn_bwd_delta_bf16(const attn_args a) { attn_bwd_delta<gpukit_bf16>(a); }
-extern "C" __global__ void attn_bwd_delta_v_f32(const attn_args a) { attn_bwd_delta_v<float>(a); }
-extern "C" __global__ void attn_bwd_delta_v_bf16(const attn_args a) { attn_bwd_delta_v<gpukit_bf16>(a); }
+extern "C" __global__ void attn_bwd_delta_f32(const attn_args a) { if constexpr (GPUKIT_KEEP(attn_bwd_delta_f32)) attn_bwd_delta<float>(a); }
+extern "C" __global__ void attn_bwd_delta_bf16(const attn_args a) { if constexpr (GPUKIT_KEEP(attn_bwd_delta_bf16)) attn_bwd_delta<gpukit_bf16>(a); }
+extern "C" __global__ void attn_bwd_delta_v_f32(const attn_args a) { if constexpr (GPUKIT_KEEP(attn_bwd_delta_v_f32)) attn_bwd_delta_v<float>(a); }
+extern "C" __global__ void attn_bwd_delta_v_bf16(const attn_args a) { if constexpr (GPUKIT_KEEP(attn_bwd_delta_v_bf16)) attn_bwd_delta_v<gpukit_bf16>(a); }
 
 // ---- decoding with a KV cache ----
 
@@ -2035,12 +2035,12 @@ struct attn_dec_strides {
 extern "C" __global__ void attn_decode_f32(float* o, const float* q, const float* k, const float* v,
                                            const int* pos, const attn_dec_strides st, int Tmax, int D,
                                            float scale_log2) {
-  attn_decode<float>(o, q, k, v, pos, st.s, Tmax, D, scale_log2);
+  if constexpr (GPUKIT_KEEP(attn_decode_f32)) attn_decode<float>(o, q, k, v, pos, st.s, Tmax, D, scale_log2);
 }
 extern "C" __global__ void attn_decode_bf16(gpukit_bf16* o, const gpukit_bf16* q, const gpukit_bf16* k,
                                             const gpukit_bf16* v, const int* pos, const attn_dec_strides st,
                                             int Tmax, int D, float scale_log2) {
-  attn_decode<gpukit_bf16>(o, q, k, v, pos, st.s, Tmax, D, scale_log2);
+  if constexpr (GPUKIT_KEEP(attn_decode_bf16)) attn_decode<gpukit_bf16>(o, q, k, v, pos, st.s, Tmax, D, scale_log2);
 }
 
 // attn_kv_write: cache[b, pos, h, d] = x[b, 0, h, d] for every b, h and
@@ -2062,10 +2062,10 @@ __device__ __forceinline__ void attn_kv_write(T* cache, const T* x, const int* p
 extern "C" __global__ void attn_kv_write_f32(float* cache, const float* x, const int* pos, int B, int H, int D,
                                              int Tmax, long long cb, long long ct, long long ch, long long xb,
                                              long long xh) {
-  attn_kv_write<float>(cache, x, pos, B, H, D, Tmax, cb, ct, ch, xb, xh);
+  if constexpr (GPUKIT_KEEP(attn_kv_write_f32)) attn_kv_write<float>(cache, x, pos, B, H, D, Tmax, cb, ct, ch, xb, xh);
 }
 extern "C" __global__ void attn_kv_write_bf16(gpukit_bf16* cache, const gpukit_bf16* x, const int* pos, int B, int H,
                                               int D, int Tmax, long long cb, long long ct, long long ch, long long xb,
                                               long long xh) {
-  attn_kv_write<gpukit_bf16>(cache, x, pos, B, H, D, Tmax, cb, ct, ch, xb, xh);
+  if constexpr (GPUKIT_KEEP(attn_kv_write_bf16)) attn_kv_write<gpukit_bf16>(cache, x, pos, B, H, D, Tmax, cb, ct, ch, xb, xh);
 }

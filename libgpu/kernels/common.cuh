@@ -10,6 +10,27 @@ typedef unsigned long long gpukit_u64;
 typedef long long gpukit_i64;
 typedef unsigned short gpukit_bf16;
 
+// GPUKIT_KEEP(name): whether this compilation generates the code of kernel
+// name. A file whose kernels wrap their bodies in
+//   if constexpr (GPUKIT_KEEP(kernel_name)) { ... }
+// can be compiled one kernel at a time: libgpu/kernels (DeviceCompiler)
+// passes -DGPUKIT_ONLY=kernel_name for the kernel a run needs, and every
+// other kernel of the file compiles to an empty body (the template it
+// calls is never instantiated), so a run pays NVRTC only for what it
+// launches. Without GPUKIT_ONLY every kernel is kept (kernelc build
+// --libgpu, the emulator, cuda-check). The name is a token, spelled as the
+// extern "C" kernel is; pasting (attn_fwd_tc##SUF##_d64) works.
+#define GPUKIT_STR_(x) #x
+#define GPUKIT_STR(x) GPUKIT_STR_(x)
+constexpr bool gpukit_streq(const char* a, const char* b) {
+  return *a == *b && (*a == 0 || gpukit_streq(a + 1, b + 1));
+}
+#ifdef GPUKIT_ONLY
+#define GPUKIT_KEEP(name) gpukit_streq(GPUKIT_STR(name), GPUKIT_STR(GPUKIT_ONLY))
+#else
+#define GPUKIT_KEEP(name) true
+#endif
+
 // GPUKIT_GRID_STRIDE(i, n): loop i over [0, n) with a grid-stride loop, so
 // any grid size covers any n (see the CUDA C++ Programming Guide's
 // grid-stride pattern). i is a gpukit_u64.

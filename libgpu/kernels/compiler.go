@@ -122,21 +122,53 @@ func (c *Compiler) Compile(src Source, opts Options) (res Result, err error) {
 	return c.compile(src, opts)
 }
 
-func (c *Compiler) compile(src Source, opts Options) (Result, error) {
-	flags, err := opts.Flags()
-	if err != nil {
-		return Result{}, err
+// key is the cache key of src compiled with opts, with the NVRTC flags
+// and the real arch.
+func (c *Compiler) key(src Source, opts Options) (key string, flags []string, arch string, err error) {
+	if flags, err = opts.Flags(); err != nil {
+		return "", nil, "", err
 	}
 	ver, err := c.NVRTCVersion()
 	if err != nil {
-		return Result{}, err
+		return "", nil, "", err
 	}
-	arch := realArch(opts.Arch)
+	arch = realArch(opts.Arch)
 	keyArch := arch
 	if opts.PTX {
 		keyArch = virtualArch(arch)
 	}
-	key := KeySource(src, opts.keyOptions(flags), ver, keyArch)
+	return KeySource(src, opts.keyOptions(flags), ver, keyArch), flags, arch, nil
+}
+
+// Cached reports whether the cache holds a good entry for src compiled
+// with opts, without compiling (false without a cache; a corrupt entry is
+// removed and reported as absent).
+func (c *Compiler) Cached(src Source, opts Options) (bool, error) {
+	if c.cache == nil {
+		return false, nil
+	}
+	key, _, _, err := c.key(src, opts)
+	if err != nil {
+		return false, err
+	}
+	payload, ok, err := c.cache.Get(key)
+	switch {
+	case errors.Is(err, ErrCorrupt):
+		return false, nil
+	case err != nil:
+		return false, err
+	case !ok:
+		return false, nil
+	}
+	_, _, _, derr := decodePayload(payload)
+	return derr == nil, nil
+}
+
+func (c *Compiler) compile(src Source, opts Options) (Result, error) {
+	key, flags, arch, err := c.key(src, opts)
+	if err != nil {
+		return Result{}, err
+	}
 	res := Result{Key: key, Arch: arch}
 	if c.cache != nil {
 		payload, ok, gerr := c.cache.Get(key)

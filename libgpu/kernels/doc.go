@@ -12,6 +12,14 @@
 // cubin after checking its header and sha256; a corrupt entry is removed and
 // recompiled, never loaded.
 //
+// A run compiles only what it launches, in parallel: DeviceCompiler's
+// Prefetcher compiles units on CompileJobs workers (GOMAXPROCS, or
+// $GPUKIT_COMPILE_JOBS), libgpu/ops queues each op's kernels while a model's
+// graph is recorded, and a file that marks its kernels with GPUKIT_KEEP
+// (common.cuh; attention.cu, layernorm.cu) compiles one kernel per unit
+// with -DGPUKIT_ONLY=<kernel>, the others left empty. A whole-file entry in
+// the cache (kernelc build --libgpu) is used as it is.
+//
 // The .cu sources of ops live beside this file (libgpu/kernels/*.cu); they
 // include "common.cuh" and nothing from the CUDA toolkit, so NVRTC needs no
 // include path (see common.cuh).

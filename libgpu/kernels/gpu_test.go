@@ -215,3 +215,85 @@ func TestGPUInfoMatchesDriver(t *testing.T) {
 		t.Fatalf("only %d kernels checked", checked)
 	}
 }
+
+// TestGPUPrefetchInstances: a Splittable file compiles one kernel at a time
+// through the DeviceCompiler's worker pool into an empty cache: the
+// kernels asked for load, each from its own small image (NVRTC generates
+// no other kernel's code), the whole file is never compiled, and the
+// sm_90a probe (attn_wg_unavailable) answers as the whole file would.
+func TestGPUPrefetchInstances(t *testing.T) {
+	cudatest.RequireGPU(t)
+	cache, err := kernels.OpenCache(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := kernels.NewDeviceCompiler(cudatest.Context(), cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dc.Close()
+	attn := []string{"attn_fwd_tc_drop_d64", "attn_bwd_dq_tc_drop_d64", "attn_bwd_dkdv_tc_drop_d64", "attn_bwd_delta_v_bf16"}
+	ln := []string{"ln_addf_v4n3_bf16", "ln_bwdf_v4n3_bf16"}
+	dc.Prefetch("attention.cu", attn...)
+	dc.Prefetch("layernorm.cu", ln...)
+	for _, k := range attn {
+		if !dc.Prefetched("attention.cu", k) {
+			t.Errorf("%s not queued by Prefetch", k)
+		}
+		if _, err := dc.Function("attention.cu", k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range ln {
+		if _, err := dc.Function("layernorm.cu", k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if dc.Prefetched("attention.cu", "attn_fwd_simt_f32") {
+		t.Error("a kernel nobody asked for counts as prefetched")
+	}
+	st, err := cache.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Entries != len(attn)+len(ln) {
+		t.Errorf("%d cache entries, want one per kernel (%d)", st.Entries, len(attn)+len(ln))
+	}
+	whole, _ := kernels.Embedded("attention.cu")
+	if ok, _ := dc.Cached(whole, kernels.EmbeddedOptions(dc.Arch())); ok {
+		t.Error("the whole attention.cu was compiled")
+	}
+	// One kernel's image: the file's other kernels are there, empty (a
+	// few registers, no shared memory), so NVRTC generated no code for
+	// them.
+	one, err := dc.Compile(whole, kernels.Options{Arch: dc.Arch(), Defines: []string{"GPUKIT_ONLY=attn_bwd_dkdv_tc_d64"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := kernels.ParseCubin(one.Cubin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept kernels.KernelInfo
+	for _, k := range info.Kernels {
+		if k.Name == "attn_bwd_dkdv_tc_d64" {
+			kept = k
+		}
+	}
+	t.Logf("attn_bwd_dkdv_tc_d64 alone: %d bytes, %d kernels; it uses %d registers", len(one.Cubin), len(info.Kernels), kept.Registers)
+	if kept.Registers < 32 || len(info.Kernels) < 30 {
+		t.Fatalf("kept kernel %+v among %d", kept, len(info.Kernels))
+	}
+	for _, k := range info.Kernels {
+		if k.Name != kept.Name && (2*k.Registers > kept.Registers || k.SharedBytes > 0) {
+			t.Errorf("%s, not kept, has %d registers and %d bytes of shared memory: it was compiled", k.Name, k.Registers, k.SharedBytes)
+		}
+	}
+	unavailable, err := dc.Has("attention.cu", "attn_wg_unavailable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if unavailable != (dc.Arch() != "sm_90a") {
+		t.Errorf("attn_wg_unavailable present = %v on %s", unavailable, dc.Arch())
+	}
+}

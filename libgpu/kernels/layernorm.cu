@@ -777,10 +777,10 @@ __device__ __forceinline__ void ln_bwdf(const ln_args& a) {
 // E = 8 instances also serve block mode (up to 1024 threads).
 #define LN_INSTANCE(SUF, T, V, NV, LB)                                                     \
   extern "C" __global__ void __launch_bounds__(LB) ln_fwd_##SUF(const ln_args a) {       \
-    ln_fwd<T, V, NV>(a);                                                                   \
+    if constexpr (GPUKIT_KEEP(ln_fwd_##SUF)) ln_fwd<T, V, NV>(a);                          \
   }                                                                                        \
   extern "C" __global__ void __launch_bounds__(LB) ln_bwd_##SUF(const ln_args a) {       \
-    ln_bwd<T, V, NV>(a);                                                                   \
+    if constexpr (GPUKIT_KEEP(ln_bwd_##SUF)) ln_bwd<T, V, NV>(a);                          \
   }
 
 #define LN_DTYPE(DT, T)                \
@@ -805,15 +805,15 @@ LN_DTYPE(bf16, gpukit_bf16)
 #define LNF_INSTANCE(SUF, T, V, NV)                                                                   \
   extern "C" __global__ void __launch_bounds__(LNF_THREADS, LNF_MINB(V, NV))                        \
       ln_fwdf_##SUF(const ln_args a) {                                                                \
-    ln_fwdf<T, V, NV, false>(a);                                                                      \
+    if constexpr (GPUKIT_KEEP(ln_fwdf_##SUF)) ln_fwdf<T, V, NV, false>(a);                            \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(LNF_THREADS, LNF_MINB(V, NV))                        \
       ln_addf_##SUF(const ln_args a) {                                                                \
-    ln_fwdf<T, V, NV, true>(a);                                                                       \
+    if constexpr (GPUKIT_KEEP(ln_addf_##SUF)) ln_fwdf<T, V, NV, true>(a);                             \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(LNF_THREADS, LNF_MINB(V, NV))                        \
       ln_bwdf_##SUF(const ln_args a) {                                                                \
-    ln_bwdf<T, V, NV>(a);                                                                             \
+    if constexpr (GPUKIT_KEEP(ln_bwdf_##SUF)) ln_bwdf<T, V, NV>(a);                                   \
   }
 
 #define LNF_DTYPE(DT, T)            \

@@ -89,6 +89,7 @@ func (g *Graph) Add(a, b *Var) *Var {
 	if !g.ok(a, b) {
 		return nil
 	}
+	g.prefetch("add.cu")
 	if err := rwFloat("add a", a); err != nil {
 		g.Fail("add", err)
 		return nil
@@ -123,6 +124,7 @@ func (g *Graph) Scale(x *Var, s float32) *Var {
 	if !g.ok(x) {
 		return nil
 	}
+	g.prefetch("add.cu")
 	if err := rwFloat("scale x", x); err != nil {
 		g.Fail("scale", err)
 		return nil

@@ -748,10 +748,10 @@ func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 // tiles of shared memory.
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s.d) {
-		return c.launchK("attention.cu", fmt.Sprintf("attn_fwd_wg%s_d%d", a.drop(), s.d), attnGrid(s, s.tq, attnWGRows),
+		return c.launchK("attention.cu", attnTCName("fwd", true, a.drop(), s.d), attnGrid(s, s.tq, attnWGRows),
 			block1(attnWGThreads), attnWGSmem(s.d), kAttn(a))
 	}
-	return c.launchK("attention.cu", fmt.Sprintf("attn_fwd_tc%s_d%d", a.drop(), s.d), attnGrid(s, s.tq, attnTCRows),
+	return c.launchK("attention.cu", attnTCName("fwd", false, a.drop(), s.d), attnGrid(s, s.tq, attnTCRows),
 		block1(attnThreads), 4*attnTCTile(s.d), kAttn(a))
 }
 
@@ -790,28 +790,95 @@ func (c *cudaImpl) attnHopper() bool {
 		if err != nil || kc.Arch() != "sm_90a" {
 			return
 		}
-		m, err := kc.Module("attention.cu")
-		if err != nil {
-			return // the launch reports the compile error
-		}
-		if _, err := m.Function("attn_wg_unavailable"); err == nil {
-			return
+		unavailable, err := kc.Has("attention.cu", attnWGMarker)
+		if err != nil || unavailable {
+			return // a compile error is reported by the launch
 		}
 		c.attnWGS.ok = true
 	})
 	return c.attnWGS.ok
 }
 
+// attnWGMarker is the kernel attention.cu defines when it was compiled
+// without its wgmma code.
+const attnWGMarker = "attn_wg_unavailable"
+
+// attnWGOn reports whether attnWGMode gives head dimension d the wgmma
+// kernels (on a device that has them).
+func attnWGOn(d int) bool { return (d == 128 && attnWGMode >= 1) || (d == 64 && attnWGMode >= 2) }
+
 // attnWG reports whether the forward at head dimension d runs on wgmma.
-func (c *cudaImpl) attnWG(d int) bool {
-	on := (d == 128 && attnWGMode >= 1) || (d == 64 && attnWGMode >= 2)
-	return on && c.attnHopper()
+func (c *cudaImpl) attnWG(d int) bool { return attnWGOn(d) && c.attnHopper() }
+
+// attnTCName is the tensor-core kernel of pass ("fwd", "bwd_dq",
+// "bwd_dkdv"): attn_<pass>_<wg|tc><drop>_d<D> (wg: the wgmma one).
+func attnTCName(pass string, wg bool, drop string, d int) string {
+	path := "tc"
+	if wg {
+		path = "wg"
+	}
+	return fmt.Sprintf("attn_%s_%s%s_d%d", pass, path, drop, d)
+}
+
+// attnSIMTName is the CUDA-core kernel of pass: attn_<pass>_simt<drop>_<dt>.
+func attnSIMTName(pass, drop string, dt tensor.DType) string {
+	return "attn_" + pass + "_simt" + drop + dtSuffix(dt)
+}
+
+// attnDeltaName is the backward's δ kernel: attn_bwd_delta[_v]_<dt> (vec:
+// the vectorised one, attnDeltaLanes).
+func attnDeltaName(vec bool, dt tensor.DType) string {
+	if vec {
+		return "attn_bwd_delta_v" + dtSuffix(dt)
+	}
+	return "attn_bwd_delta" + dtSuffix(dt)
+}
+
+// attnKernels are the attention.cu kernels attention over dt at head
+// dimension d launches with dropout infix drop, its tensors aligned as a
+// Graph's are: the forward, and with backward the δ, dK/dV and dQ
+// kernels; wg says the wgmma path is expected (attnWGOn on sm_90a).
+func attnKernels(dt tensor.DType, d int, drop string, wg, backward bool) []string {
+	passes := []string{"fwd"}
+	if backward {
+		passes = append(passes, "bwd_dkdv", "bwd_dq")
+	}
+	tc := attnTC(dt, d)
+	var ks []string
+	for _, p := range passes {
+		if tc {
+			ks = append(ks, attnTCName(p, wg, drop, d))
+		} else {
+			ks = append(ks, attnSIMTName(p, drop, dt))
+		}
+	}
+	if backward {
+		ks = append(ks, attnDeltaName(attnDeltaLanes(dt, d) > 0, dt))
+	}
+	if tc && wg {
+		ks = append(ks, attnWGMarker) // attnHopper's probe
+	}
+	return ks
+}
+
+// prefetchAttention queues attnKernels on the CUDA backend (prefetch.go),
+// the backward's too in a training graph.
+func (g *Graph) prefetchAttention(dt tensor.DType, d int, drop string) {
+	c, ok := g.e.impl.(*cudaImpl)
+	if !ok || g.shared.err != nil {
+		return
+	}
+	kc, err := kernelCompiler(c)
+	if err != nil {
+		return
+	}
+	kc.Prefetch("attention.cu", attnKernels(dt, d, drop, attnWGOn(d) && kc.Arch() == "sm_90a", g.opts.Train)...)
 }
 
 // attnFwdSIMT launches attn_fwd_simt_<dt>: Q [16][D], K [32][D+1], V [32][D] f32.
 func (c *cudaImpl) attnFwdSIMT(a *attnArgs, s attnShape, dt tensor.DType) error {
 	smem := 4 * (attnSIMTRows*s.d + attnSIMTTile*(s.d+1) + attnSIMTTile*s.d)
-	return c.launchK("attention.cu", "attn_fwd_simt"+a.drop()+dtSuffix(dt), attnGrid(s, s.tq, attnSIMTRows),
+	return c.launchK("attention.cu", attnSIMTName("fwd", a.drop(), dt), attnGrid(s, s.tq, attnSIMTRows),
 		block1(attnThreads), uint32(smem), kAttn(a))
 }
 
@@ -822,10 +889,10 @@ func (c *cudaImpl) attnBwdDelta(a *attnArgs, s attnShape, dt tensor.DType, o, do
 	rows := s.b * s.tq * s.h
 	if l := attnDeltaLanes(dt, s.d, o, do); l > 0 && int64(rows)*int64(l) < math.MaxInt32 {
 		threads := (rows*l + 1) / 2
-		return c.launchK("attention.cu", "attn_bwd_delta_v"+dtSuffix(dt), gridFor(int64(threads), 256),
+		return c.launchK("attention.cu", attnDeltaName(true, dt), gridFor(int64(threads), 256),
 			block1(256), 0, kAttn(a))
 	}
-	return c.launchK("attention.cu", "attn_bwd_delta"+dtSuffix(dt), grid1(min((rows+3)/4, 65535)),
+	return c.launchK("attention.cu", attnDeltaName(false, dt), grid1(min((rows+3)/4, 65535)),
 		block1(attnThreads), 0, kAttn(a))
 }
 
@@ -862,10 +929,10 @@ func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
 func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s.d) {
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 6*64*4 + 1024)
-		return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dkdv_wg%s_d%d", a.drop(), s.d), attnGrid(s, s.tk, attnWGRows),
+		return c.launchK("attention.cu", attnTCName("bwd_dkdv", true, a.drop(), s.d), attnGrid(s, s.tk, attnWGRows),
 			block1(attnWGThreads), smem, kAttn(a))
 	}
-	return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dkdv_tc%s_d%d", a.drop(), s.d), attnGrid(s, s.tk, attnTCRows),
+	return c.launchK("attention.cu", attnTCName("bwd_dkdv", false, a.drop(), s.d), attnGrid(s, s.tk, attnTCRows),
 		block1(attnThreads), 6*attnTCTile(s.d)+4*attnTCRows*4, kAttn(a))
 }
 
@@ -875,10 +942,10 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 func (c *cudaImpl) attnBwdDQTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s.d) {
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 1024)
-		return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dq_wg%s_d%d", a.drop(), s.d), attnGrid(s, s.tq, attnWGRows),
+		return c.launchK("attention.cu", attnTCName("bwd_dq", true, a.drop(), s.d), attnGrid(s, s.tq, attnWGRows),
 			block1(attnWGThreads), smem, kAttn(a))
 	}
-	return c.launchK("attention.cu", fmt.Sprintf("attn_bwd_dq_tc%s_d%d", a.drop(), s.d), attnGrid(s, s.tq, attnTCRows),
+	return c.launchK("attention.cu", attnTCName("bwd_dq", false, a.drop(), s.d), attnGrid(s, s.tq, attnTCRows),
 		block1(attnThreads), 6*attnTCTile(s.d), kAttn(a))
 }
 
@@ -886,14 +953,14 @@ func (c *cudaImpl) attnBwdDQTC(a *attnArgs, s attnShape) error {
 // [32][D+1], lse and δ [32] f32.
 func (c *cudaImpl) attnBwdDKDVSIMT(a *attnArgs, s attnShape, dt tensor.DType) error {
 	smem := 4 * (2*attnSIMTRows*s.d + 2*attnSIMTTile*(s.d+1) + 2*attnSIMTTile)
-	return c.launchK("attention.cu", "attn_bwd_dkdv_simt"+a.drop()+dtSuffix(dt), attnGrid(s, s.tk, attnSIMTRows),
+	return c.launchK("attention.cu", attnSIMTName("bwd_dkdv", a.drop(), dt), attnGrid(s, s.tk, attnSIMTRows),
 		block1(attnThreads), uint32(smem), kAttn(a))
 }
 
 // attnBwdDQSIMT launches attn_bwd_dq_simt_<dt>: Q, dO [16][D], K, V [32][D+1] f32.
 func (c *cudaImpl) attnBwdDQSIMT(a *attnArgs, s attnShape, dt tensor.DType) error {
 	smem := 4 * (2*attnSIMTRows*s.d + 2*attnSIMTTile*(s.d+1))
-	return c.launchK("attention.cu", "attn_bwd_dq_simt"+a.drop()+dtSuffix(dt), attnGrid(s, s.tq, attnSIMTRows),
+	return c.launchK("attention.cu", attnSIMTName("bwd_dq", a.drop(), dt), attnGrid(s, s.tq, attnSIMTRows),
 		block1(attnThreads), uint32(smem), kAttn(a))
 }
 
@@ -985,10 +1052,13 @@ func (g *Graph) SelfAttention(qkv *Var, heads int, causal bool, dropout float32)
 	}
 	scale := float32(1 / math.Sqrt(float64(d)))
 	var drop AttnDropout
+	infix := ""
 	if g.opts.Train && dropout > 0 {
 		drop = AttnDropout{P: dropout, Seed: g.opts.Seed, Site: g.nextSite(), Counter: g.opts.Counter,
 			B0: int64(g.opts.Shard) * int64(b)}
+		infix = "_drop"
 	}
+	g.prefetchAttention(x.DType, d, infix)
 	e := g.e
 	g.Record("attention", []*Var{qkv}, []*Var{y, lse}, func(*Grads) error {
 		return e.AttentionForward(y4, lse.Value, q, k, v, causal, scale, drop)

@@ -187,6 +187,7 @@ func (g *Graph) Cast(x *Var, dt tensor.DType) *Var {
 		g.Fail("cast", fmt.Errorf("%w: cast of a strided %v", tensor.ErrLayout, x.Value.Shape))
 		return nil
 	}
+	g.prefetch("cast.cu")
 	buf, err := tensor.Alloc(g.tape.Allocator(), "", dt, x.Value.Shape...)
 	if err != nil {
 		g.Fail("cast", err)

@@ -135,6 +135,7 @@ func (g *Graph) AddChannels(x, b *Var) *Var {
 	if !g.ok(x, b) {
 		return nil
 	}
+	g.prefetch("chanbias.cu")
 	if err := rwFloat("add channels x", x); err != nil {
 		g.Fail("add channels", err)
 		return nil

@@ -148,6 +148,7 @@ func (g *Graph) Concat(a, b *Var) *Var {
 	if !g.ok(a, b) {
 		return nil
 	}
+	g.prefetch("concat.cu")
 	if err := rwFloat("concat a", a); err != nil {
 		g.Fail("concat", err)
 		return nil

@@ -645,6 +645,7 @@ func (g *Graph) Conv2D(x, w, b *Var, stride, pad int) *Var {
 	if !g.ok(x, w) {
 		return nil
 	}
+	g.prefetch("conv2d.cu")
 	xs, ws := x.Value.Shape, w.Value.Shape
 	if len(xs) != 4 || len(ws) != 4 || xs[3] != ws[3] || stride < 1 || pad < 0 {
 		g.Fail("conv2d", fmt.Errorf("%w: x %v, w %v, stride %d, padding %d", tensor.ErrShape, xs, ws, stride, pad))

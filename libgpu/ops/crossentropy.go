@@ -248,6 +248,7 @@ func (g *Graph) CrossEntropy(logits, targets *Var) *Var {
 	if !g.ok(logits, targets) {
 		return nil
 	}
+	g.prefetch("crossentropy.cu")
 	if targets.Value.DType != tensor.I32 {
 		g.Fail("cross_entropy", fmt.Errorf("%w: targets are %v, want i32", tensor.ErrDType, targets.Value.DType))
 		return nil

@@ -170,6 +170,11 @@ func (c *cudaImpl) loadKernels() error {
 	if err != nil {
 		return err
 	}
+	// Compile the files in parallel (a cache hit each after the first
+	// engine of a process), then load them in turn.
+	for _, f := range []string{"ops_linear.cu", "ops_loss.cu", "ops_argmax.cu", "ops_optim.cu"} {
+		kc.Prefetch(f)
+	}
 	for _, k := range []struct {
 		f          *cuda.Function
 		file, name string

@@ -519,6 +519,7 @@ func (g *Graph) QSample(x0, t *Var, sab, s1mab *tensor.Tensor, stream uint32) (x
 	if !g.ok(x0, t) {
 		return nil, nil
 	}
+	g.prefetch("diffusion.cu")
 	if err := rwFloat("qsample x0", x0); err != nil {
 		g.Fail("qsample", err)
 		return nil, nil

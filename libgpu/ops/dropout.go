@@ -205,6 +205,7 @@ func (g *Graph) Dropout(x *Var, p float32) *Var {
 	if !g.opts.Train || p == 0 {
 		return x
 	}
+	g.prefetch("dropout.cu")
 	if err := rwFloat("dropout x", x); err != nil {
 		g.Fail("dropout", err)
 		return nil

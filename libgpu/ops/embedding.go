@@ -288,6 +288,7 @@ func (g *Graph) Embedding(table, idx *Var) *Var {
 	if !g.ok(table, idx) {
 		return nil
 	}
+	g.prefetch("embedding.cu")
 	if table.Value.Rank() != 2 || idx.Value.DType != tensor.I32 {
 		g.Fail("embedding", fmt.Errorf("%w: table %v %v, idx %v %v", tensor.ErrShape,
 			table.Value.Shape, table.Value.DType, idx.Value.Shape, idx.Value.DType))

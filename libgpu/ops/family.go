@@ -17,7 +17,9 @@ package ops
 //
 // Engine methods dispatch with e.dispatch(host, cuda); CUDA code reaches
 // its kernels with c.kernel(file, name), compiled from the embedded source
-// through the kernel cache on first use.
+// through the kernel cache on first use. The Graph method names the
+// kernels (or the file) its steps launch with g.prefetch (prefetch.go), so
+// they compile in parallel while the model is recorded.
 
 import (
 	"fmt"
@@ -54,6 +56,9 @@ type kernelCache struct {
 	mu   sync.Mutex
 	m    map[[2]string]cuda.Function
 	smem map[cuda.Function]uint32
+	// onDemand lists the kernels ("file:name") whose first launch found
+	// them neither compiled nor prefetched (prefetch.go).
+	onDemand []string
 }
 
 // smemDefault is the dynamic shared memory a kernel may use without
@@ -107,6 +112,9 @@ func (c *cudaImpl) kernel(file, name string) (cuda.Function, error) {
 	d, err := kernelCompiler(c)
 	if err != nil {
 		return 0, err
+	}
+	if !d.Prefetched(file, name) {
+		c.kc.onDemand = append(c.kc.onDemand, file+":"+name)
 	}
 	f, err := d.Function(file, name)
 	if err != nil {

@@ -135,6 +135,7 @@ func (g *Graph) GELU(x *Var, form GELUForm) *Var {
 	if !g.ok(x) {
 		return nil
 	}
+	g.prefetch("gelu.cu")
 	if err := rwFloat("gelu x", x); err != nil {
 		g.Fail("gelu", err)
 		return nil

@@ -239,6 +239,9 @@ func (g *Graph) Build(grads bool) error {
 	if g.shared.err != nil {
 		return g.shared.err
 	}
+	if grads {
+		g.prefetch("ops_clip.cu") // a training step clips its gradients (Engine.ClipCoef)
+	}
 	return g.tape.Build(grads)
 }
 

@@ -388,6 +388,7 @@ func (g *Graph) GroupNorm(x, w, b *Var, groups int, eps float32, silu bool) *Var
 	if !g.ok(x) {
 		return nil
 	}
+	g.prefetch("groupnorm.cu")
 	if err := rwFloat("groupnorm x", x); err != nil {
 		g.Fail("groupnorm", err)
 		return nil

@@ -467,6 +467,29 @@ func lnFast(dt tensor.DType, C int, ts []*tensor.Tensor, counts ...int) (inst st
 	return "", false
 }
 
+// lnKernels are the layernorm.cu kernels a LayerNorm (add: AddLayerNorm)
+// of rows of cols elements of dt launches, its tensors aligned and
+// contiguous as a Graph's are: the forward's and, with backward, the
+// backward's (what Graph.LayerNorm prefetches; layerNorm and
+// layerNormBackward choose the same way).
+func lnKernels(dt tensor.DType, cols int, add, backward bool) []string {
+	var fwd, bwd string
+	if inst, ok := lnFast(dt, cols, nil, cols); ok {
+		fwd, bwd = "ln_fwdf_"+inst, "ln_bwdf_"+inst
+		if add {
+			fwd = "ln_addf_" + inst
+		}
+	} else {
+		p := rwPlanRows(cols, cols%rwVecWidth == 0)
+		fwd, bwd = "ln_fwd_"+p.inst, "ln_bwd_"+p.inst
+	}
+	ks := []string{fwd + dtSuffix(dt)}
+	if backward {
+		ks = append(ks, bwd+dtSuffix(dt))
+	}
+	return ks
+}
+
 // lnFastThreads is LNF_THREADS: the fast kernels' block.
 const lnFastThreads = 256
 
@@ -578,6 +601,7 @@ func (g *Graph) LayerNorm(x, w, b *Var, eps float32) *Var {
 	if !g.lnParams("layernorm", cols, w, b) {
 		return nil
 	}
+	g.prefetch("layernorm.cu", lnKernels(x.Value.DType, cols, false, g.opts.Train)...)
 	in, wi, bi := withAffine([]*Var{x}, w, b)
 	y := g.NewOut("layernorm", x.Value.DType, x.Value.Shape...)
 	mean := g.NewOut("layernorm.mean", tensor.F32, rows)
@@ -642,6 +666,7 @@ func (g *Graph) AddLayerNorm(x, r, w, b *Var, eps float32) (sum, y *Var) {
 	if !g.lnParams("addlayernorm", cols, w, b) {
 		return nil, nil
 	}
+	g.prefetch("layernorm.cu", lnKernels(x.Value.DType, cols, true, g.opts.Train)...)
 	in, wi, bi := withAffine([]*Var{x, r}, w, b)
 	sum = g.NewOut("addlayernorm.sum", x.Value.DType, x.Value.Shape...)
 	y = g.NewOut("addlayernorm", x.Value.DType, x.Value.Shape...)

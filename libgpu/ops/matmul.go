@@ -465,6 +465,11 @@ func (g *Graph) Linear(x, w, b *Var, act Act) *Var {
 		return nil
 	}
 	dt := g.ActDType()
+	if act != ActNone || b != nil {
+		// The activation's backward, a bias gradient the GEMM does not
+		// fuse, an epilogue cuBLASLt refuses.
+		g.prefetch("matmul.cu")
+	}
 	weight, onLinear := w.Name, g.opts.OnLinear
 	x = g.Cast(x, dt)
 	w = g.Cast(w, dt)

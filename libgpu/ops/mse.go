@@ -83,6 +83,7 @@ func (g *Graph) MSELoss(pred, target *Var) *Var {
 	if !g.ok(pred, target) {
 		return nil
 	}
+	g.prefetch("mse.cu")
 	if err := rwFloat("mse pred", pred); err != nil {
 		g.Fail("mse", err)
 		return nil

@@ -166,6 +166,7 @@ func (g *Graph) resample(op string, x *Var, k int, down bool) *Var {
 	if !g.ok(x) {
 		return nil
 	}
+	g.prefetch("resample.cu")
 	if err := rwFloat(op+" x", x); err != nil {
 		g.Fail(op, err)
 		return nil

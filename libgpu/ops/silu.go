@@ -64,6 +64,7 @@ func (g *Graph) SiLU(x *Var) *Var {
 	if !g.ok(x) {
 		return nil
 	}
+	g.prefetch("silu.cu")
 	if err := rwFloat("silu x", x); err != nil {
 		g.Fail("silu", err)
 		return nil

@@ -161,6 +161,7 @@ func (g *Graph) Softmax(x *Var) *Var {
 	if !g.ok(x) {
 		return nil
 	}
+	g.prefetch("softmax.cu")
 	if err := rwFloat("softmax x", x); err != nil {
 		g.Fail("softmax", err)
 		return nil

@@ -82,6 +82,7 @@ func (g *Graph) TimestepEmbedding(t *Var, dim int, maxPeriod float32) *Var {
 	if !g.ok(t) {
 		return nil
 	}
+	g.prefetch("tembed.cu")
 	if t.Value.Rank() != 1 || t.Value.DType != tensor.I32 || dim < 2 || dim%2 != 0 {
 		g.Fail("tembed", fmt.Errorf("%w: timestep embedding of %v %v into %d", tensor.ErrShape, t.Value.DType, t.Value.Shape, dim))
 		return nil

@@ -12,14 +12,28 @@ import (
 
 	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/pool"
+	"gpukit/libgpu/tensor"
 )
 
 func metaFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "dtype", Usage: "dtype metadata stored with the buffer (f32, bf16, ...)"},
+		&cli.StringFlag{Name: "dtype", Usage: "dtype metadata stored with the buffer: f32, bf16, f16, i32, i64 or u8"},
 		&cli.StringFlag{Name: "shape", Usage: "shape metadata stored with the buffer, comma separated (e.g. 784,128)"},
 		&cli.BoolFlag{Name: "legacy", Usage: "a cuMemAlloc buffer with a legacy CUDA IPC handle (for CuPy and PyTorch; cuda pools only)"},
 	}
+}
+
+// parseDType reads --dtype: "" (none) or a dtype libgpu knows, stored as
+// its canonical name (f32, bf16, f16, i32, i64, u8).
+func parseDType(s string) (string, error) {
+	if s == "" {
+		return "", nil
+	}
+	d, err := tensor.ParseDType(s)
+	if err != nil {
+		return "", fmt.Errorf("%w: --dtype %q: want f32, bf16, f16, i32, i64 or u8", ErrUsage, s)
+	}
+	return d.String(), nil
 }
 
 func parseShape(s string) ([]int64, error) {
@@ -54,13 +68,17 @@ var allocCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
+		dtype, err := parseDType(c.String("dtype"))
+		if err != nil {
+			return err
+		}
 		cl, err := dial(c)
 		if err != nil {
 			return err
 		}
 		defer cl.Close()
 		b, err := cl.Create(c.Args().Get(0), size, pool.CreateOptions{
-			DType: c.String("dtype"), Shape: shape, Legacy: c.Bool("legacy"), Sealed: true})
+			DType: dtype, Shape: shape, Legacy: c.Bool("legacy"), Sealed: true})
 		if err != nil {
 			return err
 		}
@@ -112,6 +130,10 @@ var putCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
+		dtype, err := parseDType(c.String("dtype"))
+		if err != nil {
+			return err
+		}
 		in, err := openPutInput(c.Args().Get(1), os.Stdin)
 		if err != nil {
 			return err
@@ -126,7 +148,7 @@ var putCommand = &cli.Command{
 		}
 		defer cl.Close()
 		b, err := cl.Create(c.Args().Get(0), in.size, pool.CreateOptions{
-			DType: c.String("dtype"), Shape: shape, Legacy: c.Bool("legacy"), Ephemeral: c.Bool("ephemeral")})
+			DType: dtype, Shape: shape, Legacy: c.Bool("legacy"), Ephemeral: c.Bool("ephemeral")})
 		if err != nil {
 			return err
 		}

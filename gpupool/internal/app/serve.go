@@ -89,6 +89,23 @@ func source(c *cli.Context) (server.SlabSource, func(), error) {
 	}
 }
 
+// checkMetricsAddr checks --metrics-addr's form (HOST:PORT, HOST empty,
+// a name or an IP; PORT a number or a service name) before anything
+// starts; whether it can be listened on is found when serve listens.
+func checkMetricsAddr(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		_, err = net.LookupPort("tcp", port)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: --metrics-addr %q: want HOST:PORT, e.g. 127.0.0.1:9464 or :9464", ErrUsage, addr)
+	}
+	return nil
+}
+
 // parseLimit reads --limit against the memory the backend has.
 func parseLimit(s string, src server.SlabSource) (int64, error) {
 	var avail int64
@@ -193,21 +210,17 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("--slab: %w", err)
 	}
+	// Negative --idle, --max-conns and --orphan-grace are refused as they
+	// are parsed (libgpu/cli).
 	cfg := server.Config{SlabSize: slab, Idle: c.Duration("idle"), LegacyAll: c.Bool("legacy-ipc"),
 		Ephemeral: c.Bool("ephemeral"), Isolate: c.Bool("isolate"), MaxConns: c.Int("max-conns")}
-	if cfg.Idle < 0 {
-		return fmt.Errorf("%w: --idle must not be negative", ErrUsage)
-	}
-	if cfg.MaxConns < 0 {
-		return fmt.Errorf("%w: --max-conns must not be negative", ErrUsage)
-	}
-	switch g := c.Duration("orphan-grace"); {
-	case g < 0:
-		return fmt.Errorf("%w: --orphan-grace must not be negative", ErrUsage)
-	case g == 0:
+	if g := c.Duration("orphan-grace"); g == 0 {
 		cfg.OrphanGrace = -1 // at once
-	default:
+	} else {
 		cfg.OrphanGrace = g
+	}
+	if err := checkMetricsAddr(c.String("metrics-addr")); err != nil {
+		return err
 	}
 	for _, q := range c.StringSlice("quota-uid") {
 		uidStr, bytesStr, ok := strings.Cut(q, "=")

@@ -1,8 +1,10 @@
 package app
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -37,7 +39,7 @@ var buildCommand = &cli.Command{
 		&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "output file (one input) or directory (several)"},
 		&cli.BoolFlag{Name: "ptx", Usage: "write PTX instead of a cubin"},
 		&cli.BoolFlag{Name: "libgpu", Usage: "compile every kernel libgpu embeds into the cache"},
-		&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.GOMAXPROCS(0), Usage: "parallel compilations"},
+		kit.IntAtLeast(&cli.IntFlag{Name: "jobs", Aliases: []string{"j"}, Value: runtime.GOMAXPROCS(0), Usage: "parallel compilations"}, 1),
 	}, compileFlags...),
 	Action: runBuild,
 }
@@ -115,18 +117,7 @@ func runBuild(c *cli.Context) error {
 	}
 	results := make([]kernels.Result, len(jobs))
 	errs := make([]error, len(jobs))
-	sem := make(chan struct{}, max(1, c.Int("jobs")))
-	var wg sync.WaitGroup
-	for i := range jobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			results[i], errs[i] = comp.Compile(jobs[i].src, opts)
-		}()
-	}
-	wg.Wait()
+	parallel(len(jobs), c.Int("jobs"), func(i int) { results[i], errs[i] = comp.Compile(jobs[i].src, opts) })
 	var failed []error
 	for i, j := range jobs {
 		if errs[i] != nil {
@@ -224,7 +215,11 @@ func writeOutput(c *cli.Context, path string, img []byte) error {
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".kernelc-*")
 	if err != nil {
-		return fmt.Errorf("build: %w", err)
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the temporary file's name is not the user's
+		}
+		return fmt.Errorf("build: write %s: %w", path, err)
 	}
 	_, err = tmp.Write(img)
 	if cerr := tmp.Close(); err == nil {
@@ -238,6 +233,13 @@ func writeOutput(c *cli.Context, path string, img []byte) error {
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
+		var pe *fs.PathError
+		var le *os.LinkError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		} else if errors.As(err, &le) {
+			err = le.Err
+		}
 		return fmt.Errorf("build: write %s: %w", path, err)
 	}
 	return nil
@@ -260,14 +262,20 @@ func buildLibgpu(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, name := range kernels.Sources() {
-		src, err := kernels.Embedded(name)
-		if err != nil {
-			return err
+	names := kernels.Sources()
+	results := make([]kernels.Result, len(names))
+	errs := make([]error, len(names))
+	parallel(len(names), c.Int("jobs"), func(i int) {
+		src, err := kernels.Embedded(names[i])
+		if err == nil {
+			results[i], err = comp.Compile(src, kernels.EmbeddedOptions(arch))
 		}
-		r, err := comp.Compile(src, kernels.EmbeddedOptions(arch))
-		if err != nil {
-			return err
+		errs[i] = err
+	})
+	for i, name := range names {
+		r := results[i]
+		if errs[i] != nil {
+			return errs[i]
 		}
 		if r.CacheErr != nil { // warming the cache is the point of --libgpu
 			return fmt.Errorf("libgpu/kernels/%s: %w", name, r.CacheErr)
@@ -276,4 +284,20 @@ func buildLibgpu(c *cli.Context) error {
 			CacheHit: r.CacheHit, Bytes: len(r.Cubin)})
 	}
 	return nil
+}
+
+// parallel runs f(0), ..., f(n−1) with at most jobs at once.
+func parallel(n, jobs int, f func(i int)) {
+	sem := make(chan struct{}, max(1, jobs))
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			f(i)
+		}()
+	}
+	wg.Wait()
 }

@@ -24,7 +24,8 @@ func New() *cli.App {
 		Description: description,
 		Commands: []*cli.Command{
 			serveCommand,
-			kit.NotBuilt("step", "apply one optimizer step to named pool buffers", "optimizer service"),
+			kit.NotBuilt("step", "apply one optimizer step to named pool buffers",
+				"a trainer drives the service: trainer run --optimizer-socket SOCK (see optimizer serve --help)"),
 		},
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,7 +39,8 @@ func New() *cli.App {
 			sampleCommand(),
 			videoCommand(),
 			scoreCommand(),
-			kit.NotBuilt("bench", "time sampling steps against the reference (see bench/unet.sh)", "sampler"),
+			kit.NotBuilt("bench", "time sampling steps against PyTorch",
+				"bench/unet.sh does, on a GPU machine (bash build/gpu/run.sh bench/unet.sh; see BENCHMARKS.md)"),
 		},
 	}
 }
@@ -53,14 +55,17 @@ var (
 	graphFlag   = &cli.StringFlag{Name: "graph", Value: "on", Usage: "on|off: capture each sampling loop as one CUDA graph (a no-op on the host)"}
 	precFlag    = &cli.StringFlag{Name: "precision", Value: "bf16", Usage: "bf16|tf32|f32: the U-Net's activations and GEMMs (bf16: bf16 activations; the host computes f32)"}
 	schedFlag   = &cli.StringFlag{Name: "scheduler", Value: "dpmsolver++", Usage: "ddpm|ddim|dpmsolver++"}
-	stepsFlag   = &cli.IntFlag{Name: "steps", Value: 20, Usage: "model evaluations (denoising steps)"}
-	etaFlag     = &cli.Float64Flag{Name: "eta", Usage: "DDIM's η: 0 deterministic, 1 as DDPM's variance"}
-	guideFlag   = &cli.Float64Flag{Name: "guidance-scale", Value: 3, Usage: "classifier-free guidance s: ε = ε_u + s(ε_c − ε_u) (1: conditional only, no unconditional pass)"}
-	classFlag   = &cli.StringFlag{Name: "class", Value: "all", Usage: "a class 0..9, null (unconditional), or all (image i gets class i mod 10)"}
-	seedFlag    = &cli.Uint64Flag{Name: "seed", Value: 1, Usage: "the noise's seed (Philox key)"}
-	noClipFlag  = &cli.BoolFlag{Name: "no-clip", Usage: "do not clip the predicted x0 to [-1, 1]"}
-	waitFlag    = &cli.DurationFlag{Name: "wait", Value: 30 * time.Second, Usage: "with --pool: how long to wait for a snapshot being written"}
+	stepsFlag   = kit.IntAtLeast(&cli.IntFlag{Name: "steps", Value: 20, Usage: "model evaluations (denoising steps)"}, 1)
+	etaFlag     = kit.FloatWhere(&cli.Float64Flag{Name: "eta", Usage: "DDIM's η: 0 deterministic, 1 as DDPM's variance"}, "want η ≥ 0", nonNegative)
+	guideFlag   = kit.FloatWhere(&cli.Float64Flag{Name: "guidance-scale", Value: 3, Usage: "classifier-free guidance s ≥ 0: ε = ε_u + s(ε_c − ε_u) (1: conditional only, no unconditional pass; 0: unconditional)"},
+		"want s ≥ 0 (1: conditional only, 0: unconditional)", nonNegative)
+	classFlag  = &cli.StringFlag{Name: "class", Value: "all", Usage: "a class 0..9, null (unconditional), or all (image i gets class i mod 10)"}
+	seedFlag   = &cli.Uint64Flag{Name: "seed", Value: 1, Usage: "the noise's seed (Philox key)"}
+	noClipFlag = &cli.BoolFlag{Name: "no-clip", Usage: "do not clip the predicted x0 to [-1, 1]"}
+	waitFlag   = &cli.DurationFlag{Name: "wait", Value: 30 * time.Second, Usage: "with --pool: how long to wait for a snapshot being written"}
 )
+
+func nonNegative(v float64) bool { return v >= 0 }
 
 func modelFlags() []cli.Flag {
 	return []cli.Flag{ckptFlag, poolFlag, weightsFlag, rawFlag, deviceFlag, graphFlag, precFlag, seedFlag, waitFlag}
@@ -197,12 +202,9 @@ func planOptions(c *cli.Context) (diffusion.PlanOptions, error) {
 	if err != nil {
 		return diffusion.PlanOptions{}, kit.Usagef("--scheduler %q: want ddpm, ddim or dpmsolver++", c.String("scheduler"))
 	}
-	o := diffusion.PlanOptions{Scheduler: sch, Steps: c.Int("steps"), Eta: c.Float64("eta"),
-		Guidance: c.Float64("guidance-scale"), NoClip: c.Bool("no-clip")}
-	if o.Steps < 1 || !(o.Eta >= 0) || math.IsNaN(o.Guidance) || math.IsInf(o.Guidance, 0) {
-		return o, kit.Usagef("--steps %d (≥ 1), --eta %v (≥ 0), --guidance-scale %v", o.Steps, o.Eta, o.Guidance)
-	}
-	return o, nil
+	// --steps, --eta and --guidance-scale are checked as they are parsed.
+	return diffusion.PlanOptions{Scheduler: sch, Steps: c.Int("steps"), Eta: c.Float64("eta"),
+		Guidance: c.Float64("guidance-scale"), NoClip: c.Bool("no-clip")}, nil
 }
 
 // parseClass reads --class: −1 for all.
@@ -248,7 +250,7 @@ func outAndPlan(c *cli.Context) (diffusion.PlanOptions, error) {
 	if err := kit.Require(c, "out"); err != nil {
 		return diffusion.PlanOptions{}, err
 	}
-	if err := kit.CheckOut(c, "out", c.String("out")); err != nil {
+	if err := checkOutFile(c, "out"); err != nil {
 		return diffusion.PlanOptions{}, err
 	}
 	return planOptions(c)
@@ -268,9 +270,9 @@ func sampleCommand() *cli.Command {
 			"in [-1, 1]) and labels, e.g. for bench/reference/unet.py compare.",
 		Flags: append(append(modelFlags(), planFlags()...),
 			classFlag,
-			&cli.IntFlag{Name: "n", Value: 100, Usage: "images"},
-			&cli.IntFlag{Name: "batch", Value: 100, Usage: "images per sampling run"},
-			&cli.IntFlag{Name: "cols", Value: 10, Usage: "images per row of the grid"},
+			kit.IntAtLeast(&cli.IntFlag{Name: "n", Value: 100, Usage: "images"}, 1),
+			kit.IntAtLeast(&cli.IntFlag{Name: "batch", Value: 100, Usage: "images per sampling run"}, 1),
+			kit.IntAtLeast(&cli.IntFlag{Name: "cols", Value: 10, Usage: "images per row of the grid"}, 1),
 			&cli.StringFlag{Name: "out", Usage: "(required) the PNG grid"},
 			&cli.StringFlag{Name: "save", Usage: "also write the samples and labels to this safetensors file"},
 			kit.ForceFlag(),
@@ -278,6 +280,9 @@ func sampleCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			po, err := outAndPlan(c)
 			if err != nil {
+				return err
+			}
+			if err := checkOutFile(c, "save"); err != nil {
 				return err
 			}
 			v, err := setup(c)
@@ -290,10 +295,17 @@ func sampleCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			n, batch := c.Int("n"), c.Int("batch")
+			// The samples, and a grid and the --save file of them.
+			if err := checkMemory("n", int64(n), 3*4*int64(cfg.Size*cfg.Size*cfg.InChannels)); err != nil {
+				return err
+			}
+			bar := newBar(c, "sample", runs(n, batch)*po.Steps)
+			defer bar.Done()
 			var gpuMS, wall float64
 			start := time.Now()
-			out, labels, err := sample.Generate(v.m, sample.GenOptions{Engine: v.e, Alloc: v.a, Plan: po, N: c.Int("n"), Batch: c.Int("batch"),
-				Class: class, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast,
+			out, labels, err := sample.Generate(v.m, sample.GenOptions{Engine: v.e, Alloc: v.a, Plan: po, N: n, Batch: batch,
+				Class: class, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast, OnStep: func() { bar.Add(1) },
 				OnBatch: func(b sample.BatchStat) error {
 					gpuMS += float64(b.GPUMS)
 					wall += b.WallMS
@@ -307,7 +319,7 @@ func sampleCommand() *cli.Command {
 			if err != nil {
 				return usageErr(err)
 			}
-			n := c.Int("n")
+			bar.Done()
 			if err := sample.WritePNG(c.String("out"), sample.Grid(out, n, cfg.Size, c.Int("cols"))); err != nil {
 				return err
 			}
@@ -347,11 +359,14 @@ func videoCommand() *cli.Command {
 			"One image per frame: the latency of a frame is that of a batch-1 guided sampling loop.",
 		Flags: append(append(modelFlags(), planFlags()...),
 			classFlag,
-			&cli.IntFlag{Name: "frames", Value: 40, Usage: "frames"},
-			&cli.Float64Flag{Name: "fps", Value: 10, Usage: "GIF frames per second"},
-			&cli.Float64Flag{Name: "strength", Value: 0.5, Usage: "noise level each frame restarts from (0 < T ≤ 1)"},
-			&cli.Float64Flag{Name: "blend", Value: 0.2, Usage: "weight of the previous frame in each step's predicted x0 (0 ≤ W < 1)"},
-			&cli.IntFlag{Name: "first-steps", Value: 20, Usage: "steps of the first frame"},
+			kit.IntAtLeast(&cli.IntFlag{Name: "frames", Value: 40, Usage: "frames"}, 1),
+			kit.FloatWhere(&cli.Float64Flag{Name: "fps", Value: 10, Usage: "GIF frames per second (0 < fps ≤ 100)"},
+				"want 0 < fps ≤ 100", func(v float64) bool { return v > 0 && v <= 100 }),
+			kit.FloatWhere(&cli.Float64Flag{Name: "strength", Value: 0.5, Usage: "noise level each frame restarts from (0 < T ≤ 1)"},
+				"want 0 < T ≤ 1", func(v float64) bool { return v > 0 && v <= 1 }),
+			kit.FloatWhere(&cli.Float64Flag{Name: "blend", Value: 0.2, Usage: "weight of the previous frame in each step's predicted x0 (0 ≤ W < 1)"},
+				"want 0 ≤ W < 1", func(v float64) bool { return v >= 0 && v < 1 }),
+			kit.IntAtLeast(&cli.IntFlag{Name: "first-steps", Value: 20, Usage: "steps of the first frame"}, 1),
 			&cli.StringFlag{Name: "out", Usage: "(required) the animated GIF"},
 			&cli.StringFlag{Name: "frames-dir", Usage: "also write frame_NNNN.png files here"},
 			kit.ForceFlag(),
@@ -361,10 +376,7 @@ func videoCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			fps := c.Float64("fps")
-			if !(fps > 0 && fps <= 100) {
-				return kit.Usagef("--fps %v (want 0 < fps ≤ 100)", fps)
-			}
+			fps := c.Float64("fps") // --fps, --strength and --blend are checked as they are parsed
 			if !c.IsSet("steps") {
 				po.Steps = 4
 			}
@@ -372,14 +384,9 @@ func videoCommand() *cli.Command {
 			first.Steps = c.Int("first-steps")
 			next := po
 			next.Strength, next.Blend = c.Float64("strength"), c.Float64("blend")
-			if !(next.Strength > 0 && next.Strength <= 1) || !(next.Blend >= 0 && next.Blend < 1) {
-				return kit.Usagef("--strength %v (want 0 < T ≤ 1), --blend %v (want 0 ≤ W < 1)", next.Strength, next.Blend)
-			}
 			dir := c.String("frames-dir")
-			if dir != "" {
-				if err := os.MkdirAll(dir, 0o755); err != nil {
-					return err
-				}
+			if err := checkOutFile(c, "frames-dir"); err != nil {
+				return err
 			}
 			v, err := setup(c)
 			if err != nil {
@@ -391,11 +398,25 @@ func videoCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			frames := c.Int("frames")
+			// Every frame is kept for the GIF (one byte a pixel) and passes
+			// through f32 once.
+			if err := checkMemory("frames", int64(frames), 5*int64(cfg.Size*cfg.Size*cfg.InChannels)); err != nil {
+				return err
+			}
+			if dir != "" {
+				// Made now, after every check, so a refused command leaves no directory.
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					return err
+				}
+			}
+			bar := newBar(c, "video", first.Steps+(frames-1)*po.Steps)
+			defer bar.Done()
 			anim := sample.NewAnimation(fps)
 			var times []float64
 			start := time.Now()
-			err = sample.Video(v.m, sample.VideoOptions{Engine: v.e, Alloc: v.a, First: first, Next: next, Frames: c.Int("frames"),
-				Class: class, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast,
+			err = sample.Video(v.m, sample.VideoOptions{Engine: v.e, Alloc: v.a, First: first, Next: next, Frames: frames,
+				Class: class, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast, OnStep: func() { bar.Add(1) },
 				OnFrame: func(f int, cl int32, img []float32, st sample.BatchStat) error {
 					g := sample.Gray(img, 0, cfg.Size)
 					anim.Add(g)
@@ -416,6 +437,7 @@ func videoCommand() *cli.Command {
 			if err != nil {
 				return usageErr(err)
 			}
+			bar.Done()
 			if err := anim.Write(c.String("out")); err != nil {
 				return err
 			}
@@ -433,6 +455,14 @@ func videoCommand() *cli.Command {
 	}
 }
 
+// scoreGPU and scoreCPU are score's default sample counts: 10,000 on a
+// GPU (the standard figure for FID-style scores), 100 on the CPU, where
+// one image of the default U-Net takes seconds.
+const (
+	scoreGPU = 10000
+	scoreCPU = 100
+)
+
 func scoreCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "score",
@@ -441,12 +471,15 @@ func scoreCommand() *cli.Command {
 			"trained by `trainer run` on the real data; its input is the centre 28×28 crop as 8-bit pixels),\n" +
 			"and reports the fraction whose label is the class asked for, and FD-MLP: the Fréchet distance\n" +
 			"between Gaussians fitted to the classifier's penultimate-layer features of the samples and of the\n" +
-			"10,000 Fashion-MNIST test images (FID's formula on the MLP's features). One JSON line:\n" +
+			"10,000 Fashion-MNIST test images (FID's formula on the MLP's features). --n defaults to 10,000 on\n" +
+			"a GPU, the standard figure, and to 100 on the CPU, where each image of the default U-Net takes\n" +
+			"seconds (give --n 10000 for the standard figure there too; the bar shows the time left). The\n" +
+			"classifier and the data are checked before sampling starts. One JSON line:\n" +
 			"{accuracy, fd_mlp, n, scheduler, steps, guidance_scale, images_per_s, source}.",
 		Flags: append(append(modelFlags(), planFlags()...),
 			&cli.StringFlag{Name: "classifier", Usage: "(required) model.safetensors of a `trainer run` MLP"},
-			&cli.IntFlag{Name: "n", Value: 10000, Usage: "images"},
-			&cli.IntFlag{Name: "batch", Value: 256, Usage: "images per sampling run"},
+			kit.IntAtLeast(&cli.IntFlag{Name: "n", Usage: "images (at least 2)", DefaultText: fmt.Sprintf("%d on a GPU, %d on the CPU", scoreGPU, scoreCPU)}, 2),
+			kit.IntAtLeast(&cli.IntFlag{Name: "batch", Value: 256, Usage: "images per sampling run"}, 1),
 			&cli.StringFlag{Name: "data", Value: data.DefaultDir, EnvVars: []string{"GPUKIT_DATA_DIR"}, Usage: "directory with the Fashion-MNIST IDX files"},
 		),
 		Action: func(c *cli.Context) error {
@@ -457,19 +490,39 @@ func scoreCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			test, err := data.Load(c.String("data"), data.Test)
-			if err != nil {
-				return fmt.Errorf("%w (install the Debian package dataset-fashion-mnist or pass --data)", err)
-			}
 			v, err := setup(c)
 			if err != nil {
 				return err
 			}
 			defer v.Close()
+			cl, err := sample.LoadClassifier(v.e, v.a, c.String("classifier"))
+			if err != nil {
+				return fmt.Errorf("--classifier: %w", err)
+			}
+			defer cl.Free()
+			test, err := data.Load(c.String("data"), data.Test)
+			if err != nil {
+				return fmt.Errorf("%w (install the Debian package dataset-fashion-mnist or pass --data)", err)
+			}
 			n := c.Int("n")
+			if !c.IsSet("n") {
+				n = scoreCPU
+				if v.e.IsGraphCapable() {
+					n = scoreGPU
+				}
+			}
+			size := v.m.Config.UNet.Size
+			// The samples, the classifier's inputs and features of them.
+			per := 4 * int64(size*size*v.m.Config.UNet.InChannels+28*28+cl.FeatureDim())
+			if err := checkMemory("n", int64(n), per); err != nil {
+				return err
+			}
+			batch := c.Int("batch")
+			bar := newBar(c, "score", runs(n, batch)*po.Steps)
+			defer bar.Done()
 			var ms float64
-			out, labels, err := sample.Generate(v.m, sample.GenOptions{Engine: v.e, Alloc: v.a, Plan: po, N: n, Batch: c.Int("batch"),
-				Class: -1, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast,
+			out, labels, err := sample.Generate(v.m, sample.GenOptions{Engine: v.e, Alloc: v.a, Plan: po, N: n, Batch: batch,
+				Class: -1, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast, OnStep: func() { bar.Add(1) },
 				OnBatch: func(b sample.BatchStat) error {
 					if b.GPUMS > 0 {
 						ms += float64(b.GPUMS)
@@ -481,7 +534,8 @@ func scoreCommand() *cli.Command {
 			if err != nil {
 				return usageErr(err)
 			}
-			r, err := sample.Score(v.e, v.a, c.String("classifier"), out, labels, n, v.m.Config.UNet.Size, test)
+			bar.Done()
+			r, err := sample.Score(cl, out, labels, n, size, test)
 			if err != nil {
 				return usageErr(err)
 			}
@@ -495,4 +549,39 @@ func scoreCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// runs is how many sampling runs of batch images make n.
+func runs(n, batch int) int { return (n + batch - 1) / batch }
+
+// newBar is the command's progress bar on stderr (libgpu/cli), counting
+// steps (a step of every image of a run at once).
+func newBar(c *cli.Context, what string, steps int) *kit.Progress {
+	return kit.NewProgress(c.App.ErrWriter, int64(steps), what, "step")
+}
+
+// checkMemory refuses a count (flag's value n) whose images, per bytes
+// each on the host, would not fit the memory available now
+// (kit.CheckMemory), before sampling starts. The device's share is one
+// batch, which its allocator refuses by itself.
+func checkMemory(flag string, n, per int64) error {
+	return kit.CheckMemory(fmt.Sprintf("--%s %d", flag, n), n*per)
+}
+
+// checkOutFile checks an output path flag before any work: its directory
+// must exist (a missing one is made by nobody), and an existing file is
+// replaced only with --force (kit.CheckOut).
+func checkOutFile(c *cli.Context, flag string) error {
+	path := c.String(flag)
+	if path == "" {
+		return nil
+	}
+	if err := kit.CheckOut(c, flag, path); err != nil && flag != "frames-dir" {
+		return err
+	}
+	dir := filepath.Dir(path)
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("--%s %s: the directory %s does not exist; make it first", flag, path, dir)
+	}
+	return nil
 }

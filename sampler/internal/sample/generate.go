@@ -23,6 +23,9 @@ type GenOptions struct {
 	Autocast tensor.DType // the U-Net's activation dtype
 	// OnBatch, when set, is called after each run.
 	OnBatch func(BatchStat) error
+	// OnStep, when set, is called once per sampling step of each run: as
+	// each step ends on the host, after the run on a GPU (progress bars).
+	OnStep func()
 }
 
 // BatchStat times one run.
@@ -83,7 +86,7 @@ func Generate(m *Model, o GenOptions) ([]float32, []int32, error) {
 		y := make([]int32, batch)
 		copy(y, labels[i0:i0+k])
 		start := time.Now()
-		ms, err := s.Run(plan, diffusion.RunOptions{Labels: y, Run: b})
+		ms, err := runSteps(s, plan, diffusion.RunOptions{Labels: y, Run: b}, o.OnStep)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -101,6 +104,25 @@ func Generate(m *Model, o GenOptions) ([]float32, []int32, error) {
 	return out, labels, nil
 }
 
+// runSteps is s.Run with onStep called once per step of the plan: by the
+// sampler as each step ends where it can (the host), the rest after the
+// run.
+func runSteps(s *diffusion.Sampler, p *diffusion.Plan, r diffusion.RunOptions, onStep func()) (float32, error) {
+	if onStep == nil {
+		return s.Run(p, r)
+	}
+	called := 0
+	r.OnStep = func() { called++; onStep() }
+	ms, err := s.Run(p, r)
+	if err != nil {
+		return ms, err
+	}
+	for ; called < len(p.Rows)-1; called++ {
+		onStep()
+	}
+	return ms, nil
+}
+
 // VideoOptions configure Video.
 type VideoOptions struct {
 	Engine   *ops.Engine
@@ -114,6 +136,8 @@ type VideoOptions struct {
 	Autocast tensor.DType
 	// OnFrame is called with each frame (f32 [S, S, C]) as it comes.
 	OnFrame func(f int, class int32, img []float32, st BatchStat) error
+	// OnStep is GenOptions.OnStep for the frames' sampling steps.
+	OnStep func()
 }
 
 // Video samples a sequence of single images in which frame f > 0 starts
@@ -155,12 +179,12 @@ func Video(m *Model, o VideoOptions) error {
 		start := time.Now()
 		var ms float32
 		if f == 0 {
-			ms, err = s.Run(first, diffusion.RunOptions{Labels: []int32{class}, Run: 0})
+			ms, err = runSteps(s, first, diffusion.RunOptions{Labels: []int32{class}, Run: 0}, o.OnStep)
 			if err == nil {
 				err = s.SetPrevious()
 			}
 		} else {
-			ms, err = s.Run(next, diffusion.RunOptions{Labels: []int32{class}, Run: f, Video: true})
+			ms, err = runSteps(s, next, diffusion.RunOptions{Labels: []int32{class}, Run: f, Video: true}, o.OnStep)
 		}
 		if err != nil {
 			return fmt.Errorf("frame %d: %w", f, err)

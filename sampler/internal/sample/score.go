@@ -2,6 +2,7 @@ package sample
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -28,14 +29,34 @@ type Classifier struct {
 	w, b   []*tensor.Tensor
 }
 
+// ErrNotClassifier: the file given as a classifier is not a Fashion-MNIST
+// MLP of `trainer run` (a runtime failure: the file's content is wrong).
+var ErrNotClassifier = errors.New("not a Fashion-MNIST MLP of `trainer run`")
+
 // LoadClassifier reads the MLP at path (its metadata config gives the
 // activation; without one, widths come from the weights and act is relu).
-func LoadClassifier(e *ops.Engine, a device.Allocator, path string) (*Classifier, error) {
+// A file that is not such an MLP gives ErrNotClassifier, saying what it
+// holds instead.
+func LoadClassifier(e *ops.Engine, a device.Allocator, path string) (_ *Classifier, err error) {
 	f, err := ckpt.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
+	if _, ok := f.Tensors["fc0.weight"]; !ok {
+		what := "no fc0.weight"
+		if _, gpt := f.Tensors["transformer.wte.weight"]; gpt {
+			what = "it is a GPT checkpoint"
+		} else if _, unet := f.Tensors["conv_in.weight"]; unet {
+			what = "it is a U-Net checkpoint"
+		}
+		return nil, fmt.Errorf("%s: %w (%s); give the model.safetensors of a Fashion-MNIST classifier (trainer run --data DIR --out DIR)", path, ErrNotClassifier, what)
+	}
 	c := &Classifier{e: e, a: a, act: ops.ActReLU}
+	defer func() {
+		if err != nil {
+			c.Free()
+		}
+	}()
 	var meta struct {
 		Act string `json:"act"`
 	}
@@ -53,7 +74,7 @@ func LoadClassifier(e *ops.Engine, a device.Allocator, path string) (*Classifier
 			break
 		}
 		if len(wi.Shape) != 2 || (i > 0 && wi.Shape[1] != c.Widths[i]) {
-			return nil, fmt.Errorf("%s: %w: %s.weight %v", path, ErrUsage, n, wi.Shape)
+			return nil, fmt.Errorf("%s: %w (%s.weight is %v)", path, ErrNotClassifier, n, wi.Shape)
 		}
 		if i == 0 {
 			c.Widths = append(c.Widths, wi.Shape[1])
@@ -63,11 +84,12 @@ func LoadClassifier(e *ops.Engine, a device.Allocator, path string) (*Classifier
 		if err != nil {
 			return nil, err
 		}
+		c.w = append(c.w, w)
 		b, err := tensor.Alloc(a, "", tensor.F32, wi.Shape[0])
 		if err != nil {
 			return nil, err
 		}
-		c.w, c.b = append(c.w, w), append(c.b, b)
+		c.b = append(c.b, b)
 		if err := f.Load(n+".weight", w); err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
@@ -76,7 +98,7 @@ func LoadClassifier(e *ops.Engine, a device.Allocator, path string) (*Classifier
 		}
 	}
 	if len(c.w) < 2 || c.Widths[0] != 28*28 {
-		return nil, fmt.Errorf("%s: %w: not a Fashion-MNIST MLP of two or more layers (widths %v)", path, ErrUsage, c.Widths)
+		return nil, fmt.Errorf("%s: %w (layer widths %v; want 784 inputs and two or more layers)", path, ErrNotClassifier, c.Widths)
 	}
 	return c, nil
 }
@@ -271,17 +293,12 @@ type ScoreResult struct {
 }
 
 // Score labels n samples (f32 [n, S, S, 1]) drawn for labels with the
-// classifier at path and computes FD-MLP against test.
-func Score(e *ops.Engine, a device.Allocator, path string, samples []float32, labels []int32, n, size int, test *data.Set) (ScoreResult, error) {
+// classifier cl and computes FD-MLP against test.
+func Score(cl *Classifier, samples []float32, labels []int32, n, size int, test *data.Set) (ScoreResult, error) {
 	var r ScoreResult
 	if n < 2 {
 		return r, fmt.Errorf("%w: FD needs at least 2 samples", ErrUsage)
 	}
-	cl, err := LoadClassifier(e, a, path)
-	if err != nil {
-		return r, err
-	}
-	defer cl.Free()
 	const batch = 500
 	pred, feats, err := cl.Run(Normalize(samples, n, size), n, batch)
 	if err != nil {

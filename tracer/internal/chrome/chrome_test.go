@@ -3,6 +3,7 @@ package chrome
 import (
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -196,5 +197,15 @@ func TestValidateRules(t *testing.T) {
 	}
 	if tr, err := Parse([]byte("[" + names + "]")); err != nil || len(tr.Events) != 4 {
 		t.Errorf("array format: %v", err)
+	}
+}
+
+// TestCreateErrorsNameThePath: a trace file that cannot be made is named
+// in the error, not the temporary file beside it.
+func TestCreateErrorsNameThePath(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "missing", "t.json")
+	_, err := Create(path, 0, 0)
+	if err == nil || !strings.Contains(err.Error(), path) || strings.Contains(err.Error(), ".tmp") || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Create in a missing directory: %v", err)
 	}
 }

@@ -3,6 +3,7 @@ package chrome
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -55,7 +56,7 @@ func Create(path string, maxSize int64, syncEvery time.Duration) (*Writer, error
 			break
 		}
 		if !errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("chrome: %w", err)
+			return nil, fmt.Errorf("chrome: %s: %w", path, plainErr(err))
 		}
 	}
 	if f == nil {
@@ -72,9 +73,23 @@ func Create(path string, maxSize int64, syncEvery time.Duration) (*Writer, error
 	if err != nil {
 		f.Close()
 		os.Remove(tmp)
-		return nil, fmt.Errorf("chrome: %w", err)
+		return nil, fmt.Errorf("chrome: %s: %w", path, plainErr(err))
 	}
 	return w, nil
+}
+
+// plainErr drops the file names an *fs.PathError or *os.LinkError carries
+// (the temporary file's: errors name the file asked for), keeping the cause.
+func plainErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) {
+		return le.Err
+	}
+	return err
 }
 
 // Add buffers one encoded event (a JSON object); false when the size cap
