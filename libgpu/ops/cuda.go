@@ -83,6 +83,8 @@ type cudaImpl struct {
 	noBatchedEigh bool
 	// attnWGS caches whether attention's wgmma kernels run (attention.go).
 	attnWGS attnWGState
+	// ggWG caches whether the grouped GEMM's wgmma kernels exist (groupedgemm.go).
+	ggWG ggHopperState
 
 	mu      sync.Mutex
 	scratch map[string]scratchBuf
