@@ -651,6 +651,11 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
   *p = old + v;
   return old;
 }
+inline int atomicAdd(int* p, int v) {
+  int old = *p;
+  *p = old + v;
+  return old;
+}
 inline void __threadfence() {}
 using std::max;
 using std::min;
