@@ -140,7 +140,9 @@ type moeRef struct {
 func geluErf(x float64) float64 { return 0.5 * x * (1 + math.Erf(x/math.Sqrt2)) }
 
 // logits is x·wrᵀ.
-func (r moeRef) logits(x, wr []float64) []float64 { return opstest.RefMatmul(x, wr, r.T, r.E, r.C, false, true) }
+func (r moeRef) logits(x, wr []float64) []float64 {
+	return opstest.RefMatmul(x, wr, r.T, r.E, r.C, false, true)
+}
 
 func (r moeRef) objective(p [][]float64, dy []float64) float64 {
 	x, wr, fw, fb, pw, pb := p[0], p[1], p[2], p[3], p[4], p[5]
