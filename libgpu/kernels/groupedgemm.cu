@@ -56,6 +56,7 @@
 // scripts/cuda-check.sh compiles them with GPUKIT_CHECK_SM90).
 #include "common.cuh"
 #include "mma.cuh"
+#include "vec.cuh"
 #include "wgmma.cuh"
 
 #ifndef GG_DYN_SMEM
@@ -229,9 +230,47 @@ __device__ __forceinline__ void gg_wg_load(const gg_args& a, const gg_tile& t, i
   }
 }
 
+// gg_quad_store4 stores row segment q of a warpgroup accumulator row as
+// 16 bytes per lane: lane t of a quad holds, for columns 8(4q + i) + 2t and
+// + 1 (i = 0..3), the bf16 pairs u[i]; a 4 × 4 transpose across the quad
+// (four shuffles, lane t sending u[(t + r) % 4] in round r) gives lane t
+// the pairs of columns 8(4q + t) .. + 7, stored (added, with acc) as one
+// 16-byte vector: a quad writes 64 contiguous bytes of the row.
+__device__ __forceinline__ void gg_quad_store4(gpukit_bf16* p, const unsigned u[4], bool ok, int acc) {
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  unsigned v[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int r = 0; r < 4; r++) {
+    const int si = (t + r) & 3, src = (t - r) & 3;
+    const unsigned send = si == 0 ? u[0] : si == 1 ? u[1] : si == 2 ? u[2] : u[3];
+    const unsigned got = __shfl_sync(0xffffffffu, send, (lane & ~3) | src);
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = src == i ? got : v[i];
+  }
+  if (!ok) return;
+  gpukit_u32x4* q = (gpukit_u32x4*)p;
+  if (acc) {
+    const gpukit_u32x4 o = *q;
+    const unsigned ov[4] = {o.a, o.b, o.c, o.d};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const float lo = __uint_as_float(v[i] << 16) + __uint_as_float(ov[i] << 16);
+      const float hi = __uint_as_float(v[i] & 0xffff0000u) + __uint_as_float(ov[i] & 0xffff0000u);
+      v[i] = (unsigned)gpukit_f32_to_bf16(lo) | ((unsigned)gpukit_f32_to_bf16(hi) << 16);
+    }
+  }
+  gpukit_u32x4 w;
+  w.a = v[0], w.b = v[1], w.c = v[2], w.d = v[3];
+  *q = w;
+}
+
 // gg_wg: see the file comment. Shared memory (dynamic, from a 1024-byte
-// boundary: 1 KiB of slack): STAGES × (A 16 KiB + B BN·128 bytes).
-template <int BN, int STAGES, bool TA, bool TB, bool GK, typename TO>
+// boundary: 1 KiB of slack): STAGES × (A 16 KiB + B BN·128 bytes). PROBE
+// instances measure what bounds the kernel (ops' benchmarks only; their
+// results are wrong): 1 skips the wgmma (the loads and barriers alone),
+// 2 skips the loads (the wgmma on whatever shared memory holds), 3 skips
+// the epilogue's stores.
+template <int BN, int STAGES, bool TA, bool TB, bool GK, typename TO, int PROBE = 0>
 __device__ __forceinline__ void gg_wg(const gg_args& a) {
   constexpr int LEAD = STAGES - 2;
   constexpr unsigned BT = BN * GG_BK * 2, ST = GG_ATILE + BT;
@@ -257,7 +296,7 @@ __device__ __forceinline__ void gg_wg(const gg_args& a) {
   auto produce = [&]() {
     if (pt < total) {
       const unsigned st = s0 + (ps % STAGES) * ST;
-      gg_wg_load<BN, TA, TB, GK>(a, pg, pk, st, st + GG_ATILE);
+      if (PROBE != 2) gg_wg_load<BN, TA, TB, GK>(a, pg, pk, st, st + GG_ATILE);
       if (++pk * GG_BK >= pg.ke) {
         pk = 0;
         pt += gridDim.x;
@@ -292,7 +331,7 @@ __device__ __forceinline__ void gg_wg(const gg_args& a) {
         const gpukit_u64 da = TA ? gpukit_wg_desc(st + wg * (GG_BK * 128) + kk * 2048, GG_BK * 128, 1024)
                                  : gpukit_wg_desc(st + wg * 64 * 128 + kk * 32, 16, 1024);
         const gpukit_u64 db = TB ? gpukit_wg_desc(sb + kk * 2048, GG_BK * 128, 1024) : gpukit_wg_desc(sb + kk * 32, 16, 1024);
-        gpukit_wg_ss<BN, TA, TB>::mma(d, da, db, 1);
+        if (PROBE != 1) gpukit_wg_ss<BN, TA, TB>::mma(d, da, db, 1);
       }
       gpukit_wg_commit();
       gpukit_wg_wait<1>();
@@ -303,9 +342,35 @@ __device__ __forceinline__ void gg_wg(const gg_args& a) {
     gpukit_keep_f<BN / 2>(d);
 
     // Epilogue: rows 64·wg + 16·warp + lane/4 (+8), columns 8j + 2·(lane%4).
+    if (PROBE == 3) continue;
     const int rbase = g.m0 + wg * 64 + warp * 16 + (lane >> 2);
     TO* C = GK ? (TO*)a.c + (long long)g.e * a.sc : (TO*)a.c;
     const gpukit_bf16* bias = (!GK && a.bias) ? (const gpukit_bf16*)a.bias + (long long)g.e * a.N : nullptr;
+    if constexpr (sizeof(TO) == 2) {  // bf16: 16-byte stores through a quad transpose
+#pragma unroll
+      for (int q = 0; q < BN / 32; q++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          unsigned u[4];
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            const int j = 4 * q + i, n = g.n0 + 8 * j + 2 * (lane & 3);
+            float b0 = 0.0f, b1 = 0.0f;
+            if (bias && n < a.N) {
+              b0 = gpukit_ld(bias + n);
+              b1 = gpukit_ld(bias + n + 1);
+            }
+            u[i] = (unsigned)gpukit_f32_to_bf16(d[4 * j + 2 * h] + b0) |
+                   ((unsigned)gpukit_f32_to_bf16(d[4 * j + 2 * h + 1] + b1) << 16);
+          }
+          const int m = rbase + 8 * h, n = g.n0 + 8 * (4 * q + (lane & 3));
+          const long long row = GK ? m : g.row0 + m;
+          const bool ok = m < g.me && n < a.N;
+          gg_quad_store4((gpukit_bf16*)C + (ok ? row * a.ldc + n : 0), u, ok, a.acc);
+        }
+      }
+      continue;
+    }
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) {
       const int n = g.n0 + 8 * j + 2 * (lane & 3);
@@ -331,6 +396,13 @@ __device__ __forceinline__ void gg_wg(const gg_args& a) {
   extern "C" __global__ void __launch_bounds__(GG_THREADS, 1) gg_wg_##NAME##_##BN##OSUF(const gg_args a) { \
     gg_wg<BN, ST, TA, TB, GK, TO>(a);                                                                       \
   }
+#define GG_WG_PROBE(P)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(GG_THREADS, 1) gg_wg_fwd_256_bf16_probe##P(const gg_args a) { \
+    gg_wg<256, 4, false, false, false, gpukit_bf16, P>(a);                                              \
+  }
+GG_WG_PROBE(1)
+GG_WG_PROBE(2)
+GG_WG_PROBE(3)
 #define GG_WG_INSTANCES(BN, ST)                                   \
   GG_WG_INSTANCE(fwd, BN, ST, false, false, false, _f32, float)   \
   GG_WG_INSTANCE(fwd, BN, ST, false, false, false, _bf16, gpukit_bf16) \

@@ -97,6 +97,9 @@ func (e *Engine) GroupedMatmul(y, x, w, b, offsets *tensor.Tensor, acc bool) err
 			if b != nil {
 				a.bias = b.Ptr()
 			}
+			if acc {
+				a.acc = 1
+			}
 			return c.grouped(ggFwd, &a, x.DType, y.DType, s.k%8 == 0 && s.n%8 == 0, x, w, y, b)
 		})
 }
@@ -331,7 +334,9 @@ func (p ggPass) String() string { return [...]string{"fwd", "dx", "dw"}[p] }
 // groupedPath chooses the CUDA kernels of bf16 grouped products (tests and
 // benchmarks compare them, SetGroupedPath): 0 the default (wgmma with
 // 128 × 256 tiles on sm_90a, else CUDA cores), 1 wgmma with 128 × 128
-// tiles, 2 CUDA cores.
+// tiles, 2 CUDA cores; 3, 4, 5 the forward's bound probes (bf16 out,
+// gg_wg_fwd_256_bf16_probe{1,2,3}: loads without wgmma, wgmma without
+// loads, no epilogue stores), whose results are wrong: benchmarks only.
 var groupedPath = 0
 
 // ggHopperState caches whether groupedgemm.cu was compiled with its wgmma
@@ -384,6 +389,9 @@ func (c *cudaImpl) grouped(p ggPass, a *ggArgs, in, out tensor.DType, vec bool, 
 		grid := min(tiles(128, bn), int64(c.smCount()))
 		smem := uint32(stages*(128*64*2+bn*64*2) + 1024)
 		name := fmt.Sprintf("gg_wg_%v_%d%s", p, bn, dtSuffix(out))
+		if groupedPath >= 3 && p == ggFwd && out == tensor.BF16 {
+			name += fmt.Sprintf("_probe%d", groupedPath-2)
+		}
 		return c.launchK("groupedgemm.cu", name, grid1(int(grid)), block1(256), smem, unsafe.Pointer(a))
 	}
 	grid := min(tiles(64, 64), int64(4*c.smCount()))

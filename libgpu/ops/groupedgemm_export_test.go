@@ -10,6 +10,12 @@ const (
 	GroupedDefault = 0 // wgmma 128 × 256 tiles on sm_90a, else CUDA cores
 	GroupedWG128   = 1 // wgmma 128 × 128 tiles
 	GroupedSIMT    = 2 // CUDA cores
+	// The forward's bound probes (wgmma 128 × 256, bf16 out; wrong
+	// results): loads and barriers without the wgmma, the wgmma without
+	// the loads, everything but the epilogue's stores.
+	GroupedProbeLoads   = 3
+	GroupedProbeMMA     = 4
+	GroupedProbeNoStore = 5
 )
 
 // SetGroupedPath chooses the kernels of bf16 grouped products on CUDA from
