@@ -43,7 +43,10 @@
 // adds the bias and stores (adds, with acc) pairs to f32 or bf16 outputs.
 // Shapes: every dimension that is contiguous in memory (K for fwd, N for
 // dx, N and K for dw) a multiple of 8, tensors 16-byte aligned; chunks
-// past an edge are zero-filled.
+// past an edge are zero-filled. Measured on an H100 (BENCHMARKS.md, issue
+// 20): the main loop alone reaches 863 TFLOP/s at 8 × 4096 × 768 → 3072;
+// the epilogue's stores, which do not overlap it, bound the forward at
+// ~340 (the PROBE instances below measure this).
 //
 // gg_simt_*: any dtype (f32 or bf16 in, f32 accumulation) and shape on CUDA
 // cores, 64 × 64 tiles, K in steps of 16, 4 × 4 outputs per thread: the f32
@@ -56,7 +59,6 @@
 // scripts/cuda-check.sh compiles them with GPUKIT_CHECK_SM90).
 #include "common.cuh"
 #include "mma.cuh"
-#include "vec.cuh"
 #include "wgmma.cuh"
 
 #ifndef GG_DYN_SMEM
@@ -230,40 +232,6 @@ __device__ __forceinline__ void gg_wg_load(const gg_args& a, const gg_tile& t, i
   }
 }
 
-// gg_quad_store4 stores row segment q of a warpgroup accumulator row as
-// 16 bytes per lane: lane t of a quad holds, for columns 8(4q + i) + 2t and
-// + 1 (i = 0..3), the bf16 pairs u[i]; a 4 × 4 transpose across the quad
-// (four shuffles, lane t sending u[(t + r) % 4] in round r) gives lane t
-// the pairs of columns 8(4q + t) .. + 7, stored (added, with acc) as one
-// 16-byte vector: a quad writes 64 contiguous bytes of the row.
-__device__ __forceinline__ void gg_quad_store4(gpukit_bf16* p, const unsigned u[4], bool ok, int acc) {
-  const int lane = threadIdx.x & 31, t = lane & 3;
-  unsigned v[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-  for (int r = 0; r < 4; r++) {
-    const int si = (t + r) & 3, src = (t - r) & 3;
-    const unsigned send = si == 0 ? u[0] : si == 1 ? u[1] : si == 2 ? u[2] : u[3];
-    const unsigned got = __shfl_sync(0xffffffffu, send, (lane & ~3) | src);
-#pragma unroll
-    for (int i = 0; i < 4; i++) v[i] = src == i ? got : v[i];
-  }
-  if (!ok) return;
-  gpukit_u32x4* q = (gpukit_u32x4*)p;
-  if (acc) {
-    const gpukit_u32x4 o = *q;
-    const unsigned ov[4] = {o.a, o.b, o.c, o.d};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const float lo = __uint_as_float(v[i] << 16) + __uint_as_float(ov[i] << 16);
-      const float hi = __uint_as_float(v[i] & 0xffff0000u) + __uint_as_float(ov[i] & 0xffff0000u);
-      v[i] = (unsigned)gpukit_f32_to_bf16(lo) | ((unsigned)gpukit_f32_to_bf16(hi) << 16);
-    }
-  }
-  gpukit_u32x4 w;
-  w.a = v[0], w.b = v[1], w.c = v[2], w.d = v[3];
-  *q = w;
-}
-
 // gg_wg: see the file comment. Shared memory (dynamic, from a 1024-byte
 // boundary: 1 KiB of slack): STAGES × (A 16 KiB + B BN·128 bytes). PROBE
 // instances measure what bounds the kernel (ops' benchmarks only; their
@@ -346,31 +314,6 @@ __device__ __forceinline__ void gg_wg(const gg_args& a) {
     const int rbase = g.m0 + wg * 64 + warp * 16 + (lane >> 2);
     TO* C = GK ? (TO*)a.c + (long long)g.e * a.sc : (TO*)a.c;
     const gpukit_bf16* bias = (!GK && a.bias) ? (const gpukit_bf16*)a.bias + (long long)g.e * a.N : nullptr;
-    if constexpr (sizeof(TO) == 2) {  // bf16: 16-byte stores through a quad transpose
-#pragma unroll
-      for (int q = 0; q < BN / 32; q++) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          unsigned u[4];
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            const int j = 4 * q + i, n = g.n0 + 8 * j + 2 * (lane & 3);
-            float b0 = 0.0f, b1 = 0.0f;
-            if (bias && n < a.N) {
-              b0 = gpukit_ld(bias + n);
-              b1 = gpukit_ld(bias + n + 1);
-            }
-            u[i] = (unsigned)gpukit_f32_to_bf16(d[4 * j + 2 * h] + b0) |
-                   ((unsigned)gpukit_f32_to_bf16(d[4 * j + 2 * h + 1] + b1) << 16);
-          }
-          const int m = rbase + 8 * h, n = g.n0 + 8 * (4 * q + (lane & 3));
-          const long long row = GK ? m : g.row0 + m;
-          const bool ok = m < g.me && n < a.N;
-          gg_quad_store4((gpukit_bf16*)C + (ok ? row * a.ldc + n : 0), u, ok, a.acc);
-        }
-      }
-      continue;
-    }
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) {
       const int n = g.n0 + 8 * j + 2 * (lane & 3);
