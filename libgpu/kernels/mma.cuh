@@ -17,7 +17,9 @@
 //                    mma.m16n8k16 with floating point type");
 //   gpukit_cp16:     cp.async.cg.shared.global of 16 bytes, or 16 zero
 //                    bytes when !ok (src-size 0: nothing is read);
-//   gpukit_cp_commit, gpukit_cp_wait0: commit_group, wait_group 0.
+//   gpukit_cp_commit, gpukit_cp_wait0: commit_group, wait_group 0;
+//   gpukit_cp_wait<N>: wait_group N (all but the N most recent committed
+//                    groups of this thread have landed).
 #pragma once
 #include "common.cuh"
 
@@ -44,6 +46,10 @@ __device__ __forceinline__ void gpukit_cp16(unsigned s, const void* g, bool ok) 
 }
 __device__ __forceinline__ void gpukit_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void gpukit_cp_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void gpukit_cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 #else
 __device__ __forceinline__ unsigned gpukit_smem_addr(const void* p) { return gpukit_emu_smem_addr(p); }
 __device__ __forceinline__ void gpukit_ldsm_x4(unsigned r[4], unsigned addr) { gpukit_emu_ldsm_x4(r, addr, false); }
@@ -53,6 +59,10 @@ __device__ __forceinline__ void gpukit_mma_bf16(float c[4], const unsigned a[4],
 __device__ __forceinline__ void gpukit_cp16(unsigned s, const void* g, bool ok) { gpukit_emu_cp16(s, g, ok); }
 __device__ __forceinline__ void gpukit_cp_commit() { gpukit_emu_cp_commit(); }
 __device__ __forceinline__ void gpukit_cp_wait0() { gpukit_emu_cp_wait0(); }
+template <int N>
+__device__ __forceinline__ void gpukit_cp_wait() {
+  gpukit_emu_cp_wait(N);
+}
 #endif
 
 // gpukit_a_addr: the ldmatrix.x4 address giving the A fragment of 16 rows

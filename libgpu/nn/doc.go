@@ -5,7 +5,8 @@
 // processes), records its graph once, and then runs Forward and Backward
 // every step without allocating. The MLP keeps a hand-fused chain of
 // layers (each activation derivative fused into the next layer's data
-// gradient GEMM); the GPT and the diffusion U-Net (unet.go: one flat
+// gradient GEMM); the GPT (optionally with Mixture-of-Experts MLPs:
+// moe.go) and the diffusion U-Net (unet.go: one flat
 // parameter buffer, an EMA of it, PyTorch's state-dict names) record their
 // forward on an ops.Graph, whose autograd.Tape derives the backward of any
 // DAG.

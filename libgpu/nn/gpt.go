@@ -36,6 +36,9 @@ type GPTConfig struct {
 	// GELUTanh selects the tanh approximation (GPT-2's original); the
 	// default is the erf form, PyTorch's nn.GELU() as nanoGPT uses it.
 	GELUTanh bool `json:"gelu_tanh,omitempty"`
+	// MoE, when set, makes the MLP of every MoE.Every-th block a
+	// Mixture-of-Experts layer (moe.go); nil is the dense GPT.
+	MoE *MoEConfig `json:"moe,omitempty"`
 }
 
 // ErrGPTConfig reports an unusable GPTConfig.
@@ -56,6 +59,9 @@ func (c GPTConfig) Validate() error {
 		return fmt.Errorf("%w: --block %d (want ≥ 1)", ErrGPTConfig, c.Block)
 	case !(c.Dropout >= 0 && c.Dropout < 1):
 		return fmt.Errorf("%w: --dropout %v (want 0 ≤ p < 1)", ErrGPTConfig, c.Dropout)
+	}
+	if c.MoE != nil {
+		return c.MoE.Validate()
 	}
 	return nil
 }
@@ -131,6 +137,10 @@ func (c GPTConfig) specs() []gptParam {
 		add(h+"ln_2.weight", fill(1), C)
 		if c.Bias {
 			add(h+"ln_2.bias", fill(0), C)
+		}
+		if c.IsMoE(l) {
+			ps = append(ps, c.moeSpecs(h, w, proj, fill(0))...)
+			continue
 		}
 		add(h+"mlp.c_fc.weight", w, 4*C, C)
 		if c.Bias {
@@ -315,11 +325,11 @@ func (m *GPT) NumParams(nonEmbedding bool) int {
 
 // FLOPsPerToken is nanoGPT's estimate_mfu count for one training token at
 // context t: 6N (forward and backward through the weights, N without
-// position embeddings) + 12·layers·heads·headdim·t (attention), PaLM
-// appendix B.
+// position embeddings; with MoE layers the active parameters,
+// ActiveParams) + 12·layers·heads·headdim·t (attention), PaLM appendix B.
 func (m *GPT) FLOPsPerToken(t int) float64 {
 	c := m.cfg
-	return 6*float64(m.NumParams(true)) + 12*float64(c.Layers*c.Heads*c.HeadDim()*t)
+	return 6*float64(m.ActiveParams(true)) + 12*float64(c.Layers*c.Heads*c.HeadDim()*t)
 }
 
 // Free releases the parameters and gradients.
@@ -342,7 +352,13 @@ type GPTStep struct {
 	Targets *tensor.Tensor // [batch, block] i32 next tokens
 	Loss    *tensor.Tensor // [1] f32
 	Logits  *ops.Var       // [batch, block, vocab]
-	pos     *tensor.Tensor
+	// AuxLosses, for a GPT with MoE layers (nil without), holds the sums
+	// over those layers of the load-balancing loss and the router z-loss
+	// ([2] f32, unscaled; ops.Engine.MoEAuxLoss). The objective whose
+	// gradient the backward computes is Loss + MoE.AuxLoss·AuxLosses[0] +
+	// MoE.ZLoss·AuxLosses[1].
+	AuxLosses *tensor.Tensor
+	pos       *tensor.Tensor
 }
 
 // Record builds the GPT's forward on a new graph over e with opts
@@ -412,6 +428,7 @@ func (m *GPT) Record(e *ops.Engine, a device.Allocator, prefix string, batch int
 	}
 	w0, b0 := ln(0)
 	h := g.Scope("h0").LayerNorm(x, w0, b0, eps)
+	var moeLosses []*ops.Var
 	for l := 0; l < c.Layers; l++ {
 		hn := "transformer.h." + strconv.Itoa(l) + "."
 		sg := g.Scope("h" + strconv.Itoa(l))
@@ -419,8 +436,15 @@ func (m *GPT) Record(e *ops.Engine, a device.Allocator, prefix string, batch int
 		a = sg.Dropout(sg.Linear(a, p(hn+"attn.c_proj.weight"), p(hn+"attn.c_proj.bias"), ops.ActNone), c.Dropout)
 		var f *ops.Var
 		x, f = sg.AddLayerNorm(x, a, p(hn+"ln_2.weight"), p(hn+"ln_2.bias"), eps)
-		f = sg.GELU(sg.Linear(f, p(hn+"mlp.c_fc.weight"), p(hn+"mlp.c_fc.bias"), ops.ActNone), c.geluForm())
-		f = sg.Dropout(sg.Linear(f, p(hn+"mlp.c_proj.weight"), p(hn+"mlp.c_proj.bias"), ops.ActNone), c.Dropout)
+		if c.IsMoE(l) {
+			var ls *ops.Var
+			f, ls = m.moeMLP(sg, sg.View(f, B*T, c.DModel), hn, p)
+			f = sg.Dropout(sg.View(f, B, T, c.DModel), c.Dropout)
+			moeLosses = append(moeLosses, ls)
+		} else {
+			f = sg.GELU(sg.Linear(f, p(hn+"mlp.c_fc.weight"), p(hn+"mlp.c_fc.bias"), ops.ActNone), c.geluForm())
+			f = sg.Dropout(sg.Linear(f, p(hn+"mlp.c_proj.weight"), p(hn+"mlp.c_proj.bias"), ops.ActNone), c.Dropout)
+		}
 		wn, bn := ln(l + 1)
 		x, h = sg.AddLayerNorm(x, f, wn, bn, eps)
 	}
@@ -431,10 +455,17 @@ func (m *GPT) Record(e *ops.Engine, a device.Allocator, prefix string, batch int
 		return s, err
 	}
 	loss := g.CrossEntropy(g.View(s.Logits, B*T, c.Vocab), g.Input("targets", targets))
+	var aux *ops.Var
+	if len(moeLosses) > 0 {
+		aux = sumLosses(g, moeLosses)
+	}
 	if err := g.Build(grads); err != nil {
 		return s, err
 	}
 	s.Loss = loss.Value
+	if aux != nil {
+		s.AuxLosses = aux.Value
+	}
 	return s, nil
 }
 

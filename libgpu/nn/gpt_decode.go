@@ -27,6 +27,7 @@ type GPTDecoder struct {
 	x, h, qkv, att, proj, fc, fcg, tok, pos *tensor.Tensor
 	mean, rstd                              *tensor.Tensor
 	kc, vc                                  []*tensor.Tensor // per layer [1, block, heads, headdim]
+	moe                                     *decoderMoE      // the MoE MLP's buffers (nil: a dense GPT)
 	bufs                                    []*tensor.Tensor
 }
 
@@ -65,6 +66,9 @@ func (m *GPT) NewDecoder(e *ops.Engine, a device.Allocator) (d *GPTDecoder, err 
 		if *s.p, err = alloc(s.dt, s.shape...); err != nil {
 			return d, fmt.Errorf("nn: decoder: %w", err)
 		}
+	}
+	if err := d.allocMoE(alloc); err != nil {
+		return d, err
 	}
 	for l := 0; l < c.Layers; l++ {
 		k, err := alloc(tensor.F32, 1, c.Block, c.Heads, c.HeadDim())
@@ -166,11 +170,16 @@ func (d *GPTDecoder) Step() error {
 			func() error {
 				return e.LayerNorm(d.h, d.mean, d.rstd, d.x, d.param(h+"ln_2.weight"), d.param(h+"ln_2.bias"), eps)
 			},
-			func() error { return d.linear(d.fc, d.h, h+"mlp.c_fc.weight", h+"mlp.c_fc.bias") },
-			func() error { return e.GELU(d.fcg, d.fc, c.geluForm()) },
-			func() error { return d.linear(d.proj, d.fcg, h+"mlp.c_proj.weight", h+"mlp.c_proj.bias") },
-			func() error { return e.Add(d.x, d.x, d.proj) },
 		}
+		if c.IsMoE(l) {
+			steps = append(steps, func() error { return d.moeStep(h) })
+		} else {
+			steps = append(steps,
+				func() error { return d.linear(d.fc, d.h, h+"mlp.c_fc.weight", h+"mlp.c_fc.bias") },
+				func() error { return e.GELU(d.fcg, d.fc, c.geluForm()) },
+				func() error { return d.linear(d.proj, d.fcg, h+"mlp.c_proj.weight", h+"mlp.c_proj.bias") })
+		}
+		steps = append(steps, func() error { return e.Add(d.x, d.x, d.proj) })
 		for _, f := range steps {
 			if err := f(); err != nil {
 				return fmt.Errorf("nn: decoder layer %d: %w", l, err)

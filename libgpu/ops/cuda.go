@@ -87,6 +87,8 @@ type cudaImpl struct {
 	attnWGS attnWGState
 	// while is Engine.While's condition kernel and body streams (while.go).
 	while whileState
+	// ggWG caches whether the grouped GEMM's wgmma kernels exist (groupedgemm.go).
+	ggWG ggHopperState
 
 	mu      sync.Mutex
 	scratch map[string]scratchBuf

@@ -17,9 +17,10 @@
 //   - mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (products and
 //     sums in double, rounded to f32: the hardware's order differs);
 //   - cp.async 16-byte copies with zero fill, commit_group and
-//     wait_group 0: each copy is done either at once or at the wait
-//     (chosen at random), so reading a tile before waiting, or overwriting
-//     one that another warp still reads, shows up.
+//     wait_group N: each copy is done either at once or at the wait that
+//     covers its group (chosen at random), so reading a tile before
+//     waiting, or overwriting one that another warp still reads, shows up
+//     (wait_group 0 also lands copies not committed yet).
 //   - wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 (sm_90a), A from
 //     shared memory (descriptor) or registers, B from shared memory, with
 //     wgmma.fence, commit_group and wait_group N: a warpgroup collective
@@ -94,8 +95,10 @@ struct Thread {
     unsigned char* dst;
     const unsigned char* src;
     bool zero;
+    long group;  // the commit group it belongs to (cp_group when issued)
   };
   std::vector<Copy> pending;  // cp.async copies not yet done
+  long cp_group = 0;          // the open (uncommitted) cp.async group's number
   std::vector<unsigned> fresh;  // shared offsets of landed copies not yet behind a proxy fence
   struct WgOp {  // an issued wgmma.mma_async not yet retired by wait_group
     float* d;
@@ -233,6 +236,7 @@ inline void launch(emu_dim3 grid, emu_dim3 block, size_t smem, uint64_t seed, st
           t.fresh.clear();
           t.wg.clear();
           t.wg_group = 0;
+          t.cp_group = 0;
           t.index = i;
           t.tid = {(unsigned)(i % block.x), (unsigned)(i / block.x % block.y), (unsigned)(i / (block.x * block.y))};
           t.lane = i & 31;
@@ -376,7 +380,7 @@ inline void cp16(unsigned saddr, const void* src, bool ok) {
     if ((uintptr_t)src % 16) fail("cp.async source unaligned");
     check_global(src, 16);
   }
-  Thread::Copy c{(unsigned char*)s, (const unsigned char*)src, !ok};
+  Thread::Copy c{(unsigned char*)s, (const unsigned char*)src, !ok, g.cur->cp_group};
   if (g.rng() & 1) {
     land(c);
   } else {
@@ -389,6 +393,23 @@ inline void cp_wait0() {
   g.cur->pending.clear();
   g.progress++;
   yield();  // let others run between a wait and what follows
+}
+
+inline void cp_commit() { g.cur->cp_group++; }
+
+// cp_wait lands this thread's copies of every committed group but the n
+// most recent (cp.async.wait_group n).
+inline void cp_wait(int n) {
+  std::vector<Thread::Copy> keep;
+  for (auto& c : g.cur->pending) {
+    if (c.group < g.cur->cp_group - n)
+      land(c);
+    else
+      keep.push_back(c);
+  }
+  g.cur->pending.swap(keep);
+  g.progress++;
+  yield();
 }
 
 // fence_proxy_async (fence.proxy.async.shared::cta): the copies this
@@ -594,6 +615,13 @@ template <typename T>
 inline T __shfl_sync(unsigned, T v, int src) {
   return emu::shfl(v, src);
 }
+// __shfl_up_sync: lanes below delta keep their own value.
+template <typename T>
+inline T __shfl_up_sync(unsigned, T v, unsigned delta) {
+  int lane = emu::g.cur->lane;
+  return emu::shfl(v, lane >= (int)delta ? lane - (int)delta : lane);
+}
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barrier(); }
 inline float __uint_as_float(unsigned u) {
   float f;
   memcpy(&f, &u, 4);
@@ -628,6 +656,11 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
   *p = old + v;
   return old;
 }
+inline int atomicAdd(int* p, int v) {
+  int old = *p;
+  *p = old + v;
+  return old;
+}
 inline void __threadfence() {}
 using std::max;
 using std::min;
@@ -638,7 +671,8 @@ inline void gpukit_emu_mma_bf16_16816(float c[4], const unsigned a[4], unsigned 
   emu::mma16816(c, a, b0, b1);
 }
 inline void gpukit_emu_cp16(unsigned s, const void* src, bool ok) { emu::cp16(s, src, ok); }
-inline void gpukit_emu_cp_commit() {}
+inline void gpukit_emu_cp_commit() { emu::cp_commit(); }
+inline void gpukit_emu_cp_wait(int n) { emu::cp_wait(n); }
 inline void gpukit_emu_cp_wait0() { emu::cp_wait0(); }
 inline void gpukit_emu_fence_proxy_async() { emu::fence_proxy_async(); }
 inline void gpukit_emu_wgmma(float* d, int N, const unsigned* areg, uint64_t da, uint64_t db, int scale_d, int trans_a,

@@ -12,7 +12,6 @@ inline void sincospif(float x, float* s, float* c) {
   *s = (float)sin(M_PI * (double)x);
   *c = (float)cos(M_PI * (double)x);
 }
-inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 #define GN_DYN_SMEM(name) float* name = (float*)emu::g.smem.data()
 #define CONV_DYN_SMEM(name) unsigned char* name = emu::g.smem.data()
 
