@@ -87,12 +87,16 @@ tidy-check:
 	@for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) mod tidy && GOWORK=off $(GO) build ./...) || exit 1; done
 	@git diff --exit-code -- '*/go.mod' '*/go.sum' || { echo "go.mod/go.sum not tidy: run make tidy-check and commit"; exit 1; }
 
-## deps: the Debian package with Fashion-MNIST, when missing
+## deps: the Debian packages the tests need, when missing: Fashion-MNIST; qqwing and faketime (Sudoku puzzles, libgpu/data/sudoku)
 deps:
-	@if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then \
-		echo "installing dataset-fashion-mnist (apt-get)"; \
+	@pkgs=; \
+	[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || pkgs="$$pkgs dataset-fashion-mnist"; \
+	command -v qqwing >/dev/null || pkgs="$$pkgs qqwing"; \
+	command -v faketime >/dev/null || pkgs="$$pkgs faketime"; \
+	if [ -n "$$pkgs" ]; then \
+		echo "installing$$pkgs (apt-get)"; \
 		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq dataset-fashion-mnist; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkgs; \
 	fi
 
 ## demo: train a Fashion-MNIST classifier through the pool (GPU when there is one, else CPU)

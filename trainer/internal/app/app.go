@@ -31,6 +31,7 @@ func New(stdout, stderr io.Writer) *cli.App {
 			generateCommand(),
 			infoCommand(),
 			launchCommand(),
+			dataCommand(), // HRM's Sudoku data; moves under the HRM model's registration with the run driver
 			kit.NotBuilt("bench", "time training steps against bench/reference (with the CUDA backend)", ""),
 			kit.NotBuilt("serve", "serve a model's weights to other tools through the pool", ""),
 		},
