@@ -403,17 +403,21 @@ inline void fence_proxy_async() {
   yield();
 }
 
+// shfl exchanges a 4- or 8-byte value (CUDA's __shfl_*_sync overloads:
+// int, float, double, long long, ...).
 template <typename T>
 inline T shfl(T v, int src) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "shuffles move 4 or 8 bytes");
   int lane = g.cur->lane;
-  uint32_t w;
-  memcpy(&w, &v, 4);
-  slot(lane).w[0] = w;
+  uint32_t w[2] = {0, 0};
+  memcpy(w, &v, sizeof(T));
+  slot(lane).w[0] = w[0];
+  slot(lane).w[1] = w[1];
   warp_barrier();
-  uint32_t r = slot(src & 31).w[0];
+  uint32_t r[2] = {slot(src & 31).w[0], slot(src & 31).w[1]};
   warp_barrier();
   T out;
-  memcpy(&out, &r, 4);
+  memcpy(&out, r, sizeof(T));
   return out;
 }
 
