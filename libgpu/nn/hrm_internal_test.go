@@ -439,3 +439,92 @@ func TestHRMHaltingRefillsSlots(t *testing.T) {
 		t.Errorf("step 5 metrics %+v: want count %d, mean steps 1.25", met, B)
 	}
 }
+
+// TestHRMEvalLoops: the evaluation's device loop (Segment under the loop
+// driver, halting decided by ops.ACTEval) gives the answers and segment
+// counts of the reference's host loop, with halting (sequences stopping
+// at different segments) and without (every one running HaltMaxSteps);
+// the last batch is padded and its padding not counted.
+func TestHRMEvalLoops(t *testing.T) {
+	cfg := tinyHRM()
+	cfg.SeqLen = 9
+	e, a := hostEngine(t)
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	m, err := NewHRM(a, "", cfg, false, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Free()
+	r := rand.New(rand.NewPCG(seed, 1))
+	qw, _ := m.Param("inner.q_head.weight")
+	w := make([]float32, qw.Value.Numel())
+	for i := range w {
+		w[i] = float32(0.5 * r.NormFloat64())
+	}
+	if err := qw.Value.WriteF32(w); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := m.NewEval(e, a, "eval", 4, tensor.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ev.Free()
+	const N = 11
+	var in, lab []uint8
+	for i := 0; i < N*cfg.SeqLen; i++ {
+		in, lab = append(in, uint8(1+r.IntN(cfg.Vocab-1))), append(lab, uint8(2+r.IntN(cfg.Vocab-2)))
+	}
+	// A q_halt bias at which about half the sequences of the first batch
+	// halt after the first segment and the others run on.
+	if err := ev.load(in[:4*cfg.SeqLen], lab[:4*cfg.SeqLen], 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Do(func() error {
+		if err := ev.start(); err != nil {
+			return err
+		}
+		return ev.forward()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	q := readF64(t, ev.q)
+	var d []float64
+	for b := 0; b < 4; b++ {
+		d = append(d, q[2*b]-q[2*b+1])
+	}
+	slices.Sort(d)
+	qb, _ := m.Param("inner.q_head.bias")
+	if err := qb.Value.WriteF32([]float32{float32(-(d[1] + d[2]) / 2), 0}); err != nil {
+		t.Fatal(err)
+	}
+	for _, halting := range []bool{true, false} {
+		dev, err := ev.Evaluate(in, lab, HRMEvalOptions{Halting: halting})
+		if err != nil {
+			t.Fatal(err)
+		}
+		host, err := ev.Evaluate(in, lab, HRMEvalOptions{Halting: halting, Host: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(dev.Answers, host.Answers) || !slices.Equal(dev.Segments, host.Segments) ||
+			dev.CellAccuracy != host.CellAccuracy || dev.MeanSegments != host.MeanSegments {
+			t.Errorf("halting %v: device loop segments %v, accuracy %v; host loop %v, %v", halting, dev.Segments,
+				dev.CellAccuracy, host.Segments, host.CellAccuracy)
+		}
+		if dev.Puzzles != N || len(dev.Answers) != N*cfg.SeqLen {
+			t.Errorf("%d puzzles, %d answer cells", dev.Puzzles, len(dev.Answers))
+		}
+		distinct := map[int32]bool{}
+		for _, s := range dev.Segments {
+			distinct[s] = true
+		}
+		if halting && len(distinct) < 2 {
+			t.Errorf("with halting every sequence used %v segments: the case does not test halting", dev.Segments)
+		}
+		if !halting && (len(distinct) != 1 || !distinct[int32(cfg.HaltMaxSteps)]) {
+			t.Errorf("without halting the segments are %v, want %d each", dev.Segments, cfg.HaltMaxSteps)
+		}
+	}
+}
+
