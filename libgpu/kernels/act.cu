@@ -15,6 +15,8 @@
 //   act_schedule    the learning-rate scale of the next step (warmup, cosine)
 //   act_eval_*      evaluation: stop, freeze answers, the loop's flag
 //   act_put_*       dx[:, pos] (+)= src, zero elsewhere (LinearAt's backward)
+//   act_qloss_*     the Q losses (binary cross-entropy with logits) and their
+//                   gradient in PyTorch's f32 arithmetic
 //
 // Every kernel takes the one struct act_args (each uses a subset). Sums
 // are in double in a fixed order (bitwise reproducible); integer counts
@@ -55,7 +57,8 @@ struct act_args {
   double warmup, total, min_ratio;
   int B, T, C, L, V;
   int slots, max_steps, puzzle_tok, pos;
-  int explore, halting, acc, pad;
+  int explore, halting, acc;
+  float scale;
 };
 static_assert(sizeof(act_args) == 328, "act_args layout (ops/act.go actKArgs)");
 
@@ -65,6 +68,13 @@ static_assert(sizeof(act_args) == 328, "act_args layout (ops/act.go actKArgs)");
 __device__ __forceinline__ double act_bce(double x, double y) {
   return fmax(x, 0.0) - x * y + log1p(exp(-fabs(x)));
 }
+
+// act_sigmoid is the logistic function in f32, as act_targets and
+// act_qloss both compute it: the Q-continue gradient σ(q) − target is then
+// exactly 0 where the target is σ of the same value (PyTorch's f32
+// arithmetic gives that 0; a gradient from rounding noise would become a
+// full step of a scale-invariant update such as Adam-atan2).
+__device__ __forceinline__ float act_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // act_blk_sum_i / act_blk_sum_d: the sum over a block (size a multiple of
 // 32, at most 1024) returned to every thread, in a fixed order.
@@ -167,7 +177,7 @@ __device__ void act_targets(const act_args& a) {
     const float h = gpukit_ld(qn + 2 * b), c = gpukit_ld(qn + 2 * b + 1);
     const bool last = a.steps[b] + 1 >= a.max_steps;
     const float x = last ? h : (c > h ? c : h);
-    a.qt[2 * b + 1] = 1.0f / (1.0f + expf(-x));
+    a.qt[2 * b + 1] = act_sigmoid(x);
   }
 }
 
@@ -275,6 +285,25 @@ __device__ void act_put(const act_args& a) {
   }
 }
 
+template <typename T>
+__device__ void act_qloss(const act_args& a) {
+  __shared__ double sh[32];
+  const T* x = static_cast<const T*>(a.q);
+  T* dx = static_cast<T*>(a.w);
+  double s = 0.0;
+  for (long long i = threadIdx.x; i < a.n; i += blockDim.x) {
+    const float xi = gpukit_ld(x + i), yi = a.qt[i];
+    s += act_bce((double)xi, (double)yi);
+    if (dx) {
+      float d = (act_sigmoid(xi) - yi) * a.scale;
+      if (a.acc) d += gpukit_ld(dx + i);
+      gpukit_st(dx + i, d);
+    }
+  }
+  s = act_blk_sum_d(s, sh);
+  if (threadIdx.x == 0 && a.metrics) a.metrics[0] = (float)((double)a.scale * s);
+}
+
 #define ACT_INSTANCES(SUF, T)                                                                              \
   extern "C" __global__ void act_reset##SUF(const __grid_constant__ act_args a) { act_reset<T>(a); }      \
   extern "C" __global__ void act_correct##SUF(const __grid_constant__ act_args a) { act_correct<T>(a); }  \
@@ -285,7 +314,10 @@ __device__ void act_put(const act_args& a) {
   extern "C" __global__ void __launch_bounds__(1024) act_eval##SUF(const __grid_constant__ act_args a) {  \
     act_eval<T>(a);                                                                                        \
   }                                                                                                        \
-  extern "C" __global__ void act_put##SUF(const __grid_constant__ act_args a) { act_put<T>(a); }
+  extern "C" __global__ void act_put##SUF(const __grid_constant__ act_args a) { act_put<T>(a); }          \
+  extern "C" __global__ void __launch_bounds__(1024) act_qloss##SUF(const __grid_constant__ act_args a) { \
+    act_qloss<T>(a);                                                                                       \
+  }
 
 ACT_INSTANCES(_f32, float)
 ACT_INSTANCES(_bf16, gpukit_bf16)

@@ -424,7 +424,7 @@ func (t *HRMTrain) record(a device.Allocator, prefix string) error {
 		}
 		return e.ACTTargets(t.qt, t.exact, t.qNext, t.batch.Steps, c.HaltMaxSteps)
 	}, nil)
-	ql := g.BCEWithLogits(t.q, g.Input("q_targets", t.qt), 0.5/float32(B))
+	ql := g.ACTQLoss(t.q, g.Input("q_targets", t.qt), 0.5/float32(B))
 	if err := g.Build(true); err != nil {
 		return err
 	}

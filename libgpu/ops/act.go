@@ -8,9 +8,10 @@ package ops
 // halted from puzzles already on the device and keeps its metrics with no
 // host round trip, and an evaluation loop ends on a flag the device sets
 // (libgpu/kernels/act.cu): ACTResetCarry, ACTLoad, ACTCorrect, ACTTargets,
-// ACTHalt, ACTSchedule, ACTEval; and Graph.LinearAt, a linear layer at one
-// position of every sequence (HRM's Q head on the puzzle token), with its
-// scatter PutPos. Reference and checks: opstest/act.go.
+// ACTHalt, ACTSchedule, ACTEval; the Q losses in PyTorch's f32 gradient
+// arithmetic (ACTQLoss, Graph.ACTQLoss); and Graph.LinearAt, a linear
+// layer at one position of every sequence (HRM's Q head on the puzzle
+// token), with its scatter PutPos. Reference and checks: opstest/act.go.
 
 import (
 	"fmt"
@@ -70,7 +71,8 @@ type actKArgs struct {
 	warmup, total, minRatio         float64
 	b, t, c, l, v                   int32
 	slots, maxSteps, puzzleTok, pos int32
-	explore, halting, acc, _        int32
+	explore, halting, acc           int32
+	scale                           float32
 }
 
 func (c *cudaImpl) actLaunch(name string, grid, block [3]uint32, k *actKArgs) error {
@@ -438,7 +440,7 @@ func (e *Engine) ACTTargets(qt, exact, qNext, steps *tensor.Tensor, maxSteps int
 			if int(st[b])+1 < maxSteps && c > h {
 				x = c
 			}
-			out[2*b+1] = float32(1 / (1 + math.Exp(-float64(x))))
+			out[2*b+1] = actSigmoid32(x)
 		}
 		return nil
 	}, func(c *cudaImpl) error {
@@ -446,6 +448,109 @@ func (e *Engine) ACTTargets(qt, exact, qNext, steps *tensor.Tensor, maxSteps int
 			maxSteps: int32(maxSteps)}
 		return c.actLaunch("act_targets"+dtSuffix(qNext.DType), gridFor(int64(B), 256), block1(256), &k)
 	})
+}
+
+// actSigmoid32 is the logistic function rounded to f32, the host's form
+// of act.cu's act_sigmoid: ACTTargets and ACTQLoss use the same one.
+func actSigmoid32(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+
+// ACTQLoss computes HRM's Q losses (models/losses.py ACTLossHead:
+// F.binary_cross_entropy_with_logits(q, target, reduction="sum") on the
+// halt and continue logits) and their gradient as PyTorch computes them in
+// f32:
+//
+//	loss[0] = scale · Σ_i max(q_i, 0) − q_i·y_i + log(1 + e^(−|q_i|))   (double, fixed order)
+//	dq_i    = (σ(q_i) − y_i)·scale                                      (f32; σ as ACTTargets')
+//
+// The f32 gradient matters: where a Q-continue target is σ of the very
+// value it trains (the first step, when the Q head is still zero and both
+// logits equal its bias) PyTorch's gradient is exactly 0, and so is this
+// one, since σ is computed as ACTTargets computes the target; a gradient
+// of rounding noise there (ops.Engine.BCEWithLogits computes σ in double)
+// would become a full-size step of Adam-atan2, which is scale invariant.
+// q: f32 or bf16, contiguous, any shape; target f32 of q's shape; loss
+// f32 [1] or nil; dq nil or of q's shape and dtype, added to with acc. One
+// block on CUDA. Errors wrap tensor.ErrShape, tensor.ErrDType,
+// tensor.ErrLayout, ErrDevice or ErrConfig (scale not finite).
+func (e *Engine) ACTQLoss(loss, dq, q, target *tensor.Tensor, scale float32, acc bool) error {
+	if err := e.checkACTQLoss(loss, dq, q, target, scale); err != nil {
+		return err
+	}
+	n := q.Numel()
+	return e.dispatch(func(*hostImpl) error {
+		x, err := hostIn(q)
+		if err != nil {
+			return err
+		}
+		y, err := target.F32()
+		if err != nil {
+			return fmt.Errorf("ops: host backend: %w", err)
+		}
+		d, commit, err := hostOut(dq, acc)
+		if err != nil {
+			return err
+		}
+		var s float64
+		for i := 0; i < n; i++ {
+			s += actBCE(float64(x[i]), float64(y[i]))
+			if d != nil {
+				d[i] = float32((actSigmoid32(x[i]) - y[i]) * scale)
+			}
+		}
+		if err := commit(); err != nil {
+			return err
+		}
+		if loss == nil {
+			return nil
+		}
+		return loss.WriteFloat32([]float32{float32(float64(scale) * s)})
+	}, func(c *cudaImpl) error {
+		k := actKArgs{w: devPtr(dq), q: devPtr(q), qt: devPtr(target), metrics: devPtr(loss), n: int64(n), scale: scale, acc: lnBool(acc)}
+		return c.actLaunch("act_qloss"+dtSuffix(q.DType), grid1(1), block1(1024), &k)
+	})
+}
+
+func (e *Engine) checkACTQLoss(loss, dq, q, target *tensor.Tensor, scale float32) error {
+	if err := e.actCheck("q", q, floatTypes); err != nil {
+		return err
+	}
+	if err := e.actCheck("q target", target, actF32, q.Shape...); err != nil {
+		return err
+	}
+	if dq != nil {
+		if err := e.actCheck("dq", dq, []tensor.DType{q.DType}, q.Shape...); err != nil {
+			return err
+		}
+	}
+	if loss != nil {
+		if err := e.actCheck("q loss", loss, actF32, 1); err != nil {
+			return err
+		}
+	}
+	if math.IsNaN(float64(scale)) || math.IsInf(float64(scale), 0) {
+		return fmt.Errorf("%w: act q loss scale %v", ErrConfig, scale)
+	}
+	return nil
+}
+
+// ACTQLoss records ACTQLoss as a loss node ([1] f32): HRM's ½·(q_halt_loss
+// + q_continue_loss) divided by the batch is ACTQLoss(q, targets,
+// 0.5/B) with q [B, 2] and the targets ACTTargets writes (an Input, no
+// gradient). It must be a root of the backward.
+func (g *Graph) ACTQLoss(q, target *Var, scale float32) *Var {
+	if !g.ok(q, target) {
+		return nil
+	}
+	if err := g.e.checkACTQLoss(nil, nil, q.Value, target.Value, scale); err != nil {
+		g.Fail("act_q_loss", err)
+		return nil
+	}
+	loss := g.NewOut("act_q_loss", tensor.F32, 1)
+	e := g.e
+	g.RecordLoss("act_q_loss", []*Var{q, target}, loss, func(gr *Grads) error {
+		return e.ACTQLoss(loss.Value, gr.In(0), q.Value, target.Value, scale, gr.Acc(0))
+	})
+	return loss
 }
 
 // ACTHaltArgs are ACTHalt's tensors and settings.

@@ -23,6 +23,7 @@ func TestCUDAACTArgsLayout(t *testing.T) {
 		{"offsetof(act_args, slots)", unsafe.Offsetof(a.slots), 292},
 		{"offsetof(act_args, explore)", unsafe.Offsetof(a.explore), 308},
 		{"offsetof(act_args, acc)", unsafe.Offsetof(a.acc), 316},
+		{"offsetof(act_args, scale)", unsafe.Offsetof(a.scale), 320},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %d, want %d", c.what, c.got, c.want)

@@ -248,6 +248,37 @@ static void put_case(bool bf, bool acc) {
   check(std::string("put") + (bf ? " bf16" : " f32") + (acc ? " acc" : ""), dx.read(B * T * ld), want, 0);
 }
 
+static void qloss_case(bool bf, bool acc) {
+  const int n = 2 * 700;
+  const float scale = 0.5f / 700;
+  Buf q, y, dq;
+  q.alloc(n, bf);
+  y.alloc(n, false);
+  dq.alloc(n, bf);
+  std::vector<double> qv = q.fill(n, 3), old = acc ? dq.fill(n, 1) : std::vector<double>(n, 0);
+  for (int i = 0; i < n; i++) y.set(i, i % 2 ? (double)(rng() % 1000) / 1000 : (double)(rng() % 2));
+  q.set(1, -5), q.set(0, -5), qv[0] = qv[1] = -5;
+  y.set(1, 1.0f / (1.0f + expf(5.0f)));  // the continue target of q = (−5, −5): its gradient is exactly 0
+  std::vector<double> yv = y.read(n), want(n);
+  double loss = 0;
+  for (int i = 0; i < n; i++) {
+    loss += bce(qv[i], yv[i]);
+    double d = scale * (sig(qv[i]) - yv[i]) + old[i];
+    want[i] = bf ? gpukit_bf16_to_f32(gpukit_f32_to_bf16((float)d)) : d;
+  }
+  float got = NAN;
+  act_args a = {};
+  a.q = q.ptr(), a.qt = y.f(), a.w = dq.ptr(), a.metrics = &got, a.n = n, a.scale = scale, a.acc = acc;
+  emu::launch({1, 1, 1}, {1024, 1, 1}, 0, seed++, [&] { bf ? act_qloss_bf16(a) : act_qloss_f32(a); });
+  std::string e = std::string(bf ? " bf16" : " f32") + (acc ? " acc" : "");
+  check("qloss loss" + e, {got}, {scale * loss}, 1e-6);
+  check("qloss dq" + e, dq.read(n), want, bf ? 1e-2 : 1e-5);
+  if (!acc && dq.get(1) != 0) {
+    printf("FAIL qloss%s: the continue gradient at its own target is %g, not 0\n", e.c_str(), dq.get(1));
+    failures++;
+  }
+}
+
 int main() {
   for (bool bf : {false, true}) {
     reset_case(bf);
@@ -255,6 +286,7 @@ int main() {
     for (bool ex : {false, true}) targets_halt_case(bf, ex);
     for (bool h : {false, true}) eval_case(bf, h);
     for (bool acc : {false, true}) put_case(bf, acc);
+    for (bool acc : {false, true}) qloss_case(bf, acc);
   }
   load_case();
   schedule_case();

@@ -227,6 +227,7 @@ func checkACT(s *Suite) {
 			s.Run(fmt.Sprintf("%v/eval/halting=%v", dt, halting), func(s *Suite) { actEvalCase(s, dt, halting) })
 		}
 		s.Run(fmt.Sprintf("%v/put", dt), func(s *Suite) { actPutCase(s, dt) })
+		s.Run(fmt.Sprintf("%v/qloss", dt), func(s *Suite) { actQLossCase(s, dt) })
 		for _, c := range []struct {
 			pos   int
 			bias  bool
@@ -419,6 +420,61 @@ func actEvalCase(s *Suite, dt tensor.DType, halting bool) {
 	}
 }
 
+func actQLossCase(s *Suite, dt tensor.DType) {
+	const B = 700
+	const scale = 0.5 / B
+	q, qv := s.Rand(dt, 3, B, 2)
+	yv := make([]float64, 2*B)
+	for i := range yv {
+		if i%2 == 0 {
+			yv[i] = float64(s.R.IntN(2))
+		} else {
+			yv[i] = s.R.Float64()
+		}
+	}
+	y := Upload(s.T, s.A, F32(yv), B, 2)
+	yv = s.Read(y)
+	wantLoss, _ := RefBCE(qv, yv, scale)
+	grad := make([]float64, 2*B)
+	for i := range grad {
+		grad[i] = scale * (refSigmoid(qv[i]) - yv[i])
+	}
+	loss, dq := s.Empty(tensor.F32, 1), s.Empty(dt, B, 2)
+	s.NoErr("qloss", s.E.ACTQLoss(loss, dq, q, y, scale, false))
+	s.NearFloor("loss", s.Read(loss), []float64{wantLoss}, 1, 1e-6)
+	s.NearFloor("dq", s.Read(dq), grad, scale, s.Tol(dt))
+	old := s.Read(dq)
+	s.NoErr("qloss (acc)", s.E.ACTQLoss(nil, dq, q, y, scale, true))
+	s.NearFloor("dq (acc)", s.Read(dq), lnSum(grad, old), scale, s.Tol(dt))
+	// Where the continue target is σ of the very logit it trains (ACTTargets
+	// from the same Q, q_continue ≥ q_halt, not the last segment), the
+	// gradient is exactly 0, as PyTorch's f32 arithmetic makes it.
+	qv[0], qv[1] = -5, -5
+	qv[2], qv[3] = -1, 0.5
+	s.NoErr("write q", q.WriteFloat32(F32(qv)))
+	steps := make([]int32, B)
+	s.NoErr("targets", s.E.ACTTargets(y, UploadI32(s.T, s.A, make([]int32, B), B), q, UploadI32(s.T, s.A, steps, B), 4))
+	s.NoErr("qloss", s.E.ACTQLoss(nil, dq, q, y, scale, false))
+	g := s.Read(dq)
+	if g[1] != 0 || g[3] != 0 {
+		s.T.Errorf("q_continue gradients %v, %v where the target is σ of the logit itself: want exactly 0", g[1], g[3])
+	}
+	if g[0] == 0 || g[2] == 0 {
+		s.T.Error("a q_halt gradient is 0")
+	}
+	s.Run("grad", func(s *Suite) {
+		const B = 5
+		yc := Upload(s.T, s.A, F32(yv[:2*B]), B, 2)
+		s.LossGradCheck(LossCase{
+			Name: "act_q_loss", DType: dt, Params: [][]int{{B, 2}}, Scale: 3, Consts: []*tensor.Tensor{yc},
+			Record: func(g *ops.Graph, p, c []*ops.Var) []*ops.Var {
+				return []*ops.Var{g.ACTQLoss(p[0], c[0], 0.5)}
+			},
+			Ref: func(p [][]float64) float64 { l, _ := RefBCE(p[0], yv[:2*B], 0.5); return l },
+		})
+	})
+}
+
 func actPutCase(s *Suite, dt tensor.DType) {
 	const B, T, C, pos = 3, 5, 6, 2
 	src, sv := s.Rand(dt, 1, B, C)
@@ -521,6 +577,8 @@ func actValidation(s *Suite) {
 			Used: i32(B), Seg: i32(1), Cond: i32(1), MaxSteps: 16}), tensor.ErrShape},
 		{"put at position T", s.E.PutPos(w, s.Empty(tensor.F32, B, C), T, false), ops.ErrConfig},
 		{"put src of another dtype", s.E.PutPos(w, s.Empty(tensor.BF16, B, C), 0, false), tensor.ErrDType},
+		{"q loss target bf16", s.E.ACTQLoss(nil, nil, q, s.Empty(tensor.BF16, B, 2), 1, false), tensor.ErrDType},
+		{"q loss infinite scale", s.E.ACTQLoss(nil, nil, q, s.Empty(tensor.F32, B, 2), float32(math.Inf(1)), false), ops.ErrConfig},
 		{"load pool of rank 2", s.E.ACTLoad(i32(B, T), i32(B, T), ops.ACTBatch{}, ops.ACTPool{Inputs: s.Empty(tensor.U8, B, T-1),
 			Labels: s.Empty(tensor.U8, B, T-1)}, 11), tensor.ErrShape},
 	}
