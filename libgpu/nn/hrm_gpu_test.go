@@ -395,3 +395,72 @@ func TestHRMTorchParityCPU(t *testing.T) {
 	cfg := tinySudokuHRM()
 	hrmParity(t, e, a, cfg, tensor.F32, 8, 20, 1e-4, true, false, "cpu")
 }
+
+// BenchmarkHRMGPUStep times one training segment step of the default HRM
+// (bf16, the reference's batch 768, the step replayed as a CUDA graph):
+// the Go side of the issue's step-time comparison with `hrm.py bench`.
+func BenchmarkHRMGPUStep(b *testing.B) {
+	e, a := hrmGPU(b, ops.PrecBF16)
+	cfg := nn.DefaultHRM()
+	const B = 768
+	m, err := nn.NewHRM(a, "", cfg, true, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Free()
+	h := newHRMTrainer(b, e, a, m, nn.HRMTrainConfig{Batch: B, Autocast: tensor.BF16, PoolSlots: 2, Warmup: 2000,
+		LRMinRatio: 1, Graph: true}, 1e-4)
+	r := replay(b, 1, B, 2, cfg.HaltMaxSteps)
+	batch := func(s int) {
+		k := s % 2
+		lo, hi := k*B, (k+1)*B
+		if err := h.tr.Stage(h.tr.Queued(), gridTokens(r.Inputs[lo:hi]), gridTokens(r.Labels[lo:hi]), r.MinHaltSteps[lo:hi]); err != nil {
+			b.Fatal(err)
+		}
+		if err := h.tr.Run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for s := 0; s < 3; s++ { // eager, capture, a replay
+		batch(s)
+	}
+	if err := e.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		batch(i)
+	}
+	if err := e.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/step")
+}
+
+// BenchmarkHRMGPUEval times the evaluation of 768 puzzles (one batch) with
+// halting by the device loop, and reports the mean segments.
+func BenchmarkHRMGPUEval(b *testing.B) {
+	e, a := hrmGPU(b, ops.PrecBF16)
+	m, err := nn.NewHRM(a, "", nn.DefaultHRM(), false, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Free()
+	ev, err := m.NewEval(e, a, "eval", 768, tensor.BF16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ev.Free()
+	set := sudokuSet(rand.New(rand.NewPCG(1, 1)), 768, 0.5)
+	in, lab := gridTokens(set.Inputs), gridTokens(set.Labels)
+	var res nn.HRMEvalResult
+	for i := 0; i < b.N+1; i++ {
+		if i == 1 {
+			b.ResetTimer()
+		}
+		if res, err = ev.Evaluate(in, lab, nn.HRMEvalOptions{Halting: true}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(res.MeanSegments, "segments")
+}

@@ -525,6 +525,37 @@ func TestHRMEvalLoops(t *testing.T) {
 		if !halting && (len(distinct) != 1 || !distinct[int32(cfg.HaltMaxSteps)]) {
 			t.Errorf("without halting the segments are %v, want %d each", dev.Segments, cfg.HaltMaxSteps)
 		}
+		// The captured form of a batch's evaluation (on the host backend,
+		// the function replayed) gives the first batch's results again.
+		g, err := ev.Capture(halting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ev.load(in[:4*cfg.SeqLen], lab[:4*cfg.SeqLen], 4); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Launch(); err != nil {
+			t.Fatal(err)
+		}
+		answer, used, err := ev.results()
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.Close()
+		T := cfg.Positions()
+		for b := 0; b < 4; b++ {
+			if used[b] != dev.Segments[b] || !slices.Equal(toU8(answer[b*T+1:(b+1)*T]), dev.Answers[b*cfg.SeqLen:(b+1)*cfg.SeqLen]) {
+				t.Errorf("halting %v: the captured evaluation differs on sequence %d", halting, b)
+			}
+		}
 	}
+}
+
+func toU8(v []int32) []uint8 {
+	out := make([]uint8, len(v))
+	for i, x := range v {
+		out[i] = uint8(x)
+	}
+	return out
 }
 
