@@ -9,7 +9,12 @@
 // moe.go) and the diffusion U-Net (unet.go: one flat
 // parameter buffer, an EMA of it, PyTorch's state-dict names) record their
 // forward on an ops.Graph, whose autograd.Tape derives the backward of any
-// DAG.
+// DAG. The Hierarchical Reasoning Model (hrm.go, hrm_step.go, hrm_eval.go:
+// sapientinc/HRM on Sudoku in bench/reference/hrm.py's layout) adds
+// recurrent segments with adaptive halting: a training step is one
+// capturable unit whose halting, refill of halted slots and metrics stay
+// on the device (ops' act family), and its evaluation loop body can be
+// the body of a conditional WHILE graph node.
 //
 // Initialisation is PyTorch's nn.Linear default: weights and biases drawn
 // from U(−1/√fan_in, 1/√fan_in), which for weights is kaiming_uniform_ with

@@ -1,0 +1,421 @@
+package nn
+
+import (
+	"errors"
+	"fmt"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
+)
+
+// HRMEval evaluates an HRM on batches of puzzles at a static batch B, as
+// bench/reference/hrm.py's evaluate does: every sequence starts from
+// H_init, L_init and runs segments (full cycles, no gradients) until it
+// halts — at the first segment whose q_halt > q_continue (with halting),
+// or at HaltMaxSteps — and keeps that segment's answer; the loop ends when
+// every sequence has halted. Sequences that halted keep being computed
+// (static shapes) with their answers frozen.
+//
+// Two forms of the loop: Segment is the loop body, one function whose
+// work is all on the device (a segment, its heads, ops.ACTCorrect and
+// ops.ACTEval, which sets the loop's flag), driven by hrmWhile; EvalHost
+// is the reference's host loop, which reads the Q logits after every
+// segment and decides halting on the host.
+type HRMEval struct {
+	m   *HRM
+	e   *ops.Engine
+	in  *hrmInner
+	own bool // in is this evaluation's own
+
+	batch              ops.ACTBatch
+	pool               ops.ACTPool
+	targets            *tensor.Tensor // i32 [B, T]
+	logits, q          *tensor.Tensor // [B, T, V], [B, 2] in the compute dtype
+	pred, answer       *tensor.Tensor // i32 [B, T]
+	correct, exact     *tensor.Tensor // i32 [B]
+	done, used         *tensor.Tensor // i32 [B]
+	seg, cond          *tensor.Tensor // i32 [1]
+	halting            bool
+	hInit, lInit, ones *tensor.Tensor
+	owned              owned
+}
+
+// NewEval builds an evaluation of m at batch B with activations in dt
+// (tensor.F32 or BF16) and a gradient-free core of its own (HRMTrain's
+// Evaluator shares the training step's instead).
+func (m *HRM) NewEval(e *ops.Engine, a device.Allocator, prefix string, batch int, dt tensor.DType) (*HRMEval, error) {
+	if dt == 0 {
+		dt = tensor.F32
+	}
+	in, err := newHRMInner(m, e, a, prefix+"/inner", batch, dt)
+	if err != nil {
+		return nil, err
+	}
+	ev, err := m.newEval(e, a, prefix, in, true)
+	if err != nil {
+		in.free()
+		return nil, err
+	}
+	return ev, nil
+}
+
+func (m *HRM) newEval(e *ops.Engine, a device.Allocator, prefix string, in *hrmInner, own bool) (ev *HRMEval, err error) {
+	c := m.cfg
+	B, T, L, V, dt := in.B, c.Positions(), c.SeqLen, c.Vocab, in.dt
+	ev = &HRMEval{m: m, e: e, in: in, owned: owned{a: a, prefix: prefix}}
+	defer func() {
+		if err != nil {
+			ev.owned.free()
+			ev = nil
+		}
+	}()
+	alloc := func(name string, dt tensor.DType, shape ...int) *tensor.Tensor {
+		if err != nil {
+			return nil
+		}
+		var x *tensor.Tensor
+		x, err = ev.owned.alloc("acts", name, dt, shape...)
+		return x
+	}
+	ev.batch = ops.ACTBatch{Halted: alloc("eval.ones", tensor.I32, B), Steps: alloc("eval.steps", tensor.I32, B),
+		Inputs: alloc("eval.inputs", tensor.U8, B, L), Labels: alloc("eval.labels", tensor.U8, B, L),
+		Cursor: alloc("eval.cursor", tensor.I32, 1)}
+	ev.pool = ops.ACTPool{Inputs: alloc("eval.pool.inputs", tensor.U8, 1, B, L), Labels: alloc("eval.pool.labels", tensor.U8, 1, B, L)}
+	ev.targets = alloc("eval.targets", tensor.I32, B, T)
+	ev.logits, ev.q = alloc("eval.logits", dt, B, T, V), alloc("eval.q", dt, B, 2)
+	ev.pred, ev.answer = alloc("eval.pred", tensor.I32, B, T), alloc("eval.answer", tensor.I32, B, T)
+	ev.correct, ev.exact = alloc("eval.correct", tensor.I32, B), alloc("eval.exact", tensor.I32, B)
+	ev.done, ev.used = alloc("eval.done", tensor.I32, B), alloc("eval.used", tensor.I32, B)
+	ev.seg, ev.cond = alloc("eval.seg", tensor.I32, 1), alloc("eval.cond", tensor.I32, 1)
+	if err != nil {
+		return ev, err
+	}
+	ones := make([]int32, B)
+	for i := range ones {
+		ones[i] = 1
+	}
+	if err = ev.batch.Halted.Write(tensor.AsBytes(ones)); err != nil {
+		return ev, err
+	}
+	if err = ev.batch.Cursor.Write(make([]byte, 4)); err != nil {
+		return ev, err
+	}
+	ev.ones = ev.batch.Halted
+	hi, _ := m.Param("inner.H_init")
+	li, _ := m.Param("inner.L_init")
+	ev.hInit, ev.lInit = hi.Value, li.Value
+	ev.own = own
+	return ev, nil
+}
+
+// Batch is the evaluation's static batch.
+func (ev *HRMEval) Batch() int { return ev.in.B }
+
+// load writes n puzzles' tokens (inputs and labels n·SeqLen each; labels
+// may be nil) into the batch, rows from n on repeating row 0.
+func (ev *HRMEval) load(inputs, labels []uint8, n int) error {
+	c := ev.m.cfg
+	B, L := ev.in.B, c.SeqLen
+	if n < 1 || n > B || len(inputs) != n*L || (labels != nil && len(labels) != n*L) {
+		return fmt.Errorf("%w: %d puzzles of %d inputs and %d labels for a batch of %d", ErrHRMConfig, n, len(inputs), len(labels), B)
+	}
+	pad := func(v []uint8) []uint8 {
+		out := make([]uint8, B*L)
+		copy(out, v)
+		for r := n; r < B; r++ {
+			copy(out[r*L:(r+1)*L], v[:L])
+		}
+		return out
+	}
+	if labels == nil {
+		labels = make([]uint8, n*L)
+	}
+	for _, v := range [][]uint8{inputs, labels} {
+		for _, x := range v {
+			if int(x) >= c.Vocab {
+				return fmt.Errorf("%w: token %d outside the vocabulary of %d", ErrHRMConfig, x, c.Vocab)
+			}
+		}
+	}
+	if err := ev.e.Sync(); err != nil {
+		return err
+	}
+	if err := ev.pool.Inputs.Write(pad(inputs)); err != nil {
+		return err
+	}
+	return ev.pool.Labels.Write(pad(labels))
+}
+
+// start queues the beginning of a batch's evaluation: the compute
+// weights, the tokens and targets, the carry at H_init, L_init, the
+// embedding, and the loop state (nothing done, the flag at B).
+func (ev *HRMEval) start() error {
+	e, in := ev.e, ev.in
+	if err := ev.m.castWeights(e); err != nil {
+		return err
+	}
+	if err := e.ACTLoad(in.tokens, ev.targets, ev.batch, ev.pool, ev.m.cfg.PuzzleToken()); err != nil {
+		return err
+	}
+	if err := e.ACTResetCarry(in.zH, in.zH, ev.hInit, ev.ones); err != nil {
+		return err
+	}
+	if err := e.ACTResetCarry(in.zL, in.zL, ev.lInit, ev.ones); err != nil {
+		return err
+	}
+	if err := in.embed.Forward(); err != nil {
+		return err
+	}
+	for _, z := range []*tensor.Tensor{ev.done, ev.used, ev.seg} {
+		if err := e.Fill(z, 0); err != nil {
+			return err
+		}
+	}
+	return e.Fill(ev.cond, float64(in.B))
+}
+
+// forward queues one segment and its heads: the logits, the Q logits and
+// the per-cell predictions.
+func (ev *HRMEval) forward() error {
+	in := ev.in
+	if err := in.cycles(true); err != nil {
+		return err
+	}
+	if err := in.lmHead(ev.logits); err != nil {
+		return err
+	}
+	if err := in.qHead(ev.q); err != nil {
+		return err
+	}
+	return ev.e.ACTCorrect(ev.pred, ev.correct, ev.exact, ev.logits, ev.targets)
+}
+
+// Segment is the evaluation loop's body: one segment, then
+// ops.Engine.ACTEval (sequences that halt freeze their answers; the flag
+// becomes the number still running, 0 once none is or HaltMaxSteps
+// segments have run). All of it is queued on the device with no host
+// work, so a conditional WHILE node can hold it (hrmWhile).
+func (ev *HRMEval) Segment() error {
+	if err := ev.forward(); err != nil {
+		return err
+	}
+	return ev.e.ACTEval(ops.ACTEvalArgs{Q: ev.q, Pred: ev.pred, Answer: ev.answer, Done: ev.done, Used: ev.used,
+		Seg: ev.seg, Cond: ev.cond, MaxSteps: ev.m.cfg.HaltMaxSteps, Halting: ev.halting})
+}
+
+// hrmWhile drives the evaluation loop: body runs while the i32 flag cond
+// (on the device) is non-zero, at most maxIter times. It reads the flag on
+// the host after every run (one synchronisation per segment).
+//
+// ops.Engine.While (the conditional-node API of the hrm-ops branch) has
+// this meaning: once it is merged this function becomes
+//
+//	return e.While(cond, nil, 0, body)
+//
+// (ACTEval clears the flag after HaltMaxSteps segments, so no count is
+// needed), which inside ops.Engine.Capture is one conditional WHILE node
+// whose body is Segment, and a replay evaluates a batch with no host
+// round trip (HRMEval.Capture).
+func hrmWhile(e *ops.Engine, cond *tensor.Tensor, maxIter int, body func() error) error {
+	for n := 0; n < maxIter; n++ {
+		if err := e.Sync(); err != nil {
+			return err
+		}
+		b, err := cond.Read()
+		if err != nil {
+			return err
+		}
+		if tensor.BytesAs[int32](b)[0] == 0 {
+			return nil
+		}
+		if err := body(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// run queues (and with the host loop, runs) the evaluation of the loaded
+// batch: start, then the loop.
+func (ev *HRMEval) run() error {
+	return ev.e.Do(func() error {
+		if err := ev.start(); err != nil {
+			return err
+		}
+		return hrmWhile(ev.e, ev.cond, ev.m.cfg.HaltMaxSteps, ev.Segment)
+	})
+}
+
+// Capture captures the evaluation of one loaded batch (start and the
+// whole segment loop) as one graph, for ops.CapturedGraph.Launch after
+// each load. It needs hrmWhile to be ops.Engine.While (see hrmWhile): with
+// the host loop a GPU capture fails; on the host backend the "graph"
+// replays the function. Run the evaluation once eagerly first.
+func (ev *HRMEval) Capture(halting bool) (*ops.CapturedGraph, error) {
+	ev.halting = halting
+	return ev.e.Capture(func() error {
+		if err := ev.start(); err != nil {
+			return err
+		}
+		return hrmWhile(ev.e, ev.cond, ev.m.cfg.HaltMaxSteps, ev.Segment)
+	})
+}
+
+// hostRun is the reference's loop (hrm.py evaluate): after every segment
+// the host reads the Q logits and predictions and decides which sequences
+// stop (halting: q_halt > q_continue; always at HaltMaxSteps), keeps their
+// answers, and ends when all have stopped. Answers [B, T] and segments
+// used [B] are returned.
+func (ev *HRMEval) hostRun() (answer, used []int32, err error) {
+	e, c := ev.e, ev.m.cfg
+	B, T := ev.in.B, c.Positions()
+	answer, used = make([]int32, B*T), make([]int32, B)
+	err = e.Do(func() error {
+		if err := ev.start(); err != nil {
+			return err
+		}
+		done := make([]bool, B)
+		left := B
+		for s := 1; s <= c.HaltMaxSteps && left > 0; s++ {
+			if err := ev.forward(); err != nil {
+				return err
+			}
+			if err := e.Sync(); err != nil {
+				return err
+			}
+			q, err := ev.q.ReadFloat32()
+			if err != nil {
+				return err
+			}
+			pb, err := ev.pred.Read()
+			if err != nil {
+				return err
+			}
+			pred := tensor.BytesAs[int32](pb)
+			for b := 0; b < B; b++ {
+				if done[b] || !(s >= c.HaltMaxSteps || (ev.halting && q[2*b] > q[2*b+1])) {
+					continue
+				}
+				done[b], used[b] = true, int32(s)
+				copy(answer[b*T:(b+1)*T], pred[b*T:(b+1)*T])
+				left--
+			}
+		}
+		return nil
+	})
+	return answer, used, err
+}
+
+// HRMEvalOptions choose an evaluation's loop.
+type HRMEvalOptions struct {
+	// Halting stops each sequence at its first segment with q_halt >
+	// q_continue; without it every sequence runs HaltMaxSteps segments.
+	Halting bool
+	// Host runs the reference's host loop (EvalHost) instead of the
+	// device loop (Segment under hrmWhile).
+	Host bool
+}
+
+// HRMEvalResult is an evaluation's outcome over N puzzles.
+type HRMEvalResult struct {
+	Puzzles       int
+	ExactAccuracy float64 // puzzles with every cell right (0 without labels)
+	CellAccuracy  float64 // cells right (0 without labels)
+	MeanSegments  float64
+	Answers       []uint8 // [N, SeqLen] predicted tokens
+	Segments      []int32 // [N] segments each used
+}
+
+// Evaluate runs puzzles through the model in batches of B: inputs (and
+// labels, or nil to only solve) are N·SeqLen tokens row-major. The last
+// batch is padded with copies of its first puzzle, which are not counted.
+func (ev *HRMEval) Evaluate(inputs, labels []uint8, o HRMEvalOptions) (HRMEvalResult, error) {
+	c := ev.m.cfg
+	B, L, T := ev.in.B, c.SeqLen, c.Positions()
+	if len(inputs) == 0 || len(inputs)%L != 0 || (labels != nil && len(labels) != len(inputs)) {
+		return HRMEvalResult{}, fmt.Errorf("%w: %d input and %d label tokens (want a positive multiple of %d each)",
+			ErrHRMConfig, len(inputs), len(labels), L)
+	}
+	N := len(inputs) / L
+	r := HRMEvalResult{Puzzles: N, Answers: make([]uint8, N*L), Segments: make([]int32, N)}
+	ev.halting = o.Halting
+	var exact, cells, segs int
+	for lo := 0; lo < N; lo += B {
+		n := min(B, N-lo)
+		var lab []uint8
+		if labels != nil {
+			lab = labels[lo*L : (lo+n)*L]
+		}
+		if err := ev.load(inputs[lo*L:(lo+n)*L], lab, n); err != nil {
+			return r, err
+		}
+		var answer, used []int32
+		var err error
+		if o.Host {
+			answer, used, err = ev.hostRun()
+		} else if err = ev.run(); err == nil {
+			answer, used, err = ev.results()
+		}
+		if err != nil {
+			return r, err
+		}
+		for b := 0; b < n; b++ {
+			ok := true
+			for i := 0; i < L; i++ {
+				p := answer[b*T+1+i]
+				r.Answers[(lo+b)*L+i] = uint8(p)
+				if lab != nil {
+					if p == int32(lab[b*L+i]) {
+						cells++
+					} else {
+						ok = false
+					}
+				}
+			}
+			if lab != nil && ok {
+				exact++
+			}
+			r.Segments[lo+b] = used[b]
+			segs += int(used[b])
+		}
+	}
+	if labels != nil {
+		r.ExactAccuracy, r.CellAccuracy = float64(exact)/float64(N), float64(cells)/float64(N*L)
+	}
+	r.MeanSegments = float64(segs) / float64(N)
+	return r, nil
+}
+
+// results waits for the device and reads the answers and segments used.
+func (ev *HRMEval) results() (answer, used []int32, err error) {
+	if err := ev.e.Sync(); err != nil {
+		return nil, nil, err
+	}
+	a, err := ev.answer.Read()
+	if err != nil {
+		return nil, nil, err
+	}
+	u, err := ev.used.Read()
+	if err != nil {
+		return nil, nil, err
+	}
+	return append([]int32(nil), tensor.BytesAs[int32](a)...), append([]int32(nil), tensor.BytesAs[int32](u)...), nil
+}
+
+// Solve answers puzzles (N·SeqLen input tokens) with halting: the
+// predicted tokens and the segments each used.
+func (ev *HRMEval) Solve(inputs []uint8) (answers []uint8, segments []int32, err error) {
+	r, err := ev.Evaluate(inputs, nil, HRMEvalOptions{Halting: true})
+	return r.Answers, r.Segments, err
+}
+
+// Free releases the evaluation's buffers (and its core when it has its
+// own).
+func (ev *HRMEval) Free() error {
+	errs := []error{ev.owned.free()}
+	if ev.own {
+		errs = append(errs, ev.in.free())
+	}
+	return errors.Join(errs...)
+}
