@@ -328,11 +328,13 @@ func Save(path string, tensors []Named, meta map[string]string) error {
 }
 
 // WriteFile encodes entries and metadata to path atomically (see Save).
+// Errors name path, never the temporary file (which is removed).
 func WriteFile(path string, entries []Entry, meta map[string]string) (err error) {
+	fail := func(err error) error { return fmt.Errorf("ckpt: writing %s: %w", path, unwrapPath(err)) }
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {
-		return fmt.Errorf("ckpt: %w", err)
+		return fail(err)
 	}
 	defer func() {
 		if err != nil {
@@ -341,20 +343,23 @@ func WriteFile(path string, entries []Entry, meta map[string]string) (err error)
 		}
 	}()
 	if err = tmp.Chmod(0o644); err != nil {
-		return fmt.Errorf("ckpt: %w", err)
+		return fail(err)
 	}
 	bw := &errWriter{w: tmp}
 	if err = Encode(bw, entries, meta); err != nil {
+		if errors.Is(err, errWrite) {
+			return fail(err)
+		}
 		return err
 	}
 	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("ckpt: fsync %s: %w", tmp.Name(), err)
+		return fail(fmt.Errorf("fsync: %w", unwrapPath(err)))
 	}
 	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("ckpt: %w", err)
+		return fail(err)
 	}
 	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("ckpt: %w", err)
+		return fail(err)
 	}
 	d, err := os.Open(dir)
 	if err != nil {
@@ -367,12 +372,30 @@ func WriteFile(path string, entries []Entry, meta map[string]string) (err error)
 	return nil
 }
 
+// unwrapPath is err without the path of an *os.PathError or
+// *os.LinkError (a temporary file's name, which means nothing to the
+// user).
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) {
+		return le.Err
+	}
+	return err
+}
+
+// errWrite marks a failed write of the file.
+var errWrite = errors.New("write")
+
 type errWriter struct{ w io.Writer }
 
 func (e *errWriter) Write(p []byte) (int, error) {
 	n, err := e.w.Write(p)
 	if err != nil {
-		return n, fmt.Errorf("ckpt: write: %w", err)
+		return n, fmt.Errorf("%w: %w", errWrite, unwrapPath(err))
 	}
 	return n, nil
 }
