@@ -43,6 +43,24 @@ func runFlags(m driver.Model) []cli.Flag {
 			&cli.StringFlag{Name: "grad-comm", Value: "f32",
 				Usage: "several ranks: f32|bf16 dtype the gradient buckets are all-reduced in (bf16: cast to bf16 and back around the all-reduce, half the bytes, as PyTorch DDP's bf16_compress_hook; the gradients are rounded to bf16; may change on --resume; one process ignores it)"})
 	}
+	for i, f := range fl {
+		v, ok := m.Defaults[f.Names()[0]]
+		if !ok {
+			continue
+		}
+		switch f := f.(type) {
+		case *cli.StringFlag:
+			c := *f
+			c.Value = v
+			fl[i] = &c
+		case *cli.IntFlag:
+			c := *f
+			if _, err := fmt.Sscan(v, &c.Value); err != nil {
+				panic(fmt.Sprintf("trainer: model %s: default --%s %q: %v", m.Name, f.Name, v, err))
+			}
+			fl[i] = &c
+		}
+	}
 	return append(fl, m.Flags...)
 }
 

@@ -40,6 +40,10 @@ type Model struct {
 	// Resumable names the Flags a resumed run may change (--steps: the
 	// new total); the checkpoint fixes every other one.
 	Resumable []string
+	// Defaults are the model's defaults of the driver's flags of `trainer
+	// run` where they differ ({"precision": "bf16"}; --log-every,
+	// --precision, --graph, --device).
+	Defaults map[string]string
 	// DataParallel: several ranks (trainer launch, torchrun, srun) may
 	// train it together; the run command then also takes --bucket-mb and
 	// --grad-comm, and Task.Build gets Env.DP.
