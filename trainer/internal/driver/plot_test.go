@@ -2,6 +2,7 @@ package driver
 
 import (
 	"fmt"
+	"image/color"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -11,6 +12,11 @@ import (
 
 // lossPixels counts the pixels of loss.png drawn in the loss's colour.
 func lossPixels(t *testing.T, metrics string) int {
+	return colourPixels(t, metrics, lossColor)
+}
+
+// colourPixels counts the pixels of the plot of metrics drawn in col.
+func colourPixels(t *testing.T, metrics string, col color.RGBA) int {
 	t.Helper()
 	dir := t.TempDir()
 	m, out := filepath.Join(dir, MetricsFile), filepath.Join(dir, PlotFile)
@@ -34,7 +40,7 @@ func lossPixels(t *testing.T, metrics string) int {
 	for y := b.Min.Y; y < b.Max.Y; y++ {
 		for x := b.Min.X; x < b.Max.X; x++ {
 			r, g, bl, _ := img.At(x, y).RGBA()
-			if r>>8 == uint32(lossColor.R) && g>>8 == uint32(lossColor.G) && bl>>8 == uint32(lossColor.B) {
+			if r>>8 == uint32(col.R) && g>>8 == uint32(col.G) && bl>>8 == uint32(col.B) {
 				n++
 			}
 		}
@@ -63,5 +69,32 @@ func TestPlotShortRun(t *testing.T) {
 	p, err := lossPlot(series{}, "cross-entropy")
 	if err != nil || !strings.Contains(p.Title.Text, "no loss lines") {
 		t.Fatalf("empty plot titled %q (%v)", p.Title.Text, err)
+	}
+}
+
+// TestPlotValidationAndAccuracy: validation losses (val_loss) are drawn
+// beside the training loss, and accuracies (fields named *accuracy) in a
+// panel of their own; a run with neither draws neither.
+func TestPlotValidationAndAccuracy(t *testing.T) {
+	var gpt, mlp strings.Builder
+	for i := 1; i <= 20; i++ {
+		fmt.Fprintf(&gpt, `{"step":%d,"loss":%g}`+"\n", 10*i, 3.0/float64(i))
+		fmt.Fprintf(&mlp, `{"step":%d,"epoch":1,"loss":%g}`+"\n", 10*i, 2.0/float64(i))
+		if i%5 == 0 {
+			fmt.Fprintf(&gpt, `{"step":%d,"val_loss":%g,"elapsed_s":1}`+"\n", 10*i, 3.2/float64(i))
+			fmt.Fprintf(&mlp, `{"step":%d,"epoch":%d,"test_accuracy":%g}`+"\n", 10*i, i/5, 0.5+float64(i)/50)
+		}
+	}
+	if n := colourPixels(t, gpt.String(), valColor); n == 0 {
+		t.Error("validation losses are not drawn")
+	}
+	if n := colourPixels(t, gpt.String(), accColors[0]); n != 0 {
+		t.Errorf("a run without accuracies has %d pixels in the accuracy colour", n)
+	}
+	if n := colourPixels(t, mlp.String(), accColors[0]); n == 0 {
+		t.Error("test accuracies are not drawn")
+	}
+	if n := colourPixels(t, mlp.String(), valColor); n != 0 {
+		t.Errorf("a run without validation losses has %d pixels in their colour", n)
 	}
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -213,4 +215,83 @@ func RunUNet(ctx context.Context, cfg Config, o UNetOptions) (driver.Result, err
 	}
 	return driver.Run(ctx, t, driver.Options{Model: Name, Alloc: o.Alloc, Precision: o.Precision, Graph: o.Graph, Run: o.Run,
 		Out: o.Out, LogEvery: o.LogEvery, Stdout: o.Stdout, Settings: driver.Settings{LogEvery: o.LogEvery}, Resume: o.Resume})
+}
+
+// TestUNetModelFileIsEMA: model.safetensors holds the EMA of the weights
+// alone, under the state-dict names (metadata weights = ema), which is
+// what samplers read; the raw weights are in the state file only; the
+// plot labels the loss as the noise prediction's squared error, not a
+// cross-entropy.
+func TestUNetModelFileIsEMA(t *testing.T) {
+	cfg := TinyUNet()
+	cfg.Steps = 3
+	out := t.TempDir()
+	if _, err := RunUNet(context.Background(), cfg, UNetOptions{Alloc: host(), Run: "u", Train: fakeFashion(40, 4), Out: out, LogEvery: 1,
+		Stdout: io.Discard}); err != nil {
+		t.Fatal(err)
+	}
+	model, err := diffusion.ReadCheckpoint(filepath.Join(out, driver.ModelFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, err := diffusion.ReadCheckpoint(filepath.Join(out, driver.StateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := nn.NewUNet(host(), "", model.Config.UNet, nn.UNetOptions{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Free()
+	fromModel, err := model.Flat(m, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ema, err := state.Flat(m, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !model.HasEMA() || !slices.Equal(fromModel, ema) {
+		t.Fatal("model.safetensors does not hold the state's EMA")
+	}
+	if _, err := model.Flat(m, false); err == nil || !strings.Contains(err.Error(), "state.safetensors") {
+		t.Fatalf("raw weights from model.safetensors: %v", err)
+	}
+	for _, n := range model.File.Names() {
+		if strings.Contains(n, "/") {
+			t.Fatalf("model.safetensors holds %s", n)
+		}
+	}
+	tr, err := (&task{cfg: cfg, train: fakeFashion(40, 4)}).Build(&driver.Env{Engine: hostEngine(t), Alloc: host()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Free()
+	if l := tr.Metrics().LossName; strings.Contains(l, "entropy") || !strings.Contains(l, "MSE") {
+		t.Fatalf("the U-Net's loss is labelled %q", l)
+	}
+}
+
+// TestEMAWarmup: the decay is 0 at the first step (the average starts at
+// the weights), (1+s)/(10+s) while that is below --ema-decay, then
+// --ema-decay; without the warm-up, --ema-decay throughout.
+func TestEMAWarmup(t *testing.T) {
+	c := Default()
+	for s, want := range map[int]float32{0: 0, 1: 2.0 / 11, 8: 0.5, 90: 0.91, 100000: 0.9995} {
+		if got := c.EMADecayAt(s); math.Abs(float64(got-want)) > 1e-7 {
+			t.Errorf("step %d: decay %v, want %v", s, got, want)
+		}
+	}
+	c.EMAWarmup = false
+	if got := c.EMADecayAt(0); got != c.EMADecay {
+		t.Errorf("without warm-up: %v", got)
+	}
+}
+
+func hostEngine(t *testing.T) *ops.Engine {
+	e, err := ops.NewEngine(device.NewHost(), ops.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
