@@ -53,6 +53,7 @@ func New(stdout, stderr io.Writer, args []string) *cli.App {
 // existing command adds its subcommands to that one (`trainer data
 // sudoku` beside another model's `trainer data ...`).
 func mergeCommands(cmds, more []*cli.Command) []*cli.Command {
+	cmds = slices.Clone(cmds)
 	for _, c := range more {
 		i := slices.IndexFunc(cmds, func(o *cli.Command) bool { return o.Name == c.Name })
 		switch {

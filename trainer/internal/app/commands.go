@@ -8,7 +8,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	kit "gpukit/libgpu/cli"
-	"gpukit/libgpu/device"
 	"gpukit/trainer/internal/driver"
 )
 
@@ -30,7 +29,7 @@ func modelCommand(name, usage string, m driver.Model, mc *driver.Command, graphW
 	} else {
 		desc += " none (" + name + " is built for " + commandModels(name) + ")."
 	}
-	flags = append(flags, dataFlag(data), poolFlag, deviceFlag, graphFlag(graphWhat), precisionFlag, traceFlag)
+	flags = append(append(flags, dataFlag(data)), driver.DeviceFlags(graphWhat)...)
 	return &cli.Command{
 		Name:        name,
 		Usage:       usage,
@@ -43,11 +42,8 @@ func modelCommand(name, usage string, m driver.Model, mc *driver.Command, graphW
 			if err := kit.Require(c, "ckpt"); err != nil {
 				return err
 			}
-			prec, err := commonChecks(c)
+			in, err := driver.NewInput(c, "")
 			if err != nil {
-				return err
-			}
-			if err := checkDevice(c); err != nil {
 				return err
 			}
 			file, which, err := driver.Resolve(c.String("ckpt"))
@@ -61,8 +57,8 @@ func modelCommand(name, usage string, m driver.Model, mc *driver.Command, graphW
 				fmt.Fprintf(c.App.ErrWriter, "trainer: %s reads %s, %s\n", name, file, which)
 			}
 			defer kit.StartTrace(c)()
-			return mc.Action(c, &driver.Input{Ckpt: file, Precision: prec, Graph: c.String("graph") == "on",
-				Alloc: func() (device.Allocator, func(), error) { return allocator(c) }})
+			in.Ckpt = file
+			return mc.Action(c, in)
 		},
 	}
 }

@@ -32,10 +32,9 @@ func runFlags(m driver.Model) []cli.Flag {
 		dataFlag(m.Data),
 		&cli.StringFlag{Name: "resume", Usage: "DIR: continue the run in DIR from DIR/state.safetensors, with its flags (--log-every, --precision and --graph too, unless given)"},
 		&cli.IntFlag{Name: "log-every", Value: defaultLogEvery, Usage: "steps between loss lines"},
-		poolFlag,
 		&cli.StringFlag{Name: "run", DefaultText: "the base name of --out", Usage: "run name, the prefix of pool buffer names"},
-		deviceFlag, graphFlag("the training step"), precisionFlag, traceFlag,
 	}
+	fl = append(fl, driver.DeviceFlags("the training step")...)
 	if m.DataParallel {
 		fl = append(fl,
 			&cli.Float64Flag{Name: "bucket-mb", Value: float64(dist.DefaultBucketBytes) / (1 << 20),
@@ -158,11 +157,8 @@ func runAction(c *cli.Context, m driver.Model) error {
 // runRank is the run of rank w (a process alone: dist.Single). It checks
 // every flag before the data is read and the device opened.
 func runRank(c *cli.Context, ctx context.Context, m driver.Model, w dist.World) error {
-	prec, err := commonChecks(c)
+	prec, err := driver.CheckDeviceFlags(c)
 	if err != nil {
-		return err
-	}
-	if err := checkDevice(c); err != nil {
 		return err
 	}
 	if n := c.Int("log-every"); n < 1 {
@@ -260,7 +256,7 @@ func runRank(c *cli.Context, ctx context.Context, m driver.Model, w dist.World) 
 	if w.Distributed() {
 		o.Alloc, closeFn, err = rankAllocator(c, w)
 	} else {
-		o.Alloc, closeFn, err = allocator(c)
+		o.Alloc, closeFn, err = driver.Allocator(c)
 	}
 	if err != nil {
 		return err

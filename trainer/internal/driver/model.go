@@ -135,6 +135,16 @@ func Register(m Model) {
 			}
 		}
 	}
+	for _, f := range m.Flags {
+		for _, n := range f.Names() {
+			if slices.Contains(Reserved, n) {
+				panic(fmt.Sprintf("driver: model %q: --%s is a flag of the driver", m.Name, n))
+			}
+		}
+	}
+	if m.Data.Usage == "" {
+		panic(fmt.Sprintf("driver: model %q registered without a Data description", m.Name))
+	}
 	for _, f := range m.Resumable {
 		if !slices.ContainsFunc(m.Flags, func(fl cli.Flag) bool { return slices.Contains(fl.Names(), f) }) {
 			panic(fmt.Sprintf("driver: model %q: resumable flag --%s is not one of its flags", m.Name, f))
