@@ -384,7 +384,23 @@ func killMidWrite(t *testing.T, out string, args []string, n int) bool {
 	go func() { exited <- cmd.Wait() }()
 	seen := 0
 	buf := make([]byte, 64<<10)
+	deadline := time.Now().Add(2 * time.Minute)
 	for seen < n {
+		select {
+		case err := <-exited:
+			t.Fatalf("the trainer exited before its checkpoint %d: %v: %s", n, err, se.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("no checkpoint %d in two minutes: %s", n, se.String())
+		}
+		// Wait for events a tenth of a second at a time, so an exit is seen.
+		if k, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 100); err != nil && err != unix.EINTR {
+			t.Fatal(err)
+		} else if k <= 0 {
+			continue
+		}
 		k, err := unix.Read(fd, buf)
 		if err != nil {
 			t.Fatal(err)
@@ -399,11 +415,6 @@ func killMidWrite(t *testing.T, out string, args []string, n int) bool {
 					break
 				}
 			}
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("the trainer exited before its checkpoint %d: %v: %s", n, err, se.String())
-		default:
 		}
 	}
 	select {

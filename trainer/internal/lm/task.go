@@ -99,6 +99,9 @@ func (t *task) Build(env *driver.Env) (driver.Trainer, error) {
 }
 
 func (t *task) Summary(r driver.Result, model string) string {
+	if !r.Trained {
+		return fmt.Sprintf("nothing to do: the checkpoint already has %d steps (raise --steps)", r.Step)
+	}
 	val := nan()
 	if r.Eval != nil {
 		val = r.Eval.ValLoss

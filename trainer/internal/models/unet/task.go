@@ -83,6 +83,9 @@ func (t *task) Build(env *driver.Env) (driver.Trainer, error) {
 }
 
 func (t *task) Summary(r driver.Result, model string) string {
+	if !r.Trained {
+		return fmt.Sprintf("nothing to do: the checkpoint already has %d steps (raise --steps)", r.Step)
+	}
 	return fmt.Sprintf("%d steps in %.1fs; last loss %.4f; wrote %s (sample with: sampler sample --ckpt %s)",
 		r.Step, r.Elapsed.Seconds(), r.Loss, model, model)
 }
