@@ -295,3 +295,56 @@ func hostEngine(t *testing.T) *ops.Engine {
 	}
 	return e
 }
+
+// TestEMAFollowsShortRuns: after 8 steps the warmed-up EMA is nearer the
+// raw weights than to the initial ones by a factor of 4 or more (with the
+// constant 0.9995 it would be 99.4% the initial weights: noise to a
+// sampler); with --ema-warmup=false it stays within 1% of them.
+func TestEMAFollowsShortRuns(t *testing.T) {
+	for _, warm := range []bool{true, false} {
+		cfg := TinyUNet()
+		cfg.Steps, cfg.EMAWarmup = 8, warm
+		out := t.TempDir()
+		if _, err := RunUNet(context.Background(), cfg, UNetOptions{Alloc: host(), Run: "u", Train: fakeFashion(40, 5), Out: out,
+			LogEvery: 4, Stdout: io.Discard}); err != nil {
+			t.Fatal(err)
+		}
+		state, err := diffusion.ReadCheckpoint(filepath.Join(out, driver.StateFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := nn.NewUNet(host(), "", cfg.UNet, nn.UNetOptions{}, cfg.Seed) // the initial weights
+		if err != nil {
+			t.Fatal(err)
+		}
+		init, err := m.Flat().ReadF32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := state.Flat(m, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ema, err := state.Flat(m, true)
+		m.Free()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dist := func(a, b []float32) float64 {
+			s := 0.0
+			for i := range a {
+				d := float64(a[i] - b[i])
+				s += d * d
+			}
+			return math.Sqrt(s)
+		}
+		toRaw, toInit, moved := dist(ema, raw), dist(ema, init), dist(raw, init)
+		t.Logf("warm-up %v: |ema−raw| %.4g, |ema−init| %.4g, |raw−init| %.4g", warm, toRaw, toInit, moved)
+		if warm && !(toRaw*4 <= toInit) {
+			t.Errorf("with the warm-up the EMA is %.3g from the raw weights, %.3g from the initial ones", toRaw, toInit)
+		}
+		if !warm && !(toInit <= 0.01*moved) {
+			t.Errorf("without the warm-up the EMA moved %.3g from the initial weights (the raw ones %.3g)", toInit, moved)
+		}
+	}
+}
