@@ -241,7 +241,7 @@ func checkRankZeroWrote(t *testing.T, r dpResult, out string, steps int) {
 // gradient buckets all-reduced in bf16 (--grad-comm bf16: cast, bf16
 // average, cast back): each averaged gradient is then within 2·2⁻⁸ of
 // the ranks' mean magnitude of its f32 average (two bf16 roundings;
-// internal/train's TestLMBF16CommGrads), a rounding of the size the bf16
+// internal/lm's TestLMBF16CommGrads), a rounding of the size the bf16
 // case's autocast already puts in every GEMM operand, so the same 1e-2
 // bound holds (the first step's loss precedes any update: 4e-3).
 func TestMultiGPUDataParallel(t *testing.T) {

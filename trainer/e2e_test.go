@@ -166,12 +166,22 @@ func TestRunLowersLossAndEvalAgrees(t *testing.T) {
 	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG\r\n\x1a\n")) {
 		t.Fatalf("loss.png is not a PNG (%v)", err)
 	}
+	// model.safetensors holds the model's tensors alone (what
+	// bench/reference/mlp.py's module loads strictly); state.safetensors
+	// also the optimizer's state.
 	f, err := ckpt.ReadFile(filepath.Join(out, "model.safetensors"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.Metadata["step"] != "200" || f.Tensors["fc2.weight"].Shape[0] != 10 || f.Tensors["optim/fc0.weight.exp_avg"].End == 0 {
+	if f.Metadata["step"] != "200" || f.Tensors["fc2.weight"].Shape[0] != 10 || len(f.Tensors) != 6 {
 		t.Fatalf("checkpoint metadata %v, tensors %v", f.Metadata, f.Names())
+	}
+	st, err := ckpt.ReadFile(filepath.Join(out, "state.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Metadata["step"] != "200" || st.Tensors["fc2.weight"].Shape[0] != 10 || st.Tensors["optim/fc0.weight.exp_avg"].End == 0 {
+		t.Fatalf("state metadata %v, tensors %v", st.Metadata, st.Names())
 	}
 
 	e := trainer(t, "eval", "--ckpt", filepath.Join(out, "model.safetensors"), "--data", dir, "--batch", "32")
@@ -286,19 +296,23 @@ func resumeWith(t *testing.T, dir, limit string, model []string, extra ...string
 			t.Fatalf("line %d: resumed %v, uninterrupted %v", i, got[i], want[i])
 		}
 	}
-	a, err1 := ckpt.ReadFile(filepath.Join(whole, "model.safetensors"))
-	b, err2 := ckpt.ReadFile(filepath.Join(split, "model.safetensors"))
-	if err1 != nil || err2 != nil {
-		t.Fatal(err1, err2)
-	}
-	if !reflect.DeepEqual(a.Names(), b.Names()) || !reflect.DeepEqual(a.Metadata, b.Metadata) {
-		t.Fatalf("checkpoints differ: %v %v", a.Metadata, b.Metadata)
-	}
-	for _, n := range a.Names() {
-		_, x, _ := a.Bytes(n)
-		_, y, _ := b.Bytes(n)
-		if !bytes.Equal(x, y) {
-			t.Fatalf("%s differs after resume", n)
+	// The model and the state (optimizer state, position, the run's
+	// flags) of both runs are the same.
+	for _, file := range []string{"model.safetensors", "state.safetensors"} {
+		a, err1 := ckpt.ReadFile(filepath.Join(whole, file))
+		b, err2 := ckpt.ReadFile(filepath.Join(split, file))
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		if !reflect.DeepEqual(a.Names(), b.Names()) || !reflect.DeepEqual(a.Metadata, b.Metadata) {
+			t.Fatalf("%s differs: %v %v", file, a.Metadata, b.Metadata)
+		}
+		for _, n := range a.Names() {
+			_, x, _ := a.Bytes(n)
+			_, y, _ := b.Bytes(n)
+			if !bytes.Equal(x, y) {
+				t.Fatalf("%s: %s differs after resume", file, n)
+			}
 		}
 	}
 }

@@ -187,3 +187,43 @@ func TestGPUGPTGenerate(t *testing.T) {
 		t.Fatalf("generation differs: graph %q, again %q, eager %q", a, b, c)
 	}
 }
+
+// TestGPUNanoGPTLoadsCheckpoint: nanoGPT's own GPT module (model.py,
+// vendored in testdata/nanogpt with its MIT licence) loads the trainer's
+// model.safetensors and best.safetensors with load_state_dict(strict=True)
+// (testdata/nanogpt/load.py: every tensor a key, every key a tensor) and
+// reproduces the trainer's validation loss of each within 1e-3 in f32.
+func TestGPUNanoGPTLoadsCheckpoint(t *testing.T) {
+	cudatest.RequireGPU(t)
+	text := gptText(t)
+	out := t.TempDir()
+	mustOK(t, trainer(t, "run", "--model", "gpt", "--data", text, "--out", out, "--steps", "60", "--layers", "2", "--heads", "4",
+		"--d-model", "128", "--block", "64", "--batch", "16", "--eval-every", "20", "--precision", "f32", "--log-every", "20"))
+	for _, file := range []string{"model.safetensors", "best.safetensors"} {
+		ck := filepath.Join(out, file)
+		vb := filepath.Join(t.TempDir(), "val.safetensors")
+		var ours, theirs struct {
+			ValLoss float64 `json:"val_loss"`
+			Tensors int     `json:"tensors"`
+		}
+		r := trainer(t, "eval", "--ckpt", ck, "--data", text, "--precision", "f32", "--batches-out", vb)
+		mustOK(t, r)
+		if err := json.Unmarshal([]byte(strings.TrimSpace(r.stdout)), &ours); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("python3", filepath.Join("testdata", "nanogpt", "load.py"), "--ckpt", ck, "--batches", vb)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		b, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("nanoGPT's model.py on %s: %v\n%s", file, err, stderr.String())
+		}
+		if err := json.Unmarshal([]byte(strings.TrimSpace(string(b))), &theirs); err != nil {
+			t.Fatalf("load.py printed %q: %v", b, err)
+		}
+		if d := math.Abs(ours.ValLoss-theirs.ValLoss) / theirs.ValLoss; !(d <= 1e-3) {
+			t.Errorf("%s: validation loss trainer %.6f, nanoGPT %.6f (relative %.2g > 1e-3)", file, ours.ValLoss, theirs.ValLoss, d)
+		}
+		t.Logf("%s: %d tensors loaded strictly by nanoGPT's GPT; validation loss trainer %.6f, nanoGPT %.6f", file, theirs.Tensors, ours.ValLoss, theirs.ValLoss)
+	}
+}

@@ -159,16 +159,26 @@ def build(cfg):
 
 
 def load(path, raw=False, device="cuda"):
-    """The model of a gpukit checkpoint, with its EMA weights (or raw ones)."""
+    """The model of a gpukit checkpoint, with its EMA weights (or raw ones).
+
+    The trainer's model.safetensors holds the EMA under the state-dict names
+    (metadata weights=ema); its state.safetensors adds the raw weights under
+    raw/. Earlier files held the raw weights under the plain names and the
+    EMA under ema/."""
     from safetensors import safe_open
     with safe_open(path, framework="pt") as f:
         meta = f.metadata() or {}
         names = list(f.keys())
         cfg = json.loads(meta["config"])
-        ema = not raw and any(n.startswith("ema/") for n in names)
-        prefix = "ema/" if ema else ""
+        if meta.get("weights") == "ema":
+            if raw and not any(n.startswith("raw/") for n in names):
+                raise SystemExit(f"{path} holds the EMA only; the raw weights are in the run's state.safetensors")
+            prefix = "raw/" if raw else ""
+        else:
+            prefix = "ema/" if not raw and any(n.startswith("ema/") for n in names) else ""
+        others = ("optim/", "ema/", "raw/")
         sd = {n[len(prefix):]: f.get_tensor(n) for n in names
-              if n.startswith(prefix) and not n.startswith("optim/") and (ema or not n.startswith("ema/"))}
+              if n.startswith(prefix) and not any(n.startswith(o) for o in others if o != prefix)}
     m = build(cfg)
     m.load_state_dict(sd, strict=True)
     return m.to(device).eval(), cfg, meta

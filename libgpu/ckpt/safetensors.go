@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -329,10 +328,10 @@ func Save(path string, tensors []Named, meta map[string]string) error {
 }
 
 // WriteFile encodes entries and metadata to path atomically (see Save).
-// Errors name path (never the temporary file beside it).
+// Errors name path, never the temporary file (which is removed).
 func WriteFile(path string, entries []Entry, meta map[string]string) (err error) {
+	fail := func(err error) error { return fmt.Errorf("ckpt: writing %s: %w", path, unwrapPath(err)) }
 	dir := filepath.Dir(path)
-	fail := func(err error) error { return fmt.Errorf("ckpt: writing %s: %w", path, plainErr(err)) }
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return fail(err)
@@ -348,13 +347,13 @@ func WriteFile(path string, entries []Entry, meta map[string]string) (err error)
 	}
 	bw := &errWriter{w: tmp}
 	if err = Encode(bw, entries, meta); err != nil {
-		if errors.As(err, new(*fs.PathError)) {
+		if errors.Is(err, errWrite) {
 			return fail(err)
 		}
 		return err
 	}
 	if err = tmp.Sync(); err != nil {
-		return fail(err)
+		return fail(fmt.Errorf("fsync: %w", unwrapPath(err)))
 	}
 	if err = tmp.Close(); err != nil {
 		return fail(err)
@@ -364,19 +363,20 @@ func WriteFile(path string, entries []Entry, meta map[string]string) (err error)
 	}
 	d, err := os.Open(dir)
 	if err != nil {
-		return fail(err)
+		return fmt.Errorf("ckpt: %w", err)
 	}
 	defer d.Close()
 	if err = d.Sync(); err != nil {
-		return fmt.Errorf("ckpt: fsync directory %s: %w", dir, plainErr(err))
+		return fmt.Errorf("ckpt: fsync directory %s: %w", dir, err)
 	}
 	return nil
 }
 
-// plainErr drops the file names an *fs.PathError or *os.LinkError carries
-// (a temporary file's), keeping the cause (errors.Is still sees it).
-func plainErr(err error) error {
-	var pe *fs.PathError
+// unwrapPath is err without the path of an *os.PathError or
+// *os.LinkError (a temporary file's name, which means nothing to the
+// user).
+func unwrapPath(err error) error {
+	var pe *os.PathError
 	if errors.As(err, &pe) {
 		return pe.Err
 	}
@@ -387,12 +387,15 @@ func plainErr(err error) error {
 	return err
 }
 
+// errWrite marks a failed write of the file.
+var errWrite = errors.New("write")
+
 type errWriter struct{ w io.Writer }
 
 func (e *errWriter) Write(p []byte) (int, error) {
 	n, err := e.w.Write(p)
 	if err != nil {
-		return n, fmt.Errorf("ckpt: write: %w", err)
+		return n, fmt.Errorf("%w: %w", errWrite, unwrapPath(err))
 	}
 	return n, nil
 }

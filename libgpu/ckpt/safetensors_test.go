@@ -211,3 +211,22 @@ func TestWriteFileErrorsNameThePath(t *testing.T) {
 		t.Fatalf("WriteFile into a missing directory: %v", err)
 	}
 }
+
+// TestWriteFileErrorsNamePath: a write that fails (here the rename over
+// a directory of the same name) reports the path asked for, never the
+// temporary file it wrote first, and leaves no temporary file behind.
+func TestWriteFileErrorsNamePath(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "m.safetensors")
+	if err := os.MkdirAll(filepath.Join(p, "inside"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err := WriteFile(p, []Entry{{Name: "x", DType: tensor.F32, Shape: []int{1}, Data: make([]byte, 4)}}, nil)
+	if err == nil || !strings.Contains(err.Error(), p) || strings.Contains(err.Error(), ".tmp") {
+		t.Fatalf("error %v: want one naming %s and no temporary file", err, p)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 {
+		t.Fatalf("the failed write left %d entries in %s", len(ents), dir)
+	}
+}

@@ -38,14 +38,25 @@ func (c ModelConfig) Validate() error {
 // NoiseSchedule is the configuration's schedule.
 func (c ModelConfig) NoiseSchedule() (Schedule, error) { return NewSchedule(c.Schedule, c.Timesteps) }
 
-// Checkpoint layout of a diffusion model (one safetensors file): every
-// parameter under its state-dict name in PyTorch's layout (conv weights
-// [Cout, Cin, KH, KW]), the EMA weights under EMAPrefix + name, anything
-// else (optimizer state) under other prefixes; metadata "model" =
-// ModelName, "config" (JSON with ModelConfig's fields), "step".
+// Checkpoint layout of a diffusion model: every parameter under its
+// state-dict name in PyTorch's layout (conv weights [Cout, Cin, KH, KW]);
+// metadata "model" = ModelName, "config" (JSON with ModelConfig's fields),
+// "step". Which weights the plain names hold:
+//
+//   - metadata "weights" = "ema" (the trainer's files since the split of
+//     model and state files): the EMA of the weights, what samplers use;
+//     the raw weights, when the file has them (the run's state file), are
+//     under RawPrefix + name.
+//   - no "weights" key (earlier files): the raw weights, and the EMA under
+//     EMAPrefix + name.
+//
+// Anything else (optimizer state) is under other prefixes.
 const (
-	ModelName = "unet"
-	EMAPrefix = "ema/"
+	ModelName   = "unet"
+	EMAPrefix   = "ema/"
+	RawPrefix   = "raw/"
+	MetaWeights = "weights"
+	WeightsEMA  = "ema"
 )
 
 // ErrCheckpoint reports a file that is not a usable diffusion checkpoint.
@@ -122,16 +133,35 @@ func ReadCheckpoint(path string) (*Checkpoint, error) {
 
 // HasEMA reports whether the checkpoint holds EMA weights.
 func (c *Checkpoint) HasEMA() bool {
+	if c.File.Metadata[MetaWeights] == WeightsEMA {
+		return true
+	}
 	_, ok := c.File.Tensors[EMAPrefix+"conv_in.weight"]
 	return ok
+}
+
+// prefix is where the EMA (ema) or the raw weights are in the file.
+func (c *Checkpoint) prefix(ema bool) (string, error) {
+	switch {
+	case c.File.Metadata[MetaWeights] != WeightsEMA && ema:
+		return EMAPrefix, nil
+	case c.File.Metadata[MetaWeights] != WeightsEMA:
+		return "", nil
+	case ema:
+		return "", nil
+	}
+	if _, ok := c.File.Tensors[RawPrefix+"conv_in.weight"]; !ok {
+		return "", fmt.Errorf("%w: the file holds the EMA of the weights only; the raw weights are in the run's state.safetensors", ErrCheckpoint)
+	}
+	return RawPrefix, nil
 }
 
 // Flat assembles the weights (ema: the EMA's, else the raw parameters)
 // as flat values of m's layout.
 func (c *Checkpoint) Flat(m *nn.UNet, ema bool) ([]float32, error) {
-	prefix := ""
-	if ema {
-		prefix = EMAPrefix
+	prefix, err := c.prefix(ema)
+	if err != nil {
+		return nil, err
 	}
 	return m.FlatFrom(func(name string) ([]float32, []int, error) {
 		in, b, err := c.File.Bytes(prefix + name)

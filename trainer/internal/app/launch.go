@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"slices"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
@@ -15,10 +14,6 @@ import (
 	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/dist/launch"
 )
-
-// trainerCommands are the subcommands launch runs as this binary
-// (`trainer launch --nproc 2 -- run ...`).
-var trainerCommands = []string{"run", "eval", "init", "info", "bench", "serve"}
 
 func launchCommand() *cli.Command {
 	return &cli.Command{
@@ -63,7 +58,8 @@ func runLaunch(c *cli.Context) error {
 	if args[0] == "launch" {
 		return kit.Usagef("launch: a launch inside a launch")
 	}
-	if slices.Contains(trainerCommands, args[0]) {
+	if c.App.Command(args[0]) != nil { // a trainer subcommand runs as this binary
+
 		self, err := os.Executable()
 		if err != nil {
 			return fmt.Errorf("launch: finding this trainer binary: %w", err)

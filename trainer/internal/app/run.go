@@ -1,82 +1,130 @@
 package app
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
 
 	kit "gpukit/libgpu/cli"
-	"gpukit/libgpu/data"
 	"gpukit/libgpu/dist"
-	"gpukit/trainer/internal/train"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
+	"gpukit/trainer/internal/driver"
 )
-
-func runCommand() *cli.Command {
-	def := train.Default()
-	return &cli.Command{
-		Name:  "run",
-		Usage: "train a model; writes model.safetensors, metrics.jsonl and loss.png to --out",
-		Description: "JSON lines on stdout: {step, epoch, loss, lr, samples_per_s, step_ms} every --log-every steps\n" +
-			"(loss of that step's batch, epoch 1-based) and {step, epoch, test_accuracy} after every epoch;\n" +
-			"the same lines go to OUT/metrics.jsonl. The last partial batch of every epoch is dropped.\n" +
-			"SIGINT/SIGTERM: the current step finishes, OUT/model.safetensors gets the model, optimizer state\n" +
-			"and data position, and trainer exits 0; `trainer run --resume OUT` continues with the same losses.\n" +
-			"On a GPU each batch goes through pinned host memory into static input buffers; with --graph on\n" +
-			"the whole step (copy, forward, loss, backward, --clip, optimizer) is one CUDA graph launch and the\n" +
-			"host synchronises only to read the loss every --log-every steps. Loss lines then also carry mfu\n" +
-			"(model FLOPs utilisation against the GPU's data-sheet peak for --precision).\n" +
-			"On the host --graph is a no-op and --precision computes in f32.\n" +
-			"With --trace SOCK (or GPUKIT_TRACE, as tracer record sets it) each step is a span with its phases\n" +
-			"(data, forward, backward, optimizer, graph replay) and, on a GPU, the GPU time of each graph replay\n" +
-			"or eager phase; evaluation and checkpoints too.\n" +
-			"An --out directory that already holds a run (model.safetensors or metrics.jsonl) is refused unless\n" +
-			"--force (or --resume continues it). --resume keeps the run's --log-every unless it is given.",
-		Flags: append([]cli.Flag{
-			&cli.StringFlag{Name: "out", Usage: "run directory (default: the --resume directory)"},
-			kit.ForceFlag(),
-			&cli.StringFlag{Name: "model", Value: def.Model, Usage: "mlp (Fashion-MNIST classifier), gpt (character-level language model on --data FILE) or unet (class-conditional diffusion model of Fashion-MNIST)"},
-			dataFlag,
-			&cli.IntFlag{Name: "epochs", Value: def.Epochs, Usage: "passes over the training set (with --resume: the new total)"},
-			&cli.IntFlag{Name: "batch", Value: def.Batch, Usage: "examples per step"},
-			&cli.Float64Flag{Name: "lr", Value: kit.F32(def.LR), Usage: "learning rate"},
-			&cli.Float64Flag{Name: "weight-decay", Usage: "weight decay (default 0.01, decoupled, for adamw; 0 for sgd and kfac, whose L2 term goes through the momentum)"},
-			&cli.Float64Flag{Name: "momentum", Value: kit.F32(def.Momentum), Usage: "SGD momentum"},
-			seedFlag, widthsFlag, actFlag,
-			&cli.StringFlag{Name: "optim", Value: def.Optim, Usage: "adamw|sgd|shampoo|soap|muon|kfac (libgpu/optim; gpt: kfac reads the Linear layers through the graph's hook)"},
-			&cli.IntFlag{Name: "limit", Usage: "train on the first N training examples only (0: all)"},
-			&cli.Float64Flag{Name: "clip", Usage: "clip the gradients' joint L2 norm to this (0: off), as torch.nn.utils.clip_grad_norm_"},
-			&cli.StringFlag{Name: "batches-out", Usage: "also write every step's batch to this safetensors file (mlp: example indices for bench/reference/mlp.py; gpt: tokens and learning rates for bench/reference/gpt.py parity)"},
-			&cli.IntFlag{Name: "log-every", Value: defaultLogEvery, Usage: "steps between loss lines (with --resume: the run's own unless given)"},
-			&cli.StringFlag{Name: "resume", Usage: "continue the run in DIR from DIR/model.safetensors"},
-			poolFlag,
-			&cli.StringFlag{Name: "run", Usage: "run name, the prefix of pool buffer names (default: base name of --out)"},
-			&cli.StringFlag{Name: "optimizer-socket", Usage: "run the optimizer in the service at this socket (optimizer serve; needs --pool): one message per step"},
-			&cli.IntFlag{Name: "update-freq", Usage: "shampoo, soap, kfac: steps between preconditioner refreshes (default: the optimizer's, 10)"},
-			&cli.IntFlag{Name: "max-block", Usage: "shampoo, soap: largest preconditioned block side (default 1024)"},
-			&cli.StringFlag{Name: "root", Usage: "shampoo, kfac: eigen|newton, how inverse roots are computed (default eigen)"},
-			&cli.BoolFlag{Name: "async-roots", Usage: "shampoo, soap, kfac: compute preconditioners on a second stream, off the step's critical path"},
-			&cli.IntFlag{Name: "max-staleness", Usage: "with --async-roots: steps after its refresh a preconditioner is put in use (≤ --update-freq)"},
-			&cli.Float64Flag{Name: "adam-lr", Usage: "muon: AdamW's learning rate for embeddings, heads and vectors (default 0.001)"},
-			&cli.Float64Flag{Name: "rel-eps", Usage: "shampoo: the roots' ridge relative to each statistic's Frobenius norm (default 1e-6; --root newton runs its products in TF32 from 2e-3, in f32 below)"},
-			&cli.Float64Flag{Name: "damping", Usage: "kfac: Tikhonov damping λ, split between the factors by π (default 0.1)"},
-			&cli.Float64Flag{Name: "kl-clip", Usage: "kfac: κ, the bound on each step's predicted KL divergence (default 0.001)"},
-			deviceFlag, graphFlag, precisionFlag, fuseBackwardFlag, traceFlag,
-		}, append(lmFlags, unetFlags...)...),
-		Action: runAction,
-	}
-}
 
 const defaultLogEvery = 50
 
-// modelFlags may not change on --resume: the checkpoint fixes them.
-var modelFlags = []string{"model", "batch", "lr", "weight-decay", "momentum", "seed", "widths", "act", "optim", "limit", "clip",
-	"update-freq", "max-block", "root", "async-roots", "max-staleness", "adam-lr", "rel-eps", "damping", "kl-clip"}
+// runFlags are the driver's flags of `trainer run` for model m: where the
+// run goes, resuming, logging, the device, and, for a model several ranks
+// may train, the gradients' communication.
+func runFlags(m driver.Model) []cli.Flag {
+	fl := []cli.Flag{
+		&cli.StringFlag{Name: "model", Value: m.Name, Usage: modelUsage()},
+		&cli.StringFlag{Name: "out", Usage: "DIR: the run directory (default: the --resume directory)"},
+		kit.ForceFlag(),
+		dataFlag(m.Data),
+		&cli.StringFlag{Name: "resume", Usage: "DIR: continue the run in DIR from DIR/state.safetensors, with its flags (--log-every, --precision and --graph too, unless given)"},
+		&cli.IntFlag{Name: "log-every", Value: defaultLogEvery, Usage: "steps between loss lines"},
+		&cli.StringFlag{Name: "run", DefaultText: "the base name of --out", Usage: "run name, the prefix of pool buffer names"},
+	}
+	fl = append(fl, driver.DeviceFlags("the training step")...)
+	if m.DataParallel {
+		fl = append(fl,
+			&cli.Float64Flag{Name: "bucket-mb", Value: float64(dist.DefaultBucketBytes) / (1 << 20),
+				Usage: "several ranks: size limit in MiB of a gradient bucket, one all-reduce each (PyTorch DDP's bucket_cap_mb; the first bucket is 1 MiB)"},
+			&cli.StringFlag{Name: "grad-comm", Value: "f32",
+				Usage: "several ranks: f32|bf16 dtype the gradient buckets are all-reduced in (bf16: cast to bf16 and back around the all-reduce, half the bytes, as PyTorch DDP's bf16_compress_hook; the gradients are rounded to bf16; may change on --resume; one process ignores it)"})
+	}
+	for i, f := range fl {
+		v, ok := m.Defaults[f.Names()[0]]
+		if !ok {
+			continue
+		}
+		switch f := f.(type) {
+		case *cli.StringFlag:
+			c := *f
+			c.Value = v
+			fl[i] = &c
+		case *cli.IntFlag:
+			c := *f
+			if _, err := fmt.Sscan(v, &c.Value); err != nil {
+				panic(fmt.Sprintf("trainer: model %s: default --%s %q: %v", m.Name, f.Name, v, err))
+			}
+			fl[i] = &c
+		}
+	}
+	return append(fl, m.Flags...)
+}
 
-func runAction(c *cli.Context) error {
+// modelUsage is --model's usage: the registered models.
+func modelUsage() string {
+	var parts []string
+	for _, m := range driver.Models() {
+		parts = append(parts, m.Name+" ("+m.Summary+")")
+	}
+	return strings.Join(parts, ", ") + "; each model's flags: trainer run --model NAME --help"
+}
+
+func runCommand(sel selection) *cli.Command {
+	m := sel.model
+	cmd := &cli.Command{
+		Name:  "run",
+		Usage: "train a model; writes model.safetensors, state.safetensors, metrics.jsonl and loss.png to --out",
+		Description: "--model " + m.Name + " (" + m.Summary + "); --data: " + m.Data.Usage + ".\n" +
+			"JSON lines on stdout, the same in OUT/metrics.jsonl:\n" + m.Lines + "\n" +
+			"OUT/model.safetensors holds the model's tensors alone, under the names of the matching PyTorch\n" +
+			"module (a strict load_state_dict takes it); OUT/best.safetensors the same at the lowest validation\n" +
+			"loss so far (models with one); OUT/state.safetensors what --resume reads (optimizer state, data\n" +
+			"position, the run's flags). SIGINT/SIGTERM: the current step finishes, the checkpoint is written and\n" +
+			"trainer exits 0 (an evaluation due then is left for the resumed run); `trainer run --resume OUT`\n" +
+			"continues with the same losses and every flag of the run. A progress bar with an ETA goes to\n" +
+			"stderr on a terminal (GPUKIT_PROGRESS=always: anywhere).\n" +
+			"On a GPU each batch goes through pinned host memory into static input buffers; with --graph on\n" +
+			"the whole step is one CUDA graph launch and the host synchronises only to read the loss every\n" +
+			"--log-every steps. Loss lines then also carry mfu (model FLOPs utilisation against the GPU's\n" +
+			"data-sheet peak for --precision) where the model counts its FLOPs. On the host --graph is a no-op\n" +
+			"and --precision computes in f32.\n" +
+			"With --trace SOCK (or GPUKIT_TRACE, as tracer record sets it) each step is a span with its phases\n" +
+			"and, on a GPU, the GPU time of each graph replay or eager phase; evaluations and checkpoints too.\n" +
+			"An --out directory that already holds a run (model.safetensors or metrics.jsonl) is refused unless\n" +
+			"--force (or --resume continues it).\n" + otherModels(m.Name, "run"),
+		Flags:  runFlags(m),
+		Action: func(c *cli.Context) error { return runAction(c, m) },
+	}
+	if sel.unknown != "" {
+		cmd.SkipFlagParsing = true
+		cmd.Action = func(*cli.Context) error { return unknownModel(sel.unknown) }
+	}
+	return cmd
+}
+
+// otherModels points to the other models' help of cmd.
+func otherModels(name, cmd string) string {
+	var o []string
+	for _, m := range driver.Models() {
+		if m.Name != name {
+			o = append(o, "trainer "+cmd+" --model "+m.Name+" --help")
+		}
+	}
+	if len(o) == 0 {
+		return ""
+	}
+	return "Other models' flags: " + strings.Join(o, ", ") + "."
+}
+
+func unknownModel(name string) error {
+	return kit.Usagef("--model %q: want one of %s", name, strings.Join(driver.Names(), ", "))
+}
+
+// runAction is `trainer run` of model m.
+func runAction(c *cli.Context, m driver.Model) error {
 	// SIGINT/SIGTERM from the start: one during the slow start-up (data,
 	// device) ends the run after its first step, with a checkpoint, instead
 	// of killing it with nothing written.
@@ -86,137 +134,148 @@ func runAction(c *cli.Context) error {
 	if err := kit.NoArgs(c); err != nil {
 		return err
 	}
-	// Ranks started by trainer launch, torchrun or srun train one GPT
-	// together (runLM); the other models would each train alone into the
-	// same --out: refuse them.
 	w, err := dist.FromEnv()
 	if err != nil {
 		return fmt.Errorf("run: %w", err)
 	}
-	prec, err := commonChecks(c)
+	if w.Distributed() && !m.DataParallel {
+		var dp []string
+		for _, o := range driver.Models() {
+			if o.DataParallel {
+				dp = append(dp, o.Name)
+			}
+		}
+		return fmt.Errorf("run: %v: data-parallel training is built for --model %s; run one process for --model %s", w, strings.Join(dp, ", "), m.Name)
+	}
+	err = runRank(c, ctx, m, w)
+	if err != nil && w.Distributed() {
+		return fmt.Errorf("%v: %w", w, err) // which rank, and where its world came from
+	}
+	return err
+}
+
+// runRank is the run of rank w (a process alone: dist.Single). It checks
+// every flag before the data is read and the device opened.
+func runRank(c *cli.Context, ctx context.Context, m driver.Model, w dist.World) error {
+	prec, err := driver.CheckDeviceFlags(c)
 	if err != nil {
 		return err
 	}
-	if isLM(c) {
-		return runLM(c, ctx, prec, w)
+	if n := c.Int("log-every"); n < 1 {
+		return kit.Usagef("--log-every %d: want at least 1", n)
 	}
-	if w.Distributed() {
-		return fmt.Errorf("run: %v: data-parallel training is built for --model gpt; run one process for --model %s", w, c.String("model"))
+	o := driver.Options{Model: m.Name, Stdout: c.App.Writer, Log: c.App.ErrWriter, Progress: c.App.ErrWriter,
+		World: w, OptimizerSocket: c.String("optimizer-socket")}
+	if m.DataParallel {
+		mb := c.Float64("bucket-mb")
+		if !(mb > 0 && mb <= 1<<20) {
+			return kit.Usagef("--bucket-mb %v: want a size in MiB above 0", mb)
+		}
+		o.BucketBytes = int64(mb * (1 << 20))
+		switch gc := c.String("grad-comm"); gc {
+		case "f32":
+			o.GradComm = tensor.F32
+		case "bf16":
+			o.GradComm = tensor.BF16
+		default:
+			return kit.Usagef("--grad-comm %q: want f32 or bf16", gc)
+		}
 	}
-	if isUNet(c) {
-		return runUNet(c, ctx, prec)
-	}
-	defer setupTrace(c)()
+	graph := c.String("graph")
+	o.Settings = driver.Settings{LogEvery: c.Int("log-every"), Precision: c.String("precision"), Graph: graph}
 	out := c.String("out")
-	opts := train.Options{Stdout: c.App.Writer, Precision: prec, Graph: c.String("graph") == "on",
-		FuseBackward: c.Bool("fuse-backward")}
-	var cfg train.Config
-	if dir := c.String("resume"); dir != "" {
-		for _, f := range modelFlags {
-			if c.IsSet(f) {
+	var task driver.Task
+	dir := c.String("resume")
+	if dir != "" {
+		// The checkpoint fixes the model's flags but those it names
+		// resumable; the driver's own are kept unless given.
+		for _, fl := range m.Flags {
+			if f := fl.Names()[0]; c.IsSet(f) && !slices.Contains(m.Resumable, f) {
 				return kit.Usagef("--%s cannot change on --resume: the checkpoint fixes it", f)
 			}
 		}
-		f, ccfg, pos, err := train.ReadCheckpoint(filepath.Join(dir, train.ModelFile), "relu")
+		r, err := driver.ReadResume(dir)
 		if err != nil {
 			return fmt.Errorf("--resume %s: %w", dir, err)
 		}
-		cfg, opts.Resume, opts.Pos = ccfg, f, pos
-		if c.IsSet("epochs") {
-			cfg.Epochs = c.Int("epochs")
+		if r.Model != m.Name {
+			return kit.Usagef("--model %s: %s holds a --model %s run", m.Name, dir, r.Model)
 		}
-		// The run's own cadence (checkpoints before it was stored: the default).
-		if c.IsSet("log-every") || cfg.LogEvery == 0 {
-			cfg.LogEvery = c.Int("log-every")
+		if task, err = m.Resume(c, r.Stored); err != nil {
+			return usage(fmt.Errorf("--resume %s: %w", dir, err))
 		}
+		s := r.Settings
+		if !c.IsSet("log-every") && s.LogEvery > 0 {
+			o.Settings.LogEvery = s.LogEvery
+		}
+		if !c.IsSet("precision") && s.Precision != "" {
+			if prec, err = ops.ParsePrecision(s.Precision); err != nil {
+				return fmt.Errorf("--resume %s: %w: precision %q", dir, driver.ErrCheckpoint, s.Precision)
+			}
+			o.Settings.Precision = s.Precision
+		}
+		if !c.IsSet("graph") && (s.Graph == "on" || s.Graph == "off") {
+			graph, o.Settings.Graph = s.Graph, s.Graph
+		}
+		o.Resume = r
 		if out == "" {
 			out = dir
 		}
-	} else {
-		if cfg, err = configFromFlags(c); err != nil {
-			return usage(err)
-		}
+	} else if task, err = m.New(c); err != nil {
+		return usage(err)
 	}
 	if out == "" {
 		return kit.Usagef("run: --out DIR is required (see trainer run --help)")
 	}
-	if err := cfg.Validate(); err != nil {
-		return usage(err)
-	}
-	opts.LogEvery = cfg.LogEvery
-	if dir := c.String("resume"); dir == "" || !sameDir(dir, out) {
-		if err := kit.CheckOut(c, "out", out, train.ModelFile, train.MetricsFile); err != nil {
-			return fmt.Errorf("run: %w (or continue it with --resume %s)", err, out)
+	// Only rank 0 writes --out (the others would find its files).
+	if w.IsMain() && (dir == "" || !sameDir(dir, out)) {
+		if err := kit.CheckOut(c, "out", out, driver.ModelFile, driver.MetricsFile); err != nil {
+			if driver.Resumable(out) {
+				return fmt.Errorf("run: %w (or continue it with --resume %s)", err, out)
+			}
+			return fmt.Errorf("run: %w", err)
 		}
 	}
-	opts.Out = out
-	opts.Run = c.String("run")
-	if opts.Run == "" {
+	if o.Run = c.String("run"); o.Run == "" {
 		abs, err := filepath.Abs(out)
 		if err != nil {
 			return err
 		}
-		opts.Run = filepath.Base(abs)
+		o.Run = filepath.Base(abs)
 	}
-	if opts.Train, opts.Test, err = data.LoadFashionMNIST(c.String("data")); err != nil {
-		return fmt.Errorf("%w (install the Debian package dataset-fashion-mnist or pass --data)", err)
+	o.Out, o.Precision, o.Graph, o.LogEvery = out, prec, graph == "on", o.Settings.LogEvery
+	process := c.App.Name
+	if w.Distributed() {
+		process = fmt.Sprintf("%s rank %d", c.App.Name, w.Rank) // a track of its own in the trace
 	}
-	if p := c.String("batches-out"); p != "" {
-		if err := train.WriteBatches(p, cfg, opts.Train.N); err != nil {
-			return fmt.Errorf("--batches-out: %w", err)
-		}
+	defer kit.StartTraceAs(c, process)()
+	if err := task.Load(w); err != nil {
+		return usage(err)
 	}
-	a, closeFn, err := allocator(c)
+	var closeFn func()
+	if w.Distributed() {
+		o.Alloc, closeFn, err = rankAllocator(c, w)
+	} else {
+		o.Alloc, closeFn, err = driver.Allocator(c)
+	}
 	if err != nil {
 		return err
 	}
 	defer closeFn()
-	opts.Alloc, opts.OptimizerSocket = a, c.String("optimizer-socket")
-	opts.Log = c.App.ErrWriter
-	if isTerminal(os.Stderr) {
-		opts.Progress = c.App.ErrWriter
-	}
-	res, err := train.Run(ctx, cfg, opts)
+	res, err := driver.Run(ctx, task, o)
 	if err != nil {
 		return usage(err)
 	}
-	model := filepath.Join(out, train.ModelFile)
-	if res.Interrupted {
-		fmt.Fprintf(c.App.ErrWriter, "trainer: interrupted after step %d; checkpoint in %s (continue with: trainer run --resume %s)\n", res.Pos.Step, model, out)
+	if !w.IsMain() {
 		return nil
 	}
-	if res.TestAccuracy >= 0 {
-		fmt.Fprintf(c.App.ErrWriter, "trainer: %d epochs, %d steps in %.1fs; test accuracy %.2f%%; wrote %s\n",
-			cfg.Epochs, res.Pos.Step, res.Elapsed.Seconds(), 100*res.TestAccuracy, model)
-	} else {
-		fmt.Fprintf(c.App.ErrWriter, "trainer: nothing to do: the checkpoint already has %d epochs (raise --epochs)\n", cfg.Epochs)
+	model := filepath.Join(out, driver.ModelFile)
+	if res.Interrupted {
+		fmt.Fprintf(c.App.ErrWriter, "trainer: interrupted after step %d; checkpoint in %s (continue with: trainer run --resume %s)\n", res.Step, out, out)
+		return nil
 	}
+	fmt.Fprintf(c.App.ErrWriter, "trainer: %s\n", task.Summary(res, model))
 	return nil
-}
-
-func configFromFlags(c *cli.Context) (train.Config, error) {
-	cfg := train.Default()
-	ws, err := parseWidths(c.String("widths"))
-	if err != nil {
-		return cfg, err
-	}
-	cfg.Model, cfg.Widths, cfg.Act, cfg.Optim = c.String("model"), ws, c.String("act"), c.String("optim")
-	cfg.LR, cfg.Momentum = float32(c.Float64("lr")), float32(c.Float64("momentum"))
-	cfg.Batch, cfg.Seed, cfg.Epochs, cfg.Limit = c.Int("batch"), c.Uint64("seed"), c.Int("epochs"), c.Int("limit")
-	cfg.Clip = float32(c.Float64("clip"))
-	cfg.LogEvery = c.Int("log-every")
-	cfg.Precond = precondFromFlags(c)
-	switch {
-	case c.IsSet("weight-decay"):
-		cfg.WeightDecay = float32(c.Float64("weight-decay"))
-	case cfg.Optim == "sgd" || cfg.Optim == "kfac":
-		// Both add wd·w to the gradient through the momentum (torch.optim.SGD's
-		// L2): per step lr·wd/(1−μ), 0.005 at --lr 0.05, 500× AdamW's
-		// decoupled lr·wd at its defaults — and K-FAC's KL clipping scales
-		// the gradient's part, not this one.
-		cfg.WeightDecay = 0
-	}
-	return cfg, cfg.Validate()
 }
 
 // sameDir reports whether paths a and b name the same directory.
@@ -227,11 +286,4 @@ func sameDir(a, b string) bool {
 		return filepath.Clean(a) == filepath.Clean(b)
 	}
 	return os.SameFile(fa, fb)
-}
-
-// precondFromFlags reads the second-order optimizers' flags.
-func precondFromFlags(c *cli.Context) train.OptimConfig {
-	return train.OptimConfig{UpdateFreq: c.Int("update-freq"), MaxBlock: c.Int("max-block"), Root: c.String("root"),
-		Async: c.Bool("async-roots"), MaxStaleness: c.Int("max-staleness"), AdamLR: float32(c.Float64("adam-lr")),
-		RelEps: float32(c.Float64("rel-eps")), Damping: float32(c.Float64("damping")), KLClip: float32(c.Float64("kl-clip"))}
 }

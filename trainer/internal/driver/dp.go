@@ -1,0 +1,222 @@
+package driver
+
+// Data-parallel training (issue 14), as PyTorch's DistributedDataParallel
+// does it (Li et al., "PyTorch Distributed: Experiences on Accelerating
+// Data Parallel Training", VLDB 2020; torch/nn/parallel/distributed.py and
+// torch/csrc/distributed/c10d/reducer.cpp). The driver owns the parts
+// every model shares: the communicator (NCCL, met through
+// dist.Rendezvous), the broadcast of rank 0's parameters and optimizer
+// state at the start (and after a resume), the loss of a logged step
+// averaged across ranks, and the agreement to stop (a SIGTERM that reaches
+// one rank stops every rank at the same step). A model that registers with
+// DataParallel builds, in Task.Build with Env.DP set, its gradients in
+// bucket buffers (NewGradBuckets: dist.Plan's buckets, 25 MiB, the first
+// 1 MiB, in the reverse of the parameters' order), hooks them to its
+// tape (GradBuckets.Attach: one in-place all-reduce per bucket as soon as
+// the backward has written the bucket's last gradient, on a stream of its
+// own, overlapping the rest of the backward) and joins them (Wait) before
+// clipping and the optimizer, which then run identically on every rank.
+// With --grad-comm bf16 the reducer casts each f32 bucket to bf16 around
+// its all-reduce (nccl.Reducer.Compress, PyTorch DDP's
+// bf16_compress_hook). The collectives are queued inside the step the
+// runner captures as a CUDA graph (its first step is eager: NCCL connects
+// its peers and the streams are made there), so a replay is one graph
+// launch with the all-reduces as parallel branches (NCCL "Using NCCL with
+// CUDA Graphs": collectives may be captured, and eager and captured
+// collectives may share a communicator since NCCL 2.11). Each rank fills
+// its rows of every global batch (Env.World, DP.LocalBatch), so its loss
+// is the mean over its rows, and the average of equal shards' means is
+// the global mean.
+
+import (
+	"fmt"
+
+	"gpukit/libgpu/autograd"
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/dist"
+	"gpukit/libgpu/nccl"
+	"gpukit/libgpu/nn"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
+)
+
+// Collective is what a data-parallel run needs of its communicator:
+// nccl.Comm's collectives, queued on the engine's stream. Tests put an
+// in-process stand-in of several ranks on the host in its place
+// (Options.Comm).
+type Collective interface {
+	nccl.Collective
+	Rank() int
+	Size() int
+	BroadcastAll(e *ops.Engine, ts []*tensor.Tensor, root int) error
+	Group(e *ops.Engine, fn func() error) error
+}
+
+var _ Collective = (*nccl.Comm)(nil)
+
+// DP is how a model is spread over ranks (Env.DP; nil: a process alone):
+// the communicator (nccl.Solo for one rank with buckets), the gradient
+// buckets' sizes and the dtype the f32 buckets travel in (GradComm: 0 or
+// F32 as they are, BF16 compressed by the reducer, nccl.Reducer.Compress).
+type DP struct {
+	Comm     Collective
+	Bucket   dist.BucketConfig
+	GradComm tensor.DType
+}
+
+// BucketConfig is the bucket plan of a run with buckets of at most b
+// bytes (0: dist.DefaultBucketBytes): the first bucket holds 1 MiB
+// (dist.DefaultFirstBucketBytes), or b when that is smaller.
+func BucketConfig(b int64) dist.BucketConfig {
+	if b <= 0 {
+		b = dist.DefaultBucketBytes
+	}
+	return dist.BucketConfig{Bytes: b, FirstBytes: min(b, dist.DefaultFirstBucketBytes)}
+}
+
+// LocalBatch is each rank's share of a global batch of b rows.
+func (d *DP) LocalBatch(b int) (int, error) {
+	n := d.Comm.Size()
+	if b%n != 0 {
+		return 0, Configf("--batch %d does not divide by the world size %d (each rank takes --batch/%d rows of every global batch)", b, n, n)
+	}
+	return b / n, nil
+}
+
+// GradBuckets is a training model's data-parallel state: its gradients in
+// bucket buffers and the reducer that averages them during the backward.
+type GradBuckets struct {
+	comm     Collective
+	layout   *dist.Layout
+	grads    *dist.Grads
+	gradComm tensor.DType
+	red      *nccl.Reducer
+}
+
+// NewGradBuckets plans the gradients of params in buckets (in params'
+// order, which should be the order of their first use in the forward, as
+// DDP takes model.parameters()), allocates them and gives them to the
+// model through setGrads (parameter i's gradient, a view of its bucket).
+func NewGradBuckets(a device.Allocator, run string, params []nn.Param, setGrads func([]*tensor.Tensor) error, d *DP) (*GradBuckets, error) {
+	var ps []dist.Param
+	for _, p := range params {
+		ps = append(ps, dist.Param{Name: p.Name, DType: p.Value.DType, Shape: p.Value.Shape})
+	}
+	l, err := dist.Plan(ps, d.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("gradient buckets: %w", err)
+	}
+	g, err := l.Alloc(a, Join(run, "grads/buckets"))
+	if err != nil {
+		return nil, err
+	}
+	if err := setGrads(g.Params); err != nil {
+		g.Free()
+		return nil, err
+	}
+	return &GradBuckets{comm: d.Comm, layout: l, grads: g, gradComm: d.GradComm}, nil
+}
+
+// Layout is the buckets' plan.
+func (b *GradBuckets) Layout() *dist.Layout { return b.layout }
+
+// Grads are the bucket buffers.
+func (b *GradBuckets) Grads() *dist.Grads { return b.grads }
+
+// Attach makes the reducer and hooks it to the training graph's tape: a
+// parameter's gradient is marked ready as soon as the backward has queued
+// its last write (a bucket's all-reduce then starts on the communication
+// stream). With GradComm BF16 the reducer casts each f32 bucket to a bf16
+// staging copy (allocated here, once), averages that and casts it back.
+func (b *GradBuckets) Attach(e *ops.Engine, a device.Allocator, run string, params []nn.Param, tape *autograd.Tape) error {
+	var err error
+	if b.red, err = nccl.NewReducer(e, b.comm, b.layout, b.grads, nccl.Avg); err != nil {
+		return err
+	}
+	if b.gradComm == tensor.BF16 {
+		if err := b.red.Compress(a, Join(run, "grads/comm_bf16"), tensor.BF16); err != nil {
+			return err
+		}
+	}
+	idx := map[string]int{}
+	for i, p := range params {
+		idx[p.Name] = i
+	}
+	tape.OnGradReady(func(v *ops.Var) error {
+		i, ok := idx[v.Name]
+		if !ok {
+			return fmt.Errorf("trainer: %s is not a parameter of the model", v.Name)
+		}
+		return b.red.Ready(i)
+	})
+	return nil
+}
+
+// Wait queues the last buckets' all-reduces and the join of their stream:
+// clipping and the optimizer after it see averaged gradients.
+func (b *GradBuckets) Wait() error { return b.red.Wait() }
+
+// Free releases the reducer and the buckets.
+func (b *GradBuckets) Free() {
+	if b.red != nil {
+		b.red.Free()
+	}
+	if b.grads != nil {
+		b.grads.Free()
+	}
+}
+
+// dpRun is the driver's part of a data-parallel run: the logged loss
+// averaged across ranks, and this rank's stop flag (a step input) and
+// every rank's maximum of it.
+type dpRun struct {
+	comm                   Collective
+	lossAvg, stop, stopAll *tensor.Tensor
+}
+
+func newDPRun(a device.Allocator, run string, comm Collective) (*dpRun, error) {
+	d := &dpRun{comm: comm}
+	for _, t := range []struct {
+		p    **tensor.Tensor
+		name string
+	}{{&d.lossAvg, "acts/loss_avg"}, {&d.stop, "acts/stop"}, {&d.stopAll, "acts/stop_all"}} {
+		var err error
+		if *t.p, err = tensor.Alloc(a, Join(run, t.name), tensor.F32, 1); err != nil {
+			d.free()
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+func (d *dpRun) free() {
+	for _, t := range []*tensor.Tensor{d.lossAvg, d.stop, d.stopAll} {
+		if t != nil {
+			t.Buf.Free()
+		}
+	}
+}
+
+// agree averages loss across ranks into lossAvg and takes the maximum of
+// the ranks' stop flags: the loss of the whole global batch (the mean of
+// equal shards' means) and whether any rank was signalled.
+func (d *dpRun) agree(e *ops.Engine, loss *tensor.Tensor) (float32, bool, error) {
+	err := d.comm.Group(e, func() error {
+		if err := d.comm.AllReduce(e, d.lossAvg, loss, nccl.Avg); err != nil {
+			return err
+		}
+		return d.comm.AllReduce(e, d.stopAll, d.stop, nccl.Max)
+	})
+	if err != nil {
+		return 0, false, err
+	}
+	v, err := d.lossAvg.ReadF32()
+	if err != nil {
+		return 0, false, err
+	}
+	s, err := d.stopAll.ReadF32()
+	if err != nil {
+		return 0, false, err
+	}
+	return v[0], s[0] > 0, nil
+}

@@ -1,0 +1,209 @@
+package driver
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/tensor"
+	"gpukit/libgpu/trace"
+)
+
+// Runner runs steps whose inputs (a batch, a learning rate) go through
+// staging memory into static tensors on the engine's device: Stage returns
+// a slot's staging bytes for the host to fill, Run queues the copies into
+// the inputs and the step (compute) on the engine. Slots cycle, so the
+// host fills one while the device runs the step that reads another;
+// before a slot is refilled, Stage waits for the event recorded after its
+// last step. Nothing inside a step waits for the host.
+//
+// With graph (CUDA only), the first step runs eagerly — it sizes scratch
+// buffers, compiles kernels and picks GEMM algorithms — and then the step
+// is captured once per slot (the copies' source addresses differ) and
+// every later step is one graph launch. State that changes across steps
+// (the optimizer's step counter, dropout's counter) lives on the device,
+// and what the host changes (the learning rate) travels as an input, so
+// replays need no re-capture.
+//
+// The driver runs every training step through one; models use one for
+// other replayed work (the GPT's evaluation batches).
+type Runner struct {
+	e       *ops.Engine
+	inputs  []*tensor.Tensor
+	offs    []int64
+	compute func(gt *trace.GPUTimer) error
+	graph   bool
+	// post, when set, runs eagerly after every step's compute (queued or
+	// replayed): work that cannot be captured into a graph (an optimizer
+	// whose step reads the host, optim.CanCapture false).
+	post func(gt *trace.GPUTimer) error
+
+	n     int // steps run
+	slots [slots]runSlot
+	gt    *trace.GPUTimer // GPU spans on the stream (nil: tracing off or host)
+}
+
+type runSlot struct {
+	staging *ops.Staging
+	done    *ops.Event
+	g       *ops.CapturedGraph
+	used    bool
+}
+
+// slots is the number of staging buffers (and graphs) the runner cycles through.
+const slots = 2
+
+// NewRunner makes a runner for inputs (contiguous device tensors, copied
+// in this order from each slot's staging memory) and compute, which
+// queues one step on e (gt: time its phases on the GPU when non-nil).
+// graph asks for CUDA graph replay; the host ignores it.
+func NewRunner(e *ops.Engine, inputs []*tensor.Tensor, compute func(gt *trace.GPUTimer) error, graph bool) (*Runner, error) {
+	r := &Runner{e: e, inputs: inputs, compute: compute, graph: graph && e.IsGraphCapable()}
+	var size int64
+	for _, t := range inputs {
+		r.offs = append(r.offs, size)
+		size += (t.Bytes() + 15) / 16 * 16
+	}
+	for i := range r.slots {
+		var err error
+		if r.slots[i].staging, err = e.NewStaging(max(size, 16)); err != nil {
+			r.Close()
+			return nil, fmt.Errorf("trainer: %w", err)
+		}
+		if r.slots[i].done, err = e.NewEvent(false); err != nil {
+			r.Close()
+			return nil, fmt.Errorf("trainer: %w", err)
+		}
+	}
+	if cd, ok := e.Device().(device.CUDADevice); ok {
+		if st, ok := e.Impl().(ops.Streamer); ok {
+			var err error
+			if r.gt, err = trace.NewGPUTimer(trace.Default(), cd.Context(), st.Stream(), gpuTimerName); err != nil {
+				r.Close()
+				return nil, fmt.Errorf("trainer: %w", err)
+			}
+		}
+	}
+	return r, nil
+}
+
+// SetPost makes post run eagerly after every step (see Runner).
+func (r *Runner) SetPost(post func(gt *trace.GPUTimer) error) { r.post = post }
+
+// Engine is the runner's engine.
+func (r *Runner) Engine() *ops.Engine { return r.e }
+
+func (r *Runner) slot() int { return r.n % slots }
+
+// Stage waits until the current slot's staging memory is free and returns
+// it; input i occupies [offs[i], offs[i]+Bytes) (see View).
+func (r *Runner) Stage() ([]byte, error) {
+	s := &r.slots[r.slot()]
+	if s.used {
+		if err := s.done.Wait(); err != nil {
+			return nil, fmt.Errorf("trainer: waiting for step %d: %w", r.n-slots+1, err)
+		}
+	}
+	return s.staging.Bytes(), nil
+}
+
+// View is input i's part of a slot's staging bytes.
+func (r *Runner) View(b []byte, i int) []byte {
+	return b[r.offs[i] : r.offs[i]+r.inputs[i].Bytes()]
+}
+
+// Views is every input's part of a slot's staging bytes, in order.
+func (r *Runner) Views(b []byte) [][]byte {
+	v := make([][]byte, len(r.inputs))
+	for i := range v {
+		v[i] = r.View(b, i)
+	}
+	return v
+}
+
+// queue queues the slot's copies and the step on one device thread.
+func (r *Runner) queue(s int, gt *trace.GPUTimer) error {
+	return r.e.Do(func() error {
+		for i, t := range r.inputs {
+			if err := r.e.CopyIn(t, r.slots[s].staging, r.offs[i]); err != nil {
+				return fmt.Errorf("trainer: input copy: %w", err)
+			}
+		}
+		return r.compute(gt)
+	})
+}
+
+// Run queues the step on the slot staged last (see Stage).
+func (r *Runner) Run() error {
+	si := r.slot()
+	s := &r.slots[si]
+	switch {
+	case !r.graph || r.n == 0:
+		if err := r.queue(si, r.gt); err != nil {
+			return err
+		}
+	default:
+		if s.g == nil {
+			p := BeginPhase(nil, SpanCapture)
+			g, err := r.e.Capture(func() error { return r.queue(si, nil) }) // no events inside a graph
+			p.End()
+			if err != nil {
+				return fmt.Errorf("trainer: capturing the step as a CUDA graph: %w", err)
+			}
+			s.g = g
+		}
+		p := BeginPhase(r.gt, SpanReplay)
+		err := s.g.Launch()
+		p.End()
+		if err != nil {
+			return fmt.Errorf("trainer: graph launch: %w", err)
+		}
+	}
+	if r.post != nil {
+		if err := r.e.Do(func() error { return r.post(r.gt) }); err != nil {
+			return err
+		}
+	}
+	if err := s.done.Record(); err != nil {
+		return err
+	}
+	s.used = true
+	r.n++
+	return nil
+}
+
+// Close waits for the device and frees graphs, events and staging memory.
+func (r *Runner) Close() error {
+	errs := []error{r.e.Sync()}
+	if r.gt != nil {
+		if err := r.gt.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("trace: %w", err))
+		}
+		r.gt = nil
+	}
+	for i := range r.slots {
+		s := &r.slots[i]
+		if s.g != nil {
+			errs = append(errs, s.g.Close())
+		}
+		if s.done != nil {
+			errs = append(errs, s.done.Close())
+		}
+		if s.staging != nil {
+			errs = append(errs, s.staging.Close())
+		}
+		*s = runSlot{}
+	}
+	return errors.Join(errs...)
+}
+
+// CloseEngine releases the engine's backend resources (the CUDA backend's
+// stream, workspace and scratch) when it has any.
+func CloseEngine(e *ops.Engine) error {
+	if c, ok := e.Impl().(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
