@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"gpukit/libgpu/nn"
-	"gpukit/libgpu/optim"
 	"gpukit/libgpu/ops/opstest"
+	"gpukit/libgpu/optim"
 	"gpukit/libgpu/tensor"
 )
 
