@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +17,8 @@ import (
 
 	"gpukit/libgpu/ipc"
 	"gpukit/libgpu/pool"
+
+	"gpukit/libgpu/ipc/ipctest"
 )
 
 // canary is the content written at [0, n) of the buffer with id: a
@@ -177,25 +178,6 @@ func TestChurn(t *testing.T) {
 	})
 }
 
-// exeForOthers copies the test binary where another uid can run it.
-func exeForOthers(t *testing.T) string {
-	dir, err := os.MkdirTemp("", "gpupool-test-exe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o755)
-	src, err := os.ReadFile(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	exe := filepath.Join(dir, "server.test")
-	if err := os.WriteFile(exe, src, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return exe
-}
-
 // TestNobodyRefused: a client running as nobody (uid 65534; as root the
 // test switches the child's credentials) reaches the socket but gets
 // "permission denied" and nothing else, while an allowed client is served.
@@ -224,7 +206,7 @@ func TestNobodyRefused(t *testing.T) {
 	run := func(uid, gid uint32, groups ...uint32) (string, error) {
 		cmd := childCmd(t, path, "dial")
 		if self == 0 {
-			cmd.Path = exeForOthers(t)
+			cmd.Path = ipctest.ExeForOthers(t)
 			cmd.Args[0] = cmd.Path
 			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid, Groups: groups}}
 		}
@@ -367,7 +349,7 @@ func TestIsolate(t *testing.T) {
 	}
 	// nobody allocates (a "hold" child) and tries to open "mine".
 	cmd := childCmd(t, path, "hold", "GPUPOOL_TEST_SIZES=100,200")
-	cmd.Path = exeForOthers(t)
+	cmd.Path = ipctest.ExeForOthers(t)
 	cmd.Args[0] = cmd.Path
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	stdin, _ := cmd.StdinPipe()
