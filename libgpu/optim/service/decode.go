@@ -2,9 +2,11 @@ package service
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -358,8 +360,10 @@ func decodeTensor(f field) (TensorRef, error) {
 	if r.Buffer == "" {
 		return r, f.at("buffer").errf("empty")
 	}
-	if r.Offset, _, err = f.at("offset").int64(0, MaxTensorBytes); err != nil {
-		return r, err
+	// Numbers are read whole and their ranges checked by span, so a bad
+	// one is optimizer.bad_tensor like any other bad reference.
+	if r.Offset, _, err = f.at("offset").int64(math.MinInt64, math.MaxInt64); err != nil {
+		return r, asTensor(err)
 	}
 	if r.DType, err = f.at("dtype").str(pool.MaxDTypeLen); err != nil {
 		return r, err
@@ -372,9 +376,9 @@ func decodeTensor(f field) (TensorRef, error) {
 		return r, f.at("shape").errf("%d dimensions (at most %d)", len(shape), MaxDims)
 	}
 	for i := range shape {
-		d, _, err := f.at("shape").index(i).int64(0, MaxTensorBytes)
+		d, _, err := f.at("shape").index(i).int64(math.MinInt64, math.MaxInt64)
 		if err != nil {
-			return r, err
+			return r, asTensor(err)
 		}
 		r.Shape = append(r.Shape, d)
 	}
@@ -382,6 +386,15 @@ func decodeTensor(f field) (TensorRef, error) {
 		return r, err
 	}
 	return r, nil
+}
+
+// asTensor makes a number's range error (an integer past int64, a
+// fraction) an ErrTensor; a wrong type stays malformed.
+func asTensor(err error) error {
+	if errors.Is(err, ipc.ErrBadRequest) {
+		return fmt.Errorf("%w: %s", ErrTensor, strings.TrimPrefix(err.Error(), ipc.ErrBadRequest.Error()+": "))
+	}
+	return err
 }
 
 // span checks r's dtype, shape and offset and returns the byte offset and

@@ -416,6 +416,16 @@ func (ss *session) register(req *RegisterRequest, fds []int) (_ *RegisterReply, 
 // engine's work is done), the events, the engine, and the run's pool
 // connection, whose end gives every lease back to the pool at once.
 func (ss *session) release() {
+	s := ss.s
+	s.mu.Lock()
+	acct := ss.acct
+	s.mu.Unlock()
+	if acct != nil {
+		// The run's pool names are unbound before the name is given up,
+		// so a new run of that name finds them free (the pool handles a
+		// connection's end in its own time).
+		acct.revoke()
+	}
 	var errs []error
 	if ss.e != nil {
 		errs = append(errs, ss.e.Sync())
@@ -437,7 +447,6 @@ func (ss *session) release() {
 		errs = append(errs, ss.mem.Close())
 		ss.mem = nil
 	}
-	s := ss.s
 	s.mu.Lock()
 	name := ss.key.name
 	if name != "" && s.runs[ss.key] == ss {
@@ -469,6 +478,7 @@ type account struct {
 	bytes   int64
 	names   []string
 	revoked bool
+	once    sync.Once // of revoke: a second caller waits for the first
 }
 
 func (a *account) setMem(m Memory) {
@@ -517,17 +527,21 @@ func (a *account) used() int64 {
 	return a.bytes
 }
 
-// revoke unbinds the run's pool names and refuses later allocations.
+// revoke unbinds the run's pool names (each Remove answered before it
+// returns) and refuses later allocations. It runs once; a caller that
+// comes while it runs waits for it.
 func (a *account) revoke() {
-	a.mu.Lock()
-	a.revoked = true
-	names, mem := a.names, a.mem
-	a.names = nil
-	a.mu.Unlock()
-	if mem == nil {
-		return
-	}
-	for _, n := range names {
-		mem.Remove(n) // fails only when the connection is gone, which unbinds them too
-	}
+	a.once.Do(func() {
+		a.mu.Lock()
+		a.revoked = true
+		names, mem := a.names, a.mem
+		a.names = nil
+		a.mu.Unlock()
+		if mem == nil {
+			return
+		}
+		for _, n := range names {
+			mem.Remove(n) // fails only when the connection is gone, which unbinds them too
+		}
+	})
 }
