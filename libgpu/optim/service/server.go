@@ -303,8 +303,11 @@ func (ss *session) claim(name string) (*account, error) {
 	}
 	var revoked *account
 	if holder != nil {
+		// The holder keeps its account: its own release revokes it too
+		// (waiting for this revocation), so it cannot close its pool
+		// connection while the names are being unbound.
 		holder.key = runKey{}
-		revoked, holder.acct = holder.acct, nil
+		revoked = holder.acct
 		s.logf("optimizer: run %q: its client hung up; taking the name over", name)
 	}
 	acct := &account{max: s.MaxRunBytes}
