@@ -500,6 +500,9 @@ func decodeSpec(f field) (optim.Spec, error) {
 // DecodeStep reads a step body: lr, when given and not 0, a finite number
 // of float32's range that is not negative.
 func DecodeStep(body []byte) (StepRequest, error) {
+	if r, ok := parseStep(body); ok {
+		return r, nil
+	}
 	f, err := decodeBody(body)
 	if err != nil {
 		return StepRequest{}, err
@@ -513,4 +516,20 @@ func DecodeStep(body []byte) (StepRequest, error) {
 		return r, lr.errf("%v (want a finite learning rate, at least 0)", r.LR)
 	}
 	return r, nil
+}
+
+// parseStep reads the step bodies the Go client sends — none, {} or
+// {lr: float32} — without allocating (a step is the hot path); anything
+// else is left to DecodeStep's general reading (ok false).
+func parseStep(b []byte) (StepRequest, bool) {
+	switch {
+	case len(b) == 0 || (len(b) == 1 && b[0] == 0x80):
+		return StepRequest{}, true
+	case len(b) == 9 && b[0] == 0x81 && b[1] == 0xa2 && b[2] == 'l' && b[3] == 'r' && b[4] == 0xca:
+		lr := math.Float32frombits(uint32(b[5])<<24 | uint32(b[6])<<16 | uint32(b[7])<<8 | uint32(b[8]))
+		if lr >= 0 && !math.IsInf(float64(lr), 0) { // NaN fails the first test
+			return StepRequest{LR: lr}, true
+		}
+	}
+	return StepRequest{}, false
 }

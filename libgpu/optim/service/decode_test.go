@@ -65,6 +65,16 @@ func TestDecodeRegisterTakesFloat64(t *testing.T) {
 	if err != nil || st.LR != 0.5 {
 		t.Fatalf("step lr float64: %+v %v", st, err)
 	}
+	// The Go client's step bodies (the fast path) read the same.
+	for _, lr := range []float32{0, 0.25, 3e-4} {
+		b, _ := ipc.MarshalBody(StepRequest{LR: lr})
+		if st, err := DecodeStep(b); err != nil || st.LR != lr {
+			t.Fatalf("Go step body lr %v: %+v %v", lr, st, err)
+		}
+		if _, fast := parseStep(b); !fast {
+			t.Fatalf("Go step body lr %v (% x) misses the fast path", lr, b)
+		}
+	}
 }
 
 // TestDecodeRegisterOverflow (issue 22, items 1 and 2): shapes and offsets

@@ -2,11 +2,13 @@ package collect
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"gpukit/libgpu/ipc"
 	"gpukit/libgpu/trace"
+	"gpukit/tracer/internal/chrome"
 )
 
 // waitBatches waits until the collector has read n batches (taken or
@@ -138,4 +140,51 @@ func TestCollectorRefusesUnadmitted(t *testing.T) {
 			t.Fatal("a refused peer's event reached the file")
 		}
 	}
+}
+
+// FuzzIngest: whatever a connection sends, the collector's decoder and
+// its taking of the batch for the connection's process never panic, and
+// its state stays within bounds: one process (the sender's), waiting flow
+// ends at most maxConnFlows of the connection's, none held once it closes
+// but the waiting ends.
+func FuzzIngest(f *testing.F) {
+	rec := []trace.Record{
+		{Kind: trace.KindProcess, Name: "p"},
+		{Kind: trace.KindTrack, Track: 3, Name: "t"},
+		{Kind: trace.KindSpan, Track: 3, Cat: "c", Name: "s", Start: 10, Dur: 5, FlowDir: trace.FlowOut, Flow: 99, NArgs: 1, Args: [trace.MaxArgs]trace.Arg{trace.Str("k", "v")}},
+		{Kind: trace.KindInstant, Cat: "c", Name: "i", Start: 11},
+		{Kind: trace.KindCounter, Name: "n", Start: 12, Value: 1.5},
+	}
+	f.Add(batch(self, rec...))
+	f.Add(batch(self+1, rec...))
+	f.Add(trace.AppendBatchHeader(nil, self, 1<<32-1, 0))
+	f.Add([]byte(trace.Magic))
+	w, err := chrome.Create(filepath.Join(f.TempDir(), "t.json"), 0, 0)
+	if err != nil {
+		f.Fatal(err)
+	}
+	c := New(w, 10*time.Millisecond)
+	f.Cleanup(func() { c.Close() })
+	f.Fuzz(func(t *testing.T, b []byte) {
+		batch, err := trace.DecodeBatch(b)
+		if err != nil {
+			return
+		}
+		pr := &peer{pid: self}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.ingestFrom(&batch, pr)
+		if pr.pending > maxConnFlows || len(c.flows) > maxPendingFlows || len(c.procs) > 1 {
+			t.Fatalf("%d waiting ends of the connection, %d in all, %d processes", pr.pending, len(c.flows), len(c.procs))
+		}
+		for _, p := range c.procs {
+			if len(p.threads) > 1024 {
+				t.Fatalf("%d threads of one process", len(p.threads))
+			}
+		}
+		c.forget(pr)
+		if len(c.procs) != 0 && !(len(c.procs) == 1 && c.procs[self] != nil && c.procs[self].conns == 0) {
+			t.Fatalf("%d processes held after the close", len(c.procs))
+		}
+	})
 }
