@@ -14,7 +14,9 @@
 //     (NotBuilt), refusing to replace an existing --out (ForceFlag,
 //     CheckOut) and to create a missing socket directory (CheckSocketDir);
 //   - the progress bar with ETA of every long job (Progress), on stderr
-//     when it is a terminal or GPUKIT_PROGRESS=always.
+//     when it is a terminal or GPUKIT_PROGRESS=always;
+//   - which peers a daemon serves: --allow-uid and --group (PeerFlags,
+//     Admission, LookupGroup, AllowUIDs).
 //
 // A tool's main is one line: os.Exit(cli.Main(app.New(), os.Args)). Flags
 // live only here and in the tools' CLI packages; no other library defines one.
