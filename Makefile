@@ -124,8 +124,8 @@ demo-gpt: build
 ## ci: what .ci/run runs — lint, module checks, the systemd units, the README's test command, a clean tree
 ci: deps lint tidy-check systemd-check
 	$(MAKE) test
-	@echo "race detector: ipc, pool, gpupool, trace, tracer (the race runtime needs cgo)"
-	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m gpukit/libgpu/ipc/... gpukit/libgpu/pool/... gpukit/gpupool/... gpukit/libgpu/trace/... gpukit/tracer/...
+	@echo "race detector: ipc, pool, gpupool, trace, tracer, the optimizer service (the race runtime needs cgo)"
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 30m gpukit/libgpu/ipc/... gpukit/libgpu/pool/... gpukit/gpupool/... gpukit/libgpu/trace/... gpukit/tracer/... gpukit/libgpu/optim/service/... gpukit/optimizer/...
 	@echo "fuzz smoke: every fuzz target for a few seconds (scripts/fuzz-smoke.sh)"
 	GO=$(GO) bash scripts/fuzz-smoke.sh
 	@echo "pipeline (short mode): examples/pipelines/train-fashion.sh"

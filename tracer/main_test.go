@@ -48,6 +48,9 @@ func TestMain(m *testing.M) {
 // from SEED (FlowOut); "server" handles them (FlowIn); "flood" records
 // events for a while. Each prints the tracer's Summary on stderr.
 func child(role string) int {
+	if role == "impostor" {
+		return impostor()
+	}
 	tr := trace.FromEnv("test-" + role)
 	n, _ := strconv.Atoi(os.Getenv("N"))
 	seed, _ := strconv.ParseUint(os.Getenv("SEED"), 10, 64)

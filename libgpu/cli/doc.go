@@ -18,7 +18,9 @@
 //   - numeric flags checked as they are parsed (Setup: no negative
 //     integers or durations, no NaN or infinite floats; IntAtLeast and
 //     FloatWhere for narrower ranges), and requests refused when their
-//     memory need exceeds what is available (CheckMemory).
+//     memory need exceeds what is available (CheckMemory);
+//   - which peers a daemon serves: --allow-uid and --group (PeerFlags,
+//     Admission, LookupGroup, AllowUIDs).
 //
 // A tool's main is one line: os.Exit(cli.Main(app.New(), os.Args)). Flags
 // live only here and in the tools' CLI packages; no other library defines one.

@@ -112,9 +112,9 @@ func FileConn(fd int) (*Conn, error) {
 		return nil, fmt.Errorf("ipc: fd %d: %w", fd, err)
 	}
 	uc, ok := c.(*net.UnixConn)
-	if !ok {
+	if !ok || uc.LocalAddr() == nil || uc.LocalAddr().Network() != Network {
 		c.Close()
-		return nil, fmt.Errorf("ipc: fd %d is not a Unix socket", fd)
+		return nil, fmt.Errorf("ipc: fd %d is not a connected Unix SOCK_SEQPACKET socket", fd)
 	}
 	return NewConn(uc), nil
 }
@@ -157,8 +157,10 @@ func (c *Conn) SendRaw(b []byte, fds ...int) error {
 // Recv reads one message and the fds that came with it; the caller owns
 // the fds. At the end of the connection it returns io.EOF (a zero-length
 // message reads as the end too). A frame that does not decode gives an error
-// wrapping ErrTooLarge, ErrTooManyFDs, ErrMalformed or ErrVersion (with the
-// message, so its ID can be answered); its fds are closed.
+// wrapping ErrTooLarge, ErrTooManyFDs, ErrMalformed or ErrVersion; its fds
+// are closed. With ErrVersion, and with ErrTooManyFDs (the message arrived
+// whole, without its fds), the message is returned too, so its ID can be
+// answered.
 func (c *Conn) Recv() (*Message, []int, error) { return c.recv(false) }
 
 // recv is Recv; with spin, a message that is due soon is waited for by
@@ -179,10 +181,19 @@ func (c *Conn) recv(spin bool) (*Message, []int, error) {
 	fds, ferr := parseFDs(c.oob[:oobn])
 	switch {
 	case ferr != nil:
-	case flags&unix.MSG_CTRUNC != 0:
-		ferr = fmt.Errorf("%w: more than %d", ErrTooManyFDs, MaxFDs)
 	case flags&unix.MSG_TRUNC != 0 || n > MaxMessage:
 		ferr = fmt.Errorf("%w: more than %d bytes", ErrTooLarge, MaxMessage)
+	case flags&unix.MSG_CTRUNC != 0:
+		// The message itself arrived whole: return it with the error, so
+		// a server can answer its id and go on. The kernel drops the fds
+		// that do not fit: more than MaxFDs were sent, or this process
+		// could not take them (out of file descriptors).
+		closeFDs(fds)
+		m, err := Decode(c.buf[:n])
+		if err != nil {
+			return m, nil, err
+		}
+		return m, nil, fmt.Errorf("%w: more than %d came with %s, or this process is out of file descriptors (limit %d)", ErrTooManyFDs, MaxFDs, Cut(m.Op, MaxOp), FDLimit())
 	}
 	if ferr != nil {
 		closeFDs(fds)
@@ -242,23 +253,7 @@ type Cred struct {
 }
 
 // PeerCred returns the peer's credentials.
-func (c *Conn) PeerCred() (Cred, error) {
-	rc, err := c.uc.SyscallConn()
-	if err != nil {
-		return Cred{}, fmt.Errorf("ipc: peer credentials: %w", err)
-	}
-	var uc *unix.Ucred
-	var gerr error
-	if err := rc.Control(func(fd uintptr) {
-		uc, gerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return Cred{}, fmt.Errorf("ipc: peer credentials: %w", err)
-	}
-	if gerr != nil {
-		return Cred{}, fmt.Errorf("ipc: SO_PEERCRED: %w", gerr)
-	}
-	return Cred{PID: uc.Pid, UID: uc.Uid, GID: uc.Gid}, nil
-}
+func (c *Conn) PeerCred() (Cred, error) { return UnixPeerCred(c.uc) }
 
 // Close closes the connection; a Recv in progress returns io.EOF.
 func (c *Conn) Close() error { return c.uc.Close() }

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"gpukit/libgpu/ipc/ipctest"
 )
 
 // childServe is the child of the tests that need a daemon in a process of
@@ -53,7 +55,7 @@ func startChild(t *testing.T, path string, cred *syscall.Credential, env ...stri
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), "GPUKIT_IPC_SERVE="+path), env...)
 	if cred != nil {
-		cmd.Path = exeForOthers(t)
+		cmd.Path = ipctest.ExeForOthers(t)
 		cmd.Args[0] = cmd.Path
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
@@ -75,25 +77,6 @@ func startChild(t *testing.T, path string, cred *syscall.Credential, env ...stri
 		t.Fatalf("child: %q %v (stderr %s)", line, err, stderr.String())
 	}
 	return cmd
-}
-
-// exeForOthers copies the test binary where another uid can run it.
-func exeForOthers(t *testing.T) string {
-	dir, err := os.MkdirTemp("", "ipc-test-exe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o755)
-	src, err := os.ReadFile(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	exe := filepath.Join(dir, "ipc.test")
-	if err := os.WriteFile(exe, src, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return exe
 }
 
 func abstractName(t *testing.T) string {

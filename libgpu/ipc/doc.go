@@ -8,8 +8,9 @@
 // could replace it.
 //
 // The daemon side is built not to fall over: the Server refuses what passes
-// its connection limit and peers its Handler will not serve with one frame
-// (id 0) and a close, retries failed accepts, sheds connections when out of
+// its connection limit and peers its Handler will not serve (Admission: the
+// one peer check of gpupool, the optimizer service and the tracer
+// collector) with one frame (id 0) and a close, retries failed accepts, sheds connections when out of
 // file descriptors, and lets a handler that waits end as soon as its client
 // hangs up (WatchHangup); RaiseFDLimit raises the open file limit. The
 // client side checks who listens before it sends anything (DialWith) and

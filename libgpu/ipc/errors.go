@@ -2,6 +2,7 @@ package ipc
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"unicode/utf8"
 )
@@ -76,12 +77,14 @@ func RegisterError(code string, sentinel error) {
 
 // ToWire returns the wire form of err: the code of the first registered
 // sentinel it wraps (in registration order; "internal" when none) and its
-// text, cut to MaxErrorMessage bytes.
+// text, made valid UTF-8 (an error may quote a peer's bytes; a strict
+// decoder on the other side could not read them) and cut to
+// MaxErrorMessage bytes.
 func ToWire(err error) *WireError {
 	if err == nil {
 		return nil
 	}
-	msg := Cut(err.Error(), MaxErrorMessage)
+	msg := Cut(strings.ToValidUTF8(err.Error(), "\uFFFD"), MaxErrorMessage)
 	var re *RemoteError
 	if errors.As(err, &re) {
 		return &WireError{Code: re.Code, Message: msg}

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
@@ -40,6 +42,16 @@ const DefaultMaxConns = 1024
 // with a longer op carries its first MaxOp bytes (ops are short names; a
 // hostile one must not make the reply too large to send).
 const MaxOp = 64
+
+// echoOp is op as a reply repeats it: valid UTF-8 (Decode refuses any
+// other op; this is the second line of defence, since a strict peer
+// cannot read a reply that is not) and at most MaxOp bytes.
+func echoOp(op string) string {
+	if len(op) <= MaxOp && utf8.ValidString(op) {
+		return op
+	}
+	return Cut(strings.ToValidUTF8(op, "\uFFFD"), MaxOp)
+}
 
 // Server accepts connections and runs each in its own goroutine.
 //
@@ -242,6 +254,15 @@ func (s *Server) serveConn(c *Conn) {
 		// likely to send its next one at once: spin for it (spin.go).
 		m, fds, err := c.recv(!last.IsZero() && time.Since(last) < spinActive)
 		last = time.Now()
+		if err != nil && m != nil && m.Type == TypeRequest && errors.Is(err, ErrTooManyFDs) {
+			// The request arrived whole but its fds did not (too many, or
+			// no descriptors left here): it fails, the connection goes on.
+			s.logf("ipc: %s: %v", echoOp(m.Op), err)
+			if !m.NoReply {
+				c.Send(&Message{Version: Version, Type: TypeReply, ID: m.ID, Op: echoOp(m.Op), Flow: m.Flow, Err: ToWire(err)})
+			}
+			continue
+		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return
@@ -251,7 +272,7 @@ func (s *Server) serveConn(c *Conn) {
 			if m != nil {
 				reply.ID, reply.Flow = m.ID, m.Flow
 				if m.Op != "" {
-					reply.Op = Cut(m.Op, MaxOp)
+					reply.Op = echoOp(m.Op)
 				}
 			}
 			s.logf("ipc: closing connection: %v", err)
@@ -261,14 +282,11 @@ func (s *Server) serveConn(c *Conn) {
 		if m.Type != TypeRequest {
 			closeFDs(fds)
 			s.logf("ipc: closing connection: reply %d sent to the server", m.ID)
-			c.Send(&Message{Version: Version, Type: TypeReply, ID: m.ID, Op: Cut(m.Op, MaxOp), Flow: m.Flow,
+			c.Send(&Message{Version: Version, Type: TypeReply, ID: m.ID, Op: echoOp(m.Op), Flow: m.Flow,
 				Err: ToWire(fmt.Errorf("%w: a reply sent to the server", ErrMalformed))})
 			return
 		}
-		reply := &Message{Version: Version, Type: TypeReply, ID: m.ID, Op: m.Op, Flow: m.Flow}
-		if len(m.Op) > MaxOp {
-			reply.Op = Cut(m.Op, MaxOp)
-		}
+		reply := &Message{Version: Version, Type: TypeReply, ID: m.ID, Op: echoOp(m.Op), Flow: m.Flow}
 		body, out, herr := s.handle(sess, ctx, m, fds)
 		closeFDs(fds)
 		if m.NoReply {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -99,14 +100,19 @@ func Decode(b []byte) (*Message, error) {
 		m.Body = bytes.Clone(m.Body) // the message must not alias b
 	} else {
 		// An unusual encoding: integers msgpack's decoder would wrap
-		// around (a negative id read as 2^64-5) are refused first.
-		if err := checkEnvelopeInts(b); err != nil {
+		// around (a negative id read as 2^64-5), and an op that is not a
+		// str (msgpack's decoder reads bin into a string), are refused
+		// first.
+		if err := checkEnvelope(b); err != nil {
 			return nil, err
 		}
 		m = Message{}
 		if err := msgpack.Unmarshal(b, &m); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 		}
+	}
+	if !utf8.ValidString(m.Op) {
+		return nil, fmt.Errorf("%w: op is not UTF-8", ErrMalformed)
 	}
 	if m.Version != Version {
 		return &m, fmt.Errorf("%w: peer speaks %d, this side %d", ErrVersion, m.Version, Version)
@@ -123,10 +129,11 @@ func Decode(b []byte) (*Message, error) {
 	return &m, nil
 }
 
-// checkEnvelopeInts checks that the envelope's integer fields (v, t, id,
+// checkEnvelope checks that the envelope's integer fields (v, t, id,
 // flow), where present and not nil, are msgpack integers of any width that
-// are not negative. b is a map that Validate accepted.
-func checkEnvelopeInts(b []byte) error {
+// are not negative, and that op is a msgpack str. b is a map that Validate
+// accepted.
+func checkEnvelope(b []byte) error {
 	r := NewReader(b)
 	c := b[0]
 	n := 0
@@ -148,13 +155,19 @@ func checkEnvelopeInts(b []byte) error {
 		if !r.r.ok || r.r.p >= len(b) {
 			return nil // msgpack's decoder says what is wrong
 		}
+		v := b[r.r.p]
 		switch key {
 		case "v", "t", "id", "flow":
+		case "op":
+			if !(v>>5 == 0x5 || v == 0xd9 || v == 0xda || v == 0xdb || v == 0xc0) {
+				return fmt.Errorf("%w: op is not a str (msgpack type byte 0x%02x)", ErrMalformed, v)
+			}
+			r.Skip()
+			continue
 		default:
 			r.Skip()
 			continue
 		}
-		v := b[r.r.p]
 		switch {
 		case v <= 0x7f, v >= 0xcc && v <= 0xcf, v == 0xc0:
 		case v >= 0xe0:

@@ -85,10 +85,12 @@ func (s *state) work(a device.Allocator, prefix, n string, dt tensor.DType, shap
 	return t, nil
 }
 
-// matrix2D views a parameter of rank ≥ 1 as a matrix: [1, n] for a
-// vector, [shape[0], rest] for rank > 2.
+// matrix2D views a parameter as a matrix: [1, 1] for a scalar, [1, n] for
+// a vector, [shape[0], rest] for rank > 2.
 func matrix2D(t *tensor.Tensor) (*tensor.Tensor, error) {
 	switch t.Rank() {
+	case 0:
+		return t.View(1, 1)
 	case 1:
 		return t.View(1, t.Dim(0))
 	case 2:
@@ -128,20 +130,29 @@ func identity(t *tensor.Tensor) error {
 	return t.WriteFloat32(v)
 }
 
-// checkParams checks that every parameter has an f32 value and gradient of
-// one shape.
+// checkParams checks that every parameter has a name of its own (none
+// empty, none twice) and an f32 value and gradient of one shape with at
+// least one element. Errors wrap ErrParams and name the parameter.
 func checkParams(params []nn.Param) error {
 	if len(params) == 0 {
 		return fmt.Errorf("%w: no parameters", ErrParams)
 	}
-	for _, p := range params {
-		if p.Value == nil || p.Grad == nil {
+	seen := make(map[string]bool, len(params))
+	for i, p := range params {
+		switch {
+		case p.Name == "":
+			return fmt.Errorf("%w: parameter %d has an empty name", ErrParams, i)
+		case seen[p.Name]:
+			return fmt.Errorf("%w: parameter name %q given twice", ErrParams, p.Name)
+		case p.Value == nil || p.Grad == nil:
 			return fmt.Errorf("%w: %q has no value or gradient", ErrParams, p.Name)
-		}
-		if p.Value.DType != tensor.F32 || p.Grad.DType != tensor.F32 || !tensor.SameShape(p.Value.Shape, p.Grad.Shape) {
+		case p.Value.DType != tensor.F32 || p.Grad.DType != tensor.F32 || !tensor.SameShape(p.Value.Shape, p.Grad.Shape):
 			return fmt.Errorf("%w: %q is %v %v with gradient %v %v (want f32 of one shape)", ErrParams, p.Name,
 				p.Value.DType, p.Value.Shape, p.Grad.DType, p.Grad.Shape)
+		case p.Value.Numel() == 0:
+			return fmt.Errorf("%w: %q has shape %v: no elements", ErrParams, p.Name, p.Value.Shape)
 		}
+		seen[p.Name] = true
 	}
 	return nil
 }

@@ -72,6 +72,31 @@ type KFACLayer struct {
 	Input, OutGrad *tensor.Tensor
 }
 
+// checkLayerIO checks a layer's Input ([N, in]) and OutGrad ([N, out]),
+// when given: f32 or bf16 matrices of the layer's widths and of one N.
+func checkLayerIO(l KFACLayer, in, out int) error {
+	if (l.Input == nil) != (l.OutGrad == nil) {
+		return fmt.Errorf("%w: K-FAC layer %q needs both its input and its output gradient, or neither", ErrParams, l.Weight)
+	}
+	if l.Input == nil {
+		return nil
+	}
+	for _, x := range []struct {
+		what  string
+		t     *tensor.Tensor
+		width int
+	}{{"input", l.Input, in}, {"output gradient", l.OutGrad, out}} {
+		t := x.t
+		if t.Rank() != 2 || t.Dim(1) != x.width || (t.DType != tensor.F32 && t.DType != tensor.BF16) {
+			return fmt.Errorf("%w: K-FAC layer %q: its %s is %v %v (want f32 or bf16 [N, %d])", ErrParams, l.Weight, x.what, t.DType, t.Shape, x.width)
+		}
+	}
+	if l.Input.Dim(0) != l.OutGrad.Dim(0) {
+		return fmt.Errorf("%w: K-FAC layer %q: input of %d rows, output gradient of %d", ErrParams, l.Weight, l.Input.Dim(0), l.OutGrad.Dim(0))
+	}
+	return nil
+}
+
 // kfacLayer is one layer's state.
 type kfacLayer struct {
 	KFACLayer
@@ -147,6 +172,12 @@ func NewKFAC(a device.Allocator, prefix string, params []nn.Param, layers []KFAC
 			}
 			l.b, l.gb, din = b.Value, b.Grad, in+1
 			inLayer[spec.Bias] = true
+		}
+		if din > MaxOrder || out > MaxOrder {
+			return o, fmt.Errorf("%w: K-FAC layer %q has factors of order %d and %d (at most %d)", ErrParams, spec.Weight, din, out, MaxOrder)
+		}
+		if err := checkLayerIO(spec, in, out); err != nil {
+			return o, err
 		}
 		inLayer[spec.Weight] = true
 		n := spec.Weight

@@ -42,13 +42,10 @@ func name(prefix, n string) string {
 }
 
 func (s *state) init(params []nn.Param) error {
-	if len(params) == 0 {
-		return fmt.Errorf("%w: no parameters", ErrParams)
+	if err := checkParams(params); err != nil {
+		return err
 	}
 	for _, p := range params {
-		if p.Value == nil || p.Grad == nil {
-			return fmt.Errorf("%w: %q has no value or gradient", ErrParams, p.Name)
-		}
 		s.params = append(s.params, p.Value)
 		s.grads = append(s.grads, p.Grad)
 	}

@@ -2,6 +2,9 @@ package optim
 
 import (
 	"fmt"
+	"math"
+	"slices"
+	"strconv"
 	"strings"
 
 	"gpukit/libgpu/device"
@@ -116,6 +119,117 @@ func (s Spec) roots() (RootOptions, error) {
 	return RootOptions{Method: m, NewtonIters: s.NewtonIters, Async: s.Async, MaxStaleness: s.MaxStaleness}, nil
 }
 
+// MaxOrder is the largest order of a preconditioner matrix (Shampoo's and
+// SOAP's max_block, the sides of K-FAC's factors): a d×d f32 matrix of
+// order 2^14 takes 1 GiB, and its eigendecomposition O(d³) work. A bound,
+// so that sizes computed from it cannot overflow and a request cannot ask
+// for work no machine finishes.
+const MaxOrder = 1 << 14
+
+// Check reports the first setting of s outside its range, by its name
+// (the msgpack and JSON key: "lr", "beta1", ...), for the fields the
+// algorithm s.Name uses: learning rates, weight decay, damping and
+// epsilons finite and not negative (epsilons and damping positive where
+// the rule divides by them), betas and momentum in [0, 1) (Shampoo's β2
+// and graft β2 in (0, 1]), block sizes 1 to MaxOrder, frequencies at least
+// 1. Errors wrap ErrConfig. New calls it.
+func (s Spec) Check() error {
+	if s.Name == "" {
+		return fmt.Errorf("%w: name is empty (want one of %s)", ErrConfig, strings.Join(Names, ", "))
+	}
+	if !slices.Contains(Names, s.Name) {
+		return fmt.Errorf("%w: name %q (want one of %s)", ErrConfig, s.Name, strings.Join(Names, ", "))
+	}
+	var err error
+	f := func(key string, v float32, lo, hi float64, loOpen, hiOpen bool) {
+		x := float64(v)
+		if err != nil {
+			return
+		}
+		if math.IsNaN(x) || math.IsInf(x, 0) || x < lo || x > hi || (loOpen && x == lo) || (hiOpen && x == hi) {
+			l, h := "[", "]"
+			if loOpen {
+				l = "("
+			}
+			if hiOpen {
+				h = ")"
+			}
+			hs := "∞"
+			if !math.IsInf(hi, 1) {
+				hs = strconv.FormatFloat(hi, 'g', -1, 64)
+			}
+			err = fmt.Errorf("%w: %s %v is out of range (want %s%g, %s%s, finite)", ErrConfig, key, v, l, lo, hs, h)
+		}
+	}
+	n := func(key string, v, lo, hi int) {
+		if err == nil && (v < lo || v > hi) {
+			err = fmt.Errorf("%w: %s %d is out of range (want %d to %d)", ErrConfig, key, v, lo, hi)
+		}
+	}
+	inf := math.Inf(1)
+	f("lr", s.LR, 0, inf, false, false)
+	f("weight_decay", s.WeightDecay, 0, inf, false, false)
+	beta1 := func() { f("beta1", s.Beta1, 0, 1, false, true) }
+	roots := func(every int) {
+		if err == nil && s.Root != "" && s.Root != "eigen" && s.Root != "newton" {
+			err = fmt.Errorf("%w: root %q (want eigen or newton)", ErrConfig, s.Root)
+		}
+		n("newton_iters", s.NewtonIters, 0, 1000)
+		if s.Async {
+			n("max_staleness", s.MaxStaleness, 0, every)
+		} else {
+			n("max_staleness", s.MaxStaleness, 0, 0)
+		}
+	}
+	switch s.Name {
+	case "adamw":
+		beta1()
+		f("beta2", s.Beta2, 0, 1, false, true)
+		f("eps", s.Eps, 0, inf, true, false)
+	case "sgd":
+		f("momentum", s.Momentum, 0, 1, false, true)
+	case "shampoo":
+		beta1()
+		f("beta2", s.Beta2, 0, 1, true, false)
+		f("graft_beta2", s.GraftBeta2, 0, 1, true, false)
+		f("graft_eps", s.GraftEps, 0, inf, true, false)
+		f("matrix_eps", s.MatrixEps, 0, inf, false, false)
+		f("rel_eps", s.RelEps, 0, inf, false, false)
+		if err == nil && s.MatrixEps+s.RelEps <= 0 {
+			err = fmt.Errorf("%w: matrix_eps and rel_eps are both 0 (one must be positive)", ErrConfig)
+		}
+		if err == nil && s.Graft != "" && s.Graft != "adam" && s.Graft != "adagrad" {
+			err = fmt.Errorf("%w: graft %q (want adam or adagrad)", ErrConfig, s.Graft)
+		}
+		n("max_block", s.MaxBlock, 1, MaxOrder)
+		n("start_step", s.StartStep, 1, math.MaxInt32)
+		n("update_freq", s.UpdateFreq, 1, math.MaxInt32)
+		roots(s.UpdateFreq)
+	case "soap":
+		beta1()
+		f("beta2", s.Beta2, 0, 1, false, true)
+		f("eps", s.Eps, 0, inf, true, false)
+		n("max_block", s.MaxBlock, 1, MaxOrder)
+		n("update_freq", s.UpdateFreq, 1, math.MaxInt32)
+		roots(s.UpdateFreq)
+	case "muon":
+		f("momentum", s.Momentum, 0, 1, false, true)
+		f("adam_lr", s.AdamLR, 0, inf, false, false)
+		beta1()
+		f("beta2", s.Beta2, 0, 1, false, true)
+		f("eps", s.Eps, 0, inf, true, false)
+	case "kfac":
+		f("momentum", s.Momentum, 0, 1, false, true)
+		f("damping", s.Damping, 0, inf, true, false)
+		f("stat_decay", s.StatDecay, 0, 1, false, true)
+		f("kl_clip", s.KLClip, 0, inf, false, false)
+		n("cov_every", s.CovEvery, 1, math.MaxInt32)
+		n("update_freq", s.UpdateFreq, 1, math.MaxInt32)
+		roots(s.UpdateFreq)
+	}
+	return err
+}
+
 // New builds the optimizer s names over params, allocating its state
 // through a under prefix (see each constructor). layers are K-FAC's linear
 // layers (ignored by the others). Errors wrap ErrConfig or ErrParams.
@@ -128,6 +242,9 @@ func New(a device.Allocator, prefix string, params []nn.Param, layers []KFACLaye
 }
 
 func build(a device.Allocator, prefix string, params []nn.Param, layers []KFACLayer, s Spec) (Optimizer, error) {
+	if err := s.Check(); err != nil {
+		return nil, err
+	}
 	roots, err := s.roots()
 	if err != nil {
 		return nil, err

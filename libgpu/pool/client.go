@@ -27,6 +27,8 @@ import (
 // Close (or Free) unmaps it.
 type Client struct {
 	path   string
+	conn   *ipc.Conn
+	trust  []uint32 // uids trusted to run the daemon besides this one's and root
 	rpc    *ipc.Client
 	dev    device.Device
 	cdev   *device.CUDA // nil for a host pool
@@ -118,7 +120,13 @@ func DialOptions(path string, o Options) (*Client, error) {
 		}
 		return nil, fmt.Errorf("%w at %s: %v (start one with: gpupool serve --socket %s)", ErrUnreachable, path, why, path)
 	}
-	c := &Client{path: path, rpc: ipc.NewClient(conn), slabs: map[uint64]*slabMap{}, events: map[[64]byte]eventRef{}}
+	o.TrustUIDs = trust
+	return newClient(conn, path, o)
+}
+
+// newClient says hello on conn and makes the client; it takes conn.
+func newClient(conn *ipc.Conn, path string, o Options) (*Client, error) {
+	c := &Client{path: path, conn: conn, trust: o.TrustUIDs, rpc: ipc.NewClient(conn), slabs: map[uint64]*slabMap{}, events: map[[64]byte]eventRef{}}
 	c.timeout = o.Timeout
 	if c.timeout <= 0 {
 		c.timeout = ipc.DefaultTimeout
@@ -166,6 +174,81 @@ func DialOptions(path string, o Options) (*Client, error) {
 		return nil, fmt.Errorf("%w: daemon at %s shares %s slabs, which this client cannot map", ErrProtocol, path, c.hello.Share)
 	}
 	return c, nil
+}
+
+// Handover makes a new connection to the daemon c is connected to, checked
+// as Dial checks, and returns its socket unused, for another process to
+// act on the pool as this one: the optimizer service is handed one with
+// register, so it opens the client's buffers and allocates the run's state
+// with the client's uid (its rights under --isolate, its quota). The
+// caller closes the file once it is sent.
+func (c *Client) Handover() (*os.File, error) {
+	conn, err := ipc.DialWith(c.path, ipc.DialOptions{TrustUIDs: c.trust})
+	if err != nil {
+		return nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, c.path, err)
+	}
+	defer conn.Close()
+	return conn.File()
+}
+
+// Adopt makes a client of fd, a connection to a pool that another process
+// made and handed over (Handover), and takes fd. It checks, before
+// anything is sent, that fd reaches the daemon c reaches (the same
+// listener pid, uid and socket address: ipc.Conn.Listener), says hello,
+// and checks that the daemon sees uid at the other end (the connection is
+// that uid's: whatever the new client does, the daemon checks as that
+// uid's). o.Device defaults to c's device.
+func (c *Client) Adopt(fd int, uid uint32, o Options) (*Client, error) {
+	conn, err := ipc.FileConn(fd)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the connection handed over: %v", ErrProtocol, err)
+	}
+	if err := c.sameDaemon(conn); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if o.Device == nil {
+		o.Device = c.cdev
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = c.timeout
+	}
+	o.TrustUIDs = c.trust
+	nc, err := newClient(conn, c.path, o)
+	if err != nil {
+		return nil, err
+	}
+	if nc.hello.UID != uid {
+		nc.Close()
+		return nil, fmt.Errorf("%w: the pool connection handed over is uid %d's, not uid %d's", ipc.ErrPermission, nc.hello.UID, uid)
+	}
+	return nc, nil
+}
+
+// sameDaemon checks that conn reaches the daemon at c.path: the listener
+// c's own connection reaches, or (the daemon was restarted since) the one
+// a new connection to c.path reaches now.
+func (c *Client) sameDaemon(conn *ipc.Conn) error {
+	cred, addr, err := conn.Listener()
+	if err != nil {
+		return fmt.Errorf("%w: the connection handed over: %v", ErrProtocol, err)
+	}
+	want, wantAddr, err := c.conn.Listener()
+	if err == nil && cred == want && addr == wantAddr {
+		return nil
+	}
+	probe, err := ipc.DialWith(c.path, ipc.DialOptions{TrustUIDs: c.trust})
+	if err != nil {
+		return fmt.Errorf("%w at %s: %v", ErrUnreachable, c.path, err)
+	}
+	defer probe.Close()
+	if want, wantAddr, err = probe.Listener(); err != nil {
+		return fmt.Errorf("%w at %s: %v", ErrUnreachable, c.path, err)
+	}
+	if cred != want || addr != wantAddr {
+		return fmt.Errorf("%w: the connection handed over reaches %q (pid %d, uid %d), not the pool at %s", ipc.ErrPermission, addr, cred.PID, cred.UID, c.path)
+	}
+	return nil
 }
 
 // Path is the socket this client dialed.

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"gpukit/libgpu/device"
 	"gpukit/libgpu/ipc"
 )
 
@@ -158,5 +162,71 @@ func TestDialChecksProtocol(t *testing.T) {
 	path := serveFake(t, fake{HelloReply{Server: "gpupool", Protocol: ipc.Version + 1, Share: 1}})
 	if _, err := Dial(path); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "speaks protocol") {
 		t.Fatalf("other protocol: %v", err)
+	}
+}
+
+// TestHandoverAdopt (issue 22): a connection handed over is adopted only
+// when it reaches the daemon the adopting client reaches and the daemon
+// sees the expected uid at its end.
+func TestHandoverAdopt(t *testing.T) {
+	uid := uint32(os.Geteuid())
+	hello := HelloReply{Server: "gpupool", Share: device.ShareMemfd, UID: uid}
+	a := serveFake(t, fake{hello})
+	b := serveFake(t, fake{hello})
+	c, err := Dial(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	other, err := Dial(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	adopt := func(from *Client, as uint32) (*Client, error) {
+		f, err := from.Handover()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		fd, err := unix.Dup(int(f.Fd()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Adopt(fd, as, Options{})
+	}
+	nc, err := adopt(c, uid)
+	if err != nil {
+		t.Fatalf("a connection to the same daemon: %v", err)
+	}
+	if nc.Path() != a || nc.Hello().UID != uid {
+		t.Fatalf("adopted: %s %+v", nc.Path(), nc.Hello())
+	}
+	nc.Close()
+	if _, err := adopt(other, uid); !errors.Is(err, ipc.ErrPermission) {
+		t.Fatalf("a connection to another daemon: %v", err)
+	}
+	if _, err := adopt(c, uid+1); !errors.Is(err, ipc.ErrPermission) {
+		t.Fatalf("a connection of another uid: %v", err)
+	}
+	x, y, err := ipc.Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer y.Close()
+	xf, _ := x.File()
+	x.Close()
+	xfd, _ := unix.Dup(int(xf.Fd()))
+	xf.Close()
+	if _, err := c.Adopt(xfd, uid, Options{}); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("a socketpair: %v", err)
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[1])
+	if _, err := c.Adopt(p[0], uid, Options{}); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("a pipe: %v", err)
 	}
 }

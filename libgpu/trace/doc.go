@@ -47,7 +47,12 @@
 //	args    = u8 n (<= 4) | n × (str key | u8 type | value)
 //	          type 1: i64; type 2: str; type 3: f64 (finite)
 //
-// Names must not be empty. The first batch on every connection carries the
+// Names must not be empty. pid is the sender's own: the collector takes a
+// connection's batches only for its SO_PEERCRED pid (a batch naming
+// another is refused and counted), and only from peers it admits (its own
+// uid, root, and those it was told to); a peer it refuses gets one notice,
+// "GKT1!" and the reason, and is closed (the client reports it in Stats
+// and Summary). The first batch on every connection carries the
 // process name and the names of the tracks made so far. Track 0 is the main
 // track. A batch that breaks any rule is refused whole (DecodeBatch returns
 // an error wrapping ErrMalformed); the collector counts it and keeps the

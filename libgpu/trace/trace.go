@@ -1,12 +1,14 @@
 package trace
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -399,7 +401,9 @@ func (t *Tracer) write(c *net.UnixConn, b []byte) bool {
 	c.SetWriteDeadline(time.Now().Add(t.opts.SendTimeout))
 	if _, err := c.Write(b); err != nil {
 		err = fmt.Errorf("send to collector %s: %w", t.socket, err)
-		if why := peerSaid(c); why != "" {
+		if why, collector := peerSaid(c); collector {
+			err = fmt.Errorf("collector %s: %s", t.socket, why)
+		} else if why != "" {
 			err = fmt.Errorf("%s is not a tracer collector's socket: %s", t.socket, why)
 		}
 		t.mu.Lock()
@@ -411,13 +415,15 @@ func (t *Tracer) write(c *net.UnixConn, b []byte) bool {
 }
 
 // peerSaid reads, without waiting, what a peer that closed the connection
-// sent before (a collector never writes but for a notice): a gpukit ipc
-// daemon (gpupool) answers a trace batch with an error frame, a msgpack
-// map, and closes. It returns a description of the peer, or "".
-func peerSaid(c *net.UnixConn) string {
+// sent before (a collector never writes but for a notice: "GKT1!" and a
+// line, such as why it refused this process): a gpukit ipc daemon
+// (gpupool) answers a trace batch with an error frame, a msgpack map, and
+// closes. It returns a description of the peer, or "", and whether the
+// peer is a collector (then the description is its notice).
+func peerSaid(c *net.UnixConn) (string, bool) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return ""
+		return "", false
 	}
 	buf := make([]byte, 512)
 	n := 0
@@ -435,11 +441,13 @@ func peerSaid(c *net.UnixConn) string {
 	})
 	switch {
 	case n == 0:
-		return ""
+		return "", false
+	case bytes.HasPrefix(buf[:n], []byte(Magic+"!")):
+		return strings.ToValidUTF8(string(buf[len(Magic)+1:n]), "?"), true
 	case buf[0]>>4 == 0x8 || buf[0] == 0xde || buf[0] == 0xdf:
-		return "it answers in the gpukit ipc protocol (msgpack), as gpupool does"
+		return "it answers in the gpukit ipc protocol (msgpack), as gpupool does", false
 	}
-	return fmt.Sprintf("it answered %d bytes of an unknown protocol", n)
+	return fmt.Sprintf("it answered %d bytes of an unknown protocol", n), false
 }
 
 // Track is a row of the timeline within a process (a Chrome "thread"). A

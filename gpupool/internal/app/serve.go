@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"os/user"
 	"strconv"
 	"strings"
 	"syscall"
@@ -146,21 +145,6 @@ func parseLimit(s string, src server.SlabSource) (int64, error) {
 	return n, nil
 }
 
-func lookupGroup(g string) (uint32, error) {
-	if n, err := strconv.ParseUint(g, 10, 32); err == nil {
-		return uint32(n), nil
-	}
-	gr, err := user.LookupGroup(g)
-	if err != nil {
-		return 0, fmt.Errorf("%w: --group %q: %v", ErrUsage, g, err)
-	}
-	n, err := strconv.ParseUint(gr.Gid, 10, 32)
-	if err != nil {
-		return 0, fmt.Errorf("%w: --group %q has gid %q", ErrUsage, g, gr.Gid)
-	}
-	return uint32(n), nil
-}
-
 // listen returns the socket systemd passed (LISTEN_FDS) or a new one at
 // --socket, and the path to print. gid >= 0 is --group's: the socket's
 // group, and that of a directory it makes.
@@ -237,16 +221,12 @@ func serve(c *cli.Context) error {
 		}
 		cfg.Quota[uint32(uid)] = n
 	}
-	for _, a := range c.StringSlice("allow-uid") {
-		uid, err := strconv.ParseUint(a, 10, 32)
-		if err != nil {
-			return fmt.Errorf("%w: --allow-uid %q: want a numeric uid", ErrUsage, a)
-		}
-		cfg.AllowUID = append(cfg.AllowUID, uint32(uid))
+	if cfg.AllowUID, err = kit.AllowUIDs(c); err != nil {
+		return err
 	}
 	gid := -1
 	if g := c.String("group"); g != "" {
-		n, err := lookupGroup(g)
+		n, err := kit.LookupGroup(g)
 		if err != nil {
 			return err
 		}

@@ -76,9 +76,9 @@ type Config struct {
 	// may hold at once; uids not in the map are unbounded.
 	Quota map[uint32]int64
 	// AllowUID and AllowGID, when either is non-nil, admit only peers
-	// (SO_PEERCRED) whose uid is in AllowUID or whose primary or
-	// supplementary group is in AllowGID; others get ErrPermission and
-	// nothing else. The daemon's own uid is not implied.
+	// (SO_PEERCRED) whose uid is the daemon's own or in AllowUID, or whose
+	// primary or supplementary group is in AllowGID (ipc.Admission);
+	// others get ErrPermission and nothing else.
 	AllowUID []uint32
 	AllowGID []uint32
 	// Idle, when positive, releases a shared slab that has stayed empty
@@ -230,48 +230,10 @@ func (p *Pool) notify() {
 	p.changed = make(chan struct{})
 }
 
-// admitted reports whether a peer may connect: anyone when no
-// AllowUID/AllowGID is set, else the daemon's own uid and those listed.
-func (p *Pool) admitted(cred ipc.Cred) bool {
-	if p.cfg.AllowUID == nil && p.cfg.AllowGID == nil || cred.UID == p.self {
-		return true
-	}
-	if slices.Contains(p.cfg.AllowUID, cred.UID) || slices.Contains(p.cfg.AllowGID, cred.GID) {
-		return true
-	}
-	if len(p.cfg.AllowGID) == 0 {
-		return false
-	}
-	for _, g := range supplementaryGroups(cred.PID) {
-		if slices.Contains(p.cfg.AllowGID, g) {
-			return true
-		}
-	}
-	return false
-}
-
-// supplementaryGroups reads the "Groups:" line of /proc/PID/status. The
-// peer is connected, so its pid is live (SO_PEERCRED is taken at connect).
-func supplementaryGroups(pid int32) []uint32 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return nil
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		rest, ok := strings.CutPrefix(line, "Groups:")
-		if !ok {
-			continue
-		}
-		var out []uint32
-		for _, f := range strings.Fields(rest) {
-			var g uint32
-			if _, err := fmt.Sscan(f, &g); err == nil {
-				out = append(out, g)
-			}
-		}
-		return out
-	}
-	return nil
+// admission is who may connect: anyone when no AllowUID/AllowGID is set,
+// else the daemon's own uid and those listed.
+func (p *Pool) admission() ipc.Admission {
+	return ipc.Admission{Anyone: p.cfg.AllowUID == nil && p.cfg.AllowGID == nil, Self: p.self, UIDs: p.cfg.AllowUID, GIDs: p.cfg.AllowGID}
 }
 
 // Connect implements ipc.Handler.
@@ -280,7 +242,7 @@ func (p *Pool) Connect(c *ipc.Conn) (ipc.Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !p.admitted(cred) {
+	if err := p.admission().Check(cred); err != nil {
 		p.logf("gpupool: refused uid %d gid %d (pid %d)", cred.UID, cred.GID, cred.PID)
 		return nil, ipc.ErrPermission
 	}

@@ -99,9 +99,13 @@ func (b *NameBook) BufferOf(t *tensor.Tensor) (string, bool) {
 	return n, ok
 }
 
-// Opener maps named buffers (a *pool.Client).
+// Opener maps named buffers and makes new connections to its pool for
+// the service to act as this process (a *pool.Client).
 type Opener interface {
 	Open(name string) (*device.Buffer, error)
+	// Handover returns a new, unused connection to the pool (see
+	// pool.Client.Handover); register sends it to the service.
+	Handover() (*os.File, error)
 }
 
 // Registration describes a run to the service.
@@ -114,8 +118,9 @@ type Registration struct {
 	Layers []optim.KFACLayer
 	// Buffers names the buffers of Params and Layers' tensors.
 	Buffers Buffers
-	// Mem maps the optimizer's state for State (checkpoints), the
-	// client's pool connection.
+	// Mem maps the optimizer's state for State (checkpoints) and hands
+	// the service the pool connection it acts through: the client's pool
+	// connection.
 	Mem Opener
 	// LRScale, when set, is an f32 scalar in a named buffer that the
 	// optimizer multiplies its learning rate by (see RegisterRequest);
@@ -184,8 +189,16 @@ func (c *Client) Register(e *ops.Engine, r Registration) (_ *Remote, err error) 
 	if rm.own, req.Event, err = newIPCEvent(e); err != nil {
 		return nil, err
 	}
+	// The service acts on the pool through a connection of ours, with our
+	// uid's rights (PROTOCOL.md, "Trust").
+	conn, err := r.Mem.Handover()
+	if err != nil {
+		return nil, fmt.Errorf("optimizer: a pool connection for the service: %w", err)
+	}
 	var reply RegisterReply
-	if _, err := c.rpc.Call(context.Background(), OpRegister, req, &reply); err != nil {
+	_, err = c.rpc.Call(context.Background(), OpRegister, req, &reply, int(conn.Fd()))
+	conn.Close()
+	if err != nil {
 		return nil, c.wrap(OpRegister, err)
 	}
 	rm.lrScaled = reply.LRScale
@@ -196,21 +209,17 @@ func (c *Client) Register(e *ops.Engine, r Registration) (_ *Remote, err error) 
 		return nil, fmt.Errorf("%w: a CUDA service sent no event", ErrProtocol)
 	}
 	for _, s := range reply.State {
-		dt, err := tensor.ParseDType(s.Tensor.DType)
+		shape, off, n, err := s.Tensor.shape("state " + s.Name)
 		if err != nil {
-			return nil, fmt.Errorf("%w: state %q: %v", ErrProtocol, s.Name, err)
+			return nil, fmt.Errorf("%w: %v", ErrProtocol, err)
 		}
-		shape, err := s.Tensor.shape()
-		if err != nil {
-			return nil, err
-		}
+		dt, _ := tensor.ParseDType(s.Tensor.DType)
 		b, err := r.Mem.Open(s.Tensor.Buffer)
 		if err != nil {
 			return nil, fmt.Errorf("optimizer: mapping state %q: %w", s.Name, err)
 		}
 		rm.bufs = append(rm.bufs, b)
-		n := int64(tensor.Numel(shape))
-		if s.Tensor.Offset < 0 || (s.Tensor.Offset+n)*int64(dt.Size()) > b.Size() {
+		if off > b.Size() || n > b.Size()-off {
 			return nil, fmt.Errorf("%w: state %q does not fit its buffer", ErrProtocol, s.Name)
 		}
 		t := &tensor.Tensor{Buf: b, DType: dt, Shape: shape, Strides: tensor.RowMajor(shape), Offset: int(s.Tensor.Offset)}

@@ -2,7 +2,6 @@ package service
 
 import (
 	"errors"
-	"fmt"
 
 	"gpukit/libgpu/ipc"
 	"gpukit/libgpu/optim"
@@ -33,12 +32,16 @@ var (
 	ErrGone = errors.New("optimizer: service gone")
 	// ErrProtocol: the peer is not an optimizer service, or broke the protocol.
 	ErrProtocol = errors.New("optimizer: protocol error")
+	// ErrRunInUse: register of a run name that a live connection of the
+	// same uid holds.
+	ErrRunInUse = errors.New("optimizer: run name in use")
 )
 
 func init() {
 	ipc.RegisterError("optimizer.not_registered", ErrNotRegistered)
 	ipc.RegisterError("optimizer.registered", ErrRegistered)
 	ipc.RegisterError("optimizer.bad_tensor", ErrTensor)
+	ipc.RegisterError("optimizer.run_in_use", ErrRunInUse)
 	ipc.RegisterError("optim.config", optim.ErrConfig)
 	ipc.RegisterError("optim.params", optim.ErrParams)
 }
@@ -53,7 +56,10 @@ type HelloReply struct {
 	Server  string `msgpack:"server"`  // "optimizer"
 	PID     int    `msgpack:"pid"`     // the service's process id
 	Backend string `msgpack:"backend"` // "host" or "cuda"
-	Pool    string `msgpack:"pool"`    // the gpupool socket the service maps buffers from
+	// Pool is the gpupool socket the service works with (absolute, or
+	// "@name"): register hands over a connection to it.
+	Pool string `msgpack:"pool"`
+	UID  uint32 `msgpack:"uid"` // the client, as SO_PEERCRED saw it
 }
 
 // TensorRef names a tensor inside a named buffer of the pool: Offset in
@@ -127,12 +133,30 @@ type StepReply struct {
 	Step int `msgpack:"step"` // steps taken (−1: unknown until the first step after a resume)
 }
 
-// StatsReply reports the run.
+// StatsReply reports the connection's run (when one is registered) and
+// the service's limits.
 type StatsReply struct {
-	Steps     int `msgpack:"steps"`
-	Refreshes int `msgpack:"refreshes"`
-	Failures  int `msgpack:"failures"`
-	F64       int `msgpack:"f64"`
+	Run       string `msgpack:"run,omitempty"` // the run's name ("" before register)
+	Steps     int    `msgpack:"steps"`         // −1: unknown (no run, or before the first step after a resume)
+	Refreshes int    `msgpack:"refreshes"`
+	Failures  int    `msgpack:"failures"`
+	F64       int    `msgpack:"f64"`
+	// RunBytes is what the run's state and work buffers take in the pool,
+	// in bytes; MaxRunBytes bounds it (0: only the pool's --limit and the
+	// uid's --quota-uid do).
+	RunBytes    int64 `msgpack:"run_bytes"`
+	MaxRunBytes int64 `msgpack:"max_run_bytes"`
+	// The service: runs registered, connections open and their limit
+	// (each connection holds at most one run and one frame buffer of
+	// MaxMessage bytes), the open file limit.
+	Runs       int    `msgpack:"runs"`
+	Conns      int    `msgpack:"conns"`
+	MaxConns   int    `msgpack:"max_conns"`
+	FDLimit    uint64 `msgpack:"fd_limit"`
+	MaxMessage int    `msgpack:"max_message"`
+	// MaxOrder is the largest preconditioner matrix order (max_block,
+	// K-FAC's factor sides).
+	MaxOrder int `msgpack:"max_order"`
 }
 
 // ref describes t, a view into a buffer named buffer.
@@ -144,16 +168,16 @@ func ref(buffer string, t *tensor.Tensor) TensorRef {
 	return TensorRef{Buffer: buffer, Offset: int64(t.Offset), DType: t.DType.String(), Shape: shape}
 }
 
-func (r TensorRef) shape() ([]int, error) {
-	if len(r.Shape) > 16 {
-		return nil, fmt.Errorf("%w: %q has %d dimensions", ErrTensor, r.Buffer, len(r.Shape))
+// shape is r's shape as ints, after span's checks (where names where in
+// the request, for errors).
+func (r TensorRef) shape(where string) ([]int, int64, int64, error) {
+	off, n, err := r.span(where)
+	if err != nil {
+		return nil, 0, 0, err
 	}
 	out := make([]int, len(r.Shape))
 	for i, d := range r.Shape {
-		if d < 0 || d > 1<<40 {
-			return nil, fmt.Errorf("%w: %q has shape %v", ErrTensor, r.Buffer, r.Shape)
-		}
 		out[i] = int(d)
 	}
-	return out, nil
+	return out, off, n, nil
 }

@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ipc"
@@ -74,6 +77,74 @@ func (m *memory) liveCount() int {
 	return m.live
 }
 
+func (m *memory) Remove(name string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.named[name]; !ok {
+		return fmt.Errorf("no buffer %q", name)
+	}
+	delete(m.named, name)
+	return nil
+}
+
+// Handover stands for a new pool connection: one end of a socketpair.
+func (m *memory) Handover() (*os.File, error) {
+	a, b, err := ipc.Pair()
+	if err != nil {
+		return nil, err
+	}
+	defer a.Close()
+	defer b.Close()
+	return a.File()
+}
+
+// Path, Adopt: memory is the service's Pools too; a run's Memory is a view
+// that frees what the run allocated through it when it closes, as the
+// pool does at the end of a connection.
+func (m *memory) Path() string { return "test" }
+
+func (m *memory) Adopt(fd int, _ ipc.Cred) (service.Memory, error) {
+	unix.Close(fd)
+	return &runMemory{memory: m, held: map[*device.Buffer]bool{}}, nil
+}
+
+type runMemory struct {
+	*memory
+	mu   sync.Mutex
+	held map[*device.Buffer]bool
+}
+
+func (r *runMemory) Alloc(name string, size int64) (*device.Buffer, error) {
+	b, err := r.memory.Alloc(name, size)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.held[b] = true
+	r.mu.Unlock()
+	return device.NewBuffer(b.Device(), b.Ptr(), b.Size(), b.Bytes(), b.Share(), func() error {
+		r.mu.Lock()
+		held := r.held[b]
+		delete(r.held, b)
+		r.mu.Unlock()
+		if held {
+			return b.Free()
+		}
+		return nil
+	}), nil
+}
+
+func (r *runMemory) Close() error {
+	r.mu.Lock()
+	held := r.held
+	r.held = map[*device.Buffer]bool{}
+	r.mu.Unlock()
+	for b := range held {
+		b.Free()
+	}
+	return nil
+}
+
 // serve starts a service over mem on a temporary socket.
 func serve(t *testing.T, mem *memory) (string, *ipc.Server) {
 	t.Helper()
@@ -82,7 +153,7 @@ func serve(t *testing.T, mem *memory) (string, *ipc.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &ipc.Server{Handler: &service.Server{Mem: mem, Pool: "test"}}
+	srv := &ipc.Server{Handler: &service.Server{Pool: mem, Admission: ipc.Admission{Self: uint32(os.Geteuid())}}}
 	go srv.Serve(l)
 	t.Cleanup(srv.Shutdown)
 	return path, srv
@@ -298,8 +369,8 @@ func TestServiceErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c2.Register(m.e, service.Registration{Run: "run", Spec: spec(t, "sgd"), Params: m.params, Buffers: m.book, Mem: mem}); !errors.Is(err, ipc.ErrBadRequest) {
-		t.Errorf("run name in use: %v, want ErrBadRequest", err)
+	if _, err := c2.Register(m.e, service.Registration{Run: "run", Spec: spec(t, "sgd"), Params: m.params, Buffers: m.book, Mem: mem}); !errors.Is(err, service.ErrRunInUse) {
+		t.Errorf("run name in use: %v, want ErrRunInUse", err)
 	}
 	c2.Close()
 	if err := r.Step(m.e); err != nil {

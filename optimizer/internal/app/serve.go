@@ -26,14 +26,26 @@ stdout when ready and serves until SIGTERM or SIGINT, when it closes every
 connection (each run's state is released) and exits 0.
 
 Each connection registers one run: the trainer's parameter and gradient
-buffers by pool name and an optimizer (libgpu/optim.Spec), then sends one
-message per step. Runs step on streams of their own, at --precision.`,
-	Flags: []cli.Flag{
+buffers by pool name and an optimizer (libgpu/optim.Spec), with a
+connection to the pool the trainer made itself: the service opens the
+buffers and allocates the run's state through it, so it can do in the pool
+only what the trainer's uid could (also under gpupool --isolate), charged
+to that uid's quota. Then one message per step. Runs step on streams of
+their own, at --precision.
+
+Only the service's own uid, root, --allow-uid and the members of --group
+may connect (SO_PEERCRED); run names are the uid's own. At start the
+service raises its open file limit to the hard limit; past --max-conns, or
+out of file descriptors, a request fails with an error naming the limit and
+the service goes on (stats shows the limits).`,
+	Flags: append([]cli.Flag{
 		&cli.StringFlag{Name: "socket", Aliases: []string{"s"}, Usage: "(required) socket path to listen on, in an existing directory ('@name': abstract)"},
 		&cli.StringFlag{Name: "pool", Usage: "(required) gpupool socket: where the trainer's buffers are and the state goes"},
 		&cli.StringFlag{Name: "precision", Value: "tf32", Usage: "f32 GEMMs: f32, tf32 or bf16 (tensor cores; the host computes f32)"},
+		&cli.IntFlag{Name: "max-conns", Usage: "most connections (each holds at most one run) served at once; more are told so and closed (default: 1024, or a quarter of the open file limit if less)"},
+		kit.SizeFlag("max-run-bytes", "0", "most bytes one run's state and work buffers may take in the pool (0: only the pool's --limit and the uid's --quota-uid bound them)"),
 		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "log runs and connection problems on stderr"},
-	},
+	}, kit.PeerFlags("connect")...),
 	Action: serve,
 }
 
@@ -48,22 +60,45 @@ func serve(c *cli.Context) error {
 	if err != nil {
 		return kit.Usagef("--precision %v", err)
 	}
+	adm, gid, err := kit.Admission(c)
+	if err != nil {
+		return err
+	}
+	maxConns := c.Int("max-conns")
+	if maxConns < 0 {
+		return kit.Usagef("--max-conns must not be negative")
+	}
+	maxRun, err := kit.ParseSize(c.String("max-run-bytes"))
+	if err != nil || maxRun < 0 {
+		return kit.Usagef("--max-run-bytes %q: want a size (0: none)", c.String("max-run-bytes"))
+	}
 	sock := c.String("socket")
 	if _, err := kit.CheckSocketDir(sock, true); err != nil {
 		return err
+	}
+	// Each connection, each run's pool connection and each slab a run maps
+	// holds a file descriptor: running out must fail one request, not the
+	// service.
+	if _, err := ipc.RaiseFDLimit(); err != nil {
+		fmt.Fprintf(c.App.ErrWriter, "optimizer: %v (going on with %d)\n", err, ipc.FDLimit())
+	}
+	if maxConns == 0 {
+		maxConns = ipc.ConnLimit()
 	}
 	mem, err := pool.Dial(c.String("pool"))
 	if err != nil {
 		return fmt.Errorf("--pool %s: %w", c.String("pool"), err)
 	}
 	defer mem.Close()
-	srv := &ipc.Server{Handler: &service.Server{Mem: mem, Pool: c.String("pool"), Options: ops.Options{Precision: prec}}}
+	h := &service.Server{Pool: service.PoolClient{C: mem}, Options: ops.Options{Precision: prec}, Admission: adm,
+		MaxRunBytes: maxRun, MaxConns: maxConns}
+	srv := &ipc.Server{Handler: h, MaxConns: maxConns}
 	if c.Bool("verbose") {
 		logger := log.New(c.App.ErrWriter, "", 0)
 		srv.Logf = logger.Printf
-		srv.Handler.(*service.Server).Logf = logger.Printf
+		h.Logf = logger.Printf
 	}
-	l, err := ipc.Listen(sock)
+	l, err := ipc.ListenWith(sock, &ipc.ListenOptions{HasGroup: gid >= 0, GID: uint32(max(gid, 0))})
 	if err != nil {
 		if errors.Is(err, ipc.ErrSocketInUse) {
 			return fmt.Errorf("--socket %s: a service is already listening there", sock)

@@ -15,6 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	kit "gpukit/libgpu/cli"
+	"gpukit/libgpu/ipc"
 	"gpukit/libgpu/trace"
 )
 
@@ -54,7 +55,7 @@ func runRecord(c *cli.Context) error {
 	}
 	defer os.RemoveAll(dir)
 	sock := filepath.Join(dir, "trace.sock")
-	s, err := startSession(sock, c.String("out"), c.String("max-size"))
+	s, err := startSession(sock, c.String("out"), c.String("max-size"), ipc.Admission{Self: uint32(os.Geteuid()), Root: true}, -1)
 	if err != nil {
 		return err
 	}

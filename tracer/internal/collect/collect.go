@@ -6,18 +6,25 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"gpukit/libgpu/ipc"
 	"gpukit/libgpu/trace"
 	"gpukit/tracer/internal/chrome"
 )
 
-// maxPendingFlows bounds the flow ends waiting for their other end.
-const maxPendingFlows = 1 << 16
+// maxPendingFlows bounds the flow ends waiting for their other end;
+// maxConnFlows those one connection may have waiting (past it, its own
+// oldest go first, so one connection cannot push out the others' ends).
+const (
+	maxPendingFlows = 1 << 16
+	maxConnFlows    = 1 << 12
+)
 
 // DefaultMaxConns bounds the connections a Collector serves at once (one
 // per traced process); more are closed at once (Collector.MaxConns).
@@ -38,35 +45,62 @@ const (
 // Stats counts what the collector saw.
 type Stats struct {
 	Connections   uint64
+	Refused       uint64 // connections of peers not admitted (Collector.Admission)
 	Batches       uint64
 	Records       uint64
-	Rejected      uint64 // malformed batches refused
+	Rejected      uint64 // batches refused: malformed, or naming another process (Foreign)
+	Foreign       uint64 // of Rejected: batches whose pid was not their connection's
 	Written       uint64 // events in the file, M events included
 	Capped        uint64 // events refused by the size cap
+	Lost          uint64 // events the file does not hold because writing it failed (a full disk)
 	ClientDropped uint64 // events the clients said they dropped (sum over processes)
-	Processes     int
-	UnpairedFlows int // flow ends that never met their other end
+	Processes     int    // processes whose events were taken
+	UnpairedFlows int    // flow ends that never met their other end
+	Conns         int    // connections open
 }
 
 type flowEnd struct {
 	dir      uint8
 	ts       int64
 	pid, tid uint32
+	owner    *peer // the connection that sent it (nil: Ingest)
 }
 
 type proc struct {
 	named   bool
 	name    string
-	threads map[uint32]bool
+	threads map[uint32]bool // at most 1024: tid maps tracks modulo 1023
 	dropped uint32
+	conns   int // connections writing for it; its state goes with the last
+}
+
+// peer is one connection's state: bounded, and freed when it closes.
+type peer struct {
+	pid uint32 // SO_PEERCRED: the only pid it may write for
+	// nsPID: the process runs in another pid namespace, where it knows
+	// itself by another number: its batches' pid is replaced by pid.
+	nsPID   bool
+	proc    *proc
+	flows   []uint64 // flow ids it left waiting, oldest first (some paired since)
+	pending int      // of which still waiting
 }
 
 // Collector writes the events of every connected process into one trace file.
+//
+// A connection writes for its own process only: its peer's pid
+// (SO_PEERCRED) is the pid of every event it sends; a batch naming another
+// pid is refused and counted (a process in another pid namespace, which
+// knows itself by another number, has its events put under the pid this
+// collector sees). What a connection holds (its process's names, the flow
+// ends it left waiting, at most maxConnFlows) is bounded and, but for the
+// flow ends another process's events may still complete, freed when it
+// closes.
 type Collector struct {
 	mu        sync.Mutex
 	w         *chrome.Writer
 	buf       []byte
 	procs     map[uint32]*proc
+	seen      map[uint32]struct{} // pids whose events were taken
 	flows     map[uint64]flowEnd
 	flowOrder []uint64
 	stats     Stats
@@ -75,6 +109,10 @@ type Collector struct {
 	// MaxConns bounds the open connections (0: DefaultMaxConns); set it
 	// before Serve.
 	MaxConns int
+	// Admission says whose connections are served (New: this process's
+	// uid and root); a peer it refuses gets a notice and is closed. Set it
+	// before Serve.
+	Admission ipc.Admission
 
 	conns   map[*net.UnixConn]bool
 	connsWG sync.WaitGroup
@@ -88,8 +126,9 @@ func New(w *chrome.Writer, flushEvery time.Duration) *Collector {
 	if flushEvery <= 0 {
 		flushEvery = 100 * time.Millisecond
 	}
-	c := &Collector{w: w, procs: map[uint32]*proc{}, flows: map[uint64]flowEnd{},
-		conns: map[*net.UnixConn]bool{}, flushQ: make(chan struct{})}
+	c := &Collector{w: w, procs: map[uint32]*proc{}, seen: map[uint32]struct{}{}, flows: map[uint64]flowEnd{},
+		conns: map[*net.UnixConn]bool{}, flushQ: make(chan struct{}),
+		Admission: ipc.Admission{Self: uint32(os.Geteuid()), Root: true}}
 	c.flushWG.Add(1)
 	go func() {
 		defer c.flushWG.Done()
@@ -170,12 +209,27 @@ func (c *Collector) Serve(l *net.UnixListener) error {
 
 func (c *Collector) serveConn(conn *net.UnixConn) {
 	defer c.connsWG.Done()
+	pr := &peer{}
 	defer func() {
 		c.mu.Lock()
 		delete(c.conns, conn)
+		c.forget(pr)
 		c.mu.Unlock()
 		conn.Close()
 	}()
+	cred, err := ipc.UnixPeerCred(conn)
+	if err == nil {
+		err = c.Admission.Check(cred)
+	}
+	if err != nil {
+		c.mu.Lock()
+		c.stats.Refused++
+		c.mu.Unlock()
+		conn.SetWriteDeadline(time.Now().Add(time.Second))
+		conn.Write([]byte(trace.Magic + "!refused: " + err.Error()))
+		return
+	}
+	pr.pid, pr.nsPID = uint32(cred.PID), otherPIDNamespace(cred.PID)
 	buf := make([]byte, trace.MaxBatch+1)
 	for first := true; ; first = false {
 		n, err := conn.Read(buf)
@@ -196,17 +250,75 @@ func (c *Collector) serveConn(conn *net.UnixConn) {
 		if err != nil {
 			c.stats.Rejected++
 		} else {
-			c.ingest(&b)
+			c.ingestFrom(&b, pr)
 		}
 		c.mu.Unlock()
 	}
 }
 
-// Ingest adds one decoded batch, as if it came from a connection.
+// otherPIDNamespace reports whether pid lives in another pid namespace
+// than this process (false when that cannot be read: a process of another
+// uid, to a collector that is not root).
+func otherPIDNamespace(pid int32) bool {
+	self, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return false
+	}
+	other, err := os.Readlink("/proc/" + strconv.Itoa(int(pid)) + "/ns/pid")
+	return err == nil && other != self
+}
+
+// ingestFrom takes a batch that came on pr's connection: only for pr's
+// process. Called with c.mu held.
+func (c *Collector) ingestFrom(b *trace.Batch, pr *peer) {
+	if b.PID != pr.pid {
+		if !pr.nsPID {
+			c.stats.Rejected++
+			c.stats.Foreign++
+			return
+		}
+		b.PID = pr.pid
+	}
+	if pr.proc == nil {
+		pr.proc = c.procs[pr.pid]
+		if pr.proc == nil {
+			name := ""
+			if len(b.Records) > 0 && b.Records[0].Kind == trace.KindProcess {
+				name = b.Records[0].Name
+			}
+			pr.proc = c.process(pr.pid, name)
+		}
+		pr.proc.conns++
+	}
+	c.ingest(b, pr)
+}
+
+// forget frees what a closed connection held: its process's state, when
+// no other connection writes for it, and its count of waiting flow ends
+// (the ends stay, for another process's events to complete). Called with
+// c.mu held.
+func (c *Collector) forget(pr *peer) {
+	if pr.proc != nil {
+		if pr.proc.conns--; pr.proc.conns == 0 && c.procs[pr.pid] == pr.proc {
+			delete(c.procs, pr.pid)
+		}
+		pr.proc = nil
+	}
+	for _, id := range pr.flows {
+		if e, ok := c.flows[id]; ok && e.owner == pr {
+			e.owner = nil
+			c.flows[id] = e
+		}
+	}
+	pr.flows, pr.pending = nil, 0
+}
+
+// Ingest adds one decoded batch for the process it names (no connection's
+// rules apply: a caller in this process vouches for it).
 func (c *Collector) Ingest(b *trace.Batch) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.ingest(b)
+	c.ingest(b, nil)
 }
 
 func tid(pid, track uint32) uint32 {
@@ -216,11 +328,7 @@ func tid(pid, track uint32) uint32 {
 	return pid + (1+(track-1)%1023)<<22
 }
 
-func (c *Collector) add(ev []byte) {
-	if c.w.Add(ev) {
-		c.stats.Written++
-	}
-}
+func (c *Collector) add(ev []byte) { c.w.Add(ev) }
 
 // process names pid (once named, a later name replaces it).
 func (c *Collector) process(pid uint32, name string) *proc {
@@ -228,6 +336,7 @@ func (c *Collector) process(pid uint32, name string) *proc {
 	if p == nil {
 		p = &proc{threads: map[uint32]bool{}}
 		c.procs[pid] = p
+		c.seen[pid] = struct{}{}
 	}
 	if (name != "" && name != p.name) || !p.named {
 		if name == "" {
@@ -282,7 +391,9 @@ func appendArgs(b []byte, r *trace.Record) []byte {
 	return append(b, '}')
 }
 
-func (c *Collector) ingest(b *trace.Batch) {
+// ingest writes a batch's events; pr is the connection it came on (nil:
+// Ingest). Called with c.mu held.
+func (c *Collector) ingest(b *trace.Batch, pr *peer) {
 	c.stats.Batches++
 	pid := b.PID
 	p := c.procs[pid]
@@ -329,7 +440,7 @@ func (c *Collector) ingest(b *trace.Batch) {
 			c.buf = appendArgs(c.buf, r)
 			c.add(append(c.buf, '}'))
 			if r.FlowDir != trace.FlowNone {
-				c.flow(r.Flow, flowEnd{dir: r.FlowDir, ts: r.Start, pid: pid, tid: t})
+				c.flow(r.Flow, flowEnd{dir: r.FlowDir, ts: r.Start, pid: pid, tid: t, owner: pr})
 			}
 		}
 	}
@@ -344,16 +455,36 @@ func (c *Collector) flow(id uint64, e flowEnd) {
 	}
 	o, ok := c.flows[id]
 	if !ok || o.dir == e.dir {
-		if !ok {
+		if ok {
+			c.disown(o)
+		} else {
 			if len(c.flows) >= maxPendingFlows {
 				c.evictFlow()
 			}
 			c.flowOrder = append(c.flowOrder, id)
 		}
 		c.flows[id] = e
+		if pr := e.owner; pr != nil {
+			if pr.pending >= maxConnFlows {
+				c.evictOwn(pr)
+			}
+			pr.flows = append(pr.flows, id)
+			pr.pending++
+			if len(pr.flows) > 2*pr.pending+64 {
+				keep := pr.flows[:0]
+				for _, f := range pr.flows {
+					if w, ok := c.flows[f]; ok && w.owner == pr {
+						keep = append(keep, f)
+					}
+				}
+				pr.flows = slices.Clip(keep)
+			}
+		}
+		c.compact()
 		return
 	}
 	delete(c.flows, id)
+	c.disown(o)
 	out, in := o, e
 	if o.dir == trace.FlowIn {
 		out, in = e, o
@@ -370,16 +501,54 @@ func (c *Collector) flow(id uint64, e flowEnd) {
 		}
 		c.add(append(c.buf, '}'))
 	}
+	c.compact()
 }
 
+// disown takes a waiting end off its connection's count.
+func (c *Collector) disown(e flowEnd) {
+	if e.owner != nil {
+		e.owner.pending--
+	}
+}
+
+// evictFlow drops the oldest waiting flow end of all.
 func (c *Collector) evictFlow() {
 	for len(c.flowOrder) > 0 {
 		id := c.flowOrder[0]
 		c.flowOrder = c.flowOrder[1:]
-		if _, ok := c.flows[id]; ok {
+		if e, ok := c.flows[id]; ok {
 			delete(c.flows, id)
+			c.disown(e)
 			return
 		}
+	}
+}
+
+// evictOwn drops pr's oldest waiting flow end.
+func (c *Collector) evictOwn(pr *peer) {
+	for len(pr.flows) > 0 {
+		id := pr.flows[0]
+		pr.flows = pr.flows[1:]
+		if e, ok := c.flows[id]; ok && e.owner == pr {
+			delete(c.flows, id)
+			pr.pending--
+			return
+		}
+	}
+}
+
+// compact drops ids of paired or evicted flows from the order lists once
+// they are mostly such, so that their memory stays proportional to the
+// ends still waiting.
+func (c *Collector) compact() {
+	if len(c.flowOrder) > 2*len(c.flows)+1024 {
+		keep := c.flowOrder[:0]
+		for _, id := range c.flowOrder {
+			if _, ok := c.flows[id]; ok {
+				keep = append(keep, id)
+			}
+		}
+		c.flowOrder = slices.Clip(keep)
 	}
 }
 
@@ -388,9 +557,12 @@ func (c *Collector) Stats() Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.stats
+	s.Written = c.w.Written()
 	s.Capped = c.w.Capped()
-	s.Processes = len(c.procs)
+	s.Lost = c.w.Lost()
+	s.Processes = len(c.seen)
 	s.UnpairedFlows = len(c.flows)
+	s.Conns = len(c.conns)
 	return s
 }
 
@@ -441,7 +613,7 @@ func (c *Collector) Close() error {
 	for _, kv := range []struct {
 		name string
 		v    uint64
-	}{{"tracer.rejected_batches", c.stats.Rejected}, {"tracer.unpaired_flows", uint64(len(c.flows))}} {
+	}{{"tracer.rejected_batches", c.stats.Rejected}, {"tracer.unpaired_flows", uint64(len(c.flows))}, {"tracer.refused_connections", c.stats.Refused}} {
 		c.buf = chrome.Head(c.buf[:0], 'C', kv.name, "", now, self, self)
 		c.buf = append(c.buf, `,"args":{"value":`...)
 		c.buf = strconv.AppendUint(c.buf, kv.v, 10)

@@ -63,6 +63,9 @@ func dial(t testing.TB, path string) *net.UnixConn {
 	return c
 }
 
+// self is this process's pid: the only one a connection of it may write for.
+var self = uint32(os.Getpid())
+
 func batch(pid uint32, recs ...trace.Record) []byte {
 	b := trace.AppendBatchHeader(nil, pid, 0, uint16(len(recs)))
 	for i := range recs {
@@ -125,7 +128,7 @@ func TestMalformedRejectedKeepsServing(t *testing.T) {
 	f := start(t)
 	r := rand.New(rand.NewPCG(rand.Uint64(), 2))
 	conn := dial(t, f.sock)
-	good := batch(777, trace.Record{Kind: trace.KindProcess, Name: "p"},
+	good := batch(self, trace.Record{Kind: trace.KindProcess, Name: "p"},
 		trace.Record{Kind: trace.KindSpan, Cat: "c", Name: "ok", Start: 1000, Dur: 5})
 	bad := 0
 	for i := 0; i < 20; i++ {
@@ -224,7 +227,7 @@ func TestClientDroppedCounted(t *testing.T) {
 	f := start(t)
 	d := uint32(1 + rand.IntN(1000))
 	conn := dial(t, f.sock)
-	b := trace.AppendBatchHeader(nil, 55, d, 1)
+	b := trace.AppendBatchHeader(nil, self, d, 1)
 	b = trace.AppendRecord(b, &trace.Record{Kind: trace.KindProcess, Name: "lossy"})
 	conn.Write(b)
 	conn.Close()
@@ -234,7 +237,7 @@ func TestClientDroppedCounted(t *testing.T) {
 	}
 	found := false
 	for _, e := range out.Events {
-		found = found || (e.Ph == "C" && e.Name == "trace.dropped" && e.Pid == 55 && e.Args["value"].(float64) == float64(d))
+		found = found || (e.Ph == "C" && e.Name == "trace.dropped" && e.Pid == self && e.Args["value"].(float64) == float64(d))
 	}
 	if !found || f.c.Stats().ClientDropped != uint64(d) {
 		t.Fatalf("dropped counter missing; stats %+v", f.c.Stats())
@@ -250,7 +253,7 @@ func BenchmarkIngest(b *testing.B) {
 		recs[i] = trace.Record{Kind: trace.KindSpan, Track: uint32(i % 4), Cat: "bench", Name: "span", Start: int64(i) * 1000, Dur: 500}
 		recs[i].Args[0], recs[i].NArgs = trace.Int("i", int64(i)), 1
 	}
-	msg := batch(4242, recs...)
+	msg := batch(self, recs...)
 	conn := dial(b, f.sock)
 	b.SetBytes(int64(len(msg)))
 	b.ResetTimer()

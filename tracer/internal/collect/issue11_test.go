@@ -57,7 +57,7 @@ func TestCollectorMaxConns(t *testing.T) {
 	defer b.Close()
 	// Both are being served once a batch of each has arrived.
 	for _, c := range []interface{ Write([]byte) (int, error) }{a, b} {
-		c.Write(trace.AppendBatchHeader(nil, 1, 0, 0))
+		c.Write(trace.AppendBatchHeader(nil, self, 0, 0))
 	}
 	for deadline := time.Now().Add(10 * time.Second); f.c.Stats().Batches < 2; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
