@@ -6,10 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"gpukit/libgpu/atomicfile"
 	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -327,64 +327,27 @@ func Save(path string, tensors []Named, meta map[string]string) error {
 	return WriteFile(path, entries, meta)
 }
 
-// WriteFile encodes entries and metadata to path atomically (see Save).
-// Errors name path, never the temporary file (which is removed).
-func WriteFile(path string, entries []Entry, meta map[string]string) (err error) {
-	fail := func(err error) error { return fmt.Errorf("ckpt: writing %s: %w", path, unwrapPath(err)) }
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fail(err)
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
+// WriteFile encodes entries and metadata to path atomically (see Save),
+// synced to stable storage (libgpu/atomicfile). Errors name path, never
+// the temporary file (which is removed).
+func WriteFile(path string, entries []Entry, meta map[string]string) error {
+	var encErr error // an encoding error (not an I/O one) is passed on as it is
+	err := atomicfile.Write(path, atomicfile.Options{Sync: true}, func(w io.Writer) error {
+		if err := Encode(&errWriter{w: w}, entries, meta); err != nil {
+			if !errors.Is(err, errWrite) {
+				encErr = err
+			}
+			return err
 		}
-	}()
-	if err = tmp.Chmod(0o644); err != nil {
-		return fail(err)
+		return nil
+	})
+	if encErr != nil {
+		return encErr
 	}
-	bw := &errWriter{w: tmp}
-	if err = Encode(bw, entries, meta); err != nil {
-		if errors.Is(err, errWrite) {
-			return fail(err)
-		}
-		return err
-	}
-	if err = tmp.Sync(); err != nil {
-		return fail(fmt.Errorf("fsync: %w", unwrapPath(err)))
-	}
-	if err = tmp.Close(); err != nil {
-		return fail(err)
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fail(err)
-	}
-	d, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("ckpt: %w", err)
 	}
-	defer d.Close()
-	if err = d.Sync(); err != nil {
-		return fmt.Errorf("ckpt: fsync directory %s: %w", dir, err)
-	}
 	return nil
-}
-
-// unwrapPath is err without the path of an *os.PathError or
-// *os.LinkError (a temporary file's name, which means nothing to the
-// user).
-func unwrapPath(err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	var le *os.LinkError
-	if errors.As(err, &le) {
-		return le.Err
-	}
-	return err
 }
 
 // errWrite marks a failed write of the file.
@@ -395,7 +358,7 @@ type errWriter struct{ w io.Writer }
 func (e *errWriter) Write(p []byte) (int, error) {
 	n, err := e.w.Write(p)
 	if err != nil {
-		return n, fmt.Errorf("%w: %w", errWrite, unwrapPath(err))
+		return n, fmt.Errorf("%w: %w", errWrite, atomicfile.PlainErr(err))
 	}
 	return n, nil
 }

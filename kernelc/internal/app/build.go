@@ -1,10 +1,9 @@
 package app
 
 import (
-	"errors"
 	"fmt"
+	"gpukit/libgpu/atomicfile"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -213,34 +212,11 @@ func writeOutput(c *cli.Context, path string, img []byte) error {
 		_, err := stdout(c).Write(img)
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".kernelc-*")
-	if err != nil {
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			err = pe.Err // the temporary file's name is not the user's
-		}
-		return fmt.Errorf("build: write %s: %w", path, err)
-	}
-	_, err = tmp.Write(img)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		var pe *fs.PathError
-		var le *os.LinkError
-		if errors.As(err, &pe) {
-			err = pe.Err
-		} else if errors.As(err, &le) {
-			err = le.Err
-		}
-		return fmt.Errorf("build: write %s: %w", path, err)
+	if err := atomicfile.Write(path, atomicfile.Options{}, func(w io.Writer) error {
+		_, err := w.Write(img)
+		return err
+	}); err != nil {
+		return fmt.Errorf("build: %w", err)
 	}
 	return nil
 }

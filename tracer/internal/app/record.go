@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"gpukit/libgpu/atomicfile"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -130,9 +131,5 @@ func notRunnable(err error) string {
 	case errors.Is(err, fs.ErrPermission):
 		return "permission denied"
 	}
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err.Error()
-	}
-	return err.Error()
+	return atomicfile.PlainErr(err).Error()
 }

@@ -3,7 +3,7 @@ package chrome
 import (
 	"errors"
 	"fmt"
-	"io/fs"
+	"gpukit/libgpu/atomicfile"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -86,7 +86,7 @@ func Create(path string, maxSize int64, syncEvery time.Duration) (*Writer, error
 			break
 		}
 		if !errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("chrome: %s: %w", path, plainErr(err))
+			return nil, fmt.Errorf("chrome: %s: %w", path, atomicfile.PlainErr(err))
 		}
 	}
 	if f == nil {
@@ -105,23 +105,9 @@ func Create(path string, maxSize int64, syncEvery time.Duration) (*Writer, error
 		w.closer.stop()
 		f.Close()
 		os.Remove(tmp)
-		return nil, fmt.Errorf("chrome: %s: %w", path, plainErr(err))
+		return nil, fmt.Errorf("chrome: %s: %w", path, atomicfile.PlainErr(err))
 	}
 	return w, nil
-}
-
-// plainErr drops the file names an *fs.PathError or *os.LinkError carries
-// (the temporary file's: errors name the file asked for), keeping the cause.
-func plainErr(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	var le *os.LinkError
-	if errors.As(err, &le) {
-		return le.Err
-	}
-	return err
 }
 
 // Add buffers one encoded event (a JSON object); false when the size cap
@@ -233,9 +219,9 @@ func (w *Writer) fail(what string, err error) error {
 	w.lost += w.nbuf
 	w.buf, w.starts, w.nbuf = nil, nil, 0
 	restore := closeAt(w.f, w.end)
-	w.failed = fmt.Errorf("chrome: %s %s: %w; stopped writing there, the file keeps its first %d events", what, w.path, plainErr(err), w.written)
+	w.failed = fmt.Errorf("chrome: %s %s: %w; stopped writing there, the file keeps its first %d events", what, w.path, atomicfile.PlainErr(err), w.written)
 	if restore != nil {
-		w.failed = fmt.Errorf("%w (and closing it again failed: %v)", w.failed, plainErr(restore))
+		w.failed = fmt.Errorf("%w (and closing it again failed: %v)", w.failed, atomicfile.PlainErr(restore))
 	}
 	return w.failed
 }
@@ -266,11 +252,11 @@ func (w *Writer) Close() error {
 		err = w.failed
 	}
 	if serr := w.f.Sync(); err == nil && serr != nil {
-		err = fmt.Errorf("chrome: sync %s: %w", w.path, plainErr(serr))
+		err = fmt.Errorf("chrome: sync %s: %w", w.path, atomicfile.PlainErr(serr))
 	}
 	w.closer.done()
 	if cerr := w.f.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("chrome: close %s: %w", w.path, plainErr(cerr))
+		err = fmt.Errorf("chrome: close %s: %w", w.path, atomicfile.PlainErr(cerr))
 	}
 	return err
 }

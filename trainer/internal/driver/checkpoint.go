@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"gpukit/libgpu/atomicfile"
 	"io"
 	"io/fs"
 	"math"
@@ -191,18 +192,18 @@ func Resolve(path string) (file, which string, err error) {
 	return model, "the last checkpoint (the run has no best.safetensors)", nil
 }
 
-// litter are the patterns of what a killed run leaves in its directory:
-// the temporary files of atomic writes (libgpu/ckpt.WriteFile, the plot)
-// cut short by SIGKILL. A run that starts or resumes in the directory
-// removes them (RemoveLitter).
-var litter = []string{"." + ModelFile + ".tmp*", "." + StateFile + ".tmp*", "." + BestFile + ".tmp*", "." + PlotFile + ".tmp*"}
+// written are the files a run writes atomically (libgpu/atomicfile,
+// through libgpu/ckpt.WriteFile and the plot); a SIGKILL mid-write leaves
+// their temporary files (atomicfile.Litter), which a run that starts or
+// resumes in the directory removes (RemoveLitter).
+var written = []string{ModelFile, StateFile, BestFile, PlotFile}
 
 // RemoveLitter removes the temporary files killed writes left in dir and
 // returns their names.
 func RemoveLitter(dir string) ([]string, error) {
 	var removed []string
-	for _, pat := range litter {
-		ms, err := filepath.Glob(filepath.Join(dir, pat))
+	for _, f := range written {
+		ms, err := atomicfile.Litter(filepath.Join(dir, f))
 		if err != nil {
 			return removed, err
 		}

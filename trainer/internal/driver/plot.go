@@ -3,9 +3,9 @@ package driver
 import (
 	"encoding/json"
 	"fmt"
+	"gpukit/libgpu/atomicfile"
 	"image/color"
-	"os"
-	"path/filepath"
+	"io"
 	"sort"
 	"strings"
 
@@ -92,10 +92,14 @@ func Plot(metrics, out, lossLabel string) error {
 	for i, r := range rows {
 		r[0].Draw(canvases[i][0])
 	}
-	return writeAtomic(out, func(f *os.File) error {
-		_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(f)
+	err = atomicfile.Write(out, atomicfile.Options{}, func(w io.Writer) error {
+		_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
 		return err
 	})
+	if err != nil {
+		return fmt.Errorf("trainer: %w", err)
+	}
+	return nil
 }
 
 // lossPlot draws the training loss (a line with a dot per point) and the
@@ -163,42 +167,4 @@ func accuracyPlot(acc map[string]plotter.XYs) (*plot.Plot, error) {
 	p.Legend.Top = true
 	p.Legend.Left = true
 	return p, nil
-}
-
-// writeAtomic writes path through a temporary file in its directory,
-// renamed over it when write succeeded; errors name path, not the
-// temporary file.
-func writeAtomic(path string, write func(*os.File) error) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("trainer: writing %s: %w", path, unwrapPath(err))
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if err = write(tmp); err != nil {
-		return fmt.Errorf("trainer: writing %s: %w", path, unwrapPath(err))
-	}
-	if err = tmp.Chmod(0o644); err != nil {
-		return fmt.Errorf("trainer: writing %s: %w", path, unwrapPath(err))
-	}
-	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("trainer: writing %s: %w", path, unwrapPath(err))
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("trainer: writing %s: %w", path, unwrapPath(err))
-	}
-	return nil
-}
-
-// unwrapPath is err without the path of an *os.PathError (a temporary
-// file's name, which means nothing to the user).
-func unwrapPath(err error) error {
-	if pe, ok := err.(*os.PathError); ok {
-		return pe.Err
-	}
-	return err
 }
