@@ -25,7 +25,7 @@ UNITDIR     ?= $(PREFIX)/lib/systemd/system
 TMPFILESDIR ?= $(PREFIX)/lib/tmpfiles.d
 UNITS       := gpupool.socket gpupool.service
 
-.PHONY: all build install warm-cache docs-check systemd-check test test-short lint demo demo-gpt ci gpu-bundle bench tidy-check clean deps cuda-check
+.PHONY: all build install warm-cache docs-check systemd-check test test-short lint generate-check demo demo-gpt ci gpu-bundle bench tidy-check clean deps cuda-check
 
 all: build
 
@@ -83,13 +83,17 @@ systemd-check:
 test: deps build
 	$(GO) test -count=1 -timeout 30m $(addprefix gpukit/,$(addsuffix /...,$(MODULES)))
 
-## lint: gofmt, go vet and staticcheck over every module
-lint:
+## lint: gofmt, go vet and staticcheck over every module, and the generated kernel launchers current (generate-check)
+lint: generate-check
 	@out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(addprefix gpukit/,$(addsuffix /...,$(MODULES)))
 	@command -v staticcheck >/dev/null || [ -x "$$($(GO) env GOPATH)/bin/staticcheck" ] || \
 		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	PATH="$$PATH:$$($(GO) env GOPATH)/bin" staticcheck $(addprefix gpukit/,$(addsuffix /...,$(MODULES)))
+
+## generate-check: libgpu/kernels/launch (the typed launchers) is what go generate writes from libgpu/kernels/*.cu
+generate-check:
+	cd libgpu/kernels/launch && $(GO) run gen.go -check
 
 ## tidy-check: each module builds alone (GOWORK=off) and go.mod is tidy
 tidy-check:
