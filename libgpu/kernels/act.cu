@@ -60,7 +60,7 @@ struct act_args {
   int explore, halting, acc;
   float scale;
 };
-static_assert(sizeof(act_args) == 328, "act_args layout (ops/act.go actKArgs)");
+static_assert(sizeof(act_args) == 328, "act_args layout: launch.ActArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 // The metrics vector (ops.ACTLoss ... ops.ACTLRScale).
 #define ACT_METRICS 10

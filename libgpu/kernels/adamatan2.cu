@@ -46,7 +46,7 @@ struct aa2_args {
   const float* lr_scale;  // null, or a device scalar multiplying lr
   const float* g_scale;   // null, or a device scalar multiplying every gradient
 };
-static_assert(sizeof(aa2_args) == 1720, "aa2_args layout (ops/adamatan2.go aa2Args)");
+static_assert(sizeof(aa2_args) == 1720, "aa2_args layout: launch.Aa2Args is generated from it (go generate ./libgpu/kernels/launch)");
 
 // aa2_powi is b^t, t ≥ 0, by squaring in double.
 __device__ __forceinline__ double aa2_powi(double b, int t) {

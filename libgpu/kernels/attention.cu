@@ -94,7 +94,7 @@ struct attn_args {
   unsigned drop_site;
   int pad2;
 };
-static_assert(sizeof(attn_args) == 360, "attn_args layout (ops/attention.go attnArgs)");
+static_assert(sizeof(attn_args) == 360, "attn_args layout: launch.AttnArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 #ifndef ATTN_DYN_SMEM
 #define ATTN_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]

@@ -19,7 +19,7 @@ struct bce_args {
   float scale;
   int acc;          // add to dx
 };
-static_assert(sizeof(bce_args) == 48, "bce_args layout (ops/bce.go bceKArgs)");
+static_assert(sizeof(bce_args) == 48, "bce_args layout: launch.BceArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 __device__ __forceinline__ double bce_warp_sum(double v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

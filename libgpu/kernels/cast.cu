@@ -33,7 +33,7 @@ struct cast_mt_args {
   int start[CAST_MT_MAX + 1];
   int count;
 };
-static_assert(sizeof(cast_mt_args) == 3592, "cast_mt_args layout changed: update cast.go");
+static_assert(sizeof(cast_mt_args) == 3592, "cast_mt_args layout: launch.CastMtArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 // cast_multi_f32_to_bf16: block b casts elements [lo, hi) of its tensor,
 // lo = (b − start)·CAST_MT_CHUNK. Where both pointers are 16-byte aligned,

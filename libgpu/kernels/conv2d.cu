@@ -28,7 +28,7 @@ struct conv_args {
   int kh, kw, ho, wo;
   int stride, pad, acc;
 };
-static_assert(sizeof(conv_args) == 48, "conv_args layout (ops/conv2d.go convArgs)");
+static_assert(sizeof(conv_args) == 48, "conv_args layout: launch.ConvArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 // conv_im2col: thread i writes vector i of the chunk's columns (V
 // channels); the flat index of (p, kh, kw, c) is exactly i·V.
@@ -131,7 +131,7 @@ struct conv_igemm_args {
   int ho, wo, cout, kh;
   int kw, stride, pad, acc;
 };
-static_assert(sizeof(conv_igemm_args) == 80, "conv_igemm_args layout (ops/conv2d.go convIgemmArgs)");
+static_assert(sizeof(conv_igemm_args) == 80, "conv_igemm_args layout: launch.ConvIgemmArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 #define CI_BM 128
 #define CI_BN 64

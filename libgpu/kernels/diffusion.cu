@@ -35,7 +35,7 @@ struct diff_args {
   int samples;  // N
   unsigned int stream;
 };
-static_assert(sizeof(diff_args) == 96, "diff_args layout (ops/diffusion.go diffArgs)");
+static_assert(sizeof(diff_args) == 96, "diff_args layout: launch.DiffArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 // Coefficient row fields (ops.Coef*).
 #define DIFF_A 0

@@ -81,7 +81,7 @@ struct gg_args {
   int M, N, K;          // fixed dimensions: M of dw; N (columns of C) always; K of fwd and dx
   int acc;              // add to C instead of overwriting it
 };
-static_assert(sizeof(gg_args) == 104, "gg_args layout (ops/groupedgemm.go ggArgs)");
+static_assert(sizeof(gg_args) == 104, "gg_args layout: launch.GgArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 // gg_schedule fills off_s[0..E] with the clamped, non-decreasing offsets
 // and ts_s[0..E] with each group's first tile (ts_s[E] = total tiles), for

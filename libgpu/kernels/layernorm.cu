@@ -76,7 +76,7 @@ struct ln_args {
   int acc_dx, acc_dr, acc_w, acc_b;
   int group;  // backward: blocks per fold group
 };
-static_assert(sizeof(ln_args) == 240, "ln_args layout (ops/layernorm.go lnKArgs)");
+static_assert(sizeof(ln_args) == 240, "ln_args layout: launch.LnArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 // ---- shared pieces ----
 

@@ -31,7 +31,7 @@ struct ops_clip_args {
     int start[OPS_CLIP_MAX + 1];
     int count;
 };
-static_assert(sizeof(ops_clip_args) == 648, "ops_clip_args layout changed: update cuda_clip.go");
+static_assert(sizeof(ops_clip_args) == 648, "ops_clip_args layout: launch.OpsClipArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 __device__ __forceinline__ double clip_warp_sum(double v) {
     for (int o = 16; o > 0; o >>= 1) {

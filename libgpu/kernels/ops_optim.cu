@@ -31,7 +31,7 @@ struct ops_adam_args {
     const float* lr_scale;  // null, or a device scalar multiplying lr (a schedule)
     const float* g_scale;   // null, or a device scalar multiplying every gradient (clipping)
 };
-static_assert(sizeof(ops_adam_args) == 1712, "ops_adam_args layout changed: update cuda_optim.go");
+static_assert(sizeof(ops_adam_args) == 1712, "ops_adam_args layout: launch.OpsAdamArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 struct ops_sgd_tensor {
     float* p;
@@ -46,7 +46,7 @@ struct ops_sgd_args {
     int count;
     float lr, mu, wd;
 };
-static_assert(sizeof(ops_sgd_args) == 1176, "ops_sgd_args layout changed: update cuda_optim.go");
+static_assert(sizeof(ops_sgd_args) == 1176, "ops_sgd_args layout: launch.OpsSgdArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 // powi is b^t for t >= 0 by repeated squaring in double (no math library
 // needed; a few ulps of double, far below f32 resolution).

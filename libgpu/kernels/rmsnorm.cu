@@ -38,7 +38,7 @@ struct rms_args {
   float eps;
   int acc_dx, acc_dr;
 };
-static_assert(sizeof(rms_args) == 168, "rms_args layout (ops/rmsnorm.go rmsKArgs)");
+static_assert(sizeof(rms_args) == 168, "rms_args layout: launch.RmsArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 // rms_round rounds v[0..V) to T's precision and back (the stored sum).
 template <typename T, int V>

@@ -26,7 +26,7 @@ struct rope_args {
   int bwd;  // the transpose (backward)
   int acc;  // add to y
 };
-static_assert(sizeof(rope_args) == 112, "rope_args layout (ops/rope.go ropeKArgs)");
+static_assert(sizeof(rope_args) == 112, "rope_args layout: launch.RopeArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 template <typename T>
 __device__ void rope(const rope_args& a) {

@@ -32,7 +32,7 @@ struct smx_args {
   float scale;
   int acc;  // add the gradient to dlogits
 };
-static_assert(sizeof(smx_args) == 128, "smx_args layout (ops/stablemax.go smxKArgs)");
+static_assert(sizeof(smx_args) == 128, "smx_args layout: launch.SmxArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 __device__ __forceinline__ double smx_s(double x) { return x >= 0.0 ? x + 1.0 : 1.0 / (1.0 - x); }
 __device__ __forceinline__ double smx_ds(double x) {

@@ -22,7 +22,7 @@ struct swiglu_args {
   int I;
   int acc;  // backward: add to dgu
 };
-static_assert(sizeof(swiglu_args) == 64, "swiglu_args layout (ops/swiglu.go swigluKArgs)");
+static_assert(sizeof(swiglu_args) == 64, "swiglu_args layout: launch.SwigluArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 __device__ __forceinline__ float swiglu_sig(float g) { return 1.0f / (1.0f + expf(-g)); }
 

@@ -16,9 +16,8 @@ package ops
 import (
 	"fmt"
 	"math"
-	"unsafe"
 
-	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -54,29 +53,6 @@ type ACTBatch struct {
 type ACTPool struct {
 	Inputs, Labels *tensor.Tensor // u8 [R, B, L] tokens
 	MinHalt        *tensor.Tensor // i32 [R, B]: exploration's minimum segments, or nil (none)
-}
-
-// actKArgs mirrors struct act_args of act.cu (328 bytes; act_layout_test.go
-// checks the offsets).
-type actKArgs struct {
-	w, z, init                      cuda.DevicePtr
-	halted, steps, cursor           cuda.DevicePtr
-	poolIn, poolLab, poolMH         cuda.DevicePtr
-	curIn, curLab, tokens, targets  cuda.DevicePtr
-	logits, pred, correct, exact    cuda.DevicePtr
-	q, qt, metrics, lmLoss, qLoss   cuda.DevicePtr
-	lrScale, done, used, answer     cuda.DevicePtr
-	seg, cond                       cuda.DevicePtr
-	n, s0, s1                       int64
-	warmup, total, minRatio         float64
-	b, t, c, l, v                   int32
-	slots, maxSteps, puzzleTok, pos int32
-	explore, halting, acc           int32
-	scale                           float32
-}
-
-func (c *cudaImpl) actLaunch(name string, grid, block [3]uint32, k *actKArgs) error {
-	return c.launchK("act.cu", name, grid, block, 0, unsafe.Pointer(k))
 }
 
 // actHostI32 reads an i32 host tensor's elements (its own memory).
@@ -172,9 +148,9 @@ func (e *Engine) ACTResetCarry(w, z, init, halted *tensor.Tensor) error {
 		}
 		return commit()
 	}, func(c *cudaImpl) error {
-		k := actKArgs{w: devPtr(w), z: devPtr(z), init: devPtr(init), halted: devPtr(halted), n: int64(n),
-			b: int32(B), t: int32(T), c: int32(C)}
-		return c.actLaunch("act_reset"+dtSuffix(w.DType), gridFor(int64(n), 256), block1(256), &k)
+		k := launch.ActArgs{W: devPtr(w), Z: devPtr(z), Init: devPtr(init), Halted: devPtr(halted), N: int64(n),
+			B: int32(B), T: int32(T), C: int32(C)}
+		return launch.ActReset(c, dtName(w.DType), gridFor(int64(n), 256), block1(256), 0, &k)
 	})
 }
 
@@ -290,11 +266,11 @@ func (e *Engine) ACTLoad(tokens, targets *tensor.Tensor, b ACTBatch, p ACTPool, 
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		k := actKArgs{halted: devPtr(b.Halted), steps: devPtr(b.Steps), cursor: devPtr(b.Cursor),
-			poolIn: devPtr(p.Inputs), poolLab: devPtr(p.Labels), curIn: devPtr(b.Inputs), curLab: devPtr(b.Labels),
-			tokens: devPtr(tokens), targets: devPtr(targets), b: int32(B), t: int32(L + 1), slots: int32(R),
-			puzzleTok: int32(puzzleToken)}
-		return c.actLaunch("act_load", gridFor(int64(B*(L+1)), 256), block1(256), &k)
+		k := launch.ActArgs{Halted: devPtr(b.Halted), Steps: devPtr(b.Steps), Cursor: devPtr(b.Cursor),
+			PoolIn: devPtr(p.Inputs), PoolLab: devPtr(p.Labels), CurIn: devPtr(b.Inputs), CurLab: devPtr(b.Labels),
+			Tokens: devPtr(tokens), Targets: devPtr(targets), B: int32(B), T: int32(L + 1), Slots: int32(R),
+			PuzzleTok: int32(puzzleToken)}
+		return launch.ActLoad(c, gridFor(int64(B*(L+1)), 256), block1(256), 0, &k)
 	})
 }
 
@@ -373,9 +349,9 @@ func (e *Engine) ACTCorrect(pred, correct, exact, logits, targets *tensor.Tensor
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		k := actKArgs{logits: devPtr(logits), targets: devPtr(targets), pred: devPtr(pred), correct: devPtr(correct),
-			exact: devPtr(exact), s0: int64(logits.Strides[0]), s1: int64(logits.Strides[1]), b: int32(B), t: int32(T), v: int32(V)}
-		return c.actLaunch("act_correct"+dtSuffix(logits.DType), grid1(min(B, 65535)), block1(128), &k)
+		k := launch.ActArgs{Logits: devPtr(logits), Targets: devPtr(targets), Pred: devPtr(pred), Correct: devPtr(correct),
+			Exact: devPtr(exact), S0: int64(logits.Strides[0]), S1: int64(logits.Strides[1]), B: int32(B), T: int32(T), V: int32(V)}
+		return launch.ActCorrect(c, dtName(logits.DType), grid1(min(B, 65535)), block1(128), 0, &k)
 	})
 }
 
@@ -444,9 +420,9 @@ func (e *Engine) ACTTargets(qt, exact, qNext, steps *tensor.Tensor, maxSteps int
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		k := actKArgs{qt: devPtr(qt), exact: devPtr(exact), q: devPtr(qNext), steps: devPtr(steps), b: int32(B),
-			maxSteps: int32(maxSteps)}
-		return c.actLaunch("act_targets"+dtSuffix(qNext.DType), gridFor(int64(B), 256), block1(256), &k)
+		k := launch.ActArgs{Qt: devPtr(qt), Exact: devPtr(exact), Q: devPtr(qNext), Steps: devPtr(steps), B: int32(B),
+			MaxSteps: int32(maxSteps)}
+		return launch.ActTargets(c, dtName(qNext.DType), gridFor(int64(B), 256), block1(256), 0, &k)
 	})
 }
 
@@ -505,8 +481,8 @@ func (e *Engine) ACTQLoss(loss, dq, q, target *tensor.Tensor, scale float32, acc
 		}
 		return loss.WriteFloat32([]float32{float32(float64(scale) * s)})
 	}, func(c *cudaImpl) error {
-		k := actKArgs{w: devPtr(dq), q: devPtr(q), qt: devPtr(target), metrics: devPtr(loss), n: int64(n), scale: scale, acc: lnBool(acc)}
-		return c.actLaunch("act_qloss"+dtSuffix(q.DType), grid1(1), block1(1024), &k)
+		k := launch.ActArgs{W: devPtr(dq), Q: devPtr(q), Qt: devPtr(target), Metrics: devPtr(loss), N: int64(n), Scale: scale, Acc: lnBool(acc)}
+		return launch.ActQloss(c, dtName(q.DType), grid1(1), block1(1024), 0, &k)
 	})
 }
 
@@ -630,11 +606,11 @@ func (e *Engine) ACTHalt(a ACTHaltArgs) error {
 		return fmt.Errorf("%w: act halt max steps %d, cells %d", ErrConfig, a.MaxSteps, a.Cells)
 	}
 	return e.dispatch(func(*hostImpl) error { return hostACTHalt(a, B, R) }, func(c *cudaImpl) error {
-		k := actKArgs{halted: devPtr(a.Batch.Halted), steps: devPtr(a.Batch.Steps), cursor: devPtr(a.Batch.Cursor),
-			poolMH: devPtr(a.MinHalt), q: devPtr(a.Q), qt: devPtr(a.QT), correct: devPtr(a.Correct), exact: devPtr(a.Exact),
-			metrics: devPtr(a.Metrics), lmLoss: devPtr(a.LMLoss), qLoss: devPtr(a.QLoss), lrScale: devPtr(a.LRScale),
-			b: int32(B), l: int32(a.Cells), slots: int32(R), maxSteps: int32(a.MaxSteps), explore: lnBool(a.Explore)}
-		return c.actLaunch("act_halt"+dtSuffix(a.Q.DType), grid1(1), block1(1024), &k)
+		k := launch.ActArgs{Halted: devPtr(a.Batch.Halted), Steps: devPtr(a.Batch.Steps), Cursor: devPtr(a.Batch.Cursor),
+			PoolMh: devPtr(a.MinHalt), Q: devPtr(a.Q), Qt: devPtr(a.QT), Correct: devPtr(a.Correct), Exact: devPtr(a.Exact),
+			Metrics: devPtr(a.Metrics), LmLoss: devPtr(a.LMLoss), QLoss: devPtr(a.QLoss), LrScale: devPtr(a.LRScale),
+			B: int32(B), L: int32(a.Cells), Slots: int32(R), MaxSteps: int32(a.MaxSteps), Explore: lnBool(a.Explore)}
+		return launch.ActHalt(c, dtName(a.Q.DType), grid1(1), block1(1024), 0, &k)
 	})
 }
 
@@ -743,8 +719,8 @@ func (e *Engine) ACTSchedule(scale, cursor *tensor.Tensor, warmup, total int, mi
 		out[0] = float32(ACTScheduleScale(int(c[0])+1, warmup, total, minRatio))
 		return nil
 	}, func(c *cudaImpl) error {
-		k := actKArgs{lrScale: devPtr(scale), cursor: devPtr(cursor), warmup: float64(warmup), total: float64(total), minRatio: minRatio}
-		return c.actLaunch("act_schedule", grid1(1), block1(32), &k)
+		k := launch.ActArgs{LrScale: devPtr(scale), Cursor: devPtr(cursor), Warmup: float64(warmup), Total: float64(total), MinRatio: minRatio}
+		return launch.ActSchedule(c, grid1(1), block1(32), 0, &k)
 	})
 }
 
@@ -847,10 +823,10 @@ func (e *Engine) ACTEval(a ACTEvalArgs) error {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		k := actKArgs{q: devPtr(a.Q), pred: devPtr(a.Pred), answer: devPtr(a.Answer), done: devPtr(a.Done),
-			used: devPtr(a.Used), seg: devPtr(a.Seg), cond: devPtr(a.Cond), b: int32(B), t: int32(T),
-			maxSteps: int32(a.MaxSteps), halting: lnBool(a.Halting)}
-		return c.actLaunch("act_eval"+dtSuffix(a.Q.DType), grid1(1), block1(1024), &k)
+		k := launch.ActArgs{Q: devPtr(a.Q), Pred: devPtr(a.Pred), Answer: devPtr(a.Answer), Done: devPtr(a.Done),
+			Used: devPtr(a.Used), Seg: devPtr(a.Seg), Cond: devPtr(a.Cond), B: int32(B), T: int32(T),
+			MaxSteps: int32(a.MaxSteps), Halting: lnBool(a.Halting)}
+		return launch.ActEval(c, dtName(a.Q.DType), grid1(1), block1(1024), 0, &k)
 	})
 }
 
@@ -911,9 +887,9 @@ func (e *Engine) PutPos(dx, src *tensor.Tensor, pos int, acc bool) error {
 		}
 		return commit()
 	}, func(c *cudaImpl) error {
-		k := actKArgs{w: devPtr(dx), z: devPtr(src), s0: int64(dx.Strides[0]), s1: int64(dx.Strides[1]),
-			b: int32(B), t: int32(T), c: int32(C), pos: int32(pos), acc: lnBool(acc)}
-		return c.actLaunch("act_put"+dtSuffix(dx.DType), gridFor(int64(n), 256), block1(256), &k)
+		k := launch.ActArgs{W: devPtr(dx), Z: devPtr(src), S0: int64(dx.Strides[0]), S1: int64(dx.Strides[1]),
+			B: int32(B), T: int32(T), C: int32(C), Pos: int32(pos), Acc: lnBool(acc)}
+		return launch.ActPut(c, dtName(dx.DType), gridFor(int64(n), 256), block1(256), 0, &k)
 	})
 }
 

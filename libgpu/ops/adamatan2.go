@@ -10,9 +10,8 @@ package ops
 import (
 	"fmt"
 	"math"
-	"unsafe"
 
-	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -232,28 +231,11 @@ func hostSignSGD(params, grads []*tensor.Tensor, cfg SignSGDConfig) error {
 
 // ---- CUDA ----
 
-// aa2Tensor and aa2Args mirror aa2_tensor and aa2_args of adamatan2.cu
-// (1720 bytes, asserted there and in adamatan2_layout_test.go).
-type aa2Tensor struct {
-	p, g, m, v cuda.DevicePtr
-	n          int64
-	wd         float32
-	_          int32
-}
-
-type aa2Args struct {
-	t                [mtMax]aa2Tensor
-	start            [mtMax + 1]int32
-	count            int32
-	lr, b1, b2, a, b float32
-	inside           int32
-	step             cuda.DevicePtr
-	lrScale, gScale  cuda.DevicePtr
-}
-
-// multi launches kernel name of adamatan2.cu over the tensors in groups
-// of mtMax, fill setting each group's per-tensor fields.
-func (c *cudaImpl) aa2Multi(name string, params []*tensor.Tensor, base aa2Args, fill func(i int, t *aa2Tensor)) error {
+// aa2Multi launches kernel (launch.Aa2Multi or launch.SignsgdMulti) over
+// the tensors in groups of mtMax, fill setting each group's per-tensor
+// fields.
+func (c *cudaImpl) aa2Multi(kernel func(launch.Launcher, [3]uint32, [3]uint32, uint32, *launch.Aa2Args) error,
+	params []*tensor.Tensor, base launch.Aa2Args, fill func(i int, t *launch.Aa2Tensor)) error {
 	groups, err := mtPlan(numels(params))
 	if err != nil {
 		return err
@@ -263,12 +245,12 @@ func (c *cudaImpl) aa2Multi(name string, params []*tensor.Tensor, base aa2Args, 
 			continue
 		}
 		a := base
-		a.start, a.count = g.start, int32(g.hi-g.lo)
+		a.Start, a.Count = g.start, int32(g.hi-g.lo)
 		for i := g.lo; i < g.hi; i++ {
-			a.t[i-g.lo] = aa2Tensor{p: devPtr(params[i]), n: int64(params[i].Numel())}
-			fill(i, &a.t[i-g.lo])
+			a.T[i-g.lo] = launch.Aa2Tensor{P: devPtr(params[i]), N: int64(params[i].Numel())}
+			fill(i, &a.T[i-g.lo])
 		}
-		if err := c.launchK("adamatan2.cu", name, grid1(int(g.blocks())), block1(mtBlock), 0, unsafe.Pointer(&a)); err != nil {
+		if err := kernel(c, grid1(int(g.blocks())), block1(mtBlock), 0, &a); err != nil {
 			return err
 		}
 	}
@@ -276,20 +258,21 @@ func (c *cudaImpl) aa2Multi(name string, params []*tensor.Tensor, base aa2Args, 
 }
 
 func (c *cudaImpl) adamATan2(params, grads, m, v []*tensor.Tensor, step *tensor.Tensor, cfg AdamATan2Config) error {
-	if err := c.launchK("adamatan2.cu", "aa2_step", grid1(1), block1(1), 0, kPtr(step)); err != nil {
+	if err := launch.Aa2Step(c, grid1(1), block1(1), 0, devPtr(step)); err != nil {
 		return err
 	}
 	a, b := cfg.ab()
-	base := aa2Args{lr: cfg.LR, b1: cfg.Beta1, b2: cfg.Beta2, a: a, b: b, inside: lnBool(cfg.BiasInside),
-		step: devPtr(step), lrScale: devPtr(cfg.LRScale), gScale: devPtr(cfg.GradScale)}
-	return c.aa2Multi("aa2_multi", params, base, func(i int, t *aa2Tensor) {
-		t.g, t.m, t.v, t.wd = devPtr(grads[i]), devPtr(m[i]), devPtr(v[i]), cfg.decay(i)
+	base := launch.Aa2Args{Lr: cfg.LR, B1: cfg.Beta1, B2: cfg.Beta2, A: a, B: b, Inside: lnBool(cfg.BiasInside),
+		Step: devPtr(step), LrScale: devPtr(cfg.LRScale), GScale: devPtr(cfg.GradScale)}
+	return c.aa2Multi(launch.Aa2Multi, params, base, func(i int, t *launch.Aa2Tensor) {
+		t.G, t.M, t.V, t.Wd = devPtr(grads[i]), devPtr(m[i]), devPtr(v[i]), cfg.decay(i)
 	})
 }
 
 func (c *cudaImpl) signSGD(params, grads []*tensor.Tensor, cfg SignSGDConfig) error {
-	base := aa2Args{lr: cfg.LR, lrScale: devPtr(cfg.LRScale)}
-	return c.aa2Multi("signsgd_multi", params, base, func(i int, t *aa2Tensor) {
-		t.g, t.wd = devPtr(grads[i]), cfg.WeightDecay
-	})
+	base := launch.Aa2Args{Lr: cfg.LR, LrScale: devPtr(cfg.LRScale)}
+	return c.aa2Multi(launch.SignsgdMulti, params, base,
+		func(i int, t *launch.Aa2Tensor) {
+			t.G, t.Wd = devPtr(grads[i]), cfg.WeightDecay
+		})
 }

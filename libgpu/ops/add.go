@@ -7,6 +7,7 @@ package ops
 import (
 	"fmt"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -38,8 +39,8 @@ func (e *Engine) Add(y, a, b *tensor.Tensor) error {
 		return commit()
 	}, func(c *cudaImpl) error {
 		inst := rwElemInst(y, a, b)
-		return c.launchK("add.cu", "add_"+inst+dtSuffix(a.DType), rwElemGrid(n, inst), block1(256), 0,
-			kPtr(y), kPtr(a), kPtr(b), kI64(int64(n)))
+		return launch.Add(c, inst+"_"+dtName(a.DType), rwElemGrid(n, inst), block1(256), 0,
+			devPtr(y), devPtr(a), devPtr(b), int64(n))
 	})
 }
 
@@ -76,9 +77,9 @@ func (e *Engine) Scale(y, x *tensor.Tensor, s float32, acc bool) error {
 		return commit()
 	}, func(c *cudaImpl) error {
 		inst := rwElemInst(y, x)
-		name := "scale_" + inst + dtSuffix(y.DType) + dtSuffix(x.DType)
-		return c.launchK("add.cu", name, rwElemGrid(n, inst), block1(256), 0,
-			kPtr(y), kPtr(x), kF32(s), kI64(int64(n)), kBool(acc))
+		return launch.Scale(c, inst+dtSuffix(y.DType)+dtSuffix(x.DType), rwElemGrid(n, inst), block1(256), 0,
+			devPtr(y), devPtr(x), s, int64(n), launch.Bool(acc))
+
 	})
 }
 

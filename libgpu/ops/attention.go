@@ -12,12 +12,12 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"strconv"
 	"sync"
-	"unsafe"
 
 	"gonum.org/v1/gonum/blas"
 
-	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -188,8 +188,8 @@ func (e *Engine) AttentionForward(o, lse, q, k, v *tensor.Tensor, causal bool, s
 			a := newAttnArgs(s, causal, scale)
 			a.setDropout(drop)
 			a.setQKV(q, k, v)
-			a.o, a.so = devPtr(o), attnStrides(o)
-			a.lse = devPtr(lse)
+			a.O, a.So = devPtr(o), attnStrides(o)
+			a.Lse = devPtr(lse)
 			if attnTC(q.DType, s.d, q, k, v, o) {
 				return c.attnFwdTC(&a, s)
 			}
@@ -252,19 +252,19 @@ func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tenso
 		a := newAttnArgs(s, causal, scale)
 		a.setDropout(drop)
 		a.setQKV(q, k, v)
-		a.o, a.so = devPtr(o), attnStrides(o)
-		a.lse = devPtr(lse)
-		a.dout, a.sdo = devPtr(do), attnStrides(do)
-		a.dq, a.sdq = devPtr(dq), attnStrides(dq)
-		a.dk, a.sdk = devPtr(dk), attnStrides(dk)
-		a.dv, a.sdv = devPtr(dv), attnStrides(dv)
-		a.accQ, a.accK, a.accV = attnBool(acc[0]), attnBool(acc[1]), attnBool(acc[2])
+		a.O, a.So = devPtr(o), attnStrides(o)
+		a.Lse = devPtr(lse)
+		a.Dout, a.Sdo = devPtr(do), attnStrides(do)
+		a.Dq, a.Sdq = devPtr(dq), attnStrides(dq)
+		a.Dk, a.Sdk = devPtr(dk), attnStrides(dk)
+		a.Dv, a.Sdv = devPtr(dv), attnStrides(dv)
+		a.AccQ, a.AccK, a.AccV = attnBool(acc[0]), attnBool(acc[1]), attnBool(acc[2])
 		if s.tq > 0 {
 			delta, err := c.scratchPtr("attention.delta", int64(4*s.b*s.h*s.tq))
 			if err != nil {
 				return err
 			}
-			a.delta = delta
+			a.Delta = delta
 			if err := c.attnBwdDelta(&a, s, q.DType, o, do); err != nil {
 				return err
 			}
@@ -636,53 +636,30 @@ func (hi *hostImpl) attnDecode(o, q, kc, vc *tensor.Tensor, p int, s attnShape, 
 
 // ---- CUDA ----
 
-// attnArgs mirrors struct attn_args of attention.cu field for field (360
-// bytes; attention_layout_test.go checks): the one parameter of the
-// forward and backward kernels. Strides are in elements: batch, time, head.
-type attnArgs struct {
-	q, k, v, o, lse, dout, dq, dk, dv, delta cuda.DevicePtr
-	sq, sk, sv, so, sdo, sdq, sdk, sdv       [3]int64
-	b, h, tq, tk                             int32
-	d, causal                                int32
-	accQ, accK                               int32
-	accV, pad                                int32
-	scale, scaleLog2                         float32
-	dropCounter                              cuda.DevicePtr
-	dropSeed                                 uint64
-	dropB0                                   int64
-	dropP, dropScale                         float32
-	dropSite                                 uint32
-	pad2                                     int32
-}
+// attnArgs is struct attn_args of attention.cu (launch.AttnArgs): the one
+// parameter of the forward and backward kernels. Strides are in elements:
+// batch, time, head.
+type attnArgs launch.AttnArgs
 
 // setDropout fills the dropout fields (the *_drop kernels read them).
 func (a *attnArgs) setDropout(d AttnDropout) {
 	if d.P == 0 {
 		return
 	}
-	a.dropCounter = devPtr(d.Counter)
-	a.dropSeed, a.dropB0, a.dropSite = d.Seed, d.B0, uint32(d.Site)
-	a.dropP, a.dropScale = d.P, dropoutScale(d.P)
-}
-
-// drop is the kernel-name infix of the dropout instances ("_drop"), "" for
-// the plain ones.
-func (a *attnArgs) drop() string {
-	if a.dropP > 0 {
-		return "_drop"
-	}
-	return ""
+	a.DropCounter = devPtr(d.Counter)
+	a.DropSeed, a.DropB0, a.DropSite = d.Seed, d.B0, uint32(d.Site)
+	a.DropP, a.DropScale = d.P, dropoutScale(d.P)
 }
 
 func newAttnArgs(s attnShape, causal bool, scale float32) attnArgs {
-	return attnArgs{b: int32(s.b), h: int32(s.h), tq: int32(s.tq), tk: int32(s.tk), d: int32(s.d),
-		causal: attnBool(causal), scale: scale, scaleLog2: float32(float64(scale) * math.Log2E)}
+	return attnArgs{B: int32(s.b), H: int32(s.h), Tq: int32(s.tq), Tk: int32(s.tk), D: int32(s.d),
+		Causal: attnBool(causal), Scale: scale, ScaleLog2: float32(float64(scale) * math.Log2E)}
 }
 
 func (a *attnArgs) setQKV(q, k, v *tensor.Tensor) {
-	a.q, a.sq = devPtr(q), attnStrides(q)
-	a.k, a.sk = devPtr(k), attnStrides(k)
-	a.v, a.sv = devPtr(v), attnStrides(v)
+	a.Q, a.Sq = devPtr(q), attnStrides(q)
+	a.K, a.Sk = devPtr(k), attnStrides(k)
+	a.V, a.Sv = devPtr(v), attnStrides(v)
 }
 
 func attnBool(v bool) int32 {
@@ -725,8 +702,6 @@ func attnTC(dt tensor.DType, d int, ts ...*tensor.Tensor) bool {
 	return true
 }
 
-func kAttn(a *attnArgs) karg { return unsafe.Pointer(a) }
-
 // Launch geometry (attention.cu): 128 threads; the tensor-core kernels work
 // on 64-row blocks, the CUDA-core ones own 16 rows and stream 32.
 const (
@@ -748,11 +723,11 @@ func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 // tiles of shared memory.
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s.d) {
-		return c.launchK("attention.cu", attnTCName("fwd", true, a.drop(), s.d), attnGrid(s, s.tq, attnWGRows),
-			block1(attnWGThreads), attnWGSmem(s.d), kAttn(a))
+		return launch.AttnFwdWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows),
+			block1(attnWGThreads), attnWGSmem(s.d), a.k())
 	}
-	return c.launchK("attention.cu", attnTCName("fwd", false, a.drop(), s.d), attnGrid(s, s.tq, attnTCRows),
-		block1(attnThreads), 4*attnTCTile(s.d), kAttn(a))
+	return launch.AttnFwdTc(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnTCRows),
+		block1(attnThreads), 4*attnTCTile(s.d), a.k())
 }
 
 // The Hopper (sm_90a) forward, attn_fwd_wg_d{64,128}: 256 threads (two
@@ -790,7 +765,7 @@ func (c *cudaImpl) attnHopper() bool {
 		if err != nil || kc.Arch() != "sm_90a" {
 			return
 		}
-		unavailable, err := kc.Has("attention.cu", attnWGMarker)
+		unavailable, err := kc.Has(attnWGMarker.File, attnWGMarker.Name)
 		if err != nil || unavailable {
 			return // a compile error is reported by the launch
 		}
@@ -801,7 +776,7 @@ func (c *cudaImpl) attnHopper() bool {
 
 // attnWGMarker is the kernel attention.cu defines when it was compiled
 // without its wgmma code.
-const attnWGMarker = "attn_wg_unavailable"
+var attnWGMarker = launch.AttnWgUnavailableKernel
 
 // attnWGOn reports whether attnWGMode gives head dimension d the wgmma
 // kernels (on a device that has them).
@@ -810,50 +785,57 @@ func attnWGOn(d int) bool { return (d == 128 && attnWGMode >= 1) || (d == 64 && 
 // attnWG reports whether the forward at head dimension d runs on wgmma.
 func (c *cudaImpl) attnWG(d int) bool { return attnWGOn(d) && c.attnHopper() }
 
-// attnTCName is the tensor-core kernel of pass ("fwd", "bwd_dq",
-// "bwd_dkdv"): attn_<pass>_<wg|tc><drop>_d<D> (wg: the wgmma one).
-func attnTCName(pass string, wg bool, drop string, d int) string {
-	path := "tc"
-	if wg {
-		path = "wg"
+// inst is the instance of a's kernel template for tail (the head
+// dimension "d64", or the dtype "f32"): with "drop_" before it when a
+// drops (attn_fwd_tc_drop_d64, attn_fwd_simt_drop_bf16).
+func (a *attnArgs) inst(tail string) string {
+	if a.DropP > 0 {
+		return "drop_" + tail
 	}
-	return fmt.Sprintf("attn_%s_%s%s_d%d", pass, path, drop, d)
+	return tail
 }
 
-// attnSIMTName is the CUDA-core kernel of pass: attn_<pass>_simt<drop>_<dt>.
-func attnSIMTName(pass, drop string, dt tensor.DType) string {
-	return "attn_" + pass + "_simt" + drop + dtSuffix(dt)
-}
+// k is a as the kernels' argument.
+func (a *attnArgs) k() *launch.AttnArgs { return (*launch.AttnArgs)(a) }
 
-// attnDeltaName is the backward's δ kernel: attn_bwd_delta[_v]_<dt> (vec:
-// the vectorised one, attnDeltaLanes).
-func attnDeltaName(vec bool, dt tensor.DType) string {
-	if vec {
-		return "attn_bwd_delta_v" + dtSuffix(dt)
-	}
-	return "attn_bwd_delta" + dtSuffix(dt)
-}
+// attnD is the head-dimension part of a tensor-core kernel's instance.
+func attnD(d int) string { return "d" + strconv.Itoa(d) }
 
 // attnKernels are the attention.cu kernels attention over dt at head
-// dimension d launches with dropout infix drop, its tensors aligned as a
+// dimension d launches (drop: with dropout), its tensors aligned as a
 // Graph's are: the forward, and with backward the δ, dK/dV and dQ
 // kernels; wg says the wgmma path is expected (attnWGOn on sm_90a).
-func attnKernels(dt tensor.DType, d int, drop string, wg, backward bool) []string {
-	passes := []string{"fwd"}
-	if backward {
-		passes = append(passes, "bwd_dkdv", "bwd_dq")
+func attnKernels(dt tensor.DType, d int, drop, wg, backward bool) []launch.Kernel {
+	a := attnArgs{}
+	if drop {
+		a.DropP = 1
 	}
 	tc := attnTC(dt, d)
-	var ks []string
-	for _, p := range passes {
-		if tc {
-			ks = append(ks, attnTCName(p, wg, drop, d))
-		} else {
-			ks = append(ks, attnSIMTName(p, drop, dt))
+	named := []func(string) (launch.Kernel, error){launch.AttnFwdSimtKernel, launch.AttnBwdDkdvSimtKernel, launch.AttnBwdDqSimtKernel}
+	inst := a.inst(dtName(dt))
+	switch {
+	case tc && wg:
+		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdWgKernel, launch.AttnBwdDkdvWgKernel, launch.AttnBwdDqWgKernel}, a.inst(attnD(d))
+	case tc:
+		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdTcKernel, launch.AttnBwdDkdvTcKernel, launch.AttnBwdDqTcKernel}, a.inst(attnD(d))
+	}
+	if !backward {
+		named = named[:1]
+	}
+	var ks []launch.Kernel
+	for _, f := range named {
+		if k, err := f(inst); err == nil {
+			ks = append(ks, k)
 		}
 	}
 	if backward {
-		ks = append(ks, attnDeltaName(attnDeltaLanes(dt, d) > 0, dt))
+		delta := launch.AttnBwdDeltaKernel
+		if attnDeltaLanes(dt, d) > 0 {
+			delta = launch.AttnBwdDeltaVKernel
+		}
+		if k, err := delta(dtName(dt)); err == nil {
+			ks = append(ks, k)
+		}
 	}
 	if tc && wg {
 		ks = append(ks, attnWGMarker) // attnHopper's probe
@@ -863,7 +845,7 @@ func attnKernels(dt tensor.DType, d int, drop string, wg, backward bool) []strin
 
 // prefetchAttention queues attnKernels on the CUDA backend (prefetch.go),
 // the backward's too in a training graph.
-func (g *Graph) prefetchAttention(dt tensor.DType, d int, drop string) {
+func (g *Graph) prefetchAttention(dt tensor.DType, d int, drop bool) {
 	c, ok := g.e.impl.(*cudaImpl)
 	if !ok || g.shared.err != nil {
 		return
@@ -872,14 +854,16 @@ func (g *Graph) prefetchAttention(dt tensor.DType, d int, drop string) {
 	if err != nil {
 		return
 	}
-	kc.Prefetch("attention.cu", attnKernels(dt, d, drop, attnWGOn(d) && kc.Arch() == "sm_90a", g.opts.Train)...)
+	for _, k := range attnKernels(dt, d, drop, attnWGOn(d) && kc.Arch() == "sm_90a", g.opts.Train) {
+		kc.Prefetch(k.File, k.Name)
+	}
 }
 
 // attnFwdSIMT launches attn_fwd_simt_<dt>: Q [16][D], K [32][D+1], V [32][D] f32.
 func (c *cudaImpl) attnFwdSIMT(a *attnArgs, s attnShape, dt tensor.DType) error {
 	smem := 4 * (attnSIMTRows*s.d + attnSIMTTile*(s.d+1) + attnSIMTTile*s.d)
-	return c.launchK("attention.cu", attnSIMTName("fwd", a.drop(), dt), attnGrid(s, s.tq, attnSIMTRows),
-		block1(attnThreads), uint32(smem), kAttn(a))
+	return launch.AttnFwdSimt(c, a.inst(dtName(dt)), attnGrid(s, s.tq, attnSIMTRows),
+		block1(attnThreads), uint32(smem), a.k())
 }
 
 // attnBwdDelta launches attn_bwd_delta_v_<dt> where o and dO allow it
@@ -889,11 +873,11 @@ func (c *cudaImpl) attnBwdDelta(a *attnArgs, s attnShape, dt tensor.DType, o, do
 	rows := s.b * s.tq * s.h
 	if l := attnDeltaLanes(dt, s.d, o, do); l > 0 && int64(rows)*int64(l) < math.MaxInt32 {
 		threads := (rows*l + 1) / 2
-		return c.launchK("attention.cu", attnDeltaName(true, dt), gridFor(int64(threads), 256),
-			block1(256), 0, kAttn(a))
+		return launch.AttnBwdDeltaV(c, dtName(dt), gridFor(int64(threads), 256),
+			block1(256), 0, a.k())
 	}
-	return c.launchK("attention.cu", attnDeltaName(false, dt), grid1(min((rows+3)/4, 65535)),
-		block1(attnThreads), 0, kAttn(a))
+	return launch.AttnBwdDelta(c, dtName(dt), grid1(min((rows+3)/4, 65535)),
+		block1(attnThreads), 0, a.k())
 }
 
 // attnDeltaLanes is the lanes per row of attn_bwd_delta_v for rows of d
@@ -929,11 +913,11 @@ func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
 func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s.d) {
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 6*64*4 + 1024)
-		return c.launchK("attention.cu", attnTCName("bwd_dkdv", true, a.drop(), s.d), attnGrid(s, s.tk, attnWGRows),
-			block1(attnWGThreads), smem, kAttn(a))
+		return launch.AttnBwdDkdvWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tk, attnWGRows),
+			block1(attnWGThreads), smem, a.k())
 	}
-	return c.launchK("attention.cu", attnTCName("bwd_dkdv", false, a.drop(), s.d), attnGrid(s, s.tk, attnTCRows),
-		block1(attnThreads), 6*attnTCTile(s.d)+4*attnTCRows*4, kAttn(a))
+	return launch.AttnBwdDkdvTc(c, a.inst(attnD(s.d)), attnGrid(s, s.tk, attnTCRows),
+		block1(attnThreads), 6*attnTCTile(s.d)+4*attnTCRows*4, a.k())
 }
 
 // attnBwdDQTC launches attn_bwd_dq_wg_d{64,128} (wgmma, 128-query blocks: Q,
@@ -942,52 +926,47 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 func (c *cudaImpl) attnBwdDQTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s.d) {
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 1024)
-		return c.launchK("attention.cu", attnTCName("bwd_dq", true, a.drop(), s.d), attnGrid(s, s.tq, attnWGRows),
-			block1(attnWGThreads), smem, kAttn(a))
+		return launch.AttnBwdDqWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows),
+			block1(attnWGThreads), smem, a.k())
 	}
-	return c.launchK("attention.cu", attnTCName("bwd_dq", false, a.drop(), s.d), attnGrid(s, s.tq, attnTCRows),
-		block1(attnThreads), 6*attnTCTile(s.d), kAttn(a))
+	return launch.AttnBwdDqTc(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnTCRows),
+		block1(attnThreads), 6*attnTCTile(s.d), a.k())
 }
 
 // attnBwdDKDVSIMT launches attn_bwd_dkdv_simt_<dt>: K, V [16][D], Q, dO
 // [32][D+1], lse and δ [32] f32.
 func (c *cudaImpl) attnBwdDKDVSIMT(a *attnArgs, s attnShape, dt tensor.DType) error {
 	smem := 4 * (2*attnSIMTRows*s.d + 2*attnSIMTTile*(s.d+1) + 2*attnSIMTTile)
-	return c.launchK("attention.cu", attnSIMTName("bwd_dkdv", a.drop(), dt), attnGrid(s, s.tk, attnSIMTRows),
-		block1(attnThreads), uint32(smem), kAttn(a))
+	return launch.AttnBwdDkdvSimt(c, a.inst(dtName(dt)), attnGrid(s, s.tk, attnSIMTRows),
+		block1(attnThreads), uint32(smem), a.k())
 }
 
 // attnBwdDQSIMT launches attn_bwd_dq_simt_<dt>: Q, dO [16][D], K, V [32][D+1] f32.
 func (c *cudaImpl) attnBwdDQSIMT(a *attnArgs, s attnShape, dt tensor.DType) error {
 	smem := 4 * (2*attnSIMTRows*s.d + 2*attnSIMTTile*(s.d+1))
-	return c.launchK("attention.cu", attnSIMTName("bwd_dq", a.drop(), dt), attnGrid(s, s.tq, attnSIMTRows),
-		block1(attnThreads), uint32(smem), kAttn(a))
+	return launch.AttnBwdDqSimt(c, a.inst(dtName(dt)), attnGrid(s, s.tq, attnSIMTRows),
+		block1(attnThreads), uint32(smem), a.k())
 }
-
-// attnDecStrides mirrors struct attn_dec_strides: the batch, time and head
-// strides of q, kcache, vcache and o.
-type attnDecStrides [12]int64
 
 // attnDecode launches attn_decode_<dt>: grid (H, B), 4 warps.
 func (c *cudaImpl) attnDecode(o, q, kc, vc, pos *tensor.Tensor, s attnShape, scale float32) error {
-	var st attnDecStrides
+	// The batch, time and head strides of q, kcache, vcache and o.
+	var st launch.AttnDecStrides
 	for i, t := range []*tensor.Tensor{q, kc, vc, o} {
 		ts := attnStrides(t)
-		copy(st[3*i:], ts[:])
+		copy(st.S[3*i:], ts[:])
 	}
-	return c.launchK("attention.cu", "attn_decode"+dtSuffix(q.DType), [3]uint32{uint32(s.h), uint32(s.b), 1},
-		block1(attnThreads), 0, kPtr(o), kPtr(q), kPtr(kc), kPtr(vc), kPtr(pos), unsafe.Pointer(&st),
-		kI32(s.tk), kI32(s.d), kF32(float32(float64(scale)*math.Log2E)))
+	return launch.AttnDecode(c, dtName(q.DType), [3]uint32{uint32(s.h), uint32(s.b), 1},
+		block1(attnThreads), 0, devPtr(o), devPtr(q), devPtr(kc), devPtr(vc), devPtr(pos), &st,
+		int32(s.tk), int32(s.d), float32(float64(scale)*math.Log2E))
 }
 
 // attnKVWrite launches attn_kv_write_<dt> over B·H·D elements.
 func (c *cudaImpl) attnKVWrite(cache, x, pos *tensor.Tensor) error {
 	b, tmax, h, d := cache.Dim(0), cache.Dim(1), cache.Dim(2), cache.Dim(3)
 	n := b * h * d
-	return c.launchK("attention.cu", "attn_kv_write"+dtSuffix(cache.DType), grid1(min((n+255)/256, 65535)),
-		block1(256), 0, kPtr(cache), kPtr(x), kPtr(pos), kI32(b), kI32(h), kI32(d), kI32(tmax),
-		kI64(int64(cache.Strides[0])), kI64(int64(cache.Strides[1])), kI64(int64(cache.Strides[2])),
-		kI64(int64(x.Strides[0])), kI64(int64(x.Strides[2])))
+	return launch.AttnKvWrite(c, dtName(cache.DType), grid1(min((n+255)/256, 65535)), block1(256), 0,
+		devPtr(cache), devPtr(x), devPtr(pos), int32(b), int32(h), int32(d), int32(tmax), int64(cache.Strides[0]), int64(cache.Strides[1]), int64(cache.Strides[2]), int64(x.Strides[0]), int64(x.Strides[2]))
 }
 
 // ---- graph ----
@@ -1052,13 +1031,11 @@ func (g *Graph) SelfAttention(qkv *Var, heads int, causal bool, dropout float32)
 	}
 	scale := float32(1 / math.Sqrt(float64(d)))
 	var drop AttnDropout
-	infix := ""
 	if g.opts.Train && dropout > 0 {
 		drop = AttnDropout{P: dropout, Seed: g.opts.Seed, Site: g.nextSite(), Counter: g.opts.Counter,
 			B0: int64(g.opts.Shard) * int64(b)}
-		infix = "_drop"
 	}
-	g.prefetchAttention(x.DType, d, infix)
+	g.prefetchAttention(x.DType, d, drop.P > 0)
 	e := g.e
 	g.Record("attention", []*Var{qkv}, []*Var{y, lse}, func(*Grads) error {
 		return e.AttentionForward(y4, lse.Value, q, k, v, causal, scale, drop)

@@ -17,9 +17,9 @@ func CUDAAttentionDelta(e *Engine, delta, o, do *tensor.Tensor) error {
 	s := attnShape{b: o.Shape[0], tq: o.Shape[1], tk: o.Shape[1], h: o.Shape[2], d: o.Shape[3]}
 	return e.dispatch(nil, func(c *cudaImpl) error {
 		a := newAttnArgs(s, false, 1)
-		a.o, a.so = devPtr(o), attnStrides(o)
-		a.dout, a.sdo = devPtr(do), attnStrides(do)
-		a.delta = devPtr(delta)
+		a.O, a.So = devPtr(o), attnStrides(o)
+		a.Dout, a.Sdo = devPtr(do), attnStrides(do)
+		a.Delta = devPtr(delta)
 		return c.attnBwdDelta(&a, s, o.DType, o, do)
 	})
 }

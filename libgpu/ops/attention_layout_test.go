@@ -3,6 +3,8 @@ package ops
 import (
 	"testing"
 	"unsafe"
+
+	"gpukit/libgpu/kernels/launch"
 )
 
 // attnArgs must match struct attn_args of libgpu/kernels/attention.cu byte
@@ -16,22 +18,22 @@ func TestAttentionArgsLayout(t *testing.T) {
 		got, want uintptr
 	}{
 		{"sizeof(attn_args)", unsafe.Sizeof(a), 360},
-		{"offsetof(attn_args, delta)", unsafe.Offsetof(a.delta), 72},
-		{"offsetof(attn_args, sq)", unsafe.Offsetof(a.sq), 80},
-		{"offsetof(attn_args, sdv)", unsafe.Offsetof(a.sdv), 248},
-		{"offsetof(attn_args, B)", unsafe.Offsetof(a.b), 272},
-		{"offsetof(attn_args, D)", unsafe.Offsetof(a.d), 288},
-		{"offsetof(attn_args, acc_q)", unsafe.Offsetof(a.accQ), 296},
-		{"offsetof(attn_args, acc_v)", unsafe.Offsetof(a.accV), 304},
-		{"offsetof(attn_args, scale)", unsafe.Offsetof(a.scale), 312},
-		{"offsetof(attn_args, scale_log2)", unsafe.Offsetof(a.scaleLog2), 316},
-		{"offsetof(attn_args, drop_counter)", unsafe.Offsetof(a.dropCounter), 320},
-		{"offsetof(attn_args, drop_seed)", unsafe.Offsetof(a.dropSeed), 328},
-		{"offsetof(attn_args, drop_b0)", unsafe.Offsetof(a.dropB0), 336},
-		{"offsetof(attn_args, drop_p)", unsafe.Offsetof(a.dropP), 344},
-		{"offsetof(attn_args, drop_scale)", unsafe.Offsetof(a.dropScale), 348},
-		{"offsetof(attn_args, drop_site)", unsafe.Offsetof(a.dropSite), 352},
-		{"sizeof(attn_dec_strides)", unsafe.Sizeof(attnDecStrides{}), 96},
+		{"offsetof(attn_args, delta)", unsafe.Offsetof(a.Delta), 72},
+		{"offsetof(attn_args, sq)", unsafe.Offsetof(a.Sq), 80},
+		{"offsetof(attn_args, sdv)", unsafe.Offsetof(a.Sdv), 248},
+		{"offsetof(attn_args, B)", unsafe.Offsetof(a.B), 272},
+		{"offsetof(attn_args, D)", unsafe.Offsetof(a.D), 288},
+		{"offsetof(attn_args, acc_q)", unsafe.Offsetof(a.AccQ), 296},
+		{"offsetof(attn_args, acc_v)", unsafe.Offsetof(a.AccV), 304},
+		{"offsetof(attn_args, scale)", unsafe.Offsetof(a.Scale), 312},
+		{"offsetof(attn_args, scale_log2)", unsafe.Offsetof(a.ScaleLog2), 316},
+		{"offsetof(attn_args, drop_counter)", unsafe.Offsetof(a.DropCounter), 320},
+		{"offsetof(attn_args, drop_seed)", unsafe.Offsetof(a.DropSeed), 328},
+		{"offsetof(attn_args, drop_b0)", unsafe.Offsetof(a.DropB0), 336},
+		{"offsetof(attn_args, drop_p)", unsafe.Offsetof(a.DropP), 344},
+		{"offsetof(attn_args, drop_scale)", unsafe.Offsetof(a.DropScale), 348},
+		{"offsetof(attn_args, drop_site)", unsafe.Offsetof(a.DropSite), 352},
+		{"sizeof(attn_dec_strides)", unsafe.Sizeof(launch.AttnDecStrides{}), 96},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

@@ -10,9 +10,8 @@ package ops
 import (
 	"fmt"
 	"math"
-	"unsafe"
 
-	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -61,8 +60,9 @@ func (e *Engine) BCEWithLogits(loss, dx, x, y *tensor.Tensor, scale float32, acc
 		}
 		return loss.WriteFloat32([]float32{float32(float64(scale) * s)})
 	}, func(c *cudaImpl) error {
-		k := bceKArgs{loss: devPtr(loss), dx: devPtr(dx), x: devPtr(x), y: devPtr(y), n: int64(n), scale: scale, acc: lnBool(acc)}
-		return c.launchK("bce.cu", "bce"+dtSuffix(x.DType)+dtSuffix(y.DType), grid1(1), block1(1024), 0, unsafe.Pointer(&k))
+		k := launch.BceArgs{Loss: devPtr(loss), Dx: devPtr(dx), X: devPtr(x), Y: devPtr(y), N: int64(n), Scale: scale, Acc: lnBool(acc)}
+		return launch.Bce(c, dtName(x.DType)+dtSuffix(y.DType), grid1(1), block1(1024), 0, &k)
+
 	})
 }
 
@@ -91,14 +91,6 @@ func (e *Engine) checkBCE(loss, dx, x, y *tensor.Tensor, scale float32) error {
 		return fmt.Errorf("%w: %s scale %v", ErrConfig, op, scale)
 	}
 	return nil
-}
-
-// bceKArgs mirrors struct bce_args of bce.cu (48 bytes).
-type bceKArgs struct {
-	loss, dx, x, y cuda.DevicePtr
-	n              int64
-	scale          float32
-	acc            int32
 }
 
 // BCEWithLogits records scale·Σ BCE-with-logits(x, target) as a loss node

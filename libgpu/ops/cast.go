@@ -8,7 +8,7 @@ import (
 	"fmt"
 	"math"
 
-	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -39,12 +39,12 @@ func (e *Engine) Cast(dst, src *tensor.Tensor) error {
 		}
 		return dst.WriteFloat32(v)
 	}, func(c *cudaImpl) error {
-		name := "cast_f32_to_bf16"
+		kernel := launch.CastF32ToBf16
 		if src.DType == tensor.BF16 {
-			name = "cast_bf16_to_f32"
+			kernel = launch.CastBf16ToF32
 		}
 		blocks := min(n/256+1, 65535)
-		return c.launchK("cast.cu", name, grid1(blocks), block1(256), 0, kPtr(dst), kPtr(src), kI64(int64(n)))
+		return kernel(c, grid1(blocks), block1(256), 0, devPtr(dst), devPtr(src), int64(n))
 	})
 }
 
@@ -108,38 +108,24 @@ const (
 	castMTChunk = 4096 // CAST_MT_CHUNK
 )
 
-// castMTTensor mirrors cast_mt_tensor.
-type castMTTensor struct {
-	dst, src cuda.DevicePtr
-	n        int64
-}
-
-// castMTArgs mirrors cast_mt_args (3592 bytes, asserted in the .cu and in
-// the tests).
-type castMTArgs struct {
-	t     [castMTMax]castMTTensor
-	start [castMTMax + 1]int32
-	count int32
-}
-
 // castMTPlan fills the launches' arguments for casting src[i] into dst[i]
 // (f32 → bf16, contiguous, none empty): castMTMax tensors per launch.
-func castMTPlan(dst, src []*tensor.Tensor) ([]*castMTArgs, error) {
-	var out []*castMTArgs
+func castMTPlan(dst, src []*tensor.Tensor) ([]*launch.CastMtArgs, error) {
+	var out []*launch.CastMtArgs
 	for lo := 0; lo < len(dst); lo += castMTMax {
 		hi := min(lo+castMTMax, len(dst))
-		a := &castMTArgs{count: int32(hi - lo)}
+		a := &launch.CastMtArgs{Count: int32(hi - lo)}
 		blocks := int64(0)
 		for i := lo; i < hi; i++ {
 			n := int64(dst[i].Numel())
-			a.t[i-lo] = castMTTensor{dst: devPtr(dst[i]), src: devPtr(src[i]), n: n}
-			a.start[i-lo] = int32(blocks)
+			a.T[i-lo] = launch.CastMtTensor{Dst: devPtr(dst[i]), Src: devPtr(src[i]), N: n}
+			a.Start[i-lo] = int32(blocks)
 			blocks += (n + castMTChunk - 1) / castMTChunk
 			if blocks > math.MaxInt32 {
 				return nil, fmt.Errorf("%w: cast launch of %d blocks", tensor.ErrShape, blocks)
 			}
 		}
-		a.start[hi-lo] = int32(blocks)
+		a.Start[hi-lo] = int32(blocks)
 		out = append(out, a)
 	}
 	return out, nil
@@ -151,8 +137,8 @@ func (c *cudaImpl) castMulti(dst, src []*tensor.Tensor) error {
 		return err
 	}
 	for _, a := range plan {
-		if err := c.launchK("cast.cu", "cast_multi_f32_to_bf16", grid1(int(a.start[a.count])), block1(256), 0,
-			karg(a)); err != nil {
+		if err := launch.CastMultiF32ToBf16(c, grid1(int(a.Start[a.Count])), block1(256), 0, a); err != nil {
+
 			return err
 		}
 	}

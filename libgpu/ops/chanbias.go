@@ -10,6 +10,7 @@ package ops
 import (
 	"fmt"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -52,8 +53,12 @@ func (e *Engine) AddChannels(y, x, b *tensor.Tensor) error {
 		if c%rwVecWidth == 0 && rwVecOK([]*tensor.Tensor{x, y, b}) {
 			inst = "v"
 		}
-		return cu.launchK("chanbias.cu", "cb_add_"+inst+dtSuffix(x.DType), rwElemGrid(total, inst), block1(256), 0,
-			kPtr(y), kPtr(x), kPtr(b), kI64(int64(total)), kI32(c), kI64(int64(per)))
+		kernel := launch.CbAddS
+		if inst == "v" {
+			kernel = launch.CbAddV
+		}
+		return kernel(cu, dtName(x.DType), rwElemGrid(total, inst), block1(256), 0,
+			devPtr(y), devPtr(x), devPtr(b), int64(total), int32(c), int64(per))
 	})
 }
 
@@ -118,13 +123,14 @@ func (c *cudaImpl) spatialSum(out, x *tensor.Tensor, n, s, cols int, acc bool) e
 	if err != nil {
 		return err
 	}
-	if err := c.launchK("chanbias.cu", "cb_sum_partial"+dtSuffix(x.DType), [3]uint32{uint32(chunks), uint32(colBlocks), uint32(n)},
-		[3]uint32{32, 8, 1}, 0, kDev(part), kPtr(x), kI32(s), kI32(cols), kI32(rowsPer)); err != nil {
+	if err := launch.CbSumPartial(c, dtName(x.DType), [3]uint32{uint32(chunks), uint32(colBlocks), uint32(n)},
+		[3]uint32{32, 8, 1}, 0, part, devPtr(x), int32(s), int32(cols), int32(rowsPer)); err != nil {
 		return err
 	}
 	total := n * cols
-	return c.launchK("chanbias.cu", "cb_sum_final"+dtSuffix(out.DType), grid1((total+255)/256), block1(256), 0,
-		kPtr(out), kDev(part), kI32(n), kI32(chunks), kI32(cols), kBool(acc))
+	return launch.CbSumFinal(c, dtName(out.DType), grid1((total+255)/256), block1(256), 0,
+		devPtr(out), part, int32(n), int32(chunks), int32(cols), launch.Bool(acc))
+
 }
 
 // AddChannels records y = x + b[:, None, ..., None, :] (Engine.AddChannels):

@@ -8,6 +8,7 @@ package ops
 import (
 	"fmt"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -133,11 +134,12 @@ func (e *Engine) concat(y, a, b *tensor.Tensor, rows, ca, cb int, split, acca, a
 	}, func(c *cudaImpl) error {
 		n := int64(rows) * int64(ct)
 		if !split {
-			return c.launchK("concat.cu", "cat_fwd"+dtSuffix(y.DType), gridFor(n, 256), block1(256), 0,
-				kPtr(y), kPtr(a), kPtr(b), kI64(int64(rows)), kI32(ca), kI32(cb))
+			return launch.CatFwd(c, dtName(y.DType), gridFor(n, 256), block1(256), 0,
+				devPtr(y), devPtr(a), devPtr(b), int64(rows), int32(ca), int32(cb))
 		}
-		return c.launchK("concat.cu", "cat_bwd"+dtSuffix(y.DType), gridFor(n, 256), block1(256), 0,
-			kPtr(a), kPtr(b), kPtr(y), kI64(int64(rows)), kI32(ca), kI32(cb), kBool(acca), kBool(accb))
+		return launch.CatBwd(c, dtName(y.DType), gridFor(n, 256), block1(256), 0,
+			devPtr(a), devPtr(b), devPtr(y), int64(rows), int32(ca), int32(cb), launch.Bool(acca), launch.Bool(accb))
+
 	})
 }
 

@@ -16,11 +16,11 @@ package ops
 
 import (
 	"fmt"
-	"unsafe"
 
 	"gonum.org/v1/gonum/blas"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -417,28 +417,20 @@ func igemmOK(cin, cout int, ts ...*tensor.Tensor) bool {
 	return convImplicit && ts[0].DType == tensor.BF16 && cin%32 == 0 && cout >= 1 && aligned16(ts...)
 }
 
-// convIgemmArgs mirrors struct conv_igemm_args (conv2d.cu).
-type convIgemmArgs struct {
-	x, w, bias, y        uintptr
-	n, h, w_, cin        int32
-	ho, wo, cout, kh     int32
-	kw, stride, pad, acc int32
-}
-
 // convIgemm launches conv_igemm_fwd: y (+)= conv(x, w) + bias over n images
 // of h×w×cin into ho×wo×cout.
 func (c *cudaImpl) convIgemm(x, w, bias, y *tensor.Tensor, n, h, wd, cin, ho, wo, cout, kh, kw, stride, pad int, acc bool) error {
-	a := convIgemmArgs{x: x.Ptr(), w: w.Ptr(), y: y.Ptr(), n: int32(n), h: int32(h), w_: int32(wd), cin: int32(cin),
-		ho: int32(ho), wo: int32(wo), cout: int32(cout), kh: int32(kh), kw: int32(kw), stride: int32(stride), pad: int32(pad)}
+	a := launch.ConvIgemmArgs{X: devPtr(x), W: devPtr(w), Y: devPtr(y), N: int32(n), H: int32(h), W_: int32(wd), Cin: int32(cin),
+		Ho: int32(ho), Wo: int32(wo), Cout: int32(cout), Kh: int32(kh), Kw: int32(kw), Stride: int32(stride), Pad: int32(pad)}
 	if bias != nil {
-		a.bias = bias.Ptr()
+		a.Bias = devPtr(bias)
 	}
 	if acc {
-		a.acc = 1
+		a.Acc = 1
 	}
 	rows := int64(n) * int64(ho) * int64(wo)
 	grid := [3]uint32{uint32((rows + 127) / 128), uint32((cout + 63) / 64), 1}
-	return c.launchK("conv2d.cu", "conv_igemm_fwd", grid, block1(128), 2*(128+64)*40*2, unsafe.Pointer(&a))
+	return launch.ConvIgemmFwd(c, grid, block1(128), 2*(128+64)*40*2, &a)
 }
 
 func (c *cudaImpl) conv2d(e *Engine, y, x, w, b *tensor.Tensor, s *convShape) error {
@@ -558,8 +550,8 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 		if err != nil {
 			return err
 		}
-		if err := c.launchK("conv2d.cu", "conv_flip_w", gridFor(int64(w.Numel()), 256), block1(256), 0,
-			kPtr(wf), kPtr(w), kI32(s.cout), kI32(s.kh), kI32(s.kw), kI32(s.cin)); err != nil {
+		if err := launch.ConvFlipW(c, gridFor(int64(w.Numel()), 256), block1(256), 0,
+			devPtr(wf), devPtr(w), int32(s.cout), int32(s.kh), int32(s.kw), int32(s.cin)); err != nil {
 			return err
 		}
 		return c.convIgemm(dy, wf, nil, dx, s.n, s.ho, s.wo, s.cout, s.h, s.w, s.cin, s.kh, s.kw, 1, s.kh-1-s.pad, acc[0])
@@ -589,18 +581,11 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 	return nil
 }
 
-// convArgs mirrors struct conv_args (conv2d.cu): the geometry of one chunk.
-type convArgs struct {
-	n0, nc, h, w, c  int32
-	kh, kw, ho, wo   int32
-	stride, pad, acc int32
-}
-
-func newConvArgs(s *convShape, n0, nc int, acc bool) convArgs {
-	a := convArgs{n0: int32(n0), nc: int32(nc), h: int32(s.h), w: int32(s.w), c: int32(s.cin),
-		kh: int32(s.kh), kw: int32(s.kw), ho: int32(s.ho), wo: int32(s.wo), stride: int32(s.stride), pad: int32(s.pad)}
+func newConvArgs(s *convShape, n0, nc int, acc bool) launch.ConvArgs {
+	a := launch.ConvArgs{N0: int32(n0), Nc: int32(nc), H: int32(s.h), W: int32(s.w), C: int32(s.cin),
+		Kh: int32(s.kh), Kw: int32(s.kw), Ho: int32(s.ho), Wo: int32(s.wo), Stride: int32(s.stride), Pad: int32(s.pad)}
 	if acc {
-		a.acc = 1
+		a.Acc = 1
 	}
 	return a
 }
@@ -618,8 +603,11 @@ func (c *cudaImpl) im2col(col, x *tensor.Tensor, s *convShape, n0, nc int) error
 	}
 	a := newConvArgs(s, n0, nc, false)
 	n := int64(nc) * int64(s.colImg) / int64(v)
-	return c.launchK("conv2d.cu", "conv_im2col_"+inst+dtSuffix(x.DType), gridFor(n, 256), block1(256), 0,
-		kPtr(col), kPtr(x), kConv(&a))
+	kernel := launch.ConvIm2colS
+	if inst == "v" {
+		kernel = launch.ConvIm2colV
+	}
+	return kernel(c, dtName(x.DType), gridFor(n, 256), block1(256), 0, devPtr(col), devPtr(x), &a)
 }
 
 // col2im launches conv_col2im_<dt> over the elements of images [n0, n0+nc)
@@ -627,11 +615,9 @@ func (c *cudaImpl) im2col(col, x *tensor.Tensor, s *convShape, n0, nc int) error
 func (c *cudaImpl) col2im(dx, dcol *tensor.Tensor, s *convShape, n0, nc int, acc bool) error {
 	a := newConvArgs(s, n0, nc, acc)
 	n := int64(nc) * int64(s.h) * int64(s.w) * int64(s.cin)
-	return c.launchK("conv2d.cu", "conv_col2im"+dtSuffix(dx.DType), gridFor(n, 256), block1(256), 0,
-		kPtr(dx), kPtr(dcol), kConv(&a))
-}
+	return launch.ConvCol2im(c, dtName(dx.DType), gridFor(n, 256), block1(256), 0, devPtr(dx), devPtr(dcol), &a)
 
-func kConv(a *convArgs) karg { return unsafe.Pointer(a) }
+}
 
 // ---- graph ----
 

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"math"
 
+	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -76,11 +78,10 @@ func (e *Engine) CrossEntropy(loss, dlogits, logits, targets *tensor.Tensor, acc
 		if err != nil {
 			return err
 		}
-		if err := c.launchK("crossentropy.cu", "xent_count", grid1(1), block1(1024), 0,
-			kDev(state), kPtr(targets), kI32(n)); err != nil {
+		if err := launch.XentCount(c, grid1(1), block1(1024), 0, state, devPtr(targets), int32(n)); err != nil {
 			return err
 		}
-		return c.xent(kPtr(loss), kDev(rowloss), d, x, targets, kDev(state), n, v, accGrad)
+		return c.xent(devPtr(loss), rowloss, d, x, targets, state, n, v, accGrad)
 	})
 }
 
@@ -115,7 +116,7 @@ func (e *Engine) CrossEntropyRows(rowloss, logits, targets *tensor.Tensor) error
 		}
 		return rowloss.WriteFloat32(out)
 	}, func(c *cudaImpl) error {
-		return c.xent(kDev(0), kPtr(rowloss), nil, x, targets, kDev(0), n, v, false)
+		return c.xent(0, devPtr(rowloss), nil, x, targets, 0, n, v, false)
 	})
 }
 
@@ -219,22 +220,23 @@ func hostXent(x, d, targets *tensor.Tensor, acc bool) ([]float64, int, error) {
 // block per row, 16-byte vectors) of crossentropy.cu for logits x [n, v]
 // and dlogits d (nil: none). loss and state are zero for per-row losses
 // only (rowloss then is the caller's output).
-func (c *cudaImpl) xent(loss, rowloss karg, d, x, targets *tensor.Tensor, state karg, n, v int, acc bool) error {
-	gdt, dl, ldg := x.DType, kDev(0), int64(0)
+func (c *cudaImpl) xent(loss, rowloss cuda.DevicePtr, d, x, targets *tensor.Tensor, state cuda.DevicePtr, n, v int, acc bool) error {
+	gdt, dl, ldg := x.DType, cuda.DevicePtr(0), int64(0)
 	if d != nil {
-		gdt, dl, ldg = d.DType, kPtr(d), int64(ldOf(d))
+		gdt, dl, ldg = d.DType, devPtr(d), int64(ldOf(d))
 	}
-	suffix := dtSuffix(x.DType) + dtSuffix(gdt)
-	args := []karg{loss, rowloss, dl, kI64(ldg), kPtr(x), kI64(int64(ldOf(x))), kPtr(targets), kI32(n), kI32(v), state, kBool(acc)}
-	if v <= 1024 {
-		return c.launchK("crossentropy.cu", "xent_warp"+suffix, grid1((n+7)/8), block1(256), 0, args...)
+	inst := dtName(x.DType) + dtSuffix(gdt)
+	kernel, grid, block := launch.XentWarp, grid1((n+7)/8), block1(256)
+	if v > 1024 {
+		// Threads: about four 16-byte vectors each, 64 to 1024. Large rows get
+		// large blocks: fewer rows in flight per SM (GPT-2's bf16 row is
+		// 100 KB), so the gradient pass's second read of a row finds it in L2.
+		nvec := v * x.DType.Size() / 16
+		bs := min(max((nvec/4+31)/32*32, 64), 1024)
+		kernel, grid, block = launch.XentRows, grid1(n), block1(bs)
 	}
-	// Threads: about four 16-byte vectors each, 64 to 1024. Large rows get
-	// large blocks: fewer rows in flight per SM (GPT-2's bf16 row is
-	// 100 KB), so the gradient pass's second read of a row finds it in L2.
-	nvec := v * x.DType.Size() / 16
-	bs := min(max((nvec/4+31)/32*32, 64), 1024)
-	return c.launchK("crossentropy.cu", "xent_rows"+suffix, grid1(n), block1(bs), 0, args...)
+	return kernel(c, inst, grid, block, 0, loss, rowloss, dl, ldg, devPtr(x), int64(ldOf(x)), devPtr(targets),
+		int32(n), int32(v), state, launch.Bool(acc))
 }
 
 // ---- graph ----

@@ -4,11 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"unsafe"
 
 	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/kernels"
+	"gpukit/libgpu/kernels/launch"
 )
 
 func init() {
@@ -60,7 +60,6 @@ type cudaImpl struct {
 	counter cuda.DevicePtr
 	bc      cuda.DevicePtr
 
-	fn    cudaFuncs
 	kc    kernelCache
 	tuner gemmTuner
 
@@ -108,19 +107,11 @@ type scratchBuf struct {
 	size int64
 }
 
-type cudaFuncs struct {
-	biasAct, actBwdColsum, colsumFinal, castBF16 cuda.Function
-	reluMask                                     cuda.Function
-	xent, argmax                                 cuda.Function
-	adamStep, adamMulti, sgdMulti                cuda.Function
-}
-
 var _ Streamer = (*cudaImpl)(nil)
 
 // newCUDAImpl is the constructor registered for device.KindCUDA. dev must
-// implement device.CUDADevice (device.CUDA does). It compiles (or loads from
-// the kernel cache) the ops_*.cu modules, so the first engine of a process
-// may take a few hundred milliseconds.
+// implement device.CUDADevice (device.CUDA does). Kernels are compiled
+// (or read from the kernel cache) when first launched or prefetched.
 func newCUDAImpl(dev device.Device, opts Options) (Impl, error) {
 	cd, ok := dev.(device.CUDADevice)
 	if !ok {
@@ -152,7 +143,7 @@ func newCUDAImpl(dev device.Device, opts Options) (Impl, error) {
 			return err
 		}
 		c.bc = c.counter.Add(128)
-		return c.loadKernels()
+		return nil
 	})
 	if err != nil {
 		c.Close()
@@ -165,38 +156,6 @@ func newCUDAImpl(dev device.Device, opts Options) (Impl, error) {
 // context.
 func kernelCompiler(c *cudaImpl) (*kernels.DeviceCompiler, error) {
 	return kernels.ForContext(c.dev.Context())
-}
-
-func (c *cudaImpl) loadKernels() error {
-	kc, err := kernelCompiler(c)
-	if err != nil {
-		return err
-	}
-	// Compile the files in parallel (a cache hit each after the first
-	// engine of a process), then load them in turn.
-	for _, f := range []string{"ops_linear.cu", "ops_loss.cu", "ops_argmax.cu", "ops_optim.cu"} {
-		kc.Prefetch(f)
-	}
-	for _, k := range []struct {
-		f          *cuda.Function
-		file, name string
-	}{
-		{&c.fn.biasAct, "ops_linear.cu", "bias_act"},
-		{&c.fn.actBwdColsum, "ops_linear.cu", "act_bwd_colsum"},
-		{&c.fn.colsumFinal, "ops_linear.cu", "colsum_final"},
-		{&c.fn.castBF16, "ops_linear.cu", "cast_f32_bf16"},
-		{&c.fn.reluMask, "ops_linear.cu", "relu_mask"},
-		{&c.fn.xent, "ops_loss.cu", "softmax_xent"},
-		{&c.fn.argmax, "ops_argmax.cu", "argmax_rows"},
-		{&c.fn.adamStep, "ops_optim.cu", "adamw_step"},
-		{&c.fn.adamMulti, "ops_optim.cu", "adamw_multi"},
-		{&c.fn.sgdMulti, "ops_optim.cu", "sgd_multi"},
-	} {
-		if *k.f, err = kc.Function(k.file, k.name); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // Stream is the stream every op of this backend is queued on.
@@ -284,13 +243,6 @@ func (c *cudaImpl) scratchPtr(name string, n int64) (cuda.DevicePtr, error) {
 	return p, nil
 }
 
-// launch queues f on the impl's stream. args point to values of exactly the
-// kernel's parameter types (int32 for int, int64 for long long, float32,
-// cuda.DevicePtr for pointers).
-func (c *cudaImpl) launch(f cuda.Function, grid, block [3]uint32, args ...unsafe.Pointer) error {
-	return cuda.LaunchKernel(f, grid, block, 0, c.stream, args...)
-}
-
 // gridFor is the 1-D grid of a grid-stride kernel over n elements with
 // blocks of bs threads, capped at 65535 blocks (the loop covers the rest).
 func gridFor(n int64, bs int64) [3]uint32 {
@@ -306,6 +258,5 @@ func (c *cudaImpl) castBF16(slot string, src cuda.DevicePtr, n int64) (cuda.Devi
 	if err != nil {
 		return 0, err
 	}
-	return dst, c.launch(c.fn.castBF16, gridFor(n, 256), [3]uint32{256, 1, 1},
-		unsafe.Pointer(&dst), unsafe.Pointer(&src), unsafe.Pointer(&n))
+	return dst, launch.CastF32Bf16(c, gridFor(n, 256), [3]uint32{256, 1, 1}, 0, dst, src, n)
 }

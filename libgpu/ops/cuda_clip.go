@@ -3,11 +3,8 @@ package ops
 import (
 	"fmt"
 	"math"
-	"sync"
-	"unsafe"
 
-	"gpukit/libgpu/cuda"
-	"gpukit/libgpu/kernels"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -18,55 +15,6 @@ const (
 	clipChunk = 2048
 	clipBlock = 256
 )
-
-// clipTensor mirrors ops_clip_tensor.
-type clipTensor struct {
-	g cuda.DevicePtr
-	n int64
-}
-
-// clipArgs mirrors ops_clip_args (648 bytes, asserted in the .cu and in the
-// tests).
-type clipArgs struct {
-	t     [clipMax]clipTensor
-	start [clipMax + 1]int32
-	count int32
-}
-
-type clipFuncs struct{ sumsq, finalize, scale, total, fromSumSq cuda.Function }
-
-// clipFuncsByCtx caches the loaded clip kernels per CUDA context handle (a
-// module is loaded once per context by kernels.ForContext; this only saves
-// the per-call symbol lookups).
-var (
-	clipFuncsMu    sync.Mutex
-	clipFuncsByCtx = map[uintptr]clipFuncs{}
-)
-
-func (c *cudaImpl) clipKernels() (clipFuncs, error) {
-	clipFuncsMu.Lock()
-	defer clipFuncsMu.Unlock()
-	h := c.dev.Context().Handle()
-	if f, ok := clipFuncsByCtx[h]; ok {
-		return f, nil
-	}
-	kc, err := kernels.ForContext(c.dev.Context())
-	if err != nil {
-		return clipFuncs{}, err
-	}
-	var f clipFuncs
-	for _, k := range []struct {
-		f    *cuda.Function
-		name string
-	}{{&f.sumsq, "clip_sumsq_multi"}, {&f.finalize, "clip_finalize"}, {&f.scale, "clip_scale_multi"},
-		{&f.total, "clip_sumsq_total"}, {&f.fromSumSq, "clip_coef_from_sumsq"}} {
-		if *k.f, err = kc.Function("ops_clip.cu", k.name); err != nil {
-			return clipFuncs{}, err
-		}
-	}
-	clipFuncsByCtx[h] = f
-	return f, nil
-}
 
 // clipGroup is one multi-tensor launch: tensors [lo, hi) and their block
 // starts; first is the index of its first block among all launches.
@@ -105,44 +53,32 @@ func (c *cudaImpl) sumSquares(grads []*tensor.Tensor, sumsq *tensor.Tensor) erro
 	if err != nil {
 		return err
 	}
-	f, err := c.clipKernels()
-	if err != nil {
-		return err
-	}
 	partial, err := c.scratchPtr("clip_partial", max(total, 1)*8)
 	if err != nil {
 		return err
 	}
 	for _, g := range groups {
-		a := &clipArgs{start: g.start, count: int32(g.hi - g.lo)}
+		a := &launch.OpsClipArgs{Start: g.start, Count: int32(g.hi - g.lo)}
 		for i := g.lo; i < g.hi; i++ {
-			a.t[i-g.lo] = clipTensor{g: devPtr(grads[i]), n: int64(grads[i].Numel())}
+			a.T[i-g.lo] = launch.OpsClipTensor{G: devPtr(grads[i]), N: int64(grads[i].Numel())}
 		}
 		nb := uint32(g.start[g.hi-g.lo])
 		if nb == 0 {
 			continue
 		}
 		p := partial.Add(8 * g.first)
-		if err := c.launch(f.sumsq, [3]uint32{nb, 1, 1}, [3]uint32{clipBlock, 1, 1},
-			unsafe.Pointer(a), unsafe.Pointer(&p)); err != nil {
+		if err := launch.ClipSumsqMulti(c, [3]uint32{nb, 1, 1}, [3]uint32{clipBlock, 1, 1}, 0, a, p); err != nil {
 			return err
 		}
 	}
-	out, cnt := devPtr(sumsq), int32(total)
-	return c.launch(f.total, [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1},
-		unsafe.Pointer(&partial), unsafe.Pointer(&cnt), unsafe.Pointer(&out))
+	return launch.ClipSumsqTotal(c, [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1}, 0, partial, int32(total), devPtr(sumsq))
 }
 
 // clipFromSumSquares implements ClipCoefFromSumSquares: one thread of
 // clip_coef_from_sumsq. Inside Do.
 func (c *cudaImpl) clipFromSumSquares(sumsq *tensor.Tensor, maxNorm float32, norm, coef *tensor.Tensor) error {
-	f, err := c.clipKernels()
-	if err != nil {
-		return err
-	}
-	sp, np, cp, mx := devPtr(sumsq), devPtr(norm), devPtr(coef), maxNorm
-	return c.launch(f.fromSumSq, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1},
-		unsafe.Pointer(&sp), unsafe.Pointer(&np), unsafe.Pointer(&cp), unsafe.Pointer(&mx))
+	return launch.ClipCoefFromSumsq(c, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0,
+		devPtr(sumsq), devPtr(norm), devPtr(coef), maxNorm)
 }
 
 // ClipGradNorm implements GradClipper with three kernels queued on the
@@ -163,10 +99,6 @@ func (c *cudaImpl) clip(grads []*tensor.Tensor, maxNorm float32, norm, coefT *te
 		return err
 	}
 	return c.dev.Do(func() error {
-		f, err := c.clipKernels()
-		if err != nil {
-			return err
-		}
 		partial, err := c.scratchPtr("clip_partial", max(total, 1)*8)
 		if err != nil {
 			return err
@@ -177,11 +109,11 @@ func (c *cudaImpl) clip(grads []*tensor.Tensor, maxNorm float32, norm, coefT *te
 				return err
 			}
 		}
-		args := make([]*clipArgs, len(groups))
+		args := make([]*launch.OpsClipArgs, len(groups))
 		for gi, g := range groups {
-			a := &clipArgs{start: g.start, count: int32(g.hi - g.lo)}
+			a := &launch.OpsClipArgs{Start: g.start, Count: int32(g.hi - g.lo)}
 			for i := g.lo; i < g.hi; i++ {
-				a.t[i-g.lo] = clipTensor{g: devPtr(grads[i]), n: int64(grads[i].Numel())}
+				a.T[i-g.lo] = launch.OpsClipTensor{G: devPtr(grads[i]), N: int64(grads[i].Numel())}
 			}
 			args[gi] = a
 			nb := uint32(g.start[g.hi-g.lo])
@@ -189,15 +121,12 @@ func (c *cudaImpl) clip(grads []*tensor.Tensor, maxNorm float32, norm, coefT *te
 				continue
 			}
 			p := partial.Add(8 * g.first)
-			if err := c.launch(f.sumsq, [3]uint32{nb, 1, 1}, [3]uint32{clipBlock, 1, 1},
-				unsafe.Pointer(a), unsafe.Pointer(&p)); err != nil {
+			if err := launch.ClipSumsqMulti(c, [3]uint32{nb, 1, 1}, [3]uint32{clipBlock, 1, 1}, 0, a, p); err != nil {
 				return err
 			}
 		}
-		np, cnt, mx := devPtr(norm), int32(total), maxNorm
-		if err := c.launch(f.finalize, [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1},
-			unsafe.Pointer(&partial), unsafe.Pointer(&cnt), unsafe.Pointer(&np), unsafe.Pointer(&coef),
-			unsafe.Pointer(&mx)); err != nil {
+		if err := launch.ClipFinalize(c, [3]uint32{1, 1, 1}, [3]uint32{1024, 1, 1}, 0,
+			partial, int32(total), devPtr(norm), coef, maxNorm); err != nil {
 			return err
 		}
 		if !scale {
@@ -208,8 +137,7 @@ func (c *cudaImpl) clip(grads []*tensor.Tensor, maxNorm float32, norm, coefT *te
 			if nb == 0 {
 				continue
 			}
-			if err := c.launch(f.scale, [3]uint32{nb, 1, 1}, [3]uint32{clipBlock, 1, 1},
-				unsafe.Pointer(args[gi]), unsafe.Pointer(&coef)); err != nil {
+			if err := launch.ClipScaleMulti(c, [3]uint32{nb, 1, 1}, [3]uint32{clipBlock, 1, 1}, 0, args[gi], coef); err != nil {
 				return err
 			}
 		}

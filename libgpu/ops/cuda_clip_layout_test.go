@@ -3,19 +3,21 @@ package ops
 import (
 	"testing"
 	"unsafe"
+
+	"gpukit/libgpu/kernels/launch"
 )
 
 // clipArgs must match ops_clip_args in libgpu/kernels/ops_clip.cu (which
 // asserts the same size with static_assert).
 func TestCUDAClipArgsLayout(t *testing.T) {
-	var a clipArgs
+	var a launch.OpsClipArgs
 	for _, c := range []struct {
 		what      string
 		got, want uintptr
 	}{
-		{"sizeof(ops_clip_tensor)", unsafe.Sizeof(clipTensor{}), 16},
-		{"offsetof(ops_clip_args, start)", unsafe.Offsetof(a.start), 512},
-		{"offsetof(ops_clip_args, count)", unsafe.Offsetof(a.count), 644},
+		{"sizeof(ops_clip_tensor)", unsafe.Sizeof(launch.OpsClipTensor{}), 16},
+		{"offsetof(ops_clip_args, start)", unsafe.Offsetof(a.Start), 512},
+		{"offsetof(ops_clip_args, count)", unsafe.Offsetof(a.Count), 644},
 		{"sizeof(ops_clip_args)", unsafe.Sizeof(a), 648},
 	} {
 		if c.got != c.want {

@@ -3,31 +3,33 @@ package ops
 import (
 	"testing"
 	"unsafe"
+
+	"gpukit/libgpu/kernels/launch"
 )
 
 // The Go mirrors of the kernel parameter structs in
 // libgpu/kernels/ops_optim.cu must match the C layout byte for byte (the
 // .cu asserts the same sizes with static_assert).
 func TestCUDAMultiTensorArgsLayout(t *testing.T) {
-	var a mtAdamArgs
-	var s mtSGDArgs
+	var a launch.OpsAdamArgs
+	var s launch.OpsSgdArgs
 	checks := []struct {
 		what      string
 		got, want uintptr
 	}{
-		{"sizeof(ops_adam_tensor)", unsafe.Sizeof(mtAdamTensor{}), 48},
+		{"sizeof(ops_adam_tensor)", unsafe.Sizeof(launch.OpsAdamTensor{}), 48},
 		{"sizeof(ops_adam_args)", unsafe.Sizeof(a), 1712},
-		{"offsetof(ops_adam_tensor, wd)", unsafe.Offsetof(mtAdamTensor{}.wd), 40},
-		{"offsetof(ops_adam_args, start)", unsafe.Offsetof(a.start), 1536},
-		{"offsetof(ops_adam_args, count)", unsafe.Offsetof(a.count), 1668},
-		{"offsetof(ops_adam_args, lr)", unsafe.Offsetof(a.lr), 1672},
-		{"offsetof(ops_adam_args, bc)", unsafe.Offsetof(a.bc), 1688},
-		{"offsetof(ops_adam_args, lr_scale)", unsafe.Offsetof(a.lrScale), 1696},
-		{"offsetof(ops_adam_args, g_scale)", unsafe.Offsetof(a.gScale), 1704},
-		{"sizeof(ops_sgd_tensor)", unsafe.Sizeof(mtSGDTensor{}), 32},
+		{"offsetof(ops_adam_tensor, wd)", unsafe.Offsetof(launch.OpsAdamTensor{}.Wd), 40},
+		{"offsetof(ops_adam_args, start)", unsafe.Offsetof(a.Start), 1536},
+		{"offsetof(ops_adam_args, count)", unsafe.Offsetof(a.Count), 1668},
+		{"offsetof(ops_adam_args, lr)", unsafe.Offsetof(a.Lr), 1672},
+		{"offsetof(ops_adam_args, bc)", unsafe.Offsetof(a.Bc), 1688},
+		{"offsetof(ops_adam_args, lr_scale)", unsafe.Offsetof(a.LrScale), 1696},
+		{"offsetof(ops_adam_args, g_scale)", unsafe.Offsetof(a.GScale), 1704},
+		{"sizeof(ops_sgd_tensor)", unsafe.Sizeof(launch.OpsSgdTensor{}), 32},
 		{"sizeof(ops_sgd_args)", unsafe.Sizeof(s), 1176},
-		{"offsetof(ops_sgd_args, count)", unsafe.Offsetof(s.count), 1156},
-		{"offsetof(ops_sgd_args, lr)", unsafe.Offsetof(s.lr), 1160},
+		{"offsetof(ops_sgd_args, count)", unsafe.Offsetof(s.Count), 1156},
+		{"offsetof(ops_sgd_args, lr)", unsafe.Offsetof(s.Lr), 1160},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"unsafe"
 
 	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -233,19 +233,14 @@ func (c *cudaImpl) Linear(y, x, w, b, aux *tensor.Tensor, act Act) error {
 // into mask, for when cuBLASLt's RELU_AUX epilogue is not used.
 func (c *cudaImpl) reluMask(mask, y cuda.DevicePtr, m, n int) error {
 	ld := ReLUMaskCols(n)
-	mm, nn, l := int64(m), int32(n), int32(ld)
-	return c.launch(c.fn.reluMask, gridFor(int64(m)*int64(ld), 256), [3]uint32{256, 1, 1},
-		unsafe.Pointer(&mask), unsafe.Pointer(&y), unsafe.Pointer(&mm), unsafe.Pointer(&nn), unsafe.Pointer(&l))
+	return launch.ReluMask(c, gridFor(int64(m)*int64(ld), 256), [3]uint32{256, 1, 1}, 0, mask, y, int64(m), int32(n), int32(ld))
 }
 
 // biasAct queues bias_act: z = y + b (b may be 0), aux = z (aux may be 0),
 // y = act(z), over y[m,n].
 func (c *cudaImpl) biasAct(y, aux, b cuda.DevicePtr, act Act, m, n int) error {
 	total := int64(m) * int64(n)
-	mm, nn, a := int64(m), int32(n), int32(act)
-	return c.launch(c.fn.biasAct, gridFor(total, 256), [3]uint32{256, 1, 1},
-		unsafe.Pointer(&y), unsafe.Pointer(&aux), unsafe.Pointer(&b),
-		unsafe.Pointer(&mm), unsafe.Pointer(&nn), unsafe.Pointer(&a))
+	return launch.BiasAct(c, gridFor(total, 256), [3]uint32{256, 1, 1}, 0, y, aux, b, int64(m), int32(n), int32(act))
 }
 
 // colsumRows is the number of rows one block of act_bwd_colsum sums.
@@ -263,17 +258,14 @@ func (c *cudaImpl) actBwd(dz, dy, aux cuda.DevicePtr, act Act, m, n int, db cuda
 			return err
 		}
 	}
-	mm, nn, a, rows := int32(m), int32(n), int32(act), int32(colsumRows)
 	grid := [3]uint32{uint32((n + 31) / 32), uint32(gy), 1}
-	err := c.launch(c.fn.actBwdColsum, grid, [3]uint32{32, 8, 1},
-		unsafe.Pointer(&dz), unsafe.Pointer(&dy), unsafe.Pointer(&aux), unsafe.Pointer(&partial),
-		unsafe.Pointer(&mm), unsafe.Pointer(&nn), unsafe.Pointer(&a), unsafe.Pointer(&rows))
+	err := launch.ActBwdColsum(c, grid, [3]uint32{32, 8, 1}, 0,
+		dz, dy, aux, partial, int32(m), int32(n), int32(act), int32(colsumRows))
 	if err != nil || db == 0 || gy == 1 {
 		return err
 	}
-	g := int32(gy)
-	return c.launch(c.fn.colsumFinal, [3]uint32{uint32((n + 255) / 256), 1, 1}, [3]uint32{256, 1, 1},
-		unsafe.Pointer(&db), unsafe.Pointer(&partial), unsafe.Pointer(&g), unsafe.Pointer(&nn))
+	return launch.ColsumFinal(c, [3]uint32{uint32((n + 255) / 256), 1, 1}, [3]uint32{256, 1, 1}, 0,
+		db, partial, int32(gy), int32(n))
 }
 
 // LinearBackward implements Impl (see the comment at the top of this file).

@@ -3,9 +3,9 @@ package ops
 import (
 	"fmt"
 	"math"
-	"unsafe"
 
 	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -30,11 +30,8 @@ func (c *cudaImpl) SoftmaxCrossEntropy(loss, dlogits, logits, labels *tensor.Ten
 		}
 		// Threads per row: a multiple of 32 covering the classes, ≤ 256.
 		bs := uint32(min(256, (cl+31)/32*32))
-		lp, dp, xp, yp, ctr := devPtr(loss), devPtr(dlogits), devPtr(logits), devPtr(labels), c.counter
-		mm, cc := int32(m), int32(cl)
-		return c.launch(c.fn.xent, [3]uint32{uint32(m), 1, 1}, [3]uint32{bs, 1, 1},
-			unsafe.Pointer(&lp), unsafe.Pointer(&dp), unsafe.Pointer(&xp), unsafe.Pointer(&yp),
-			unsafe.Pointer(&rowloss), unsafe.Pointer(&ctr), unsafe.Pointer(&mm), unsafe.Pointer(&cc))
+		return launch.SoftmaxXent(c, [3]uint32{uint32(m), 1, 1}, [3]uint32{bs, 1, 1}, 0,
+			devPtr(loss), devPtr(dlogits), devPtr(logits), devPtr(labels), rowloss, c.counter, int32(m), int32(cl))
 	})
 }
 
@@ -46,11 +43,9 @@ func (c *cudaImpl) Argmax(out, x *tensor.Tensor) error {
 		return err
 	}
 	return c.dev.Do(func() error {
-		op, xp := devPtr(out), devPtr(x)
-		mm, nn := int32(m), int32(n)
 		const rowsPerBlock = 8 // 256 threads
-		return c.launch(c.fn.argmax, [3]uint32{uint32((m + rowsPerBlock - 1) / rowsPerBlock), 1, 1}, [3]uint32{32 * rowsPerBlock, 1, 1},
-			unsafe.Pointer(&op), unsafe.Pointer(&xp), unsafe.Pointer(&mm), unsafe.Pointer(&nn))
+		return launch.ArgmaxRows(c, [3]uint32{uint32((m + rowsPerBlock - 1) / rowsPerBlock), 1, 1}, [3]uint32{32 * rowsPerBlock, 1, 1}, 0,
+			devPtr(out), devPtr(x), int32(m), int32(n))
 	})
 }
 

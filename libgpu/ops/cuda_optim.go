@@ -3,9 +3,8 @@ package ops
 import (
 	"fmt"
 	"math"
-	"unsafe"
 
-	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -20,40 +19,6 @@ const (
 	mtChunk = 2048 // OPS_MT_CHUNK
 	mtBlock = 256
 )
-
-// mtAdamTensor mirrors ops_adam_tensor.
-type mtAdamTensor struct {
-	p, g, m, v cuda.DevicePtr
-	n          int64
-	wd         float32
-	_          [4]byte
-}
-
-// mtAdamArgs mirrors ops_adam_args (1712 bytes, asserted in the .cu and in
-// the tests).
-type mtAdamArgs struct {
-	t               [mtMax]mtAdamTensor
-	start           [mtMax + 1]int32
-	count           int32
-	lr, b1, b2, eps float32
-	bc              cuda.DevicePtr
-	lrScale         cuda.DevicePtr
-	gScale          cuda.DevicePtr
-}
-
-// mtSGDTensor mirrors ops_sgd_tensor.
-type mtSGDTensor struct {
-	p, g, buf cuda.DevicePtr
-	n         int64
-}
-
-// mtSGDArgs mirrors ops_sgd_args (1176 bytes).
-type mtSGDArgs struct {
-	t          [mtMax]mtSGDTensor
-	start      [mtMax + 1]int32
-	count      int32
-	lr, mu, wd float32
-}
 
 // mtPlan splits tensors of the given element counts into launches of at
 // most mtMax tensors and returns, per launch, the index range and the block
@@ -109,23 +74,21 @@ func (c *cudaImpl) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tens
 	return c.dev.Do(func() error {
 		sp, bc := devPtr(step), c.bc
 		b1, b2 := cfg.Beta1, cfg.Beta2
-		if err := c.launch(c.fn.adamStep, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1},
-			unsafe.Pointer(&sp), unsafe.Pointer(&bc), unsafe.Pointer(&b1), unsafe.Pointer(&b2)); err != nil {
+		if err := launch.AdamwStep(c, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, sp, bc, b1, b2); err != nil {
 			return err
 		}
 		for _, g := range groups {
 			if g.blocks() == 0 {
 				continue
 			}
-			a := &mtAdamArgs{start: g.start, count: int32(g.hi - g.lo),
-				lr: cfg.LR, b1: cfg.Beta1, b2: cfg.Beta2, eps: cfg.Eps, bc: c.bc, lrScale: devPtr(cfg.LRScale),
-				gScale: devPtr(cfg.GradScale)}
+			a := &launch.OpsAdamArgs{Start: g.start, Count: int32(g.hi - g.lo),
+				Lr: cfg.LR, B1: cfg.Beta1, B2: cfg.Beta2, Eps: cfg.Eps, Bc: c.bc, LrScale: devPtr(cfg.LRScale),
+				GScale: devPtr(cfg.GradScale)}
 			for i := g.lo; i < g.hi; i++ {
-				a.t[i-g.lo] = mtAdamTensor{p: devPtr(params[i]), g: devPtr(grads[i]), m: devPtr(m[i]),
-					v: devPtr(v[i]), n: int64(params[i].Numel()), wd: cfg.decay(i)}
+				a.T[i-g.lo] = launch.OpsAdamTensor{P: devPtr(params[i]), G: devPtr(grads[i]), M: devPtr(m[i]),
+					V: devPtr(v[i]), N: int64(params[i].Numel()), Wd: cfg.decay(i)}
 			}
-			if err := c.launch(c.fn.adamMulti, [3]uint32{g.blocks(), 1, 1}, [3]uint32{mtBlock, 1, 1},
-				unsafe.Pointer(a)); err != nil {
+			if err := launch.AdamwMulti(c, [3]uint32{g.blocks(), 1, 1}, [3]uint32{mtBlock, 1, 1}, 0, a); err != nil {
 				return err
 			}
 		}
@@ -144,13 +107,12 @@ func (c *cudaImpl) SGD(params, grads, mom []*tensor.Tensor, cfg SGDConfig) error
 			if g.blocks() == 0 {
 				continue
 			}
-			a := &mtSGDArgs{start: g.start, count: int32(g.hi - g.lo), lr: cfg.LR, mu: cfg.Momentum, wd: cfg.WeightDecay}
+			a := &launch.OpsSgdArgs{Start: g.start, Count: int32(g.hi - g.lo), Lr: cfg.LR, Mu: cfg.Momentum, Wd: cfg.WeightDecay}
 			for i := g.lo; i < g.hi; i++ {
-				a.t[i-g.lo] = mtSGDTensor{p: devPtr(params[i]), g: devPtr(grads[i]), buf: devPtr(mom[i]),
-					n: int64(params[i].Numel())}
+				a.T[i-g.lo] = launch.OpsSgdTensor{P: devPtr(params[i]), G: devPtr(grads[i]), Buf: devPtr(mom[i]),
+					N: int64(params[i].Numel())}
 			}
-			if err := c.launch(c.fn.sgdMulti, [3]uint32{g.blocks(), 1, 1}, [3]uint32{mtBlock, 1, 1},
-				unsafe.Pointer(a)); err != nil {
+			if err := launch.SgdMulti(c, [3]uint32{g.blocks(), 1, 1}, [3]uint32{mtBlock, 1, 1}, 0, a); err != nil {
 				return err
 			}
 		}

@@ -25,8 +25,8 @@ package ops
 import (
 	"fmt"
 	"math"
-	"unsafe"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -109,8 +109,8 @@ func (e *Engine) GaussianNoise(out *tensor.Tensor, seed uint64, stream uint32, c
 		}
 		return out.WriteFloat32(v)
 	}, func(c *cudaImpl) error {
-		return c.launchK("diffusion.cu", "diff_noise"+dtSuffix(out.DType), gridFor(int64((n+3)/4), 256), block1(256), 0,
-			kPtr(out), kI64(int64(n)), kU64(seed), kI32(int(int32(stream))), kPtr(counter))
+		return launch.DiffNoise(c, dtName(out.DType), gridFor(int64((n+3)/4), 256), block1(256), 0,
+			devPtr(out), int64(n), seed, stream, devPtr(counter))
 	})
 }
 
@@ -198,9 +198,9 @@ func (e *Engine) QSample(xt, eps, x0, t, sab, s1mab *tensor.Tensor, seed uint64,
 		}
 		return xt.WriteFloat32(out)
 	}, func(c *cudaImpl) error {
-		return c.launchK("diffusion.cu", "diff_qsample"+dtSuffix(xt.DType)+dtSuffix(x0.DType), gridFor(int64((total+3)/4), 256), block1(256), 0,
-			kPtr(xt), kPtr(eps), kPtr(x0), kPtr(t), kPtr(sab), kPtr(s1mab), kI64(int64(total)), kI64(int64(per)), kI32(T),
-			kU64(seed), kI32(int(int32(stream))), kPtr(counter))
+		return launch.DiffQsample(c, dtName(xt.DType)+dtSuffix(x0.DType), gridFor(int64((total+3)/4), 256), block1(256), 0,
+			devPtr(xt), devPtr(eps), devPtr(x0), devPtr(t), devPtr(sab), devPtr(s1mab), int64(total), int64(per), int32(T),
+			seed, stream, devPtr(counter))
 	})
 }
 
@@ -250,15 +250,6 @@ type DiffusionStep struct {
 	Row                       int
 	Seed                      uint64
 	Stream                    uint32
-}
-
-// diffArgs mirrors struct diff_args (diffusion.cu).
-type diffArgs struct {
-	x, d, eps, xin, tin, prev, coef, counter uintptr
-	seed                                     uint64
-	n                                        int64
-	per, passes, samples                     int32
-	stream                                   uint32
 }
 
 func (e *Engine) checkDiffStep(op string, s *DiffusionStep, needEps bool) (passes int, err error) {
@@ -317,17 +308,12 @@ func (e *Engine) checkDiffStep(op string, s *DiffusionStep, needEps bool) (passe
 	return passes, nil
 }
 
-func (s *DiffusionStep) args(passes int) diffArgs {
+func (s *DiffusionStep) args(passes int) launch.DiffArgs {
 	n := s.X.Numel()
-	p := func(t *tensor.Tensor) uintptr {
-		if t == nil {
-			return 0
-		}
-		return t.Ptr()
-	}
-	return diffArgs{x: p(s.X), d: p(s.D), eps: p(s.Eps), xin: p(s.XIn), tin: p(s.TIn), prev: p(s.Prev),
-		coef: s.Coef.Ptr() + uintptr(s.Row*CoefWidth*4), counter: p(s.Counter), seed: s.Seed, n: int64(n),
-		per: int32(n / s.X.Dim(0)), passes: int32(passes), samples: int32(s.X.Dim(0)), stream: s.Stream}
+	p := devPtr
+	return launch.DiffArgs{X: p(s.X), D: p(s.D), Eps: p(s.Eps), Xin: p(s.XIn), Tin: p(s.TIn), Prev: p(s.Prev),
+		Coef: devPtr(s.Coef).Add(int64(s.Row * CoefWidth * 4)), Counter: p(s.Counter), Seed: s.Seed, N: int64(n),
+		Per: int32(n / s.X.Dim(0)), Passes: int32(passes), Samples: int32(s.X.Dim(0)), Stream: s.Stream}
 }
 
 // DiffusionStart begins a sampling loop from row s.Row of the coefficient
@@ -342,7 +328,7 @@ func (e *Engine) DiffusionStart(s DiffusionStep) error {
 	}
 	a := s.args(passes)
 	return e.dispatch(func(*hostImpl) error { return hostDiffusion(&s, passes, true) },
-		func(c *cudaImpl) error { return c.diffusion("diff_start", &s, &a) })
+		func(c *cudaImpl) error { return c.diffusion(true, &s, &a) })
 }
 
 // DiffusionStep runs one fused step (see the type and the Coef* fields).
@@ -358,22 +344,23 @@ func (e *Engine) DiffusionStep(s DiffusionStep) error {
 	}
 	a := s.args(passes)
 	return e.dispatch(func(*hostImpl) error { return hostDiffusion(&s, passes, false) },
-		func(c *cudaImpl) error { return c.diffusion("diff_step", &s, &a) })
+		func(c *cudaImpl) error { return c.diffusion(false, &s, &a) })
 }
 
-func (c *cudaImpl) diffusion(kernel string, s *DiffusionStep, a *diffArgs) error {
+// diffusion launches diff_start_<in> (start) or diff_step_<eps>_<in>.
+func (c *cudaImpl) diffusion(start bool, s *DiffusionStep, a *launch.DiffArgs) error {
 	epsDT, inDT := tensor.F32, tensor.F32
-	if s.Eps != nil && kernel == "diff_step" {
+	if s.Eps != nil && !start {
 		epsDT = s.Eps.DType
 	}
 	if s.XIn != nil {
 		inDT = s.XIn.DType
 	}
-	name := kernel + dtSuffix(epsDT) + dtSuffix(inDT)
-	if kernel == "diff_start" {
-		name = kernel + dtSuffix(inDT)
+	grid, block := gridFor((a.N+3)/4, 256), block1(256)
+	if start {
+		return launch.DiffStart(c, dtName(inDT), grid, block, 0, a)
 	}
-	return c.launchK("diffusion.cu", name, gridFor((a.n+3)/4, 256), block1(256), 0, unsafe.Pointer(a))
+	return launch.DiffStep(c, dtName(epsDT)+dtSuffix(inDT), grid, block, 0, a)
 }
 
 // hostDiffusion is DiffusionStart (start) or DiffusionStep in f32, as the
@@ -505,8 +492,12 @@ func (e *Engine) EMA(ema, p *tensor.Tensor, decay float32) error {
 		return nil
 	}, func(c *cudaImpl) error {
 		inst := rwElemInst(ema, p)
-		return c.launchK("diffusion.cu", "diff_ema_"+inst, rwElemGrid(n, inst), block1(256), 0,
-			kPtr(ema), kPtr(p), kI64(int64(n)), kF32(decay))
+		kernel := launch.DiffEmaS
+		if inst == "v" {
+			kernel = launch.DiffEmaV
+		}
+		return kernel(c, rwElemGrid(n, inst), block1(256), 0, devPtr(ema), devPtr(p), int64(n), decay)
+
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/bits"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -182,14 +183,10 @@ func (e *Engine) dropout(y, x *tensor.Tensor, p float32, seed uint64, site int, 
 		if rwVecOK([]*tensor.Tensor{x, y}) {
 			inst = "v"
 		}
-		return c.launchK("dropout.cu", "dropout_"+inst+dtSuffix(x.DType), gridFor(int64((n+3)/4), 256), block1(256), 0,
-			kPtr(y), kPtr(x), kI64(int64(n)), kF32(p), kF32(scale),
-			kU64(seed), dropU32(uint32(site)), kPtr(counter), kBool(acc), kI64(off))
+		return launch.Dropout(c, inst+"_"+dtName(x.DType), gridFor(int64((n+3)/4), 256), block1(256), 0,
+			devPtr(y), devPtr(x), int64(n), p, scale, seed, uint32(site), devPtr(counter), launch.Bool(acc), off)
 	})
 }
-
-// dropU32 is an unsigned int kernel argument (the same 4 bytes as kI32's).
-func dropU32(v uint32) karg { return kI32(int(int32(v))) }
 
 // Dropout records y = dropout(x, p) (Engine.DropoutAt) with the graph's
 // Seed and Counter, the next call-site number and elements numbered from

@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -170,9 +171,8 @@ func (c *cudaImpl) embedFwd(y, table, idx *tensor.Tensor, n, cols, v int) error 
 	if cols%4 == 0 && embedAligned(y, 4, ldOf(y)) && embedAligned(table, 4) {
 		vec = 4
 	}
-	name := "embed_fwd" + dtSuffix(table.DType) + dtSuffix(y.DType)
-	return c.launchK("embedding.cu", name, grid1((n+7)/8), [3]uint32{32, 8, 1}, 0,
-		kPtr(y), kPtr(table), kPtr(idx), kI64(int64(n)), kI32(cols), kI64(int64(ldOf(y))), kI32(v), kI32(vec))
+	return launch.EmbedFwd(c, dtName(table.DType)+dtSuffix(y.DType), grid1((n+7)/8), [3]uint32{32, 8, 1}, 0,
+		devPtr(y), devPtr(table), devPtr(idx), int64(n), int32(cols), int64(ldOf(y)), int32(v), int32(vec))
 }
 
 // Radix-sort and chunk geometry of embedding.cu (EMB_TILE, EMB_P).
@@ -226,17 +226,16 @@ func (c *cudaImpl) embedBwd(dtable, dy, idx *tensor.Tensor, n, cols, v int, acc 
 		first := p == 0
 		shift := 8 * p
 		outK, outV := bufs[2*cur], bufs[2*cur+1]
-		if err := c.launchK("embedding.cu", "embed_sort_hist", grid1(tiles), block1(256), 0,
-			kDev(hist), kDev(inK), kPtr(idx), kI32(n), kI32(v), kI32(shift), kI32(tiles), kBool(first)); err != nil {
+		if err := launch.EmbedSortHist(c, grid1(tiles), block1(256), 0,
+			hist, inK, devPtr(idx), int32(n), int32(v), int32(shift), int32(tiles), launch.Bool(first)); err != nil {
 			return err
 		}
-		if err := c.launchK("embedding.cu", "embed_sort_scan", grid1(1), block1(1024), 0,
-			kDev(hist), kI32(256*tiles)); err != nil {
+		if err := launch.EmbedSortScan(c, grid1(1), block1(1024), 0, hist, int32(256*tiles)); err != nil {
 			return err
 		}
-		if err := c.launchK("embedding.cu", "embed_sort_scatter", grid1(tiles), block1(256), 0,
-			kDev(outK), kDev(outV), kDev(inK), kDev(inV), kPtr(idx), kDev(hist), kI32(n), kI32(v),
-			kI32(shift), kI32(tiles), kBool(first)); err != nil {
+		if err := launch.EmbedSortScatter(c, grid1(tiles), block1(256), 0,
+			outK, outV, inK, inV, devPtr(idx), hist, int32(n), int32(v),
+			int32(shift), int32(tiles), launch.Bool(first)); err != nil {
 			return err
 		}
 		inK, inV = outK, outV
@@ -249,15 +248,14 @@ func (c *cudaImpl) embedBwd(dtable, dy, idx *tensor.Tensor, n, cols, v int, acc 
 	threads := min((cols/vec+31)/32*32, 256)
 	colBlocks := (cols/vec + threads - 1) / threads
 	grid := [3]uint32{uint32(chunks), uint32(colBlocks), 1}
-	name := "embed_bwd_chunk" + dtSuffix(dy.DType) + dtSuffix(dtable.DType)
-	if err := c.launchK("embedding.cu", name, grid, block1(threads), 0,
-		kPtr(dtable), kPtr(dy), kI64(int64(ldOf(dy))), kDev(inK), kDev(inV), kDev(partial),
-		kI32(n), kI32(cols), kI32(v), kI32(vec)); err != nil {
+	if err := launch.EmbedBwdChunk(c, dtName(dy.DType)+dtSuffix(dtable.DType), grid, block1(threads), 0,
+		devPtr(dtable), devPtr(dy), int64(ldOf(dy)), inK, inV, partial,
+		int32(n), int32(cols), int32(v), int32(vec)); err != nil {
 		return err
 	}
 	spanGrid := [3]uint32{uint32(chunks), uint32((cols + 31) / 32), 1}
-	return c.launchK("embedding.cu", "embed_bwd_span"+dtSuffix(dtable.DType), spanGrid, [3]uint32{32, 8, 1}, 0,
-		kPtr(dtable), kDev(inK), kDev(partial), kI32(n), kI32(cols), kI32(v))
+	return launch.EmbedBwdSpan(c, dtName(dtable.DType), spanGrid, [3]uint32{32, 8, 1}, 0,
+		devPtr(dtable), inK, partial, int32(n), int32(cols), int32(v))
 }
 
 // zero clears a contiguous f32 or bf16 tensor: a 32-bit memset where the
@@ -272,8 +270,8 @@ func (c *cudaImpl) zero(t *tensor.Tensor) error {
 		return cuda.MemsetD32Async(devPtr(t), 0, b/4, c.stream)
 	}
 	n := t.Numel()
-	return c.launchK("embedding.cu", "embed_zero_bf16", grid1(min(n/256+1, 65535)), block1(256), 0,
-		kPtr(t), kI64(int64(n)))
+	return launch.EmbedZeroBf16(c, grid1(min(n/256+1, 65535)), block1(256), 0, devPtr(t), int64(n))
+
 }
 
 // ---- graph ----

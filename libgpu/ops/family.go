@@ -28,6 +28,7 @@ import (
 	"unsafe"
 
 	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -138,43 +139,29 @@ func dtSuffix(dt tensor.DType) string {
 	return "_f32"
 }
 
-// karg is one kernel argument: a pointer to a value of exactly the
-// kernel's parameter type. Build them with the typed constructors so the
-// Go side states each parameter's type.
-type karg = unsafe.Pointer
-
-func kPtr(t *tensor.Tensor) karg { p := devPtr(t); return unsafe.Pointer(&p) }
-func kDev(p cuda.DevicePtr) karg { return unsafe.Pointer(&p) }
-func kI32(v int) karg            { x := int32(v); return unsafe.Pointer(&x) }
-func kI64(v int64) karg          { return unsafe.Pointer(&v) }
-func kU64(v uint64) karg         { return unsafe.Pointer(&v) }
-func kF32(v float32) karg        { return unsafe.Pointer(&v) }
-func kBool(v bool) karg {
-	x := int32(0)
-	if v {
-		x = 1
-	}
-	return unsafe.Pointer(&x)
-}
-
-// launchK queues kernel name of file on the backend's stream with
-// dynamic shared memory smem bytes (above 48 KiB, the kernel's limit is
-// raised first). Must run inside Do.
-func (c *cudaImpl) launchK(file, name string, grid, block [3]uint32, smem uint32, args ...karg) error {
-	f, err := c.kernel(file, name)
+// Launch implements launch.Launcher: the typed launchers of
+// libgpu/kernels/launch queue kernel k through it on the backend's stream
+// with dynamic shared memory smem bytes (above 48 KiB, the kernel's limit
+// is raised first). Must run inside Do.
+func (c *cudaImpl) Launch(k launch.Kernel, grid, block [3]uint32, smem uint32, args ...unsafe.Pointer) error {
+	f, err := c.kernel(k.File, k.Name)
 	if err != nil {
 		return err
 	}
 	if smem > 0 && smem+c.staticSmem(f) > smemDefault {
 		if err := c.allowSmem(f, smem); err != nil {
-			return fmt.Errorf("ops: %s: %d bytes of shared memory: %w", name, smem, err)
+			return fmt.Errorf("ops: %s: %d bytes of shared memory: %w", k.Name, smem, err)
 		}
 	}
 	if err := cuda.LaunchKernel(f, grid, block, smem, c.stream, args...); err != nil {
-		return fmt.Errorf("ops: launch %s: %w", name, err)
+		return fmt.Errorf("ops: launch %s: %w", k.Name, err)
 	}
 	return nil
 }
+
+// dtName is a floating dtype's name in kernel instance names ("f32",
+// "bf16", "f16").
+func dtName(dt tensor.DType) string { return dtSuffix(dt)[1:] }
 
 // grid1 is the 1-D grid of n blocks (at least 1, at most 2³¹−1).
 func grid1(n int) [3]uint32 { return [3]uint32{uint32(min(max(n, 1), math.MaxInt32)), 1, 1} }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -66,8 +67,8 @@ func (e *Engine) GELU(y, x *tensor.Tensor, form GELUForm) error {
 		return hostMap(y, x, func(v float32) float32 { return hostGELU(v, form) })
 	}, func(c *cudaImpl) error {
 		inst := rwElemInst(x, y)
-		return c.launchK("gelu.cu", "gelu_fwd_"+inst+dtSuffix(x.DType), geluGrid(n, inst), block1(256), 0,
-			kPtr(y), kPtr(x), kI64(int64(n)), kI32(int(form)))
+		return launch.GeluFwd(c, inst+"_"+dtName(x.DType), geluGrid(n, inst), block1(256), 0,
+			devPtr(y), devPtr(x), int64(n), int32(form))
 	})
 }
 
@@ -90,8 +91,9 @@ func (e *Engine) GELUBackward(dx, dy, x *tensor.Tensor, form GELUForm, acc bool)
 		return hostMapBackward(dx, dy, x, acc, func(g, v float32) float32 { return g * hostGELUGrad(v, form) })
 	}, func(c *cudaImpl) error {
 		inst := rwElemInst(x, dx, dy)
-		return c.launchK("gelu.cu", "gelu_bwd_"+inst+dtSuffix(x.DType), geluGrid(n, inst), block1(256), 0,
-			kPtr(dx), kPtr(dy), kPtr(x), kI64(int64(n)), kI32(int(form)), kBool(acc))
+		return launch.GeluBwd(c, inst+"_"+dtName(x.DType), geluGrid(n, inst), block1(256), 0,
+			devPtr(dx), devPtr(dy), devPtr(x), int64(n), int32(form), launch.Bool(acc))
+
 	})
 }
 

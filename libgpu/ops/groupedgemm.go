@@ -13,11 +13,12 @@ package ops
 
 import (
 	"fmt"
+	"strconv"
 	"sync"
-	"unsafe"
 
 	"gonum.org/v1/gonum/blas"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -92,13 +93,13 @@ func (e *Engine) GroupedMatmul(y, x, w, b, offsets *tensor.Tensor, acc bool) err
 	}
 	return e.dispatch(func(h *hostImpl) error { return h.groupedFwd(y, x, w, b, offsets, s, acc) },
 		func(c *cudaImpl) error {
-			a := ggArgs{a: x.Ptr(), b: w.Ptr(), c: y.Ptr(), offsets: offsets.Ptr(), lda: int64(s.k), ldb: int64(s.k),
-				ldc: int64(s.n), sb: int64(s.n) * int64(s.k), e: int32(s.e), rows: int32(s.t), n: int32(s.n), k: int32(s.k)}
+			a := launch.GgArgs{A: devPtr(x), B: devPtr(w), C: devPtr(y), Offsets: devPtr(offsets), Lda: int64(s.k), Ldb: int64(s.k),
+				Ldc: int64(s.n), Sb: int64(s.n) * int64(s.k), E: int32(s.e), Rows: int32(s.t), N: int32(s.n), K: int32(s.k)}
 			if b != nil {
-				a.bias = b.Ptr()
+				a.Bias = devPtr(b)
 			}
 			if acc {
-				a.acc = 1
+				a.Acc = 1
 			}
 			return c.grouped(ggFwd, &a, x.DType, y.DType, s.k%8 == 0 && s.n%8 == 0, x, w, y, b)
 		})
@@ -140,29 +141,29 @@ func (e *Engine) GroupedMatmulBackward(dx, dw, db, dy, x, w, offsets *tensor.Ten
 		func(c *cudaImpl) error {
 			vec := s.k%8 == 0 && s.n%8 == 0
 			if dx != nil && s.t > 0 && s.k > 0 {
-				a := ggArgs{a: dy.Ptr(), b: w.Ptr(), c: dx.Ptr(), offsets: offsets.Ptr(), lda: int64(s.n), ldb: int64(s.k),
-					ldc: int64(s.k), sb: int64(s.n) * int64(s.k), e: int32(s.e), rows: int32(s.t), n: int32(s.k), k: int32(s.n)}
+				a := launch.GgArgs{A: devPtr(dy), B: devPtr(w), C: devPtr(dx), Offsets: devPtr(offsets), Lda: int64(s.n), Ldb: int64(s.k),
+					Ldc: int64(s.k), Sb: int64(s.n) * int64(s.k), E: int32(s.e), Rows: int32(s.t), N: int32(s.k), K: int32(s.n)}
 				if acc[0] {
-					a.acc = 1
+					a.Acc = 1
 				}
 				if err := c.grouped(ggDX, &a, x.DType, dx.DType, vec, dy, w, dx); err != nil {
 					return err
 				}
 			}
 			if dw != nil && s.k > 0 && s.n > 0 {
-				a := ggArgs{a: dy.Ptr(), b: x.Ptr(), c: dw.Ptr(), offsets: offsets.Ptr(), lda: int64(s.n), ldb: int64(s.k),
-					ldc: int64(s.k), sc: int64(s.n) * int64(s.k), e: int32(s.e), rows: int32(s.t), m: int32(s.n), n: int32(s.k)}
+				a := launch.GgArgs{A: devPtr(dy), B: devPtr(x), C: devPtr(dw), Offsets: devPtr(offsets), Lda: int64(s.n), Ldb: int64(s.k),
+					Ldc: int64(s.k), Sc: int64(s.n) * int64(s.k), E: int32(s.e), Rows: int32(s.t), M: int32(s.n), N: int32(s.k)}
 				if acc[1] {
-					a.acc = 1
+					a.Acc = 1
 				}
 				if err := c.grouped(ggDW, &a, x.DType, dw.DType, vec, dy, x, dw); err != nil {
 					return err
 				}
 			}
 			if db != nil && s.n > 0 {
-				return c.launchK("groupedgemm.cu", "gg_colsum"+dtSuffix(x.DType)+dtSuffix(db.DType),
+				return launch.GgColsum(c, dtName(x.DType)+dtSuffix(db.DType),
 					[3]uint32{uint32((s.n + 31) / 32), uint32(s.e), 1}, [3]uint32{32, 8, 1}, 0,
-					kPtr(db), kPtr(dy), kPtr(offsets), kI32(s.t), kI32(s.n), kI64(int64(s.n)), kBool(acc[2]))
+					devPtr(db), devPtr(dy), devPtr(offsets), int32(s.t), int32(s.n), int64(s.n), launch.Bool(acc[2]))
 			}
 			return nil
 		})
@@ -313,13 +314,6 @@ func (h *hostImpl) groupedBwd(dx, dw, db, dy, x, w, offsets *tensor.Tensor, s gg
 
 // ---- CUDA ----
 
-// ggArgs mirrors struct gg_args (groupedgemm.cu).
-type ggArgs struct {
-	a, b, c, bias, offsets uintptr
-	lda, ldb, ldc, sb, sc  int64
-	e, rows, m, n, k, acc  int32
-}
-
 // ggPass names the three products of groupedgemm.cu.
 type ggPass int
 
@@ -372,14 +366,14 @@ func (c *cudaImpl) ggHopper() bool {
 // for bf16 operands when the wgmma kernels exist, vec holds (the
 // contiguous dimensions are multiples of 8) and the tensors ts are 16-byte
 // aligned; else gg_simt_<pass>_<in>_<out>.
-func (c *cudaImpl) grouped(p ggPass, a *ggArgs, in, out tensor.DType, vec bool, ts ...*tensor.Tensor) error {
-	rowsM := int64(a.m) // the fixed M of dw; fwd and dx tile the groups' rows
+func (c *cudaImpl) grouped(p ggPass, a *launch.GgArgs, in, out tensor.DType, vec bool, ts ...*tensor.Tensor) error {
+	rowsM := int64(a.M) // the fixed M of dw; fwd and dx tile the groups' rows
 	tiles := func(bm, bn int64) int64 {
-		ntn := (int64(a.n) + bn - 1) / bn
+		ntn := (int64(a.N) + bn - 1) / bn
 		if p == ggDW {
-			return int64(a.e) * ((rowsM + bm - 1) / bm) * ntn
+			return int64(a.E) * ((rowsM + bm - 1) / bm) * ntn
 		}
-		return ((int64(a.rows)+bm-1)/bm + int64(a.e)) * ntn // Σ⌈M_g/bm⌉ ≤ ⌈T/bm⌉ + E
+		return ((int64(a.Rows)+bm-1)/bm + int64(a.E)) * ntn // Σ⌈M_g/bm⌉ ≤ ⌈T/bm⌉ + E
 	}
 	if in == tensor.BF16 && groupedPath != 2 && vec && aligned16(ts...) && c.ggHopper() {
 		bn, stages := int64(256), int64(4)
@@ -388,15 +382,15 @@ func (c *cudaImpl) grouped(p ggPass, a *ggArgs, in, out tensor.DType, vec bool, 
 		}
 		grid := min(tiles(128, bn), int64(c.smCount()))
 		smem := uint32(stages*(128*64*2+bn*64*2) + 1024)
-		name := fmt.Sprintf("gg_wg_%v_%d%s", p, bn, dtSuffix(out))
 		if groupedPath >= 3 && p == ggFwd && out == tensor.BF16 {
-			name += fmt.Sprintf("_probe%d", groupedPath-2)
+			// bn is 256 on these paths: gg_wg_fwd_256_bf16_probe<k>.
+			return launch.GgWgFwd256Bf16Probe(c, strconv.Itoa(groupedPath-2), grid1(int(grid)), block1(256), smem, a)
 		}
-		return c.launchK("groupedgemm.cu", name, grid1(int(grid)), block1(256), smem, unsafe.Pointer(a))
+		return launch.GgWg(c, fmt.Sprintf("%v_%d%s", p, bn, dtSuffix(out)), grid1(int(grid)), block1(256), smem, a)
 	}
 	grid := min(tiles(64, 64), int64(4*c.smCount()))
-	name := fmt.Sprintf("gg_simt_%v%s%s", p, dtSuffix(in), dtSuffix(out))
-	return c.launchK("groupedgemm.cu", name, grid1(int(grid)), block1(256), 0, unsafe.Pointer(a))
+	return launch.GgSimt(c, fmt.Sprintf("%v%s%s", p, dtSuffix(in), dtSuffix(out)), grid1(int(grid)), block1(256), 0, a)
+
 }
 
 // ---- graph ----

@@ -3,6 +3,8 @@ package ops
 import (
 	"testing"
 	"unsafe"
+
+	"gpukit/libgpu/kernels/launch"
 )
 
 // Grouped GEMM kernel paths for SetGroupedPath.
@@ -36,15 +38,15 @@ func GroupedHopper(e *Engine) bool {
 // for byte (the .cu asserts its size; scripts/cudaemu/groupedgemm_test.cpp
 // asserts offsets on the C side).
 func TestGroupedArgsLayout(t *testing.T) {
-	var a ggArgs
+	var a launch.GgArgs
 	for _, c := range []struct {
 		what      string
 		got, want uintptr
 	}{
 		{"sizeof(gg_args)", unsafe.Sizeof(a), 104},
-		{"offsetof(gg_args, lda)", unsafe.Offsetof(a.lda), 40},
-		{"offsetof(gg_args, E)", unsafe.Offsetof(a.e), 80},
-		{"offsetof(gg_args, acc)", unsafe.Offsetof(a.acc), 100},
+		{"offsetof(gg_args, lda)", unsafe.Offsetof(a.Lda), 40},
+		{"offsetof(gg_args, E)", unsafe.Offsetof(a.E), 80},
+		{"offsetof(gg_args, acc)", unsafe.Offsetof(a.Acc), 100},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %d, want %d", c.what, c.got, c.want)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -350,8 +351,8 @@ func (c *cudaImpl) groupNorm(s *gnShape, y, mean, rstd, x, w, b *tensor.Tensor, 
 	if err := p.check(); err != nil {
 		return err
 	}
-	return c.launchK("groupnorm.cu", "gn_fwd_"+p.inst+dtSuffix(x.DType), grid1(s.n), [3]uint32{uint32(p.bx), uint32(p.by), 1}, p.smem,
-		kPtr(y), kPtr(mean), kPtr(rstd), kPtr(x), kPtr(w), kPtr(b), kI32(s.s), kI32(s.c), kI32(s.g), kF32(eps), kBool(silu))
+	return launch.GnFwd(c, p.inst+"_"+dtName(x.DType), grid1(s.n), [3]uint32{uint32(p.bx), uint32(p.by), 1}, p.smem,
+		devPtr(y), devPtr(mean), devPtr(rstd), devPtr(x), devPtr(w), devPtr(b), int32(s.s), int32(s.c), int32(s.g), eps, launch.Bool(silu))
 }
 
 func (c *cudaImpl) groupNormBackward(s *gnShape, dx, dw, db, dy, x, w, b, mean, rstd *tensor.Tensor, silu bool, acc [3]bool) error {
@@ -364,16 +365,17 @@ func (c *cudaImpl) groupNormBackward(s *gnShape, dx, dw, db, dy, x, w, b, mean, 
 	if err != nil {
 		return err
 	}
-	if err := c.launchK("groupnorm.cu", "gn_bwd_"+p.inst+dtSuffix(x.DType), grid1(s.n), [3]uint32{uint32(p.bx), uint32(p.by), 1}, p.smem,
-		kPtr(dx), kDev(part), kPtr(dy), kPtr(x), kPtr(w), kPtr(b), kPtr(mean), kPtr(rstd),
-		kI32(s.s), kI32(s.c), kI32(s.g), kBool(silu), kBool(acc[0])); err != nil {
+	if err := launch.GnBwd(c, p.inst+"_"+dtName(x.DType), grid1(s.n), [3]uint32{uint32(p.bx), uint32(p.by), 1}, p.smem,
+		devPtr(dx), part, devPtr(dy), devPtr(x), devPtr(w), devPtr(b), devPtr(mean), devPtr(rstd),
+		int32(s.s), int32(s.c), int32(s.g), launch.Bool(silu), launch.Bool(acc[0])); err != nil {
 		return err
 	}
 	if dw == nil && db == nil {
 		return nil
 	}
-	return c.launchK("groupnorm.cu", "gn_bwd_reduce", grid1((s.c+255)/256), block1(256), 0,
-		kPtr(dw), kPtr(db), kDev(part), kI32(s.n), kI32(s.c), kBool(acc[1]), kBool(acc[2]))
+	return launch.GnBwdReduce(c, grid1((s.c+255)/256), block1(256), 0,
+		devPtr(dw), devPtr(db), part, int32(s.n), int32(s.c), launch.Bool(acc[1]), launch.Bool(acc[2]))
+
 }
 
 // ---- graph ----

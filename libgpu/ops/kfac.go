@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -97,12 +98,12 @@ func (e *Engine) KFACFactor(f, x *tensor.Tensor, alpha, beta float32, bias bool)
 		if err != nil {
 			return err
 		}
-		if err := c.launchK("kfac.cu", "kfac_colsum"+dtSuffix(x.DType), [3]uint32{uint32((d + 31) / 32), uint32(chunks), 1},
-			[3]uint32{32, 8, 1}, 0, kPtr(x), kDev(part), kI64(int64(rows)), kI32(d), kI64(int64(ld))); err != nil {
+		if err := launch.KfacColsum(c, dtName(x.DType), [3]uint32{uint32((d + 31) / 32), uint32(chunks), 1}, [3]uint32{32, 8, 1}, 0,
+			devPtr(x), part, int64(rows), int32(d), int64(ld)); err != nil {
 			return err
 		}
-		return c.launchK("kfac.cu", "kfac_bias_finish", grid1((d+1+255)/256), block1(256), 0,
-			kDev(part), kI32(chunks), kPtr(f), kI32(d), kI64(int64(rows)), kF32(alpha), kF32(beta), kBool(acc))
+		return launch.KfacBiasFinish(c, grid1((d+1+255)/256), block1(256), 0,
+			part, int32(chunks), devPtr(f), int32(d), int64(rows), alpha, beta, launch.Bool(acc))
 	})
 }
 
@@ -158,8 +159,8 @@ func (e *Engine) KFACDamping(ridgeA, ridgeG, a, g *tensor.Tensor, lambda float32
 		ra[0], rg[0] = float32(pi*s), float32(s/pi)
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("kfac.cu", "kfac_damping", grid1(1), block1(256), 0,
-			kPtr(a), kI32(da), kPtr(g), kI32(dg), kF32(lambda), kPtr(ridgeA), kPtr(ridgeG))
+		return launch.KfacDamping(c, grid1(1), block1(256), 0,
+			devPtr(a), int32(da), devPtr(g), int32(dg), lambda, devPtr(ridgeA), devPtr(ridgeG))
 	})
 }
 
@@ -218,8 +219,8 @@ func (e *Engine) KFACPrecond(v, ginv, gw, gb, ainv, dot *tensor.Tensor) error {
 			return nil
 		}, func(c *cudaImpl) error {
 			total := int64(out) * int64(din)
-			return c.launchK("kfac.cu", "kfac_gather", gridFor(total, 256), block1(256), 0,
-				kPtr(gw), kPtr(gb), kPtr(grad), kI32(out), kI32(in))
+			return launch.KfacGather(c, gridFor(total, 256), block1(256), 0,
+				devPtr(gw), devPtr(gb), devPtr(grad), int32(out), int32(in))
 		}); err != nil {
 			return err
 		}
@@ -254,10 +255,10 @@ func (e *Engine) KFACPrecond(v, ginv, gw, gb, ainv, dot *tensor.Tensor) error {
 		if err != nil {
 			return err
 		}
-		if err := c.launchK("kfac.cu", "kfac_dot", grid1(chunks), block1(256), 0, kPtr(v), kPtr(grad), kDev(part), kI64(n)); err != nil {
+		if err := launch.KfacDot(c, grid1(chunks), block1(256), 0, devPtr(v), devPtr(grad), part, n); err != nil {
 			return err
 		}
-		return c.launchK("kfac.cu", "kfac_sum", grid1(1), block1(32), 0, kDev(part), kI32(chunks), kPtr(dot))
+		return launch.KfacSum(c, grid1(1), block1(32), 0, part, int32(chunks), devPtr(dot))
 	})
 }
 
@@ -293,7 +294,7 @@ func (e *Engine) KLClip(nu, dots *tensor.Tensor, lr, kappa float32) error {
 		o[0] = float32(v)
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("kfac.cu", "kl_clip", grid1(1), block1(32), 0, kPtr(dots), kI32(dots.Dim(0)), kF32(lr), kF32(kappa), kPtr(nu))
+		return launch.KlClip(c, grid1(1), block1(32), 0, devPtr(dots), int32(dots.Dim(0)), lr, kappa, devPtr(nu))
 	})
 }
 
@@ -363,8 +364,8 @@ func (e *Engine) KFACApply(w, b, bufW, bufB, v, nu *tensor.Tensor, lr, mu, wd fl
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("kfac.cu", "kfac_apply", gridFor(total, 256), block1(256), 0,
-			kPtr(w), kPtr(b), kPtr(bufW), kPtr(bufB), kPtr(v), kPtr(nu), kI32(out), kI32(in), kF32(lr), kF32(mu), kF32(wd))
+		return launch.KfacApply(c, gridFor(total, 256), block1(256), 0,
+			devPtr(w), devPtr(b), devPtr(bufW), devPtr(bufB), devPtr(v), devPtr(nu), int32(out), int32(in), lr, mu, wd)
 	})
 }
 

@@ -8,9 +8,8 @@ package ops
 import (
 	"fmt"
 	"math"
-	"unsafe"
 
-	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -406,21 +405,6 @@ func hostLayerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Tensor, acc 
 
 // ---- CUDA ----
 
-// lnKArgs mirrors struct ln_args of layernorm.cu field for field (240
-// bytes; layernorm_layout_test.go checks): the one parameter of every
-// LayerNorm kernel. Leading dimensions are in elements.
-type lnKArgs struct {
-	y, sum, x, r, dy, gsum, dx, dr  cuda.DevicePtr
-	w, b, mean, rstd, dw, db        cuda.DevicePtr
-	part, tickets                   cuda.DevicePtr
-	rows                            int64
-	ldy, lds, ldx, ldr, lddy, ldg   int64
-	lddx, lddr, rpb                 int64
-	c, block                        int32
-	eps                             float32
-	accDx, accDr, accW, accB, group int32
-}
-
 func lnBool(v bool) int32 {
 	if v {
 		return 1
@@ -472,20 +456,30 @@ func lnFast(dt tensor.DType, C int, ts []*tensor.Tensor, counts ...int) (inst st
 // contiguous as a Graph's are: the forward's and, with backward, the
 // backward's (what Graph.LayerNorm prefetches; layerNorm and
 // layerNormBackward choose the same way).
-func lnKernels(dt tensor.DType, cols int, add, backward bool) []string {
-	var fwd, bwd string
-	if inst, ok := lnFast(dt, cols, nil, cols); ok {
-		fwd, bwd = "ln_fwdf_"+inst, "ln_bwdf_"+inst
+func lnKernels(dt tensor.DType, cols int, add, backward bool) []launch.Kernel {
+	var fwd, bwd func(string) (launch.Kernel, error)
+	inst, ok := lnFast(dt, cols, nil, cols)
+	if ok {
+		fwd, bwd = launch.LnFwdfKernel, launch.LnBwdfKernel
 		if add {
-			fwd = "ln_addf_" + inst
+			fwd = launch.LnAddfKernel
 		}
 	} else {
-		p := rwPlanRows(cols, cols%rwVecWidth == 0)
-		fwd, bwd = "ln_fwd_"+p.inst, "ln_bwd_"+p.inst
+		inst = rwPlanRows(cols, cols%rwVecWidth == 0).inst
+		fwd, bwd = launch.LnFwdKernel, launch.LnBwdKernel
 	}
-	ks := []string{fwd + dtSuffix(dt)}
-	if backward {
-		ks = append(ks, bwd+dtSuffix(dt))
+	inst += "_" + dtName(dt)
+	if !backward {
+		bwd = nil
+	}
+	var ks []launch.Kernel
+	for _, f := range []func(string) (launch.Kernel, error){fwd, bwd} {
+		if f == nil {
+			continue
+		}
+		if k, err := f(inst); err == nil {
+			ks = append(ks, k)
+		}
 	}
 	return ks
 }
@@ -494,38 +488,41 @@ func lnKernels(dt tensor.DType, cols int, add, backward bool) []string {
 const lnFastThreads = 256
 
 func (c *cudaImpl) layerNorm(a *lnArgs, mean, rstd, w, b *tensor.Tensor, eps float32) error {
-	k := lnKArgs{y: devPtr(a.y), x: devPtr(a.x), w: devPtr(w), b: devPtr(b), mean: devPtr(mean), rstd: devPtr(rstd),
-		rows: int64(a.rows), ldy: int64(a.ldy), ldx: int64(a.ldx), c: int32(a.cols), eps: eps}
+	k := launch.LnArgs{Y: devPtr(a.y), X: devPtr(a.x), W: devPtr(w), B: devPtr(b), Mean: devPtr(mean), Rstd: devPtr(rstd),
+		Rows: int64(a.rows), Ldy: int64(a.ldy), Ldx: int64(a.ldx), C: int32(a.cols), Eps: eps}
 	if a.r != nil {
-		k.r, k.sum, k.ldr, k.lds = devPtr(a.r), devPtr(a.sum), int64(a.ldr), int64(a.lds)
+		k.R, k.Sum, k.Ldr, k.Lds = devPtr(a.r), devPtr(a.sum), int64(a.ldr), int64(a.lds)
 	}
 	ts := []*tensor.Tensor{a.x, a.y, a.r, a.sum, w, b}
 	counts := []int{a.cols, a.ldx, a.ldy, a.ldr, a.lds}
 	dt := a.x.DType
 	if inst, ok := lnFast(dt, a.cols, ts, counts...); ok {
-		name := "ln_fwdf_" + inst + dtSuffix(dt)
+		inst += "_" + dtName(dt)
+		kernel, named := launch.LnFwdf, launch.LnFwdfKernel
 		if a.r != nil {
-			name = "ln_addf_" + inst + dtSuffix(dt)
+			kernel, named = launch.LnAddf, launch.LnAddfKernel
 		}
-		n, err := c.residentGrid("layernorm.cu", name, lnFastThreads, 0)
+		kn, err := named(inst)
+		if err != nil {
+			return err
+		}
+		n, err := c.residentGrid(kn, lnFastThreads, 0)
 		if err != nil {
 			return err
 		}
 		warps := lnFastThreads / 32
-		return c.launchK("layernorm.cu", name, grid1(min(n, (a.rows+warps-1)/warps)), block1(lnFastThreads), 0, kLN(&k))
+		return kernel(c, inst, grid1(min(n, (a.rows+warps-1)/warps)), block1(lnFastThreads), 0, &k)
 	}
 	p := rwPlanRows(a.cols, rwVecOK(ts, counts...))
-	k.block = lnBool(p.block)
-	return c.launchK("layernorm.cu", "ln_fwd_"+p.inst+dtSuffix(dt), p.fwdGrid(a.rows), block1(p.threads), 0, kLN(&k))
+	k.Block = lnBool(p.block)
+	return launch.LnFwd(c, p.inst+"_"+dtName(dt), p.fwdGrid(a.rows), block1(p.threads), 0, &k)
 }
 
-func kLN(k *lnKArgs) karg { return unsafe.Pointer(k) }
-
 func (c *cudaImpl) layerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Tensor, acc [4]bool) error {
-	k := lnKArgs{x: devPtr(a.x), dy: devPtr(a.y), gsum: devPtr(a.gsum), dx: devPtr(a.dx), dr: devPtr(a.dr),
-		w: devPtr(w), mean: devPtr(mean), rstd: devPtr(rstd), dw: devPtr(dw), db: devPtr(db),
-		rows: int64(a.rows), ldx: int64(a.ldx), lddy: int64(a.ldy), ldg: int64(a.ldg), lddx: int64(a.lddx), lddr: int64(a.lddr),
-		c: int32(a.cols), accDx: lnBool(acc[0]), accDr: lnBool(acc[1]), accW: lnBool(acc[2]), accB: lnBool(acc[3])}
+	k := launch.LnArgs{X: devPtr(a.x), Dy: devPtr(a.y), Gsum: devPtr(a.gsum), Dx: devPtr(a.dx), Dr: devPtr(a.dr),
+		W: devPtr(w), Mean: devPtr(mean), Rstd: devPtr(rstd), Dw: devPtr(dw), Db: devPtr(db),
+		Rows: int64(a.rows), Ldx: int64(a.ldx), Lddy: int64(a.ldy), Ldg: int64(a.ldg), Lddx: int64(a.lddx), Lddr: int64(a.lddr),
+		C: int32(a.cols), AccDx: lnBool(acc[0]), AccDr: lnBool(acc[1]), AccW: lnBool(acc[2]), AccB: lnBool(acc[3])}
 	ts := []*tensor.Tensor{a.x, a.y, a.gsum, a.dx, a.dr, w}
 	counts := []int{a.cols, a.ldx, a.ldy}
 	for _, t := range []struct {
@@ -537,28 +534,33 @@ func (c *cudaImpl) layerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Te
 		}
 	}
 	dt := a.x.DType
-	var name string
+	var inst string
+	kernel := launch.LnBwd
 	var grid [3]uint32
 	var threads int
 	var smem uint32
-	if inst, ok := lnFast(dt, a.cols, ts, counts...); ok {
-		name = "ln_bwdf_" + inst + dtSuffix(dt)
+	if fast, ok := lnFast(dt, a.cols, ts, counts...); ok {
+		inst, kernel = fast+"_"+dtName(dt), launch.LnBwdf
 		threads = lnFastThreads
 		smem = uint32(lnFastThreads / 32 * 2 * a.cols * 4) // each warp's partial dw and db
-		n, err := c.residentGrid("layernorm.cu", name, threads, smem)
+		kn, err := launch.LnBwdfKernel(inst)
+		if err != nil {
+			return err
+		}
+		n, err := c.residentGrid(kn, threads, smem)
 		if err != nil {
 			return err
 		}
 		grid = grid1(min(n, (a.rows+threads/32-1)/(threads/32)))
 	} else {
 		p := rwPlanRows(a.cols, rwVecOK(ts, counts...))
-		name, threads, k.block = "ln_bwd_"+p.inst+dtSuffix(dt), p.threads, lnBool(p.block)
+		inst, threads, k.Block = p.inst+"_"+dtName(dt), p.threads, lnBool(p.block)
 		grid = grid1(min((a.rows+p.groups-1)/p.groups, rwMaxBlocks))
 	}
 	nb := int(grid[0])
 	rpb := (a.rows + nb - 1) / nb
 	nb = (a.rows + rpb - 1) / rpb
-	k.rpb = int64(rpb)
+	k.Rpb = int64(rpb)
 	if dw != nil || db != nil {
 		// The fold's groups: about √nb blocks each, so the last group's
 		// fold and the final one are about as long.
@@ -572,9 +574,9 @@ func (c *cudaImpl) layerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Te
 		if err != nil {
 			return err
 		}
-		k.part, k.tickets, k.group = part, tickets, int32(s)
+		k.Part, k.Tickets, k.Group = part, tickets, int32(s)
 	}
-	return c.launchK("layernorm.cu", name, grid1(nb), block1(threads), smem, kLN(&k))
+	return kernel(c, inst, grid1(nb), block1(threads), smem, &k)
 }
 
 // ---- graph ----
@@ -601,7 +603,7 @@ func (g *Graph) LayerNorm(x, w, b *Var, eps float32) *Var {
 	if !g.lnParams("layernorm", cols, w, b) {
 		return nil
 	}
-	g.prefetch("layernorm.cu", lnKernels(x.Value.DType, cols, false, g.opts.Train)...)
+	g.prefetchKernels(lnKernels(x.Value.DType, cols, false, g.opts.Train)...)
 	in, wi, bi := withAffine([]*Var{x}, w, b)
 	y := g.NewOut("layernorm", x.Value.DType, x.Value.Shape...)
 	mean := g.NewOut("layernorm.mean", tensor.F32, rows)
@@ -666,7 +668,7 @@ func (g *Graph) AddLayerNorm(x, r, w, b *Var, eps float32) (sum, y *Var) {
 	if !g.lnParams("addlayernorm", cols, w, b) {
 		return nil, nil
 	}
-	g.prefetch("layernorm.cu", lnKernels(x.Value.DType, cols, true, g.opts.Train)...)
+	g.prefetchKernels(lnKernels(x.Value.DType, cols, true, g.opts.Train)...)
 	in, wi, bi := withAffine([]*Var{x, r}, w, b)
 	sum = g.NewOut("addlayernorm.sum", x.Value.DType, x.Value.Shape...)
 	y = g.NewOut("addlayernorm", x.Value.DType, x.Value.Shape...)

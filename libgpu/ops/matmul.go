@@ -14,6 +14,7 @@ import (
 	"gonum.org/v1/gonum/blas"
 
 	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -437,14 +438,13 @@ func (c *cudaImpl) mmBiasAct(dt tensor.DType, d, aux, bias cuda.DevicePtr, rows 
 		return fmt.Errorf("%w: matmul epilogue on a batched D with gaps between items", tensor.ErrLayout)
 	}
 	n := int(min(int64(cols)*rows/256+1, 65535))
-	return c.launchK("matmul.cu", "mm_bias_act"+dtSuffix(dt), grid1(n), block1(256), 0,
-		kDev(d), kDev(aux), kDev(bias), kI64(rows), kI32(cols), kI64(int64(ld)), kI32(int(act)))
+	return launch.MmBiasAct(c, dtName(dt), grid1(n), block1(256), 0, d, aux, bias, rows, int32(cols), int64(ld), int32(act))
 }
 
 // mmColsum launches mm_colsum_<dt>: out[j] (+)= Σ_r a[r*lda + j].
 func (c *cudaImpl) mmColsum(dt tensor.DType, out, a cuda.DevicePtr, rows int64, cols, lda int, acc bool) error {
-	return c.launchK("matmul.cu", "mm_colsum"+dtSuffix(dt), grid1((cols+31)/32), [3]uint32{32, 8, 1}, 0,
-		kDev(out), kDev(a), kI64(rows), kI32(cols), kI64(int64(lda)), kBool(acc))
+	return launch.MmColsum(c, dtName(dt), grid1((cols+31)/32), [3]uint32{32, 8, 1}, 0,
+		out, a, rows, int32(cols), int64(lda), launch.Bool(acc))
 }
 
 // ---- graph ----
@@ -671,8 +671,8 @@ func (e *Engine) ActBackward(dz, dy, z *tensor.Tensor, act Act) error {
 		return commit()
 	}, func(c *cudaImpl) error {
 		blocks := int(min(int64(n)/256+1, 65535))
-		return c.launchK("matmul.cu", "mm_act_bwd"+dtSuffix(dz.DType), grid1(blocks), block1(256), 0,
-			kPtr(dz), kPtr(dy), kPtr(z), kI64(int64(n)), kI32(int(act)))
+		return launch.MmActBwd(c, dtName(dz.DType), grid1(blocks), block1(256), 0,
+			devPtr(dz), devPtr(dy), devPtr(z), int64(n), int32(act))
 	})
 }
 

@@ -19,6 +19,7 @@ import (
 	"gonum.org/v1/gonum/mat"
 
 	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -347,8 +348,7 @@ func (e *Engine) InverseRoot(r InverseRoot) error {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("matroot.cu", "root_upper", grid1(int(min(total/256+1, 65535))), block1(256), 0,
-			kPtr(a3), kPtr(sym), kI64(total), kI32(n))
+		return launch.RootUpper(c, grid1(int(min(total/256+1, 65535))), block1(256), 0, devPtr(a3), devPtr(sym), total, int32(n))
 	}); err != nil {
 		return err
 	}
@@ -418,9 +418,8 @@ func (e *Engine) rootScalars(g *rootArgs) (*tensor.Tensor, error) {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("matroot.cu", "root_scalars", grid1((g.batch+127)/128), block1(128), 0,
-			kPtr(part), kI32(chunks), kI32(g.batch), kI32(g.n), kI32(g.p), kF32(g.eps), kF32(g.relEps),
-			kPtr(g.ridge), kPtr(scal))
+		return launch.RootScalars(c, grid1((g.batch+127)/128), block1(128), 0,
+			devPtr(part), int32(chunks), int32(g.batch), int32(g.n), int32(g.p), g.eps, g.relEps, devPtr(g.ridge), devPtr(scal))
 	})
 	return scal, err
 }
@@ -451,8 +450,8 @@ func (e *Engine) rootPartials(a, part *tensor.Tensor, batch, n, chunks int, shif
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("matroot.cu", "root_partials", [3]uint32{uint32(chunks), uint32(batch), 1}, block1(256), 0,
-			kPtr(a), kPtr(part), kI32(n), kI32(chunks), kF32(shift))
+		return launch.RootPartials(c, [3]uint32{uint32(chunks), uint32(batch), 1}, block1(256), 0,
+			devPtr(a), devPtr(part), int32(n), int32(chunks), shift)
 	})
 }
 
@@ -499,8 +498,8 @@ func (e *Engine) rootNewton(g *rootArgs, iters int, full bool) error {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("matroot.cu", "root_newton_init", grid1(int(min(total/256+1, 65535))), block1(256), 0,
-			kPtr(g.a), kPtr(m), kPtr(x), kPtr(scal), kI64(total), kI32(g.n))
+		return launch.RootNewtonInit(c, grid1(int(min(total/256+1, 65535))), block1(256), 0,
+			devPtr(g.a), devPtr(m), devPtr(x), devPtr(scal), total, int32(g.n))
 	}); err != nil {
 		return err
 	}
@@ -546,8 +545,8 @@ func (e *Engine) rootNewton(g *rootArgs, iters int, full bool) error {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("matroot.cu", "root_symmetrize", grid1(int(min(total/256+1, 65535))), block1(256), 0,
-			kPtr(x), kPtr(xs), kI64(total), kI32(g.n))
+		return launch.RootSymmetrize(c, grid1(int(min(total/256+1, 65535))), block1(256), 0,
+			devPtr(x), devPtr(xs), total, int32(g.n))
 	}); err != nil {
 		return err
 	}
@@ -588,8 +587,8 @@ func (e *Engine) rootNewton(g *rootArgs, iters int, full bool) error {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("matroot.cu", "root_err_status", grid1((g.batch+127)/128), block1(128), 0,
-			kPtr(errT), kPtr(scal), kI32(g.batch), kI32(g.n), kPtr(status))
+		return launch.RootErrStatus(c, grid1((g.batch+127)/128), block1(128), 0,
+			devPtr(errT), devPtr(scal), int32(g.batch), int32(g.n), devPtr(status))
 	}); err != nil {
 		return err
 	}
@@ -624,8 +623,8 @@ func (e *Engine) rootResidual(g *rootArgs, errT, x, scal *tensor.Tensor, spare [
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("matroot.cu", "root_add_ridge", grid1(int(min(total/256+1, 65535))), block1(256), 0,
-			kPtr(y), kPtr(xp), kPtr(scal), kI64(total), kI32(g.n))
+		return launch.RootAddRidge(c, grid1(int(min(total/256+1, 65535))), block1(256), 0,
+			devPtr(y), devPtr(xp), devPtr(scal), total, int32(g.n))
 	}); err != nil {
 		return err
 	}
@@ -648,8 +647,8 @@ func (e *Engine) rootResidual(g *rootArgs, errT, x, scal *tensor.Tensor, spare [
 		}
 		return commit()
 	}, func(c *cudaImpl) error {
-		return c.launchK("matroot.cu", "root_err", grid1((g.batch+127)/128), block1(128), 0,
-			kPtr(part), kI32(chunks), kI32(g.batch), kPtr(errT))
+		return launch.RootErr(c, grid1((g.batch+127)/128), block1(128), 0,
+			devPtr(part), int32(chunks), int32(g.batch), devPtr(errT))
 	})
 }
 
@@ -670,8 +669,8 @@ func (e *Engine) rootNewtonT(m, t *tensor.Tensor, total int64, n, p int) error {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("matroot.cu", "root_newton_t", grid1(int(min(total/256+1, 65535))), block1(256), 0,
-			kPtr(m), kPtr(t), kI64(total), kI32(n), kI32(p))
+		return launch.RootNewtonT(c, grid1(int(min(total/256+1, 65535))), block1(256), 0,
+			devPtr(m), devPtr(t), total, int32(n), int32(p))
 	})
 }
 
@@ -768,8 +767,8 @@ func (e *Engine) rootEigen(g *rootArgs, f64 bool) error {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("matroot.cu", "root_eig_scale", grid1(int(min(total/256+1, 65535))), block1(256), 0,
-			kPtr(q), kPtr(w), kPtr(scal), kPtr(s), kI64(total), kI32(g.n), kF32(expo))
+		return launch.RootEigScale(c, grid1(int(min(total/256+1, 65535))), block1(256), 0,
+			devPtr(q), devPtr(w), devPtr(scal), devPtr(s), total, int32(g.n), expo)
 	}); err != nil {
 		return err
 	}
@@ -797,8 +796,8 @@ func (e *Engine) rootEigen(g *rootArgs, f64 bool) error {
 			}
 			return commit()
 		}, func(c *cudaImpl) error {
-			return c.launchK("matroot.cu", "root_status_err", grid1((g.batch+127)/128), block1(128), 0,
-				kPtr(status), kI32(g.batch), kPtr(g.err))
+			return launch.RootStatusErr(c, grid1((g.batch+127)/128), block1(128), 0,
+				devPtr(status), int32(g.batch), devPtr(g.err))
 		}); err != nil {
 			return err
 		}
@@ -827,8 +826,8 @@ func (e *Engine) rootCommit(src, dst, status *tensor.Tensor, batch, per int) err
 		}
 		return dst.WriteFloat32(dv)
 	}, func(c *cudaImpl) error {
-		return c.launchK("matroot.cu", "root_commit", grid1(int(min(total/256+1, 65535))), block1(256), 0,
-			kPtr(src), kPtr(dst), kPtr(status), kI64(total), kI64(int64(per)))
+		return launch.RootCommit(c, grid1(int(min(total/256+1, 65535))), block1(256), 0,
+			devPtr(src), devPtr(dst), devPtr(status), total, int64(per))
 	})
 }
 
@@ -972,8 +971,7 @@ func (c *cudaImpl) eigh(e *Engine, d Eigh, batch, n int) error {
 		return err
 	}
 	if d.F64 {
-		if err := c.launchK("matroot.cu", "root_widen", grid1(int(min(total/256+1, 65535))), block1(256), 0,
-			kPtr(d.A), kDev(work), kI64(total)); err != nil {
+		if err := launch.RootWiden(c, grid1(int(min(total/256+1, 65535))), block1(256), 0, devPtr(d.A), work, total); err != nil {
 			return err
 		}
 	} else if err := cuda.MemcpyDtoDAsync(work, devPtr(d.A), total*4, c.stream); err != nil {
@@ -994,8 +992,7 @@ func (c *cudaImpl) eigh(e *Engine, d Eigh, batch, n int) error {
 			src, dst cuda.DevicePtr
 			cnt      int64
 		}{{work, qf, total}, {wv, wf, int64(batch) * int64(n)}} {
-			if err := c.launchK("matroot.cu", "root_narrow", grid1(int(min(p.cnt/256+1, 65535))), block1(256), 0,
-				kDev(p.src), kDev(p.dst), kI64(p.cnt)); err != nil {
+			if err := launch.RootNarrow(c, grid1(int(min(p.cnt/256+1, 65535))), block1(256), 0, p.src, p.dst, p.cnt); err != nil {
 				return err
 			}
 		}
@@ -1006,8 +1003,8 @@ func (c *cudaImpl) eigh(e *Engine, d Eigh, batch, n int) error {
 			return err
 		}
 	}
-	if err := c.launchK("matroot.cu", "root_eig_status", grid1((batch+127)/128), block1(128), 0,
-		kDev(info), kDev(wf), kI32(n), kI32(batch), kDev(status), kDev(0)); err != nil {
+	if err := launch.RootEigStatus(c, grid1((batch+127)/128), block1(128), 0,
+		info, wf, int32(n), int32(batch), status, 0); err != nil {
 		return err
 	}
 	for _, p := range []struct {
@@ -1015,8 +1012,8 @@ func (c *cudaImpl) eigh(e *Engine, d Eigh, batch, n int) error {
 		per      int64
 	}{{qf, devPtr(d.Q), nn}, {wf, devPtr(d.W), int64(n)}} {
 		cnt := int64(batch) * p.per
-		if err := c.launchK("matroot.cu", "root_commit", grid1(int(min(cnt/256+1, 65535))), block1(256), 0,
-			kDev(p.src), kDev(p.dst), kDev(status), kI64(cnt), kI64(p.per)); err != nil {
+		if err := launch.RootCommit(c, grid1(int(min(cnt/256+1, 65535))), block1(256), 0,
+			p.src, p.dst, status, cnt, p.per); err != nil {
 			return err
 		}
 	}

@@ -8,6 +8,7 @@ package ops
 import (
 	"fmt"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -67,11 +68,11 @@ func (e *Engine) MSELoss(loss, dpred, pred, target *tensor.Tensor, acc bool) err
 		if err != nil {
 			return err
 		}
-		if err := c.launchK("mse.cu", "mse_partial"+dtSuffix(pred.DType), grid1(blocks), block1(256), 0,
-			kDev(part), kPtr(dpred), kPtr(pred), kPtr(target), kI64(int64(n)), kF32(inv), kBool(acc)); err != nil {
+		if err := launch.MsePartial(c, dtName(pred.DType), grid1(blocks), block1(256), 0,
+			part, devPtr(dpred), devPtr(pred), devPtr(target), int64(n), inv, launch.Bool(acc)); err != nil {
 			return err
 		}
-		return c.launchK("mse.cu", "mse_final", grid1(1), block1(256), 0, kPtr(loss), kDev(part), kI32(blocks), kF32(inv))
+		return launch.MseFinal(c, grid1(1), block1(256), 0, devPtr(loss), part, int32(blocks), inv)
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -206,16 +207,15 @@ func (e *Engine) MuonPrep(mp MuonPrep) error {
 			return err
 		}
 		scale := part.Add(int64(chunks) * 4)
-		if err := c.launchK("newtonschulz.cu", "muon_momentum", grid1(chunks), block1(256), 0,
-			kPtr(mp.G), kPtr(mp.Buf), kDev(part), kI64(total), kI32(chunks), kF32(mp.Mu), kBool(mp.Nesterov)); err != nil {
+		if err := launch.MuonMomentum(c, grid1(chunks), block1(256), 0,
+			devPtr(mp.G), devPtr(mp.Buf), part, total, int32(chunks), mp.Mu, launch.Bool(mp.Nesterov)); err != nil {
 			return err
 		}
-		if err := c.launchK("newtonschulz.cu", "muon_scale", grid1(1), block1(32), 0,
-			kDev(part), kI32(chunks), kF32(eps), kDev(scale)); err != nil {
+		if err := launch.MuonScale(c, grid1(1), block1(32), 0, part, int32(chunks), eps, scale); err != nil {
 			return err
 		}
-		return c.launchK("newtonschulz.cu", "muon_normalize"+dtSuffix(mp.X.DType), gridFor(total, 256), block1(256), 0,
-			kPtr(mp.G), kPtr(mp.Buf), kDev(scale), kPtr(mp.X), kI32(m), kI32(n), kBool(tr), kF32(mp.Mu), kBool(mp.Nesterov))
+		return launch.MuonNormalize(c, dtName(mp.X.DType), gridFor(total, 256), block1(256), 0,
+			devPtr(mp.G), devPtr(mp.Buf), scale, devPtr(mp.X), int32(m), int32(n), launch.Bool(tr), mp.Mu, launch.Bool(mp.Nesterov))
 	})
 }
 
@@ -261,7 +261,7 @@ func (e *Engine) MuonApply(p, x, lrScale *tensor.Tensor, lr, scale, decay float3
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("newtonschulz.cu", "muon_apply"+dtSuffix(x.DType), gridFor(total, 256), block1(256), 0,
-			kPtr(p), kPtr(x), kI32(m), kI32(n), kBool(tr), kF32(lr), kF32(scale), kF32(decay), kPtr(lrScale))
+		return launch.MuonApply(c, dtName(x.DType), gridFor(total, 256), block1(256), 0,
+			devPtr(p), devPtr(x), int32(m), int32(n), launch.Bool(tr), lr, scale, decay, devPtr(lrScale))
 	})
 }

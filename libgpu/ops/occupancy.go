@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 )
 
 // Launch geometry from the device and a kernel's resources: persistent
@@ -33,15 +34,15 @@ func (c *cudaImpl) smCount() int {
 	return c.sms
 }
 
-// residentGrid is how many blocks of kernel name (file) with threads
+// residentGrid is how many blocks of kernel k with threads
 // threads and smem bytes of dynamic shared memory the GPU runs at once:
 // blocks per multiprocessor from its registers (allocated per warp in
 // units of 256), its shared memory (228 KiB per multiprocessor, 1 KiB
 // reserved per block) and the limits of 2048 threads and 32 blocks (sm_90),
 // times the multiprocessors. At least one block per multiprocessor. Must
 // run inside Do.
-func (c *cudaImpl) residentGrid(file, name string, threads int, smem uint32) (int, error) {
-	f, err := c.kernel(file, name)
+func (c *cudaImpl) residentGrid(k launch.Kernel, threads int, smem uint32) (int, error) {
+	f, err := c.kernel(k.File, k.Name)
 	if err != nil {
 		return 0, err
 	}
@@ -54,11 +55,11 @@ func (c *cudaImpl) residentGrid(file, name string, threads int, smem uint32) (in
 	}
 	regs, err := f.Attribute(cuda.FuncNumRegs)
 	if err != nil {
-		return 0, fmt.Errorf("ops: %s: %w", name, err)
+		return 0, fmt.Errorf("ops: %s: %w", k.Name, err)
 	}
 	static, err := f.Attribute(cuda.FuncSharedSizeBytes)
 	if err != nil {
-		return 0, fmt.Errorf("ops: %s: %w", name, err)
+		return 0, fmt.Errorf("ops: %s: %w", k.Name, err)
 	}
 	n = residentBlocks(regs, static+int(smem), threads) * c.smCount()
 	c.mu.Lock()

@@ -11,8 +11,8 @@ package ops
 import (
 	"fmt"
 	"math"
-	"unsafe"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -56,11 +56,8 @@ func (b Blocking) Blocked(i, j int) int {
 	return ((bi*b.Cols+bj)*b.BR+i-bi*b.BR)*b.BC + j - bj*b.BC
 }
 
-// pcGeom mirrors pc_geom (precond.cu).
-type pcGeom struct{ m, n, br, bc, cols int32 }
-
-func (b Blocking) geom() pcGeom {
-	return pcGeom{int32(b.M), int32(b.N), int32(b.BR), int32(b.BC), int32(b.Cols)}
+func (b Blocking) geom() launch.PcGeom {
+	return launch.PcGeom{M: int32(b.M), N: int32(b.N), Br: int32(b.BR), Bc: int32(b.BC), Cols: int32(b.Cols)}
 }
 
 func (b Blocking) valid() error {
@@ -161,9 +158,9 @@ func (e *Engine) ShampooPrep(s ShampooPrep) error {
 		return nil
 	}, func(c *cudaImpl) error {
 		geo := s.Blk.geom()
-		return c.launchK("precond.cu", "shampoo_prep", gridFor(total, 256), block1(256), 0,
-			unsafe.Pointer(&geo), kPtr(s.G), kPtr(s.M), kPtr(s.V), kPtr(s.GS), kPtr(s.GB), kPtr(s.GA), kI64(total),
-			kF32(s.Beta1), kF32(s.Beta2), kF32(bc1), kF32(bc2), kF32(s.Eps), kBool(s.AdaGrad))
+		return launch.ShampooPrep(c, gridFor(total, 256), block1(256), 0,
+			&geo, devPtr(s.G), devPtr(s.M), devPtr(s.V), devPtr(s.GS), devPtr(s.GB), devPtr(s.GA), total,
+			s.Beta1, s.Beta2, bc1, bc2, s.Eps, launch.Bool(s.AdaGrad))
 	})
 }
 
@@ -217,12 +214,11 @@ func (e *Engine) GraftScale(scale, s, a *tensor.Tensor) error {
 		if err != nil {
 			return err
 		}
-		if err := c.launchK("precond.cu", "pc_sumsq", [3]uint32{uint32(chunks), uint32(k), 1}, block1(256), 0,
-			kPtr(s), kPtr(a), kDev(part), kI64(int64(per)), kI32(chunks)); err != nil {
+		if err := launch.PcSumsq(c, [3]uint32{uint32(chunks), uint32(k), 1}, block1(256), 0,
+			devPtr(s), devPtr(a), part, int64(per), int32(chunks)); err != nil {
 			return err
 		}
-		return c.launchK("precond.cu", "pc_graft_scale", grid1((k+127)/128), block1(128), 0,
-			kDev(part), kI32(chunks), kI32(k), kPtr(scale))
+		return launch.PcGraftScale(c, grid1((k+127)/128), block1(128), 0, part, int32(chunks), int32(k), devPtr(scale))
 	})
 }
 
@@ -280,8 +276,8 @@ func (e *Engine) BlockApply(a BlockApply) error {
 		return nil
 	}, func(c *cudaImpl) error {
 		geo := a.Blk.geom()
-		return c.launchK("precond.cu", "block_apply", gridFor(total, 256), block1(256), 0,
-			unsafe.Pointer(&geo), kPtr(a.P), kPtr(a.D), kPtr(a.Scale), kI64(total), kF32(a.LR), kF32(a.Coef), kF32(a.Decay))
+		return launch.BlockApply(c, gridFor(total, 256), block1(256), 0,
+			&geo, devPtr(a.P), devPtr(a.D), devPtr(a.Scale), total, a.LR, a.Coef, a.Decay)
 	})
 }
 
@@ -327,8 +323,8 @@ func (e *Engine) SOAPPrep(g, m, gs, gm *tensor.Tensor, blk Blocking, beta1 float
 		return nil
 	}, func(c *cudaImpl) error {
 		geo := blk.geom()
-		return c.launchK("precond.cu", "soap_prep", gridFor(total, 256), block1(256), 0,
-			unsafe.Pointer(&geo), kPtr(g), kPtr(m), kPtr(gs), kPtr(gm), kI64(total), kF32(beta1))
+		return launch.SoapPrep(c, gridFor(total, 256), block1(256), 0,
+			&geo, devPtr(g), devPtr(m), devPtr(gs), devPtr(gm), total, beta1)
 	})
 }
 
@@ -375,8 +371,8 @@ func (e *Engine) SOAPAdam(v, gr, mr, out *tensor.Tensor, blk Blocking, beta2, ep
 		return nil
 	}, func(c *cudaImpl) error {
 		geo := blk.geom()
-		return c.launchK("precond.cu", "soap_adam", gridFor(total, 256), block1(256), 0,
-			unsafe.Pointer(&geo), kPtr(gr), kPtr(mr), kPtr(v), kPtr(out), kI64(total), kF32(beta2), kF32(eps))
+		return launch.SoapAdam(c, gridFor(total, 256), block1(256), 0,
+			&geo, devPtr(gr), devPtr(mr), devPtr(v), devPtr(out), total, beta2, eps)
 	})
 }
 
@@ -417,6 +413,6 @@ func (e *Engine) PadDiag(s, real *tensor.Tensor) error {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("precond.cu", "pad_diag", grid1(batch), block1(256), 0, kPtr(s), kPtr(real), kI32(d))
+		return launch.PadDiag(c, grid1(batch), block1(256), 0, devPtr(s), devPtr(real), int32(d))
 	})
 }

@@ -1,5 +1,7 @@
 package ops
 
+import "gpukit/libgpu/kernels/launch"
+
 // Kernel prefetch. An op family's Graph method names the kernels its steps
 // will launch as it records them (g.prefetch), so a run's kernels compile
 // in parallel on libgpu/kernels' worker pool while the model is still
@@ -28,5 +30,24 @@ func (c *cudaImpl) prefetch(file string, kernels ...string) {
 func (g *Graph) prefetch(file string, kernels ...string) {
 	if g.shared.err == nil {
 		g.e.Prefetch(file, kernels...)
+	}
+}
+
+// prefetchKernels is Engine.PrefetchKernels for a family's Graph method.
+func (g *Graph) prefetchKernels(ks ...launch.Kernel) {
+	if g.shared.err == nil {
+		g.e.PrefetchKernels(ks...)
+	}
+}
+
+// PrefetchKernels is Prefetch of the kernels ks (typed launcher names,
+// launch.XKernel), each from its own file.
+func (e *Engine) PrefetchKernels(ks ...launch.Kernel) {
+	c, ok := e.impl.(*cudaImpl)
+	if !ok {
+		return
+	}
+	for _, k := range ks {
+		c.prefetch(k.File, k.Name)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"gonum.org/v1/gonum/mat"
 
 	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -157,8 +158,7 @@ func (c *cudaImpl) qr(d QR, batch, n int) error {
 		return err
 	}
 	if d.F64 {
-		if err := c.launchK("matroot.cu", "root_widen", grid1(int(min(total/256+1, 65535))), block1(256), 0,
-			kPtr(d.A), kDev(work), kI64(total)); err != nil {
+		if err := launch.RootWiden(c, grid1(int(min(total/256+1, 65535))), block1(256), 0, devPtr(d.A), work, total); err != nil {
 			return err
 		}
 	} else if err := cuda.MemcpyDtoDAsync(work, devPtr(d.A), total*4, c.stream); err != nil {
@@ -183,13 +183,13 @@ func (c *cudaImpl) qr(d QR, batch, n int) error {
 			return fmt.Errorf("ops: qr of matrix %d (n = %d): %w", b, n, err)
 		}
 	}
-	signs := "qr_signs_f32"
+	inst := "f32" // the instance of the factors' dtype (qr_signs_f32, qr_apply_f64, ...)
 	if d.F64 {
-		signs = "qr_signs_f64"
+		inst = "f64"
 	}
 	cnt := int64(batch) * int64(n)
-	if err := c.launchK("matroot.cu", signs, grid1(int(min(cnt/256+1, 65535))), block1(256), 0,
-		kDev(work), kDev(sgn), kI32(n), kI64(cnt)); err != nil {
+	if err := launch.QrSigns(c, inst, grid1(int(min(cnt/256+1, 65535))), block1(256), 0,
+		work, sgn, int32(n), cnt); err != nil {
 		return err
 	}
 	for b := int64(0); b < int64(batch); b++ {
@@ -202,12 +202,9 @@ func (c *cudaImpl) qr(d QR, batch, n int) error {
 	if err != nil {
 		return err
 	}
-	apply := "qr_apply_f32"
-	if d.F64 {
-		apply = "qr_apply_f64"
-	}
-	if err := c.launchK("matroot.cu", apply, grid1(int(min(total/256+1, 65535))), block1(256), 0,
-		kDev(work), kDev(sgn), kDev(qf), kI32(n), kI64(total)); err != nil {
+	if err := launch.QrApply(c, inst, grid1(int(min(total/256+1, 65535))), block1(256), 0,
+		work, sgn, qf, int32(n), total); err != nil {
+
 		return err
 	}
 	status := devPtr(d.Status)
@@ -216,12 +213,10 @@ func (c *cudaImpl) qr(d QR, batch, n int) error {
 			return err
 		}
 	}
-	if err := c.launchK("matroot.cu", "qr_status", grid1(batch), block1(256), 0,
-		kDev(info), kDev(qf), kI64(nn), kDev(status)); err != nil {
+	if err := launch.QrStatus(c, grid1(batch), block1(256), 0, info, qf, nn, status); err != nil {
 		return err
 	}
-	return c.launchK("matroot.cu", "root_commit", grid1(int(min(total/256+1, 65535))), block1(256), 0,
-		kDev(qf), kPtr(d.Q), kDev(status), kI64(total), kI64(nn))
+	return launch.RootCommit(c, grid1(int(min(total/256+1, 65535))), block1(256), 0, qf, devPtr(d.Q), status, total, nn)
 }
 
 // SOAPBasis describes SOAP's refresh of a batch of eigenbases by one step
@@ -331,16 +326,16 @@ func (e *Engine) SOAPBasis(s SOAPBasis) error {
 		return nil
 	}, func(c *cudaImpl) error {
 		rows := int64(batch) * int64(d)
-		if err := c.launchK("precond.cu", "soap_est", gridFor(rows*32, 256), block1(256), 0,
-			kPtr(p), kPtr(s.Q), kPtr(est), kI32(d), kI64(rows)); err != nil {
+		if err := launch.SoapEst(c, gridFor(rows*32, 256), block1(256), 0,
+			devPtr(p), devPtr(s.Q), devPtr(est), int32(d), rows); err != nil {
 			return err
 		}
-		if err := c.launchK("precond.cu", "soap_rank", gridFor(rows, 256), block1(256), 0,
-			kPtr(est), kPtr(s.Perm), kI32(d), kI64(rows)); err != nil {
+		if err := launch.SoapRank(c, gridFor(rows, 256), block1(256), 0,
+			devPtr(est), devPtr(s.Perm), int32(d), rows); err != nil {
 			return err
 		}
-		return c.launchK("precond.cu", "soap_gather_desc", gridFor(total, 256), block1(256), 0,
-			kPtr(p), kPtr(s.Perm), kPtr(g), kI32(d), kI64(total))
+		return launch.SoapGatherDesc(c, gridFor(total, 256), block1(256), 0,
+			devPtr(p), devPtr(s.Perm), devPtr(g), int32(d), total)
 	}); err != nil {
 		return err
 	}
@@ -365,8 +360,8 @@ func (e *Engine) SOAPBasis(s SOAPBasis) error {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("precond.cu", "soap_basis_commit", gridFor(total, 256), block1(256), 0,
-			kPtr(g), kPtr(s.Q), kPtr(s.Perm), kPtr(status), kI32(d), kI64(total))
+		return launch.SoapBasisCommit(c, gridFor(total, 256), block1(256), 0,
+			devPtr(g), devPtr(s.Q), devPtr(s.Perm), devPtr(status), int32(d), total)
 	})
 }
 
@@ -418,7 +413,7 @@ func (e *Engine) SOAPPermute(v, rows, cols *tensor.Tensor, blk Blocking) error {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("precond.cu", "soap_permute", gridFor(total, 256), block1(256), 0,
-			kPtr(tmp), kPtr(v), kPtr(rows), kPtr(cols), kI32(blk.BR), kI32(blk.BC), kI64(total))
+		return launch.SoapPermute(c, gridFor(total, 256), block1(256), 0,
+			devPtr(tmp), devPtr(v), devPtr(rows), devPtr(cols), int32(blk.BR), int32(blk.BC), total)
 	})
 }

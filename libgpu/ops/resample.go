@@ -9,6 +9,8 @@ package ops
 import (
 	"fmt"
 
+	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -40,7 +42,7 @@ func (e *Engine) AvgPool2D(y, x *tensor.Tensor, k int) error {
 	if err := e.rsCheck("avgpool", y, x, k); err != nil {
 		return err
 	}
-	return e.resample("rs_pool_fwd", y, x, k, false, func(small, large []float32, s rsShape) {
+	return e.resample(launch.RsPoolFwd, true, y, x, k, false, func(small, large []float32, s rsShape) {
 		inv := 1 / float32(k*k)
 		for i := range small {
 			var t float32
@@ -56,7 +58,7 @@ func (e *Engine) AvgPool2DBackward(dx, dy *tensor.Tensor, k int, acc bool) error
 	if err := e.rsCheck("avgpool backward", dy, dx, k); err != nil {
 		return err
 	}
-	return e.resample("rs_pool_bwd", dx, dy, k, acc, func(small, large []float32, s rsShape) {
+	return e.resample(launch.RsPoolBwd, false, dx, dy, k, acc, func(small, large []float32, s rsShape) {
 		inv := 1 / float32(k*k)
 		for i, v := range small {
 			s.each(i, func(j int) { large[j] = v * inv })
@@ -72,7 +74,7 @@ func (e *Engine) Upsample2D(y, x *tensor.Tensor, k int) error {
 	if err := e.rsCheck("upsample", x, y, k); err != nil {
 		return err
 	}
-	return e.resample("rs_up_fwd", y, x, k, false, func(small, large []float32, s rsShape) {
+	return e.resample(launch.RsUpFwd, false, y, x, k, false, func(small, large []float32, s rsShape) {
 		for i, v := range small {
 			s.each(i, func(j int) { large[j] = v })
 		}
@@ -86,7 +88,7 @@ func (e *Engine) Upsample2DBackward(dx, dy *tensor.Tensor, k int, acc bool) erro
 	if err := e.rsCheck("upsample backward", dx, dy, k); err != nil {
 		return err
 	}
-	return e.resample("rs_up_bwd", dx, dy, k, acc, func(small, large []float32, s rsShape) {
+	return e.resample(launch.RsUpBwd, true, dx, dy, k, acc, func(small, large []float32, s rsShape) {
 		for i := range small {
 			var t float32
 			s.each(i, func(j int) { t += large[j] })
@@ -115,15 +117,17 @@ func (s rsShape) each(i int, f func(j int)) {
 	}
 }
 
+// rsKernel is the launcher of one of resample.cu's kernels.
+type rsKernel func(l launch.Launcher, inst string, grid, block [3]uint32, smem uint32, y, x cuda.DevicePtr, n int64, h, w, c, k, acc int32) error
+
 // resample runs kernel (out written from in; acc adds) on CUDA, or host on
-// the small and large images' f32 values: out is small for rs_pool_fwd and
-// rs_up_bwd, large otherwise.
-func (e *Engine) resample(kernel string, out, in *tensor.Tensor, k int, acc bool, host func(small, large []float32, s rsShape)) error {
+// the small and large images' f32 values: out is small (outSmall) for
+// rs_pool_fwd and rs_up_bwd, large otherwise.
+func (e *Engine) resample(kernel rsKernel, outSmall bool, out, in *tensor.Tensor, k int, acc bool, host func(small, large []float32, s rsShape)) error {
 	n := out.Numel()
 	if n == 0 {
 		return nil
 	}
-	outSmall := kernel == "rs_pool_fwd" || kernel == "rs_up_bwd"
 	small := in
 	if outSmall {
 		small = out
@@ -145,8 +149,8 @@ func (e *Engine) resample(kernel string, out, in *tensor.Tensor, k int, acc bool
 		}
 		return commit()
 	}, func(c *cudaImpl) error {
-		return c.launchK("resample.cu", kernel+dtSuffix(out.DType), gridFor(int64(n), 256), block1(256), 0,
-			kPtr(out), kPtr(in), kI64(int64(n)), kI32(s.h), kI32(s.w), kI32(s.c), kI32(k), kBool(acc))
+		return kernel(c, dtName(out.DType), gridFor(int64(n), 256), block1(256), 0,
+			devPtr(out), devPtr(in), int64(n), int32(s.h), int32(s.w), int32(s.c), int32(k), launch.Bool(acc))
 	})
 }
 

@@ -11,9 +11,8 @@ package ops
 import (
 	"fmt"
 	"math"
-	"unsafe"
 
-	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -281,41 +280,28 @@ func hostRMSNormBackward(a *rmsArgs, dw, w, rstd *tensor.Tensor, acc [3]bool) er
 
 // ---- CUDA ----
 
-// rmsKArgs mirrors struct rms_args of rmsnorm.cu field for field (168
-// bytes; rmsnorm_layout_test.go checks).
-type rmsKArgs struct {
-	y, sum, x, r, w, rstd, dy, dx, dr, gw cuda.DevicePtr
-	rows                                  int64
-	ldy, lds, ldx, ldr, lddy, lddx, lddr  int64
-	c, block                              int32
-	eps                                   float32
-	accDx, accDr                          int32
-}
-
-func kRMS(k *rmsKArgs) karg { return unsafe.Pointer(k) }
-
 func (c *cudaImpl) rmsNorm(a *rmsArgs, rstd, w *tensor.Tensor, eps float32) error {
-	k := rmsKArgs{y: devPtr(a.y), x: devPtr(a.x), w: devPtr(w), rstd: devPtr(rstd), rows: int64(a.rows),
-		ldy: int64(a.ldy), ldx: int64(a.ldx), c: int32(a.cols), eps: eps}
+	k := launch.RmsArgs{Y: devPtr(a.y), X: devPtr(a.x), W: devPtr(w), Rstd: devPtr(rstd), Rows: int64(a.rows),
+		Ldy: int64(a.ldy), Ldx: int64(a.ldx), C: int32(a.cols), Eps: eps}
 	if a.r != nil {
-		k.r, k.sum, k.ldr, k.lds = devPtr(a.r), devPtr(a.sum), int64(a.ldr), int64(a.lds)
+		k.R, k.Sum, k.Ldr, k.Lds = devPtr(a.r), devPtr(a.sum), int64(a.ldr), int64(a.lds)
 	}
 	vec := rwVecOK([]*tensor.Tensor{a.x, a.y, a.r, a.sum, w}, a.cols, a.ldx, a.ldy, a.ldr, a.lds)
 	p := rwPlanRows(a.cols, vec)
-	k.block = lnBool(p.block)
-	return c.launchK("rmsnorm.cu", "rms_fwd_"+p.inst+dtSuffix(a.x.DType), p.fwdGrid(a.rows), block1(p.threads), 0, kRMS(&k))
+	k.Block = lnBool(p.block)
+	return launch.RmsFwd(c, p.inst+"_"+dtName(a.x.DType), p.fwdGrid(a.rows), block1(p.threads), 0, &k)
 }
 
 func (c *cudaImpl) rmsNormBackward(a *rmsArgs, dw, w, rstd *tensor.Tensor, acc [3]bool) error {
-	k := rmsKArgs{x: devPtr(a.x), dy: devPtr(a.y), dx: devPtr(a.dx), dr: devPtr(a.dr), w: devPtr(w), rstd: devPtr(rstd),
-		rows: int64(a.rows), ldx: int64(a.ldx), lddy: int64(a.ldy), lddx: int64(a.lddx), lddr: int64(a.lddr),
-		c: int32(a.cols), accDx: lnBool(acc[0]), accDr: lnBool(acc[1])}
+	k := launch.RmsArgs{X: devPtr(a.x), Dy: devPtr(a.y), Dx: devPtr(a.dx), Dr: devPtr(a.dr), W: devPtr(w), Rstd: devPtr(rstd),
+		Rows: int64(a.rows), Ldx: int64(a.ldx), Lddy: int64(a.ldy), Lddx: int64(a.lddx), Lddr: int64(a.lddr),
+		C: int32(a.cols), AccDx: lnBool(acc[0]), AccDr: lnBool(acc[1])}
 	if dw != nil {
 		gw, err := c.scratchPtr("rmsnorm.gw", int64(a.rows)*int64(a.cols)*4)
 		if err != nil {
 			return err
 		}
-		k.gw = gw
+		k.Gw = gw
 	}
 	ts := []*tensor.Tensor{a.x, a.y, a.dx, a.dr, w}
 	counts := []int{a.cols, a.ldx, a.ldy}
@@ -326,14 +312,14 @@ func (c *cudaImpl) rmsNormBackward(a *rmsArgs, dw, w, rstd *tensor.Tensor, acc [
 		counts = append(counts, a.lddr)
 	}
 	p := rwPlanRows(a.cols, rwVecOK(ts, counts...))
-	k.block = lnBool(p.block)
-	if err := c.launchK("rmsnorm.cu", "rms_bwd_"+p.inst+dtSuffix(a.x.DType), p.fwdGrid(a.rows), block1(p.threads), 0, kRMS(&k)); err != nil {
+	k.Block = lnBool(p.block)
+	if err := launch.RmsBwd(c, p.inst+"_"+dtName(a.x.DType), p.fwdGrid(a.rows), block1(p.threads), 0, &k); err != nil {
 		return err
 	}
 	if dw == nil {
 		return nil
 	}
-	return c.mmColsum(tensor.F32, devPtr(dw), k.gw, int64(a.rows), a.cols, a.cols, acc[2])
+	return c.mmColsum(tensor.F32, devPtr(dw), k.Gw, int64(a.rows), a.cols, a.cols, acc[2])
 }
 
 // ---- graph ----

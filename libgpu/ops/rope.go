@@ -11,9 +11,8 @@ package ops
 import (
 	"fmt"
 	"math"
-	"unsafe"
 
-	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -126,23 +125,12 @@ func (e *Engine) rope(op string, y, x, cos, sin *tensor.Tensor, rot int, bwd, ac
 	return e.dispatch(func(*hostImpl) error {
 		return hostRoPE(a, y, x, cos, sin, rot, bwd, acc)
 	}, func(c *cudaImpl) error {
-		k := ropeKArgs{y: devPtr(y), x: devPtr(x), cos: devPtr(cos), sin: devPtr(sin), n: int64(n),
-			t: int32(a.t), h: int32(a.h), half: int32(a.d / 2), rot: int32(rot), bwd: lnBool(bwd), acc: lnBool(acc)}
-		k.xs0, k.xs1, k.xs2 = int64(x.Strides[0]), int64(x.Strides[1]), int64(x.Strides[2])
-		k.ys0, k.ys1, k.ys2 = int64(y.Strides[0]), int64(y.Strides[1]), int64(y.Strides[2])
-		return c.launchK("rope.cu", "rope"+dtSuffix(x.DType), gridFor(int64(n), 256), block1(256), 0, unsafe.Pointer(&k))
+		k := launch.RopeArgs{Y: devPtr(y), X: devPtr(x), Cos: devPtr(cos), Sin: devPtr(sin), N: int64(n),
+			T: int32(a.t), H: int32(a.h), Half: int32(a.d / 2), Rot: int32(rot), Bwd: lnBool(bwd), Acc: lnBool(acc)}
+		k.Xs0, k.Xs1, k.Xs2 = int64(x.Strides[0]), int64(x.Strides[1]), int64(x.Strides[2])
+		k.Ys0, k.Ys1, k.Ys2 = int64(y.Strides[0]), int64(y.Strides[1]), int64(y.Strides[2])
+		return launch.Rope(c, dtName(x.DType), gridFor(int64(n), 256), block1(256), 0, &k)
 	})
-}
-
-// ropeKArgs mirrors struct rope_args of rope.cu (112 bytes; the .cu
-// asserts the size, rope_layout_test.go the offsets).
-type ropeKArgs struct {
-	y, x, cos, sin  cuda.DevicePtr
-	n               int64
-	xs0, xs1, xs2   int64
-	ys0, ys1, ys2   int64
-	t, h, half, rot int32
-	bwd, acc        int32
 }
 
 func hostRoPE(a ropeArgs, y, x, cos, sin *tensor.Tensor, rot int, bwd, acc bool) error {

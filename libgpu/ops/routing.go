@@ -18,6 +18,7 @@ import (
 	"math"
 	"slices"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -101,8 +102,8 @@ func (e *Engine) MoETopK(weights, experts, logits *tensor.Tensor) error {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("routing.cu", "moe_topk", grid1(min((t+7)/8, 65535)), block1(256), 0,
-			kPtr(weights), kPtr(experts), kPtr(logits), kI32(t), kI32(ne), kI32(k))
+		return launch.MoeTopk(c, grid1(min((t+7)/8, 65535)), block1(256), 0,
+			devPtr(weights), devPtr(experts), devPtr(logits), int32(t), int32(ne), int32(k))
 	})
 }
 
@@ -154,8 +155,8 @@ func (e *Engine) MoETopKBackward(dlogits, dweights, weights, experts *tensor.Ten
 		}
 		return hostOut64(dlogits, acc, out)
 	}, func(c *cudaImpl) error {
-		return c.launchK("routing.cu", "moe_topk_bwd", grid1(min((t+7)/8, 65535)), block1(256), 0,
-			kPtr(dlogits), kPtr(dweights), kPtr(weights), kPtr(experts), kI32(t), kI32(ne), kI32(k), kBool(acc))
+		return launch.MoeTopkBwd(c, grid1(min((t+7)/8, 65535)), block1(256), 0,
+			devPtr(dlogits), devPtr(dweights), devPtr(weights), devPtr(experts), int32(t), int32(ne), int32(k), launch.Bool(acc))
 	})
 }
 
@@ -227,20 +228,20 @@ func (e *Engine) MoERoute(counts, offsets, perm, rows, experts *tensor.Tensor) e
 			return err
 		}
 		if chunks > 0 {
-			if err := c.launchK("routing.cu", "moe_count", grid1(chunks), block1(256), uint32(4*ne),
-				kDev(cc), kPtr(experts), kI32(n), kI32(ne)); err != nil {
+			if err := launch.MoeCount(c, grid1(chunks), block1(256), uint32(4*ne),
+				cc, devPtr(experts), int32(n), int32(ne)); err != nil {
 				return err
 			}
 		}
-		if err := c.launchK("routing.cu", "moe_scan", grid1(1), block1(1024), 0,
-			kPtr(counts), kPtr(offsets), kDev(cc), kI32(chunks), kI32(ne)); err != nil {
+		if err := launch.MoeScan(c, grid1(1), block1(1024), 0,
+			devPtr(counts), devPtr(offsets), cc, int32(chunks), int32(ne)); err != nil {
 			return err
 		}
 		if chunks == 0 {
 			return nil
 		}
-		return c.launchK("routing.cu", "moe_scatter", grid1(chunks), block1(256), 0,
-			kPtr(perm), kPtr(rows), kPtr(experts), kDev(cc), kI32(n), kI32(ne))
+		return launch.MoeScatter(c, grid1(chunks), block1(256), 0,
+			devPtr(perm), devPtr(rows), devPtr(experts), cc, int32(n), int32(ne))
 	})
 }
 
@@ -311,13 +312,12 @@ func (e *Engine) MoEPermute(xs, x, rows *tensor.Tensor) error {
 		}
 		return commit()
 	}, func(c *cudaImpl) error {
-		inst := "s"
-		v := 1
+		kernel, v := launch.MoePermuteS, 1
 		if d*x.DType.Size()%16 == 0 && aligned16(x, xs) {
-			inst, v = "v", 16/x.DType.Size()
+			kernel, v = launch.MoePermuteV, 16/x.DType.Size()
 		}
-		return c.launchK("routing.cu", "moe_permute_"+inst+dtSuffix(x.DType), gridFor(int64(n)*int64(d/v), 256), block1(256), 0,
-			kPtr(xs), kPtr(x), kPtr(rows), kI64(int64(n)), kI32(d), kI32(k))
+		return kernel(c, dtName(x.DType), gridFor(int64(n)*int64(d/v), 256), block1(256), 0,
+			devPtr(xs), devPtr(x), devPtr(rows), int64(n), int32(d), int32(k))
 	})
 }
 
@@ -361,12 +361,12 @@ func (e *Engine) MoEPermuteBackward(dx, dxs, perm *tensor.Tensor, acc bool) erro
 		}
 		return hostOut64(dx, acc, out)
 	}, func(c *cudaImpl) error {
-		inst, v := "s", 1
+		kernel, v := launch.MoePermuteBwdS, 1
 		if moeVec(d, dx, dxs) {
-			inst, v = "v", 8
+			kernel, v = launch.MoePermuteBwdV, 8
 		}
-		return c.launchK("routing.cu", "moe_permute_bwd_"+inst+dtSuffix(dx.DType), gridFor(int64(t)*int64(d/v), 256), block1(256), 0,
-			kPtr(dx), kPtr(dxs), kPtr(perm), kI64(int64(t)), kI32(d), kI32(k), kBool(acc))
+		return kernel(c, dtName(dx.DType), gridFor(int64(t)*int64(d/v), 256), block1(256), 0,
+			devPtr(dx), devPtr(dxs), devPtr(perm), int64(t), int32(d), int32(k), launch.Bool(acc))
 	})
 }
 
@@ -427,12 +427,12 @@ func (e *Engine) MoECombine(y, ys, weights, perm *tensor.Tensor) error {
 		}
 		return hostOut64(y, false, out)
 	}, func(c *cudaImpl) error {
-		inst, v := "s", 1
+		kernel, v := launch.MoeCombineS, 1
 		if moeVec(d, y, ys) {
-			inst, v = "v", 8
+			kernel, v = launch.MoeCombineV, 8
 		}
-		return c.launchK("routing.cu", "moe_combine_"+inst+dtSuffix(y.DType), gridFor(int64(t)*int64(d/v), 256), block1(256), 0,
-			kPtr(y), kPtr(ys), kPtr(weights), kPtr(perm), kI64(int64(t)), kI32(d), kI32(k))
+		return kernel(c, dtName(y.DType), gridFor(int64(t)*int64(d/v), 256), block1(256), 0,
+			devPtr(y), devPtr(ys), devPtr(weights), devPtr(perm), int64(t), int32(d), int32(k))
 	})
 }
 
@@ -494,9 +494,8 @@ func (e *Engine) MoECombineBackward(dys, dweights, dy, ys, weights, perm *tensor
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return c.launchK("routing.cu", "moe_combine_bwd"+dtSuffix(ys.DType), grid1(min((t+7)/8, 65535)), block1(256), 0,
-			kPtr(dys), kPtr(dweights), kPtr(dy), kPtr(ys), kPtr(weights), kPtr(perm), kI32(t), kI32(d), kI32(k),
-			kBool(acc[0]), kBool(acc[1]))
+		return launch.MoeCombineBwd(c, dtName(ys.DType), grid1(min((t+7)/8, 65535)), block1(256), 0,
+			devPtr(dys), devPtr(dweights), devPtr(dy), devPtr(ys), devPtr(weights), devPtr(perm), int32(t), int32(d), int32(k), launch.Bool(acc[0]), launch.Bool(acc[1]))
 	})
 }
 
@@ -595,16 +594,15 @@ func (e *Engine) MoEAuxLoss(losses, dlogits, logits, counts *tensor.Tensor, aux,
 		if err != nil {
 			return err
 		}
-		if err := c.launchK("routing.cu", "moe_aux_rows", grid1(min((t+7)/8, 65535)), block1(256), 0,
-			kPtr(dlogits), kDev(lse), kPtr(logits), kPtr(counts), kI32(t), kI32(ne), kF32(aux), kF32(z), kBool(acc)); err != nil {
+		if err := launch.MoeAuxRows(c, grid1(min((t+7)/8, 65535)), block1(256), 0,
+			devPtr(dlogits), lse, devPtr(logits), devPtr(counts), int32(t), int32(ne), aux, z, launch.Bool(acc)); err != nil {
 			return err
 		}
-		if err := c.launchK("routing.cu", "moe_aux_cols", grid1((ne+31)/32), [3]uint32{32, 8, 1}, 0,
-			kDev(col), kPtr(logits), kDev(lse), kI32(t), kI32(ne)); err != nil {
+		if err := launch.MoeAuxCols(c, grid1((ne+31)/32), [3]uint32{32, 8, 1}, 0,
+			col, devPtr(logits), lse, int32(t), int32(ne)); err != nil {
 			return err
 		}
-		return c.launchK("routing.cu", "moe_aux_final", grid1(1), block1(256), 0,
-			kPtr(losses), kDev(col), kPtr(counts), kDev(lse), kI32(t), kI32(ne))
+		return launch.MoeAuxFinal(c, grid1(1), block1(256), 0, devPtr(losses), col, devPtr(counts), lse, int32(t), int32(ne))
 	})
 }
 

@@ -8,6 +8,7 @@ package ops
 // opstest/silu.go.
 
 import (
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -29,8 +30,7 @@ func (e *Engine) SiLU(y, x *tensor.Tensor) error {
 		})
 	}, func(c *cudaImpl) error {
 		inst := rwElemInst(x, y)
-		return c.launchK("silu.cu", "silu_fwd_"+inst+dtSuffix(x.DType), rwElemGrid(n, inst), block1(256), 0,
-			kPtr(y), kPtr(x), kI64(int64(n)))
+		return launch.SiluFwd(c, inst+"_"+dtName(x.DType), rwElemGrid(n, inst), block1(256), 0, devPtr(y), devPtr(x), int64(n))
 	})
 }
 
@@ -53,8 +53,8 @@ func (e *Engine) SiLUBackward(dx, dy, x *tensor.Tensor, acc bool) error {
 		})
 	}, func(c *cudaImpl) error {
 		inst := rwElemInst(x, dx, dy)
-		return c.launchK("silu.cu", "silu_bwd_"+inst+dtSuffix(x.DType), rwElemGrid(n, inst), block1(256), 0,
-			kPtr(dx), kPtr(dy), kPtr(x), kI64(int64(n)), kBool(acc))
+		return launch.SiluBwd(c, inst+"_"+dtName(x.DType), rwElemGrid(n, inst), block1(256), 0,
+			devPtr(dx), devPtr(dy), devPtr(x), int64(n), launch.Bool(acc))
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -142,15 +143,14 @@ func hostSoftmaxBackward(a *smArgs, acc bool) error {
 
 // smFwd launches sm_fwd_<inst>_<dt>.
 func (c *cudaImpl) smFwd(dt tensor.DType, p rwPlan, y, x *tensor.Tensor, rows, cols, ldx, ldy int) error {
-	return c.launchK("softmax.cu", "sm_fwd_"+p.inst+dtSuffix(dt), p.fwdGrid(rows), block1(p.threads), 0,
-		kPtr(y), kPtr(x), kI64(int64(rows)), kI32(cols), kI64(int64(ldx)), kI64(int64(ldy)), kBool(p.block))
+	return launch.SmFwd(c, p.inst+"_"+dtName(dt), p.fwdGrid(rows), block1(p.threads), 0,
+		devPtr(y), devPtr(x), int64(rows), int32(cols), int64(ldx), int64(ldy), launch.Bool(p.block))
 }
 
 // smBwd launches sm_bwd_<inst>_<dt>.
 func (c *cudaImpl) smBwd(dt tensor.DType, p rwPlan, dx, dy, y *tensor.Tensor, rows, cols, lddx, lddy, ldy int, acc bool) error {
-	return c.launchK("softmax.cu", "sm_bwd_"+p.inst+dtSuffix(dt), p.fwdGrid(rows), block1(p.threads), 0,
-		kPtr(dx), kPtr(dy), kPtr(y), kI64(int64(rows)), kI32(cols), kI64(int64(lddx)), kI64(int64(lddy)), kI64(int64(ldy)),
-		kBool(p.block), kBool(acc))
+	return launch.SmBwd(c, p.inst+"_"+dtName(dt), p.fwdGrid(rows), block1(p.threads), 0,
+		devPtr(dx), devPtr(dy), devPtr(y), int64(rows), int32(cols), int64(lddx), int64(lddy), int64(ldy), launch.Bool(p.block), launch.Bool(acc))
 }
 
 // ---- graph ----

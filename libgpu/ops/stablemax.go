@@ -11,9 +11,8 @@ package ops
 import (
 	"fmt"
 	"math"
-	"unsafe"
 
-	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -243,17 +242,6 @@ func hostSmx(a *smxArgs, loss, rowloss, targets *tensor.Tensor, scale float32, a
 	return nil
 }
 
-// smxKArgs mirrors struct smx_args of stablemax.cu (128 bytes).
-type smxKArgs struct {
-	loss, rl, rowloss, dl, x, targets, counts cuda.DevicePtr
-	b, t                                      int64
-	xs0, xs1, ds0, ds1                        int64
-	group                                     int64
-	v, ngroups                                int32
-	scale                                     float32
-	acc                                       int32
-}
-
 func (c *cudaImpl) smx(a *smxArgs, loss, rowloss, targets *tensor.Tensor, scale float32, acc bool) error {
 	rows := a.b * a.t
 	rl, err := c.scratchPtr("stablemax.rowloss", int64(rows)*8)
@@ -264,26 +252,24 @@ func (c *cudaImpl) smx(a *smxArgs, loss, rowloss, targets *tensor.Tensor, scale 
 	if err != nil {
 		return err
 	}
-	k := smxKArgs{loss: devPtr(loss), rl: rl, rowloss: devPtr(rowloss), dl: devPtr(a.d), x: devPtr(a.x),
-		targets: devPtr(targets), counts: counts, b: int64(a.b), t: int64(a.t),
-		xs0: int64(a.x.Strides[0]), xs1: int64(a.x.Strides[1]), group: int64(a.group),
-		v: int32(a.v), ngroups: int32(a.groups), scale: scale, acc: lnBool(acc)}
+	k := launch.SmxArgs{Loss: devPtr(loss), Rl: rl, Rowloss: devPtr(rowloss), Dl: devPtr(a.d), X: devPtr(a.x),
+		Targets: devPtr(targets), Counts: counts, B: int64(a.b), T: int64(a.t),
+		Xs0: int64(a.x.Strides[0]), Xs1: int64(a.x.Strides[1]), Group: int64(a.group),
+		V: int32(a.v), Ngroups: int32(a.groups), Scale: scale, Acc: lnBool(acc)}
 	gdt := a.x.DType
 	if a.d != nil {
-		k.ds0, k.ds1, gdt = int64(a.d.Strides[0]), int64(a.d.Strides[1]), a.d.DType
+		k.Ds0, k.Ds1, gdt = int64(a.d.Strides[0]), int64(a.d.Strides[1]), a.d.DType
 	}
-	p := unsafe.Pointer(&k)
-	if err := c.launchK("stablemax.cu", "smx_count", grid1(min(a.groups, 65535)), block1(256), 0, p); err != nil {
+	if err := launch.SmxCount(c, grid1(min(a.groups, 65535)), block1(256), 0, &k); err != nil {
 		return err
 	}
-	name := "smx_rows" + dtSuffix(a.x.DType) + dtSuffix(gdt)
-	if err := c.launchK("stablemax.cu", name, grid1(min((rows+7)/8, 65535)), block1(256), 0, p); err != nil {
+	if err := launch.SmxRows(c, dtName(a.x.DType)+dtSuffix(gdt), grid1(min((rows+7)/8, 65535)), block1(256), 0, &k); err != nil {
 		return err
 	}
 	if loss == nil {
 		return nil
 	}
-	return c.launchK("stablemax.cu", "smx_reduce", grid1(1), block1(1024), 0, p)
+	return launch.SmxReduce(c, grid1(1), block1(1024), 0, &k)
 }
 
 // StablemaxCrossEntropy records the stablemax cross-entropy of logits

@@ -10,9 +10,8 @@ package ops
 import (
 	"fmt"
 	"math"
-	"unsafe"
 
-	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -132,17 +131,9 @@ func hostSwiGLU(a *swigluArgs, back, acc bool) error {
 	return commit()
 }
 
-// swigluKArgs mirrors struct swiglu_args of swiglu.cu (64 bytes).
-type swigluKArgs struct {
-	out, gu, dy    cuda.DevicePtr
-	rows           int64
-	ldo, ldg, lddy int64
-	inter, acc     int32
-}
-
 func (c *cudaImpl) swiglu(a *swigluArgs, back, acc bool) error {
-	k := swigluKArgs{out: devPtr(a.out), gu: devPtr(a.gu), dy: devPtr(a.dy), rows: int64(a.rows),
-		ldo: int64(a.ldo), ldg: int64(a.ldg), lddy: int64(a.lddy), inter: int32(a.inter), acc: lnBool(acc)}
+	k := launch.SwigluArgs{Out: devPtr(a.out), Gu: devPtr(a.gu), Dy: devPtr(a.dy), Rows: int64(a.rows),
+		Ldo: int64(a.ldo), Ldg: int64(a.ldg), Lddy: int64(a.lddy), I: int32(a.inter), Acc: lnBool(acc)}
 	counts := []int{a.inter, a.ldg, a.ldo}
 	if back {
 		counts = append(counts, a.lddy)
@@ -151,15 +142,15 @@ func (c *cudaImpl) swiglu(a *swigluArgs, back, acc bool) error {
 	if rwVecOK([]*tensor.Tensor{a.gu, a.out, a.dy}, counts...) {
 		inst = "v"
 	}
-	name := "swiglu_fwd_"
+	kernel := launch.SwigluFwd
 	if back {
-		name = "swiglu_bwd_"
+		kernel = launch.SwigluBwd
 	}
 	n := int64(a.rows) * int64(a.inter)
 	if inst == "v" {
 		n /= rwVecWidth
 	}
-	return c.launchK("swiglu.cu", name+inst+dtSuffix(a.gu.DType), gridFor(n, 256), block1(256), 0, unsafe.Pointer(&k))
+	return kernel(c, inst+"_"+dtName(a.gu.DType), gridFor(n, 256), block1(256), 0, &k)
 }
 
 // SwiGLU records y = silu(gate)·up (Engine.SwiGLU) from the fused

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -63,8 +64,8 @@ func (e *Engine) TimestepEmbedding(y, t *tensor.Tensor, maxPeriod float32) error
 		}
 		return commit()
 	}, func(c *cudaImpl) error {
-		return c.launchK("tembed.cu", "temb"+dtSuffix(y.DType), gridFor(int64(n*d/2), 256), block1(256), 0,
-			kPtr(y), kPtr(t), kI32(n), kI32(d/2), kF32(lnP))
+		return launch.Temb(c, dtName(y.DType), gridFor(int64(n*d/2), 256), block1(256), 0,
+			devPtr(y), devPtr(t), int32(n), int32(d/2), lnP)
 	})
 }
 

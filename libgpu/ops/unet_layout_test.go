@@ -3,6 +3,8 @@ package ops
 import (
 	"testing"
 	"unsafe"
+
+	"gpukit/libgpu/kernels/launch"
 )
 
 // The Go mirrors of the U-Net kernels' argument structs have their C
@@ -13,12 +15,12 @@ func TestUNetKernelArgLayouts(t *testing.T) {
 		name      string
 		got, want uintptr
 	}{
-		{"conv_args", unsafe.Sizeof(convArgs{}), 12 * 4},
-		{"conv_igemm_args", unsafe.Sizeof(convIgemmArgs{}), 4*8 + 12*4},
-		{"diff_args", unsafe.Sizeof(diffArgs{}), 8*8 + 8 + 8 + 4*4},
-		{"diff_args.seed", unsafe.Offsetof(diffArgs{}.seed), 64},
-		{"diff_args.stream", unsafe.Offsetof(diffArgs{}.stream), 92},
-		{"conv_igemm_args.n", unsafe.Offsetof(convIgemmArgs{}.n), 32},
+		{"conv_args", unsafe.Sizeof(launch.ConvArgs{}), 12 * 4},
+		{"conv_igemm_args", unsafe.Sizeof(launch.ConvIgemmArgs{}), 4*8 + 12*4},
+		{"diff_args", unsafe.Sizeof(launch.DiffArgs{}), 8*8 + 8 + 8 + 4*4},
+		{"diff_args.seed", unsafe.Offsetof(launch.DiffArgs{}.Seed), 64},
+		{"diff_args.stream", unsafe.Offsetof(launch.DiffArgs{}.Stream), 92},
+		{"conv_igemm_args.n", unsafe.Offsetof(launch.ConvIgemmArgs{}.N), 32},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: %d, want %d", c.name, c.got, c.want)

@@ -20,6 +20,7 @@ import (
 
 	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/kernels"
+	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
 
@@ -180,7 +181,7 @@ func (c *cudaImpl) whileKernel() (cuda.Function, error) {
 	if c.while.fn != 0 {
 		return c.while.fn, nil
 	}
-	f, err := c.kernel("graphwhile.cu", "while_set")
+	f, err := c.kernel(launch.WhileSetKernel.File, launch.WhileSetKernel.Name)
 	if err != nil {
 		if capturing, cerr := c.stream.IsCapturing(); cerr == nil && capturing {
 			return 0, err
@@ -189,7 +190,7 @@ func (c *cudaImpl) whileKernel() (cuda.Function, error) {
 		if derr != nil {
 			return 0, errors.Join(err, derr)
 		}
-		src, serr := kernels.Embedded("graphwhile.cu")
+		src, serr := kernels.Embedded(launch.WhileSetKernel.File)
 		if serr != nil {
 			return 0, errors.Join(err, serr)
 		}
@@ -201,7 +202,7 @@ func (c *cudaImpl) whileKernel() (cuda.Function, error) {
 		if lerr != nil {
 			return 0, fmt.Errorf("%w: the condition kernel: cubin: %v; PTX: %v", ErrWhile, err, lerr)
 		}
-		if f, err = m.Function("while_set"); err != nil {
+		if f, err = m.Function(launch.WhileSetKernel.Name); err != nil {
 			return 0, fmt.Errorf("%w: %v", ErrWhile, err)
 		}
 		c.while.module = m
@@ -225,12 +226,24 @@ func (c *cudaImpl) whileStream(d int) (cuda.Stream, error) {
 
 // whileSet queues while_set on the current stream.
 func (c *cudaImpl) whileSet(f cuda.Function, h cuda.GraphConditionalHandle, cond, count *tensor.Tensor, maxIter int, first bool) error {
-	hv := uint64(h)
-	args := []unsafe.Pointer{unsafe.Pointer(&hv), kPtr(cond), kPtr(count), kI32(maxIter), kBool(first)}
-	if err := cuda.LaunchKernel(f, grid1(1), block1(32), 0, c.stream, args...); err != nil {
+	err := launch.WhileSet(fnLauncher{f, c.stream}, grid1(1), block1(32), 0,
+		uint64(h), devPtr(cond), devPtr(count), int32(maxIter), launch.Bool(first))
+	if err != nil {
 		return fmt.Errorf("ops: launch while_set: %w", err)
 	}
 	return nil
+}
+
+// fnLauncher launches the one function f on stream s, whatever kernel it
+// is asked for (while_set, loaded from a PTX module when its cubin would
+// not load).
+type fnLauncher struct {
+	f cuda.Function
+	s cuda.Stream
+}
+
+func (l fnLauncher) Launch(_ launch.Kernel, grid, block [3]uint32, smem uint32, args ...unsafe.Pointer) error {
+	return cuda.LaunchKernel(l.f, grid, block, smem, l.s, args...)
 }
 
 // whileCapture builds the conditional node in the current capture (on
@@ -348,10 +361,11 @@ func (e *Engine) CountAbove(out, x *tensor.Tensor, thr float32) error {
 		}
 		return out.Write(tensor.AsBytes([]int32{int32(k)}))
 	}, func(c *cudaImpl) error {
-		name := "count_above_f32"
+		inst := "f32"
 		if x.DType == tensor.I32 {
-			name = "count_above_i32"
+			inst = "i32"
 		}
-		return c.launchK("countabove.cu", name, grid1(1), block1(1024), 0, kPtr(out), kPtr(x), kI64(int64(n)), kF32(thr))
+		return launch.CountAbove(c, inst, grid1(1), block1(1024), 0, devPtr(out), devPtr(x), int64(n), thr)
+
 	})
 }

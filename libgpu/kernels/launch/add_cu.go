@@ -11,7 +11,7 @@ import (
 // Add launches add_<inst> of add.cu, inst one of "s_f32", "v_f32", "s_bf16", "v_bf16":
 //
 //	add_s_f32(float* y, const float* a, const float* b, long long n)
-func Add(l Launcher, inst string, grid, block [3]uint32, smem uint32, y cuda.DevicePtr, a, b cuda.DevicePtr, n int64) error {
+func Add(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, a, b cuda.DevicePtr, n int64) error {
 	kn, kerr := AddKernel(inst)
 	if kerr != nil {
 		return kerr

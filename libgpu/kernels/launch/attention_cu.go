@@ -374,7 +374,7 @@ func AttnBwdDeltaVKernel(inst string) (Kernel, error) {
 // AttnDecode launches attn_decode_<inst> of attention.cu, inst one of "f32", "bf16":
 //
 //	attn_decode_f32(float* o, const float* q, const float* k, const float* v, const int* pos, const attn_dec_strides st, int Tmax, int D, float scale_log2)
-func AttnDecode(l Launcher, inst string, grid, block [3]uint32, smem uint32, o cuda.DevicePtr, q, k cuda.DevicePtr, v, pos cuda.DevicePtr, st *AttnDecStrides, tmax, d int32, scaleLog2 float32) error {
+func AttnDecode(l Launcher, inst string, grid, block [3]uint32, smem uint32, o, q, k, v, pos cuda.DevicePtr, st *AttnDecStrides, tmax, d int32, scaleLog2 float32) error {
 	kn, kerr := AttnDecodeKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -399,7 +399,7 @@ func AttnDecodeKernel(inst string) (Kernel, error) {
 // AttnKvWrite launches attn_kv_write_<inst> of attention.cu, inst one of "f32", "bf16":
 //
 //	attn_kv_write_f32(float* cache, const float* x, const int* pos, int B, int H, int D, int Tmax, long long cb, long long ct, long long ch, long long xb, long long xh)
-func AttnKvWrite(l Launcher, inst string, grid, block [3]uint32, smem uint32, cache cuda.DevicePtr, x, pos cuda.DevicePtr, b, h int32, d, tmax int32, cb int64, ct, ch int64, xb, xh int64) error {
+func AttnKvWrite(l Launcher, inst string, grid, block [3]uint32, smem uint32, cache, x, pos cuda.DevicePtr, b, h, d, tmax int32, cb, ct, ch, xb, xh int64) error {
 	kn, kerr := AttnKvWriteKernel(inst)
 	if kerr != nil {
 		return kerr

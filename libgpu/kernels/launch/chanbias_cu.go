@@ -11,7 +11,7 @@ import (
 // CbAddS launches cb_add_s_<inst> of chanbias.cu, inst one of "f32", "bf16":
 //
 //	cb_add_s_f32(float* y, const float* x, const float* b, long long n, int C, long long per)
-func CbAddS(l Launcher, inst string, grid, block [3]uint32, smem uint32, y cuda.DevicePtr, x, b cuda.DevicePtr, n int64, c int32, per int64) error {
+func CbAddS(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, x, b cuda.DevicePtr, n int64, c int32, per int64) error {
 	kn, kerr := CbAddSKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -33,7 +33,7 @@ func CbAddSKernel(inst string) (Kernel, error) {
 // CbAddV launches cb_add_v_<inst> of chanbias.cu, inst one of "f32", "bf16":
 //
 //	cb_add_v_f32(float* y, const float* x, const float* b, long long n, int C, long long per)
-func CbAddV(l Launcher, inst string, grid, block [3]uint32, smem uint32, y cuda.DevicePtr, x, b cuda.DevicePtr, n int64, c int32, per int64) error {
+func CbAddV(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, x, b cuda.DevicePtr, n int64, c int32, per int64) error {
 	kn, kerr := CbAddVKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -55,7 +55,7 @@ func CbAddVKernel(inst string) (Kernel, error) {
 // CbSumPartial launches cb_sum_partial_<inst> of chanbias.cu, inst one of "f32", "bf16":
 //
 //	cb_sum_partial_f32(float* part, const float* x, int S, int C, int rows)
-func CbSumPartial(l Launcher, inst string, grid, block [3]uint32, smem uint32, part, x cuda.DevicePtr, s int32, c, rows int32) error {
+func CbSumPartial(l Launcher, inst string, grid, block [3]uint32, smem uint32, part, x cuda.DevicePtr, s, c, rows int32) error {
 	kn, kerr := CbSumPartialKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -77,7 +77,7 @@ func CbSumPartialKernel(inst string) (Kernel, error) {
 // CbSumFinal launches cb_sum_final_<inst> of chanbias.cu, inst one of "f32", "bf16":
 //
 //	cb_sum_final_f32(float* out, const float* part, int N, int chunks, int C, int acc)
-func CbSumFinal(l Launcher, inst string, grid, block [3]uint32, smem uint32, out, part cuda.DevicePtr, n, chunks int32, c, acc int32) error {
+func CbSumFinal(l Launcher, inst string, grid, block [3]uint32, smem uint32, out, part cuda.DevicePtr, n, chunks, c, acc int32) error {
 	kn, kerr := CbSumFinalKernel(inst)
 	if kerr != nil {
 		return kerr

@@ -11,7 +11,7 @@ import (
 // CatFwd launches cat_fwd_<inst> of concat.cu, inst one of "f32", "bf16":
 //
 //	cat_fwd_f32(float* y, const float* a, const float* b, long long rows, int ca, int cb)
-func CatFwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, y cuda.DevicePtr, a, b cuda.DevicePtr, rows int64, ca, cb int32) error {
+func CatFwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, a, b cuda.DevicePtr, rows int64, ca, cb int32) error {
 	kn, kerr := CatFwdKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -33,7 +33,7 @@ func CatFwdKernel(inst string) (Kernel, error) {
 // CatBwd launches cat_bwd_<inst> of concat.cu, inst one of "f32", "bf16":
 //
 //	cat_bwd_f32(float* da, float* db, const float* dy, long long rows, int ca, int cb, int acca, int accb)
-func CatBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, da cuda.DevicePtr, db, dy cuda.DevicePtr, rows int64, ca, cb int32, acca, accb int32) error {
+func CatBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, da, db, dy cuda.DevicePtr, rows int64, ca, cb, acca, accb int32) error {
 	kn, kerr := CatBwdKernel(inst)
 	if kerr != nil {
 		return kerr

@@ -67,7 +67,7 @@ var ConvIgemmFwdKernel = Kernel{File: "conv2d.cu", Name: "conv_igemm_fwd"}
 // ConvFlipW launches conv_flip_w of conv2d.cu:
 //
 //	conv_flip_w(gpukit_bf16* wf, const gpukit_bf16* w, int cout, int kh, int kw, int cin)
-func ConvFlipW(l Launcher, grid, block [3]uint32, smem uint32, wf, w cuda.DevicePtr, cout, kh int32, kw, cin int32) error {
+func ConvFlipW(l Launcher, grid, block [3]uint32, smem uint32, wf, w cuda.DevicePtr, cout, kh, kw, cin int32) error {
 	kn := ConvFlipWKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&wf), unsafe.Pointer(&w), unsafe.Pointer(&cout), unsafe.Pointer(&kh), unsafe.Pointer(&kw), unsafe.Pointer(&cin))
 }

@@ -22,7 +22,7 @@ var XentCountKernel = Kernel{File: "crossentropy.cu", Name: "xent_count"}
 // XentRows launches xent_rows_<inst> of crossentropy.cu, inst one of "f32_f32", "f32_bf16", "bf16_f32", "bf16_bf16":
 //
 //	xent_rows_f32_f32(float* loss, float* rowloss, float* dl, long long ldg, const float* x, long long ldx, const int* targets, int n, int V, unsigned int* state, int acc)
-func XentRows(l Launcher, inst string, grid, block [3]uint32, smem uint32, loss cuda.DevicePtr, rowloss, dl cuda.DevicePtr, ldg int64, x cuda.DevicePtr, ldx int64, targets cuda.DevicePtr, n, v int32, state cuda.DevicePtr, acc int32) error {
+func XentRows(l Launcher, inst string, grid, block [3]uint32, smem uint32, loss, rowloss, dl cuda.DevicePtr, ldg int64, x cuda.DevicePtr, ldx int64, targets cuda.DevicePtr, n, v int32, state cuda.DevicePtr, acc int32) error {
 	kn, kerr := XentRowsKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -48,7 +48,7 @@ func XentRowsKernel(inst string) (Kernel, error) {
 // XentWarp launches xent_warp_<inst> of crossentropy.cu, inst one of "f32_f32", "f32_bf16", "bf16_f32", "bf16_bf16":
 //
 //	xent_warp_f32_f32(float* loss, float* rowloss, float* dl, long long ldg, const float* x, long long ldx, const int* targets, int n, int V, unsigned int* state, int acc)
-func XentWarp(l Launcher, inst string, grid, block [3]uint32, smem uint32, loss cuda.DevicePtr, rowloss, dl cuda.DevicePtr, ldg int64, x cuda.DevicePtr, ldx int64, targets cuda.DevicePtr, n, v int32, state cuda.DevicePtr, acc int32) error {
+func XentWarp(l Launcher, inst string, grid, block [3]uint32, smem uint32, loss, rowloss, dl cuda.DevicePtr, ldg int64, x cuda.DevicePtr, ldx int64, targets cuda.DevicePtr, n, v int32, state cuda.DevicePtr, acc int32) error {
 	kn, kerr := XentWarpKernel(inst)
 	if kerr != nil {
 		return kerr

@@ -54,7 +54,7 @@ func DiffNoiseKernel(inst string) (Kernel, error) {
 // DiffQsample launches diff_qsample_<inst> of diffusion.cu, inst one of "f32_f32", "f32_bf16", "bf16_f32", "bf16_bf16":
 //
 //	diff_qsample_f32_f32(float* xt, float* eps, const float* x0, const int* t, const float* sab, const float* s1mab, long long n, long long per, int T, unsigned long long seed, unsigned int stream, const int* counter)
-func DiffQsample(l Launcher, inst string, grid, block [3]uint32, smem uint32, xt, eps cuda.DevicePtr, x0, t cuda.DevicePtr, sab, s1mab cuda.DevicePtr, n, per int64, tArg int32, seed uint64, stream uint32, counter cuda.DevicePtr) error {
+func DiffQsample(l Launcher, inst string, grid, block [3]uint32, smem uint32, xt, eps, x0, t, sab, s1mab cuda.DevicePtr, n, per int64, tArg int32, seed uint64, stream uint32, counter cuda.DevicePtr) error {
 	kn, kerr := DiffQsampleKernel(inst)
 	if kerr != nil {
 		return kerr

@@ -11,7 +11,7 @@ import (
 // Philox4x3210Kat launches philox4x32_10_kat of dropout.cu:
 //
 //	philox4x32_10_kat(unsigned int* out, unsigned int c0, unsigned int c1, unsigned int c2, unsigned int c3, unsigned int k0, unsigned int k1)
-func Philox4x3210Kat(l Launcher, grid, block [3]uint32, smem uint32, out cuda.DevicePtr, c0, c1 uint32, c2, c3 uint32, k0, k1 uint32) error {
+func Philox4x3210Kat(l Launcher, grid, block [3]uint32, smem uint32, out cuda.DevicePtr, c0, c1, c2, c3, k0, k1 uint32) error {
 	kn := Philox4x3210KatKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&out), unsafe.Pointer(&c0), unsafe.Pointer(&c1), unsafe.Pointer(&c2), unsafe.Pointer(&c3), unsafe.Pointer(&k0), unsafe.Pointer(&k1))
 }

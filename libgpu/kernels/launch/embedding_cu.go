@@ -11,7 +11,7 @@ import (
 // EmbedFwd launches embed_fwd_<inst> of embedding.cu, inst one of "f32_f32", "f32_bf16", "bf16_f32", "bf16_bf16":
 //
 //	embed_fwd_f32_f32(float* y, const float* table, const int* idx, long long n, int c, long long ldy, int vocab, int vec)
-func EmbedFwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, y cuda.DevicePtr, table, idx cuda.DevicePtr, n int64, c int32, ldy int64, vocab, vec int32) error {
+func EmbedFwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, table, idx cuda.DevicePtr, n int64, c int32, ldy int64, vocab, vec int32) error {
 	kn, kerr := EmbedFwdKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -37,7 +37,7 @@ func EmbedFwdKernel(inst string) (Kernel, error) {
 // EmbedSortHist launches embed_sort_hist of embedding.cu:
 //
 //	embed_sort_hist(int* hist, const int* keys, const int* idx, int n, int vocab, int shift, int tiles, int first)
-func EmbedSortHist(l Launcher, grid, block [3]uint32, smem uint32, hist cuda.DevicePtr, keys, idx cuda.DevicePtr, n int32, vocab, shift int32, tiles, first int32) error {
+func EmbedSortHist(l Launcher, grid, block [3]uint32, smem uint32, hist, keys, idx cuda.DevicePtr, n, vocab, shift, tiles, first int32) error {
 	kn := EmbedSortHistKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&hist), unsafe.Pointer(&keys), unsafe.Pointer(&idx), unsafe.Pointer(&n), unsafe.Pointer(&vocab), unsafe.Pointer(&shift), unsafe.Pointer(&tiles), unsafe.Pointer(&first))
 }
@@ -59,7 +59,7 @@ var EmbedSortScanKernel = Kernel{File: "embedding.cu", Name: "embed_sort_scan"}
 // EmbedSortScatter launches embed_sort_scatter of embedding.cu:
 //
 //	embed_sort_scatter(int* outKeys, int* outVals, const int* keys, const int* vals, const int* idx, const int* hist, int n, int vocab, int shift, int tiles, int first)
-func EmbedSortScatter(l Launcher, grid, block [3]uint32, smem uint32, outKeys, outVals cuda.DevicePtr, keys, vals cuda.DevicePtr, idx, hist cuda.DevicePtr, n int32, vocab, shift int32, tiles, first int32) error {
+func EmbedSortScatter(l Launcher, grid, block [3]uint32, smem uint32, outKeys, outVals, keys, vals, idx, hist cuda.DevicePtr, n, vocab, shift, tiles, first int32) error {
 	kn := EmbedSortScatterKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&outKeys), unsafe.Pointer(&outVals), unsafe.Pointer(&keys), unsafe.Pointer(&vals), unsafe.Pointer(&idx), unsafe.Pointer(&hist), unsafe.Pointer(&n), unsafe.Pointer(&vocab), unsafe.Pointer(&shift), unsafe.Pointer(&tiles), unsafe.Pointer(&first))
 }
@@ -81,7 +81,7 @@ var EmbedZeroBf16Kernel = Kernel{File: "embedding.cu", Name: "embed_zero_bf16"}
 // EmbedBwdChunk launches embed_bwd_chunk_<inst> of embedding.cu, inst one of "f32_f32", "f32_bf16", "bf16_f32", "bf16_bf16":
 //
 //	embed_bwd_chunk_f32_f32(float* dtable, const float* dy, long long ldy, const int* skeys, const int* svals, float* partial, int n, int c, int vocab, int vec)
-func EmbedBwdChunk(l Launcher, inst string, grid, block [3]uint32, smem uint32, dtable, dy cuda.DevicePtr, ldy int64, skeys cuda.DevicePtr, svals, partial cuda.DevicePtr, n, c int32, vocab, vec int32) error {
+func EmbedBwdChunk(l Launcher, inst string, grid, block [3]uint32, smem uint32, dtable, dy cuda.DevicePtr, ldy int64, skeys, svals, partial cuda.DevicePtr, n, c, vocab, vec int32) error {
 	kn, kerr := EmbedBwdChunkKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -107,7 +107,7 @@ func EmbedBwdChunkKernel(inst string) (Kernel, error) {
 // EmbedBwdSpan launches embed_bwd_span_<inst> of embedding.cu, inst one of "f32", "bf16":
 //
 //	embed_bwd_span_f32(float* dtable, const int* skeys, const float* partial, int n, int c, int vocab)
-func EmbedBwdSpan(l Launcher, inst string, grid, block [3]uint32, smem uint32, dtable cuda.DevicePtr, skeys, partial cuda.DevicePtr, n int32, c, vocab int32) error {
+func EmbedBwdSpan(l Launcher, inst string, grid, block [3]uint32, smem uint32, dtable, skeys, partial cuda.DevicePtr, n, c, vocab int32) error {
 	kn, kerr := EmbedBwdSpanKernel(inst)
 	if kerr != nil {
 		return kerr

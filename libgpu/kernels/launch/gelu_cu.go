@@ -37,7 +37,7 @@ func GeluFwdKernel(inst string) (Kernel, error) {
 // GeluBwd launches gelu_bwd_<inst> of gelu.cu, inst one of "s_f32", "v_f32", "s_bf16", "v_bf16":
 //
 //	gelu_bwd_s_f32(float* dx, const float* dy, const float* x, long long n, int form, int acc)
-func GeluBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx cuda.DevicePtr, dy, x cuda.DevicePtr, n int64, form, acc int32) error {
+func GeluBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx, dy, x cuda.DevicePtr, n int64, form, acc int32) error {
 	kn, kerr := GeluBwdKernel(inst)
 	if kerr != nil {
 		return kerr

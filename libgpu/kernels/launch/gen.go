@@ -1540,14 +1540,20 @@ func (g *gen) emit(b *bytes.Buffer, gr *group) error {
 		}
 	}
 	// a T, b T → a, b T
-	for i := len(decl) - 2; i >= 0; i-- {
-		n1, t1, _ := strings.Cut(decl[i], " ")
-		_, t2, _ := strings.Cut(decl[i+1], " ")
-		if t1 == t2 {
-			decl[i] = n1 + ", " + decl[i+1]
-			decl = append(decl[:i+1], decl[i+2:]...)
+	var merged []string
+	var names []string
+	for i, d := range decl {
+		n, t, _ := strings.Cut(d, " ")
+		names = append(names, n)
+		if i+1 < len(decl) {
+			if _, t2, _ := strings.Cut(decl[i+1], " "); t2 == t {
+				continue
+			}
 		}
+		merged = append(merged, strings.Join(names, ", ")+" "+t)
+		names = nil
 	}
+	decl = merged
 	if gr.tmpl {
 		var insts []string
 		for _, k := range gr.ks {

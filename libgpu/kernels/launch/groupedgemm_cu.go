@@ -145,7 +145,7 @@ func GgSimtKernel(inst string) (Kernel, error) {
 // GgColsum launches gg_colsum_<inst> of groupedgemm.cu, inst one of "f32_f32", "bf16_f32", "bf16_bf16":
 //
 //	gg_colsum_f32_f32(float* db, const float* dy, const int* offsets, int rows, int N, long long ld, int acc)
-func GgColsum(l Launcher, inst string, grid, block [3]uint32, smem uint32, db cuda.DevicePtr, dy, offsets cuda.DevicePtr, rows, n int32, ld int64, acc int32) error {
+func GgColsum(l Launcher, inst string, grid, block [3]uint32, smem uint32, db, dy, offsets cuda.DevicePtr, rows, n int32, ld int64, acc int32) error {
 	kn, kerr := GgColsumKernel(inst)
 	if kerr != nil {
 		return kerr

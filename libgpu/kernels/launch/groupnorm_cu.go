@@ -11,7 +11,7 @@ import (
 // GnBwdReduce launches gn_bwd_reduce of groupnorm.cu:
 //
 //	gn_bwd_reduce(float* dw, float* db, const float* part, int N, int C, int accw, int accb)
-func GnBwdReduce(l Launcher, grid, block [3]uint32, smem uint32, dw cuda.DevicePtr, db, part cuda.DevicePtr, n, c int32, accw, accb int32) error {
+func GnBwdReduce(l Launcher, grid, block [3]uint32, smem uint32, dw, db, part cuda.DevicePtr, n, c, accw, accb int32) error {
 	kn := GnBwdReduceKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&dw), unsafe.Pointer(&db), unsafe.Pointer(&part), unsafe.Pointer(&n), unsafe.Pointer(&c), unsafe.Pointer(&accw), unsafe.Pointer(&accb))
 }
@@ -22,7 +22,7 @@ var GnBwdReduceKernel = Kernel{File: "groupnorm.cu", Name: "gn_bwd_reduce"}
 // GnFwd launches gn_fwd_<inst> of groupnorm.cu, inst one of "s_f32", "v_f32", "s_bf16", "v_bf16":
 //
 //	gn_fwd_s_f32(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int S, int C, int G, float eps, int silu)
-func GnFwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, mean cuda.DevicePtr, rstd, x cuda.DevicePtr, w, b cuda.DevicePtr, s int32, c, g int32, eps float32, silu int32) error {
+func GnFwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, mean, rstd, x, w, b cuda.DevicePtr, s, c, g int32, eps float32, silu int32) error {
 	kn, kerr := GnFwdKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -48,7 +48,7 @@ func GnFwdKernel(inst string) (Kernel, error) {
 // GnBwd launches gn_bwd_<inst> of groupnorm.cu, inst one of "s_f32", "v_f32", "s_bf16", "v_bf16":
 //
 //	gn_bwd_s_f32(float* dx, float* part, const float* dy, const float* x, const float* w, const float* b, const float* mean, const float* rstd, int S, int C, int G, int silu, int accdx)
-func GnBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx, part cuda.DevicePtr, dy, x cuda.DevicePtr, w, b cuda.DevicePtr, mean, rstd cuda.DevicePtr, s int32, c, g int32, silu, accdx int32) error {
+func GnBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx, part, dy, x, w, b, mean, rstd cuda.DevicePtr, s, c, g, silu, accdx int32) error {
 	kn, kerr := GnBwdKernel(inst)
 	if kerr != nil {
 		return kerr

@@ -55,7 +55,7 @@ var KfacDampingKernel = Kernel{File: "kfac.cu", Name: "kfac_damping"}
 // KfacGather launches kfac_gather of kfac.cu:
 //
 //	kfac_gather(const float* gw, const float* gb, float* out, int rows, int cols)
-func KfacGather(l Launcher, grid, block [3]uint32, smem uint32, gw cuda.DevicePtr, gb, out cuda.DevicePtr, rows, cols int32) error {
+func KfacGather(l Launcher, grid, block [3]uint32, smem uint32, gw, gb, out cuda.DevicePtr, rows, cols int32) error {
 	kn := KfacGatherKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&gw), unsafe.Pointer(&gb), unsafe.Pointer(&out), unsafe.Pointer(&rows), unsafe.Pointer(&cols))
 }
@@ -66,7 +66,7 @@ var KfacGatherKernel = Kernel{File: "kfac.cu", Name: "kfac_gather"}
 // KfacDot launches kfac_dot of kfac.cu:
 //
 //	kfac_dot(const float* v, const float* g, float* part, long long n)
-func KfacDot(l Launcher, grid, block [3]uint32, smem uint32, v cuda.DevicePtr, g, part cuda.DevicePtr, n int64) error {
+func KfacDot(l Launcher, grid, block [3]uint32, smem uint32, v, g, part cuda.DevicePtr, n int64) error {
 	kn := KfacDotKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&v), unsafe.Pointer(&g), unsafe.Pointer(&part), unsafe.Pointer(&n))
 }
@@ -99,7 +99,7 @@ var KlClipKernel = Kernel{File: "kfac.cu", Name: "kl_clip"}
 // KfacApply launches kfac_apply of kfac.cu:
 //
 //	kfac_apply(float* w, float* b, float* bufw, float* bufb, const float* v, const float* nu, int rows, int cols, float lr, float mu, float wd)
-func KfacApply(l Launcher, grid, block [3]uint32, smem uint32, w, b cuda.DevicePtr, bufw, bufb cuda.DevicePtr, v, nu cuda.DevicePtr, rows, cols int32, lr float32, mu, wd float32) error {
+func KfacApply(l Launcher, grid, block [3]uint32, smem uint32, w, b, bufw, bufb, v, nu cuda.DevicePtr, rows, cols int32, lr, mu, wd float32) error {
 	kn := KfacApplyKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&w), unsafe.Pointer(&b), unsafe.Pointer(&bufw), unsafe.Pointer(&bufb), unsafe.Pointer(&v), unsafe.Pointer(&nu), unsafe.Pointer(&rows), unsafe.Pointer(&cols), unsafe.Pointer(&lr), unsafe.Pointer(&mu), unsafe.Pointer(&wd))
 }

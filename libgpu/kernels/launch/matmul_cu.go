@@ -11,7 +11,7 @@ import (
 // MmBiasAct launches mm_bias_act_<inst> of matmul.cu, inst one of "f32", "bf16":
 //
 //	mm_bias_act_f32(float* d, float* aux, const float* bias, long long rows, int cols, long long ldd, int act)
-func MmBiasAct(l Launcher, inst string, grid, block [3]uint32, smem uint32, d cuda.DevicePtr, aux, bias cuda.DevicePtr, rows int64, cols int32, ldd int64, act int32) error {
+func MmBiasAct(l Launcher, inst string, grid, block [3]uint32, smem uint32, d, aux, bias cuda.DevicePtr, rows int64, cols int32, ldd int64, act int32) error {
 	kn, kerr := MmBiasActKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -55,7 +55,7 @@ func MmColsumKernel(inst string) (Kernel, error) {
 // MmActBwd launches mm_act_bwd_<inst> of matmul.cu, inst one of "f32", "bf16":
 //
 //	mm_act_bwd_f32(float* dz, const float* dy, const float* z, long long n, int act)
-func MmActBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dz cuda.DevicePtr, dy, z cuda.DevicePtr, n int64, act int32) error {
+func MmActBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dz, dy, z cuda.DevicePtr, n int64, act int32) error {
 	kn, kerr := MmActBwdKernel(inst)
 	if kerr != nil {
 		return kerr

@@ -33,7 +33,7 @@ var RootPartialsKernel = Kernel{File: "matroot.cu", Name: "root_partials"}
 // RootScalars launches root_scalars of matroot.cu:
 //
 //	root_scalars(const float* part, int chunks, int count, int n, int p, float eps, float releps, const float* ridge, float* scal)
-func RootScalars(l Launcher, grid, block [3]uint32, smem uint32, part cuda.DevicePtr, chunks, count int32, n, p int32, eps, releps float32, ridge, scal cuda.DevicePtr) error {
+func RootScalars(l Launcher, grid, block [3]uint32, smem uint32, part cuda.DevicePtr, chunks, count, n, p int32, eps, releps float32, ridge, scal cuda.DevicePtr) error {
 	kn := RootScalarsKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&part), unsafe.Pointer(&chunks), unsafe.Pointer(&count), unsafe.Pointer(&n), unsafe.Pointer(&p), unsafe.Pointer(&eps), unsafe.Pointer(&releps), unsafe.Pointer(&ridge), unsafe.Pointer(&scal))
 }
@@ -44,7 +44,7 @@ var RootScalarsKernel = Kernel{File: "matroot.cu", Name: "root_scalars"}
 // RootNewtonInit launches root_newton_init of matroot.cu:
 //
 //	root_newton_init(const float* a, float* m, float* x, const float* scal, long long total, int n)
-func RootNewtonInit(l Launcher, grid, block [3]uint32, smem uint32, a, m cuda.DevicePtr, x, scal cuda.DevicePtr, total int64, n int32) error {
+func RootNewtonInit(l Launcher, grid, block [3]uint32, smem uint32, a, m, x, scal cuda.DevicePtr, total int64, n int32) error {
 	kn := RootNewtonInitKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&a), unsafe.Pointer(&m), unsafe.Pointer(&x), unsafe.Pointer(&scal), unsafe.Pointer(&total), unsafe.Pointer(&n))
 }
@@ -77,7 +77,7 @@ var RootErrKernel = Kernel{File: "matroot.cu", Name: "root_err"}
 // RootAddRidge launches root_add_ridge of matroot.cu:
 //
 //	root_add_ridge(float* y, const float* p, const float* scal, long long total, int n)
-func RootAddRidge(l Launcher, grid, block [3]uint32, smem uint32, y cuda.DevicePtr, p, scal cuda.DevicePtr, total int64, n int32) error {
+func RootAddRidge(l Launcher, grid, block [3]uint32, smem uint32, y, p, scal cuda.DevicePtr, total int64, n int32) error {
 	kn := RootAddRidgeKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&y), unsafe.Pointer(&p), unsafe.Pointer(&scal), unsafe.Pointer(&total), unsafe.Pointer(&n))
 }
@@ -99,7 +99,7 @@ var RootSymmetrizeKernel = Kernel{File: "matroot.cu", Name: "root_symmetrize"}
 // RootEigScale launches root_eig_scale of matroot.cu:
 //
 //	root_eig_scale(const float* q, const float* w, const float* scal, float* s, long long total, int n, float expo)
-func RootEigScale(l Launcher, grid, block [3]uint32, smem uint32, q, w cuda.DevicePtr, scal, s cuda.DevicePtr, total int64, n int32, expo float32) error {
+func RootEigScale(l Launcher, grid, block [3]uint32, smem uint32, q, w, scal, s cuda.DevicePtr, total int64, n int32, expo float32) error {
 	kn := RootEigScaleKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&q), unsafe.Pointer(&w), unsafe.Pointer(&scal), unsafe.Pointer(&s), unsafe.Pointer(&total), unsafe.Pointer(&n), unsafe.Pointer(&expo))
 }
@@ -143,7 +143,7 @@ var RootErrStatusKernel = Kernel{File: "matroot.cu", Name: "root_err_status"}
 // RootCommit launches root_commit of matroot.cu:
 //
 //	root_commit(const float* src, float* dst, const int* status, long long total, long long per)
-func RootCommit(l Launcher, grid, block [3]uint32, smem uint32, src cuda.DevicePtr, dst, status cuda.DevicePtr, total, per int64) error {
+func RootCommit(l Launcher, grid, block [3]uint32, smem uint32, src, dst, status cuda.DevicePtr, total, per int64) error {
 	kn := RootCommitKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&src), unsafe.Pointer(&dst), unsafe.Pointer(&status), unsafe.Pointer(&total), unsafe.Pointer(&per))
 }
@@ -198,7 +198,7 @@ func QrSignsKernel(inst string) (Kernel, error) {
 // QrApply launches qr_apply_<inst> of matroot.cu, inst one of "f32", "f64":
 //
 //	qr_apply_f32(const float* a, const float* sgn, float* q, int n, long long total)
-func QrApply(l Launcher, inst string, grid, block [3]uint32, smem uint32, a cuda.DevicePtr, sgn, q cuda.DevicePtr, n int32, total int64) error {
+func QrApply(l Launcher, inst string, grid, block [3]uint32, smem uint32, a, sgn, q cuda.DevicePtr, n int32, total int64) error {
 	kn, kerr := QrApplyKernel(inst)
 	if kerr != nil {
 		return kerr

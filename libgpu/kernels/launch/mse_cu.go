@@ -22,7 +22,7 @@ var MseFinalKernel = Kernel{File: "mse.cu", Name: "mse_final"}
 // MsePartial launches mse_partial_<inst> of mse.cu, inst one of "f32", "bf16":
 //
 //	mse_partial_f32(float* part, float* dp, const float* p, const float* y, long long n, float inv, int acc)
-func MsePartial(l Launcher, inst string, grid, block [3]uint32, smem uint32, part, dp cuda.DevicePtr, p, y cuda.DevicePtr, n int64, inv float32, acc int32) error {
+func MsePartial(l Launcher, inst string, grid, block [3]uint32, smem uint32, part, dp, p, y cuda.DevicePtr, n int64, inv float32, acc int32) error {
 	kn, kerr := MsePartialKernel(inst)
 	if kerr != nil {
 		return kerr

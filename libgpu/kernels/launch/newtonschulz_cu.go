@@ -11,7 +11,7 @@ import (
 // MuonMomentum launches muon_momentum of newtonschulz.cu:
 //
 //	muon_momentum(const float* g, float* buf, float* part, long long n, int chunks, float mu, int nesterov)
-func MuonMomentum(l Launcher, grid, block [3]uint32, smem uint32, g cuda.DevicePtr, buf, part cuda.DevicePtr, n int64, chunks int32, mu float32, nesterov int32) error {
+func MuonMomentum(l Launcher, grid, block [3]uint32, smem uint32, g, buf, part cuda.DevicePtr, n int64, chunks int32, mu float32, nesterov int32) error {
 	kn := MuonMomentumKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&g), unsafe.Pointer(&buf), unsafe.Pointer(&part), unsafe.Pointer(&n), unsafe.Pointer(&chunks), unsafe.Pointer(&mu), unsafe.Pointer(&nesterov))
 }
@@ -33,7 +33,7 @@ var MuonScaleKernel = Kernel{File: "newtonschulz.cu", Name: "muon_scale"}
 // MuonNormalize launches muon_normalize_<inst> of newtonschulz.cu, inst one of "f32", "bf16":
 //
 //	muon_normalize_f32(const float* g, const float* buf, const float* scale, float* x, int m, int n, int transpose, float mu, int nesterov)
-func MuonNormalize(l Launcher, inst string, grid, block [3]uint32, smem uint32, g, buf cuda.DevicePtr, scale, x cuda.DevicePtr, m int32, n, transpose int32, mu float32, nesterov int32) error {
+func MuonNormalize(l Launcher, inst string, grid, block [3]uint32, smem uint32, g, buf, scale, x cuda.DevicePtr, m, n, transpose int32, mu float32, nesterov int32) error {
 	kn, kerr := MuonNormalizeKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -55,7 +55,7 @@ func MuonNormalizeKernel(inst string) (Kernel, error) {
 // MuonApply launches muon_apply_<inst> of newtonschulz.cu, inst one of "f32", "bf16":
 //
 //	muon_apply_f32(float* p, const float* x, int m, int n, int transpose, float lr, float scale, float decay, const float* lr_scale)
-func MuonApply(l Launcher, inst string, grid, block [3]uint32, smem uint32, p, x cuda.DevicePtr, m int32, n, transpose int32, lr float32, scale, decay float32, lrScale cuda.DevicePtr) error {
+func MuonApply(l Launcher, inst string, grid, block [3]uint32, smem uint32, p, x cuda.DevicePtr, m, n, transpose int32, lr, scale, decay float32, lrScale cuda.DevicePtr) error {
 	kn, kerr := MuonApplyKernel(inst)
 	if kerr != nil {
 		return kerr

@@ -80,7 +80,7 @@ var ClipSumsqTotalKernel = Kernel{File: "ops_clip.cu", Name: "clip_sumsq_total"}
 // ClipCoefFromSumsq launches clip_coef_from_sumsq of ops_clip.cu:
 //
 //	clip_coef_from_sumsq(const float* sumsq, float* norm, float* coef, float max_norm)
-func ClipCoefFromSumsq(l Launcher, grid, block [3]uint32, smem uint32, sumsq cuda.DevicePtr, norm, coef cuda.DevicePtr, maxNorm float32) error {
+func ClipCoefFromSumsq(l Launcher, grid, block [3]uint32, smem uint32, sumsq, norm, coef cuda.DevicePtr, maxNorm float32) error {
 	kn := ClipCoefFromSumsqKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&sumsq), unsafe.Pointer(&norm), unsafe.Pointer(&coef), unsafe.Pointer(&maxNorm))
 }

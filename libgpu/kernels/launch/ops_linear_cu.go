@@ -11,7 +11,7 @@ import (
 // BiasAct launches bias_act of ops_linear.cu:
 //
 //	bias_act(float* y, float* aux, const float* b, long long m, int n, int act)
-func BiasAct(l Launcher, grid, block [3]uint32, smem uint32, y cuda.DevicePtr, aux, b cuda.DevicePtr, m int64, n, act int32) error {
+func BiasAct(l Launcher, grid, block [3]uint32, smem uint32, y, aux, b cuda.DevicePtr, m int64, n, act int32) error {
 	kn := BiasActKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&y), unsafe.Pointer(&aux), unsafe.Pointer(&b), unsafe.Pointer(&m), unsafe.Pointer(&n), unsafe.Pointer(&act))
 }
@@ -22,7 +22,7 @@ var BiasActKernel = Kernel{File: "ops_linear.cu", Name: "bias_act"}
 // ActBwdColsum launches act_bwd_colsum of ops_linear.cu:
 //
 //	act_bwd_colsum(float* dz, const float* dy, const float* aux, float* partial, int m, int n, int act, int rows_per_block)
-func ActBwdColsum(l Launcher, grid, block [3]uint32, smem uint32, dz, dy cuda.DevicePtr, aux, partial cuda.DevicePtr, m, n int32, act, rowsPerBlock int32) error {
+func ActBwdColsum(l Launcher, grid, block [3]uint32, smem uint32, dz, dy, aux, partial cuda.DevicePtr, m, n, act, rowsPerBlock int32) error {
 	kn := ActBwdColsumKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&dz), unsafe.Pointer(&dy), unsafe.Pointer(&aux), unsafe.Pointer(&partial), unsafe.Pointer(&m), unsafe.Pointer(&n), unsafe.Pointer(&act), unsafe.Pointer(&rowsPerBlock))
 }

@@ -11,7 +11,7 @@ import (
 // SoftmaxXent launches softmax_xent of ops_loss.cu:
 //
 //	softmax_xent(float* loss, float* dlogits, const float* logits, const int* labels, float* rowloss, unsigned int* counter, int m, int c)
-func SoftmaxXent(l Launcher, grid, block [3]uint32, smem uint32, loss, dlogits cuda.DevicePtr, logits, labels cuda.DevicePtr, rowloss, counter cuda.DevicePtr, m, c int32) error {
+func SoftmaxXent(l Launcher, grid, block [3]uint32, smem uint32, loss, dlogits, logits, labels, rowloss, counter cuda.DevicePtr, m, c int32) error {
 	kn := SoftmaxXentKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&loss), unsafe.Pointer(&dlogits), unsafe.Pointer(&logits), unsafe.Pointer(&labels), unsafe.Pointer(&rowloss), unsafe.Pointer(&counter), unsafe.Pointer(&m), unsafe.Pointer(&c))
 }

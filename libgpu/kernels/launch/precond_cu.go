@@ -23,7 +23,7 @@ var _ [20]byte = [unsafe.Sizeof(PcGeom{})]byte{}
 // ShampooPrep launches shampoo_prep of precond.cu:
 //
 //	shampoo_prep(pc_geom geo, const float* g, float* m, float* v, float* gs, float* gb, float* ga, long long total, float beta1, float beta2, float bc1, float bc2, float eps, int adagrad)
-func ShampooPrep(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, g, m cuda.DevicePtr, v, gs cuda.DevicePtr, gb, ga cuda.DevicePtr, total int64, beta1 float32, beta2, bc1 float32, bc2, eps float32, adagrad int32) error {
+func ShampooPrep(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, g, m, v, gs, gb, ga cuda.DevicePtr, total int64, beta1, beta2, bc1, bc2, eps float32, adagrad int32) error {
 	kn := ShampooPrepKernel
 	if geo == nil {
 		return errNilArgs(kn)
@@ -37,7 +37,7 @@ var ShampooPrepKernel = Kernel{File: "precond.cu", Name: "shampoo_prep"}
 // PcSumsq launches pc_sumsq of precond.cu:
 //
 //	pc_sumsq(const float* x0, const float* x1, float* part, long long per, int chunks)
-func PcSumsq(l Launcher, grid, block [3]uint32, smem uint32, x0 cuda.DevicePtr, x1, part cuda.DevicePtr, per int64, chunks int32) error {
+func PcSumsq(l Launcher, grid, block [3]uint32, smem uint32, x0, x1, part cuda.DevicePtr, per int64, chunks int32) error {
 	kn := PcSumsqKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&x0), unsafe.Pointer(&x1), unsafe.Pointer(&part), unsafe.Pointer(&per), unsafe.Pointer(&chunks))
 }
@@ -59,7 +59,7 @@ var PcGraftScaleKernel = Kernel{File: "precond.cu", Name: "pc_graft_scale"}
 // BlockApply launches block_apply of precond.cu:
 //
 //	block_apply(pc_geom geo, float* p, const float* d, const float* scale, long long total, float lr, float coef, float wd)
-func BlockApply(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, p cuda.DevicePtr, d, scale cuda.DevicePtr, total int64, lr float32, coef, wd float32) error {
+func BlockApply(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, p, d, scale cuda.DevicePtr, total int64, lr, coef, wd float32) error {
 	kn := BlockApplyKernel
 	if geo == nil {
 		return errNilArgs(kn)
@@ -73,7 +73,7 @@ var BlockApplyKernel = Kernel{File: "precond.cu", Name: "block_apply"}
 // SoapPrep launches soap_prep of precond.cu:
 //
 //	soap_prep(pc_geom geo, const float* g, float* m, float* gs, float* gm, long long total, float beta1)
-func SoapPrep(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, g, m cuda.DevicePtr, gs, gm cuda.DevicePtr, total int64, beta1 float32) error {
+func SoapPrep(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, g, m, gs, gm cuda.DevicePtr, total int64, beta1 float32) error {
 	kn := SoapPrepKernel
 	if geo == nil {
 		return errNilArgs(kn)
@@ -87,7 +87,7 @@ var SoapPrepKernel = Kernel{File: "precond.cu", Name: "soap_prep"}
 // SoapAdam launches soap_adam of precond.cu:
 //
 //	soap_adam(pc_geom geo, const float* gr, const float* mr, float* v, float* out, long long total, float beta2, float eps)
-func SoapAdam(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, gr, mr cuda.DevicePtr, v, out cuda.DevicePtr, total int64, beta2, eps float32) error {
+func SoapAdam(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, gr, mr, v, out cuda.DevicePtr, total int64, beta2, eps float32) error {
 	kn := SoapAdamKernel
 	if geo == nil {
 		return errNilArgs(kn)
@@ -112,7 +112,7 @@ var PadDiagKernel = Kernel{File: "precond.cu", Name: "pad_diag"}
 // SoapEst launches soap_est of precond.cu:
 //
 //	soap_est(const float* p, const float* q, float* est, int d, long long rows)
-func SoapEst(l Launcher, grid, block [3]uint32, smem uint32, p cuda.DevicePtr, q, est cuda.DevicePtr, d int32, rows int64) error {
+func SoapEst(l Launcher, grid, block [3]uint32, smem uint32, p, q, est cuda.DevicePtr, d int32, rows int64) error {
 	kn := SoapEstKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&p), unsafe.Pointer(&q), unsafe.Pointer(&est), unsafe.Pointer(&d), unsafe.Pointer(&rows))
 }
@@ -134,7 +134,7 @@ var SoapRankKernel = Kernel{File: "precond.cu", Name: "soap_rank"}
 // SoapGatherDesc launches soap_gather_desc of precond.cu:
 //
 //	soap_gather_desc(const float* p, const int* perm, float* g, int d, long long total)
-func SoapGatherDesc(l Launcher, grid, block [3]uint32, smem uint32, p cuda.DevicePtr, perm, g cuda.DevicePtr, d int32, total int64) error {
+func SoapGatherDesc(l Launcher, grid, block [3]uint32, smem uint32, p, perm, g cuda.DevicePtr, d int32, total int64) error {
 	kn := SoapGatherDescKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&p), unsafe.Pointer(&perm), unsafe.Pointer(&g), unsafe.Pointer(&d), unsafe.Pointer(&total))
 }
@@ -145,7 +145,7 @@ var SoapGatherDescKernel = Kernel{File: "precond.cu", Name: "soap_gather_desc"}
 // SoapBasisCommit launches soap_basis_commit of precond.cu:
 //
 //	soap_basis_commit(const float* g, float* q, int* perm, const int* status, int d, long long total)
-func SoapBasisCommit(l Launcher, grid, block [3]uint32, smem uint32, g, q cuda.DevicePtr, perm, status cuda.DevicePtr, d int32, total int64) error {
+func SoapBasisCommit(l Launcher, grid, block [3]uint32, smem uint32, g, q, perm, status cuda.DevicePtr, d int32, total int64) error {
 	kn := SoapBasisCommitKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&g), unsafe.Pointer(&q), unsafe.Pointer(&perm), unsafe.Pointer(&status), unsafe.Pointer(&d), unsafe.Pointer(&total))
 }
@@ -156,7 +156,7 @@ var SoapBasisCommitKernel = Kernel{File: "precond.cu", Name: "soap_basis_commit"
 // SoapPermute launches soap_permute of precond.cu:
 //
 //	soap_permute(const float* tmp, float* v, const int* rows, const int* cols, int br, int bc, long long total)
-func SoapPermute(l Launcher, grid, block [3]uint32, smem uint32, tmp, v cuda.DevicePtr, rows, cols cuda.DevicePtr, br, bc int32, total int64) error {
+func SoapPermute(l Launcher, grid, block [3]uint32, smem uint32, tmp, v, rows, cols cuda.DevicePtr, br, bc int32, total int64) error {
 	kn := SoapPermuteKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&tmp), unsafe.Pointer(&v), unsafe.Pointer(&rows), unsafe.Pointer(&cols), unsafe.Pointer(&br), unsafe.Pointer(&bc), unsafe.Pointer(&total))
 }

@@ -11,7 +11,7 @@ import (
 // RsPoolFwd launches rs_pool_fwd_<inst> of resample.cu, inst one of "f32", "bf16":
 //
 //	rs_pool_fwd_f32(float* y, const float* x, long long n, int h, int w, int C, int k, int acc)
-func RsPoolFwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, x cuda.DevicePtr, n int64, h int32, w, c int32, k, acc int32) error {
+func RsPoolFwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, x cuda.DevicePtr, n int64, h, w, c, k, acc int32) error {
 	kn, kerr := RsPoolFwdKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -33,7 +33,7 @@ func RsPoolFwdKernel(inst string) (Kernel, error) {
 // RsPoolBwd launches rs_pool_bwd_<inst> of resample.cu, inst one of "f32", "bf16":
 //
 //	rs_pool_bwd_f32(float* dx, const float* dy, long long n, int h, int w, int C, int k, int acc)
-func RsPoolBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx, dy cuda.DevicePtr, n int64, h int32, w, c int32, k, acc int32) error {
+func RsPoolBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx, dy cuda.DevicePtr, n int64, h, w, c, k, acc int32) error {
 	kn, kerr := RsPoolBwdKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -55,7 +55,7 @@ func RsPoolBwdKernel(inst string) (Kernel, error) {
 // RsUpFwd launches rs_up_fwd_<inst> of resample.cu, inst one of "f32", "bf16":
 //
 //	rs_up_fwd_f32(float* y, const float* x, long long n, int h, int w, int C, int k, int acc)
-func RsUpFwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, x cuda.DevicePtr, n int64, h int32, w, c int32, k, acc int32) error {
+func RsUpFwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, x cuda.DevicePtr, n int64, h, w, c, k, acc int32) error {
 	kn, kerr := RsUpFwdKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -77,7 +77,7 @@ func RsUpFwdKernel(inst string) (Kernel, error) {
 // RsUpBwd launches rs_up_bwd_<inst> of resample.cu, inst one of "f32", "bf16":
 //
 //	rs_up_bwd_f32(float* dx, const float* dy, long long n, int h, int w, int C, int k, int acc)
-func RsUpBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx, dy cuda.DevicePtr, n int64, h int32, w, c int32, k, acc int32) error {
+func RsUpBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx, dy cuda.DevicePtr, n int64, h, w, c, k, acc int32) error {
 	kn, kerr := RsUpBwdKernel(inst)
 	if kerr != nil {
 		return kerr

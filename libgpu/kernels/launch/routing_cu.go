@@ -11,7 +11,7 @@ import (
 // MoeTopk launches moe_topk of routing.cu:
 //
 //	moe_topk(float* __restrict__ weights, int* __restrict__ experts, const float* __restrict__ logits, int T, int E, int k)
-func MoeTopk(l Launcher, grid, block [3]uint32, smem uint32, weights cuda.DevicePtr, experts, logits cuda.DevicePtr, t int32, e, k int32) error {
+func MoeTopk(l Launcher, grid, block [3]uint32, smem uint32, weights, experts, logits cuda.DevicePtr, t, e, k int32) error {
 	kn := MoeTopkKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&weights), unsafe.Pointer(&experts), unsafe.Pointer(&logits), unsafe.Pointer(&t), unsafe.Pointer(&e), unsafe.Pointer(&k))
 }
@@ -22,7 +22,7 @@ var MoeTopkKernel = Kernel{File: "routing.cu", Name: "moe_topk"}
 // MoeTopkBwd launches moe_topk_bwd of routing.cu:
 //
 //	moe_topk_bwd(float* __restrict__ dlogits, const float* __restrict__ dweights, const float* __restrict__ weights, const int* __restrict__ experts, int T, int E, int k, int acc)
-func MoeTopkBwd(l Launcher, grid, block [3]uint32, smem uint32, dlogits, dweights cuda.DevicePtr, weights, experts cuda.DevicePtr, t, e int32, k, acc int32) error {
+func MoeTopkBwd(l Launcher, grid, block [3]uint32, smem uint32, dlogits, dweights, weights, experts cuda.DevicePtr, t, e, k, acc int32) error {
 	kn := MoeTopkBwdKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&dlogits), unsafe.Pointer(&dweights), unsafe.Pointer(&weights), unsafe.Pointer(&experts), unsafe.Pointer(&t), unsafe.Pointer(&e), unsafe.Pointer(&k), unsafe.Pointer(&acc))
 }
@@ -44,7 +44,7 @@ var MoeCountKernel = Kernel{File: "routing.cu", Name: "moe_count"}
 // MoeScan launches moe_scan of routing.cu:
 //
 //	moe_scan(int* __restrict__ counts, int* __restrict__ offsets, int* __restrict__ cc, int chunks, int E)
-func MoeScan(l Launcher, grid, block [3]uint32, smem uint32, counts cuda.DevicePtr, offsets, cc cuda.DevicePtr, chunks, e int32) error {
+func MoeScan(l Launcher, grid, block [3]uint32, smem uint32, counts, offsets, cc cuda.DevicePtr, chunks, e int32) error {
 	kn := MoeScanKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&counts), unsafe.Pointer(&offsets), unsafe.Pointer(&cc), unsafe.Pointer(&chunks), unsafe.Pointer(&e))
 }
@@ -55,7 +55,7 @@ var MoeScanKernel = Kernel{File: "routing.cu", Name: "moe_scan"}
 // MoeScatter launches moe_scatter of routing.cu:
 //
 //	moe_scatter(int* __restrict__ perm, int* __restrict__ rows, const int* __restrict__ experts, const int* __restrict__ cc, int n, int E)
-func MoeScatter(l Launcher, grid, block [3]uint32, smem uint32, perm, rows cuda.DevicePtr, experts, cc cuda.DevicePtr, n, e int32) error {
+func MoeScatter(l Launcher, grid, block [3]uint32, smem uint32, perm, rows, experts, cc cuda.DevicePtr, n, e int32) error {
 	kn := MoeScatterKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&perm), unsafe.Pointer(&rows), unsafe.Pointer(&experts), unsafe.Pointer(&cc), unsafe.Pointer(&n), unsafe.Pointer(&e))
 }
@@ -66,7 +66,7 @@ var MoeScatterKernel = Kernel{File: "routing.cu", Name: "moe_scatter"}
 // MoePermuteS launches moe_permute_s_<inst> of routing.cu, inst one of "f32", "bf16":
 //
 //	moe_permute_s_f32(float* xs, const float* x, const int* rows, long long n, int d, int k)
-func MoePermuteS(l Launcher, inst string, grid, block [3]uint32, smem uint32, xs cuda.DevicePtr, x, rows cuda.DevicePtr, n int64, d, k int32) error {
+func MoePermuteS(l Launcher, inst string, grid, block [3]uint32, smem uint32, xs, x, rows cuda.DevicePtr, n int64, d, k int32) error {
 	kn, kerr := MoePermuteSKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -88,7 +88,7 @@ func MoePermuteSKernel(inst string) (Kernel, error) {
 // MoePermuteV launches moe_permute_v_<inst> of routing.cu, inst one of "f32", "bf16":
 //
 //	moe_permute_v_f32(float* xs, const float* x, const int* rows, long long n, int d, int k)
-func MoePermuteV(l Launcher, inst string, grid, block [3]uint32, smem uint32, xs cuda.DevicePtr, x, rows cuda.DevicePtr, n int64, d, k int32) error {
+func MoePermuteV(l Launcher, inst string, grid, block [3]uint32, smem uint32, xs, x, rows cuda.DevicePtr, n int64, d, k int32) error {
 	kn, kerr := MoePermuteVKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -110,7 +110,7 @@ func MoePermuteVKernel(inst string) (Kernel, error) {
 // MoePermuteBwdS launches moe_permute_bwd_s_<inst> of routing.cu, inst one of "f32", "bf16":
 //
 //	moe_permute_bwd_s_f32(float* dx, const float* dxs, const int* perm, long long n, int d, int k, int acc)
-func MoePermuteBwdS(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx cuda.DevicePtr, dxs, perm cuda.DevicePtr, n int64, d int32, k, acc int32) error {
+func MoePermuteBwdS(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx, dxs, perm cuda.DevicePtr, n int64, d, k, acc int32) error {
 	kn, kerr := MoePermuteBwdSKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -132,7 +132,7 @@ func MoePermuteBwdSKernel(inst string) (Kernel, error) {
 // MoePermuteBwdV launches moe_permute_bwd_v_<inst> of routing.cu, inst one of "f32", "bf16":
 //
 //	moe_permute_bwd_v_f32(float* dx, const float* dxs, const int* perm, long long n, int d, int k, int acc)
-func MoePermuteBwdV(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx cuda.DevicePtr, dxs, perm cuda.DevicePtr, n int64, d int32, k, acc int32) error {
+func MoePermuteBwdV(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx, dxs, perm cuda.DevicePtr, n int64, d, k, acc int32) error {
 	kn, kerr := MoePermuteBwdVKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -154,7 +154,7 @@ func MoePermuteBwdVKernel(inst string) (Kernel, error) {
 // MoeCombineS launches moe_combine_s_<inst> of routing.cu, inst one of "f32", "bf16":
 //
 //	moe_combine_s_f32(float* y, const float* ys, const float* w, const int* perm, long long n, int d, int k)
-func MoeCombineS(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, ys cuda.DevicePtr, w, perm cuda.DevicePtr, n int64, d, k int32) error {
+func MoeCombineS(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, ys, w, perm cuda.DevicePtr, n int64, d, k int32) error {
 	kn, kerr := MoeCombineSKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -176,7 +176,7 @@ func MoeCombineSKernel(inst string) (Kernel, error) {
 // MoeCombineV launches moe_combine_v_<inst> of routing.cu, inst one of "f32", "bf16":
 //
 //	moe_combine_v_f32(float* y, const float* ys, const float* w, const int* perm, long long n, int d, int k)
-func MoeCombineV(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, ys cuda.DevicePtr, w, perm cuda.DevicePtr, n int64, d, k int32) error {
+func MoeCombineV(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, ys, w, perm cuda.DevicePtr, n int64, d, k int32) error {
 	kn, kerr := MoeCombineVKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -198,7 +198,7 @@ func MoeCombineVKernel(inst string) (Kernel, error) {
 // MoeCombineBwd launches moe_combine_bwd_<inst> of routing.cu, inst one of "f32", "bf16":
 //
 //	moe_combine_bwd_f32(float* dys, float* dw, const float* dy, const float* ys, const float* w, const int* perm, int n, int d, int k, int acc_ys, int acc_w)
-func MoeCombineBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dys, dw cuda.DevicePtr, dy, ys cuda.DevicePtr, w, perm cuda.DevicePtr, n int32, d, k int32, accYs, accW int32) error {
+func MoeCombineBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dys, dw, dy, ys, w, perm cuda.DevicePtr, n, d, k, accYs, accW int32) error {
 	kn, kerr := MoeCombineBwdKernel(inst)
 	if kerr != nil {
 		return kerr
@@ -220,7 +220,7 @@ func MoeCombineBwdKernel(inst string) (Kernel, error) {
 // MoeAuxRows launches moe_aux_rows of routing.cu:
 //
 //	moe_aux_rows(float* __restrict__ dlogits, float* __restrict__ lse, const float* __restrict__ logits, const int* __restrict__ counts, int T, int E, float aux, float zc, int acc)
-func MoeAuxRows(l Launcher, grid, block [3]uint32, smem uint32, dlogits, lse cuda.DevicePtr, logits, counts cuda.DevicePtr, t, e int32, aux, zc float32, acc int32) error {
+func MoeAuxRows(l Launcher, grid, block [3]uint32, smem uint32, dlogits, lse, logits, counts cuda.DevicePtr, t, e int32, aux, zc float32, acc int32) error {
 	kn := MoeAuxRowsKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&dlogits), unsafe.Pointer(&lse), unsafe.Pointer(&logits), unsafe.Pointer(&counts), unsafe.Pointer(&t), unsafe.Pointer(&e), unsafe.Pointer(&aux), unsafe.Pointer(&zc), unsafe.Pointer(&acc))
 }
@@ -231,7 +231,7 @@ var MoeAuxRowsKernel = Kernel{File: "routing.cu", Name: "moe_aux_rows"}
 // MoeAuxCols launches moe_aux_cols of routing.cu:
 //
 //	moe_aux_cols(float* __restrict__ colsum, const float* __restrict__ logits, const float* __restrict__ lse, int T, int E)
-func MoeAuxCols(l Launcher, grid, block [3]uint32, smem uint32, colsum cuda.DevicePtr, logits, lse cuda.DevicePtr, t, e int32) error {
+func MoeAuxCols(l Launcher, grid, block [3]uint32, smem uint32, colsum, logits, lse cuda.DevicePtr, t, e int32) error {
 	kn := MoeAuxColsKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&colsum), unsafe.Pointer(&logits), unsafe.Pointer(&lse), unsafe.Pointer(&t), unsafe.Pointer(&e))
 }
@@ -242,7 +242,7 @@ var MoeAuxColsKernel = Kernel{File: "routing.cu", Name: "moe_aux_cols"}
 // MoeAuxFinal launches moe_aux_final of routing.cu:
 //
 //	moe_aux_final(float* __restrict__ losses, const float* __restrict__ colsum, const int* __restrict__ counts, const float* __restrict__ lse, int T, int E)
-func MoeAuxFinal(l Launcher, grid, block [3]uint32, smem uint32, losses, colsum cuda.DevicePtr, counts, lse cuda.DevicePtr, t, e int32) error {
+func MoeAuxFinal(l Launcher, grid, block [3]uint32, smem uint32, losses, colsum, counts, lse cuda.DevicePtr, t, e int32) error {
 	kn := MoeAuxFinalKernel
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&losses), unsafe.Pointer(&colsum), unsafe.Pointer(&counts), unsafe.Pointer(&lse), unsafe.Pointer(&t), unsafe.Pointer(&e))
 }

@@ -37,7 +37,7 @@ func SiluFwdKernel(inst string) (Kernel, error) {
 // SiluBwd launches silu_bwd_<inst> of silu.cu, inst one of "s_f32", "v_f32", "s_bf16", "v_bf16":
 //
 //	silu_bwd_s_f32(float* dx, const float* dy, const float* x, long long n, int acc)
-func SiluBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx cuda.DevicePtr, dy, x cuda.DevicePtr, n int64, acc int32) error {
+func SiluBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx, dy, x cuda.DevicePtr, n int64, acc int32) error {
 	kn, kerr := SiluBwdKernel(inst)
 	if kerr != nil {
 		return kerr

@@ -53,7 +53,7 @@ func SmFwdKernel(inst string) (Kernel, error) {
 // SmBwd launches sm_bwd_<inst> of softmax.cu, inst one of "e8s_f32", "e16s_f32", "e32s_f32", "e8v_f32", "e16v_f32", "e32v_f32", "e8s_bf16", "e16s_bf16", "e32s_bf16", "e8v_bf16", "e16v_bf16", "e32v_bf16":
 //
 //	sm_bwd_e8s_f32(float* dx, const float* dy, const float* y, long long rows, int C, long long lddx, long long lddy, long long ldy, int block, int acc)
-func SmBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx cuda.DevicePtr, dy, y cuda.DevicePtr, rows int64, c int32, lddx int64, lddy, ldy int64, blockArg, acc int32) error {
+func SmBwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx, dy, y cuda.DevicePtr, rows int64, c int32, lddx, lddy, ldy int64, blockArg, acc int32) error {
 	kn, kerr := SmBwdKernel(inst)
 	if kerr != nil {
 		return kerr
