@@ -6,7 +6,6 @@ package diffusion
 // frames).
 
 import (
-	"io"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -37,9 +36,7 @@ func engineOn(t testing.TB, d device.Device, prec ops.Precision) *ops.Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if c, ok := e.Impl().(io.Closer); ok {
-			c.Close()
-		}
+		e.Close()
 	})
 	return e
 }

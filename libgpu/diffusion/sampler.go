@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/nn"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
@@ -47,10 +48,10 @@ type Sampler struct {
 	prev    *tensor.Tensor // f32: the previous frame (video)
 	coef    *tensor.Tensor // f32 [MaxSteps+1, CoefWidth]
 	counter *tensor.Tensor // i32 [1]
-	stage   *ops.Staging
-	done    *ops.Event
-	t0, t1  *ops.Event
-	graphs  map[loopKey]*ops.CapturedGraph
+	stage   *exec.Staging
+	done    *exec.Event
+	t0, t1  *exec.Event
+	graphs  map[loopKey]*exec.CapturedGraph
 	owned   []*tensor.Tensor
 	onStep  func() // the running run's RunOptions.OnStep (host only)
 }
@@ -69,7 +70,7 @@ func NewSampler(e *ops.Engine, a device.Allocator, m *nn.UNet, o SamplerOptions)
 	if o.MaxSteps == 0 {
 		o.MaxSteps = 1000
 	}
-	s = &Sampler{e: e, m: m, o: o, passes: 1, graphs: map[loopKey]*ops.CapturedGraph{}}
+	s = &Sampler{e: e, m: m, o: o, passes: 1, graphs: map[loopKey]*exec.CapturedGraph{}}
 	if o.Guidance {
 		s.passes = 2
 	}
@@ -154,7 +155,7 @@ func (s *Sampler) Free() error {
 	if s.eval != nil {
 		errs = append(errs, s.eval.Free())
 	}
-	for _, v := range []*ops.Event{s.done, s.t0, s.t1} {
+	for _, v := range []*exec.Event{s.done, s.t0, s.t1} {
 		if v != nil {
 			errs = append(errs, v.Close())
 		}

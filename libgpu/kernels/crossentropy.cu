@@ -13,8 +13,8 @@
 // running (m, s) and rescales s when m grows; the block combines the
 // threads' pairs), the gradient in a second read and one write. The mean
 // loss is summed by the last block to finish (a ticket on a device
-// counter, as ops_loss.cu's softmax_xent) over the per-row losses in row
-// order, in double: bitwise reproducible, no float atomics.
+// counter) over the per-row losses in row order, in double: bitwise
+// reproducible, no float atomics.
 //
 // A target ≥ V cannot be reported from the GPU: the row's loss is NaN (so
 // is the mean) and its gradient has no one-hot term. Two-dtype kernels are

@@ -9,6 +9,7 @@ import (
 	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/dist"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
 )
@@ -200,27 +201,22 @@ func (c *Comm) handle() (uintptr, error) {
 	return c.h, nil
 }
 
-// stream is the stream e queues on now: Streamer.Stream, which inside
-// Engine.Side or CommSide is that stream (the CUDA backend swaps its
-// stream there, ops/side.go), so collectives stay in order with the ops
-// around them.
+// stream is the stream e queues on now (exec.Engine.Stream), which inside
+// Engine.Side or CommSide is that stream (the runtime swaps its stream
+// there), so collectives stay in order with the ops around them.
 func stream(e *ops.Engine) (cuda.Stream, error) {
-	s, ok := e.Impl().(ops.Streamer)
-	if !ok {
+	s := e.Stream()
+	if s == 0 {
 		return 0, fmt.Errorf("%w: the engine on %v has no CUDA stream", ErrArg, e.Device())
 	}
-	return s.Stream(), nil
-}
-
-func sameDevice(a, b device.Device) bool {
-	return a == b || (a.Kind() == b.Kind() && a.String() == b.String())
+	return s, nil
 }
 
 // check validates a collective's tensors: present, contiguous, inside
 // their buffers, on e's device and the communicator's, of one supported
 // dtype; it returns NCCL's dtype.
 func (c *Comm) check(what string, e *ops.Engine, ts ...*tensor.Tensor) (dataType, error) {
-	if !sameDevice(e.Device(), c.dev) {
+	if !exec.SameDevice(e.Device(), c.dev) {
 		return 0, fmt.Errorf("%w: %s on an engine on %v, communicator on %v", ErrArg, what, e.Device(), c.dev)
 	}
 	var dt tensor.DType
@@ -231,7 +227,7 @@ func (c *Comm) check(what string, e *ops.Engine, ts ...*tensor.Tensor) (dataType
 		if !t.Contiguous() {
 			return 0, fmt.Errorf("%w: %s: %v %v is not contiguous", ErrArg, what, t.Shape, t.Strides)
 		}
-		if !sameDevice(t.Device(), c.dev) {
+		if !exec.SameDevice(t.Device(), c.dev) {
 			return 0, fmt.Errorf("%w: %s: a tensor on %v, communicator on %v", ErrArg, what, t.Device(), c.dev)
 		}
 		if t.ByteOffset()+t.Bytes() > t.Buf.Size() {

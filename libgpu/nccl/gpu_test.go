@@ -79,7 +79,7 @@ func setup(t *testing.T, ordinal int) (*ops.Engine, device.Allocator) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.Impl().(interface{ Close() error }).Close() })
+	t.Cleanup(func() { e.Close() })
 	return e, device.Local{Dev: d}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
 )
@@ -248,11 +249,11 @@ func (ev *HRMEval) run() error {
 }
 
 // Capture captures the evaluation of one loaded batch (start and the
-// whole segment loop) as one graph, for ops.CapturedGraph.Launch after
+// whole segment loop) as one graph, for exec.CapturedGraph.Launch after
 // each load. It needs hrmWhile to be ops.Engine.While (see hrmWhile): with
 // the host loop a GPU capture fails; on the host backend the "graph"
 // replays the function. Run the evaluation once eagerly first.
-func (ev *HRMEval) Capture(halting bool) (*ops.CapturedGraph, error) {
+func (ev *HRMEval) Capture(halting bool) (*exec.CapturedGraph, error) {
 	ev.halting = halting
 	return ev.e.Capture(func() error {
 		if err := ev.start(); err != nil {

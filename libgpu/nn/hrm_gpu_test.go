@@ -10,7 +10,6 @@ package nn_test
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -68,9 +67,7 @@ func hrmGPU(t testing.TB, prec ops.Precision) (*ops.Engine, device.Allocator) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if c, ok := e.Impl().(io.Closer); ok {
-			c.Close()
-		}
+		e.Close()
 	})
 	return e, device.Local{Dev: d}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
 )
@@ -269,11 +270,11 @@ type HRMTrain struct {
 	lrScale, metrics *tensor.Tensor
 	opts             []Stepper
 
-	staging *ops.Staging
-	events  []*ops.Event
+	staging *exec.Staging
+	events  []*exec.Event
 	evUsed  []bool
 	queued  int // steps queued (the cursor after them)
-	graph   *ops.CapturedGraph
+	graph   *exec.CapturedGraph
 	owned   owned
 }
 

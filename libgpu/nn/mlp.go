@@ -236,7 +236,7 @@ func NewMLP(a device.Allocator, cfg MLPConfig) (m *MLP, err error) {
 	}
 	logits := m.logits
 	m.tape.record("loss", func(e *ops.Engine) error {
-		return e.SoftmaxCrossEntropy(m.loss, logits.Grad, logits.Value, m.labels)
+		return e.CrossEntropy(m.loss, logits.Grad, logits.Value, m.labels, false)
 	}, nil)
 	return m, nil
 }

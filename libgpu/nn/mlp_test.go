@@ -232,56 +232,9 @@ func TestPredictAndStaticBuffers(t *testing.T) {
 	}
 }
 
-// plainDevice is a host device of a kind whose ops backend lacks
-// ops.LinearChainer, to run MLP's per-layer LinearBackward path.
-type plainDevice struct{ *device.Host }
-
-const plainKind = device.Kind(201)
-
-func (plainDevice) Kind() device.Kind { return plainKind }
-func (plainDevice) String() string    { return "host without chain" }
-
-// CopyIn and CopyOut copy through the host bytes (the embedded Host would
-// refuse buffers labelled with another device).
-func (plainDevice) CopyIn(b *device.Buffer, off int64, src []byte) error {
-	copy(b.Bytes()[off:], src)
-	return nil
-}
-
-func (plainDevice) CopyOut(dst []byte, b *device.Buffer, off int64) error {
-	copy(dst, b.Bytes()[off:])
-	return nil
-}
-
-// plainImpl hides the host backend's LinearBackwardChain.
-type plainImpl struct{ ops.Impl }
-
-func init() {
-	ops.Register(plainKind, func(_ device.Device, opts ops.Options) (ops.Impl, error) {
-		e, err := ops.NewEngine(device.NewHost(), opts)
-		if err != nil {
-			return nil, err
-		}
-		return plainImpl{e.Impl()}, nil
-	})
-}
-
-// plainAlloc allocates host memory and labels it as the plain device's.
-type plainAlloc struct{ dev plainDevice }
-
-func (a plainAlloc) Alloc(_ string, size int64) (*device.Buffer, error) {
-	b, err := a.dev.Host.Alloc(size)
-	if err != nil {
-		return nil, err
-	}
-	return device.NewBuffer(a.dev, b.Ptr(), b.Size(), b.Bytes(), b.Share(), b.Free), nil
-}
-
-func (a plainAlloc) Device() device.Device { return a.dev }
-
 // TestChainMatchesPerLayer: the chained backward (one LinearBackwardChain
 // per layer, ReLU through its bit-mask) gives the gradients of the
-// per-layer LinearBackward path that a backend without the chain takes,
+// per-layer LinearBackward path (an engine with Options.NoLinearChain),
 // on the same weights and batch.
 func TestChainMatchesPerLayer(t *testing.T) {
 	widths := []int{9, 17, 130, 6, 4}
@@ -293,13 +246,14 @@ func TestChainMatchesPerLayer(t *testing.T) {
 			if !e.HasLinearChain() {
 				t.Fatal("the host backend has no LinearBackwardChain")
 			}
-			pd := plainDevice{device.NewHost()}
-			plain, err := nn.NewMLP(plainAlloc{pd}, cfg)
+			// An engine told to take the per-layer path (Options.NoLinearChain).
+			pd := device.NewHost()
+			plain, err := nn.NewMLP(device.Local{Dev: pd}, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer plain.Free()
-			pe, err := ops.NewEngine(pd, ops.Options{})
+			pe, err := ops.NewEngine(pd, ops.Options{NoLinearChain: true})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -52,7 +51,7 @@ func TestCUDAMoEGPTGraphEqualsEager(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { e.Impl().(io.Closer).Close() })
+			t.Cleanup(func() { e.Close() })
 			a := device.Local{Dev: d}
 			m, err := nn.NewGPT(a, "", cfg, true, 5)
 			if err != nil {
@@ -232,7 +231,7 @@ func TestCUDAMoEParityWithPyTorch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { e.Impl().(io.Closer).Close() })
+			t.Cleanup(func() { e.Close() })
 			a := device.Local{Dev: d}
 			m, err := nn.NewGPT(a, "", cfg, true, 11)
 			if err != nil {
@@ -374,7 +373,7 @@ func BenchmarkMoEGPTStep(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { e.Impl().(io.Closer).Close() })
+	b.Cleanup(func() { e.Close() })
 	ev0, err1 := e.NewEvent(true)
 	ev1, err2 := e.NewEvent(true)
 	if err := errors.Join(err1, err2); err != nil {

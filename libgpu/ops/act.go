@@ -95,7 +95,7 @@ var (
 // w and z: [B, T, C] contiguous, one dtype (f32 or bf16); z may be w (in
 // place). init: f32 [C] (HRM's H_init or L_init), rounded to the dtype.
 // halted: i32 [B]. Errors wrap tensor.ErrShape, tensor.ErrDType,
-// tensor.ErrLayout or ErrDevice.
+// tensor.ErrLayout or exec.ErrDevice.
 func (e *Engine) ACTResetCarry(w, z, init, halted *tensor.Tensor) error {
 	if err := e.actCheck("reset w", w, floatTypes); err != nil {
 		return err
@@ -188,7 +188,7 @@ func (e *Engine) checkBatch(b ACTBatch, B, L int, inputs bool) error {
 // so position 0 carries the puzzle embedding (HRM's puzzle_emb_len = 1) and
 // contributes no loss. Cursor is read, not changed (ACTHalt advances it).
 // Tokens are u8 in the pool (a vocabulary of at most 256). Errors wrap
-// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or ErrDevice.
+// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or exec.ErrDevice.
 func (e *Engine) ACTLoad(tokens, targets *tensor.Tensor, b ACTBatch, p ACTPool, puzzleToken int) error {
 	if err := e.actCheck("pool inputs", p.Inputs, actU8); err != nil {
 		return err
@@ -284,7 +284,7 @@ func (e *Engine) ACTLoad(tokens, targets *tensor.Tensor, b ACTBatch, p ACTPool, 
 // logits [B, T, V] f32 or bf16 with the last dimension contiguous (row
 // strides free: the [B, T, V] output of an lm head), targets i32 [B, T]
 // (negative: ignored), pred i32 [B, T], correct and exact i32 [B]. Errors
-// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or ErrDevice.
+// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or exec.ErrDevice.
 func (e *Engine) ACTCorrect(pred, correct, exact, logits, targets *tensor.Tensor) error {
 	if err := e.checkView("act logits", logits, false, floatTypes); err != nil {
 		return err
@@ -365,7 +365,7 @@ func (e *Engine) ACTCorrect(pred, correct, exact, logits, targets *tensor.Tensor
 //
 // qt f32 [B, 2]; exact and steps i32 [B]; qNext [B, 2] f32 or bf16,
 // contiguous. σ in f32. Errors wrap tensor.ErrShape, tensor.ErrDType,
-// tensor.ErrLayout, ErrDevice or ErrConfig (maxSteps < 1).
+// tensor.ErrLayout, exec.ErrDevice or ErrConfig (maxSteps < 1).
 func (e *Engine) ACTTargets(qt, exact, qNext, steps *tensor.Tensor, maxSteps int) error {
 	if err := e.actCheck("q next", qNext, floatTypes); err != nil {
 		return err
@@ -447,7 +447,7 @@ func actSigmoid32(x float32) float32 { return float32(1 / (1 + math.Exp(-float64
 // q: f32 or bf16, contiguous, any shape; target f32 of q's shape; loss
 // f32 [1] or nil; dq nil or of q's shape and dtype, added to with acc. One
 // block on CUDA. Errors wrap tensor.ErrShape, tensor.ErrDType,
-// tensor.ErrLayout, ErrDevice or ErrConfig (scale not finite).
+// tensor.ErrLayout, exec.ErrDevice or ErrConfig (scale not finite).
 func (e *Engine) ACTQLoss(loss, dq, q, target *tensor.Tensor, scale float32, acc bool) error {
 	if err := e.checkACTQLoss(loss, dq, q, target, scale); err != nil {
 		return err
@@ -559,7 +559,7 @@ type ACTHaltArgs struct {
 // writes the step's metrics (the ACTLoss ... ACTLRScale entries: the
 // reference's printed line) and advances Cursor by one. One block on CUDA,
 // sums in double in a fixed order. Errors wrap tensor.ErrShape,
-// tensor.ErrDType, tensor.ErrLayout, ErrDevice or ErrConfig (MaxSteps or
+// tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or ErrConfig (MaxSteps or
 // Cells < 1).
 func (e *Engine) ACTHalt(a ACTHaltArgs) error {
 	if err := e.actCheck("q", a.Q, floatTypes); err != nil {
@@ -695,7 +695,7 @@ func hostACTHalt(a ACTHaltArgs, B, R int) error {
 //
 // in double, stored as f32 in scale ([1]), which optimizers read as their
 // LRScale. HRM's Sudoku run: warmup 2000, minRatio 1 (no decay). cursor:
-// i32 [1]. Errors wrap tensor.ErrShape, tensor.ErrDType, ErrDevice or
+// i32 [1]. Errors wrap tensor.ErrShape, tensor.ErrDType, exec.ErrDevice or
 // ErrConfig (negative warmup or total, minRatio outside [0, 1]).
 func (e *Engine) ACTSchedule(scale, cursor *tensor.Tensor, warmup, total int, minRatio float64) error {
 	if err := e.actCheck("lr scale", scale, actF32, 1); err != nil {
@@ -760,7 +760,7 @@ type ACTEvalArgs struct {
 // is non-zero (ops.Engine.While). Sequences that stopped keep being
 // computed by the caller (static shapes); their answers stay frozen. One
 // block on CUDA. Errors wrap tensor.ErrShape, tensor.ErrDType,
-// tensor.ErrLayout, ErrDevice or ErrConfig (MaxSteps < 1).
+// tensor.ErrLayout, exec.ErrDevice or ErrConfig (MaxSteps < 1).
 func (e *Engine) ACTEval(a ACTEvalArgs) error {
 	if err := e.actCheck("q", a.Q, floatTypes); err != nil {
 		return err
@@ -838,7 +838,7 @@ func (e *Engine) ACTEval(a ACTEvalArgs) error {
 //
 // dx [B, T, C] f32 or bf16, last dimension contiguous (row strides free);
 // src [B, C] of dx's dtype, contiguous. Errors wrap tensor.ErrShape,
-// tensor.ErrDType, tensor.ErrLayout, ErrDevice or ErrConfig (pos outside
+// tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or ErrConfig (pos outside
 // [0, T)).
 func (e *Engine) PutPos(dx, src *tensor.Tensor, pos int, acc bool) error {
 	if err := e.checkView("put pos dx", dx, false, floatTypes); err != nil {

@@ -14,7 +14,7 @@ import (
 // Add computes y = a + b element-wise in f32: a, b and y contiguous, of one
 // shape and dtype (f32 or bf16); y may be a or b (a residual update in
 // place). Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or
-// ErrDevice.
+// exec.ErrDevice.
 func (e *Engine) Add(y, a, b *tensor.Tensor) error {
 	if err := e.rwCheckElem("add", true, a, []string{"a", "b", "y"}, b, y); err != nil {
 		return err

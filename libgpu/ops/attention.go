@@ -17,6 +17,7 @@ import (
 
 	"gonum.org/v1/gonum/blas"
 
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
@@ -163,7 +164,7 @@ func (e *Engine) checkLSE(lse *tensor.Tensor, s attnShape) error {
 // runs on tensor cores; everything else on CUDA cores. drop is dropout on
 // softmax(S) (AttnDropout; the zero value: none): o = (P∘mask/(1−p))·v,
 // lse still the undropped log-sum-exp. Errors wrap tensor.ErrShape,
-// tensor.ErrDType, tensor.ErrLayout, ErrDevice or ErrConfig.
+// tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or ErrConfig.
 func (e *Engine) AttentionForward(o, lse, q, k, v *tensor.Tensor, causal bool, scale float32, drop AttnDropout) error {
 	s, err := e.checkAttn(q, k, v, causal, scale)
 	if err != nil {
@@ -260,7 +261,7 @@ func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tenso
 		a.Dv, a.Sdv = devPtr(dv), attnStrides(dv)
 		a.AccQ, a.AccK, a.AccV = attnBool(acc[0]), attnBool(acc[1]), attnBool(acc[2])
 		if s.tq > 0 {
-			delta, err := c.scratchPtr("attention.delta", int64(4*s.b*s.h*s.tq))
+			delta, err := c.Scratch("attention.delta", int64(4*s.b*s.h*s.tq))
 			if err != nil {
 				return err
 			}
@@ -760,8 +761,9 @@ type attnWGState struct {
 // guard (__CUDA_ARCH_FEAT_SM90_ALL) is off. Decided once per engine, so a
 // captured graph takes the path the eager run took.
 func (c *cudaImpl) attnHopper() bool {
-	c.attnWGS.once.Do(func() {
-		kc, err := kernelCompiler(c)
+	st := exec.StateOf[attnWGState](c.CUDA)
+	st.once.Do(func() {
+		kc, err := c.Compiler()
 		if err != nil || kc.Arch() != "sm_90a" {
 			return
 		}
@@ -769,9 +771,9 @@ func (c *cudaImpl) attnHopper() bool {
 		if err != nil || unavailable {
 			return // a compile error is reported by the launch
 		}
-		c.attnWGS.ok = true
+		st.ok = true
 	})
-	return c.attnWGS.ok
+	return st.ok
 }
 
 // attnWGMarker is the kernel attention.cu defines when it was compiled
@@ -846,11 +848,11 @@ func attnKernels(dt tensor.DType, d int, drop, wg, backward bool) []launch.Kerne
 // prefetchAttention queues attnKernels on the CUDA backend (prefetch.go),
 // the backward's too in a training graph.
 func (g *Graph) prefetchAttention(dt tensor.DType, d int, drop bool) {
-	c, ok := g.e.impl.(*cudaImpl)
-	if !ok || g.shared.err != nil {
+	c := g.e.c
+	if c == nil || g.shared.err != nil {
 		return
 	}
-	kc, err := kernelCompiler(c)
+	kc, err := c.Compiler()
 	if err != nil {
 		return
 	}

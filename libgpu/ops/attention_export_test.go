@@ -11,7 +11,4 @@ func SetAttentionWGMMA(mode int) (restore func()) {
 
 // AttentionHopper reports whether e runs attention's wgmma kernels (a CUDA
 // engine on an sm_90a device whose attention.cu has its wgmma code).
-func AttentionHopper(e *Engine) bool {
-	c, ok := e.impl.(*cudaImpl)
-	return ok && c.attnHopper()
-}
+func AttentionHopper(e *Engine) bool { return e.c != nil && e.c.attnHopper() }

@@ -28,7 +28,7 @@ import (
 // in [0, 1]; no gradient); loss f32 with one element, or nil; dx nil or
 // of x's shape and dtype (may be x), added to with acc. One block on CUDA:
 // meant for a few thousand elements. Errors wrap tensor.ErrShape,
-// tensor.ErrDType, tensor.ErrLayout, ErrDevice or ErrConfig (scale not
+// tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or ErrConfig (scale not
 // finite).
 func (e *Engine) BCEWithLogits(loss, dx, x, y *tensor.Tensor, scale float32, acc bool) error {
 	if err := e.checkBCE(loss, dx, x, y, scale); err != nil {

@@ -8,19 +8,6 @@ import (
 	"gpukit/libgpu/tensor"
 )
 
-// LinearChainer is implemented by backends that chain the backward passes of
-// consecutive linear layers (the host and CUDA backends): the data-gradient
-// GEMM of layer l applies the previous layer's activation derivative and
-// reduces its bias gradient in the same pass, which is what cuBLASLt's
-// DRELU_BGRAD and DGELU_BGRAD epilogues compute. It is separate from Impl
-// so that backends without it still build; Engine.LinearBackwardChain
-// validates and calls it. A backend implementing it also accepts, in
-// Impl.Linear with act = ActReLU, a u8 aux: the ReLU bit-mask (ReLUMaskCols).
-type LinearChainer interface {
-	// LinearBackwardChain: see Engine.LinearBackwardChain.
-	LinearBackwardChain(dxPrev, dw, db, dbPrev, dz, x, w, auxPrev *tensor.Tensor, actPrev Act) error
-}
-
 // ReLUMaskCols is the number of bytes per row of the ReLU bit-mask of a
 // linear layer with n outputs: ⌈n/128⌉·16. The mask of y[M,N] is a u8
 // tensor [M, ReLUMaskCols(N)] in which bit j%8 (least significant first) of
@@ -32,11 +19,11 @@ type LinearChainer interface {
 // multiple of 128 and at least D's row count (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD).
 func ReLUMaskCols(n int) int { return (n + 127) / 128 * 16 }
 
-// HasLinearChain reports whether the engine's backend implements
-// LinearChainer (LinearBackwardChain, and ReLU bit-masks in Linear).
+// HasLinearChain reports whether models should take LinearBackwardChain
+// (and ReLU bit-masks in Linear), which both backends have: true unless
+// Options.NoLinearChain.
 func (e *Engine) HasLinearChain() bool {
-	_, ok := e.impl.(LinearChainer)
-	return ok && !e.opts.NoLinearChain
+	return !e.opts.NoLinearChain
 }
 
 // LinearBackwardChain is the backward pass of a linear layer
@@ -53,7 +40,7 @@ func (e *Engine) HasLinearChain() bool {
 // dxPrev is ∂L/∂z_prev, the dz of the previous layer's own
 // LinearBackwardChain, and dbPrev is that layer's bias gradient (the
 // previous layer then passes db = nil). For an MLP, the last layer's dz is
-// the loss gradient (SoftmaxCrossEntropy's dlogits) and layer 0 passes
+// the loss gradient (CrossEntropy's dlogits) and layer 0 passes
 // dxPrev = nil.
 //
 // auxPrev, read only when dxPrev is non-nil, depends on actPrev:
@@ -68,7 +55,7 @@ func (e *Engine) HasLinearChain() bool {
 //   - ActGELU: z_prev [M,K] f32, the aux that Linear wrote (required);
 //     GELU's derivative is that of the tanh approximation (DGELU_BGRAD).
 //
-// Backends without the op give ErrNoBackend (see HasLinearChain). Other
+// Backends without the op give exec.ErrNoBackend (see HasLinearChain). Other
 // errors as Linear; dbPrev without dxPrev, or a missing GELU auxPrev, is
 // tensor.ErrShape.
 func (e *Engine) LinearBackwardChain(dxPrev, dw, db, dbPrev, dz, x, w, auxPrev *tensor.Tensor, actPrev Act) error {
@@ -120,11 +107,12 @@ func (e *Engine) LinearBackwardChain(dxPrev, dw, db, dbPrev, dz, x, w, auxPrev *
 			return err
 		}
 	}
-	c, ok := e.impl.(LinearChainer)
-	if !ok {
-		return fmt.Errorf("%w: %v has no chained linear backward", ErrNoBackend, e.dev)
-	}
-	return c.LinearBackwardChain(dxPrev, dw, db, dbPrev, dz, x, w, auxPrev, actPrev)
+	return e.dispatch(func(h *hostImpl) error {
+		return h.linearBackwardChain(dxPrev, dw, db, dbPrev, dz, x, w, auxPrev, actPrev)
+	},
+		func(c *cudaImpl) error {
+			return c.linearBackwardChain(dxPrev, dw, db, dbPrev, dz, x, w, auxPrev, actPrev)
+		})
 }
 
 // reluMaskBit reports bit j of row i of a ReLU bit-mask with ld bytes per row.
@@ -149,7 +137,7 @@ func writeReLUMask(mask []uint8, z []float32, m, n int) {
 
 // LinearBackwardChain implements LinearChainer on the host: dz·w and dzᵀ·x
 // through gonum's Sgemm, the derivative and column sums in f32 loops.
-func (h *hostImpl) LinearBackwardChain(dxPrev, dw, db, dbPrev, dz, x, w, auxPrev *tensor.Tensor, actPrev Act) error {
+func (h *hostImpl) linearBackwardChain(dxPrev, dw, db, dbPrev, dz, x, w, auxPrev *tensor.Tensor, actPrev Act) error {
 	s, err := f32s(dxPrev, dw, db, dbPrev, dz, x, w)
 	if err != nil {
 		return err

@@ -17,7 +17,7 @@ import (
 // AddChannels computes y[n, s..., c] = x[n, s..., c] + b[n, c] for x and y
 // [N, ..., C] (rank ≥ 2, contiguous, one dtype f32 or bf16; y may be x)
 // and b [N, C] of x's dtype, in f32. Errors wrap tensor.ErrShape,
-// tensor.ErrDType, tensor.ErrLayout or ErrDevice.
+// tensor.ErrDType, tensor.ErrLayout or exec.ErrDevice.
 func (e *Engine) AddChannels(y, x, b *tensor.Tensor) error {
 	if err := e.rwCheckElem("add channels", true, x, []string{"x", "y"}, y); err != nil {
 		return err
@@ -119,7 +119,7 @@ func (c *cudaImpl) spatialSum(out, x *tensor.Tensor, n, s, cols int, acc bool) e
 	if s == 0 {
 		chunks, rowsPer = 1, 0
 	}
-	part, err := c.scratchPtr("chanbias.partials", int64(n)*int64(chunks)*int64(cols)*4)
+	part, err := c.Scratch("chanbias.partials", int64(n)*int64(chunks)*int64(cols)*4)
 	if err != nil {
 		return err
 	}

@@ -26,13 +26,8 @@ func (e *Engine) ClipCoef(grads []*tensor.Tensor, maxNorm float32, norm, coef *t
 	if err := e.checkClip(grads, maxNorm, norm); err != nil {
 		return err
 	}
-	switch b := e.impl.(type) {
-	case *hostImpl:
-		return b.clip(grads, maxNorm, norm, coef, false)
-	case *cudaImpl:
-		return b.clip(grads, maxNorm, norm, coef, false)
-	}
-	return fmt.Errorf("%w: %v has no gradient clipping", ErrNoBackend, e.dev)
+	return e.dispatch(func(h *hostImpl) error { return h.clip(grads, maxNorm, norm, coef, false) },
+		func(c *cudaImpl) error { return c.clip(grads, maxNorm, norm, coef, false) })
 }
 
 // SumSquares queues sumsq[0] = Σ_i Σ_j grads[i]_j² ([1] f32 on the
@@ -84,14 +79,6 @@ func (e *Engine) ClipCoefFromSumSquares(sumsq *tensor.Tensor, maxNorm float32, n
 		func(c *cudaImpl) error { return c.clipFromSumSquares(sumsq, maxNorm, norm, coef) })
 }
 
-// GradClipper is implemented by backends that clip gradients by their joint
-// norm (the host and CUDA backends). Engine.ClipGradNorm validates and calls
-// it; it is separate from Impl so backends without it still build.
-type GradClipper interface {
-	// ClipGradNorm: see Engine.ClipGradNorm.
-	ClipGradNorm(grads []*tensor.Tensor, maxNorm float32, norm *tensor.Tensor) error
-}
-
 // ClipGradNorm scales every grads[i] (f32, contiguous) in place so that their
 // joint L2 norm is at most maxNorm, as torch.nn.utils.clip_grad_norm_ does
 // (norm_type 2, foreach): with n = sqrt(Σ_i Σ_j g_ij²),
@@ -104,16 +91,13 @@ type GradClipper interface {
 // and the coefficient stay on the device, so a captured graph clips on every
 // replay. maxNorm must be positive and finite (else ErrConfig); an empty
 // list is ErrConfig too. Other errors as Linear; a backend without the op
-// gives ErrNoBackend.
+// gives exec.ErrNoBackend.
 func (e *Engine) ClipGradNorm(grads []*tensor.Tensor, maxNorm float32, norm *tensor.Tensor) error {
 	if err := e.checkClip(grads, maxNorm, norm); err != nil {
 		return err
 	}
-	c, ok := e.impl.(GradClipper)
-	if !ok {
-		return fmt.Errorf("%w: %v has no gradient clipping", ErrNoBackend, e.dev)
-	}
-	return c.ClipGradNorm(grads, maxNorm, norm)
+	return e.dispatch(func(h *hostImpl) error { return h.clip(grads, maxNorm, norm, nil, true) },
+		func(c *cudaImpl) error { return c.clip(grads, maxNorm, norm, nil, true) })
 }
 
 func (e *Engine) checkClip(grads []*tensor.Tensor, maxNorm float32, norm *tensor.Tensor) error {
@@ -183,14 +167,9 @@ func clipCoef(maxNorm, n float32) float32 {
 	return 1
 }
 
-// ClipGradNorm implements GradClipper on the host: the sum of squares in
-// float64, the coefficient rounded to f32, every element multiplied in f32.
-func (h *hostImpl) ClipGradNorm(grads []*tensor.Tensor, maxNorm float32, norm *tensor.Tensor) error {
-	return h.clip(grads, maxNorm, norm, nil, true)
-}
-
 // clip computes the norm (and, when coef is set, stores the coefficient)
-// and, with scale, scales the gradients.
+// and, with scale, scales the gradients: the sum of squares in float64,
+// the coefficient rounded to f32, every element multiplied in f32.
 func (h *hostImpl) clip(grads []*tensor.Tensor, maxNorm float32, norm, coefT *tensor.Tensor, scale bool) error {
 	s, err := f32s(append(append([]*tensor.Tensor(nil), grads...), norm)...)
 	if err != nil {

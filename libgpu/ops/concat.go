@@ -59,7 +59,7 @@ func (e *Engine) catCheck(op string, y, a, b *tensor.Tensor) (rows, ca, cb int, 
 // ConcatChannels computes y[..., :Ca] = a, y[..., Ca:] = b (PyTorch's
 // torch.cat([a, b], dim=-1)): a [..., Ca], b [..., Cb], y [..., Ca+Cb] with
 // the same leading dimensions, contiguous, one dtype (f32 or bf16). Errors
-// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or ErrDevice.
+// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or exec.ErrDevice.
 func (e *Engine) ConcatChannels(y, a, b *tensor.Tensor) error {
 	if a == nil || b == nil || y == nil {
 		return fmt.Errorf("%w: concat needs y, a and b", tensor.ErrShape)

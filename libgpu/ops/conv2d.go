@@ -106,7 +106,7 @@ func (e *Engine) convGeometry(op string, x, w *tensor.Tensor, p Conv2DParams) (c
 // tile, never stored); other kernels gather the columns (im2col, K =
 // KH·KW·Cin per output position) into scratch memory a few images at a
 // time and multiply them by wᵀ with the bias fused. Errors
-// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice or
+// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or
 // ErrConfig.
 func (e *Engine) Conv2D(y, x, w, b *tensor.Tensor, p Conv2DParams) error {
 	s, err := e.convGeometry("conv2d", x, w, p)
@@ -387,11 +387,11 @@ func convVec(dt tensor.DType) int { return 16 / dt.Size() }
 // tensor of dtype dt and shape (valid until the slot grows: within one op).
 func (c *cudaImpl) scratchTensor(e *Engine, name string, dt tensor.DType, shape ...int) (*tensor.Tensor, error) {
 	n := int64(tensor.Numel(shape)) * int64(dt.Size())
-	p, err := c.scratchPtr(name, n)
+	p, err := c.Scratch(name, n)
 	if err != nil {
 		return nil, err
 	}
-	return tensor.New(device.NewBuffer(e.dev, uintptr(p), n, nil, device.Shareable{FD: -1}, nil), dt, shape...)
+	return tensor.New(device.NewBuffer(e.Device(), uintptr(p), n, nil, device.Shareable{FD: -1}, nil), dt, shape...)
 }
 
 // convImplicit makes the CUDA backend run the bf16 convolutions

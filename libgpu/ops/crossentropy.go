@@ -39,7 +39,7 @@ import (
 //
 // A target ≥ V: ErrLabel on the host; on CUDA (which cannot report it)
 // that row's loss is NaN, so the mean is NaN. Other errors wrap
-// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or ErrDevice.
+// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or exec.ErrDevice.
 func (e *Engine) CrossEntropy(loss, dlogits, logits, targets *tensor.Tensor, accGrad bool) error {
 	x, d, err := e.checkXent("cross-entropy", logits, dlogits, targets)
 	if err != nil {
@@ -70,11 +70,11 @@ func (e *Engine) CrossEntropy(loss, dlogits, logits, targets *tensor.Tensor, acc
 		}
 		return loss.WriteFloat32([]float32{mean})
 	}, func(c *cudaImpl) error {
-		rowloss, err := c.scratchPtr("crossentropy.rowloss", int64(n)*4)
+		rowloss, err := c.Scratch("crossentropy.rowloss", int64(n)*4)
 		if err != nil {
 			return err
 		}
-		state, err := c.scratchPtr("crossentropy.state", 8)
+		state, err := c.Scratch("crossentropy.state", 8)
 		if err != nil {
 			return err
 		}

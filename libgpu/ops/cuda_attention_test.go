@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -337,7 +336,7 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { e.Impl().(io.Closer).Close() })
+	b.Cleanup(func() { e.Close() })
 	ev0, err := e.NewEvent(true)
 	if err != nil {
 		b.Fatal(err)

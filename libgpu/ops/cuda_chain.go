@@ -7,9 +7,7 @@ import (
 	"gpukit/libgpu/tensor"
 )
 
-var _ LinearChainer = (*cudaImpl)(nil)
-
-// LinearBackwardChain implements LinearChainer (see Engine.LinearBackwardChain).
+// linearBackwardChain is Engine.LinearBackwardChain on CUDA.
 //
 // With the notation of cuda_linear.go (row-major r[R,C] is the column-major
 // rᶜ, C×R, ld C), x[M,K], w[N,K], dz[M,N], dxPrev and z_prev [M,K]:
@@ -41,12 +39,12 @@ var _ LinearChainer = (*cudaImpl)(nil)
 // shapes, noFuse, ActNone, or ReLU without a mask): a plain dx GEMM, then
 // act_bwd_colsum in place over dxPrev with aux = x for ReLU (x = relu(z_prev)
 // > 0 ⇔ z_prev > 0) or z_prev for GELU, summing dbPrev in fixed order.
-func (c *cudaImpl) LinearBackwardChain(dxPrev, dw, db, dbPrev, dz, x, w, auxPrev *tensor.Tensor, actPrev Act) error {
+func (c *cudaImpl) linearBackwardChain(dxPrev, dw, db, dbPrev, dz, x, w, auxPrev *tensor.Tensor, actPrev Act) error {
 	m, k, n := x.Shape[0], x.Shape[1], w.Shape[0]
 	if err := checkDims(m, k, n); err != nil {
 		return err
 	}
-	return c.dev.Do(func() error {
+	return c.Do(func() error {
 		dzp, dwp, dbp := devPtr(dz), devPtr(dw), devPtr(db)
 		dzB, wB, xB := dzp, devPtr(w), devPtr(x)
 		if c.prec == PrecBF16 {

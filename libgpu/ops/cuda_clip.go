@@ -53,7 +53,7 @@ func (c *cudaImpl) sumSquares(grads []*tensor.Tensor, sumsq *tensor.Tensor) erro
 	if err != nil {
 		return err
 	}
-	partial, err := c.scratchPtr("clip_partial", max(total, 1)*8)
+	partial, err := c.Scratch("clip_partial", max(total, 1)*8)
 	if err != nil {
 		return err
 	}
@@ -81,16 +81,12 @@ func (c *cudaImpl) clipFromSumSquares(sumsq *tensor.Tensor, maxNorm float32, nor
 		devPtr(sumsq), devPtr(norm), devPtr(coef), maxNorm)
 }
 
-// ClipGradNorm implements GradClipper with three kernels queued on the
-// stream (libgpu/kernels/ops_clip.cu): per-block sums of squares in double
-// into scratch, one block that reduces them in a fixed order and stores the
-// norm and the coefficient on the device, and a multi-tensor scale that
-// reads the coefficient. No host synchronisation; bitwise reproducible.
-func (c *cudaImpl) ClipGradNorm(grads []*tensor.Tensor, maxNorm float32, norm *tensor.Tensor) error {
-	return c.clip(grads, maxNorm, norm, nil, true)
-}
-
-// clip queues the sums of squares and the finalize (norm and coefficient
+// clip is Engine.ClipGradNorm (and ClipCoef) with three kernels queued on
+// the stream (libgpu/kernels/ops_clip.cu): per-block sums of squares in
+// double into scratch, one block that reduces them in a fixed order and
+// stores the norm and the coefficient on the device, and a multi-tensor
+// scale that reads the coefficient. No host synchronisation; bitwise
+// reproducible. It queues the sums of squares and the finalize (norm and coefficient
 // into coefT, or the backend's scratch when nil) and, with scale, the
 // multi-tensor scale.
 func (c *cudaImpl) clip(grads []*tensor.Tensor, maxNorm float32, norm, coefT *tensor.Tensor, scale bool) error {
@@ -98,14 +94,14 @@ func (c *cudaImpl) clip(grads []*tensor.Tensor, maxNorm float32, norm, coefT *te
 	if err != nil {
 		return err
 	}
-	return c.dev.Do(func() error {
-		partial, err := c.scratchPtr("clip_partial", max(total, 1)*8)
+	return c.Do(func() error {
+		partial, err := c.Scratch("clip_partial", max(total, 1)*8)
 		if err != nil {
 			return err
 		}
 		coef := devPtr(coefT)
 		if coefT == nil {
-			if coef, err = c.scratchPtr("clip_coef", 4); err != nil {
+			if coef, err = c.Scratch("clip_coef", 4); err != nil {
 				return err
 			}
 		}
@@ -144,5 +140,3 @@ func (c *cudaImpl) clip(grads []*tensor.Tensor, maxNorm float32, norm, coefT *te
 		return nil
 	})
 }
-
-var _ GradClipper = (*cudaImpl)(nil)

@@ -3,7 +3,6 @@ package ops_test
 import (
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -298,7 +297,7 @@ func BenchmarkGroupedGEMM(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { e.Impl().(io.Closer).Close() })
+	b.Cleanup(func() { e.Close() })
 	ev0, err := e.NewEvent(true)
 	if err != nil {
 		b.Fatal(err)

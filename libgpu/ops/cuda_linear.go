@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
@@ -102,8 +103,8 @@ func (c *cudaImpl) gemm(spec cuda.GemmSpec, args cuda.GemmArgs) error {
 		spec.AType, spec.BType, spec.Compute = cuda.R32F, cuda.R32F, cuda.Compute32F
 	}
 	args.Alpha, args.Beta = 1, 0
-	args.Workspace, args.WorkspaceSize = c.ws, cudaWorkspace
-	return c.lt.Matmul(spec, args, c.stream)
+	args.Workspace, args.WorkspaceSize = c.Workspace(), exec.WorkspaceSize
+	return c.Lt().Matmul(spec, args, c.Stream())
 }
 
 // tryFused runs a GEMM with a fused epilogue. It reports false, with nothing
@@ -121,7 +122,8 @@ func (c *cudaImpl) tryFusedWith(spec cuda.GemmSpec, args cuda.GemmArgs, gemm fun
 	if c.noFuse {
 		return false, nil
 	}
-	if _, bad := c.rejected[spec]; bad {
+	st := exec.StateOf[fusedState](c.CUDA)
+	if _, bad := st.rejected[spec]; bad {
 		return false, nil
 	}
 	err := gemm(spec, args)
@@ -130,17 +132,28 @@ func (c *cudaImpl) tryFusedWith(spec cuda.GemmSpec, args cuda.GemmArgs, gemm fun
 		return true, nil
 	case errors.Is(err, cuda.ErrNoAlgorithm), errors.Is(err, cuda.BLASStatusNotSupported),
 		errors.Is(err, cuda.BLASStatusInvalidValue):
-		c.rejected[spec] = err
+		if st.rejected == nil {
+			st.rejected = map[cuda.GemmSpec]error{}
+		}
+		st.rejected[spec] = err
 		return false, nil
 	}
 	return false, err
 }
 
-// RejectedEpilogues lists the GEMMs whose fused epilogue cuBLASLt refused
+// fusedState records the GEMM specs whose fused epilogue cuBLASLt refused
+// on this device (no algorithm, or not supported for the types); they take
+// the unfused path from then on without asking again.
+type fusedState struct {
+	rejected map[cuda.GemmSpec]error
+}
+
+// rejectedEpilogues lists the GEMMs whose fused epilogue cuBLASLt refused
 // on this device (they run unfused), for diagnostics.
-func (c *cudaImpl) RejectedEpilogues() map[cuda.GemmSpec]error {
-	out := make(map[cuda.GemmSpec]error, len(c.rejected))
-	for k, v := range c.rejected {
+func (c *cudaImpl) rejectedEpilogues() map[cuda.GemmSpec]error {
+	st := exec.StateOf[fusedState](c.CUDA)
+	out := make(map[cuda.GemmSpec]error, len(st.rejected))
+	for k, v := range st.rejected {
 		out[k] = v
 	}
 	return out
@@ -155,13 +168,13 @@ func checkDims(dims ...int) error {
 	return nil
 }
 
-// Linear implements Impl (see the comment at the top of this file).
-func (c *cudaImpl) Linear(y, x, w, b, aux *tensor.Tensor, act Act) error {
+// linear is Engine.Linear on CUDA (see the comment at the top of this file).
+func (c *cudaImpl) linear(y, x, w, b, aux *tensor.Tensor, act Act) error {
 	m, k, n := x.Shape[0], x.Shape[1], w.Shape[0]
 	if err := checkDims(m, k, n); err != nil {
 		return err
 	}
-	return c.dev.Do(func() error {
+	return c.Do(func() error {
 		wp, xp := devPtr(w), devPtr(x)
 		if c.prec == PrecBF16 {
 			var err error
@@ -254,7 +267,7 @@ func (c *cudaImpl) actBwd(dz, dy, aux cuda.DevicePtr, act Act, m, n int, db cuda
 	partial := db
 	if db != 0 && gy > 1 {
 		var err error
-		if partial, err = c.scratchPtr("colsum", int64(gy)*int64(n)*4); err != nil {
+		if partial, err = c.Scratch("colsum", int64(gy)*int64(n)*4); err != nil {
 			return err
 		}
 	}
@@ -268,20 +281,20 @@ func (c *cudaImpl) actBwd(dz, dy, aux cuda.DevicePtr, act Act, m, n int, db cuda
 		db, partial, int32(gy), int32(n))
 }
 
-// LinearBackward implements Impl (see the comment at the top of this file).
-func (c *cudaImpl) LinearBackward(dx, dw, db, dy, x, w, aux *tensor.Tensor, act Act) error {
+// linearBackward is Engine.LinearBackward on CUDA (see the comment at the top of this file).
+func (c *cudaImpl) linearBackward(dx, dw, db, dy, x, w, aux *tensor.Tensor, act Act) error {
 	m, k, n := x.Shape[0], x.Shape[1], w.Shape[0]
 	if err := checkDims(m, k, n); err != nil {
 		return err
 	}
-	return c.dev.Do(func() error {
+	return c.Do(func() error {
 		dbp := devPtr(db)
 		fuseDB := db != nil && !c.noFuse
 		colsumNow := db != nil && !fuseDB // db from the dz pass
 		dz := devPtr(dy)
 		switch {
 		case act != ActNone:
-			p, err := c.scratchPtr("dz", int64(m)*int64(n)*4)
+			p, err := c.Scratch("dz", int64(m)*int64(n)*4)
 			if err != nil {
 				return err
 			}

@@ -3,7 +3,6 @@ package ops_test
 import (
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -243,7 +242,7 @@ func BenchmarkInverseRoot(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { e.Impl().(io.Closer).Close() })
+		b.Cleanup(func() { e.Close() })
 		if p.name == "f32-loop" {
 			ops.NoBatchedEigh(e)
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
@@ -57,65 +58,65 @@ func numels(ts []*tensor.Tensor) []int {
 	return n
 }
 
-// AdamW implements Impl with two kernels on the stream: adamw_step (one
+// adamW is Engine.AdamW with two kernels on the stream: adamw_step (one
 // thread) increments the i32 step counter and stores the bias corrections
-// 1−β1ᵗ, 1−β2ᵗ (computed in double) for the new t; then adamw_multi updates
+// 1−β1ᵗ, 1−β2ᵗ (computed in double) for the new t in scratch ("adamw.bc",
+// the state every AdamW of the engine shares: refused on a side stream);
+// then adamw_multi updates
 // every tensor, reading t's corrections from the device. Both are stream
 // ordered, so every block sees the same t, and a replayed graph advances the
 // counter once per replay.
-func (c *cudaImpl) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tensor, cfg AdamWConfig) error {
+func (c *cudaImpl) adamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tensor, cfg AdamWConfig) error {
 	groups, err := mtPlan(numels(params))
 	if err != nil {
 		return err
 	}
-	if c.onSide() {
-		return fmt.Errorf("%w: AdamW (its bias corrections are shared backend state)", ErrSide)
+	if c.OnSide() {
+		return fmt.Errorf("%w: AdamW (its bias corrections are shared backend state)", exec.ErrSide)
 	}
-	return c.dev.Do(func() error {
-		sp, bc := devPtr(step), c.bc
-		b1, b2 := cfg.Beta1, cfg.Beta2
-		if err := launch.AdamwStep(c, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, sp, bc, b1, b2); err != nil {
+	bc, err := c.Scratch("adamw.bc", 8)
+	if err != nil {
+		return err
+	}
+	if err := launch.AdamwStep(c, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, devPtr(step), bc, cfg.Beta1, cfg.Beta2); err != nil {
+		return err
+	}
+	for _, g := range groups {
+		if g.blocks() == 0 {
+			continue
+		}
+		a := &launch.OpsAdamArgs{Start: g.start, Count: int32(g.hi - g.lo),
+			Lr: cfg.LR, B1: cfg.Beta1, B2: cfg.Beta2, Eps: cfg.Eps, Bc: bc, LrScale: devPtr(cfg.LRScale),
+			GScale: devPtr(cfg.GradScale)}
+		for i := g.lo; i < g.hi; i++ {
+			a.T[i-g.lo] = launch.OpsAdamTensor{P: devPtr(params[i]), G: devPtr(grads[i]), M: devPtr(m[i]),
+				V: devPtr(v[i]), N: int64(params[i].Numel()), Wd: cfg.decay(i)}
+		}
+		if err := launch.AdamwMulti(c, [3]uint32{g.blocks(), 1, 1}, [3]uint32{mtBlock, 1, 1}, 0, a); err != nil {
 			return err
 		}
-		for _, g := range groups {
-			if g.blocks() == 0 {
-				continue
-			}
-			a := &launch.OpsAdamArgs{Start: g.start, Count: int32(g.hi - g.lo),
-				Lr: cfg.LR, B1: cfg.Beta1, B2: cfg.Beta2, Eps: cfg.Eps, Bc: c.bc, LrScale: devPtr(cfg.LRScale),
-				GScale: devPtr(cfg.GradScale)}
-			for i := g.lo; i < g.hi; i++ {
-				a.T[i-g.lo] = launch.OpsAdamTensor{P: devPtr(params[i]), G: devPtr(grads[i]), M: devPtr(m[i]),
-					V: devPtr(v[i]), N: int64(params[i].Numel()), Wd: cfg.decay(i)}
-			}
-			if err := launch.AdamwMulti(c, [3]uint32{g.blocks(), 1, 1}, [3]uint32{mtBlock, 1, 1}, 0, a); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
-// SGD implements Impl with sgd_multi, one launch per mtMax tensors.
-func (c *cudaImpl) SGD(params, grads, mom []*tensor.Tensor, cfg SGDConfig) error {
+// sgd is Engine.SGD with sgd_multi, one launch per mtMax tensors.
+func (c *cudaImpl) sgd(params, grads, mom []*tensor.Tensor, cfg SGDConfig) error {
 	groups, err := mtPlan(numels(params))
 	if err != nil {
 		return err
 	}
-	return c.dev.Do(func() error {
-		for _, g := range groups {
-			if g.blocks() == 0 {
-				continue
-			}
-			a := &launch.OpsSgdArgs{Start: g.start, Count: int32(g.hi - g.lo), Lr: cfg.LR, Mu: cfg.Momentum, Wd: cfg.WeightDecay}
-			for i := g.lo; i < g.hi; i++ {
-				a.T[i-g.lo] = launch.OpsSgdTensor{P: devPtr(params[i]), G: devPtr(grads[i]), Buf: devPtr(mom[i]),
-					N: int64(params[i].Numel())}
-			}
-			if err := launch.SgdMulti(c, [3]uint32{g.blocks(), 1, 1}, [3]uint32{mtBlock, 1, 1}, 0, a); err != nil {
-				return err
-			}
+	for _, g := range groups {
+		if g.blocks() == 0 {
+			continue
 		}
-		return nil
-	})
+		a := &launch.OpsSgdArgs{Start: g.start, Count: int32(g.hi - g.lo), Lr: cfg.LR, Mu: cfg.Momentum, Wd: cfg.WeightDecay}
+		for i := g.lo; i < g.hi; i++ {
+			a.T[i-g.lo] = launch.OpsSgdTensor{P: devPtr(params[i]), G: devPtr(grads[i]), Buf: devPtr(mom[i]),
+				N: int64(params[i].Numel())}
+		}
+		if err := launch.SgdMulti(c, [3]uint32{g.blocks(), 1, 1}, [3]uint32{mtBlock, 1, 1}, 0, a); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -71,7 +71,7 @@ func TestCUDAGPTStepPrefetched(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if od := ops.OnDemandKernels(e); len(od) > 0 {
+		if od := e.OnDemandKernels(); len(od) > 0 {
 			t.Errorf("head dimension %d: kernels first launched without a prefetch: %v", cfg.DModel/heads, od)
 		}
 	}

@@ -3,11 +3,11 @@ package ops_test
 import (
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"testing"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/ops/opstest"
 	"gpukit/libgpu/tensor"
@@ -80,10 +80,10 @@ func TestCUDASide(t *testing.T) {
 	err = e.Side(func() error {
 		return e.AdamW([]*tensor.Tensor{p}, []*tensor.Tensor{p}, []*tensor.Tensor{p}, []*tensor.Tensor{p}, st, ops.DefaultAdamW)
 	})
-	if !errors.Is(err, ops.ErrSide) {
+	if !errors.Is(err, exec.ErrSide) {
 		t.Errorf("AdamW inside Side: %v, want ErrSide", err)
 	}
-	if err := e.Side(func() error { return e.Side(func() error { return nil }) }); !errors.Is(err, ops.ErrSide) {
+	if err := e.Side(func() error { return e.Side(func() error { return nil }) }); !errors.Is(err, exec.ErrSide) {
 		t.Errorf("nested Side: %v, want ErrSide", err)
 	}
 	must("join", e.Join())
@@ -102,9 +102,9 @@ func TestCUDACommSide(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer e.Impl().(io.Closer).Close()
+			defer e.Close()
 			commSide(t, d, e)
-			prio, greatest, err := ops.CommStreamPriority(e)
+			prio, greatest, err := e.CommStreamPriority()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -174,10 +174,10 @@ func commSide(t *testing.T, d device.Device, e *ops.Engine) {
 		must("launch", graph.Launch())
 		check(fmt.Sprint("replay ", k+1))
 	}
-	if err := e.CommSide(func() error { return e.Side(func() error { return nil }) }); !errors.Is(err, ops.ErrSide) {
+	if err := e.CommSide(func() error { return e.Side(func() error { return nil }) }); !errors.Is(err, exec.ErrSide) {
 		t.Errorf("Side inside CommSide: %v, want ErrSide", err)
 	}
-	if err := e.Side(func() error { return e.CommSide(func() error { return nil }) }); !errors.Is(err, ops.ErrSide) {
+	if err := e.Side(func() error { return e.CommSide(func() error { return nil }) }); !errors.Is(err, exec.ErrSide) {
 		t.Errorf("CommSide inside Side: %v, want ErrSide", err)
 	}
 	must("join", e.Join())

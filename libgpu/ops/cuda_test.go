@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/cuda/cudatest"
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/ops/opstest"
 	"gpukit/libgpu/tensor"
@@ -28,7 +28,7 @@ func (fakeCUDA) String() string    { return "cuda:9 fake" }
 // device that is not a usable GPU is a clean error, not a panic.
 func TestCUDAEngineWithoutContext(t *testing.T) {
 	_, err := ops.NewEngine(fakeCUDA{device.NewHost()}, ops.Options{Precision: ops.PrecTF32})
-	if !errors.Is(err, ops.ErrNoBackend) {
+	if !errors.Is(err, exec.ErrNoBackend) {
 		t.Fatalf("NewEngine on a fake CUDA device: %v, want ErrNoBackend", err)
 	}
 	// Without a GPU, there is no CUDA device to make an engine for: the
@@ -58,7 +58,7 @@ func cudaEngine(t testing.TB, d device.Device, prec ops.Precision) *ops.Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := e.Impl().(io.Closer).Close(); err != nil {
+		if err := e.Close(); err != nil {
 			t.Error(err)
 		}
 	})
@@ -372,10 +372,11 @@ func TestCUDAOptimizersManyTensors(t *testing.T) {
 	}
 }
 
-// TestCUDASoftmaxCrossEntropyDeterministic: many rows (many blocks feeding
-// the last-block reduction) give bitwise the same loss and gradient on every
-// run, close to the reference; an out-of-range label makes the loss NaN.
-func TestCUDASoftmaxCrossEntropyDeterministic(t *testing.T) {
+// TestCUDACrossEntropyDenseDeterministic: cross-entropy over many rows of
+// dense labels (the MLP's loss; many blocks feeding the fixed-order mean)
+// gives bitwise the same loss and gradient on every run, close to the
+// reference; an out-of-range label makes the loss NaN.
+func TestCUDACrossEntropyDenseDeterministic(t *testing.T) {
 	d := gpu(t)
 	e := cudaEngine(t, d, ops.PrecTF32)
 	a := device.Local{Dev: d}
@@ -393,7 +394,7 @@ func TestCUDASoftmaxCrossEntropyDeterministic(t *testing.T) {
 	var first [2][]byte
 	for run := 0; run < 3; run++ {
 		loss, dl := opstest.Empty(t, a, tensor.F32, 1), opstest.Empty(t, a, tensor.F32, m, c)
-		if err := e.SoftmaxCrossEntropy(loss, dl, logits, labels); err != nil {
+		if err := e.CrossEntropy(loss, dl, logits, labels, false); err != nil {
 			t.Fatal(err)
 		}
 		if err := d.Sync(); err != nil {
@@ -423,7 +424,7 @@ func TestCUDASoftmaxCrossEntropyDeterministic(t *testing.T) {
 	lab[m/2] = c // out of range
 	bad := opstest.UploadI32(t, a, lab, m)
 	loss, dl := opstest.Empty(t, a, tensor.F32, 1), opstest.Empty(t, a, tensor.F32, m, c)
-	if err := e.SoftmaxCrossEntropy(loss, dl, logits, bad); err != nil {
+	if err := e.CrossEntropy(loss, dl, logits, bad, false); err != nil {
 		t.Fatal(err)
 	}
 	if got := opstest.Download(t, loss)[0]; !math.IsNaN(got) {
@@ -490,7 +491,7 @@ func (n *mlp) trainStep() error {
 		func() error { return e.Linear(n.y1, n.x, n.w[0], n.b[0], n.z1, ops.ActGELU) },
 		func() error { return e.Linear(n.y2, n.y1, n.w[1], n.b[1], n.mask2, ops.ActReLU) },
 		func() error { return e.Linear(n.logits, n.y2, n.w[2], n.b[2], nil, ops.ActNone) },
-		func() error { return e.SoftmaxCrossEntropy(n.loss, n.dl, n.logits, n.labels) },
+		func() error { return e.CrossEntropy(n.loss, n.dl, n.logits, n.labels, false) },
 	}
 	if n.chain {
 		steps = append(steps,
@@ -582,7 +583,7 @@ func TestCUDAGraphReplayMatchesEager(t *testing.T) {
 			if err := graphed.trainStep(); err != nil { // warm-up: scratch, algorithms
 				t.Fatal(err)
 			}
-			s := e.Impl().(ops.Streamer).Stream()
+			s := e.Stream()
 			if err := d.Do(func() error { return s.BeginCapture(cuda.CaptureModeGlobal) }); err != nil {
 				t.Fatal(err)
 			}

@@ -18,7 +18,7 @@ func TestCUDAWhile(t *testing.T) {
 	d := gpu(t)
 	e := cudaEngine(t, d, ops.PrecF32)
 	runWhile(t, e, device.Local{Dev: d})
-	t.Logf("condition kernel loaded from PTX (cubin fallback): %v", ops.CUDAWhilePTX(e))
+	t.Logf("condition kernel loaded from PTX (cubin fallback): %v", e.WhilePTX())
 }
 
 // TestCUDAWhileHRMBlock runs runWhileHRMBlock on the GPU (bf16 GEMMs):

@@ -82,7 +82,7 @@ func (e *Engine) checkCounter(what string, counter *tensor.Tensor) error {
 // GaussianNoise fills out (contiguous, f32 or bf16) with standard normal
 // draws: out[i] = NormalAt(seed, stream, step, i), step read from counter
 // (an i32 scalar on the device; nil: 0) when the op runs. Errors wrap
-// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or ErrDevice.
+// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or exec.ErrDevice.
 func (e *Engine) GaussianNoise(out *tensor.Tensor, seed uint64, stream uint32, counter *tensor.Tensor) error {
 	if err := e.checkView("noise out", out, true, floatTypes); err != nil {
 		return err
@@ -333,7 +333,7 @@ func (e *Engine) DiffusionStart(s DiffusionStep) error {
 
 // DiffusionStep runs one fused step (see the type and the Coef* fields).
 // Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or
-// ErrDevice.
+// exec.ErrDevice.
 func (e *Engine) DiffusionStep(s DiffusionStep) error {
 	passes, err := e.checkDiffStep("diffusion step", &s, true)
 	if err != nil {
@@ -461,7 +461,7 @@ func diffUpdate(row []float32, x float32, eps []float32, i, n, passes int, d, pr
 // EMA updates ema = decay·ema + (1 − decay)·p element-wise in f32 (an
 // exponential moving average of weights, as diffusion models sample from:
 // Ho et al. 2020, §4): ema and p f32, contiguous, one shape. Errors wrap
-// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice or
+// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or
 // ErrConfig (decay outside [0, 1]).
 func (e *Engine) EMA(ema, p *tensor.Tensor, decay float32) error {
 	if !(decay >= 0 && decay <= 1) {

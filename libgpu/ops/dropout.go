@@ -96,7 +96,7 @@ func (e *Engine) checkDropout(p float32, site int, counter *tensor.Tensor) error
 // contiguous, of one shape and dtype (f32 or bf16); y may be x. p in
 // [0, 1]. Dropped elements are 0 even where x is not finite. The host and
 // CUDA backends draw bitwise the same masks and write bitwise the same y.
-// Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice
+// Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice
 // or ErrConfig.
 func (e *Engine) Dropout(y, x *tensor.Tensor, p float32, seed uint64, site int, counter *tensor.Tensor) error {
 	return e.DropoutAt(y, x, p, seed, site, counter, 0)

@@ -24,7 +24,7 @@ import (
 // An index outside [0, V) is an error: the host backend returns ErrLabel
 // (and writes nothing); the CUDA backend cannot report it and writes a row
 // of zeros for it, reading nothing out of bounds. Other errors wrap
-// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or ErrDevice.
+// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or exec.ErrDevice.
 func (e *Engine) Embedding(y, table, idx *tensor.Tensor) error {
 	y2, err := e.checkEmbedding("embedding", "y", y, table, idx)
 	if err != nil {
@@ -198,7 +198,7 @@ func (c *cudaImpl) embedBwd(dtable, dy, idx *tensor.Tensor, n, cols, v int, acc 
 	}
 	tiles := (n + embTile - 1) / embTile
 	chunks := (n + embChunk - 1) / embChunk
-	ptr := func(name string, bytes int64) (cuda.DevicePtr, error) { return c.scratchPtr("embedding."+name, bytes) }
+	ptr := func(name string, bytes int64) (cuda.DevicePtr, error) { return c.Scratch("embedding."+name, bytes) }
 	var bufs [4]cuda.DevicePtr // keys A, vals A, keys B, vals B
 	for i, name := range []string{"keys0", "vals0", "keys1", "vals1"} {
 		p, err := ptr(name, int64(n)*4)
@@ -267,7 +267,7 @@ func (c *cudaImpl) zero(t *tensor.Tensor) error {
 		return nil
 	}
 	if b%4 == 0 && t.Ptr()%4 == 0 {
-		return cuda.MemsetD32Async(devPtr(t), 0, b/4, c.stream)
+		return cuda.MemsetD32Async(devPtr(t), 0, b/4, c.Stream())
 	}
 	n := t.Numel()
 	return launch.EmbedZeroBf16(c, grid1(min(n/256+1, 65535)), block1(256), 0, devPtr(t), int64(n))

@@ -4,129 +4,35 @@ package ops
 // ...) lives in one place and is added without editing any central table:
 //
 //   - libgpu/ops/<family>.go: the Engine methods (forward and backward,
-//     argument checks), the host implementation, the CUDA launch code with
-//     one typed Go function per kernel, and the Graph method that records
+//     argument checks), the host implementation, the CUDA launch code, and
+//     the Graph method that records
 //     the op on an autograd tape (forward and backward in one closure pair);
 //   - libgpu/kernels/<family>.cu: the kernels, extern "C", one instance per
-//     dtype named <kernel>_f32 / <kernel>_bf16 (dtSuffix);
+//     dtype named <kernel>_f32 / <kernel>_bf16 (dtName), their typed
+//     launchers generated into libgpu/kernels/launch (go generate);
 //   - libgpu/ops/opstest/<family>.go: the float64 reference and the checks
 //     (forward against the reference with outputs poisoned first, backward
 //     against finite differences, accumulation, validation), registered
 //     with opstest.Register so opstest.CheckFamilies runs them on every
 //     backend and precision.
 //
-// Engine methods dispatch with e.dispatch(host, cuda); CUDA code reaches
-// its kernels with c.kernel(file, name), compiled from the embedded source
-// through the kernel cache on first use. The Graph method names the
-// kernels (or the file) its steps launch with g.prefetch (prefetch.go), so
-// they compile in parallel while the model is recorded.
+// Engine methods dispatch with e.dispatch(host, cuda) (engine.go); CUDA
+// code launches each kernel through its typed launcher
+// (libgpu/kernels/launch, generated from the .cu: launch.SiluFwd(c,
+// inst, grid, block, smem, y, x, n)), with the backend c as the
+// launch.Launcher; the runtime (libgpu/exec) compiles the kernel from the
+// embedded source through the kernel cache on first use. The Graph method
+// names the kernels (or the file) its steps launch with g.prefetch
+// (prefetch.go), so they compile in parallel while the model is recorded.
+// State a family keeps per engine lives in exec.StateOf.
 
 import (
 	"fmt"
 	"math"
-	"sync"
-	"unsafe"
 
-	"gpukit/libgpu/cuda"
-	"gpukit/libgpu/kernels/launch"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/tensor"
 )
-
-// dispatch runs host on the host backend and gpu on the CUDA backend (on
-// the device's thread, its context current). Other backends get
-// ErrNoBackend.
-func (e *Engine) dispatch(host func(h *hostImpl) error, gpu func(c *cudaImpl) error) error {
-	switch b := e.impl.(type) {
-	case *hostImpl:
-		if host == nil {
-			break
-		}
-		return host(b)
-	case *cudaImpl:
-		if gpu == nil {
-			break
-		}
-		return b.dev.Do(func() error { return gpu(b) })
-	}
-	return fmt.Errorf("%w: %v", ErrNoBackend, e.dev)
-}
-
-// kernelCache holds the kernels a CUDA backend looked up by (file, name),
-// and the dynamic shared memory each was allowed beyond the default.
-type kernelCache struct {
-	mu   sync.Mutex
-	m    map[[2]string]cuda.Function
-	smem map[cuda.Function]uint32
-	// onDemand lists the kernels ("file:name") whose first launch found
-	// them neither compiled nor prefetched (prefetch.go).
-	onDemand []string
-}
-
-// smemDefault is the dynamic shared memory a kernel may use without
-// raising CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (48 KiB on every
-// architecture; Hopper allows up to 227 KiB per block once raised).
-const smemDefault = 48 << 10
-
-// allowSmem raises f's dynamic shared memory limit to at least n bytes
-// (once per kernel and size).
-// staticSmem is f's static shared memory in bytes (0 when the driver does
-// not say); static and dynamic together must fit the 48 KiB default
-// unless the kernel's dynamic limit is raised (seen on an H100: a LayerNorm
-// backward with exactly 48 KiB dynamic plus some static failed to launch
-// with CUDA_ERROR_INVALID_VALUE).
-func (c *cudaImpl) staticSmem(f cuda.Function) uint32 {
-	n, err := f.Attribute(cuda.FuncSharedSizeBytes)
-	if err != nil || n < 0 {
-		return 0
-	}
-	return uint32(n)
-}
-
-func (c *cudaImpl) allowSmem(f cuda.Function, n uint32) error {
-	c.kc.mu.Lock()
-	defer c.kc.mu.Unlock()
-	if c.kc.smem[f] >= n {
-		return nil
-	}
-	if err := f.SetAttribute(cuda.FuncMaxDynamicSharedSizeBytes, int(n)); err != nil {
-		return err
-	}
-	if c.kc.smem == nil {
-		c.kc.smem = map[cuda.Function]uint32{}
-	}
-	c.kc.smem[f] = n
-	return nil
-}
-
-// kernel returns the kernel name of the embedded source file, compiling
-// and loading the module on first use. Must run inside Do.
-func (c *cudaImpl) kernel(file, name string) (cuda.Function, error) {
-	c.kc.mu.Lock()
-	defer c.kc.mu.Unlock()
-	key := [2]string{file, name}
-	if f, ok := c.kc.m[key]; ok {
-		return f, nil
-	}
-	if capturing, err := c.stream.IsCapturing(); err == nil && capturing {
-		return 0, fmt.Errorf("ops: kernel %s/%s first used while capturing (run the step once eagerly first)", file, name)
-	}
-	d, err := kernelCompiler(c)
-	if err != nil {
-		return 0, err
-	}
-	if !d.Prefetched(file, name) {
-		c.kc.onDemand = append(c.kc.onDemand, file+":"+name)
-	}
-	f, err := d.Function(file, name)
-	if err != nil {
-		return 0, err
-	}
-	if c.kc.m == nil {
-		c.kc.m = map[[2]string]cuda.Function{}
-	}
-	c.kc.m[key] = f
-	return f, nil
-}
 
 // dtSuffix is the kernel-name suffix of a floating dtype's instance.
 func dtSuffix(dt tensor.DType) string {
@@ -137,26 +43,6 @@ func dtSuffix(dt tensor.DType) string {
 		return "_f16"
 	}
 	return "_f32"
-}
-
-// Launch implements launch.Launcher: the typed launchers of
-// libgpu/kernels/launch queue kernel k through it on the backend's stream
-// with dynamic shared memory smem bytes (above 48 KiB, the kernel's limit
-// is raised first). Must run inside Do.
-func (c *cudaImpl) Launch(k launch.Kernel, grid, block [3]uint32, smem uint32, args ...unsafe.Pointer) error {
-	f, err := c.kernel(k.File, k.Name)
-	if err != nil {
-		return err
-	}
-	if smem > 0 && smem+c.staticSmem(f) > smemDefault {
-		if err := c.allowSmem(f, smem); err != nil {
-			return fmt.Errorf("ops: %s: %d bytes of shared memory: %w", k.Name, smem, err)
-		}
-	}
-	if err := cuda.LaunchKernel(f, grid, block, smem, c.stream, args...); err != nil {
-		return fmt.Errorf("ops: launch %s: %w", k.Name, err)
-	}
-	return nil
 }
 
 // dtName is a floating dtype's name in kernel instance names ("f32",
@@ -319,8 +205,8 @@ func (e *Engine) checkView(what string, t *tensor.Tensor, contig bool, dts []ten
 	if !t.InnerContiguous() {
 		return fmt.Errorf("%w: %s %v strides %v (want the last dimension contiguous)", tensor.ErrLayout, what, t.Shape, t.Strides)
 	}
-	if !sameDevice(t.Device(), e.dev) {
-		return fmt.Errorf("%w: %s is on %v, engine on %v", ErrDevice, what, t.Device(), e.dev)
+	if !exec.SameDevice(t.Device(), e.Device()) {
+		return fmt.Errorf("%w: %s is on %v, engine on %v", exec.ErrDevice, what, t.Device(), e.Device())
 	}
 	if int64(t.Offset+t.Extent())*int64(t.DType.Size()) > t.Buf.Size() {
 		return fmt.Errorf("%w: %s view runs past its buffer", tensor.ErrShape, what)

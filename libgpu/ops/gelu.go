@@ -45,7 +45,7 @@ func checkGELUForm(f GELUForm) error {
 
 // GELU computes y = GELU(x) element-wise in the given form, in f32: x and y
 // contiguous, of one shape and dtype (f32 or bf16); y may be x. Errors
-// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice or
+// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or
 // ErrConfig (an unknown form).
 //
 // On CUDA the erf form computes Φ(x) as 2^P(|x|), P a degree-11 fit of

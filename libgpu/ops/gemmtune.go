@@ -26,6 +26,7 @@ import (
 	"sync"
 
 	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels"
 )
 
@@ -121,36 +122,37 @@ func lookupChoice(key string) (int, bool) {
 // tuneKey names a spec on this device and library.
 func (c *cudaImpl) tuneKey(spec cuda.GemmSpec) string {
 	v, _ := cuda.LtVersion()
-	return fmt.Sprintf("%s|%d|%+v", c.dev, v, spec)
+	return fmt.Sprintf("%s|%d|%+v", c.Device(), v, spec)
 }
 
 // tune picks spec's algorithm before its first eager run (see the file
 // comment). Failures leave the heuristic's choice; only a CUDA error
 // while timing is returned.
 func (c *cudaImpl) tune(spec cuda.GemmSpec, args cuda.GemmArgs) error {
-	if c.tuner.done == nil {
-		c.tuner.done = map[cuda.GemmSpec]bool{}
+	tuner := exec.StateOf[gemmTuner](c.CUDA)
+	if tuner.done == nil {
+		tuner.done = map[cuda.GemmSpec]bool{}
 	}
-	if c.tuner.done[spec] || !gemmTuneOn() {
+	if tuner.done[spec] || !gemmTuneOn() {
 		return nil
 	}
 	batch := max(spec.Batch, 1)
 	if 2*float64(spec.M)*float64(spec.N)*float64(spec.K)*float64(batch) < gemmTuneFlops {
-		c.tuner.done[spec] = true
+		tuner.done[spec] = true
 		return nil
 	}
-	if capturing, err := c.stream.IsCapturing(); err != nil || capturing {
+	if capturing, err := c.Stream().IsCapturing(); err != nil || capturing {
 		return nil // tuned on the next eager run
 	}
-	c.tuner.done[spec] = true
-	cands, err := c.lt.Candidates(spec, gemmTuneN)
+	tuner.done[spec] = true
+	cands, err := c.Lt().Candidates(spec, gemmTuneN)
 	if err != nil || len(cands) < 2 {
 		return nil
 	}
 	key := c.tuneKey(spec)
 	if i, ok := lookupChoice(key); ok {
 		if i >= 0 && i < len(cands) {
-			return c.lt.SetAlgo(spec, cands[i])
+			return c.Lt().SetAlgo(spec, cands[i])
 		}
 		return nil
 	}
@@ -162,7 +164,7 @@ func (c *cudaImpl) tune(spec cuda.GemmSpec, args cuda.GemmArgs) error {
 	if best >= len(cands) {
 		return nil
 	}
-	return c.lt.SetAlgo(spec, cands[best])
+	return c.Lt().SetAlgo(spec, cands[best])
 }
 
 // timeCandidates runs each candidate gemmTuneReps times on scratch outputs
@@ -177,7 +179,7 @@ func (c *cudaImpl) timeCandidates(spec cuda.GemmSpec, args cuda.GemmArgs, cands 
 	if batch > 1 {
 		dBytes = elem * (spec.StrideD*(batch-1) + int64(spec.LDD)*int64(spec.N))
 	}
-	d, err := c.scratchPtr("tune_d", dBytes)
+	d, err := c.Scratch("tune_d", dBytes)
 	if err != nil {
 		return -1, nil
 	}
@@ -187,12 +189,12 @@ func (c *cudaImpl) timeCandidates(spec cuda.GemmSpec, args cuda.GemmArgs, cands 
 		ta.C = d
 	}
 	if args.Aux != 0 {
-		if ta.Aux, err = c.scratchPtr("tune_aux", dBytes); err != nil {
+		if ta.Aux, err = c.Scratch("tune_aux", dBytes); err != nil {
 			return -1, nil
 		}
 	}
 	if spec.Epilogue == cuda.EpilogueBGradB || spec.Epilogue == cuda.EpilogueBGradA {
-		if ta.Bias, err = c.scratchPtr("tune_bias", 4*int64(max(spec.M, spec.N))); err != nil {
+		if ta.Bias, err = c.Scratch("tune_bias", 4*int64(max(spec.M, spec.N))); err != nil {
 			return -1, nil
 		}
 	}
@@ -211,18 +213,18 @@ func (c *cudaImpl) timeCandidates(spec cuda.GemmSpec, args cuda.GemmArgs, cands 
 		if algo.WorkspaceSize > ta.WorkspaceSize {
 			continue
 		}
-		if err := c.lt.MatmulAlgo(spec, ta, algo, c.stream); err != nil { // warm-up; also rejects
+		if err := c.Lt().MatmulAlgo(spec, ta, algo, c.Stream()); err != nil { // warm-up; also rejects
 			continue
 		}
 		ms := math.Inf(1)
 		for r := 0; r < gemmTuneReps; r++ {
-			if err := start.Record(c.stream); err != nil {
+			if err := start.Record(c.Stream()); err != nil {
 				return -1, err
 			}
-			if err := c.lt.MatmulAlgo(spec, ta, algo, c.stream); err != nil {
+			if err := c.Lt().MatmulAlgo(spec, ta, algo, c.Stream()); err != nil {
 				return -1, err
 			}
-			if err := end.Record(c.stream); err != nil {
+			if err := end.Record(c.Stream()); err != nil {
 				return -1, err
 			}
 			if err := end.Synchronize(); err != nil {

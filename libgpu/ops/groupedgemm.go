@@ -18,6 +18,7 @@ import (
 
 	"gonum.org/v1/gonum/blas"
 
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
@@ -74,7 +75,7 @@ func outTypes(dt tensor.DType) []tensor.DType { return []tensor.DType{tensor.F32
 // aligned. The host checks the offsets (ErrConfig); CUDA reads them in the
 // kernel and clamps them into [0, T], non-decreasing, without checking
 // (the routing ops produce valid ones). Errors wrap tensor.ErrShape,
-// tensor.ErrDType, tensor.ErrLayout, ErrDevice or ErrConfig.
+// tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or ErrConfig.
 func (e *Engine) GroupedMatmul(y, x, w, b, offsets *tensor.Tensor, acc bool) error {
 	s, err := e.checkGrouped("grouped matmul", x, w, offsets)
 	if err != nil {
@@ -344,21 +345,19 @@ type ggHopperState struct {
 // for sm_90a and lacks the gg_wg_unavailable marker (attention.go's
 // attnHopper does the same). Decided once per engine.
 func (c *cudaImpl) ggHopper() bool {
-	c.ggWG.once.Do(func() {
-		kc, err := kernelCompiler(c)
+	st := exec.StateOf[ggHopperState](c.CUDA)
+	st.once.Do(func() {
+		kc, err := c.Compiler()
 		if err != nil || kc.Arch() != "sm_90a" {
 			return
 		}
-		m, err := kc.Module("groupedgemm.cu")
-		if err != nil {
+		unavailable, err := kc.Has(launch.GgWgUnavailableKernel.File, launch.GgWgUnavailableKernel.Name)
+		if err != nil || unavailable {
 			return
 		}
-		if _, err := m.Function("gg_wg_unavailable"); err == nil {
-			return
-		}
-		c.ggWG.ok = true
+		st.ok = true
 	})
-	return c.ggWG.ok
+	return st.ok
 }
 
 // grouped launches pass p with a (everything but the dtypes filled in):
@@ -380,7 +379,7 @@ func (c *cudaImpl) grouped(p ggPass, a *launch.GgArgs, in, out tensor.DType, vec
 		if groupedPath == 1 {
 			bn, stages = 128, 6
 		}
-		grid := min(tiles(128, bn), int64(c.smCount()))
+		grid := min(tiles(128, bn), int64(c.SMCount()))
 		smem := uint32(stages*(128*64*2+bn*64*2) + 1024)
 		if groupedPath >= 3 && p == ggFwd && out == tensor.BF16 {
 			// bn is 256 on these paths: gg_wg_fwd_256_bf16_probe<k>.
@@ -388,7 +387,7 @@ func (c *cudaImpl) grouped(p ggPass, a *launch.GgArgs, in, out tensor.DType, vec
 		}
 		return launch.GgWg(c, fmt.Sprintf("%v_%d%s", p, bn, dtSuffix(out)), grid1(int(grid)), block1(256), smem, a)
 	}
-	grid := min(tiles(64, 64), int64(4*c.smCount()))
+	grid := min(tiles(64, 64), int64(4*c.SMCount()))
 	return launch.GgSimt(c, fmt.Sprintf("%v%s%s", p, dtSuffix(in), dtSuffix(out)), grid1(int(grid)), block1(256), 0, a)
 
 }

@@ -30,8 +30,7 @@ func SetGroupedPath(p int) (restore func()) {
 
 // GroupedHopper reports whether e's CUDA backend runs the wgmma kernels.
 func GroupedHopper(e *Engine) bool {
-	c, ok := e.impl.(*cudaImpl)
-	return ok && c.ggHopper()
+	return e.c != nil && e.c.ggHopper()
 }
 
 // ggArgs must match struct gg_args of libgpu/kernels/groupedgemm.cu byte

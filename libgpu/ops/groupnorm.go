@@ -83,7 +83,7 @@ const gnMaxC = 8192
 // for the backward, or nil. groups must divide C; C ≤ 8192. Computed in
 // f32 with two passes over each group (no cancellation in the variance).
 // Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout,
-// ErrDevice or ErrConfig.
+// exec.ErrDevice or ErrConfig.
 func (e *Engine) GroupNorm(y, mean, rstd, x, w, b *tensor.Tensor, groups int, eps float32, silu bool) error {
 	if !(eps >= 0) || math.IsInf(float64(eps), 1) {
 		return fmt.Errorf("%w: groupnorm eps %v", ErrConfig, eps)
@@ -361,7 +361,7 @@ func (c *cudaImpl) groupNormBackward(s *gnShape, dx, dw, db, dy, x, w, b, mean, 
 		return err
 	}
 	p.smem = uint32((2*p.by + 2) * s.c * 4) // two rows of partials per thread row
-	part, err := c.scratchPtr("groupnorm.partials", 2*int64(s.n)*int64(s.c)*4)
+	part, err := c.Scratch("groupnorm.partials", 2*int64(s.n)*int64(s.c)*4)
 	if err != nil {
 		return err
 	}

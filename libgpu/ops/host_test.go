@@ -2,9 +2,11 @@ package ops_test
 
 import (
 	"errors"
+	"math"
 	"testing"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/ops/opstest"
 	"gpukit/libgpu/tensor"
@@ -28,14 +30,32 @@ func hostEngine(t *testing.T) (*ops.Engine, device.Allocator) {
 	return e, device.Local{Dev: h}
 }
 
+// TestHostLabelOutOfRange: a label ≥ C is ErrLabel on the host; a
+// negative one is ignored (PyTorch's ignore_index=-1): the loss is the
+// other row's, log 5 for uniform logits, and the ignored row's gradient 0.
 func TestHostLabelOutOfRange(t *testing.T) {
 	e, a := hostEngine(t)
 	for _, bad := range []int32{-1, 5} {
 		labels := opstest.UploadI32(t, a, []int32{0, bad}, 2)
 		logits := opstest.Upload(t, a, make([]float32, 10), 2, 5)
-		err := e.SoftmaxCrossEntropy(opstest.Empty(t, a, tensor.F32, 1), opstest.Empty(t, a, tensor.F32, 2, 5), logits, labels)
-		if !errors.Is(err, ops.ErrLabel) {
-			t.Errorf("label %d: error %v, want ErrLabel", bad, err)
+		loss, dl := opstest.Empty(t, a, tensor.F32, 1), opstest.Empty(t, a, tensor.F32, 2, 5)
+		err := e.CrossEntropy(loss, dl, logits, labels, false)
+		if bad >= 0 {
+			if !errors.Is(err, ops.ErrLabel) {
+				t.Errorf("label %d: error %v, want ErrLabel", bad, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("label %d: %v", bad, err)
+		}
+		if got := opstest.Download(t, loss)[0]; math.Abs(got-math.Log(5)) > 1e-6 {
+			t.Errorf("label %d: loss %v, want log 5 (the valid row's)", bad, got)
+		}
+		for j, g := range opstest.Download(t, dl)[5:] {
+			if g != 0 {
+				t.Errorf("label %d: ignored row's gradient [%d] = %v, want 0", bad, j, g)
+			}
 		}
 	}
 }
@@ -60,14 +80,14 @@ func TestEngineRejectsOtherDevice(t *testing.T) {
 	}
 	w := opstest.Upload(t, a, make([]float32, 12), 4, 3)
 	y := opstest.Empty(t, a, tensor.F32, 2, 4)
-	if err := e.Linear(y, xo, w, nil, nil, ops.ActNone); !errors.Is(err, ops.ErrDevice) {
+	if err := e.Linear(y, xo, w, nil, nil, ops.ActNone); !errors.Is(err, exec.ErrDevice) {
 		t.Fatalf("tensor on another device: error %v, want ErrDevice", err)
 	}
 }
 
 func TestNoBackend(t *testing.T) {
 	other := otherKind{device.NewHost()}
-	if _, err := ops.NewEngine(other, ops.Options{}); !errors.Is(err, ops.ErrNoBackend) {
+	if _, err := ops.NewEngine(other, ops.Options{}); !errors.Is(err, exec.ErrNoBackend) {
 		t.Fatalf("error %v, want ErrNoBackend", err)
 	}
 }

@@ -94,7 +94,7 @@ func (e *Engine) KFACFactor(f, x *tensor.Tensor, alpha, beta float32, bias bool)
 		return nil
 	}, func(c *cudaImpl) error {
 		chunks := min(max(rows/256, 1), 64)
-		part, err := c.scratchPtr("kfac.colsum", int64(chunks*d*4))
+		part, err := c.Scratch("kfac.colsum", int64(chunks*d*4))
 		if err != nil {
 			return err
 		}
@@ -205,7 +205,7 @@ func (e *Engine) KFACPrecond(v, ginv, gw, gb, ainv, dot *tensor.Tensor) error {
 	grad := gw
 	if gb != nil {
 		var err error
-		if grad, err = e.scratchTensor("kfac.grad", tensor.F32, out, din); err != nil {
+		if grad, err = e.ScratchTensor("kfac.grad", tensor.F32, out, din); err != nil {
 			return err
 		}
 		if err := e.dispatch(func(*hostImpl) error {
@@ -225,7 +225,7 @@ func (e *Engine) KFACPrecond(v, ginv, gw, gb, ainv, dot *tensor.Tensor) error {
 			return err
 		}
 	}
-	tmp, err := e.scratchTensor("kfac.tmp", tensor.F32, out, din)
+	tmp, err := e.ScratchTensor("kfac.tmp", tensor.F32, out, din)
 	if err != nil {
 		return err
 	}
@@ -251,7 +251,7 @@ func (e *Engine) KFACPrecond(v, ginv, gw, gb, ainv, dot *tensor.Tensor) error {
 		return nil
 	}, func(c *cudaImpl) error {
 		chunks := int(min(max(n/8192, 1), 256))
-		part, err := c.scratchPtr("kfac.dot", int64(chunks*4))
+		part, err := c.Scratch("kfac.dot", int64(chunks*4))
 		if err != nil {
 			return err
 		}

@@ -132,7 +132,7 @@ func (e *Engine) lnForward(op string, y, mean, rstd, x, r, sum, w, b *tensor.Ten
 // dimensions), saved for LayerNormBackward; both may be nil when no
 // backward follows. Computed in f32 (the CUDA kernel reads x once and
 // writes y once). Errors wrap tensor.ErrShape, tensor.ErrDType,
-// tensor.ErrLayout, ErrDevice or ErrConfig (eps negative or NaN).
+// tensor.ErrLayout, exec.ErrDevice or ErrConfig (eps negative or NaN).
 func (e *Engine) LayerNorm(y, mean, rstd, x, w, b *tensor.Tensor, eps float32) error {
 	return e.lnForward("layernorm", y, mean, rstd, x, nil, nil, w, b, eps)
 }
@@ -506,7 +506,7 @@ func (c *cudaImpl) layerNorm(a *lnArgs, mean, rstd, w, b *tensor.Tensor, eps flo
 		if err != nil {
 			return err
 		}
-		n, err := c.residentGrid(kn, lnFastThreads, 0)
+		n, err := c.ResidentGrid(kn, lnFastThreads, 0)
 		if err != nil {
 			return err
 		}
@@ -547,7 +547,7 @@ func (c *cudaImpl) layerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Te
 		if err != nil {
 			return err
 		}
-		n, err := c.residentGrid(kn, threads, smem)
+		n, err := c.ResidentGrid(kn, threads, smem)
 		if err != nil {
 			return err
 		}
@@ -566,11 +566,11 @@ func (c *cudaImpl) layerNormBackward(a *lnArgs, dw, db, w, mean, rstd *tensor.Te
 		// fold and the final one are about as long.
 		s := int(math.Ceil(math.Sqrt(float64(nb))))
 		ng := (nb + s - 1) / s
-		part, err := c.scratchPtr("layernorm.partials", int64(nb+ng)*int64(2*a.cols)*4)
+		part, err := c.Scratch("layernorm.partials", int64(nb+ng)*int64(2*a.cols)*4)
 		if err != nil {
 			return err
 		}
-		tickets, err := c.ticketPtr("layernorm.tickets", ng+1)
+		tickets, err := c.Tickets("layernorm.tickets", ng+1)
 		if err != nil {
 			return err
 		}

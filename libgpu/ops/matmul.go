@@ -14,6 +14,7 @@ import (
 	"gonum.org/v1/gonum/blas"
 
 	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
@@ -55,7 +56,7 @@ import (
 // moving average of products in one GEMM). Zero means 1 for both (the
 // zero value of Matmul is the unscaled product); Beta is read only with
 // Accumulate. Errors wrap tensor.ErrShape, tensor.ErrDType,
-// tensor.ErrLayout, ErrDevice or ErrConfig.
+// tensor.ErrLayout, exec.ErrDevice or ErrConfig.
 type Matmul struct {
 	A, B, D        *tensor.Tensor
 	TransA, TransB bool
@@ -360,7 +361,7 @@ func (c *cudaImpl) matmul(m *Matmul, s *mmShape) error {
 	}
 	alpha, beta := m.scales()
 	args := cuda.GemmArgs{A: devPtr(s.b), B: devPtr(s.a), D: devPtr(s.d), Alpha: alpha,
-		Workspace: c.ws, WorkspaceSize: cudaWorkspace}
+		Workspace: c.Workspace(), WorkspaceSize: exec.WorkspaceSize}
 	if m.Accumulate {
 		args.C, args.Beta = args.D, beta
 	}
@@ -419,7 +420,7 @@ func (c *cudaImpl) ltMatmul(spec cuda.GemmSpec, args cuda.GemmArgs) error {
 	if err := c.tune(spec, args); err != nil {
 		return err
 	}
-	return c.lt.Matmul(spec, args, c.stream)
+	return c.Lt().Matmul(spec, args, c.Stream())
 }
 
 // matmulEmptyK handles K = 0: the product is zero.

@@ -19,6 +19,7 @@ import (
 	"gonum.org/v1/gonum/mat"
 
 	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
@@ -252,7 +253,7 @@ func rootGeom(what string, t *tensor.Tensor) (batch, n int, err error) {
 var f32Only = []tensor.DType{tensor.F32}
 
 // Eigh decomposes a batch of symmetric matrices (see the type). Errors
-// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice, or
+// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice, or
 // the solver's error (cuSOLVER missing: cuda.ErrNoLibrary).
 func (e *Engine) Eigh(d Eigh) error {
 	if err := e.checkView("eigh A", d.A, true, f32Only); err != nil {
@@ -283,7 +284,7 @@ func (e *Engine) Eigh(d Eigh) error {
 
 // InverseRoot computes a batch of inverse p-th roots (see the type).
 // Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout,
-// ErrDevice, ErrConfig (P < 1, a negative or non-finite ridge, Iters out
+// exec.ErrDevice, ErrConfig (P < 1, a negative or non-finite ridge, Iters out
 // of [0, 1000]), or the solver's error.
 func (e *Engine) InverseRoot(r InverseRoot) error {
 	if err := e.checkView("inverse root A", r.A, true, f32Only); err != nil {
@@ -326,7 +327,7 @@ func (e *Engine) InverseRoot(r InverseRoot) error {
 	}
 	// Both methods read the upper triangle only (a statistic accumulated
 	// by GEMMs is symmetric only to rounding): a symmetric copy first.
-	sym, err := e.scratchTensor("root.sym", tensor.F32, batch, n, n)
+	sym, err := e.ScratchTensor("root.sym", tensor.F32, batch, n, n)
 	if err != nil {
 		return err
 	}
@@ -384,11 +385,11 @@ func rootChunks(n int) int { return min(max((n*n+8191)/8192, 1), 256) }
 // [B, 4] scratch tensor (slot "root.scal").
 func (e *Engine) rootScalars(g *rootArgs) (*tensor.Tensor, error) {
 	chunks := rootChunks(g.n)
-	part, err := e.scratchTensor("root.part", tensor.F32, g.batch*chunks*2)
+	part, err := e.ScratchTensor("root.part", tensor.F32, g.batch*chunks*2)
 	if err != nil {
 		return nil, err
 	}
-	scal, err := e.scratchTensor("root.scal", tensor.F32, g.batch, 4)
+	scal, err := e.ScratchTensor("root.scal", tensor.F32, g.batch, 4)
 	if err != nil {
 		return nil, err
 	}
@@ -465,7 +466,7 @@ func (e *Engine) rootNewton(g *rootArgs, iters int, full bool) error {
 	shape := []int{g.batch, g.n, g.n}
 	var buf [6]*tensor.Tensor
 	for i := range buf {
-		if buf[i], err = e.scratchTensor(fmt.Sprintf("root.newton%d", i), tensor.F32, shape...); err != nil {
+		if buf[i], err = e.ScratchTensor(fmt.Sprintf("root.newton%d", i), tensor.F32, shape...); err != nil {
 			return err
 		}
 	}
@@ -555,7 +556,7 @@ func (e *Engine) rootNewton(g *rootArgs, iters int, full bool) error {
 	}
 	errT := g.err
 	if errT == nil {
-		if errT, err = e.scratchTensor("root.newton.err", tensor.F32, g.batch); err != nil {
+		if errT, err = e.ScratchTensor("root.newton.err", tensor.F32, g.batch); err != nil {
 			return err
 		}
 	}
@@ -565,7 +566,7 @@ func (e *Engine) rootNewton(g *rootArgs, iters int, full bool) error {
 	// Commit the matrices whose residual is below ResidualAccept (finite).
 	status := g.status
 	if status == nil {
-		if status, err = e.scratchTensor("root.newton.status", tensor.I32, g.batch); err != nil {
+		if status, err = e.ScratchTensor("root.newton.status", tensor.I32, g.batch); err != nil {
 			return err
 		}
 	}
@@ -629,7 +630,7 @@ func (e *Engine) rootResidual(g *rootArgs, errT, x, scal *tensor.Tensor, spare [
 		return err
 	}
 	chunks := rootChunks(g.n)
-	part, err := e.scratchTensor("root.part", tensor.F32, g.batch*chunks*2)
+	part, err := e.ScratchTensor("root.part", tensor.F32, g.batch*chunks*2)
 	if err != nil {
 		return err
 	}
@@ -731,24 +732,24 @@ func (e *Engine) rootEigen(g *rootArgs, f64 bool) error {
 		return err
 	}
 	shape := []int{g.batch, g.n, g.n}
-	q, err := e.scratchTensor("root.eig.q", tensor.F32, shape...)
+	q, err := e.ScratchTensor("root.eig.q", tensor.F32, shape...)
 	if err != nil {
 		return err
 	}
-	w, err := e.scratchTensor("root.eig.w", tensor.F32, g.batch, g.n)
+	w, err := e.ScratchTensor("root.eig.w", tensor.F32, g.batch, g.n)
 	if err != nil {
 		return err
 	}
 	status := g.status
 	if status == nil {
-		if status, err = e.scratchTensor("root.eig.status", tensor.I32, g.batch); err != nil {
+		if status, err = e.ScratchTensor("root.eig.status", tensor.I32, g.batch); err != nil {
 			return err
 		}
 	}
 	if err := e.Eigh(Eigh{A: g.a, Q: q, W: w, F64: f64, Status: status}); err != nil {
 		return err
 	}
-	s, err := e.scratchTensor("root.eig.s", tensor.F32, shape...)
+	s, err := e.ScratchTensor("root.eig.s", tensor.F32, shape...)
 	if err != nil {
 		return err
 	}
@@ -774,7 +775,7 @@ func (e *Engine) rootEigen(g *rootArgs, f64 bool) error {
 	}
 	// X = Qᵀ·S, into a scratch matrix committed where the decomposition
 	// succeeded.
-	xt, err := e.scratchTensor("root.newton0", tensor.F32, shape...)
+	xt, err := e.ScratchTensor("root.newton0", tensor.F32, shape...)
 	if err != nil {
 		return err
 	}
@@ -896,28 +897,38 @@ func hostEigh(a, q, w, status *tensor.Tensor, batch, n int) error {
 	return q.WriteFloat32(qv)
 }
 
+// eighState is the eigensolver's choice on this engine: noBatched, when
+// the cuSOLVER library has no batched solver (or a benchmark asked for one
+// syevd per matrix).
+type eighState struct{ noBatched bool }
+
 // eighSolve decomposes batch n×n matrices at work in place (eigenvalues
 // into wv, statuses into info): with cuSOLVER's batched solver
 // (cusolverDnXsyevBatched, CUDA 12.6+) in as few calls as its size limit
 // allows, else one syevd per matrix.
 func (c *cudaImpl) eighSolve(dt cuda.DataType, size int64, batch, n int, work, wv, info cuda.DevicePtr) error {
+	solver, err := c.Solver()
+	if err != nil {
+		return fmt.Errorf("ops: eigh: %w", err)
+	}
+	st := exec.StateOf[eighState](c.CUDA)
 	nn := int64(n) * int64(n)
-	if batch > 1 && !c.noBatchedEigh {
+	if batch > 1 && !st.noBatched {
 		per := int(min(int64(batch), (1<<31-1)/nn))
-		ws, err := c.solver.SyevBatchedBufferSize(dt, n, n, per, work, wv)
+		ws, err := solver.SyevBatchedBufferSize(dt, n, n, per, work, wv)
 		switch {
 		case errors.Is(err, cuda.ErrNoSymbol):
-			c.noBatchedEigh = true
+			st.noBatched = true
 		case err != nil:
 			return fmt.Errorf("ops: eigh: %w", err)
 		default:
-			buf, err := c.scratchPtr("eigh.ws", max(ws, 1))
+			buf, err := c.Scratch("eigh.ws", max(ws, 1))
 			if err != nil {
 				return err
 			}
 			for b0 := 0; b0 < batch; b0 += per {
 				k := min(per, batch-b0)
-				if err := c.solver.SyevBatched(c.stream, dt, n, n, k, work.Add(int64(b0)*nn*size), wv.Add(int64(b0)*int64(n)*size),
+				if err := solver.SyevBatched(c.Stream(), dt, n, n, k, work.Add(int64(b0)*nn*size), wv.Add(int64(b0)*int64(n)*size),
 					buf, ws, info.Add(int64(b0)*4)); err != nil {
 					return fmt.Errorf("ops: eigh of %d matrices (n = %d): %w", k, n, err)
 				}
@@ -925,16 +936,16 @@ func (c *cudaImpl) eighSolve(dt cuda.DataType, size int64, batch, n int, work, w
 			return nil
 		}
 	}
-	lwork, err := c.solver.SyevdBufferSize(dt, n, n, work, wv)
+	lwork, err := solver.SyevdBufferSize(dt, n, n, work, wv)
 	if err != nil {
 		return fmt.Errorf("ops: eigh: %w", err)
 	}
-	ws, err := c.scratchPtr("eigh.ws", int64(max(lwork, 1))*size)
+	ws, err := c.Scratch("eigh.ws", int64(max(lwork, 1))*size)
 	if err != nil {
 		return err
 	}
 	for b := 0; b < batch; b++ {
-		if err := c.solver.Syevd(c.stream, dt, n, n, work.Add(int64(b)*nn*size), wv.Add(int64(b)*int64(n)*size),
+		if err := solver.Syevd(c.Stream(), dt, n, n, work.Add(int64(b)*nn*size), wv.Add(int64(b)*int64(n)*size),
 			ws, lwork, info.Add(int64(b)*4)); err != nil {
 			return fmt.Errorf("ops: eigh of matrix %d (n = %d): %w", b, n, err)
 		}
@@ -945,28 +956,21 @@ func (c *cudaImpl) eighSolve(dt cuda.DataType, size int64, batch, n int, work, w
 // eigh runs cuSOLVER's eigensolver (eighSolve) on a scratch copy (f32, or
 // widened to f64), then commits the matrices whose decomposition succeeded.
 func (c *cudaImpl) eigh(e *Engine, d Eigh, batch, n int) error {
-	if c.solver == nil {
-		h, err := cuda.SolverCreate()
-		if err != nil {
-			return fmt.Errorf("ops: eigh: %w", err)
-		}
-		c.solver = h
-	}
 	dt, size := cuda.R32F, int64(4)
 	if d.F64 {
 		dt, size = cuda.R64F, 8
 	}
 	nn := int64(n) * int64(n)
 	total := int64(batch) * nn
-	work, err := c.scratchPtr("eigh.work", total*size)
+	work, err := c.Scratch("eigh.work", total*size)
 	if err != nil {
 		return err
 	}
-	wv, err := c.scratchPtr("eigh.w", int64(batch)*int64(n)*size)
+	wv, err := c.Scratch("eigh.w", int64(batch)*int64(n)*size)
 	if err != nil {
 		return err
 	}
-	info, err := c.scratchPtr("eigh.info", int64(batch)*4)
+	info, err := c.Scratch("eigh.info", int64(batch)*4)
 	if err != nil {
 		return err
 	}
@@ -974,7 +978,7 @@ func (c *cudaImpl) eigh(e *Engine, d Eigh, batch, n int) error {
 		if err := launch.RootWiden(c, grid1(int(min(total/256+1, 65535))), block1(256), 0, devPtr(d.A), work, total); err != nil {
 			return err
 		}
-	} else if err := cuda.MemcpyDtoDAsync(work, devPtr(d.A), total*4, c.stream); err != nil {
+	} else if err := cuda.MemcpyDtoDAsync(work, devPtr(d.A), total*4, c.Stream()); err != nil {
 		return err
 	}
 	if err := c.eighSolve(dt, size, batch, n, work, wv, info); err != nil {
@@ -982,10 +986,10 @@ func (c *cudaImpl) eigh(e *Engine, d Eigh, batch, n int) error {
 	}
 	qf, wf := work, wv
 	if d.F64 {
-		if qf, err = c.scratchPtr("eigh.qf", total*4); err != nil {
+		if qf, err = c.Scratch("eigh.qf", total*4); err != nil {
 			return err
 		}
-		if wf, err = c.scratchPtr("eigh.wf", int64(batch)*int64(n)*4); err != nil {
+		if wf, err = c.Scratch("eigh.wf", int64(batch)*int64(n)*4); err != nil {
 			return err
 		}
 		for _, p := range []struct {
@@ -999,7 +1003,7 @@ func (c *cudaImpl) eigh(e *Engine, d Eigh, batch, n int) error {
 	}
 	status := devPtr(d.Status)
 	if status == 0 {
-		if status, err = c.scratchPtr("eigh.status", int64(batch)*4); err != nil {
+		if status, err = c.Scratch("eigh.status", int64(batch)*4); err != nil {
 			return err
 		}
 	}

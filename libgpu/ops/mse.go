@@ -22,7 +22,7 @@ const mseBlocks = 1024
 // dtype (f32 or bf16); loss f32 [1]. The sum is in f32 in a fixed order
 // (per-block partial sums, then their sum): the same bits on every run.
 // Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or
-// ErrDevice.
+// exec.ErrDevice.
 func (e *Engine) MSELoss(loss, dpred, pred, target *tensor.Tensor, acc bool) error {
 	names := []string{"pred", "target"}
 	ts := []*tensor.Tensor{target}
@@ -64,7 +64,7 @@ func (e *Engine) MSELoss(loss, dpred, pred, target *tensor.Tensor, acc bool) err
 		return loss.WriteFloat32([]float32{float32(s / float64(n))})
 	}, func(c *cudaImpl) error {
 		blocks := min((n+1023)/1024, mseBlocks)
-		part, err := c.scratchPtr("mse.partials", int64(blocks)*4)
+		part, err := c.Scratch("mse.partials", int64(blocks)*4)
 		if err != nil {
 			return err
 		}

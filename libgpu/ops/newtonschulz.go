@@ -46,7 +46,7 @@ type NewtonSchulz struct {
 // aσ + bσ³ + cσ⁵). The products are the GEMM family's in X's dtype with
 // f32 accumulation (bf16: tensor cores, as Muon runs it). Scratch: two
 // [L, r, r] and one [L, r, c] of X's dtype. Errors wrap tensor.ErrShape,
-// tensor.ErrDType, tensor.ErrLayout, ErrDevice or ErrConfig.
+// tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or ErrConfig.
 func (e *Engine) NewtonSchulz(ns NewtonSchulz) error {
 	x := ns.X
 	if err := e.checkView("newton-schulz X", x, true, floatTypes); err != nil {
@@ -78,15 +78,15 @@ func (e *Engine) NewtonSchulz(ns NewtonSchulz) error {
 	if err != nil {
 		return err
 	}
-	gram, err := e.scratchTensor("ns.gram", x.DType, batch, r, r)
+	gram, err := e.ScratchTensor("ns.gram", x.DType, batch, r, r)
 	if err != nil {
 		return err
 	}
-	poly, err := e.scratchTensor("ns.poly", x.DType, batch, r, r)
+	poly, err := e.ScratchTensor("ns.poly", x.DType, batch, r, r)
 	if err != nil {
 		return err
 	}
-	next, err := e.scratchTensor("ns.next", x.DType, batch, r, c)
+	next, err := e.ScratchTensor("ns.next", x.DType, batch, r, c)
 	if err != nil {
 		return err
 	}
@@ -202,7 +202,7 @@ func (e *Engine) MuonPrep(mp MuonPrep) error {
 		return mp.X.WriteFloat32(out)
 	}, func(c *cudaImpl) error {
 		chunks := int(min(max((total+8191)/8192, 1), 64))
-		part, err := c.scratchPtr("muon.part", int64(chunks)*4+4)
+		part, err := c.Scratch("muon.part", int64(chunks)*4+4)
 		if err != nil {
 			return err
 		}

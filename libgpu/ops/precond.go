@@ -94,7 +94,7 @@ type ShampooPrep struct {
 //	GS = g, GB = m̂, GA = m̂/(√v̂ + ε)                 (blocked, padding 0)
 //
 // GS feeds the statistics, GB the preconditioned direction, GA the graft.
-// Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice
+// Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice
 // or ErrConfig.
 func (e *Engine) ShampooPrep(s ShampooPrep) error {
 	if err := s.Blk.valid(); err != nil {
@@ -210,7 +210,7 @@ func (e *Engine) GraftScale(scale, s, a *tensor.Tensor) error {
 		return nil
 	}, func(c *cudaImpl) error {
 		chunks := min(max((per+8191)/8192, 1), 256)
-		part, err := c.scratchPtr("graft.part", int64(k*chunks*2*4))
+		part, err := c.Scratch("graft.part", int64(k*chunks*2*4))
 		if err != nil {
 			return err
 		}

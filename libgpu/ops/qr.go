@@ -46,7 +46,7 @@ type QR struct {
 
 // QR orthonormalises the rows of a batch of matrices (see the type).
 // Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout,
-// ErrDevice, or the solver's error (cuSOLVER missing: cuda.ErrNoLibrary).
+// exec.ErrDevice, or the solver's error (cuSOLVER missing: cuda.ErrNoLibrary).
 func (e *Engine) QR(d QR) error {
 	if err := e.checkView("qr A", d.A, true, f32Only); err != nil {
 		return err
@@ -128,12 +128,9 @@ func hostQR(a, q, status *tensor.Tensor, batch, n int) error {
 // them, applies the signs to the rows while narrowing, and commits the
 // matrices whose result is finite.
 func (c *cudaImpl) qr(d QR, batch, n int) error {
-	if c.solver == nil {
-		h, err := cuda.SolverCreate()
-		if err != nil {
-			return fmt.Errorf("ops: qr: %w", err)
-		}
-		c.solver = h
+	solver, err := c.Solver()
+	if err != nil {
+		return fmt.Errorf("ops: qr: %w", err)
 	}
 	dt, size := cuda.R32F, int64(4)
 	if d.F64 {
@@ -141,19 +138,19 @@ func (c *cudaImpl) qr(d QR, batch, n int) error {
 	}
 	nn := int64(n) * int64(n)
 	total := int64(batch) * nn
-	work, err := c.scratchPtr("qr.work", total*size)
+	work, err := c.Scratch("qr.work", total*size)
 	if err != nil {
 		return err
 	}
-	tau, err := c.scratchPtr("qr.tau", int64(batch)*int64(n)*size)
+	tau, err := c.Scratch("qr.tau", int64(batch)*int64(n)*size)
 	if err != nil {
 		return err
 	}
-	sgn, err := c.scratchPtr("qr.sign", int64(batch)*int64(n)*4)
+	sgn, err := c.Scratch("qr.sign", int64(batch)*int64(n)*4)
 	if err != nil {
 		return err
 	}
-	info, err := c.scratchPtr("qr.info", int64(batch)*8)
+	info, err := c.Scratch("qr.info", int64(batch)*8)
 	if err != nil {
 		return err
 	}
@@ -161,24 +158,24 @@ func (c *cudaImpl) qr(d QR, batch, n int) error {
 		if err := launch.RootWiden(c, grid1(int(min(total/256+1, 65535))), block1(256), 0, devPtr(d.A), work, total); err != nil {
 			return err
 		}
-	} else if err := cuda.MemcpyDtoDAsync(work, devPtr(d.A), total*4, c.stream); err != nil {
+	} else if err := cuda.MemcpyDtoDAsync(work, devPtr(d.A), total*4, c.Stream()); err != nil {
 		return err
 	}
-	l1, err := c.solver.GeqrfBufferSize(dt, n, n, n, work)
+	l1, err := solver.GeqrfBufferSize(dt, n, n, n, work)
 	if err != nil {
 		return fmt.Errorf("ops: qr: %w", err)
 	}
-	l2, err := c.solver.OrgqrBufferSize(dt, n, n, n, n, work, tau)
+	l2, err := solver.OrgqrBufferSize(dt, n, n, n, n, work, tau)
 	if err != nil {
 		return fmt.Errorf("ops: qr: %w", err)
 	}
 	lwork := max(l1, l2, 1)
-	ws, err := c.scratchPtr("qr.ws", int64(lwork)*size)
+	ws, err := c.Scratch("qr.ws", int64(lwork)*size)
 	if err != nil {
 		return err
 	}
 	for b := int64(0); b < int64(batch); b++ {
-		if err := c.solver.Geqrf(c.stream, dt, n, n, n, work.Add(b*nn*size), tau.Add(b*int64(n)*size), ws, lwork,
+		if err := solver.Geqrf(c.Stream(), dt, n, n, n, work.Add(b*nn*size), tau.Add(b*int64(n)*size), ws, lwork,
 			info.Add(b*8)); err != nil {
 			return fmt.Errorf("ops: qr of matrix %d (n = %d): %w", b, n, err)
 		}
@@ -193,12 +190,12 @@ func (c *cudaImpl) qr(d QR, batch, n int) error {
 		return err
 	}
 	for b := int64(0); b < int64(batch); b++ {
-		if err := c.solver.Orgqr(c.stream, dt, n, n, n, n, work.Add(b*nn*size), tau.Add(b*int64(n)*size), ws, lwork,
+		if err := solver.Orgqr(c.Stream(), dt, n, n, n, n, work.Add(b*nn*size), tau.Add(b*int64(n)*size), ws, lwork,
 			info.Add(b*8+4)); err != nil {
 			return fmt.Errorf("ops: qr of matrix %d (n = %d): %w", b, n, err)
 		}
 	}
-	qf, err := c.scratchPtr("qr.qf", total*4)
+	qf, err := c.Scratch("qr.qf", total*4)
 	if err != nil {
 		return err
 	}
@@ -209,7 +206,7 @@ func (c *cudaImpl) qr(d QR, batch, n int) error {
 	}
 	status := devPtr(d.Status)
 	if status == 0 {
-		if status, err = c.scratchPtr("qr.status", int64(batch)*4); err != nil {
+		if status, err = c.Scratch("qr.status", int64(batch)*4); err != nil {
 			return err
 		}
 	}
@@ -249,7 +246,7 @@ type SOAPBasis struct {
 }
 
 // SOAPBasis refreshes a batch of eigenbases (see the type). Errors wrap
-// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice, or the
+// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice, or the
 // solver's.
 func (e *Engine) SOAPBasis(s SOAPBasis) error {
 	if err := e.checkView("soap basis L", s.L, true, f32Only); err != nil {
@@ -273,21 +270,21 @@ func (e *Engine) SOAPBasis(s SOAPBasis) error {
 		if err := e.checkView("soap basis Status", status, true, []tensor.DType{tensor.I32}, batch); err != nil {
 			return err
 		}
-	} else if status, err = e.scratchTensor("soap.basis.status", tensor.I32, batch); err != nil {
+	} else if status, err = e.ScratchTensor("soap.basis.status", tensor.I32, batch); err != nil {
 		return err
 	}
-	p, err := e.scratchTensor("soap.basis.power", tensor.F32, batch, d, d)
+	p, err := e.ScratchTensor("soap.basis.power", tensor.F32, batch, d, d)
 	if err != nil {
 		return err
 	}
 	if err := e.Matmul(Matmul{A: s.Q, B: s.L, D: p, FullF32: true}); err != nil { // row i: q_i·S
 		return err
 	}
-	est, err := e.scratchTensor("soap.basis.est", tensor.F32, batch, d)
+	est, err := e.ScratchTensor("soap.basis.est", tensor.F32, batch, d)
 	if err != nil {
 		return err
 	}
-	g, err := e.scratchTensor("soap.basis.sorted", tensor.F32, batch, d, d)
+	g, err := e.ScratchTensor("soap.basis.sorted", tensor.F32, batch, d, d)
 	if err != nil {
 		return err
 	}
@@ -386,7 +383,7 @@ func (e *Engine) SOAPPermute(v, rows, cols *tensor.Tensor, blk Blocking) error {
 	if err := e.checkView("soap permute cols", cols, true, i32, blk.Count(), blk.BC); err != nil {
 		return err
 	}
-	tmp, err := e.scratchTensor("soap.permute", tensor.F32, blk.Shape()...)
+	tmp, err := e.ScratchTensor("soap.permute", tensor.F32, blk.Shape()...)
 	if err != nil {
 		return err
 	}

@@ -37,7 +37,7 @@ func (e *Engine) rsCheck(op string, small, large *tensor.Tensor, k int) error {
 // F.avg_pool2d(x, k) on the channels-first equivalent) for x [N, H, W, C]
 // with H, W multiples of k and y [N, H/k, W/k, C], contiguous, one dtype
 // (f32 or bf16), in f32. Errors wrap tensor.ErrShape, tensor.ErrDType,
-// tensor.ErrLayout, ErrDevice or ErrConfig.
+// tensor.ErrLayout, exec.ErrDevice or ErrConfig.
 func (e *Engine) AvgPool2D(y, x *tensor.Tensor, k int) error {
 	if err := e.rsCheck("avgpool", y, x, k); err != nil {
 		return err

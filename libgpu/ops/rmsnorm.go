@@ -82,7 +82,7 @@ func (e *Engine) rmsForward(op string, y, rstd, x, r, sum, w *tensor.Tensor, eps
 // weight: ones). rstd: f32, contiguous, one element per row (any shape),
 // saved for RMSNormBackward; nil when no backward follows. Computed in
 // f32, as HRM does (x.to(float32) before the mean). Errors wrap
-// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice or
+// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or
 // ErrConfig (eps negative or NaN).
 func (e *Engine) RMSNorm(y, rstd, x, w *tensor.Tensor, eps float32) error {
 	return e.rmsForward("rmsnorm", y, rstd, x, nil, nil, w, eps)
@@ -297,7 +297,7 @@ func (c *cudaImpl) rmsNormBackward(a *rmsArgs, dw, w, rstd *tensor.Tensor, acc [
 		Rows: int64(a.rows), Ldx: int64(a.ldx), Lddy: int64(a.ldy), Lddx: int64(a.lddx), Lddr: int64(a.lddr),
 		C: int32(a.cols), AccDx: lnBool(acc[0]), AccDr: lnBool(acc[1])}
 	if dw != nil {
-		gw, err := c.scratchPtr("rmsnorm.gw", int64(a.rows)*int64(a.cols)*4)
+		gw, err := c.Scratch("rmsnorm.gw", int64(a.rows)*int64(a.cols)*4)
 		if err != nil {
 			return err
 		}

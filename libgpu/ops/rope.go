@@ -97,7 +97,7 @@ func (e *Engine) checkRoPE(op string, y, x, cos, sin *tensor.Tensor, rot int) (r
 // not allowed. cos and sin: f32 contiguous [T', D] with T' ≥ T (RoPETable;
 // row t is position t). Computed in f32 and rounded to the dtype once.
 // Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout,
-// ErrDevice or ErrConfig (rot outside [0, H]).
+// exec.ErrDevice or ErrConfig (rot outside [0, H]).
 func (e *Engine) RoPE(y, x, cos, sin *tensor.Tensor, rot int) error {
 	return e.rope("rope", y, x, cos, sin, rot, false, false)
 }

@@ -53,7 +53,7 @@ func (e *Engine) checkTopK(op string, logits, experts *tensor.Tensor) (t, ne, k 
 // "Outrageously Large Neural Networks"; Mixtral's and nanoMoE's router) —
 // into weights (f32 [T, k]). logits f32 [T, E]; 1 ≤ k ≤ min(E, 32); E ≤
 // GroupedMaxGroups. Errors wrap tensor.ErrShape, tensor.ErrDType,
-// tensor.ErrLayout, ErrDevice or ErrConfig.
+// tensor.ErrLayout, exec.ErrDevice or ErrConfig.
 func (e *Engine) MoETopK(weights, experts, logits *tensor.Tensor) error {
 	t, ne, k, err := e.checkTopK("moe top-k", logits, experts)
 	if err != nil {
@@ -223,7 +223,7 @@ func (e *Engine) MoERoute(counts, offsets, perm, rows, experts *tensor.Tensor) e
 		return nil
 	}, func(c *cudaImpl) error {
 		chunks := (n + 255) / 256
-		cc, err := c.scratchPtr("moe.route", int64(max(chunks, 1)*ne*4))
+		cc, err := c.Scratch("moe.route", int64(max(chunks, 1)*ne*4))
 		if err != nil {
 			return err
 		}
@@ -586,11 +586,11 @@ func (e *Engine) MoEAuxLoss(losses, dlogits, logits, counts *tensor.Tensor, aux,
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		lse, err := c.scratchPtr("moe.aux.lse", int64(t)*4)
+		lse, err := c.Scratch("moe.aux.lse", int64(t)*4)
 		if err != nil {
 			return err
 		}
-		col, err := c.scratchPtr("moe.aux.col", int64(ne)*4)
+		col, err := c.Scratch("moe.aux.col", int64(ne)*4)
 		if err != nil {
 			return err
 		}

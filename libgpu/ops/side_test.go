@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/ops/opstest"
 	"gpukit/libgpu/tensor"
@@ -44,7 +45,7 @@ func TestHostSide(t *testing.T) {
 	if err := e.WaitEvent(ev); err != nil {
 		t.Error(err)
 	}
-	if err := e.WaitEvent(nil); !errors.Is(err, ops.ErrConfig) {
+	if err := e.WaitEvent(nil); !errors.Is(err, exec.ErrConfig) {
 		t.Errorf("WaitEvent(nil): %v", err)
 	}
 	if err := e.Join(); err != nil {

@@ -14,7 +14,7 @@ import (
 
 // SiLU computes y = x·σ(x) = x/(1 + e^(−x)) element-wise in f32: x and y
 // contiguous, of one shape and dtype (f32 or bf16); y may be x. Errors
-// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or ErrDevice.
+// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or exec.ErrDevice.
 func (e *Engine) SiLU(y, x *tensor.Tensor) error {
 	if err := e.rwCheckElem("silu", true, x, []string{"x", "y"}, y); err != nil {
 		return err

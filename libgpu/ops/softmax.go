@@ -39,7 +39,7 @@ func (e *Engine) smCheckRows(what string, t, ref *tensor.Tensor) (*tensor.Tensor
 // or bf16), computed in f32; rows may be strided (leading dimensions
 // merging into one row stride, last dimension contiguous). A row of all
 // −Inf gives NaN, as in PyTorch. Errors wrap tensor.ErrShape,
-// tensor.ErrDType, tensor.ErrLayout or ErrDevice.
+// tensor.ErrDType, tensor.ErrLayout or exec.ErrDevice.
 func (e *Engine) Softmax(y, x *tensor.Tensor) error {
 	var a smArgs
 	var err error

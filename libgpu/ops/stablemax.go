@@ -72,7 +72,7 @@ type smxArgs struct {
 // like logits may be; accGrad adds the gradient into dlogits (ignored
 // rows then keep their values). A target ≥ V: ErrLabel on the host; on
 // CUDA that row's loss is NaN (so the loss is NaN). Other errors wrap
-// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, ErrDevice or
+// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or
 // ErrConfig (a group that does not divide the rows).
 func (e *Engine) StablemaxCrossEntropy(loss, rowloss, dlogits, logits, targets *tensor.Tensor, group int, scale float32, accGrad bool) error {
 	a, err := e.checkSmx(loss, rowloss, dlogits, logits, targets, group, scale)
@@ -244,11 +244,11 @@ func hostSmx(a *smxArgs, loss, rowloss, targets *tensor.Tensor, scale float32, a
 
 func (c *cudaImpl) smx(a *smxArgs, loss, rowloss, targets *tensor.Tensor, scale float32, acc bool) error {
 	rows := a.b * a.t
-	rl, err := c.scratchPtr("stablemax.rowloss", int64(rows)*8)
+	rl, err := c.Scratch("stablemax.rowloss", int64(rows)*8)
 	if err != nil {
 		return err
 	}
-	counts, err := c.scratchPtr("stablemax.counts", int64(a.groups)*4)
+	counts, err := c.Scratch("stablemax.counts", int64(a.groups)*4)
 	if err != nil {
 		return err
 	}

@@ -72,7 +72,7 @@ func (e *Engine) checkSwiGLU(op string, out, gu, dy *tensor.Tensor, back bool) (
 // [..., I], one dtype (f32 or bf16), computed in f32; rows may be strided
 // (leading dimensions merging into one row stride, last dimension
 // contiguous). y must not overlap gu. Errors wrap tensor.ErrShape,
-// tensor.ErrDType, tensor.ErrLayout or ErrDevice.
+// tensor.ErrDType, tensor.ErrLayout or exec.ErrDevice.
 func (e *Engine) SwiGLU(y, gu *tensor.Tensor) error {
 	a, err := e.checkSwiGLU("swiglu", y, gu, nil, false)
 	if err != nil {

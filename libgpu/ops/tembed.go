@@ -22,7 +22,7 @@ import (
 // (the exponent is formed as (−ln(maxPeriod)·i)/half in f32, the
 // reference's order of operations). maxPeriod > 1, typically 10000. It has
 // no gradient. Errors wrap tensor.ErrShape, tensor.ErrDType,
-// tensor.ErrLayout, ErrDevice or ErrConfig.
+// tensor.ErrLayout, exec.ErrDevice or ErrConfig.
 func (e *Engine) TimestepEmbedding(y, t *tensor.Tensor, maxPeriod float32) error {
 	if !(maxPeriod > 1) || math.IsInf(float64(maxPeriod), 1) {
 		return fmt.Errorf("%w: timestep embedding max period %v", ErrConfig, maxPeriod)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/ops/opstest"
 	"gpukit/libgpu/tensor"
@@ -271,9 +272,9 @@ func TestWhileValidation(t *testing.T) {
 		{"f32 cond", e.While(opstest.Empty(t, a, tensor.F32, 1), nil, 0, body), tensor.ErrDType},
 		{"cond of two", e.While(opstest.Empty(t, a, tensor.I32, 2), nil, 0, body), tensor.ErrShape},
 		{"no cond", e.While(nil, nil, 0, body), tensor.ErrShape},
-		{"limit without count", e.While(flag, nil, 3, body), ops.ErrConfig},
-		{"negative limit", e.While(flag, opstest.Empty(t, a, tensor.I32, 1), -1, body), ops.ErrConfig},
-		{"no body", e.While(flag, nil, 0, nil), ops.ErrConfig},
+		{"limit without count", e.While(flag, nil, 3, body), exec.ErrConfig},
+		{"negative limit", e.While(flag, opstest.Empty(t, a, tensor.I32, 1), -1, body), exec.ErrConfig},
+		{"no body", e.While(flag, nil, 0, nil), exec.ErrConfig},
 		{"f32 count", e.While(flag, opstest.Empty(t, a, tensor.F32, 1), 2, body), tensor.ErrDType},
 		{"count above of bf16", e.CountAbove(flag, opstest.Empty(t, a, tensor.BF16, 3), 0), tensor.ErrDType},
 		{"count above into two", e.CountAbove(opstest.Empty(t, a, tensor.I32, 2), opstest.Empty(t, a, tensor.F32, 3), 0), tensor.ErrShape},

@@ -2,7 +2,6 @@ package optim_test
 
 import (
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -28,7 +27,7 @@ func gpuProblem(t *testing.T, prec ops.Precision, shapes ...[]int) *problem {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.Impl().(io.Closer).Close() })
+	t.Cleanup(func() { e.Close() })
 	return newProblem(t, e, device.Local{Dev: d}, shapes...)
 }
 

@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
 )
@@ -65,8 +66,8 @@ type rootJob struct {
 
 	status *tensor.Tensor // state: the last refresh's status (allocated at its first refresh's shape)
 	f64s   *tensor.Tensor // state [1] i32: 1 once the job runs in float64
-	ev     *ops.Event     // recorded after the status copy, in this process
-	stage  *ops.Staging   // host copy of status, queued behind it (read without a device-wide sync)
+	ev     *exec.Event    // recorded after the status copy, in this process
+	stage  *exec.Staging  // host copy of status, queued behind it (read without a device-wide sync)
 }
 
 // rootSched runs an optimizer's rootJobs on a fixed schedule: at steps t ≥
@@ -76,9 +77,9 @@ type rootSched struct {
 	opts         RootOptions
 	start, every int
 	jobs         []*rootJob
-	done         *ops.Event // the side stream's last refresh
-	pendingT     int        // the async refresh not yet in use (0: none)
-	resumed      bool       // the first step after construction has run
+	done         *exec.Event // the side stream's last refresh
+	pendingT     int         // the async refresh not yet in use (0: none)
+	resumed      bool        // the first step after construction has run
 	stats        RootStats
 	// use, when set, runs on the main stream once the results of the
 	// refresh of step t are put in use (after the synchronous refresh, or

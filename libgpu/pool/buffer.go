@@ -8,6 +8,7 @@ import (
 
 	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 )
 
 // Buffer is a leased pool buffer: a *device.Buffer (its memory) with what
@@ -20,7 +21,7 @@ type Buffer struct {
 	lease Lease
 
 	mu  sync.Mutex
-	own cuda.Event // the interprocess event Ready records; 0 until the first Ready
+	own *exec.IPCEvent // the interprocess event Ready records; nil until the first Ready
 }
 
 // Name is the buffer's name ("" for an anonymous allocation).
@@ -49,9 +50,8 @@ func (b *Buffer) Seal() error {
 
 // Ready records, on stream s, that the work queued so far (the writes of
 // this buffer) must finish before any stream that later Waits on the buffer
-// runs on. It uses an interprocess CUDA event (cuEventCreate with
-// CU_EVENT_INTERPROCESS|CU_EVENT_DISABLE_TIMING, cuIpcGetEventHandle) that
-// the first Ready creates and registers with the daemon; it lives until the
+// runs on. It uses an interprocess CUDA event (exec.IPCEvent) that the
+// first Ready creates and registers with the daemon; it lives until the
 // buffer is freed or this process's connection ends. On a host pool writes
 // are complete when they return, and Ready does nothing.
 func (b *Buffer) Ready(s cuda.Stream) error {
@@ -61,30 +61,19 @@ func (b *Buffer) Ready(s cuda.Stream) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.own == 0 {
-		var ev cuda.Event
-		var h cuda.IpcEventHandle
-		err := d.Do(func() error {
-			var err error
-			if ev, err = cuda.EventCreate(cuda.EventInterprocess | cuda.EventDisableTiming); err != nil {
-				return err
-			}
-			if h, err = cuda.IpcGetEventHandle(ev); err != nil {
-				ev.Destroy()
-			}
-			return err
-		})
+	if b.own == nil {
+		ev, err := exec.NewIPCEvent(d)
 		if err != nil {
 			return fmt.Errorf("pool: interprocess event for %q: %w", b.lease.Name, err)
 		}
+		h := ev.Handle()
 		if _, err := b.c.rpc.Call(context.Background(), OpEvent, EventRequest{Handle: b.lease.Handle, IPC: h[:]}, nil); err != nil {
-			d.Do(ev.Destroy)
+			ev.Close()
 			return b.c.wrap(OpEvent, err)
 		}
-		registerOwn(h, ev)
 		b.own = ev
 	}
-	if err := d.Do(func() error { return b.own.Record(s) }); err != nil {
+	if err := b.own.Record(s); err != nil {
 		return fmt.Errorf("pool: record event of %q: %w", b.lease.Name, err)
 	}
 	return nil
@@ -112,7 +101,7 @@ func (b *Buffer) Wait(s cuda.Stream) error {
 	if err != nil {
 		return fmt.Errorf("pool: open the event of %q: %w", b.lease.Name, err)
 	}
-	if err := d.Do(func() error { return s.WaitEvent(ev) }); err != nil {
+	if err := ev.Wait(s); err != nil {
 		return fmt.Errorf("pool: wait for %q: %w", b.lease.Name, err)
 	}
 	return nil
@@ -124,78 +113,38 @@ func (b *Buffer) release() error {
 	err := b.c.freeHandle(b.lease.Handle, b.c.quietFree(b.lease))
 	b.mu.Lock()
 	ev := b.own
-	b.own = 0
+	b.own = nil
 	b.mu.Unlock()
-	if ev != 0 {
-		forgetOwn(ev)
-		if e := b.c.cdev.Do(ev.Destroy); err == nil {
-			err = e
-		}
+	if e := ev.Close(); err == nil {
+		err = e
 	}
 	return err
 }
 
-// Events this process created (cuIpcOpenEventHandle cannot open them here):
-// by handle, so a Wait in the producer's own process uses the event itself.
-var own = struct {
-	sync.Mutex
-	m map[[64]byte]cuda.Event
-}{m: map[[64]byte]cuda.Event{}}
-
-func registerOwn(h cuda.IpcEventHandle, ev cuda.Event) {
-	own.Lock()
-	own.m[h] = ev
-	own.Unlock()
-}
-
-func forgetOwn(ev cuda.Event) {
-	own.Lock()
-	defer own.Unlock()
-	for h, e := range own.m {
-		if e == ev {
-			delete(own.m, h)
-		}
-	}
-}
-
-type eventRef struct{ ev cuda.Event }
-
-// openEvent returns the event with IPC handle h: this process's own, or
-// one opened here once (cuIpcOpenEventHandle) and kept until Close.
-func (c *Client) openEvent(h [64]byte) (cuda.Event, error) {
-	own.Lock()
-	ev, ok := own.m[h]
-	own.Unlock()
-	if ok {
-		return ev, nil
-	}
+// openEvent returns the event with IPC handle h (exec.OpenIPCEvent: this
+// process's own, or one opened here once and kept until Close).
+func (c *Client) openEvent(h [64]byte) (*exec.IPCEvent, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return 0, ErrClosed
+		return nil, ErrClosed
 	}
-	if r, ok := c.events[h]; ok {
-		return r.ev, nil
+	if ev, ok := c.events[h]; ok {
+		return ev, nil
 	}
-	err := c.cdev.Do(func() error {
-		var err error
-		ev, err = cuda.IpcOpenEventHandle(cuda.IpcEventHandle(h))
-		return err
-	})
+	ev, err := exec.OpenIPCEvent(c.cdev, h)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	c.events[h] = eventRef{ev}
+	if ev.Owned() {
+		c.events[h] = ev // another process's: opened once
+	}
 	return ev, nil
 }
 
-func (c *Client) closeEvents(m map[[64]byte]eventRef) {
-	if c.cdev == nil {
-		return
-	}
-	for _, r := range m {
-		ev := r.ev
-		c.cdev.Do(ev.Destroy)
+func (c *Client) closeEvents(m map[[64]byte]*exec.IPCEvent) {
+	for _, ev := range m {
+		ev.Close()
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ipc"
 )
 
@@ -39,7 +40,7 @@ type Client struct {
 
 	mu     sync.Mutex
 	slabs  map[uint64]*slabMap
-	events map[[64]byte]eventRef // events of other processes, opened here
+	events map[[64]byte]*exec.IPCEvent // events of other processes, opened here
 	closed bool
 }
 
@@ -126,7 +127,7 @@ func DialOptions(path string, o Options) (*Client, error) {
 
 // newClient says hello on conn and makes the client; it takes conn.
 func newClient(conn *ipc.Conn, path string, o Options) (*Client, error) {
-	c := &Client{path: path, conn: conn, trust: o.TrustUIDs, rpc: ipc.NewClient(conn), slabs: map[uint64]*slabMap{}, events: map[[64]byte]eventRef{}}
+	c := &Client{path: path, conn: conn, trust: o.TrustUIDs, rpc: ipc.NewClient(conn), slabs: map[uint64]*slabMap{}, events: map[[64]byte]*exec.IPCEvent{}}
 	c.timeout = o.Timeout
 	if c.timeout <= 0 {
 		c.timeout = ipc.DefaultTimeout

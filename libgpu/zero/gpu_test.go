@@ -3,7 +3,6 @@ package zero_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"testing"
 	"time"
 
@@ -94,7 +93,7 @@ func cudaSetup(t *testing.T, ordinal int) (*ops.Engine, device.Allocator) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.Impl().(io.Closer).Close() })
+	t.Cleanup(func() { e.Close() })
 	return e, device.Local{Dev: d}
 }
 

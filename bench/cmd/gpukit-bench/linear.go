@@ -244,12 +244,12 @@ func (b *bench) linearOps(w Workload) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	s, ok := e.Impl().(ops.Streamer)
-	if !ok {
+	s := e.Stream()
+	if s == 0 {
 		return Result{}, fmt.Errorf("engine on %v has no stream", d)
 	}
 	saved := b.stream
-	b.stream = s.Stream()
+	b.stream = s
 	defer func() { b.stream = saved }()
 	ms, err := b.timed(w.Iters, func() error { return e.Linear(y, x, wt, bias, nil, act) })
 	return Result{MS: ms, Flops: 2 * float64(m) * float64(n) * float64(k), Bytes: 4 * float64(m*k+n*k+n+m*n), Note: "ops.Engine"}, err

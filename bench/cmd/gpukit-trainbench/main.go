@@ -171,7 +171,7 @@ func newSetup(d *device.CUDA, s Shape, prec ops.Precision) (*setup, error) {
 	if err := mlp.Labels().Write(tensor.AsBytes(y)); err != nil {
 		return nil, err
 	}
-	return &setup{d: d, e: e, s: e.Impl().(ops.Streamer).Stream(), mlp: mlp, opt: opt}, nil
+	return &setup{d: d, e: e, s: e.Stream(), mlp: mlp, opt: opt}, nil
 }
 
 func (u *setup) close() {
@@ -181,9 +181,7 @@ func (u *setup) close() {
 	}
 	u.opt.Free()
 	u.mlp.Free()
-	if c, ok := u.e.Impl().(interface{ Close() error }); ok {
-		c.Close()
-	}
+	u.e.Close()
 }
 
 // step queues one whole training step.

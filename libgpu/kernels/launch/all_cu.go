@@ -324,7 +324,6 @@ var all = []Kernel{
 	{File: "ops_linear.cu", Name: "colsum_final"},
 	{File: "ops_linear.cu", Name: "cast_f32_bf16"},
 	{File: "ops_linear.cu", Name: "relu_mask"},
-	{File: "ops_loss.cu", Name: "softmax_xent"},
 	{File: "ops_optim.cu", Name: "adamw_step"},
 	{File: "ops_optim.cu", Name: "adamw_multi"},
 	{File: "ops_optim.cu", Name: "sgd_multi"},

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
 )
@@ -40,7 +41,7 @@ func (s *suite) checkChainSupport(t *testing.T) bool {
 	}
 	f := func(shape ...int) *tensor.Tensor { return Empty(t, s.a, tensor.F32, shape...) }
 	err := s.e.LinearBackwardChain(nil, f(5, 3), nil, nil, f(4, 5), f(4, 3), f(5, 3), nil, ops.ActNone)
-	if !errors.Is(err, ops.ErrNoBackend) {
+	if !errors.Is(err, exec.ErrNoBackend) {
 		t.Fatalf("backend without LinearChainer: LinearBackwardChain error %v, want ErrNoBackend", err)
 	}
 	return false

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
 )
@@ -32,7 +33,7 @@ type suite struct {
 // CheckImpl runs every op through an Engine on dev with opts and compares
 // each output with the float64 references of this package (relative error
 // ≤ tol, exact for Argmax, Fill and the AdamW step counter); checks Linear's
-// and SoftmaxCrossEntropy's gradients against central finite differences
+// and CrossEntropy's gradients (dense labels) against central finite differences
 // of the references; checks the chained backward (LinearBackwardChain and
 // Linear's ReLU bit-mask) the same ways when the backend has it, and
 // ErrNoBackend when it has not; poisons every output with NaN first; and checks that
@@ -62,8 +63,8 @@ func CheckImpl(t *testing.T, dev device.Device, opts ops.Options, tol float64) {
 	t.Run("LinearBackwardChain", s.linearChain)
 	t.Run("LinearChainGradFD", s.linearChainGradFD)
 	t.Run("LinearChainValidation", s.chainValidation)
-	t.Run("SoftmaxCrossEntropy", s.softmaxCE)
-	t.Run("SoftmaxCrossEntropyGradFD", s.softmaxCEGradFD)
+	t.Run("CrossEntropyDense", s.softmaxCE)
+	t.Run("CrossEntropyDenseGradFD", s.softmaxCEGradFD)
 	t.Run("AdamW", s.adamw)
 	t.Run("SGD", s.sgd)
 	t.Run("Argmax", s.argmax)
@@ -325,7 +326,7 @@ func (s *suite) softmaxCE(t *testing.T) {
 				labels, lf := s.labels(t, m, c)
 				loss := Empty(t, s.a, tensor.F32, 1)
 				dl := Empty(t, s.a, tensor.F32, m, c)
-				if err := s.e.SoftmaxCrossEntropy(loss, dl, logits, labels); err != nil {
+				if err := s.e.CrossEntropy(loss, dl, logits, labels, false); err != nil {
 					t.Fatalf("%s: %v", name, err)
 				}
 				wl, wd := SoftmaxCrossEntropyRef(xf, lf, m, c)
@@ -354,7 +355,7 @@ func (s *suite) softmaxCEGradFD(t *testing.T) {
 	labels, lf := s.labels(t, m, c)
 	loss := Empty(t, s.a, tensor.F32, 1)
 	dl := Empty(t, s.a, tensor.F32, m, c)
-	if err := s.e.SoftmaxCrossEntropy(loss, dl, logits, labels); err != nil {
+	if err := s.e.CrossEntropy(loss, dl, logits, labels, false); err != nil {
 		t.Fatal(err)
 	}
 	fd := FiniteDiff(func(x []float64) float64 { l, _ := SoftmaxCrossEntropyRef(x, lf, m, c); return l }, xf, 1e-6)
@@ -560,10 +561,10 @@ func (s *suite) validation(t *testing.T) {
 		{"backward dy shape", tensor.ErrShape, func() error { return s.e.LinearBackward(nil, f(5, 3), nil, f(5, 4), x, w, nil, ops.ActNone) }},
 		{"backward gelu no aux", tensor.ErrShape, func() error { return s.e.LinearBackward(nil, f(5, 3), nil, y, x, w, nil, ops.ActGELU) }},
 		{"backward dx dtype", tensor.ErrDType, func() error { return s.e.LinearBackward(i(4, 3), f(5, 3), nil, y, x, w, nil, ops.ActNone) }},
-		{"ce labels dtype", tensor.ErrDType, func() error { return s.e.SoftmaxCrossEntropy(f(1), f(4, 5), y, f(4)) }},
-		{"ce labels shape", tensor.ErrShape, func() error { return s.e.SoftmaxCrossEntropy(f(1), f(4, 5), y, i(5)) }},
-		{"ce loss shape", tensor.ErrShape, func() error { return s.e.SoftmaxCrossEntropy(f(2), f(4, 5), y, i(4)) }},
-		{"ce dlogits shape", tensor.ErrShape, func() error { return s.e.SoftmaxCrossEntropy(f(1), f(5, 4), y, i(4)) }},
+		{"ce labels dtype", tensor.ErrDType, func() error { return s.e.CrossEntropy(f(1), f(4, 5), y, f(4), false) }},
+		{"ce labels shape", tensor.ErrShape, func() error { return s.e.CrossEntropy(f(1), f(4, 5), y, i(5), false) }},
+		{"ce loss shape", tensor.ErrShape, func() error { return s.e.CrossEntropy(f(2), f(4, 5), y, i(4), false) }},
+		{"ce dlogits shape", tensor.ErrShape, func() error { return s.e.CrossEntropy(f(1), f(5, 4), y, i(4), false) }},
 		{"adamw count", tensor.ErrShape, func() error {
 			return s.e.AdamW([]*tensor.Tensor{w}, []*tensor.Tensor{f(5, 3)}, []*tensor.Tensor{f(5, 3)}, nil, step, ops.DefaultAdamW)
 		}},
@@ -584,7 +585,7 @@ func (s *suite) validation(t *testing.T) {
 		{"argmax out dtype", tensor.ErrDType, func() error { return s.e.Argmax(f(4), y) }},
 		{"argmax out shape", tensor.ErrShape, func() error { return s.e.Argmax(i(5), y) }},
 		{"fill dtype", tensor.ErrDType, func() error { return s.e.Fill(Empty(t, s.a, tensor.U8, 3), 0) }},
-		{"fill i32 fraction", ops.ErrConfig, func() error { return s.e.Fill(i(3), 0.5) }},
+		{"fill i32 fraction", exec.ErrConfig, func() error { return s.e.Fill(i(3), 0.5) }},
 		{"fill strided", tensor.ErrLayout, func() error { return s.e.Fill(transposed, 0) }},
 	}
 	for _, c := range cases {

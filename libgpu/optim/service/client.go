@@ -205,7 +205,7 @@ func (c *Client) Register(e *ops.Engine, r Registration) (_ *Remote, err error) 
 	if rm.peer, err = openIPCEvent(e, reply.Event); err != nil {
 		return nil, err
 	}
-	if streamOf(e) != 0 && rm.peer == nil {
+	if e.Stream() != 0 && rm.peer == nil {
 		return nil, fmt.Errorf("%w: a CUDA service sent no event", ErrProtocol)
 	}
 	for _, s := range reply.State {

@@ -2,125 +2,73 @@ package service
 
 import (
 	"fmt"
-	"sync"
 
-	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 )
 
-// ipcEvent is an interprocess CUDA event (cuIpcGetEventHandle) recorded by
-// one process's stream and waited for by another's, so that the trainer's
+// ipcEvent is an inter-process CUDA event (exec.IPCEvent) recorded by one
+// process's stream and waited for by another's, so that the trainer's
 // gradients and the service's updates are ordered on the GPU with no host
 // waiting (the pool's Buffer.Ready/Wait do the same through the daemon;
 // here the handles are exchanged once, at register, so a step costs no
-// extra round trip). On the host backend it does nothing: the service
-// computes before it replies.
-type ipcEvent struct {
-	ev  cuda.Event
-	own bool
-}
-
-// Events this process created: cuIpcOpenEventHandle cannot open them in
-// their own process (a client and a service in one process, in tests).
-var ownEvents = struct {
-	sync.Mutex
-	m map[[64]byte]cuda.Event
-}{m: map[[64]byte]cuda.Event{}}
-
-// streamOf is the CUDA stream e queues on, or 0 on the host.
-func streamOf(e *ops.Engine) cuda.Stream {
-	if s, ok := e.Impl().(ops.Streamer); ok {
-		return s.Stream()
-	}
-	return 0
-}
+// extra round trip). On the host backend there is none (a nil *ipcEvent,
+// whose methods do nothing): the service computes before it replies.
+type ipcEvent struct{ v *exec.IPCEvent }
 
 // newIPCEvent makes an interprocess event on e's device and returns it
 // with its handle (nil, nil on the host).
 func newIPCEvent(e *ops.Engine) (*ipcEvent, []byte, error) {
-	if streamOf(e) == 0 {
+	d, ok := e.Device().(device.CUDADevice)
+	if !ok || e.Stream() == 0 {
 		return nil, nil, nil
 	}
-	v := &ipcEvent{own: true}
-	var h cuda.IpcEventHandle
-	err := e.Do(func() error {
-		var err error
-		if v.ev, err = cuda.EventCreate(cuda.EventInterprocess | cuda.EventDisableTiming); err != nil {
-			return err
-		}
-		if h, err = cuda.IpcGetEventHandle(v.ev); err != nil {
-			v.ev.Destroy()
-		}
-		return err
-	})
+	v, err := exec.NewIPCEvent(d)
 	if err != nil {
-		return nil, nil, fmt.Errorf("optimizer: interprocess event: %w", err)
+		return nil, nil, fmt.Errorf("optimizer: %w", err)
 	}
-	ownEvents.Lock()
-	ownEvents.m[h] = v.ev
-	ownEvents.Unlock()
-	return v, h[:], nil
+	h := v.Handle()
+	return &ipcEvent{v}, h[:], nil
 }
 
 // openIPCEvent opens the peer's event from its handle (nil on the host or
 // without a handle).
 func openIPCEvent(e *ops.Engine, h []byte) (*ipcEvent, error) {
-	if streamOf(e) == 0 || len(h) == 0 {
+	d, ok := e.Device().(device.CUDADevice)
+	if !ok || e.Stream() == 0 || len(h) == 0 {
 		return nil, nil
 	}
 	if len(h) != 64 {
 		return nil, fmt.Errorf("%w: an event handle of %d bytes", ErrProtocol, len(h))
 	}
-	ownEvents.Lock()
-	ev, ok := ownEvents.m[[64]byte(h)]
-	ownEvents.Unlock()
-	if ok {
-		return &ipcEvent{ev: ev}, nil
-	}
-	v := &ipcEvent{}
-	err := e.Do(func() error {
-		var err error
-		v.ev, err = cuda.IpcOpenEventHandle(cuda.IpcEventHandle(h))
-		return err
-	})
+	v, err := exec.OpenIPCEvent(d, [64]byte(h))
 	if err != nil {
-		return nil, fmt.Errorf("optimizer: open the peer's event: %w", err)
+		return nil, fmt.Errorf("optimizer: the peer's event: %w", err)
 	}
-	v.own = true // opened here: destroyed here
-	return v, nil
+	return &ipcEvent{v}, nil
 }
 
 // record marks the end of e's queue.
-func (v *ipcEvent) record(e *ops.Engine) error {
-	if v == nil {
+func (x *ipcEvent) record(e *ops.Engine) error {
+	if x == nil {
 		return nil
 	}
-	s := streamOf(e)
-	return e.Do(func() error { return v.ev.Record(s) })
+	return x.v.Record(e.Stream())
 }
 
 // wait makes e's later work wait for the event's last record.
-func (v *ipcEvent) wait(e *ops.Engine) error {
-	if v == nil {
+func (x *ipcEvent) wait(e *ops.Engine) error {
+	if x == nil {
 		return nil
 	}
-	s := streamOf(e)
-	return e.Do(func() error { return s.WaitEvent(v.ev) })
+	return x.v.Wait(e.Stream())
 }
 
 // close destroys an event this side created or opened.
-func (v *ipcEvent) close(e *ops.Engine) error {
-	if v == nil || !v.own || v.ev == 0 {
+func (x *ipcEvent) close(*ops.Engine) error {
+	if x == nil {
 		return nil
 	}
-	ownEvents.Lock()
-	for h, ev := range ownEvents.m {
-		if ev == v.ev {
-			delete(ownEvents.m, h)
-		}
-	}
-	ownEvents.Unlock()
-	err := e.Do(v.ev.Destroy)
-	v.ev = 0
-	return err
+	return x.v.Close()
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -402,7 +401,7 @@ func (ss *session) register(req *RegisterRequest, fds []int) (_ *RegisterReply, 
 	if ss.peer, err = openIPCEvent(ss.e, req.Event); err != nil {
 		return nil, err
 	}
-	if streamOf(ss.e) != 0 && ss.peer == nil {
+	if ss.e.Stream() != 0 && ss.peer == nil {
 		return nil, fmt.Errorf("%w: event: a CUDA client must send its event", ipc.ErrBadRequest)
 	}
 	if ss.own, reply.Event, err = newIPCEvent(ss.e); err != nil {
@@ -440,9 +439,7 @@ func (ss *session) release() {
 	if ss.e != nil {
 		errs = append(errs, ss.peer.close(ss.e), ss.own.close(ss.e))
 		ss.peer, ss.own = nil, nil
-		if c, ok := ss.e.Impl().(io.Closer); ok {
-			errs = append(errs, c.Close())
-		}
+		errs = append(errs, ss.e.Close())
 		ss.e = nil
 	}
 	ss.opened = nil // their leases end with the connection

@@ -4,7 +4,6 @@ package app
 import (
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -137,9 +136,7 @@ func setup(c *cli.Context) (*env, error) {
 		return nil, err
 	}
 	v.close = append(v.close, func() {
-		if cl, ok := v.e.Impl().(io.Closer); ok {
-			cl.Close()
-		}
+		v.e.Close()
 	})
 	v.cast = tensor.F32
 	if prec == ops.PrecBF16 && v.e.IsGraphCapable() {

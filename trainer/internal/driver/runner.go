@@ -3,9 +3,9 @@ package driver
 import (
 	"errors"
 	"fmt"
-	"io"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
 	"gpukit/libgpu/trace"
@@ -46,9 +46,9 @@ type Runner struct {
 }
 
 type runSlot struct {
-	staging *ops.Staging
-	done    *ops.Event
-	g       *ops.CapturedGraph
+	staging *exec.Staging
+	done    *exec.Event
+	g       *exec.CapturedGraph
 	used    bool
 }
 
@@ -78,9 +78,9 @@ func NewRunner(e *ops.Engine, inputs []*tensor.Tensor, compute func(gt *trace.GP
 		}
 	}
 	if cd, ok := e.Device().(device.CUDADevice); ok {
-		if st, ok := e.Impl().(ops.Streamer); ok {
+		if s := e.Stream(); s != 0 {
 			var err error
-			if r.gt, err = trace.NewGPUTimer(trace.Default(), cd.Context(), st.Stream(), gpuTimerName); err != nil {
+			if r.gt, err = trace.NewGPUTimer(trace.Default(), cd.Context(), s, gpuTimerName); err != nil {
 				r.Close()
 				return nil, fmt.Errorf("trainer: %w", err)
 			}
@@ -202,8 +202,5 @@ func (r *Runner) Close() error {
 // CloseEngine releases the engine's backend resources (the CUDA backend's
 // stream, workspace and scratch) when it has any.
 func CloseEngine(e *ops.Engine) error {
-	if c, ok := e.Impl().(io.Closer); ok {
-		return c.Close()
-	}
-	return nil
+	return e.Close()
 }

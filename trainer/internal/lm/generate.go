@@ -11,6 +11,7 @@ import (
 	"gpukit/libgpu/ckpt"
 	"gpukit/libgpu/data"
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/nn"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
@@ -193,9 +194,9 @@ func sample(logits []float32, probs []float64, temp float64, topK int, r *rand.R
 type decodeStep struct {
 	e     *ops.Engine
 	d     *nn.GPTDecoder
-	st    *ops.Staging
-	done  *ops.Event
-	graph *ops.CapturedGraph
+	st    *exec.Staging
+	done  *exec.Event
+	graph *exec.CapturedGraph
 	useG  bool
 	n     int
 }

@@ -1,4 +1,4 @@
-package ops
+package exec
 
 // The side stream: work queued off the engine's main stream, ordered with
 // it by fork and join events, so that long computations (second-order
@@ -6,9 +6,10 @@ package ops
 // CUDA the side stream has its own cuBLASLt workspace and its own scratch
 // buffers, so every op that needs only those may run there (GEMMs, the
 // matrix-root and eigensolver families, element-wise kernels); ops that
-// use the backend's small shared device state (AdamW's bias corrections,
-// the cross-entropy ticket counter) refuse with ErrSide. The host backend
-// has no second stream: Side runs its function in line.
+// use the small state an op family shares across streams (AdamW's bias
+// corrections, the cross-entropy ticket counter) refuse with ErrSide
+// (CUDA.OnSide). The host backend has no second stream: Side runs its
+// function in line.
 //
 // This revives the Engine.Side/Join of commit 203d962 (reverted), with a
 // workspace and scratch namespace of the side stream's own instead of
@@ -33,7 +34,7 @@ import (
 // ErrSide: an op that uses the backend's shared device state was queued
 // inside Engine.Side (it could race with the main stream's use of it), or
 // Side was nested, or Join was called inside Side.
-var ErrSide = errors.New("ops: op not allowed on the side stream")
+var ErrSide = errors.New("exec: op not allowed on the side stream")
 
 // sideState is the CUDA backend's side stream, created on first use: the
 // stream, its workspace, and the fork and join events (reused: a wait
@@ -52,10 +53,7 @@ type sideState struct {
 // HasSide reports whether the backend has a side stream, so that ops
 // queued inside Side run concurrently with later ops on the main stream
 // (CUDA).
-func (e *Engine) HasSide() bool {
-	_, ok := e.impl.(*cudaImpl)
-	return ok
-}
+func (e *Engine) HasSide() bool { return e.cuda != nil }
 
 // Side queues fn's ops on the backend's side stream, after everything
 // queued so far on the engine's main stream (a fork: an event recorded on
@@ -68,56 +66,25 @@ func (e *Engine) HasSide() bool {
 // the capture must join the side stream before it ends.
 //
 // fn must not touch tensors the main stream writes before the join. Ops
-// that use shared backend state (AdamW, SoftmaxCrossEntropy) fail with
+// that use state shared across streams (AdamW) fail with
 // ErrSide inside fn, as does a nested Side. The host backend runs fn in
 // line.
 func (e *Engine) Side(fn func() error) error {
-	c, ok := e.impl.(*cudaImpl)
-	if !ok {
+	c := e.cuda
+	if c == nil {
 		return fn()
 	}
-	return c.dev.Do(func() error { return c.sideRun(fn) })
+	return c.Do(func() error { return c.sideRun(fn) })
 }
 
 // Join makes the engine's main stream wait for every op queued by Side so
 // far. A Join with nothing pending does nothing.
 func (e *Engine) Join() error {
-	c, ok := e.impl.(*cudaImpl)
-	if !ok {
+	c := e.cuda
+	if c == nil {
 		return nil
 	}
-	return c.dev.Do(c.sideJoin)
-}
-
-// WaitEvent makes later ops queued on the engine's current stream (the
-// main stream, or the side stream inside Side) wait until the work before
-// v's last Record has run (cuStreamWaitEvent: the host does not block).
-// Recording v inside Side and waiting for it later on the main stream
-// joins exactly that piece of side work. On the host it does nothing.
-func (e *Engine) WaitEvent(v *Event) error {
-	if v == nil {
-		return fmt.Errorf("%w: wait for a nil event", ErrConfig)
-	}
-	c, ok := e.impl.(*cudaImpl)
-	if !ok || v.ev == 0 {
-		return nil
-	}
-	return c.dev.Do(func() error { return c.stream.WaitEvent(v.ev) })
-}
-
-// Query reports, without blocking, whether the work queued before v's last
-// Record has finished (true on the host, and for an event never recorded).
-func (v *Event) Query() (bool, error) {
-	if v.ev == 0 {
-		return true, nil
-	}
-	var done bool
-	err := v.e.Do(func() error {
-		var err error
-		done, err = v.ev.Query()
-		return err
-	})
-	return done, err
+	return c.Do(c.sideJoin)
 }
 
 // CommSide queues fn's ops — collectives, typically — on the backend's
@@ -131,29 +98,30 @@ func (v *Event) Query() (bool, error) {
 // before it ends. The rules of Side hold (no shared backend state, no
 // nesting in Side or CommSide). The host backend runs fn in line.
 func (e *Engine) CommSide(fn func() error) error {
-	c, ok := e.impl.(*cudaImpl)
-	if !ok {
+	c := e.cuda
+	if c == nil {
 		return fn()
 	}
-	return c.dev.Do(func() error { return c.commRun(fn) })
+	return c.Do(func() error { return c.commRun(fn) })
 }
 
 // JoinComm makes the engine's main stream wait for every op queued by
 // CommSide so far. With nothing pending it does nothing.
 func (e *Engine) JoinComm() error {
-	c, ok := e.impl.(*cudaImpl)
-	if !ok {
+	c := e.cuda
+	if c == nil {
 		return nil
 	}
-	return c.dev.Do(func() error { return c.join(&c.comm, "JoinComm") })
+	return c.Do(func() error { return c.join(&c.comm, "JoinComm") })
 }
 
-// onSide reports whether ops are being queued off the main stream (inside
-// Side or CommSide); ops that use shared backend state refuse then.
-func (c *cudaImpl) onSide() bool { return c.side.on || c.comm.on }
+// OnSide reports whether work is being queued off the main stream (inside
+// Side or CommSide); ops that use state shared across streams refuse then
+// with ErrSide.
+func (c *CUDA) OnSide() bool { return c.side.on || c.comm.on }
 
 // sideInit creates s's stream, its workspace and events. Inside Do.
-func (c *cudaImpl) sideInit(s *sideState) error {
+func (c *CUDA) sideInit(s *sideState) error {
 	if s.stream != 0 {
 		return nil
 	}
@@ -167,7 +135,7 @@ func (c *cudaImpl) sideInit(s *sideState) error {
 	if s.forkSide, err = cuda.EventCreate(cuda.EventDisableTiming); err != nil {
 		return err
 	}
-	if s.ws, err = cuda.MemAlloc(cudaWorkspace); err != nil {
+	if s.ws, err = cuda.MemAlloc(WorkspaceSize); err != nil {
 		return err
 	}
 	if s == &c.comm && c.highComm {
@@ -183,7 +151,7 @@ func (c *cudaImpl) sideInit(s *sideState) error {
 }
 
 // sideRun implements Side. Inside Do.
-func (c *cudaImpl) sideRun(fn func() error) error {
+func (c *CUDA) sideRun(fn func() error) error {
 	if c.side.on || c.comm.on {
 		return fmt.Errorf("%w: nested Side", ErrSide)
 	}
@@ -192,19 +160,19 @@ func (c *cudaImpl) sideRun(fn func() error) error {
 
 // commRun implements CommSide: the fork from the main stream, and from the
 // side stream when it has work the main stream has not joined. Inside Do.
-func (c *cudaImpl) commRun(fn func() error) error {
+func (c *CUDA) commRun(fn func() error) error {
 	if c.side.on || c.comm.on {
 		return fmt.Errorf("%w: nested CommSide", ErrSide)
 	}
 	if err := c.sideInit(&c.comm); err != nil {
-		return fmt.Errorf("ops: communication stream: %w", err)
+		return fmt.Errorf("exec: communication stream: %w", err)
 	}
 	if c.side.pending {
 		if err := c.comm.forkSide.Record(c.side.stream); err != nil {
-			return fmt.Errorf("ops: fork from the side stream: %w", err)
+			return fmt.Errorf("exec: fork from the side stream: %w", err)
 		}
 		if err := c.comm.stream.WaitEvent(c.comm.forkSide); err != nil {
-			return fmt.Errorf("ops: fork from the side stream: %w", err)
+			return fmt.Errorf("exec: fork from the side stream: %w", err)
 		}
 	}
 	return c.offMain(&c.comm, "communication", fn)
@@ -212,15 +180,15 @@ func (c *cudaImpl) commRun(fn func() error) error {
 
 // offMain forks s from the main stream and runs fn with s's stream and
 // workspace in the main ones' place. Inside Do.
-func (c *cudaImpl) offMain(s *sideState, what string, fn func() error) error {
+func (c *CUDA) offMain(s *sideState, what string, fn func() error) error {
 	if err := c.sideInit(s); err != nil {
-		return fmt.Errorf("ops: %s stream: %w", what, err)
+		return fmt.Errorf("exec: %s stream: %w", what, err)
 	}
 	if err := s.fork.Record(c.stream); err != nil {
-		return fmt.Errorf("ops: fork: %w", err)
+		return fmt.Errorf("exec: fork: %w", err)
 	}
 	if err := s.stream.WaitEvent(s.fork); err != nil {
-		return fmt.Errorf("ops: fork: %w", err)
+		return fmt.Errorf("exec: fork: %w", err)
 	}
 	s.pending = true
 	s.main, s.mainWS = c.stream, c.ws
@@ -230,10 +198,10 @@ func (c *cudaImpl) offMain(s *sideState, what string, fn func() error) error {
 }
 
 // sideJoin implements Join. Inside Do.
-func (c *cudaImpl) sideJoin() error { return c.join(&c.side, "Join") }
+func (c *CUDA) sideJoin() error { return c.join(&c.side, "Join") }
 
 // join makes the main stream wait for s's work. Inside Do.
-func (c *cudaImpl) join(s *sideState, what string) error {
+func (c *CUDA) join(s *sideState, what string) error {
 	if c.side.on || c.comm.on {
 		return fmt.Errorf("%w: %s inside Side or CommSide", ErrSide, what)
 	}
@@ -241,10 +209,10 @@ func (c *cudaImpl) join(s *sideState, what string) error {
 		return nil
 	}
 	if err := s.join.Record(s.stream); err != nil {
-		return fmt.Errorf("ops: join: %w", err)
+		return fmt.Errorf("exec: join: %w", err)
 	}
 	if err := c.stream.WaitEvent(s.join); err != nil {
-		return fmt.Errorf("ops: join: %w", err)
+		return fmt.Errorf("exec: join: %w", err)
 	}
 	s.pending = false
 	return nil
@@ -252,7 +220,7 @@ func (c *cudaImpl) join(s *sideState, what string) error {
 
 // sideClose waits for the side and communication streams and frees what
 // sideInit made. Inside Do, from Close.
-func (c *cudaImpl) sideClose(keep func(error)) {
+func (c *CUDA) sideClose(keep func(error)) {
 	for _, s := range []*sideState{&c.side, &c.comm} {
 		if s.stream != 0 {
 			keep(s.stream.Synchronize())
@@ -273,7 +241,7 @@ func (c *cudaImpl) sideClose(keep func(error)) {
 // sideScratch is the scratch slot name for name on the current stream:
 // the side and communication streams' scratch is their own, so no two
 // streams share a scratch buffer.
-func (c *cudaImpl) sideScratch(name string) string {
+func (c *CUDA) sideScratch(name string) string {
 	switch {
 	case c.side.on:
 		return "side/" + name
@@ -281,4 +249,23 @@ func (c *cudaImpl) sideScratch(name string) string {
 		return "comm/" + name
 	}
 	return name
+}
+
+// CommStreamPriority is the priority of the communication stream (made by
+// the first CommSide) and the context's greatest priority, for checking
+// Options.HighPriorityComm; 0, 0 on the host.
+func (e *Engine) CommStreamPriority() (prio, greatest int, err error) {
+	c := e.cuda
+	if c == nil {
+		return 0, 0, nil
+	}
+	err = c.Do(func() error {
+		var err error
+		if prio, err = c.comm.stream.Priority(); err != nil {
+			return err
+		}
+		_, greatest, err = cuda.StreamPriorityRange()
+		return err
+	})
+	return prio, greatest, err
 }

@@ -1,4 +1,4 @@
-package ops
+package exec
 
 // Data-dependent loops that stay on the GPU: Engine.While runs a body of
 // ops while a flag on the device says so. Inside Engine.Capture on CUDA the
@@ -38,13 +38,13 @@ type whileState struct {
 // ErrWhile wraps While's failures to build a conditional node (a driver
 // older than CUDA 12.4, or a body the node refuses: body graphs hold only
 // kernels, memsets, device memcopies and nested graphs).
-var ErrWhile = errors.New("ops: while loop")
+var ErrWhile = errors.New("exec: while loop")
 
 // While runs body repeatedly while the i32 scalar cond (one element, on
 // the engine's device) is non-zero: cond is read before the first run and
 // after every run, so body must update it (typically its last op,
-// CountAbove over the sequences still running). With maxIter > 0 the loop
-// also stops after maxIter runs. count, when not nil (an i32 scalar on the
+// ops.Engine.CountAbove over the sequences still running). With
+// maxIter > 0 the loop also stops after maxIter runs. count, when not nil (an i32 scalar on the
 // device), receives the number of runs completed: 0 before the first, then
 // 1, 2, ... — it is required when maxIter > 0 (the limit is checked
 // against it on the device).
@@ -64,11 +64,11 @@ var ErrWhile = errors.New("ops: while loop")
 // Engine.Side), ErrWhile wrapping the driver's error when the conditional
 // node cannot be made, or body's error.
 func (e *Engine) While(cond, count *tensor.Tensor, maxIter int, body func() error) error {
-	if err := e.checkScalarI32("while cond", cond); err != nil {
+	if err := e.CheckScalar("while cond", cond, tensor.I32); err != nil {
 		return err
 	}
 	if count != nil {
-		if err := e.checkScalarI32("while count", count); err != nil {
+		if err := e.CheckScalar("while count", count, tensor.I32); err != nil {
 			return err
 		}
 	}
@@ -78,15 +78,15 @@ func (e *Engine) While(cond, count *tensor.Tensor, maxIter int, body func() erro
 	if body == nil {
 		return fmt.Errorf("%w: while without a body", ErrConfig)
 	}
-	c, ok := e.impl.(*cudaImpl)
-	if !ok {
+	c := e.cuda
+	if c == nil {
 		return e.whileLoop(cond, count, maxIter, body)
 	}
-	if c.onSide() {
+	if c.OnSide() {
 		return fmt.Errorf("%w: While inside Side or CommSide", ErrSide)
 	}
 	var capturing bool
-	if err := c.dev.Do(func() error {
+	if err := c.Do(func() error {
 		var err error
 		capturing, err = c.stream.IsCapturing()
 		return err
@@ -96,23 +96,7 @@ func (e *Engine) While(cond, count *tensor.Tensor, maxIter int, body func() erro
 	if !capturing {
 		return e.whileEager(c, cond, count, maxIter, body)
 	}
-	return c.dev.Do(func() error { return c.whileCapture(cond, count, maxIter, body) })
-}
-
-func (e *Engine) checkScalarI32(what string, t *tensor.Tensor) error {
-	if t == nil {
-		return fmt.Errorf("%w: %s is missing", tensor.ErrShape, what)
-	}
-	if t.DType != tensor.I32 {
-		return fmt.Errorf("%w: %s is %v, want i32", tensor.ErrDType, what, t.DType)
-	}
-	if err := e.checkPlace(what, t); err != nil {
-		return err
-	}
-	if t.Numel() != 1 {
-		return fmt.Errorf("%w: %s is %v, want one element", tensor.ErrShape, what, t.Shape)
-	}
-	return nil
+	return c.Do(func() error { return c.whileCapture(cond, count, maxIter, body) })
 }
 
 // readI32 waits for the engine and reads an i32 scalar.
@@ -158,8 +142,8 @@ func (e *Engine) whileLoop(cond, count *tensor.Tensor, maxIter int, body func() 
 // whileEager runs the loop on the host for the CUDA backend, and prepares
 // what a capture of the same loop needs: the condition kernel and a body
 // stream for this nesting depth.
-func (e *Engine) whileEager(c *cudaImpl, cond, count *tensor.Tensor, maxIter int, body func() error) error {
-	if err := c.dev.Do(func() error {
+func (e *Engine) whileEager(c *CUDA, cond, count *tensor.Tensor, maxIter int, body func() error) error {
+	if err := c.Do(func() error {
 		if _, err := c.whileKernel(); err != nil {
 			return err
 		}
@@ -177,16 +161,16 @@ func (e *Engine) whileEager(c *cudaImpl, cond, count *tensor.Tensor, maxIter int
 // every embedded kernel, or, should NVRTC's own assembler not resolve
 // cudaGraphSetConditional, as PTX for the driver to JIT (how NeMo loads
 // its condition kernels). Inside Do.
-func (c *cudaImpl) whileKernel() (cuda.Function, error) {
+func (c *CUDA) whileKernel() (cuda.Function, error) {
 	if c.while.fn != 0 {
 		return c.while.fn, nil
 	}
-	f, err := c.kernel(launch.WhileSetKernel.File, launch.WhileSetKernel.Name)
+	f, err := c.Function(launch.WhileSetKernel)
 	if err != nil {
 		if capturing, cerr := c.stream.IsCapturing(); cerr == nil && capturing {
 			return 0, err
 		}
-		d, derr := kernelCompiler(c)
+		d, derr := c.Compiler()
 		if derr != nil {
 			return 0, errors.Join(err, derr)
 		}
@@ -213,7 +197,7 @@ func (c *cudaImpl) whileKernel() (cuda.Function, error) {
 
 // whileStream returns the body stream of nesting depth d, creating it when
 // missing (eager runs create them; a capture reuses them). Inside Do.
-func (c *cudaImpl) whileStream(d int) (cuda.Stream, error) {
+func (c *CUDA) whileStream(d int) (cuda.Stream, error) {
 	for len(c.while.streams) <= d {
 		s, err := cuda.StreamCreate(true)
 		if err != nil {
@@ -225,11 +209,11 @@ func (c *cudaImpl) whileStream(d int) (cuda.Stream, error) {
 }
 
 // whileSet queues while_set on the current stream.
-func (c *cudaImpl) whileSet(f cuda.Function, h cuda.GraphConditionalHandle, cond, count *tensor.Tensor, maxIter int, first bool) error {
-	err := launch.WhileSet(fnLauncher{f, c.stream}, grid1(1), block1(32), 0,
+func (c *CUDA) whileSet(f cuda.Function, h cuda.GraphConditionalHandle, cond, count *tensor.Tensor, maxIter int, first bool) error {
+	err := launch.WhileSet(fnLauncher{f, c.stream}, [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0,
 		uint64(h), devPtr(cond), devPtr(count), int32(maxIter), launch.Bool(first))
 	if err != nil {
-		return fmt.Errorf("ops: launch while_set: %w", err)
+		return fmt.Errorf("exec: launch while_set: %w", err)
 	}
 	return nil
 }
@@ -252,7 +236,7 @@ func (l fnLauncher) Launch(_ launch.Kernel, grid, block [3]uint32, smem uint32, 
 // capture's new dependency, and the body captured into the node's body
 // graph from the body stream of this depth, ending with while_set. Inside
 // Do.
-func (c *cudaImpl) whileCapture(cond, count *tensor.Tensor, maxIter int, body func() error) error {
+func (c *CUDA) whileCapture(cond, count *tensor.Tensor, maxIter int, body func() error) error {
 	f, err := c.whileKernel()
 	if err != nil {
 		return err
@@ -303,7 +287,7 @@ func (c *cudaImpl) whileCapture(cond, count *tensor.Tensor, maxIter int, body fu
 
 // whileClose destroys the body streams and the PTX module. Inside Do, from
 // Close.
-func (c *cudaImpl) whileClose(keep func(error)) {
+func (c *CUDA) whileClose(keep func(error)) {
 	for _, s := range c.while.streams {
 		keep(s.Destroy())
 	}
@@ -313,59 +297,8 @@ func (c *cudaImpl) whileClose(keep func(error)) {
 	c.while = whileState{}
 }
 
-// CountAbove writes to out (i32, one element) the number of elements of x
-// (f32 or i32, contiguous, fewer than 2³¹) greater than thr: the flag of a
-// While loop, non-zero while any sequence runs (HRM: CountAbove(flag,
-// running, 0) over a 0/1 vector of the sequences not yet halted). One
-// block on CUDA, meant for a batch's worth of elements. Errors wrap
-// tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout or ErrDevice.
-func (e *Engine) CountAbove(out, x *tensor.Tensor, thr float32) error {
-	if err := e.checkScalarI32("count above out", out); err != nil {
-		return err
-	}
-	if x == nil {
-		return fmt.Errorf("%w: count above x is missing", tensor.ErrShape)
-	}
-	if x.DType != tensor.F32 && x.DType != tensor.I32 {
-		return fmt.Errorf("%w: count above x is %v, want f32 or i32", tensor.ErrDType, x.DType)
-	}
-	if err := e.checkPlace("count above x", x); err != nil {
-		return err
-	}
-	n := x.Numel()
-	if err := checkDims(n); err != nil {
-		return err
-	}
-	return e.dispatch(func(*hostImpl) error {
-		k := 0
-		if x.DType == tensor.I32 {
-			v, err := x.I32()
-			if err != nil {
-				return err
-			}
-			for _, a := range v {
-				if float32(a) > thr {
-					k++
-				}
-			}
-		} else {
-			v, err := x.F32()
-			if err != nil {
-				return err
-			}
-			for _, a := range v {
-				if a > thr {
-					k++
-				}
-			}
-		}
-		return out.Write(tensor.AsBytes([]int32{int32(k)}))
-	}, func(c *cudaImpl) error {
-		inst := "f32"
-		if x.DType == tensor.I32 {
-			inst = "i32"
-		}
-		return launch.CountAbove(c, inst, grid1(1), block1(1024), 0, devPtr(out), devPtr(x), int64(n), thr)
-
-	})
-}
+// WhilePTX reports whether While's condition kernel was loaded from PTX
+// (the fallback when NVRTC's cubin did not resolve
+// cudaGraphSetConditional), for diagnostics; false on the host and before
+// the first While.
+func (e *Engine) WhilePTX() bool { return e.cuda != nil && e.cuda.while.module != 0 }

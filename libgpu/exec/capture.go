@@ -1,0 +1,87 @@
+package exec
+
+import (
+	"errors"
+	"fmt"
+
+	"gpukit/libgpu/cuda"
+)
+
+// ErrCapture wraps failures to capture or replay a graph.
+var ErrCapture = errors.New("exec: graph capture")
+
+// CapturedGraph is a captured sequence of work: a CUDA graph on a GPU, the
+// function itself on the host. Launch replays it; Close frees it.
+type CapturedGraph struct {
+	e     *Engine
+	f     func() error
+	graph cuda.Graph
+	exec  cuda.GraphExec
+}
+
+// Capture records everything f queues on the engine into a graph without
+// running it (CUDA stream capture in thread-local mode, on one pinned
+// thread). The work must have run once eagerly with the same shapes first,
+// so that scratch buffers, kernels and GEMM algorithms exist: allocation
+// and compilation are not allowed while capturing. On the host, Capture
+// keeps f and Launch calls it.
+func (e *Engine) Capture(f func() error) (*CapturedGraph, error) {
+	c := e.cuda
+	if c == nil {
+		return &CapturedGraph{e: e, f: f}, nil
+	}
+	g := &CapturedGraph{e: e}
+	err := c.Do(func() error {
+		if err := c.stream.BeginCapture(cuda.CaptureModeThreadLocal); err != nil {
+			return err
+		}
+		ferr := f()
+		graph, err := c.stream.EndCapture()
+		if ferr != nil {
+			if err == nil {
+				graph.Destroy()
+			}
+			return ferr
+		}
+		if err != nil {
+			return err
+		}
+		exec, err := graph.Instantiate()
+		if err != nil {
+			graph.Destroy()
+			return err
+		}
+		g.graph, g.exec = graph, exec
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrCapture, err)
+	}
+	return g, nil
+}
+
+// Launch replays the graph on the engine's stream (queued; Sync or an
+// event waits for it).
+func (g *CapturedGraph) Launch() error {
+	if g.exec == 0 {
+		if g.f == nil {
+			return fmt.Errorf("%w: graph closed", ErrCapture)
+		}
+		return g.f()
+	}
+	c := g.e.cuda
+	return c.Do(func() error { return g.exec.Launch(c.stream) })
+}
+
+// Close frees the graph. Launch fails afterwards.
+func (g *CapturedGraph) Close() error {
+	g.f = nil
+	if g.exec == 0 {
+		return nil
+	}
+	err := g.e.cuda.Do(func() error {
+		return errors.Join(g.exec.Destroy(), g.graph.Destroy())
+	})
+	g.exec, g.graph = 0, 0
+	return err
+}
