@@ -165,10 +165,10 @@ func TestGPTGradientsFiniteDifferences(t *testing.T) {
 			fd = append(fd, (up-dn)/(2*h))
 		}
 	}
-	if e := opstest.RelErr(got, fd); !(e < 2e-2) {
+	if e := opstest.TermsErr(got, fd, nil); !(e < 2e-2) {
 		t.Fatalf("gradients vs finite differences: relative error %.3g", e)
 	}
-	t.Logf("%d coordinates, relative error %.2g", len(got), opstest.RelErr(got, fd))
+	t.Logf("%d coordinates, relative error %.2g", len(got), opstest.TermsErr(got, fd, nil))
 }
 
 // TestGPTDecoderMatchesForward: the KV-cache decoder's logits at every
@@ -216,7 +216,7 @@ func TestGPTDecoderMatchesForward(t *testing.T) {
 		}
 		got, _ := d.Logits.ReadFloat32()
 		want := full[p*cfg.Vocab : (p+1)*cfg.Vocab]
-		if e := opstest.RelErr(opstest.F64(got), opstest.F64(want)); !(e < 1e-5) {
+		if e := opstest.TermsErr(opstest.F64(got), opstest.F64(want), nil); !(e < 1e-5) {
 			t.Fatalf("position %d: decoder logits differ from the full forward (relative %.3g)", p, e)
 		}
 	}

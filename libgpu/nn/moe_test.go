@@ -242,7 +242,7 @@ func TestMoELayerGradientsFiniteDifferences(t *testing.T) {
 	ex, _ := opstest.RefTopK(z, ref.T, ref.E, ref.K)
 	counts, _, _, _ := opstest.RefRoute(ex, ref.E)
 	wantL := opstest.RefAuxLosses(z, counts, ref.T, ref.E)
-	if e := opstest.RelErr(opstest.F64(lv), wantL); !(e < 1e-5) {
+	if e := opstest.TermsErr(opstest.F64(lv), wantL, nil); !(e < 1e-5) {
 		t.Errorf("losses %v, want %v", lv, wantL)
 	}
 	want := ref.objective(vals, dy) - ref.Aux*wantL[0] - ref.Z*wantL[1]
@@ -266,7 +266,7 @@ func TestMoELayerGradientsFiniteDifferences(t *testing.T) {
 			vals[i][j] = old
 			fd[j] = (up - dn) / (2 * h)
 		}
-		if e := opstest.RelErr(opstest.F64(gv), fd); !(e < 1e-4) {
+		if e := opstest.TermsErr(opstest.F64(gv), fd, nil); !(e < 1e-4) {
 			t.Errorf("gradient of %s: relative error %.3g against finite differences", names[i], e)
 		}
 	}
@@ -364,7 +364,7 @@ func TestMoEGPTTrainsAndDecodes(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, _ := d.Logits.ReadFloat32()
-		if e := opstest.RelErr(opstest.F64(got), opstest.F64(full[p*cfg.Vocab:(p+1)*cfg.Vocab])); !(e < 1e-5) {
+		if e := opstest.TermsErr(opstest.F64(got), opstest.F64(full[p*cfg.Vocab:(p+1)*cfg.Vocab]), nil); !(e < 1e-5) {
 			t.Fatalf("position %d: decoder logits differ from the forward's (relative %.3g)", p, e)
 		}
 	}

@@ -58,7 +58,7 @@ func TestCUDAAttentionDelta(t *testing.T) {
 					}
 				}
 			}
-			if err := opstest.RelErr(got, want); !(err <= 1e-5) {
+			if err := opstest.TermsErr(got, want, nil); !(err <= 1e-5) {
 				t.Errorf("delta: relative error %.3g", err)
 			}
 		})

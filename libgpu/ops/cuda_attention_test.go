@@ -260,7 +260,7 @@ func attnLargeCheckDrop(t *testing.T, e *ops.Engine, a device.Allocator, r *rand
 // block) from wrong arithmetic (everything).
 func attnNear(t *testing.T, what string, got, want []float64, tol float64, d int) {
 	t.Helper()
-	if err := opstest.RelErr(got, want); err <= tol {
+	if err := opstest.TermsErr(got, want, nil); err <= tol {
 		return
 	}
 	near(t, what, got, want, tol)
@@ -282,7 +282,7 @@ func attnNear(t *testing.T, what string, got, want []float64, tol float64, d int
 				g = append(g, got[r*d+c0:r*d+min(c0+64, d)]...)
 				w = append(w, want[r*d+c0:r*d+min(c0+64, d)]...)
 			}
-			fmt.Fprintf(&b, " cols %d..: %.2g", c0, opstest.RelErr(g, w))
+			fmt.Fprintf(&b, " cols %d..: %.2g", c0, opstest.TermsErr(g, w, nil))
 		}
 	}
 	for i := range got {

@@ -49,7 +49,7 @@ func rootRelErr(t testing.TB, x, ref *tensor.Tensor, batch, n int) float64 {
 	}
 	worst := 0.0
 	for b := 0; b < batch; b++ {
-		e := opstest.RelErr(opstest.F64(xv[b*n*n:(b+1)*n*n]), opstest.F64(rv[b*n*n:(b+1)*n*n]))
+		e := opstest.TermsErr(opstest.F64(xv[b*n*n:(b+1)*n*n]), opstest.F64(rv[b*n*n:(b+1)*n*n]), nil)
 		worst = math.Max(worst, e)
 	}
 	return worst

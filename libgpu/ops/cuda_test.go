@@ -306,7 +306,7 @@ func TestCUDALinearManyRows(t *testing.T) {
 
 func near(t *testing.T, what string, got, want []float64, tol float64) {
 	t.Helper()
-	if err := opstest.RelErr(got, want); !(err <= tol) {
+	if err := opstest.TermsErr(got, want, nil); !(err <= tol) {
 		t.Errorf("%s: relative error %.3g > %.3g", what, err, tol)
 	}
 }
@@ -325,9 +325,12 @@ func TestCUDAOptimizersManyTensors(t *testing.T) {
 	upload := func(v []float64, n int) *tensor.Tensor { return opstest.Upload(t, a, opstest.F32(v), n) }
 	var ps, gs, ms, vs, bs []*tensor.Tensor
 	var pf, gf, mf, vf, spf, bf [][]float64
+	var tpf, tmf, tspf, tbf [][]float64 // the terms' sizes of AdamW's p and m, SGD's p and buf
 	for _, n := range sizes {
 		p, g := opstest.F64(opstest.Rand(r, n)), opstest.F64(opstest.Rand(r, n))
 		pf, gf = append(pf, p), append(gf, g)
+		tpf, tmf = append(tpf, opstest.Abs(p)), append(tmf, make([]float64, n))
+		tspf, tbf = append(tspf, opstest.Abs(p)), append(tbf, make([]float64, n))
 		mf, vf, bf = append(mf, make([]float64, n)), append(vf, make([]float64, n)), append(bf, make([]float64, n))
 		spf = append(spf, append([]float64(nil), p...))
 		ps, gs = append(ps, upload(p, n)), append(gs, upload(g, n))
@@ -348,7 +351,9 @@ func TestCUDAOptimizersManyTensors(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := range sizes {
+			opstest.AdamWTermsRef(tpf[i], tmf[i], gf[i], vf[i], k, cfg)
 			opstest.AdamWRef(pf[i], gf[i], mf[i], vf[i], k, cfg)
+			opstest.SGDTermsRef(tspf[i], tbf[i], gf[i], sgd)
 			opstest.SGDRef(spf[i], gf[i], bf[i], sgd)
 		}
 	}
@@ -359,14 +364,14 @@ func TestCUDAOptimizersManyTensors(t *testing.T) {
 		if n == 0 {
 			continue
 		}
-		floor := 0.1 * math.Sqrt(float64(n))
 		for _, c := range []struct {
-			what string
-			got  *tensor.Tensor
-			want []float64
-		}{{"adamw p", ps[i], pf[i]}, {"adamw m", ms[i], mf[i]}, {"adamw v", vs[i], vf[i]}, {"sgd p", sp[i], spf[i]}, {"sgd buf", bs[i], bf[i]}} {
-			if err := opstest.RelErrFloor(opstest.Download(t, c.got), c.want, floor); !(err <= 1e-5) {
-				t.Errorf("tensor %d (%d elements) %s: relative error %.3g", i, n, c.what, err)
+			what        string
+			got         *tensor.Tensor
+			want, terms []float64
+		}{{"adamw p", ps[i], pf[i], tpf[i]}, {"adamw m", ms[i], mf[i], tmf[i]}, {"adamw v", vs[i], vf[i], nil},
+			{"sgd p", sp[i], spf[i], tspf[i]}, {"sgd buf", bs[i], bf[i], tbf[i]}} {
+			if err := opstest.TermsErr(opstest.Download(t, c.got), c.want, c.terms); !(err <= 1e-5) {
+				t.Errorf("tensor %d (%d elements) %s: error %.3g relative to the terms' size", i, n, c.what, err)
 			}
 		}
 	}
@@ -411,10 +416,9 @@ func TestCUDACrossEntropyDenseDeterministic(t *testing.T) {
 		if run == 0 {
 			first = [2][]byte{lb, db}
 			wl, wd := opstest.SoftmaxCrossEntropyRef(opstest.F64(xv), lab, m, c)
-			near(t, "loss", opstest.Download(t, loss), []float64{wl}, 1e-5)
-			if err := opstest.RelErrFloor(opstest.Download(t, dl), wd, 1/float64(m)); !(err <= 1e-5) {
-				t.Errorf("dlogits: relative error %.3g", err)
-			}
+			tl, td := opstest.CrossEntropyTerms(opstest.F64(xv), lab, m, c)
+			opstest.Close(t, "loss", opstest.Download(t, loss), []float64{wl}, []float64{tl}, 1e-5)
+			opstest.Close(t, "dlogits", opstest.Download(t, dl), wd, td, 1e-5)
 			continue
 		}
 		if !bytes.Equal(lb, first[0]) || !bytes.Equal(db, first[1]) {

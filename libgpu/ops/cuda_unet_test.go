@@ -75,7 +75,7 @@ func (w *twin) near(what string, g, h *tensor.Tensor, tol float64) {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	if e := opstest.RelErr(opstest.F64(gv), opstest.F64(hv)); !(e <= tol) {
+	if e := opstest.TermsErr(opstest.F64(gv), opstest.F64(hv), nil); !(e <= tol) {
 		w.t.Errorf("%s: GPU vs host relative error %.3g > %.3g", what, e, tol)
 	}
 }

@@ -100,3 +100,12 @@ func (otherKind) Kind() device.Kind { return device.Kind(200) }
 func TestHostFamilies(t *testing.T) {
 	opstest.CheckFamilies(t, device.NewHost(), ops.Options{}, nil)
 }
+
+// TestHostSeeds runs the host backend's op checks (CheckImpl and every
+// family's) for several fresh seeds, each logged (GPUKIT_OPSTEST_SEEDS
+// sets how many; 3 keep CI's two cores busy about a minute): comparisons
+// are relative to the size of the terms summed, so they must pass for
+// every seed, not most.
+func TestHostSeeds(t *testing.T) {
+	opstest.CheckSeeds(t, opstest.Seeds(3), device.NewHost(), ops.Options{}, 1e-5)
+}

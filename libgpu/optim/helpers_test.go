@@ -180,7 +180,7 @@ func relErr(got, want [][]float64) float64 {
 		g = append(g, got[i]...)
 		w = append(w, want[i]...)
 	}
-	return opstest.RelErr(g, w)
+	return opstest.TermsErr(g, w, nil)
 }
 
 var _ = mat.NewDense

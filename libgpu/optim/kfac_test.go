@@ -139,10 +139,10 @@ func TestKFACFactorsFromGraph(t *testing.T) {
 			at, gt := o.Factors(l.w)
 			av, _ := at.ReadFloat32()
 			gv, _ := gt.ReadFloat32()
-			if e := opstest.RelErr(opstest.F64(av), wantA); !(e < 1e-5) {
+			if e := opstest.TermsErr(opstest.F64(av), wantA, nil); !(e < 1e-5) {
 				t.Errorf("step %d %s: A off by %.3g", step, l.w, e)
 			}
-			if e := opstest.RelErr(opstest.F64(gv), wantG); !(e < 1e-5) {
+			if e := opstest.TermsErr(opstest.F64(gv), wantG, nil); !(e < 1e-5) {
 				t.Errorf("step %d %s: G off by %.3g", step, l.w, e)
 			}
 			prevA[l.w], prevG[l.w] = opstest.F64(av), opstest.F64(gv)

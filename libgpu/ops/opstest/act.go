@@ -280,9 +280,9 @@ func actResetCase(s *Suite, dt tensor.DType) {
 	if dt == tensor.F32 {
 		want = RefACTReset(zv, iv, halted, T, C)
 	}
-	s.Near("reset", s.Read(w), want, 0)
+	s.Close("reset", s.Read(w), want, nil, 0)
 	s.NoErr("reset in place", s.E.ACTResetCarry(z, z, init, h))
-	s.Near("reset in place", s.Read(z), want, 0)
+	s.Close("reset in place", s.Read(z), want, nil, 0)
 }
 
 func actLoadCase(s *Suite) {
@@ -350,7 +350,7 @@ func actTargetsCase(s *Suite, dt tensor.DType) {
 	steps[0], steps[1] = max-1, 0
 	qt := s.Empty(tensor.F32, B, 2)
 	s.NoErr("targets", s.E.ACTTargets(qt, UploadI32(s.T, s.A, exact, B), qn, UploadI32(s.T, s.A, steps, B), max))
-	s.Near("targets", s.Read(qt), RefACTTargets(exact, steps, qv, max), 1e-6)
+	s.Close("targets", s.Read(qt), RefACTTargets(exact, steps, qv, max), nil, 1e-6)
 }
 
 func actHaltCase(s *Suite, dt tensor.DType, explore, withPool bool) {
@@ -382,7 +382,7 @@ func actHaltCase(s *Suite, dt tensor.DType, explore, withPool bool) {
 	actEqual(s, "halted", DownloadI32(s.T, args.Batch.Halted), st.Halted)
 	actEqual(s, "steps", DownloadI32(s.T, args.Batch.Steps), st.Steps)
 	actEqual(s, "cursor", DownloadI32(s.T, args.Batch.Cursor), []int32{st.Cursor})
-	s.Near("metrics", s.Read(args.Metrics), want, 1e-6)
+	s.Close("metrics", s.Read(args.Metrics), want, nil, 1e-6)
 	if want[ops.ACTCount] == 0 || want[ops.ACTCount] == B {
 		s.T.Errorf("count %v: the case does not test partial halting", want[ops.ACTCount])
 	}
@@ -435,17 +435,18 @@ func actQLossCase(s *Suite, dt tensor.DType) {
 	y := Upload(s.T, s.A, F32(yv), B, 2)
 	yv = s.Read(y)
 	wantLoss, _ := RefBCE(qv, yv, scale)
+	tl, tg := RefBCETerms(qv, yv, scale)
 	grad := make([]float64, 2*B)
 	for i := range grad {
 		grad[i] = scale * (refSigmoid(qv[i]) - yv[i])
 	}
 	loss, dq := s.Empty(tensor.F32, 1), s.Empty(dt, B, 2)
 	s.NoErr("qloss", s.E.ACTQLoss(loss, dq, q, y, scale, false))
-	s.NearFloor("loss", s.Read(loss), []float64{wantLoss}, 1, 1e-6)
-	s.NearFloor("dq", s.Read(dq), grad, scale, s.Tol(dt))
+	s.Close("loss", s.Read(loss), []float64{wantLoss}, []float64{tl}, 1e-6)
+	s.Close("dq", s.Read(dq), grad, tg, s.Tol(dt))
 	old := s.Read(dq)
 	s.NoErr("qloss (acc)", s.E.ACTQLoss(nil, dq, q, y, scale, true))
-	s.NearFloor("dq (acc)", s.Read(dq), lnSum(grad, old), scale, s.Tol(dt))
+	s.Close("dq (acc)", s.Read(dq), lnSum(grad, old), Sum(tg, old), s.Tol(dt))
 	// Where the continue target is σ of the very logit it trains (ACTTargets
 	// from the same Q, q_continue ≥ q_halt, not the last segment), the
 	// gradient is exactly 0, as PyTorch's f32 arithmetic makes it.
@@ -502,10 +503,15 @@ func actPutCase(s *Suite, dt tensor.DType) {
 			}
 		}
 		s.NoErr("put", s.E.PutPos(dx, src, pos, acc))
-		s.NearFloor(fmt.Sprintf("put (acc %v)", acc), s.Read(dx), want, 1, s.Tol(dt))
+		// want = old (with acc) + src at pos: the terms are the two.
+		terms := Abs(want)
+		if acc {
+			terms = Sum(lnSum(want, Scaled(-1, old)), old)
+		}
+		s.Close(fmt.Sprintf("put (acc %v)", acc), s.Read(dx), want, terms, s.Tol(dt))
 		old = s.Read(dx)
 	}
-	s.Near("the columns beside dx (untouched)", s.Read(pad), padv, 0)
+	s.Close("the columns beside dx (untouched)", s.Read(pad), padv, nil, 0)
 }
 
 func actLinearAtCase(s *Suite, dt tensor.DType, pos int, bias, twice bool) {
@@ -543,7 +549,7 @@ func actScheduleCase(s *Suite) {
 		s.NoErr("write", cursor.Write(tensor.AsBytes([]int32{int32(c.cur)})))
 		s.NoErr("schedule", s.E.ACTSchedule(scale, cursor, c.warmup, c.total, c.min))
 		want := RefACTSchedule(c.cur+1, c.warmup, c.total, c.min)
-		s.Near(fmt.Sprintf("scale at cursor %d of %+v", c.cur, c), s.Read(scale), []float64{want}, 1e-7)
+		s.Close(fmt.Sprintf("scale at cursor %d of %+v", c.cur, c), s.Read(scale), []float64{want}, nil, 1e-7)
 		if got := ops.ACTScheduleScale(c.cur+1, c.warmup, c.total, c.min); math.Abs(got-want) > 1e-12 {
 			s.T.Errorf("ACTScheduleScale(%d, %+v) = %v, want %v", c.cur+1, c, got, want)
 		}

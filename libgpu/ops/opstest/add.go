@@ -59,10 +59,10 @@ func addCheck(s *Suite, dt tensor.DType, n int) {
 	y := s.Empty(dt, n)
 	s.NoErr("add", s.E.Add(y, a, b))
 	want := lnSum(av, bv)
-	s.Near("y", s.Read(y), want, s.Tol(dt))
+	s.Close("y", s.Read(y), want, nil, s.Tol(dt))
 	// In place, as a residual update: a ← a + b.
 	s.NoErr("add in place", s.E.Add(a, a, b))
-	s.Near("a += b", s.Read(a), want, s.Tol(dt))
+	s.Close("a += b", s.Read(a), want, nil, s.Tol(dt))
 }
 
 // scaleCheck checks y (+)= s·x for y of dtype dt, x of dtype from, n
@@ -82,7 +82,7 @@ func scaleCheck(s *Suite, dt, from tensor.DType, n int, sc float32, acc bool, of
 			want[i] += ywv[off+i]
 		}
 	}
-	s.Near("y", s.Read(y), want, s.Tol(dt))
+	s.Close("y", s.Read(y), want, nil, s.Tol(dt))
 }
 
 func addGrad(s *Suite, dt tensor.DType) {

@@ -333,8 +333,8 @@ func attnForwardBackward(s *Suite, dt tensor.DType, c attnCase, padding ...int) 
 	keep := RefAttnKeep(drop, attnDropStep, a)
 	s.NoErr("forward", s.E.AttentionForward(o, lse, q, k, v, c.causal, float32(scale), drop))
 	wantO, wantL := RefAttentionDrop(qv, kv, vv, a, c.causal, scale, keep, c.drop)
-	s.Near("o", s.Read(o), wantO, s.Tol(dt))
-	s.Near("lse", s.Read(lse), wantL, s.Tol(tensor.F32))
+	s.Close("o", s.Read(o), wantO, nil, s.Tol(dt))
+	s.Close("lse", s.Read(lse), wantL, nil, s.Tol(tensor.F32))
 
 	do, dov := s.Rand(dt, 1, a.B, a.Tq, a.H, a.D)
 	wq, wk, wv := RefAttentionBackwardDrop(dov, qv, kv, vv, a, c.causal, scale, keep, c.drop)
@@ -347,9 +347,9 @@ func attnForwardBackward(s *Suite, dt tensor.DType, c attnCase, padding ...int) 
 	dq, dk, dv, whole := attnGrads(s, dt, a, pad)
 	s.NoErr("backward", s.E.AttentionBackward(dq, dk, dv, do, q, k, v, o, lse, c.causal, float32(scale), [3]bool{}, drop))
 	gq, gk, gv := s.Read(dq), s.Read(dk), s.Read(dv)
-	s.Near("dq", gq, wq, tol)
-	s.Near("dk", gk, wk, tol)
-	s.Near("dv", gv, wv, tol)
+	s.Close("dq", gq, wq, nil, tol)
+	s.Close("dk", gk, wk, nil, tol)
+	s.Close("dv", gv, wv, nil, tol)
 	if whole != nil {
 		hd := a.H * a.D
 		all := s.Read(whole)
@@ -376,10 +376,10 @@ func attnForwardBackward(s *Suite, dt tensor.DType, c attnCase, padding ...int) 
 		}
 		return out
 	}
-	s.Near("dq (accumulated)", s.Read(dq), sum(oldQ, wq), tol)
-	s.Near("dv (accumulated)", s.Read(dv), sum(oldV, wv), tol)
-	if got := s.Read(dk); RelErr(got, gk) != 0 {
-		s.T.Errorf("dk changed though not wanted (relative change %.3g)", RelErr(got, gk))
+	s.Close("dq (accumulated)", s.Read(dq), sum(oldQ, wq), nil, tol)
+	s.Close("dv (accumulated)", s.Read(dv), sum(oldV, wv), nil, tol)
+	if got := s.Read(dk); TermsErr(got, gk, nil) != 0 {
+		s.T.Errorf("dk changed though not wanted (relative change %.3g)", TermsErr(got, gk, nil))
 	}
 }
 
@@ -460,7 +460,7 @@ func attnDecode(s *Suite, dt tensor.DType) {
 			return out
 		}
 		want, _ := RefAttention(vals[0], keys(0), keys(1), a, false, scale)
-		s.Near(fmt.Sprintf("decode B%d Tmax%d H%d D%d pos%d", c.b, c.tmax, c.h, c.d, c.pos), s.Read(o), want, s.Tol(dt))
+		s.Close(fmt.Sprintf("decode B%d Tmax%d H%d D%d pos%d", c.b, c.tmax, c.h, c.d, c.pos), s.Read(o), want, nil, s.Tol(dt))
 		// The cache row at pos is the step's k exactly; rows past pos untouched.
 		got := s.Read(kc)
 		for b := 0; b < c.b; b++ {
@@ -579,7 +579,7 @@ func attnDropShards(s *Suite, dt tensor.DType, d int) {
 	wo, wl, wq, wk, wv := run(q, k, v, do, 0, drop)
 	// The whole batch against the float64 reference (B0 = 0).
 	ro, _ := RefAttentionDrop(qv, kv, vv, a, true, float64(scale), RefAttnKeep(drop, attnDropStep, a), drop.P)
-	s.Near("o (whole batch)", wo, ro, s.Tol(dt))
+	s.Close("o (whole batch)", wo, ro, nil, s.Tol(dt))
 	row := func(x *tensor.Tensor, b int) *tensor.Tensor {
 		n, err := x.Narrow(0, b, 1)
 		s.NoErr("narrow", err)
@@ -623,7 +623,7 @@ func attnDropCounter(s *Suite, dt tensor.DType, d int) {
 	want := run(base)
 	dropEqual(s, "same counter", run(base), want)
 	other := func(what string, d ops.AttnDropout) {
-		if RelErr(run(d), want) == 0 {
+		if TermsErr(run(d), want, nil) == 0 {
 			s.T.Errorf("%s: the same outputs", what)
 		}
 	}
@@ -702,7 +702,7 @@ func selfAttentionSites(s *Suite, dt tensor.DType) {
 		dropEqual(s, fmt.Sprintf("train=%v p=%v: the dropout after attention", c.train, c.p), s.Read(z.Value), want)
 		if !c.train || c.p == 0 {
 			o, _ := RefAttention(attnSplit(xv, b, t, h, d))
-			s.Near("o (no dropout)", s.Read(y.Value), o, s.Tol(dt))
+			s.Close("o (no dropout)", s.Read(y.Value), o, nil, s.Tol(dt))
 		}
 		s.NoErr("free", g.Free())
 		if ga != g {
@@ -718,7 +718,7 @@ func selfAttentionSites(s *Suite, dt tensor.DType) {
 	q, k, v, a, _, _ := attnSplit(xv, b, t, h, d)
 	drop := ops.AttnDropout{P: 0.4, Seed: attnDropSeed, Site: 0, B0: b}
 	o, _ := RefAttentionDrop(q, k, v, a, true, 1/math.Sqrt(d), RefAttnKeep(drop, step, a), 0.4)
-	s.Near("o (shard 1)", s.Read(y.Value), o, s.Tol(dt))
+	s.Close("o (shard 1)", s.Read(y.Value), o, nil, s.Tol(dt))
 }
 
 // attnSplit splits a row-major qkv [b,t,3·h·d] into RefAttention's

@@ -43,7 +43,7 @@ func checkCast(s *Suite) {
 		}
 		s.NoErr("casts", s.E.Casts(dst, src))
 		for i := range dst {
-			s.Near(fmt.Sprintf("tensor %d (%d elements)", i, dst[i].Numel()), s.Read(dst[i]), want[i], 0)
+			s.Close(fmt.Sprintf("tensor %d (%d elements)", i, dst[i].Numel()), s.Read(dst[i]), want[i], nil, 0)
 		}
 	})
 	s.Run("mixed", func(s *Suite) {
@@ -53,9 +53,9 @@ func checkCast(s *Suite) {
 		hv := s.Read(h)
 		d1, d2, d3 := s.Empty(tensor.BF16, 300), s.Empty(tensor.F32, 300), s.Empty(tensor.F32, 300)
 		s.NoErr("casts", s.E.Casts([]*tensor.Tensor{d1, d2, d3}, []*tensor.Tensor{x, h, x}))
-		s.Near("f32 → bf16", s.Read(d1), hv, 0)
-		s.Near("bf16 → f32", s.Read(d2), hv, 0)
-		s.Near("f32 → f32", s.Read(d3), xv, 0)
+		s.Close("f32 → bf16", s.Read(d1), hv, nil, 0)
+		s.Close("bf16 → f32", s.Read(d2), hv, nil, 0)
+		s.Close("f32 → f32", s.Read(d3), xv, nil, 0)
 	})
 	s.Run("validation", func(s *Suite) {
 		x := s.Empty(tensor.F32, 4, 6)
@@ -105,7 +105,7 @@ func castPair(s *Suite, n, off int, cast func(d, x *tensor.Tensor) error) {
 	x, xv := castSrc(s, n, off)
 	d := s.Empty(tensor.BF16, n)
 	s.NoErr("cast", cast(d, x))
-	s.Near(fmt.Sprintf("cast of %d", n), s.Read(d), s.Read(s.Const(tensor.BF16, xv, n)), 0)
+	s.Close(fmt.Sprintf("cast of %d", n), s.Read(d), s.Read(s.Const(tensor.BF16, xv, n)), nil, 0)
 }
 
 // castGraph: under bf16 autocast, the casts of params (leaves) are made
@@ -152,7 +152,7 @@ func castGraph(s *Suite) {
 		return out
 	}
 	hRef := r(mm(r(xv), r(w1v), m, k, k))
-	s.Near("h", s.Read(h.Value), hRef, 1e-2)
-	s.Near("y", s.Read(y.Value), mm(r(s.Read(h.Value)), r(w2v), m, k, n), 1e-2)
-	s.Near("y2", s.Read(y2.Value), mm(r(xv), r(w2v), m, k, n), 1e-2)
+	s.Close("h", s.Read(h.Value), hRef, nil, 1e-2)
+	s.Close("y", s.Read(y.Value), mm(r(s.Read(h.Value)), r(w2v), m, k, n), nil, 1e-2)
+	s.Close("y2", s.Read(y2.Value), mm(r(xv), r(w2v), m, k, n), nil, 1e-2)
 }

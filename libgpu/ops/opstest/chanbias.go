@@ -43,9 +43,9 @@ func checkChanBias(s *Suite) {
 				y := s.Empty(dt, n, sp, c)
 				s.NoErr("add channels", s.E.AddChannels(y, x, b))
 				want := RefAddChannels(xv, bv, n, c)
-				s.Near("y", s.Read(y), want, s.Tol(dt))
+				s.Close("y", s.Read(y), want, nil, s.Tol(dt))
 				s.NoErr("add channels in place", s.E.AddChannels(x, x, b))
-				s.Near("x += b", s.Read(x), want, s.Tol(dt))
+				s.Close("x += b", s.Read(x), want, nil, s.Tol(dt))
 			})
 		}
 		// Sums over few and over many rows (several chunks per sample),
@@ -62,10 +62,10 @@ func checkChanBias(s *Suite) {
 					if odt == tensor.BF16 {
 						tol = 1e-2
 					}
-					s.Near("sum", s.Read(out), want, tol)
+					s.Close("sum", s.Read(out), want, nil, tol)
 					o0, o0v := s.Rand(odt, 1, n, c)
 					s.NoErr("spatial sum (acc)", s.E.SpatialSum(o0, x, true))
-					s.Near("sum (acc)", s.Read(o0), lnSum(o0v, want), tol)
+					s.Close("sum (acc)", s.Read(o0), lnSum(o0v, want), nil, tol)
 				})
 			}
 		}

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
 
 	"gpukit/libgpu/device"
@@ -42,18 +40,16 @@ type suite struct {
 // for f32 arithmetic; looser for TF32/BF16 GEMMs.
 func CheckImpl(t *testing.T, dev device.Device, opts ops.Options, tol float64) {
 	t.Helper()
+	checkImpl(t, dev, opts, tol, seed(t))
+}
+
+// checkImpl is CheckImpl with the seed given.
+func checkImpl(t *testing.T, dev device.Device, opts ops.Options, tol float64, seed uint64) {
+	t.Helper()
 	e, err := ops.NewEngine(dev, opts)
 	if err != nil {
 		t.Fatalf("NewEngine(%v): %v", dev, err)
 	}
-	seed := rand.Uint64()
-	if v := os.Getenv("GPUKIT_OPSTEST_SEED"); v != "" {
-		var err error
-		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
-			t.Fatalf("GPUKIT_OPSTEST_SEED=%q: %v", v, err)
-		}
-	}
-	t.Logf("opstest seed %d (set GPUKIT_OPSTEST_SEED to repeat)", seed)
 	s := &suite{t: t, e: e, a: device.Local{Dev: dev}, r: rand.New(rand.NewPCG(seed, 1)), tol: tol}
 	t.Run("Linear", s.linear)
 	t.Run("LinearView", s.linearView)
@@ -70,54 +66,6 @@ func CheckImpl(t *testing.T, dev device.Device, opts ops.Options, tol float64) {
 	t.Run("Argmax", s.argmax)
 	t.Run("Fill", s.fill)
 	t.Run("Validation", s.validation)
-}
-
-func (s *suite) near(t *testing.T, what string, got, want []float64) {
-	t.Helper()
-	if err := RelErr(got, want); !(err <= s.tol) {
-		t.Errorf("%s: relative error %.3g > %.3g", what, err, s.tol)
-	}
-}
-
-// nearMag is near for f32; under reduced precision (tol > 1e-4) the error is
-// measured against max(‖want‖, ‖mag‖), mag being the magnitudes of the terms
-// each element sums (the forward error bound of a rounded dot product).
-func (s *suite) nearMag(t *testing.T, what string, got, want, mag []float64) {
-	t.Helper()
-	if s.tol <= 1e-4 {
-		s.near(t, what, got, want)
-		return
-	}
-	var norm float64
-	for _, v := range mag {
-		norm += v * v
-	}
-	if err := RelErrFloor(got, want, math.Sqrt(norm)); !(err <= s.tol) {
-		t.Errorf("%s: relative error %.3g > %.3g", what, err, s.tol)
-	}
-}
-
-func absAll(v []float64) []float64 {
-	if v == nil {
-		return nil // no bias stays no bias
-	}
-	out := make([]float64, len(v))
-	for i, x := range v {
-		out[i] = math.Abs(x)
-	}
-	return out
-}
-
-// nearScaled compares tensors whose elements can cancel to near zero
-// (optimizer moments; reduced-precision gradients, see LinearGradFD)
-// — m = β1·m + (1−β1)·g with g of the other sign — relative to
-// max(‖want‖, 0.1·√n), a tenth of the inputs' natural scale (U(−1,1) has
-// RMS 0.58).
-func (s *suite) nearScaled(t *testing.T, what string, got, want []float64) {
-	t.Helper()
-	if err := RelErrFloor(got, want, 0.1*math.Sqrt(float64(len(want)))); !(err <= s.tol) {
-		t.Errorf("%s: relative error %.3g > %.3g", what, err, s.tol)
-	}
 }
 
 func (s *suite) rnd(t *testing.T, shape ...int) (*tensor.Tensor, []float64) {
@@ -147,15 +95,15 @@ func (s *suite) linear(t *testing.T) {
 				// Reduced precision rounds the operands, so its error is bounded
 				// by the magnitude of the terms, Σ|x||w| + |b|, not by the result,
 				// which can cancel (a 1×1×1 z = x·w + b in bf16 did).
-				_, mag := LinearRef(absAll(xf), absAll(wf), absAll(bf), m, k, n, ops.ActNone)
-				s.nearMag(t, name+" y", Download(t, y), wantY, mag)
-				s.nearMag(t, name+" aux", Download(t, aux), wantZ, mag)
+				_, mag := LinearRef(Abs(xf), Abs(wf), Abs(bf), m, k, n, ops.ActNone)
+				Close(t, name+" y", Download(t, y), wantY, mag, s.tol)
+				Close(t, name+" aux", Download(t, aux), wantZ, mag, s.tol)
 				// Without aux.
 				y2 := Empty(t, s.a, tensor.F32, m, n)
 				if err := s.e.Linear(y2, x, w, b, nil, act); err != nil {
 					t.Fatalf("%s no aux: %v", name, err)
 				}
-				s.nearMag(t, name+" y (no aux)", Download(t, y2), wantY, mag)
+				Close(t, name+" y (no aux)", Download(t, y2), wantY, mag, s.tol)
 			}
 		}
 	}
@@ -182,7 +130,7 @@ func (s *suite) linearView(t *testing.T) {
 	}
 	want, _ := LinearRef(bigf[2*k:(2+m)*k], wf, bf, m, k, n, ops.ActGELU)
 	got := Download(t, ybig)
-	s.near(t, "view y", got[n:(1+m)*n], want)
+	Close(t, "view y", got[n:(1+m)*n], want, nil, s.tol)
 	for _, v := range append(got[:n:n], got[(1+m)*n:]...) {
 		if !math.IsNaN(v) {
 			t.Fatalf("Linear wrote outside its output view")
@@ -224,12 +172,10 @@ func (s *suite) linearBackward(t *testing.T) {
 				// failed at 1.6e-4 for GPUKIT_OPSTEST_SEED=17567697227405081925);
 				// the magnitudes are the sums with |dy|, |x|, |w| and the
 				// derivative's terms taken as 1.
-				mdx, mdw, mdb := LinearBackwardRef(absAll(dyf), absAll(xf), absAll(wf), zf, m, k, n, ops.ActNone)
+				mdx, mdw, mdb := LinearBackwardRef(Abs(dyf), Abs(xf), Abs(wf), zf, m, k, n, ops.ActNone)
 				near := func(what string, got, want, mag []float64) {
 					t.Helper()
-					if err := RelErrFloor(got, want, norm(mag)); !(err <= s.tol) {
-						t.Errorf("%s: relative error %.3g > %.3g", what, err, s.tol)
-					}
+					Close(t, what, got, want, mag, s.tol)
 				}
 				near(name+" dw", Download(t, dw), wdw, mdw)
 				if full {
@@ -288,18 +234,14 @@ func (s *suite) linearGradFD(t *testing.T) {
 			}
 			f := func([]float64) float64 { return loss() }
 			const h = 1e-6
-			// Finite differences check the gradient formula. Under reduced
-			// precision every element carries the rounding of its bf16/TF32
-			// operands, and a tiny sum (db over 3 rows) can cancel, so there
-			// the error is measured against max(‖ref‖, 0.1·√n), as for the
-			// optimizer state; f32 keeps the plain relative error.
-			near := s.near
-			if s.tol > 1e-4 {
-				near = s.nearScaled
-			}
-			near(t, name+" dx", Download(t, dx), FiniteDiff(f, xf, h))
-			near(t, name+" dw", Download(t, dw), FiniteDiff(f, wf, h))
-			near(t, name+" db", Download(t, db), FiniteDiff(f, bf, h))
+			// Finite differences check the gradient formula; the terms are
+			// the sums with |dy|, |x|, |w| and the activation's derivative
+			// taken as 1 (a tiny sum, db over 3 rows, can cancel).
+			_, zf := LinearRef(xf, wf, bf, m, k, n, act)
+			mdx, mdw, mdb := LinearBackwardRef(Abs(dyf), Abs(xf), Abs(wf), zf, m, k, n, ops.ActNone)
+			Close(t, name+" dx", Download(t, dx), FiniteDiff(f, xf, h), mdx, s.tol)
+			Close(t, name+" dw", Download(t, dw), FiniteDiff(f, wf, h), mdw, s.tol)
+			Close(t, name+" db", Download(t, db), FiniteDiff(f, bf, h), mdb, s.tol)
 		}
 	}
 }
@@ -330,14 +272,9 @@ func (s *suite) softmaxCE(t *testing.T) {
 					t.Fatalf("%s: %v", name, err)
 				}
 				wl, wd := SoftmaxCrossEntropyRef(xf, lf, m, c)
-				// The loss is relative to max(loss, 1) and dlogits to
-				// max(‖dlogits‖, 1/m), their natural scales (see RelErrFloor).
-				if err := RelErrFloor(Download(t, loss), []float64{wl}, 1); !(err <= s.tol) {
-					t.Errorf("%s loss: error %.3g > %.3g", name, err, s.tol)
-				}
-				if err := RelErrFloor(Download(t, dl), wd, 1/float64(m)); !(err <= s.tol) {
-					t.Errorf("%s dlogits: error %.3g > %.3g", name, err, s.tol)
-				}
+				tl, td := CrossEntropyTerms(xf, lf, m, c)
+				Close(t, name+" loss", Download(t, loss), []float64{wl}, []float64{tl}, s.tol)
+				Close(t, name+" dlogits", Download(t, dl), wd, td, s.tol)
 			}
 		}
 	}
@@ -359,7 +296,7 @@ func (s *suite) softmaxCEGradFD(t *testing.T) {
 		t.Fatal(err)
 	}
 	fd := FiniteDiff(func(x []float64) float64 { l, _ := SoftmaxCrossEntropyRef(x, lf, m, c); return l }, xf, 1e-6)
-	s.near(t, "dlogits vs finite differences", Download(t, dl), fd)
+	Close(t, "dlogits vs finite differences", Download(t, dl), fd, nil, s.tol)
 }
 
 var paramShapes = [][]int{{5, 3}, {7}, {1}, {17, 9}}
@@ -374,10 +311,10 @@ func (s *suite) adamw(t *testing.T) {
 	for _, cfg := range []ops.AdamWConfig{ops.DefaultAdamW, {LR: 3e-2, Beta1: 0.8, Beta2: 0.95, Eps: 1e-6, WeightDecay: 0.1}, scheduled} {
 		for _, start := range []int32{0, 41} {
 			var ps, gs, ms, vs []*tensor.Tensor
-			var pf, mf, vf [][]float64
+			var pf, mf, vf, tpf, tmf [][]float64 // tpf, tmf: the terms' sizes of p and m
 			for _, sh := range paramShapes {
 				p, f := s.rnd(t, sh...)
-				ps, pf = append(ps, p), append(pf, f)
+				ps, pf, tpf = append(ps, p), append(pf, f), append(tpf, Abs(f))
 				gs = append(gs, Empty(t, s.a, tensor.F32, sh...))
 				// Moments start from random non-negative v when resuming.
 				m, mff := s.rnd(t, sh...)
@@ -396,7 +333,7 @@ func (s *suite) adamw(t *testing.T) {
 					}
 					mff, vff = make([]float64, len(mff)), make([]float64, len(vff))
 				}
-				ms, mf = append(ms, m), append(mf, mff)
+				ms, mf, tmf = append(ms, m), append(mf, mff), append(tmf, Abs(mff))
 				vs, vf = append(vs, v), append(vf, vff)
 			}
 			step := UploadI32(t, s.a, []int32{start}, 1)
@@ -419,15 +356,16 @@ func (s *suite) adamw(t *testing.T) {
 					if i < len(cfg.NoDecay) && cfg.NoDecay[i] {
 						ri.WeightDecay = 0
 					}
+					AdamWTermsRef(tpf[i], tmf[i], F64(gv), vf[i], int(start)+k, ri)
 					AdamWRef(pf[i], F64(gv), mf[i], vf[i], int(start)+k, ri)
 				}
 				if err := s.e.AdamW(ps, gs, ms, vs, step, cfg); err != nil {
 					t.Fatalf("%s: %v", name, err)
 				}
 				for i := range ps {
-					s.nearScaled(t, fmt.Sprintf("%s param %d", name, i), Download(t, ps[i]), pf[i])
-					s.nearScaled(t, fmt.Sprintf("%s m %d", name, i), Download(t, ms[i]), mf[i])
-					s.nearScaled(t, fmt.Sprintf("%s v %d", name, i), Download(t, vs[i]), vf[i])
+					Close(t, fmt.Sprintf("%s param %d", name, i), Download(t, ps[i]), pf[i], tpf[i], s.tol)
+					Close(t, fmt.Sprintf("%s m %d", name, i), Download(t, ms[i]), mf[i], tmf[i], s.tol)
+					Close(t, fmt.Sprintf("%s v %d", name, i), Download(t, vs[i]), vf[i], nil, s.tol)
 				}
 				if got := DownloadI32(t, step)[0]; got != start+int32(k) {
 					t.Fatalf("%s: step counter %d, want %d", name, got, start+int32(k))
@@ -440,10 +378,11 @@ func (s *suite) adamw(t *testing.T) {
 func (s *suite) sgd(t *testing.T) {
 	for _, cfg := range []ops.SGDConfig{{LR: 0.1}, {LR: 0.05, Momentum: 0.9, WeightDecay: 1e-2}} {
 		var ps, gs, bs []*tensor.Tensor
-		var pf, bf [][]float64
+		var pf, bf, tpf, tbf [][]float64 // tpf, tbf: the terms' sizes of p and buf
 		for _, sh := range paramShapes {
 			p, f := s.rnd(t, sh...)
-			ps, pf = append(ps, p), append(pf, f)
+			ps, pf, tpf = append(ps, p), append(pf, f), append(tpf, Abs(f))
+			tbf = append(tbf, make([]float64, len(f)))
 			gs = append(gs, Empty(t, s.a, tensor.F32, sh...))
 			b := Empty(t, s.a, tensor.F32, sh...)
 			if err := s.e.Fill(b, 0); err != nil {
@@ -458,14 +397,15 @@ func (s *suite) sgd(t *testing.T) {
 				if err := g.WriteF32(gv); err != nil {
 					t.Fatal(err)
 				}
+				SGDTermsRef(tpf[i], tbf[i], F64(gv), cfg)
 				SGDRef(pf[i], F64(gv), bf[i], cfg)
 			}
 			if err := s.e.SGD(ps, gs, bs, cfg); err != nil {
 				t.Fatalf("%s: %v", name, err)
 			}
 			for i := range ps {
-				s.nearScaled(t, fmt.Sprintf("%s param %d", name, i), Download(t, ps[i]), pf[i])
-				s.nearScaled(t, fmt.Sprintf("%s momentum %d", name, i), Download(t, bs[i]), bf[i])
+				Close(t, fmt.Sprintf("%s param %d", name, i), Download(t, ps[i]), pf[i], tpf[i], s.tol)
+				Close(t, fmt.Sprintf("%s momentum %d", name, i), Download(t, bs[i]), bf[i], tbf[i], s.tol)
 			}
 		}
 	}

@@ -34,18 +34,18 @@ func checkConcat(s *Suite) {
 				b, bv := s.Rand(dt, 1, rows, cb)
 				y := s.Empty(dt, rows, ca+cb)
 				s.NoErr("concat", s.E.ConcatChannels(y, a, b))
-				s.Near("y", s.Read(y), RefConcat(av, bv, ca, cb), 0)
+				s.Close("y", s.Read(y), RefConcat(av, bv, ca, cb), nil, 0)
 				dy, dyv := s.Rand(dt, 1, rows, ca+cb)
 				da, db := s.Empty(dt, rows, ca), s.Empty(dt, rows, cb)
 				s.NoErr("split", s.E.SplitChannels(da, db, dy, false, false))
-				s.Near("dy = concat(da, db)", RefConcat(s.Read(da), s.Read(db), ca, cb), dyv, 0)
+				s.Close("dy = concat(da, db)", RefConcat(s.Read(da), s.Read(db), ca, cb), dyv, nil, 0)
 				// Accumulate into one, write the other; then only one wanted.
 				da0, da0v := s.Rand(dt, 1, rows, ca)
 				s.NoErr("split (acc a)", s.E.SplitChannels(da0, db, dy, true, false))
-				s.Near("concat(da, db) (acc a)", RefConcat(s.Read(da0), s.Read(db), ca, cb), RefConcat(lnSum(da0v, s.Read(da)), s.Read(db), ca, cb), s.Tol(dt))
+				s.Close("concat(da, db) (acc a)", RefConcat(s.Read(da0), s.Read(db), ca, cb), RefConcat(lnSum(da0v, s.Read(da)), s.Read(db), ca, cb), nil, s.Tol(dt))
 				db1 := s.Empty(dt, rows, cb)
 				s.NoErr("split (b only)", s.E.SplitChannels(nil, db1, dy, false, false))
-				s.Near("db alone", s.Read(db1), s.Read(db), 0)
+				s.Close("db alone", s.Read(db1), s.Read(db), nil, 0)
 			})
 		}
 		s.Run(fmt.Sprintf("%v/grad", dt), func(s *Suite) {

@@ -80,13 +80,10 @@ func checkDiffusion(s *Suite) {
 			// at 1.04e-5 for one seed against the plain relative error).
 			d, om := float64(float32(0.9)), float64(float32(1)-float32(0.9))
 			want := make([]float64, n)
-			var mag float64
 			for i := range want {
 				want[i] = d*ev[i] + om*pv[i]
-				m := math.Abs(d*ev[i]) + math.Abs(om*pv[i])
-				mag += m * m
 			}
-			s.NearFloor(fmt.Sprintf("ema n=%d", n), s.Read(e), want, math.Sqrt(mag), 1e-6)
+			s.Close(fmt.Sprintf("ema n=%d", n), s.Read(e), want, Sum(Scaled(d, ev), Scaled(om, pv)), 1e-6)
 		}
 	})
 	s.Run("validation", diffValidation)
@@ -99,7 +96,7 @@ func diffNoise(s *Suite, dt tensor.DType) {
 	s.NoErr("noise", s.E.GaussianNoise(a, 42, 3, ctr))
 	s.NoErr("noise again", s.E.GaussianNoise(b, 42, 3, ctr))
 	av, bv := s.Read(a), s.Read(b)
-	s.Near("same seed, stream and step: same draws", av, bv, 0)
+	s.Close("same seed, stream and step: same draws", av, bv, nil, 0)
 	tol := 1e-5
 	if dt == tensor.BF16 {
 		tol = 8e-3
@@ -214,16 +211,17 @@ func diffStep(s *Suite, dt tensor.DType, passes int) {
 		z := normals(77, 4, 5, N*per)
 		wx, wx0 := RefDiffusionStep(rowF, xv, epsv, dv, pv, z, passes)
 		name := fmt.Sprintf("clip=%v blend=%v d=%v", c.clip, c.blend, c.useD)
-		// Dividing by A and S amplifies the rounding of x and ε: measure
-		// against the size of the terms.
-		floor := norm(xv) / rowF[ops.CoefA] * (math.Abs(rowF[ops.CoefX0]) + math.Abs(rowF[ops.CoefEps]) + 1)
-		s.NearFloor("x' "+name, s.Read(x), wx, floor, 1e-5)
+		// Dividing by A amplifies the rounding of x (and of S·ε): x̂0's
+		// terms are |x|/A, and x' sums x̂0 and ε with its coefficients.
+		tx0 := Scaled(1/rowF[ops.CoefA], xv)
+		tx := Scaled(math.Abs(rowF[ops.CoefX0])+math.Abs(rowF[ops.CoefEps])+1, tx0)
+		s.Close("x' "+name, s.Read(x), wx, tx, 1e-5)
 		if c.useD {
-			s.NearFloor("d = x̂0 "+name, s.Read(d), wx0, norm(xv)/rowF[ops.CoefA], 1e-5)
+			s.Close("d = x̂0 "+name, s.Read(d), wx0, tx0, 1e-5)
 		}
 		in := s.Read(xin)
 		for p := 0; p < passes; p++ {
-			s.NearFloor(fmt.Sprintf("model input pass %d %s", p, name), in[p*N*per:(p+1)*N*per], wx, floor, s.Tol(dt))
+			s.Close(fmt.Sprintf("model input pass %d %s", p, name), in[p*N*per:(p+1)*N*per], wx, tx, s.Tol(dt))
 		}
 		for _, tv := range DownloadI32(s.T, tin) {
 			if tv != 17 {
@@ -258,8 +256,8 @@ func diffStart(s *Suite) {
 		}
 		nearNormals(s, fmt.Sprintf("x (prev=%v)", withPrev), s.Read(x), want, 1e-5)
 		in := s.Read(xin)
-		s.NearFloor("model input", in[:N*per], want, norm(want), 1e-2)
-		s.NearFloor("model input (second pass)", in[N*per:], want, norm(want), 1e-2)
+		s.Close("model input", in[:N*per], want, want, 1e-2)
+		s.Close("model input (second pass)", in[N*per:], want, want, 1e-2)
 		for _, tv := range DownloadI32(s.T, tin) {
 			if tv != 999 {
 				s.T.Fatalf("timesteps %v, want 999", DownloadI32(s.T, tin))

@@ -90,7 +90,7 @@ func embeddingForward(s *Suite, tdt, ydt tensor.DType, v, c int, idxShape []int)
 	idx := UploadI32(s.T, s.A, ix, idxShape...)
 	y := s.Empty(ydt, append(append([]int(nil), idxShape...), c)...)
 	s.NoErr("embedding", s.E.Embedding(y, table, idx))
-	s.Near("y", s.Read(y), embRound(ydt, RefEmbedding(tv, ix, c)), 0)
+	s.Close("y", s.Read(y), embRound(ydt, RefEmbedding(tv, ix, c)), nil, 0)
 }
 
 // embRound rounds float64 values to what dtype dt stores.
@@ -122,7 +122,7 @@ func embeddingBackward(s *Suite, dydt, tdt tensor.DType, v, c, n int, heavy, acc
 		tol = max(tol, float64(n)*6e-8)
 	}
 	got := s.Read(dt)
-	s.Near(fmt.Sprintf("dtable (heavy=%v, acc=%v)", heavy, acc), got, want, tol)
+	s.Close(fmt.Sprintf("dtable (heavy=%v, acc=%v)", heavy, acc), got, want, nil, tol)
 	if !acc {
 		used := map[int32]bool{}
 		for _, k := range ix {
@@ -151,7 +151,7 @@ func embeddingStrided(s *Suite, dt tensor.DType) {
 	y, err := wide.Narrow(1, 3, c)
 	s.NoErr("narrow", err)
 	s.NoErr("embedding", s.E.Embedding(y, table, idx))
-	s.Near("y (strided)", s.Read(y), RefEmbedding(tv, ix, c), 0)
+	s.Close("y (strided)", s.Read(y), RefEmbedding(tv, ix, c), nil, 0)
 	all := s.Read(wide)
 	for r := 0; r < n; r++ {
 		for j := 0; j < c+5; j++ {
@@ -169,7 +169,7 @@ func embeddingStrided(s *Suite, dt tensor.DType) {
 	}
 	dtab := s.Empty(dt, v, c)
 	s.NoErr("embedding backward", s.E.EmbeddingBackward(dtab, dy, idx, false))
-	s.Near("dtable (strided dy)", s.Read(dtab), RefEmbeddingBackward(dyv, ix, v, c, nil), s.Tol(dt))
+	s.Close("dtable (strided dy)", s.Read(dtab), RefEmbeddingBackward(dyv, ix, v, c, nil), nil, s.Tol(dt))
 }
 
 func embeddingGrad(s *Suite, dt tensor.DType) {
@@ -218,12 +218,12 @@ func embeddingTied(s *Suite) {
 			return RefMatmul(hh, t, n, v, c, false, true)
 		}
 		g.Free()
-		fd := FDGrad(ref, append([]float64(nil), tv...), w, 1e-3)
+		fd, terms := FDGradTerms(ref, append([]float64(nil), tv...), w, 1e-3)
 		tol := 10 * s.GemmTol(tensor.F32) // the head's GEMMs run in TF32 under PrecTF32
 		if act == tensor.BF16 {
 			tol = 3e-2
 		}
-		s.NearFloor(fmt.Sprintf("tied gradient (autocast %v)", act), got, fd, 1e-3*norm(fd), tol)
+		s.Close(fmt.Sprintf("tied gradient (autocast %v)", act), got, fd, terms, tol)
 	}
 }
 
@@ -254,7 +254,7 @@ func embeddingOutOfRange(s *Suite) {
 			want = append(want, tv[int(k)*c:(int(k)+1)*c]...)
 		}
 	}
-	s.Near("y with out-of-range indices", s.Read(y), want, 0)
+	s.Close("y with out-of-range indices", s.Read(y), want, nil, 0)
 	var okIx []int32
 	var okDy []float64
 	for r, k := range ix {
@@ -262,7 +262,7 @@ func embeddingOutOfRange(s *Suite) {
 			okIx, okDy = append(okIx, k), append(okDy, dyv[r*c:(r+1)*c]...)
 		}
 	}
-	s.Near("dtable with out-of-range indices", s.Read(dt), RefEmbeddingBackward(okDy, okIx, v, c, nil), 0)
+	s.Close("dtable with out-of-range indices", s.Read(dt), RefEmbeddingBackward(okDy, okIx, v, c, nil), nil, 0)
 }
 
 // embeddingEmpty: no indices (the backward zeroes dtable) and no columns.
@@ -272,7 +272,7 @@ func embeddingEmpty(s *Suite) {
 	s.NoErr("embedding of no indices", s.E.Embedding(s.Empty(tensor.F32, 0, 4), table, idx))
 	dt := s.Empty(tensor.F32, 3, 4)
 	s.NoErr("backward of no indices", s.E.EmbeddingBackward(dt, s.Empty(tensor.F32, 0, 4), idx, false))
-	s.Near("dtable of no indices", s.Read(dt), make([]float64, 12), 0)
+	s.Close("dtable of no indices", s.Read(dt), make([]float64, 12), nil, 0)
 	idx2 := UploadI32(s.T, s.A, []int32{0, 2}, 2)
 	s.NoErr("embedding of no columns", s.E.Embedding(s.Empty(tensor.F32, 2, 0), s.Empty(tensor.F32, 3, 0), idx2))
 	s.NoErr("backward of no columns", s.E.EmbeddingBackward(s.Empty(tensor.F32, 3, 0), s.Empty(tensor.F32, 2, 0), idx2, false))

@@ -4,9 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"sort"
-	"strconv"
 	"sync"
 	"testing"
 
@@ -68,14 +66,12 @@ type Suite struct {
 // pins its goroutine and makes the context current there).
 func CheckFamilies(t *testing.T, dev device.Device, opts ops.Options, prepare func(t *testing.T)) {
 	t.Helper()
-	seed := rand.Uint64()
-	if v := os.Getenv("GPUKIT_OPSTEST_SEED"); v != "" {
-		var err error
-		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
-			t.Fatalf("GPUKIT_OPSTEST_SEED=%q: %v", v, err)
-		}
-	}
-	t.Logf("opstest seed %d (set GPUKIT_OPSTEST_SEED to repeat)", seed)
+	checkFamilies(t, dev, opts, prepare, seed(t))
+}
+
+// checkFamilies is CheckFamilies with the seed given.
+func checkFamilies(t *testing.T, dev device.Device, opts ops.Options, prepare func(t *testing.T), seed uint64) {
+	t.Helper()
 	e, err := ops.NewEngine(dev, opts)
 	if err != nil {
 		t.Fatalf("NewEngine(%v): %v", dev, err)
@@ -176,22 +172,6 @@ func (s *Suite) Read(t *tensor.Tensor) []float64 {
 	return F64(v)
 }
 
-// Near fails the test unless RelErr(got, want) ≤ tol (NaN never passes).
-func (s *Suite) Near(what string, got, want []float64, tol float64) {
-	s.T.Helper()
-	if err := RelErr(got, want); !(err <= tol) {
-		s.T.Errorf("%s: relative error %.3g > %.3g", what, err, tol)
-	}
-}
-
-// NearFloor is Near with RelErrFloor.
-func (s *Suite) NearFloor(what string, got, want []float64, floor, tol float64) {
-	s.T.Helper()
-	if err := RelErrFloor(got, want, floor); !(err <= tol) {
-		s.T.Errorf("%s: relative error %.3g > %.3g", what, err, tol)
-	}
-}
-
 // NoErr fails the test (and stops it) on err.
 func (s *Suite) NoErr(what string, err error) {
 	s.T.Helper()
@@ -236,14 +216,28 @@ func FDGrad(f func(x []float64) []float64, x, w []float64, h float64) []float64 
 	return g
 }
 
+// FDGradTerms is FDGrad with the terms' size of each gradient element
+// (TermsErr): the backward sums w_k·∂y_k/∂x_i over the outputs k, so its
+// terms are Σ_k |w_k·∂y_k/∂x_i|, each Jacobian element taken from the
+// same central differences.
+func FDGradTerms(f func(x []float64) []float64, x, w []float64, h float64) (g, terms []float64) {
+	g, terms = make([]float64, len(x)), make([]float64, len(x))
+	for i := range x {
+		old := x[i]
+		hi := h * math.Max(1, math.Abs(old))
+		x[i] = old + hi
+		up := f(x)
+		x[i] = old - hi
+		dn := f(x)
+		x[i] = old
+		for k := range w {
+			d := w[k] * (up[k] - dn[k]) / (2 * hi)
+			g[i] += d
+			terms[i] += math.Abs(d)
+		}
+	}
+	return g, terms
+}
+
 // Describe formats a shape for subtest names.
 func Describe(shape ...int) string { return fmt.Sprint(shape) }
-
-// maxAbs is the largest |v| (at least min).
-func maxAbs(v []float64, min float64) float64 {
-	m := min
-	for _, x := range v {
-		m = math.Max(m, math.Abs(x))
-	}
-	return m
-}

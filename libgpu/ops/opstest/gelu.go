@@ -72,8 +72,8 @@ func checkGELU(s *Suite) {
 		s.NoErr("gelu", s.E.GELU(ya, x, ops.GELUTanh))
 		s.NoErr("gelu", s.E.GELU(yb, x, ops.GELUErf))
 		a, b := s.Read(ya), s.Read(yb)
-		s.Near("tanh form", a, []float64{RefGELU(-2, ops.GELUTanh), RefGELU(2, ops.GELUTanh)}, 1e-6)
-		s.Near("erf form", b, []float64{RefGELU(-2, ops.GELUErf), RefGELU(2, ops.GELUErf)}, 1e-6)
+		s.Close("tanh form", a, []float64{RefGELU(-2, ops.GELUTanh), RefGELU(2, ops.GELUTanh)}, nil, 1e-6)
+		s.Close("erf form", b, []float64{RefGELU(-2, ops.GELUErf), RefGELU(2, ops.GELUErf)}, nil, 1e-6)
 	})
 	s.Run("validation", func(s *Suite) {
 		x := s.Empty(tensor.F32, 5)
@@ -106,7 +106,7 @@ func geluCheck(s *Suite, dt tensor.DType, form ops.GELUForm, n, off int) {
 	x, xv := view(xw), xwv[off:]
 	y := view(s.Empty(dt, n+off))
 	s.NoErr("gelu", s.E.GELU(y, x, form))
-	s.Near("y", s.Read(y), geluMap(xv, func(v float64) float64 { return RefGELU(v, form) }), s.Tol(dt))
+	s.Close("y", s.Read(y), geluMap(xv, func(v float64) float64 { return RefGELU(v, form) }), nil, s.Tol(dt))
 	dyw, dywv := s.Rand(dt, 1, n+off)
 	dy, dyv := view(dyw), dywv[off:]
 	want := make([]float64, n)
@@ -115,10 +115,10 @@ func geluCheck(s *Suite, dt tensor.DType, form ops.GELUForm, n, off int) {
 	}
 	dx := view(s.Empty(dt, n+off))
 	s.NoErr("gelu backward", s.E.GELUBackward(dx, dy, x, form, false))
-	s.Near("dx", s.Read(dx), want, s.Tol(dt))
+	s.Close("dx", s.Read(dx), want, nil, s.Tol(dt))
 	dx0w, dx0wv := s.Rand(dt, 1, n+off)
 	s.NoErr("gelu backward (acc)", s.E.GELUBackward(view(dx0w), dy, x, form, true))
-	s.Near("dx (acc)", s.Read(view(dx0w)), lnSum(dx0wv[off:], want), s.Tol(dt))
+	s.Close("dx (acc)", s.Read(view(dx0w)), lnSum(dx0wv[off:], want), nil, s.Tol(dt))
 }
 
 func geluInPlace(s *Suite, dt tensor.DType, form ops.GELUForm) {
@@ -130,7 +130,7 @@ func geluInPlace(s *Suite, dt tensor.DType, form ops.GELUForm) {
 		want[i] = dyv[i] * RefGELUGrad(xv[i], form)
 	}
 	s.NoErr("gelu backward in place", s.E.GELUBackward(dy, dy, x, form, false))
-	s.Near("dx = dy in place", s.Read(dy), want, s.Tol(dt))
+	s.Close("dx = dy in place", s.Read(dy), want, nil, s.Tol(dt))
 	s.NoErr("gelu in place", s.E.GELU(x, x, form))
-	s.Near("y = x in place", s.Read(x), geluMap(xv, func(v float64) float64 { return RefGELU(v, form) }), s.Tol(dt))
+	s.Close("y = x in place", s.Read(x), geluMap(xv, func(v float64) float64 { return RefGELU(v, form) }), nil, s.Tol(dt))
 }

@@ -227,12 +227,11 @@ func groupedCase(s *Suite, dt, out tensor.DType, g GroupedGeom, acc, bias bool) 
 }
 
 // groupedNear compares got with want where want is a number, relative to
-// the norm of the terms' magnitudes (or of want); where want is NaN (rows
+// the terms' size mag (Close; nil: want's); where want is NaN (rows
 // outside every group, not written) got must be NaN too (poison kept).
 func groupedNear(s *Suite, what string, got, want, mag []float64, tol float64) {
 	s.T.Helper()
-	var g, w []float64
-	var floor float64
+	var g, w, t []float64
 	kept := 0
 	for i := range want {
 		if math.IsNaN(want[i]) {
@@ -242,14 +241,16 @@ func groupedNear(s *Suite, what string, got, want, mag []float64, tol float64) {
 			continue
 		}
 		g, w = append(g, got[i]), append(w, want[i])
-		if !math.IsNaN(mag[i]) {
-			floor += mag[i] * mag[i]
+		if mag != nil && !math.IsNaN(mag[i]) {
+			t = append(t, mag[i])
+		} else {
+			t = append(t, 0)
 		}
 	}
 	if kept > 0 {
 		s.T.Errorf("%s: %d elements outside every group were written", what, kept)
 	}
-	s.NearFloor(what, g, w, math.Sqrt(floor), tol)
+	s.Close(what, g, w, t, tol)
 }
 
 // groupedGrad checks Graph.GroupedLinear's gradients (x, w, b) against

@@ -64,6 +64,61 @@ func RefGroupNorm(x, w, b []float64, g GNGeom, eps float64, silu bool) (y, mean,
 	return y, mean, rstd
 }
 
+// RefGroupNormTerms is the terms' size (TermsErr) of RefGroupNorm's y
+// and RefGroupNormBackward's gradients, as RefLayerNormTerms over each
+// group: x − μ sums |x| and |μ| (X = (|x| + |μ|)·rstd), z sums X·|w| and
+// |b|, SiLU's derivative is taken as 1 (it lies in [−0.1, 1.1]); dx sums
+// rstd·(|g| + mean|g| + X·mean(|g|·X)) with g = dz·w, dw and db sum |dz|·X
+// and |dz|. dy may be nil (y alone).
+func RefGroupNormTerms(dy, x, w, b []float64, gm GNGeom, eps float64) (y, dx, dw, db []float64) {
+	_, mean, rstd := RefGroupNorm(x, nil, nil, gm, eps, false)
+	cg := gm.C / gm.G
+	y, dx = make([]float64, len(x)), make([]float64, len(x))
+	dw, db = make([]float64, gm.C), make([]float64, gm.C)
+	wAt := func(c int) float64 {
+		if w == nil {
+			return 1
+		}
+		return math.Abs(w[c])
+	}
+	m := float64(gm.S * cg)
+	for n := 0; n < gm.N; n++ {
+		for q := 0; q < gm.G; q++ {
+			mu, r := mean[n*gm.G+q], rstd[n*gm.G+q]
+			var a1, a2 float64
+			each := func(f func(i, c int, X float64)) {
+				for p := 0; p < gm.S; p++ {
+					for c := q * cg; c < (q+1)*cg; c++ {
+						i := (n*gm.S+p)*gm.C + c
+						f(i, c, (math.Abs(x[i])+math.Abs(mu))*r)
+					}
+				}
+			}
+			each(func(i, c int, X float64) {
+				y[i] = X * wAt(c)
+				if b != nil {
+					y[i] += math.Abs(b[c])
+				}
+				if dy == nil {
+					return
+				}
+				d := math.Abs(dy[i])
+				a1 += d * wAt(c)
+				a2 += d * wAt(c) * X
+				dw[c] += d * X
+				db[c] += d
+			})
+			if dy == nil {
+				continue
+			}
+			each(func(i, c int, X float64) {
+				dx[i] = r * (math.Abs(dy[i])*wAt(c) + a1/m + X*a2/m)
+			})
+		}
+	}
+	return y, dx, dw, db
+}
+
 // RefGroupNormBackward is the float64 reference of the GroupNorm
 // gradients (the chain rule through z = x̂·w + b and SiLU, and the
 // normalisation's Jacobian: dx = rstd·(g − mean(g) − x̂·mean(g·x̂)) over the
@@ -177,48 +232,48 @@ func gnForwardBackward(s *Suite, dt tensor.DType, g GNGeom, silu, affine bool) {
 	rstd := s.Empty(tensor.F32, g.N, g.G)
 	s.NoErr("groupnorm", s.E.GroupNorm(y, mean, rstd, x, w, b, g.G, gnEps, silu))
 	wy, wm, wr := RefGroupNorm(xv, wv, bv, g, gnEps, silu)
-	s.Near("y", s.Read(y), wy, s.Tol(dt))
-	s.Near("mean", s.Read(mean), wm, 1e-5)
-	s.Near("rstd", s.Read(rstd), wr, 1e-4)
+	ty, _, _, _ := RefGroupNormTerms(nil, xv, wv, bv, g, gnEps)
+	s.Close("y", s.Read(y), wy, ty, s.Tol(dt))
+	s.Close("mean", s.Read(mean), wm, nil, 1e-5)
+	s.Close("rstd", s.Read(rstd), wr, nil, 1e-4)
 
 	dy, dyv := s.Rand(dt, 1, g.N, g.S, g.C)
 	wdx, wdw, wdb := RefGroupNormBackward(dyv, xv, wv, bv, g, gnEps, silu)
-	// dx's natural scale is rstd·|w|·|dy| (with one value per group the
-	// exact dx is 0 and 1/√eps amplifies rounding).
-	dxFloor := norm(dyv) * maxAbs(wv, 1) * maxAbs(wr, 1)
+	// With one value per group the exact dx is 0 and 1/√eps amplifies the
+	// rounding of x − μ: the terms say so.
+	_, tdx, tdw, tdb := RefGroupNormTerms(dyv, xv, wv, bv, g, gnEps)
 	tol := s.Tol(dt)
 	dx := s.Empty(dt, g.N, g.S, g.C)
 	dw := s.Empty(tensor.F32, g.C)
 	db := s.Empty(tensor.F32, g.C)
 	s.NoErr("groupnorm backward", s.E.GroupNormBackward(dx, dw, db, dy, x, w, b, mean, rstd, g.G, silu, [3]bool{}))
-	s.NearFloor("dx", s.Read(dx), wdx, dxFloor, tol)
-	s.NearFloor("dw", s.Read(dw), wdw, norm(dyv), 1e-4)
-	s.NearFloor("db", s.Read(db), wdb, norm(dyv), 1e-4)
+	s.Close("dx", s.Read(dx), wdx, tdx, tol)
+	s.Close("dw", s.Read(dw), wdw, tdw, 1e-4)
+	s.Close("db", s.Read(db), wdb, tdb, 1e-4)
 	for _, acc := range [][3]bool{{true, false, false}, {false, true, true}} {
 		dx0, dx0v := s.Rand(dt, 1, g.N, g.S, g.C)
 		dw0, dw0v := s.Rand(tensor.F32, 1, g.C)
 		db0, db0v := s.Rand(tensor.F32, 1, g.C)
 		s.NoErr("groupnorm backward (acc)", s.E.GroupNormBackward(dx0, dw0, db0, dy, x, w, b, mean, rstd, g.G, silu, acc))
 		for i, c := range []struct {
-			what      string
-			t         *tensor.Tensor
-			old, want []float64
-			floor     float64
-			tol       float64
-		}{{"dx", dx0, dx0v, wdx, dxFloor, tol}, {"dw", dw0, dw0v, wdw, norm(dyv), 1e-4}, {"db", db0, db0v, wdb, norm(dyv), 1e-4}} {
-			want := c.want
+			what             string
+			t                *tensor.Tensor
+			old, want, terms []float64
+			tol              float64
+		}{{"dx", dx0, dx0v, wdx, tdx, tol}, {"dw", dw0, dw0v, wdw, tdw, 1e-4}, {"db", db0, db0v, wdb, tdb, 1e-4}} {
+			want, terms := c.want, c.terms
 			if acc[i] {
-				want = lnSum(c.old, c.want)
+				want, terms = lnSum(c.old, c.want), Sum(c.old, c.terms)
 			}
-			s.NearFloor(fmt.Sprintf("%s (acc=%v)", c.what, acc), s.Read(c.t), want, max(c.floor, norm(want)), c.tol)
+			s.Close(fmt.Sprintf("%s (acc=%v)", c.what, acc), s.Read(c.t), want, terms, c.tol)
 		}
 	}
 	dw1 := s.Empty(tensor.F32, g.C)
 	s.NoErr("groupnorm backward (dw only)", s.E.GroupNormBackward(nil, dw1, nil, dy, x, w, b, mean, rstd, g.G, silu, [3]bool{}))
-	s.NearFloor("dw (alone)", s.Read(dw1), wdw, norm(dyv), 1e-4)
+	s.Close("dw (alone)", s.Read(dw1), wdw, tdw, 1e-4)
 	// In place: y = x.
 	s.NoErr("groupnorm in place", s.E.GroupNorm(x, nil, nil, x, w, b, g.G, gnEps, silu))
-	s.Near("y = x in place", s.Read(x), wy, s.Tol(dt))
+	s.Close("y = x in place", s.Read(x), wy, ty, s.Tol(dt))
 }
 
 func gnValidation(s *Suite) {

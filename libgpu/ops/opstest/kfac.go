@@ -71,13 +71,13 @@ func kfacFactorCheck(s *Suite, dt tensor.DType, bias bool) {
 		want[i] = alpha * cov[i]
 	}
 	tol := s.GemmTol(tensor.F32) // products of exact (widened) operands
-	s.Near("F = alpha·X̄ᵀX̄", s.Read(f), want, tol)
+	s.Close("F = alpha·X̄ᵀX̄", s.Read(f), want, nil, tol)
 	old := s.Read(f)
 	s.NoErr("factor (moving average)", s.E.KFACFactor(f, x, alpha, beta, bias))
 	for i := range want {
 		want[i] = beta*old[i] + alpha*cov[i]
 	}
-	s.Near("F = beta·F + alpha·X̄ᵀX̄", s.Read(f), want, tol)
+	s.Close("F = beta·F + alpha·X̄ᵀX̄", s.Read(f), want, nil, tol)
 }
 
 func kfacDampingCheck(s *Suite) {
@@ -95,11 +95,11 @@ func kfacDampingCheck(s *Suite) {
 		tg += gv[i*dg+i]
 	}
 	pi := math.Sqrt((ta / da) / (tg / dg))
-	s.Near("ridge A", s.Read(ra), []float64{pi * math.Sqrt(lambda)}, 1e-5)
-	s.Near("ridge G", s.Read(rg), []float64{math.Sqrt(lambda) / pi}, 1e-5)
+	s.Close("ridge A", s.Read(ra), []float64{pi * math.Sqrt(lambda)}, nil, 1e-5)
+	s.Close("ridge G", s.Read(rg), []float64{math.Sqrt(lambda) / pi}, nil, 1e-5)
 	// A zero factor: π = 1.
 	s.NoErr("damping", s.E.KFACDamping(ra, rg, s.Const(tensor.F32, make([]float64, da*da), da, da), g, lambda))
-	s.Near("ridge A (zero A)", s.Read(ra), []float64{math.Sqrt(lambda)}, 1e-6)
+	s.Close("ridge A (zero A)", s.Read(ra), []float64{math.Sqrt(lambda)}, nil, 1e-6)
 }
 
 func kfacStepCheck(s *Suite, bias bool) {
@@ -130,7 +130,7 @@ func kfacStepCheck(s *Suite, bias bool) {
 	s.NoErr("precond", s.E.KFACPrecond(v, ginv, gw, gb, ainv, dot0))
 	want := RefMatmul(RefMatmul(giv, grad, out, din, out, false, false), aiv, out, din, din, false, false)
 	tol := 4 * s.GemmTol(tensor.F32)
-	s.Near("V", s.Read(v), want, tol)
+	s.Close("V", s.Read(v), want, nil, tol)
 	var dot float64
 	for i := range want {
 		dot += want[i] * grad[i]
@@ -140,7 +140,7 @@ func kfacStepCheck(s *Suite, bias bool) {
 	for i := range want {
 		mag += math.Abs(want[i] * grad[i])
 	}
-	s.NearFloor("dot", s.Read(dots)[:1], []float64{dot}, mag, tol)
+	s.Close("dot", s.Read(dots)[:1], []float64{dot}, []float64{mag}, tol)
 
 	// KLClip with a second layer's dot.
 	dv := []float64{math.Abs(dot) + 1, 3}
@@ -149,9 +149,9 @@ func kfacStepCheck(s *Suite, bias bool) {
 	nu := s.Empty(tensor.F32, 1)
 	s.NoErr("kl clip", s.E.KLClip(nu, dots, lr, kappa))
 	wantNu := math.Min(1, math.Sqrt(kappa/(lr*lr*(dv[0]+dv[1]))))
-	s.Near("nu", s.Read(nu), []float64{wantNu}, 1e-6)
+	s.Close("nu", s.Read(nu), []float64{wantNu}, nil, 1e-6)
 	s.NoErr("kl clip (negative)", s.E.KLClip(nu, s.Const(tensor.F32, []float64{-1, 0.5}, 2), lr, kappa))
-	s.Near("nu (sum ≤ 0)", s.Read(nu), []float64{1}, 0)
+	s.Close("nu (sum ≤ 0)", s.Read(nu), []float64{1}, nil, 0)
 	nuT := s.Const(tensor.F32, []float64{0.5}, 1)
 
 	// Apply, from the stored V.
@@ -181,11 +181,11 @@ func kfacStepCheck(s *Suite, bias bool) {
 		}
 	}
 	ft := s.Tol(tensor.F32)
-	s.Near("W", s.Read(w), ww, ft)
-	s.Near("BufW", s.Read(bw), wbw, ft)
+	s.Close("W", s.Read(w), ww, nil, ft)
+	s.Close("BufW", s.Read(bw), wbw, nil, ft)
 	if bias {
-		s.Near("B", s.Read(b), wb, ft)
-		s.Near("BufB", s.Read(bb), wbb, ft)
+		s.Close("B", s.Read(b), wb, nil, ft)
+		s.Close("BufB", s.Read(bb), wbb, nil, ft)
 	}
 }
 

@@ -123,7 +123,7 @@ func matmulPlain(s *Suite, dt tensor.DType, m, k, n int, ta, tb bool, batch int)
 		want = append(want, RefMatmul(ai, bi, m, n, k, ta, tb)...)
 		mag = append(mag, absRef(ai, bi, m, n, k, ta, tb)...)
 	}
-	s.NearFloor("D", s.Read(d), want, norm(mag), s.GemmTol(dt))
+	s.Close("D", s.Read(d), want, mag, s.GemmTol(dt))
 }
 
 func matmulEpilogue(s *Suite, dt tensor.DType, m, k, n int, act ops.Act) {
@@ -146,9 +146,9 @@ func matmulEpilogue(s *Suite, dt tensor.DType, m, k, n int, act ops.Act) {
 		y[i] = refAct(z[i], act)
 	}
 	tol := s.GemmTol(dt)
-	s.NearFloor("D", s.Read(d), y, norm(mag), tol)
+	s.Close("D", s.Read(d), y, mag, tol)
 	if aux != nil {
-		s.NearFloor("Aux (pre-activation)", s.Read(aux), z, norm(mag), tol)
+		s.Close("Aux (pre-activation)", s.Read(aux), z, mag, tol)
 	}
 }
 
@@ -166,19 +166,19 @@ func matmulAccumulate(s *Suite, dt tensor.DType, m, k, n int) {
 		want[i] += dwv[i]
 		mag[i] += math.Abs(dwv[i])
 	}
-	s.NearFloor("dw (accumulated)", s.Read(dw), want, norm(mag), s.GemmTol(dt))
+	s.Close("dw (accumulated)", s.Read(dw), want, mag, s.GemmTol(dt))
 	wantB := append([]float64(nil), dbv...)
 	for i, v := range dyv {
 		wantB[i%n] += v
 	}
-	s.Near("db (accumulated)", s.Read(db), wantB, s.Tol(dt))
+	s.Close("db (accumulated)", s.Read(db), wantB, nil, s.Tol(dt))
 	// Without Accumulate, BiasGrad is written.
 	s.NoErr("matmul", s.E.Matmul(ops.Matmul{A: dy, B: x, D: dw, TransA: true, BiasGrad: db}))
 	wantB = make([]float64, n)
 	for i, v := range dyv {
 		wantB[i%n] += v
 	}
-	s.Near("db (written)", s.Read(db), wantB, s.Tol(dt))
+	s.Close("db (written)", s.Read(db), wantB, nil, s.Tol(dt))
 }
 
 func matmulStrided(s *Suite, dt tensor.DType) {
@@ -197,7 +197,7 @@ func matmulStrided(s *Suite, dt tensor.DType) {
 	for i := 0; i < m; i++ {
 		av = append(av, wv[i*3*k+k:i*3*k+2*k]...)
 	}
-	s.NearFloor("D", s.Read(d), RefMatmul(av, bv, m, n, k, false, false), norm(absRef(av, bv, m, n, k, false, false)), s.GemmTol(dt))
+	s.Close("D", s.Read(d), RefMatmul(av, bv, m, n, k, false, false), absRef(av, bv, m, n, k, false, false), s.GemmTol(dt))
 	// The columns of dwide outside d stay poisoned: nothing else written.
 	all := s.Read(dwide)
 	for i := 0; i < m; i++ {
@@ -221,7 +221,7 @@ func matmulBroadcast(s *Suite, dt tensor.DType) {
 		want = append(want, RefMatmul(ai, bv, m, n, k, false, false)...)
 		mag = append(mag, absRef(ai, bv, m, n, k, false, false)...)
 	}
-	s.NearFloor("D", s.Read(d), want, norm(mag), s.GemmTol(dt))
+	s.Close("D", s.Read(d), want, mag, s.GemmTol(dt))
 }
 
 func linearGrad(s *Suite, dt tensor.DType) {
@@ -299,12 +299,12 @@ func columnSum(s *Suite, dt tensor.DType) {
 			want[j] += wv[i*(cols+5)+2+j]
 		}
 	}
-	s.Near("column sum", s.Read(out), want, s.Tol(dt))
+	s.Close("column sum", s.Read(out), want, nil, s.Tol(dt))
 	s.NoErr("column sum (acc)", s.E.ColumnSum(out, x, true))
 	for j := range want {
 		want[j] *= 2
 	}
-	s.Near("column sum (accumulated)", s.Read(out), want, s.Tol(dt))
+	s.Close("column sum (accumulated)", s.Read(out), want, nil, s.Tol(dt))
 }
 
 func matmulValidation(s *Suite) {
@@ -357,13 +357,15 @@ func matmulScaled(s *Suite, dt tensor.DType, m, k, n int) {
 		mag = append(mag, absRef(ai, bi, m, n, k, true, false)...)
 	}
 	tol := s.GemmTol(dt)
-	s.NearFloor("D = alpha·AᵀB", s.Read(d), want, alpha*norm(mag), tol)
+	s.Close("D = alpha·AᵀB", s.Read(d), want, Scaled(alpha, mag), tol)
 	old := s.Read(d)
 	s.NoErr("matmul", s.E.Matmul(ops.Matmul{A: a, B: b, D: d, TransA: true, Alpha: alpha, Beta: beta, Accumulate: true}))
 	for j := range want {
 		want[j] += beta * old[j]
 	}
-	s.NearFloor("D = beta·D + alpha·AᵀB", s.Read(d), want, 2*alpha*norm(mag), tol)
+	// The terms: beta·|D| and alpha·Σ|a·b|; D itself carries the first
+	// product's error, alpha·Σ|a·b| again.
+	s.Close("D = beta·D + alpha·AᵀB", s.Read(d), want, Sum(Scaled(beta, old), Scaled(2*alpha, mag)), tol)
 	// Scales with an epilogue are refused.
 	bias := s.Empty(dt, n)
 	if err := s.E.Matmul(ops.Matmul{A: a, B: b, D: d, TransA: true, Alpha: 2, Bias: bias}); !errors.Is(err, ops.ErrConfig) {
@@ -406,7 +408,7 @@ func linearHook(s *Suite, dt tensor.DType) {
 	if len(calls) != 1 || calls[0].weight != "fc.weight" {
 		s.T.Fatalf("hook calls %+v, want one for fc.weight", calls)
 	}
-	s.Near("hook x", calls[0].x, xv, 0)
+	s.Close("hook x", calls[0].x, xv, nil, 0)
 	// dz = dy ⊙ gelu'(z), z from the (autocast) operands.
 	xr, wr := xv, wv
 	if dt == tensor.BF16 {
@@ -423,7 +425,7 @@ func linearHook(s *Suite, dt tensor.DType) {
 		const h = 1e-4
 		want[i] = dyv[i] * (RefGELUTanh(zz+h) - RefGELUTanh(zz-h)) / (2 * h)
 	}
-	s.Near("hook dy", calls[0].dy, want, 10*s.GemmTol(dt))
+	s.Close("hook dy", calls[0].dy, want, nil, 10*s.GemmTol(dt))
 	hookErr = errors.New("hook failed")
 	s.NoErr("forward", g.Forward())
 	if err := g.Backward(); !errors.Is(err, hookErr) {

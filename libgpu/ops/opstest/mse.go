@@ -31,13 +31,13 @@ func checkMSE(s *Suite) {
 				dp := s.Empty(dt, n)
 				s.NoErr("mse", s.E.MSELoss(loss, dp, p, y, false))
 				wl, wg := RefMSE(pv, yv)
-				s.Near("loss", s.Read(loss), []float64{wl}, 1e-5)
-				s.Near("dpred", s.Read(dp), wg, s.Tol(dt))
+				s.Close("loss", s.Read(loss), []float64{wl}, nil, 1e-5)
+				s.Close("dpred", s.Read(dp), wg, nil, s.Tol(dt))
 				dp0, dp0v := s.Rand(dt, 1, n)
 				s.NoErr("mse (acc)", s.E.MSELoss(loss, dp0, p, y, true))
-				s.Near("dpred (acc)", s.Read(dp0), lnSum(dp0v, wg), s.Tol(dt))
+				s.Close("dpred (acc)", s.Read(dp0), lnSum(dp0v, wg), nil, s.Tol(dt))
 				s.NoErr("mse (no gradient)", s.E.MSELoss(loss, nil, p, y, false))
-				s.Near("loss (no gradient)", s.Read(loss), []float64{wl}, 1e-5)
+				s.Close("loss (no gradient)", s.Read(loss), []float64{wl}, nil, 1e-5)
 			})
 		}
 		s.Run(fmt.Sprintf("%v/graph", dt), func(s *Suite) {
@@ -59,8 +59,8 @@ func checkMSE(s *Suite) {
 			for i := range wg {
 				wg[i] *= 3
 			}
-			s.Near("graph loss", s.Read(l.Value), []float64{wl}, 2*s.Tol(dt))
-			s.Near("graph dx", s.Read(xp.Grad), wg, 2*s.Tol(dt))
+			s.Close("graph loss", s.Read(l.Value), []float64{wl}, nil, 2*s.Tol(dt))
+			s.Close("graph dx", s.Read(xp.Grad), wg, nil, 2*s.Tol(dt))
 		})
 	}
 	s.Run("validation", func(s *Suite) {

@@ -91,7 +91,7 @@ func nsCheck(s *Suite, dt tensor.DType, r, c, batch int) {
 	s.NoErr("newton-schulz", s.E.NewtonSchulz(ops.NewtonSchulz{X: xt}))
 	got := s.Read(xt)
 	want := RefNewtonSchulz(in, nb, r, c, 5, float64(ops.MuonA), float64(ops.MuonB), float64(ops.MuonC))
-	s.Near("X", got, want, nsTol(s, dt))
+	s.Close("X", got, want, nil, nsTol(s, dt))
 	for l := 0; l < nb; l++ {
 		sin := SingularValues(in[l*r*c:(l+1)*r*c], r, c)
 		if sin[len(sin)-1] < 0.02 {
@@ -135,8 +135,8 @@ func muonStepCheck(s *Suite, dt tensor.DType, m, n int, nesterov bool) {
 		}
 		wx[o] = u[k] / (math.Sqrt(ss) + eps)
 	}
-	s.Near("buf", s.Read(buf), wb, s.Tol(tensor.F32))
-	s.Near("X", s.Read(x), wx, s.Tol(dt))
+	s.Close("buf", s.Read(buf), wb, nil, s.Tol(tensor.F32))
+	s.Close("X", s.Read(x), wx, nil, s.Tol(dt))
 	// Apply from the stored X.
 	xv := s.Read(x)
 	p, pv := s.Rand(tensor.F32, 1, m, n)
@@ -150,7 +150,7 @@ func muonStepCheck(s *Suite, dt tensor.DType, m, n int, nesterov bool) {
 		}
 		wp[k] = pv[k]*(1-lr*decay) - lr*float64(scale)*xv[o]
 	}
-	s.Near("P", s.Read(p), wp, s.Tol(tensor.F32))
+	s.Close("P", s.Read(p), wp, nil, s.Tol(tensor.F32))
 	// With a device scale of the learning rate (a schedule): lr·0.5.
 	pv = s.Read(p)
 	s.NoErr("muon apply (lr scale)", s.E.MuonApply(p, x, s.Const(tensor.F32, []float64{0.5}, 1), lr, scale, decay))
@@ -161,7 +161,7 @@ func muonStepCheck(s *Suite, dt tensor.DType, m, n int, nesterov bool) {
 		}
 		wp[k] = pv[k]*(1-0.5*lr*decay) - 0.5*lr*float64(scale)*xv[o]
 	}
-	s.Near("P (lr scale)", s.Read(p), wp, s.Tol(tensor.F32))
+	s.Close("P (lr scale)", s.Read(p), wp, nil, s.Tol(tensor.F32))
 }
 
 func nsValidation(s *Suite) {

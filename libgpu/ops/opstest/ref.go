@@ -7,48 +7,6 @@ import (
 	"gpukit/libgpu/ops"
 )
 
-// RelErr is ‖got − want‖₂ / ‖want‖₂ (‖got − want‖₂ when want is all zero).
-// A length mismatch or a NaN anywhere gives +Inf.
-func RelErr(got, want []float64) float64 {
-	if len(got) != len(want) {
-		return math.Inf(1)
-	}
-	var num, den float64
-	for i := range got {
-		d := got[i] - want[i]
-		if math.IsNaN(d) {
-			return math.Inf(1)
-		}
-		num += d * d
-		den += want[i] * want[i]
-	}
-	if den == 0 {
-		return math.Sqrt(num)
-	}
-	return math.Sqrt(num / den)
-}
-
-// RelErrFloor is ‖got − want‖₂ / max(‖want‖₂, floor): a relative error
-// that becomes absolute below floor, for results whose exact value may be
-// near zero while their natural scale is not (a confident cross-entropy loss
-// is e^−30 ≈ 1e−13, but f32 log-sum-exp is only accurate to ~1e−7 of the
-// logits' scale). NaN or a length mismatch gives +Inf.
-func RelErrFloor(got, want []float64, floor float64) float64 {
-	if len(got) != len(want) {
-		return math.Inf(1)
-	}
-	var num, den float64
-	for i := range got {
-		d := got[i] - want[i]
-		if math.IsNaN(d) {
-			return math.Inf(1)
-		}
-		num += d * d
-		den += want[i] * want[i]
-	}
-	return math.Sqrt(num) / math.Max(math.Sqrt(den), floor)
-}
-
 // Rand returns n draws from U(−1, 1).
 func Rand(r *rand.Rand, n int) []float32 {
 	v := make([]float32, n)
@@ -183,6 +141,56 @@ func SoftmaxCrossEntropyRef(logits []float64, labels []int32, m, c int) (loss fl
 		dlogits[i*c+int(labels[i])] -= 1 / float64(m)
 	}
 	return loss / float64(m), dlogits
+}
+
+// CrossEntropyTerms returns the terms' size of SoftmaxCrossEntropyRef's
+// results (TermsErr): per row, the stable log-sum-exp sums exp(x − max),
+// which includes the maximum's own 1, so it is known to the precision of
+// 1, plus |x_label − max|; the mean of those is the loss's terms. The
+// gradient (p − onehot)/m sums p and the one-hot: (p + onehot)/m.
+func CrossEntropyTerms(logits []float64, labels []int32, m, c int) (loss float64, dlogits []float64) {
+	dlogits = make([]float64, m*c)
+	_, d := SoftmaxCrossEntropyRef(logits, labels, m, c)
+	for i := 0; i < m; i++ {
+		row := logits[i*c : (i+1)*c]
+		mx := math.Inf(-1)
+		for _, v := range row {
+			mx = math.Max(mx, v)
+		}
+		loss += 1 + math.Abs(row[labels[i]]-mx)
+		for j := range row {
+			dlogits[i*c+j] = math.Abs(d[i*c+j])
+		}
+		dlogits[i*c+int(labels[i])] += 2 / float64(m)
+	}
+	return loss / float64(m), dlogits
+}
+
+// AdamWTermsRef advances the terms' sizes tp of p and tm of m (TermsErr)
+// through AdamW step t, before AdamWRef takes the same step: m sums
+// β1·m and (1−β1)·g, p sums (1−lr·wd)·p and the step lr·m̂/(√v̂ + eps),
+// whose error follows m̂'s terms. v sums squares: its terms are itself.
+func AdamWTermsRef(tp, tm, g, v []float64, t int, cfg ops.AdamWConfig) {
+	lr, b1, b2 := float64(cfg.LR), float64(cfg.Beta1), float64(cfg.Beta2)
+	eps, wd := float64(cfg.Eps), float64(cfg.WeightDecay)
+	bc1 := 1 - math.Pow(b1, float64(t))
+	bc2 := 1 - math.Pow(b2, float64(t))
+	for i := range tp {
+		tm[i] = b1*tm[i] + (1-b1)*math.Abs(g[i])
+		vn := b2*v[i] + (1-b2)*g[i]*g[i]
+		tp[i] = math.Abs(1-lr*wd)*tp[i] + lr*(tm[i]/bc1)/(math.Sqrt(vn/bc2)+eps)
+	}
+}
+
+// SGDTermsRef advances the terms' sizes tp of p and tb of buf through
+// one SGDRef step (before it): buf sums μ·buf, g and wd·p; p sums p and
+// lr·buf.
+func SGDTermsRef(tp, tb, g []float64, cfg ops.SGDConfig) {
+	lr, mu, wd := float64(cfg.LR), float64(cfg.Momentum), float64(cfg.WeightDecay)
+	for i := range tp {
+		tb[i] = mu*tb[i] + math.Abs(g[i]) + wd*tp[i]
+		tp[i] += lr * tb[i]
+	}
 }
 
 // AdamWRef applies AdamW step t (1-based) in place, as torch.optim.AdamW:

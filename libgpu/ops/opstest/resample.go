@@ -73,27 +73,27 @@ func checkResample(s *Suite) {
 				pool := func(v []float64) []float64 { return RefAvgPool2D(v, n, h, w, c, k) }
 				y := s.Empty(dt, n, h/k, w/k, c)
 				s.NoErr("avgpool", s.E.AvgPool2D(y, x, k))
-				s.Near("avgpool", s.Read(y), pool(xv), s.Tol(dt))
+				s.Close("avgpool", s.Read(y), pool(xv), nil, s.Tol(dt))
 				dy, dyv := s.Rand(dt, 1, n, h/k, w/k, c)
 				want := transposeRef(pool, len(xv), dyv)
 				dx := s.Empty(dt, n, h, w, c)
 				s.NoErr("avgpool backward", s.E.AvgPool2DBackward(dx, dy, k, false))
-				s.Near("avgpool dx", s.Read(dx), want, s.Tol(dt))
+				s.Close("avgpool dx", s.Read(dx), want, nil, s.Tol(dt))
 				dx0, dx0v := s.Rand(dt, 1, n, h, w, c)
 				s.NoErr("avgpool backward (acc)", s.E.AvgPool2DBackward(dx0, dy, k, true))
-				s.Near("avgpool dx (acc)", s.Read(dx0), lnSum(dx0v, want), s.Tol(dt))
+				s.Close("avgpool dx (acc)", s.Read(dx0), lnSum(dx0v, want), nil, s.Tol(dt))
 
 				up := func(v []float64) []float64 { return RefUpsample2D(v, n, h, w, c, k) }
 				u := s.Empty(dt, n, h*k, w*k, c)
 				s.NoErr("upsample", s.E.Upsample2D(u, x, k))
-				s.Near("upsample", s.Read(u), up(xv), 0)
+				s.Close("upsample", s.Read(u), up(xv), nil, 0)
 				du, duv := s.Rand(dt, 1, n, h*k, w*k, c)
 				wantU := transposeRef(up, len(xv), duv)
 				dxu := s.Empty(dt, n, h, w, c)
 				s.NoErr("upsample backward", s.E.Upsample2DBackward(dxu, du, k, false))
-				s.Near("upsample dx", s.Read(dxu), wantU, s.Tol(dt))
+				s.Close("upsample dx", s.Read(dxu), wantU, nil, s.Tol(dt))
 				s.NoErr("upsample backward (acc)", s.E.Upsample2DBackward(dx0, du, k, true))
-				s.Near("upsample dx (acc)", s.Read(dx0), lnSum(lnSum(dx0v, want), wantU), 2*s.Tol(dt))
+				s.Close("upsample dx (acc)", s.Read(dx0), lnSum(lnSum(dx0v, want), wantU), nil, 2*s.Tol(dt))
 			})
 		}
 		s.Run(fmt.Sprintf("%v/grad", dt), func(s *Suite) {

@@ -65,6 +65,34 @@ func RefRMSNormBackward(dy, x, w []float64, rows, C int, eps float64) (dx, dw []
 	return dx, dw
 }
 
+// RefRMSNormTerms is the terms' size (TermsErr) of RefRMSNormBackward's
+// dx and dw: with X = |x|·rstd and G = |dy·w|, dx sums rstd·(G +
+// X·mean(G·X)) and dw sums |dy|·X over the rows (with C = 1 the exact dx
+// is 0). y = x·rstd·w has no sum beyond rstd's sum of squares: its own
+// size.
+func RefRMSNormTerms(dy, x, w []float64, rows, C int, eps float64) (dx, dw []float64) {
+	_, rstd := RefRMSNorm(x, nil, rows, C, eps)
+	dx, dw = make([]float64, rows*C), make([]float64, C)
+	X, G := make([]float64, C), make([]float64, C)
+	for r := 0; r < rows; r++ {
+		var s float64
+		for j := 0; j < C; j++ {
+			i := r*C + j
+			X[j] = math.Abs(x[i]) * rstd[r]
+			G[j] = math.Abs(dy[i])
+			if w != nil {
+				G[j] *= math.Abs(w[j])
+			}
+			s += G[j] * X[j]
+			dw[j] += math.Abs(dy[i]) * X[j]
+		}
+		for j := 0; j < C; j++ {
+			dx[r*C+j] = rstd[r] * (G[j] + X[j]*s/float64(C))
+		}
+	}
+	return dx, dw
+}
+
 // rmsEps is HRM's rms_norm_eps.
 const rmsEps = 1e-5
 
@@ -107,29 +135,28 @@ func rmsForwardBackward(s *Suite, dt tensor.DType, rows, C int, weight, add bool
 		sum := s.Empty(dt, rows, C)
 		s.NoErr("addrmsnorm", s.E.AddRMSNorm(sum, y, rstd, x, r, w, rmsEps))
 		normv = s.Read(s.Const(dt, lnSum(xv, rv), rows*C)) // x + r rounded to dt
-		s.Near("sum", s.Read(sum), normv, 0)
+		s.Close("sum", s.Read(sum), normv, nil, 0)
 		norm0 = sum
 	} else {
 		s.NoErr("rmsnorm", s.E.RMSNorm(y, rstd, x, w, rmsEps))
 	}
 	wantY, wantR := RefRMSNorm(normv, wv, rows, C, rmsEps)
-	s.Near("y", s.Read(y), wantY, s.Tol(dt))
-	s.Near("rstd", s.Read(rstd), wantR, 1e-5)
+	s.Close("y", s.Read(y), wantY, nil, s.Tol(dt))
+	s.Close("rstd", s.Read(rstd), wantR, nil, 1e-5)
 
 	dy, dyv := s.Rand(dt, 1, rows, C)
 	wdx, wdw := RefRMSNormBackward(dyv, normv, wv, rows, C, rmsEps)
-	// dx's natural scale is rstd·|w|·|dy|: with C = 1 the exact dx is 0.
-	floor := norm(dyv) * maxAbs(wv, 1) * maxAbs(wantR, 1)
+	tdx, tdw := RefRMSNormTerms(dyv, normv, wv, rows, C, rmsEps)
 	var dw *tensor.Tensor
 	if weight {
 		dw = s.Empty(tensor.F32, C)
 	}
 	dx, dr := s.Empty(dt, rows, C), s.Empty(dt, rows, C)
 	s.NoErr("rmsnorm backward", s.E.RMSNormBackward(dx, dr, dw, dy, norm0, w, rstd, [3]bool{}))
-	s.NearFloor("dx", s.Read(dx), wdx, floor, s.Tol(dt))
-	s.NearFloor("dr", s.Read(dr), wdx, floor, s.Tol(dt))
+	s.Close("dx", s.Read(dx), wdx, tdx, s.Tol(dt))
+	s.Close("dr", s.Read(dr), wdx, tdx, s.Tol(dt))
 	if weight {
-		s.Near("dw", s.Read(dw), wdw, 1e-5)
+		s.Close("dw", s.Read(dw), wdw, tdw, 1e-5)
 	}
 	for _, acc := range [][3]bool{{true, false, false}, {false, true, false}, {false, false, true}, {true, true, true}} {
 		outs := make([]*tensor.Tensor, 3)
@@ -140,29 +167,31 @@ func rmsForwardBackward(s *Suite, dt tensor.DType, rows, C int, weight, add bool
 			outs[2], olds[2] = s.Rand(tensor.F32, 1, C)
 		}
 		s.NoErr("rmsnorm backward (acc)", s.E.RMSNormBackward(outs[0], outs[1], outs[2], dy, norm0, w, rstd, acc))
+		terms := [][]float64{tdx, tdx, tdw}
 		for i, want := range [][]float64{wdx, wdx, wdw} {
 			if outs[i] == nil {
 				continue
 			}
+			ti := terms[i]
 			if acc[i] {
-				want = lnSum(olds[i], want)
+				want, ti = lnSum(olds[i], want), Sum(olds[i], ti)
 			}
 			what := fmt.Sprintf("%s (acc=%v)", []string{"dx", "dr", "dw"}[i], acc)
+			tol := 1e-5
 			if i < 2 {
-				s.NearFloor(what, s.Read(outs[i]), want, max(floor, norm(want)), s.Tol(dt))
-			} else {
-				s.Near(what, s.Read(outs[i]), want, 1e-5)
+				tol = s.Tol(dt)
 			}
+			s.Close(what, s.Read(outs[i]), want, ti, tol)
 		}
 	}
 	if weight {
 		dw1 := s.Empty(tensor.F32, C)
 		s.NoErr("rmsnorm backward (dw only)", s.E.RMSNormBackward(nil, nil, dw1, dy, norm0, w, rstd, [3]bool{}))
-		s.Near("dw (alone)", s.Read(dw1), wdw, 1e-5)
+		s.Close("dw (alone)", s.Read(dw1), wdw, tdw, 1e-5)
 	}
 	// dx written over dy itself.
 	s.NoErr("rmsnorm backward (dx = dy)", s.E.RMSNormBackward(dy, nil, nil, dy, norm0, w, rstd, [3]bool{}))
-	s.NearFloor("dx = dy", s.Read(dy), wdx, floor, s.Tol(dt))
+	s.Close("dx = dy", s.Read(dy), wdx, tdx, s.Tol(dt))
 }
 
 // rmsStrided: x, r, sum, y, dy, dx, dr are column blocks of wider tensors,
@@ -195,8 +224,8 @@ func rmsStrided(s *Suite, dt tensor.DType) {
 	s.NoErr("addrmsnorm", s.E.AddRMSNorm(sum, y, rstd, x, r, w, rmsEps))
 	sv := s.Read(s.Const(dt, lnSum(xv, rv), rows*C))
 	wantY, _ := RefRMSNorm(sv, wv, rows, C, rmsEps)
-	s.Near("sum (strided)", s.Read(sum), sv, 0)
-	s.Near("y (strided)", s.Read(y), wantY, s.Tol(dt))
+	s.Close("sum (strided)", s.Read(sum), sv, nil, 0)
+	s.Close("y (strided)", s.Read(y), wantY, nil, s.Tol(dt))
 	lnUntouched(s, "sum", s.Read(sumw), rows, W, off, C)
 	lnUntouched(s, "y", s.Read(yw), rows, W, off, C)
 
@@ -205,9 +234,10 @@ func rmsStrided(s *Suite, dt tensor.DType) {
 	dw := s.Empty(tensor.F32, C)
 	s.NoErr("rmsnorm backward", s.E.RMSNormBackward(view(dxw), view(drw), dw, dy, sum, w, rstd, [3]bool{}))
 	wdx, wdw := RefRMSNormBackward(dyv, sv, wv, rows, C, rmsEps)
-	s.Near("dx (strided)", s.Read(view(dxw)), wdx, s.Tol(dt))
-	s.Near("dr (strided)", s.Read(view(drw)), wdx, s.Tol(dt))
-	s.Near("dw (strided)", s.Read(dw), wdw, 1e-5)
+	tdx, tdw := RefRMSNormTerms(dyv, sv, wv, rows, C, rmsEps)
+	s.Close("dx (strided)", s.Read(view(dxw)), wdx, tdx, s.Tol(dt))
+	s.Close("dr (strided)", s.Read(view(drw)), wdx, tdx, s.Tol(dt))
+	s.Close("dw (strided)", s.Read(dw), wdw, tdw, 1e-5)
 	lnUntouched(s, "dx", s.Read(dxw), rows, W, off, C)
 	lnUntouched(s, "dr", s.Read(drw), rows, W, off, C)
 }
@@ -218,15 +248,15 @@ func rmsInPlace(s *Suite, dt tensor.DType) {
 	x, xv := s.Rand(dt, 1, rows, C)
 	s.NoErr("rmsnorm in place", s.E.RMSNorm(x, nil, x, nil, rmsEps))
 	want, _ := RefRMSNorm(xv, nil, rows, C, rmsEps)
-	s.Near("y = x", s.Read(x), want, s.Tol(dt))
+	s.Close("y = x", s.Read(x), want, nil, s.Tol(dt))
 	x2, x2v := s.Rand(dt, 1, rows, C)
 	r, rv := s.Rand(dt, 1, rows, C)
 	y := s.Empty(dt, rows, C)
 	s.NoErr("addrmsnorm in place", s.E.AddRMSNorm(x2, y, nil, x2, r, nil, rmsEps))
 	sv := s.Read(s.Const(dt, lnSum(x2v, rv), rows*C))
-	s.Near("sum = x", s.Read(x2), sv, 0)
+	s.Close("sum = x", s.Read(x2), sv, nil, 0)
 	wantY, _ := RefRMSNorm(sv, nil, rows, C, rmsEps)
-	s.Near("y", s.Read(y), wantY, s.Tol(dt))
+	s.Close("y", s.Read(y), wantY, nil, s.Tol(dt))
 }
 
 // rmsGrad: Graph.RMSNorm and Graph.AddRMSNorm against finite differences,

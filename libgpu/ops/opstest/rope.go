@@ -112,15 +112,15 @@ func ropeCase(s *Suite, dt tensor.DType, B, T, H, D, rot int, general bool) {
 	x, xv := s.Rand(dt, 1, B, T, H, D)
 	y := s.Empty(dt, B, T, H, D)
 	s.NoErr("rope", s.E.RoPE(y, x, cos, sin, rot))
-	s.Near("y", s.Read(y), RefRoPE(xv, cv, sv, B, T, H, D, rot, false), s.Tol(dt))
+	s.Close("y", s.Read(y), RefRoPE(xv, cv, sv, B, T, H, D, rot, false), nil, s.Tol(dt))
 	dy, dyv := s.Rand(dt, 1, B, T, H, D)
 	dx := s.Empty(dt, B, T, H, D)
 	s.NoErr("rope backward", s.E.RoPEBackward(dx, dy, cos, sin, rot, false))
 	want := RefRoPE(dyv, cv, sv, B, T, H, D, rot, true)
-	s.Near("dx", s.Read(dx), want, s.Tol(dt))
+	s.Close("dx", s.Read(dx), want, nil, s.Tol(dt))
 	dx0, dx0v := s.Rand(dt, 1, B, T, H, D)
 	s.NoErr("rope backward (acc)", s.E.RoPEBackward(dx0, dy, cos, sin, rot, true))
-	s.Near("dx (acc)", s.Read(dx0), lnSum(dx0v, want), s.Tol(dt))
+	s.Close("dx (acc)", s.Read(dx0), lnSum(dx0v, want), nil, s.Tol(dt))
 	// The backward is the transpose: ⟨RoPE(x), dy⟩ = ⟨x, RoPEᵀ(dy)⟩.
 	fwd := RefRoPE(xv, cv, sv, B, T, H, D, rot, false)
 	var l, r float64
@@ -156,7 +156,7 @@ func ropeQKV(s *Suite, dt tensor.DType) {
 	}
 	s.NoErr("rope qkv", s.E.RoPE(y, x, cos, sin, 2*H))
 	want := RefRoPE(qkvv, cv, sv, B, T, 3*H, D, 2*H, false)
-	s.Near("qkv rotated", s.Read(y), want, s.Tol(dt))
+	s.Close("qkv rotated", s.Read(y), want, nil, s.Tol(dt))
 	lnUntouched(s, "y", s.Read(yw), B*T, W, off, 3*C)
 	// q alone: the [B, T, H, D] view of the first C columns (strides
 	// (3C·T, 3C, D, 1)), written in place.
@@ -164,7 +164,7 @@ func ropeQKV(s *Suite, dt tensor.DType) {
 	s.NoErr("narrow q", err)
 	s.NoErr("rope q in place", s.E.RoPE(q, q, cos, sin, H))
 	wantQ := RefRoPE(qkvv, cv, sv, B, T, 3*H, D, H, false)
-	s.Near("q rotated in place, k and v untouched", s.Read(qkv), wantQ, s.Tol(dt))
+	s.Close("q rotated in place, k and v untouched", s.Read(qkv), wantQ, nil, s.Tol(dt))
 }
 
 func ropeInPlace(s *Suite, dt tensor.DType) {
@@ -172,10 +172,10 @@ func ropeInPlace(s *Suite, dt tensor.DType) {
 	cos, sin, cv, sv := ropeTables(s, T, D)
 	x, xv := s.Rand(dt, 1, B, T, H, D)
 	s.NoErr("rope in place", s.E.RoPE(x, x, cos, sin, H))
-	s.Near("x rotated", s.Read(x), RefRoPE(xv, cv, sv, B, T, H, D, H, false), s.Tol(dt))
+	s.Close("x rotated", s.Read(x), RefRoPE(xv, cv, sv, B, T, H, D, H, false), nil, s.Tol(dt))
 	s.NoErr("rope backward in place", s.E.RoPEBackward(x, x, cos, sin, H, false))
 	// A rotation's transpose is its inverse with these tables (c² + s² = 1).
-	s.Near("x rotated back", s.Read(x), xv, 2*s.Tol(dt))
+	s.Close("x rotated back", s.Read(x), xv, nil, 2*s.Tol(dt))
 }
 
 func ropeValidation(s *Suite) {

@@ -59,6 +59,43 @@ func RefStablemax(x []float64, t []int32, V, group int, scale float64) (rows []f
 	return rows, loss, grad
 }
 
+// RefStablemaxTerms is the terms' size (TermsErr) of RefStablemax's
+// results: a row's loss log S − log s(x_t) takes two logarithms of
+// positive sums, each known to the precision of 1 (a row's terms are 1;
+// the loss's, the rows' weights summed); the gradient w·(s'(x_j)/S −
+// [j = t]·s'(x_t)/s(x_t)) sums both parts' sizes.
+func RefStablemaxTerms(x []float64, t []int32, V, group int, scale float64) (rows []float64, loss float64, grad []float64) {
+	n := len(t)
+	if group == 0 {
+		group = max(n, 1)
+	}
+	_, _, g := RefStablemax(x, t, V, group, scale)
+	rows, grad = make([]float64, n), Abs(g)
+	for g0 := 0; g0 < n; g0 += group {
+		valid := 0
+		for _, ti := range t[g0 : g0+group] {
+			if ti >= 0 {
+				valid++
+			}
+		}
+		w := math.Abs(scale) / float64(max(valid, 1))
+		for i := g0; i < g0+group; i++ {
+			if t[i] < 0 {
+				continue
+			}
+			rows[i] = 1
+			loss += w
+			a := x[i*V+int(t[i])]
+			ds := 1.0
+			if a < 0 {
+				ds = 1 / ((1 - a) * (1 - a))
+			}
+			grad[i*V+int(t[i])] += 2 * w * ds / ops.StablemaxS(a)
+		}
+	}
+	return rows, loss, grad
+}
+
 func checkStablemax(s *Suite) {
 	for _, xdt := range s.DTypes() {
 		for _, gdt := range s.DTypes() {
@@ -108,19 +145,19 @@ func smxCase(s *Suite, xdt, gdt tensor.DType, B, T, V, group int, pIgnore, scale
 	}
 	s.NoErr("stablemax", s.E.StablemaxCrossEntropy(loss, rl, dl, x, targets, group, lscale, acc))
 	rows, want, grad := RefStablemax(xv, tg, V, group, float64(lscale))
-	s.NearFloor("loss", s.Read(loss), []float64{want}, 1, 1e-6)
-	s.NearFloor("row losses", s.Read(rl), rows, 1, 1e-6)
+	trows, tl, tg2 := RefStablemaxTerms(xv, tg, V, group, float64(lscale))
+	s.Close("loss", s.Read(loss), []float64{want}, []float64{tl}, 1e-6)
+	s.Close("row losses", s.Read(rl), rows, trows, 1e-6)
 	if acc {
-		grad = lnSum(grad, old)
+		grad, tg2 = lnSum(grad, old), Sum(tg2, old)
 	}
-	// The gradient's scale is that of one row's: scale/(group size).
-	s.NearFloor("dlogits", s.Read(dl), grad, float64(lscale)/float64(max(group, 1)), s.Tol(gdt))
+	s.Close("dlogits", s.Read(dl), grad, tg2, s.Tol(gdt))
 	l2 := s.Empty(tensor.F32, 1)
 	s.NoErr("stablemax (loss only)", s.E.StablemaxCrossEntropy(l2, nil, nil, x, targets, group, lscale, false))
-	s.NearFloor("loss (no gradient)", s.Read(l2), []float64{want}, 1, 1e-6)
+	s.Close("loss (no gradient)", s.Read(l2), []float64{want}, []float64{tl}, 1e-6)
 	rl2 := s.Empty(tensor.F32, B*T)
 	s.NoErr("stablemax (rows only)", s.E.StablemaxCrossEntropy(nil, rl2, nil, x, targets, group, lscale, false))
-	s.NearFloor("row losses (alone)", s.Read(rl2), rows, 1, 1e-6)
+	s.Close("row losses (alone)", s.Read(rl2), rows, trows, 1e-6)
 }
 
 // smxSlice: HRM's logits [B, 81, V] are the last 81 positions of the
@@ -144,8 +181,9 @@ func smxSlice(s *Suite, xdt tensor.DType) {
 	loss := s.Empty(tensor.F32, 1)
 	s.NoErr("stablemax (slice)", s.E.StablemaxCrossEntropy(loss, nil, dl, x, targets, T, 1, false))
 	_, want, grad := RefStablemax(xv, tg, V, T, 1)
-	s.NearFloor("loss (slice)", s.Read(loss), []float64{want}, 1, 1e-6)
-	s.NearFloor("dlogits (slice)", s.Read(dl), grad, 1.0/T, s.Tol(xdt))
+	_, tl, tg2 := RefStablemaxTerms(xv, tg, V, T, 1)
+	s.Close("loss (slice)", s.Read(loss), []float64{want}, []float64{tl}, 1e-6)
+	s.Close("dlogits (slice)", s.Read(dl), grad, tg2, s.Tol(xdt))
 	all := s.Read(dfull)
 	for b := 0; b < B; b++ {
 		for j := 0; j < V; j++ {
@@ -165,8 +203,9 @@ func smxInPlace(s *Suite, dt tensor.DType) {
 	loss := s.Empty(tensor.F32, 1)
 	s.NoErr("stablemax (in place)", s.E.StablemaxCrossEntropy(loss, nil, x, x, targets, T, 1, false))
 	_, want, grad := RefStablemax(xv, tg, V, T, 1)
-	s.NearFloor("loss (in place)", s.Read(loss), []float64{want}, 1, 1e-6)
-	s.NearFloor("dlogits (in place)", s.Read(x), grad, 1.0/T, s.Tol(dt))
+	_, tl, tg2 := RefStablemaxTerms(xv, tg, V, T, 1)
+	s.Close("loss (in place)", s.Read(loss), []float64{want}, []float64{tl}, 1e-6)
+	s.Close("dlogits (in place)", s.Read(x), grad, tg2, s.Tol(dt))
 }
 
 // smxGrad checks Graph.StablemaxCrossEntropy against finite differences:

@@ -70,17 +70,17 @@ func swigluCase(s *Suite, dt tensor.DType, rows, I int) {
 	gu, guv := s.Rand(dt, 2, rows, 2*I)
 	y := s.Empty(dt, rows, I)
 	s.NoErr("swiglu", s.E.SwiGLU(y, gu))
-	s.Near("y", s.Read(y), RefSwiGLU(guv, rows, I), s.Tol(dt))
+	s.Close("y", s.Read(y), RefSwiGLU(guv, rows, I), nil, s.Tol(dt))
 	dy, dyv := s.Rand(dt, 1, rows, I)
 	want := RefSwiGLUBackward(dyv, guv, rows, I)
 	dgu := s.Empty(dt, rows, 2*I)
 	s.NoErr("swiglu backward", s.E.SwiGLUBackward(dgu, dy, gu, false))
-	s.Near("dgu", s.Read(dgu), want, s.Tol(dt))
+	s.Close("dgu", s.Read(dgu), want, nil, s.Tol(dt))
 	old, oldv := s.Rand(dt, 1, rows, 2*I)
 	s.NoErr("swiglu backward (acc)", s.E.SwiGLUBackward(old, dy, gu, true))
-	s.Near("dgu (acc)", s.Read(old), lnSum(oldv, want), s.Tol(dt))
+	s.Close("dgu (acc)", s.Read(old), lnSum(oldv, want), nil, s.Tol(dt))
 	s.NoErr("swiglu backward (in place)", s.E.SwiGLUBackward(gu, dy, gu, false))
-	s.Near("dgu = gu", s.Read(gu), want, s.Tol(dt))
+	s.Close("dgu = gu", s.Read(gu), want, nil, s.Tol(dt))
 }
 
 // swigluStrided: gu, y, dy, dgu are column blocks of wider tensors, whose
@@ -103,12 +103,12 @@ func swigluStrided(s *Suite, dt tensor.DType) {
 	gu, guv := view(guw, 2*I), cols(guwv, 2*I)
 	yw := s.Empty(dt, rows, W)
 	s.NoErr("swiglu", s.E.SwiGLU(view(yw, I), gu))
-	s.Near("y (strided)", s.Read(view(yw, I)), RefSwiGLU(guv, rows, I), s.Tol(dt))
+	s.Close("y (strided)", s.Read(view(yw, I)), RefSwiGLU(guv, rows, I), nil, s.Tol(dt))
 	lnUntouched(s, "y", s.Read(yw), rows, W, off, I)
 	dyw, dywv := s.Rand(dt, 1, rows, W)
 	dgw := s.Empty(dt, rows, W)
 	s.NoErr("swiglu backward", s.E.SwiGLUBackward(view(dgw, 2*I), view(dyw, I), gu, false))
-	s.Near("dgu (strided)", s.Read(view(dgw, 2*I)), RefSwiGLUBackward(cols(dywv, I), guv, rows, I), s.Tol(dt))
+	s.Close("dgu (strided)", s.Read(view(dgw, 2*I)), RefSwiGLUBackward(cols(dywv, I), guv, rows, I), nil, s.Tol(dt))
 	lnUntouched(s, "dgu", s.Read(dgw), rows, W, off, 2*I)
 }
 
