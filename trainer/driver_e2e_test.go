@@ -63,11 +63,12 @@ func TestFlagsOfTheModel(t *testing.T) {
 		has, lacks []string
 	}{
 		{"mlp", []string{"--widths", "--epochs", "--optim", "Fashion-MNIST", "test_accuracy", "samples_per_s"},
-			[]string{"--steps", "--layers", "--channels", "--bucket-mb", "tokens_per_s"}},
-		{"gpt", []string{"--layers", "--steps", "--eval-every", "--bucket-mb", "--grad-comm", "UTF-8 text", "tokens_per_s", "val_loss"},
+			[]string{"--steps", "--layers", "--channels", "--bucket-mb", "--shard-optimizer", "--nccl-max-ctas", "tokens_per_s"}},
+		{"gpt", []string{"--layers", "--steps", "--eval-every", "--bucket-mb", "--grad-comm", "--shard-optimizer", "--last-bucket-mb",
+			"--comm-priority", "--nccl-min-ctas", "--nccl-max-ctas", "UTF-8 text", "tokens_per_s", "val_loss"},
 			[]string{"--widths", "--epochs", "--channels", "--ema-decay", "Fashion-MNIST IDX", "samples_per_s"}},
 		{"unet", []string{"--channels", "--ema-decay", "--ema-warmup", "--publish-every", "images_per_s"},
-			[]string{"--widths", "--layers", "--optim", "--momentum", "--bucket-mb", "tokens_per_s"}},
+			[]string{"--widths", "--layers", "--optim", "--momentum", "--bucket-mb", "--shard-optimizer", "--comm-priority", "tokens_per_s"}},
 	} {
 		r := trainer(t, "run", "--model", c.model, "--help")
 		mustOK(t, r)

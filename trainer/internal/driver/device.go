@@ -125,7 +125,8 @@ func CUDAOrdinal(s string) (int, bool) {
 // Reserved are the names of the driver's flags (run, eval, generate,
 // init): a model's flags may not take them.
 var Reserved = []string{"model", "out", "force", "data", "resume", "log-every", "pool", "run", "device", "graph", "precision",
-	"trace", "bucket-mb", "grad-comm", "ckpt", "help", "h"}
+	"trace", "bucket-mb", "grad-comm", "shard-optimizer", "last-bucket-mb", "comm-priority", "nccl-min-ctas", "nccl-max-ctas",
+	"ckpt", "help", "h"}
 
 // DeviceFlag is --device alone (trainer info).
 func DeviceFlag() cli.Flag { return deviceFlag }

@@ -20,7 +20,9 @@
 // pending for the resumed run, so a signal during the last step does not
 // wait for a final evaluation); data parallelism (the communicator, the
 // broadcast of rank 0's state, the loss averaged across ranks, the ranks'
-// agreement to stop; DP and GradBuckets for the model's gradients); the
+// agreement to stop; DP and GradBuckets for the model's gradients, and
+// with --shard-optimizer ZeRO-1's parameter buckets and sharded AdamW,
+// whose state every rank gathers for rank 0's checkpoint); the
 // spans on the trace (trace.go). The trainer's command line
 // (internal/app) builds `trainer run`, `eval`, `init` and `generate` from
 // the registered models and calls Run.
@@ -82,7 +84,9 @@
 // PostStepper (eager device work after each step, outside the captured
 // graph), AfterStepper (host work after each step, e.g. publishing a
 // snapshot), DataParallel (Replicas and Share: required with Env.DP),
-// EngineTuner (engine options beyond the precision).
+// StateGatherer (a collective every rank runs before rank 0's
+// checkpoint: ZeRO-1's optimizer state), EngineTuner (engine options
+// beyond the precision).
 //
 // # The next models
 //

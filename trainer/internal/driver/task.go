@@ -236,6 +236,15 @@ type Sharer interface {
 	Share() (share string, b *GradBuckets)
 }
 
+// StateGatherer is a data-parallel Trainer part of whose checkpoint lives
+// on other ranks (ZeRO-1's optimizer state: GradBuckets.NewAdamW). The
+// driver calls GatherState on every rank at every checkpoint, before rank
+// 0's Checkpoint (a collective: the ranks meet in it), which then writes
+// the gathered state as an unsharded run would.
+type StateGatherer interface {
+	GatherState() error
+}
+
 // Result says how a run ended.
 type Result struct {
 	Step        int           // steps done

@@ -34,8 +34,11 @@ type LMOptions struct {
 	World       dist.World
 	BucketBytes int64
 	GradComm    tensor.DType
-	buckets     bool
-	comm        driver.Collective
+	// Shard is --shard-optimizer, LastBucketBytes --last-bucket-mb.
+	Shard           bool
+	LastBucketBytes int64
+	buckets         bool
+	comm            driver.Collective
 }
 
 // LMResult is how a test run ended.
@@ -65,5 +68,6 @@ func RunLM(ctx context.Context, cfg Config, o LMOptions) (LMResult, error) {
 	}
 	return driver.Run(ctx, t, driver.Options{Model: testVariant.Name, Alloc: o.Alloc, Precision: o.Precision, Run: "", Out: o.Out,
 		LogEvery: logEvery, Stdout: o.Stdout, Log: o.Log, Settings: driver.Settings{LogEvery: logEvery}, Resume: o.Resume,
-		World: o.World, BucketBytes: o.BucketBytes, GradComm: o.GradComm, Buckets: o.buckets, Comm: o.comm})
+		World: o.World, BucketBytes: o.BucketBytes, GradComm: o.GradComm, Buckets: o.buckets, Comm: o.comm,
+		ShardOptimizer: o.Shard, LastBucketBytes: o.LastBucketBytes})
 }

@@ -112,7 +112,7 @@ func (t *task) Summary(r driver.Result, model string) string {
 }
 
 // trainer is a language model on a device (driver.Trainer, Evaluator,
-// PostStepper, DataParallel).
+// PostStepper, DataParallel, StateGatherer).
 type trainer struct {
 	t     *task
 	l     *lm
@@ -180,7 +180,11 @@ func (r *trainer) Metrics() driver.Metrics {
 func (r *trainer) LR(step int) float32 { return r.t.cfg.LRAt(step) }
 
 func (r *trainer) Checkpoint(int) (driver.Checkpoint, error) { return r.l.checkpoint(r.t.corpus.Tok) }
-func (r *trainer) Load(f *ckpt.File) error                   { return r.l.load(f) }
+
+// GatherState: with --shard-optimizer, every rank sends its parts of the
+// optimizer state to rank 0 for the checkpoint (driver.StateGatherer).
+func (r *trainer) GatherState() error      { return r.l.gatherState(r.e) }
+func (r *trainer) Load(f *ckpt.File) error { return r.l.load(f) }
 
 func (r *trainer) Free() {
 	r.ev.close()
@@ -206,8 +210,12 @@ func (r *trainer) Eval(ctx context.Context, _ int, elapsed time.Duration) (drive
 }
 
 // Replicas are the parameters and the optimizer state, which rank 0
-// broadcasts (the initial ones, or the checkpoint's).
+// broadcasts (the initial ones, or the checkpoint's); sharded, the
+// parameters' buckets alone (each rank loaded its parts of the state).
 func (r *trainer) Replicas() []*tensor.Tensor {
+	if r.l.z != nil {
+		return r.l.dp.ParamBuckets()
+	}
 	var ts []*tensor.Tensor
 	for _, p := range r.l.m.Params() {
 		ts = append(ts, p.Value)
