@@ -19,7 +19,7 @@
 // run after its step with a checkpoint, an evaluation due then left
 // pending for the resumed run, so a signal during the last step does not
 // wait for a final evaluation); data parallelism (the communicator, the
-// broadcast of rank 0's state, the loss averaged across ranks, the ranks'
+// broadcast of rank 0's state, the loss and its terms averaged across ranks, the ranks'
 // agreement to stop; DP and GradBuckets for the model's gradients); the
 // spans on the trace (trace.go). The trainer's command line
 // (internal/app) builds `trainer run`, `eval`, `init` and `generate` from
