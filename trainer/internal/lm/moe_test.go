@@ -90,11 +90,11 @@ func TestLMMoERanksEqualOne(t *testing.T) {
 	worst, auxDiff := 0.0, 0.0
 	for i := range gl {
 		if gl[i].Loss != nil {
-			worst = max(worst, math.Abs(*gl[i].Loss-*want[i].Loss)/ *want[i].Loss)
+			worst = max(worst, math.Abs(*gl[i].Loss-*want[i].Loss) / *want[i].Loss)
 		}
 	}
 	for i := range gz {
-		auxDiff = max(auxDiff, math.Abs(*gz[i].Aux-*wantZ[i].Aux)/ *wantZ[i].Aux)
+		auxDiff = max(auxDiff, math.Abs(*gz[i].Aux-*wantZ[i].Aux) / *wantZ[i].Aux)
 	}
 	if !(auxDiff > 0) {
 		t.Fatalf("2 ranks logged the load-balancing loss of one process exactly: not each rank's own over its tokens")
