@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch reference for gpukit's Mixture-of-Experts GPT (libgpu/nn: a
-GPTConfig with "moe"; `trainer run --model moe` once registered): nanoGPT's
+GPTConfig with "moe"; `trainer run --model moe`): nanoGPT's
 GPT as bench/reference/gpt.py builds it, whose MLP in every moe_every-th
 block (blocks l with (l + 1) % moe_every == 0: 1, 3, 5 for 6 layers and
 moe_every 2) is a Mixture-of-Experts layer in nanoMoE's shape:
