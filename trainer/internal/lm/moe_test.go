@@ -7,7 +7,11 @@ import (
 	"strings"
 	"testing"
 
+	"gpukit/libgpu/data"
+	"gpukit/libgpu/dist"
 	"gpukit/libgpu/nn"
+	"gpukit/libgpu/ops"
+	"gpukit/trainer/internal/driver"
 )
 
 // moeTestConfig is lmTestConfig with an MoE MLP of 4 experts, top-2, in
@@ -130,5 +134,48 @@ func TestDecayed(t *testing.T) {
 	}
 	if seen != 2 {
 		t.Fatalf("%d expert c_fc biases", seen)
+	}
+}
+
+// TestMoEMetrics: a Mixture-of-Experts run's loss lines count the FLOPs
+// of the active parameters for MFU (nanoGPT's 6N + 12·L·d·T per token, N
+// without the experts a token does not use: each MoE layer's experts k/E
+// of their total, the router whole).
+func TestMoEMetrics(t *testing.T) {
+	cfg := moeTestConfig(0.01, 1e-3)
+	cfg.Model.Layers, cfg.Model.MoE.Every = 3, 2 // one MoE MLP (block 1) between dense ones
+	tk := &task{v: testMoEVariant, cfg: cfg}
+	tk.cfg.Data = data.DefaultTextPath()
+	if err := tk.Load(dist.World{}); err != nil {
+		t.Fatal(err)
+	}
+	a := host()
+	e, err := ops.NewEngine(a.Device(), ops.Options{Precision: ops.PrecF32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer driver.CloseEngine(e)
+	tr, err := tk.Build(&driver.Env{Engine: e, Alloc: a, Precision: ops.PrecF32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Free()
+	c := tk.cfg.Model
+	var all, experts float64
+	for _, p := range tr.(*trainer).l.m.Params() {
+		if p.Name == "transformer.wpe.weight" {
+			continue
+		}
+		all += float64(p.Value.Numel())
+		if strings.Contains(p.Name, ".mlp.experts.") {
+			experts += float64(p.Value.Numel())
+		}
+	}
+	E, k := float64(c.MoE.Experts), float64(c.MoE.TopK)
+	active := all - experts*(E-k)/E
+	perToken := 6*active + 12*float64(c.Layers*c.DModel*c.Block)
+	m := tr.Metrics()
+	if want := perToken * float64(cfg.Batch*c.Block); math.Abs(m.FLOPs-want) > 1e-9*want {
+		t.Errorf("FLOPs per step %v, want %v (active parameters %v of %v)", m.FLOPs, want, active, all)
 	}
 }
