@@ -61,7 +61,8 @@ trainer | trainer-step | trainer-quality)
 	[ -x "$bin/trainer" ] || { echo "moe.sh: $bin/trainer missing (the GPU bundle has it)" >&2; exit 1; }
 	;;
 esac
-work=$(mktemp -d)
+work=$(mktemp -d) # run directories (the recipes' checkpoints: about 1 GB), removed at the end unless KEEP=1
+[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$work"' EXIT
 runlog=$work/trainer.jsonl # this run's lines, for the table
 temit() { tee -a "$out/moe.jsonl" "$runlog"; }
 shape=(--data "${text:-}" --layers 6 --heads 6 --d-model 384 --block 256 --batch 64 --precision bf16)
