@@ -45,6 +45,7 @@ short() {
 	case $1 in
 	"trainer run --pool"*) echo " --epochs 1 --limit 3000" ;; # as make ci's EPOCHS=1 LIMIT=3000
 	"trainer run --model gpt"*) echo " --steps 2 --layers 1 --heads 2 --d-model 32 --block 32 --batch 4 --warmup 1 --eval-every 2 --eval-batches 1" ;;
+	"trainer run --model moe"*) echo " --steps 2 --layers 2 --heads 2 --d-model 32 --block 32 --batch 4 --warmup 1 --eval-every 2 --eval-batches 1" ;;
 	"trainer generate"*) echo " --tokens 20" ;;
 	esac
 }

@@ -6,5 +6,6 @@ package app
 import (
 	_ "gpukit/trainer/internal/models/gpt"
 	_ "gpukit/trainer/internal/models/mlp"
+	_ "gpukit/trainer/internal/models/moe"
 	_ "gpukit/trainer/internal/models/unet"
 )

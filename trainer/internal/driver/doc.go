@@ -19,7 +19,7 @@
 // run after its step with a checkpoint, an evaluation due then left
 // pending for the resumed run, so a signal during the last step does not
 // wait for a final evaluation); data parallelism (the communicator, the
-// broadcast of rank 0's state, the loss averaged across ranks, the ranks'
+// broadcast of rank 0's state, the loss and its terms averaged across ranks, the ranks'
 // agreement to stop; DP and GradBuckets for the model's gradients, and
 // with --shard-optimizer ZeRO-1's parameter buckets and sharded AdamW,
 // whose state every rank gathers for rank 0's checkpoint); the
@@ -88,16 +88,17 @@
 // checkpoint: ZeRO-1's optimizer state), EngineTuner (engine options
 // beyond the precision).
 //
-// # The next models
+// # The MoE GPT and the next model
 //
-// A Mixture-of-Experts GPT is a language model: it registers an
-// lm.Variant (internal/lm: the text, the character tokenizer, the
-// validation loss, generate, data parallelism and nanoGPT's checkpoint
-// names are the GPT's), with Default its shape (6 layers, 6 heads, d 384),
-// Flags its --experts --top-k --moe-every --expert-width --aux-loss
-// --z-loss, Configure setting libgpu/nn's GPT configuration's MoE part
-// from them, and Terms the recorded step's aux_loss and z_loss tensors,
-// which every loss line carries. Its checkpoints are eval'd and sampled by
+// The Mixture-of-Experts GPT (models/moe) is a language model: it
+// registers an lm.Variant (internal/lm: the text, the character
+// tokenizer, the validation loss, generate, data parallelism and
+// nanoGPT's checkpoint names are the GPT's), with Default its shape (6
+// layers, 6 heads, d 384), Flags its --experts --top-k --moe-every
+// --expert-width --aux-loss --z-loss, Configure setting libgpu/nn's GPT
+// configuration's MoE part from them, and Terms the recorded step's
+// aux_loss and z_loss tensors, which every loss line carries (averaged
+// across ranks as the loss is). Its checkpoints are eval'd and sampled by
 // the same commands, keyed by its name.
 //
 // The HRM registers a Model of its own. A step is one segment: the driver

@@ -266,22 +266,25 @@ func (b *GradBuckets) shareNote(dt tensor.DType) string {
 	return s + ", parameters all-gathered after each update"
 }
 
-// dpRun is the driver's part of a data-parallel run: the logged loss
-// averaged across ranks, and this rank's stop flag (a step input) and
-// every rank's maximum of it.
+// dpRun is the driver's part of a data-parallel run: the logged loss and
+// loss terms averaged across ranks, and this rank's stop flag (a step
+// input) and every rank's maximum of it.
 type dpRun struct {
 	comm                   Collective
 	lossAvg, stop, stopAll *tensor.Tensor
+	termsAvg               []*tensor.Tensor // one [1] f32 per Metrics.Terms
 }
 
-func newDPRun(a device.Allocator, run string, comm Collective) (*dpRun, error) {
-	d := &dpRun{comm: comm}
-	for _, t := range []struct {
-		p    **tensor.Tensor
-		name string
-	}{{&d.lossAvg, "acts/loss_avg"}, {&d.stop, "acts/stop"}, {&d.stopAll, "acts/stop_all"}} {
+func newDPRun(a device.Allocator, run string, comm Collective, terms int) (*dpRun, error) {
+	d := &dpRun{comm: comm, termsAvg: make([]*tensor.Tensor, terms)}
+	ps := []**tensor.Tensor{&d.lossAvg, &d.stop, &d.stopAll}
+	names := []string{"acts/loss_avg", "acts/stop", "acts/stop_all"}
+	for i := range d.termsAvg {
+		ps, names = append(ps, &d.termsAvg[i]), append(names, fmt.Sprintf("acts/term_avg%d", i))
+	}
+	for i, p := range ps {
 		var err error
-		if *t.p, err = tensor.Alloc(a, Join(run, t.name), tensor.F32, 1); err != nil {
+		if *p, err = tensor.Alloc(a, Join(run, names[i]), tensor.F32, 1); err != nil {
 			d.free()
 			return nil, err
 		}
@@ -290,33 +293,49 @@ func newDPRun(a device.Allocator, run string, comm Collective) (*dpRun, error) {
 }
 
 func (d *dpRun) free() {
-	for _, t := range []*tensor.Tensor{d.lossAvg, d.stop, d.stopAll} {
+	for _, t := range append([]*tensor.Tensor{d.lossAvg, d.stop, d.stopAll}, d.termsAvg...) {
 		if t != nil {
 			t.Buf.Free()
 		}
 	}
 }
 
-// agree averages loss across ranks into lossAvg and takes the maximum of
+// agree averages loss and the terms across ranks and takes the maximum of
 // the ranks' stop flags: the loss of the whole global batch (the mean of
-// equal shards' means) and whether any rank was signalled.
-func (d *dpRun) agree(e *ops.Engine, loss *tensor.Tensor) (float32, bool, error) {
+// equal shards' means), each term's mean over the ranks (a term that is a
+// mean over tokens, such as a z-loss, is then the global batch's; one
+// that is not linear in the batch, such as a load-balancing loss, is the
+// mean of the ranks' own), and whether any rank was signalled.
+func (d *dpRun) agree(e *ops.Engine, loss *tensor.Tensor, terms []Term) (float32, []float32, bool, error) {
 	err := d.comm.Group(e, func() error {
 		if err := d.comm.AllReduce(e, d.lossAvg, loss, nccl.Avg); err != nil {
 			return err
 		}
+		for i, t := range terms {
+			if err := d.comm.AllReduce(e, d.termsAvg[i], t.T, nccl.Avg); err != nil {
+				return err
+			}
+		}
 		return d.comm.AllReduce(e, d.stopAll, d.stop, nccl.Max)
 	})
 	if err != nil {
-		return 0, false, err
+		return 0, nil, false, err
 	}
 	v, err := d.lossAvg.ReadF32()
 	if err != nil {
-		return 0, false, err
+		return 0, nil, false, err
+	}
+	tv := make([]float32, len(terms))
+	for i := range terms {
+		x, err := d.termsAvg[i].ReadF32()
+		if err != nil {
+			return 0, nil, false, err
+		}
+		tv[i] = x[0]
 	}
 	s, err := d.stopAll.ReadF32()
 	if err != nil {
-		return 0, false, err
+		return 0, nil, false, err
 	}
-	return v[0], s[0] > 0, nil
+	return v[0], tv, s[0] > 0, nil
 }

@@ -197,7 +197,7 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 	distributed := dpc != nil && w.Distributed()
 	var dpr *dpRun
 	if distributed {
-		if dpr, err = newDPRun(o.Alloc, o.Run, dpc.Comm); err != nil {
+		if dpr, err = newDPRun(o.Alloc, o.Run, dpc.Comm, len(tr.Metrics().Terms)); err != nil {
 			return res, err
 		}
 		defer dpr.free()
@@ -398,8 +398,9 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 		if done%o.LogEvery == 0 || (met.LogFinal && done == steps) {
 			lp := tk.Begin(TraceCat, SpanLog)
 			var loss float32
+			var terms []float32 // met.Terms' values, averaged across ranks when distributed
 			if distributed {
-				if loss, stopAll, err = dpr.agree(eng, met.Loss); err != nil {
+				if loss, terms, stopAll, err = dpr.agree(eng, met.Loss, met.Terms); err != nil {
 					return res, fmt.Errorf("step %d: averaging the loss across ranks: %w", done, err)
 				}
 			} else {
@@ -432,12 +433,15 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 				}
 				line = append(line, Field{"grad_norm", g[0]})
 			}
-			for _, t := range met.Terms {
-				v, err := t.T.ReadF32()
-				if err != nil {
-					return res, err
+			for i, t := range met.Terms {
+				if !distributed {
+					v, err := t.T.ReadF32()
+					if err != nil {
+						return res, err
+					}
+					terms = append(terms, v[0])
 				}
-				line = append(line, Field{t.Name, v[0]})
+				line = append(line, Field{t.Name, terms[i]})
 			}
 			if err := ml.emit(line); err != nil {
 				return res, err

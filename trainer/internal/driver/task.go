@@ -109,7 +109,8 @@ type Trainer interface {
 // Metrics are a trainer's loss-line figures: the loss of the last step
 // ([1] f32 on the device), the gradient norm before clipping (nil: no
 // clipping), extra loss terms (logged after the norm, e.g. aux_loss and
-// z_loss of a Mixture-of-Experts model), the throughput's unit and items
+// z_loss of a Mixture-of-Experts model; averaged across ranks as the loss
+// is), the throughput's unit and items
 // per step of the whole job (samples_per_s: Unit "samples", Items the
 // batch), the FLOPs of one step on this device (0: no mfu), and whether
 // the last step is logged even off the --log-every cadence.

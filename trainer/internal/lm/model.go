@@ -3,6 +3,7 @@ package lm
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"gpukit/libgpu/ckpt"
 	"gpukit/libgpu/data"
@@ -152,7 +153,7 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg Config, prec o
 	}
 	noDecay := make([]bool, len(l.m.Params()))
 	for i, p := range l.m.Params() {
-		noDecay[i] = p.Value.Rank() < 2 // biases and norm weights (nanoGPT's optim groups)
+		noDecay[i] = !Decayed(p)
 		l.grads = append(l.grads, p.Grad)
 	}
 	var counter *tensor.Tensor
@@ -219,6 +220,14 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg Config, prec o
 		}
 	}
 	return l, nil
+}
+
+// Decayed reports whether AdamW decays p: weights of rank ≥ 2 but biases
+// (nanoGPT's optimizer groups, where every bias and norm weight has rank
+// 1; a Mixture-of-Experts layer's stacked expert biases, [E, W], are
+// biases too, as in bench/reference/moe.py's groups).
+func Decayed(p nn.Param) bool {
+	return p.Value.Rank() >= 2 && !strings.HasSuffix(p.Name, "bias")
 }
 
 // compute queues one training step on the batch in the train graph's

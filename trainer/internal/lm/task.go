@@ -123,8 +123,12 @@ type trainer struct {
 
 func (r *trainer) Describe() string {
 	c := r.t.cfg.Model
-	return fmt.Sprintf("%s of %.2fM parameters (%d layers, %d heads, d %d, block %d, vocabulary %d)", r.t.v.Kind,
+	s := fmt.Sprintf("%s of %.2fM parameters (%d layers, %d heads, d %d, block %d, vocabulary %d)", r.t.v.Kind,
 		float64(r.l.m.NumParams(true))/1e6, c.Layers, c.Heads, c.DModel, c.Block, c.Vocab)
+	if r.t.v.Describe != nil {
+		s += "; " + r.t.v.Describe(r.l.m, c)
+	}
+	return s
 }
 
 func (r *trainer) Inputs() []*tensor.Tensor {
