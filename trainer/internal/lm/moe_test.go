@@ -66,9 +66,13 @@ func TestLMMoERanksEqualOne(t *testing.T) {
 	if len(want) != 14 || len(wantZ) != 12 {
 		t.Fatalf("%d lines, %d loss lines", len(want), len(wantZ))
 	}
-	for _, n := range []int{2, 4} {
-		got, _ := lmHostRanks(t, corpus, cfg, n, LMOptions{Out: t.TempDir(), BucketBytes: 4 << 10}, nil)
-		what := fmt.Sprintf("%d ranks, z-loss only", n)
+	for _, c := range []struct {
+		n     int
+		shard bool
+	}{{2, false}, {4, false}, {2, true}, {4, true}} {
+		n := c.n
+		got, _ := lmHostRanks(t, corpus, cfg, n, LMOptions{Out: t.TempDir(), BucketBytes: 4 << 10, Shard: c.shard}, nil)
+		what := fmt.Sprintf("%d ranks, z-loss only, --shard-optimizer %v", n, c.shard)
 		closeLines(t, what, parseLMLines(t, got), want, 1e-5)
 		for i, l := range moeTerms(t, got) {
 			if d := math.Abs(*l.Z-*wantZ[i].Z) / *wantZ[i].Z; !(d <= 1e-5) {
