@@ -46,12 +46,13 @@ func TestFlagsOfTheModel(t *testing.T) {
 		args []string
 		say  string
 	}{
-		{[]string{"run", "--model", "mlp", "--steps", "3"}, "--steps is not a flag of --model mlp but of --model gpt, --model unet"},
+		{[]string{"run", "--model", "mlp", "--steps", "3"}, "--steps is not a flag of --model mlp but of --model gpt, --model hrm, --model unet"},
 		{[]string{"run", "--epochs", "2", "--model", "gpt"}, "--epochs is not a flag of --model gpt but of --model mlp"},
 		{[]string{"run", "--model", "unet", "--optim", "sgd"}, "--optim is not a flag of --model unet"},
 		{[]string{"init", "--model", "gpt", "--widths", "784,10"}, "--widths is not a flag of --model gpt"},
-		{[]string{"run", "--model", "foo"}, `--model "foo": want one of gpt, mlp, unet`},
-		{[]string{"init", "--model", "foo", "--out", out}, `--model "foo": want one of gpt, mlp, unet`},
+		{[]string{"run", "--model", "foo"}, `--model "foo": want one of gpt, hrm, mlp, unet`},
+		{[]string{"init", "--model", "foo", "--out", out}, `--model "foo": want one of gpt, hrm, mlp, unet`},
+		{[]string{"run", "--model", "hrm", "--layers", "2"}, "--layers is not a flag of --model hrm but of --model gpt"},
 	} {
 		oneLine(t, strings.Join(c.args, " "), trainer(t, append(c.args, "--out", out)...), 2, c.say)
 	}
@@ -67,7 +68,10 @@ func TestFlagsOfTheModel(t *testing.T) {
 		{"gpt", []string{"--layers", "--steps", "--eval-every", "--bucket-mb", "--grad-comm", "UTF-8 text", "tokens_per_s", "val_loss"},
 			[]string{"--widths", "--epochs", "--channels", "--ema-decay", "Fashion-MNIST IDX", "samples_per_s"}},
 		{"unet", []string{"--channels", "--ema-decay", "--ema-warmup", "--publish-every", "images_per_s"},
-			[]string{"--widths", "--layers", "--optim", "--momentum", "--bucket-mb", "tokens_per_s"}},
+			[]string{"--widths", "--layers", "--optim", "--momentum", "--bucket-mb", "tokens_per_s", "--halt-max-steps"}},
+		{"hrm", []string{"--halt-max-steps", "--h-cycles", "--puzzle-emb-lr", "--num-aug", "trainer data sudoku", "sequences_per_s",
+			"test_exact_accuracy", "q_halt_loss"},
+			[]string{"--widths", "--epochs", "--layers", "--channels", "--optim", "--bucket-mb", "tokens_per_s", "Fashion-MNIST IDX"}},
 	} {
 		r := trainer(t, "run", "--model", c.model, "--help")
 		mustOK(t, r)
@@ -93,7 +97,7 @@ func TestFlagsOfTheModel(t *testing.T) {
 func TestHelpTexts(t *testing.T) {
 	root := trainer(t, "--help")
 	mustOK(t, root)
-	for _, m := range []string{"mlp", "gpt", "unet"} {
+	for _, m := range []string{"mlp", "gpt", "unet", "hrm"} {
 		if !strings.Contains(root.stdout, m+" (") {
 			t.Errorf("trainer --help does not name --model %s", m)
 		}
@@ -105,6 +109,7 @@ func TestHelpTexts(t *testing.T) {
 	for _, args := range [][]string{
 		{"run"}, {"run", "--model", "gpt"}, {"run", "--model", "unet"}, {"init", "--model", "gpt"}, {"init", "--model", "unet"},
 		{"eval"}, {"eval", "--ckpt", gptCkpt}, {"generate"}, {"info"}, {"launch"},
+		{"run", "--model", "hrm"}, {"init", "--model", "hrm"}, {"solve"}, {"data", "sudoku"}, {"data", "replay"},
 	} {
 		r := trainer(t, append(args, "--help")...)
 		mustOK(t, r)

@@ -48,7 +48,7 @@ func dataSudokuCommand() *cli.Command {
 			&cli.StringFlag{Name: "difficulty", Value: "expert", Usage: "qqwing difficulty: " + strings.Join(sudoku.Difficulties, "|")},
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of qqwing's clocks, the CSV sample and the split"},
 			&cli.StringFlag{Name: "from-csv", Usage: "draw the puzzles from this Sudoku-Extreme CSV file instead of qqwing"},
-			&cli.IntFlag{Name: "jobs", Usage: "qqwing processes at once (default: the number of CPUs; never changes the puzzles)"},
+			&cli.IntFlag{Name: "jobs", DefaultText: "the number of CPUs", Usage: "qqwing processes at once (never changes the puzzles)"},
 			kit.ForceFlag(),
 		},
 		Action: func(c *cli.Context) error {
