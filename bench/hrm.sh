@@ -21,7 +21,10 @@
 #            segment loop is a conditional WHILE node; then hrm.py eval of
 #            the same checkpoint (the reference's host loop: a host check
 #            after every segment), both modes; the seconds exclude warm-up
-#            batches on both sides
+#            batches on both sides. Last (if the budget allows), the
+#            trainer's evaluation with --graph off: the same kernels, the
+#            WHILE loop driven from the host (what the conditional node
+#            saves by itself)
 #   quality  hrm.py train (eager) for the same STEPS on the same data and
 #            settings, its evaluation of QEVAL_N puzzles with halting:
 #            accuracy against wall time beside the trainer's (the issue's
@@ -127,6 +130,14 @@ within 60 python3 "$ref" train --data "$data" "${common[@]}" "${pdev[@]}" "${arc
 	log "hrm.py train: exit $? (cut by the budget: its lines so far are kept)"
 echo "{\"part\": \"quality-torch\", \"impl\": \"torch-eager\", \"wall_s\": $((SECONDS - t0))}" | tee -a "$out/hrm.jsonl"
 
+# eval, host-driven: the trainer's evaluation with --graph off (the same
+# kernels launched one by one, the WHILE loop driven from the host with a
+# flag read per segment): what the conditional node saves by itself.
+if [ -f "$ckpt" ] && [ "$device" = cuda ]; then
+	within 25 "$bin/trainer" eval --ckpt "$ckpt" --data "$data" --n "$evaln" --batch "$batch" --device cuda --precision bf16 \
+		--graph off 2>>"$work/eval.err" | tag eval-nograph || log "trainer eval --graph off: exit $?"
+fi
+
 # The table.
 python3 - "$out/hrm.jsonl" "$steps" "$batch" "$device" <<'PY'
 import json, statistics, sys
@@ -153,10 +164,11 @@ print(f"  hrm.py torch.compile         {fmt(t_ms, '{:.2f}')} ms" + (f"  -> gpuki
 print(f"  hrm.py eager                 {fmt(eager_ms, '{:.2f}')} ms (train loop, host syncs per step)")
 ev = {("gpukit", r["halting"]): r for r in P("eval") if "seconds" in r}
 ev.update({("torch", r["halting"]): r for r in P("eval-torch") if "seconds" in r})
+ev.update({("gpukit-eager", r["halting"]): r for r in P("eval-nograph") if "seconds" in r})
 print("evaluation (the trainer's checkpoint after %d steps)" % steps)
-print("  impl     halting  puzzles  seconds  mean_segments  exact   cell")
+print("  impl          halting  puzzles  seconds  mean_segments  exact   cell")
 for (impl, h), r in sorted(ev.items()):
-    print(f"  {impl:8} {str(h):8} {r['puzzles']:7d}  {r['seconds']:7.2f}  {r['mean_segments']:13.2f}  {r['exact_accuracy']:.4f}  {r['cell_accuracy']:.4f}")
+    print(f"  {impl:13} {str(h):8} {r['puzzles']:7d}  {r['seconds']:7.2f}  {r['mean_segments']:13.2f}  {r['exact_accuracy']:.4f}  {r['cell_accuracy']:.4f}")
 for h in (True, False):
     if ("gpukit", h) in ev and ("torch", h) in ev:
         print(f"  halting {h}: gpukit/hrm.py time = {ev[('gpukit', h)]['seconds'] / ev[('torch', h)]['seconds']:.2f}")

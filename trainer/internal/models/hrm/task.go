@@ -41,9 +41,9 @@ type task struct {
 	cfg Config
 	// After Load: the training set (after --limit) and the test tokens of
 	// the evaluations (the first --eval-n puzzles).
-	train            *sudoku.Set
-	testIn, testLab  []uint8
-	trainSrc, augLog string
+	train           *sudoku.Set
+	testIn, testLab []uint8
+	trainSrc        string
 }
 
 func newTask(cfg Config) (*task, error) { return &task{cfg: cfg}, nil }
