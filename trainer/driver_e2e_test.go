@@ -46,7 +46,7 @@ func TestFlagsOfTheModel(t *testing.T) {
 		args []string
 		say  string
 	}{
-		{[]string{"run", "--model", "mlp", "--steps", "3"}, "--steps is not a flag of --model mlp but of --model gpt, --model moe, --model unet"},
+		{[]string{"run", "--model", "mlp", "--steps", "3"}, "--steps is not a flag of --model mlp but of --model gpt, --model hrm, --model moe, --model unet"},
 		{[]string{"run", "--epochs", "2", "--model", "gpt"}, "--epochs is not a flag of --model gpt but of --model mlp"},
 		{[]string{"run", "--model", "unet", "--optim", "sgd"}, "--optim is not a flag of --model unet"},
 		{[]string{"init", "--model", "gpt", "--widths", "784,10"}, "--widths is not a flag of --model gpt"},
@@ -54,8 +54,9 @@ func TestFlagsOfTheModel(t *testing.T) {
 		{[]string{"init", "--model", "gpt", "--aux-loss", "0"}, "--aux-loss is not a flag of --model gpt but of --model moe"},
 		{[]string{"run", "--model", "moe", "--epochs", "2"}, "--epochs is not a flag of --model moe but of --model mlp"},
 		{[]string{"run", "--model", "moe", "--ema-decay", "0.9"}, "--ema-decay is not a flag of --model moe but of --model unet"},
-		{[]string{"run", "--model", "foo"}, `--model "foo": want one of gpt, mlp, moe, unet`},
-		{[]string{"init", "--model", "foo", "--out", out}, `--model "foo": want one of gpt, mlp, moe, unet`},
+		{[]string{"run", "--model", "foo"}, `--model "foo": want one of gpt, hrm, mlp, moe, unet`},
+		{[]string{"init", "--model", "foo", "--out", out}, `--model "foo": want one of gpt, hrm, mlp, moe, unet`},
+		{[]string{"run", "--model", "hrm", "--layers", "2"}, "--layers is not a flag of --model hrm but of --model gpt, --model moe"},
 	} {
 		oneLine(t, strings.Join(c.args, " "), trainer(t, append(c.args, "--out", out)...), 2, c.say)
 	}
@@ -76,7 +77,10 @@ func TestFlagsOfTheModel(t *testing.T) {
 			"aux_loss and z_loss", "--layers value            transformer blocks (default: 6)", "(default: 384)", "--experts value           expert MLPs of each MoE layer (default: 8)"},
 			[]string{"--widths", "--epochs", "--channels", "--ema-decay", "Fashion-MNIST IDX", "samples_per_s"}},
 		{"unet", []string{"--channels", "--ema-decay", "--ema-warmup", "--publish-every", "images_per_s"},
-			[]string{"--widths", "--layers", "--optim", "--momentum", "--bucket-mb", "--shard-optimizer", "--comm-priority", "tokens_per_s"}},
+			[]string{"--widths", "--layers", "--optim", "--momentum", "--bucket-mb", "--shard-optimizer", "--comm-priority", "tokens_per_s", "--halt-max-steps"}},
+		{"hrm", []string{"--halt-max-steps", "--h-cycles", "--puzzle-emb-lr", "--num-aug", "trainer data sudoku", "sequences_per_s",
+			"test_exact_accuracy", "q_halt_loss"},
+			[]string{"--widths", "--epochs", "--layers", "--channels", "--optim", "--bucket-mb", "--shard-optimizer", "tokens_per_s", "Fashion-MNIST IDX"}},
 	} {
 		r := trainer(t, "run", "--model", c.model, "--help")
 		mustOK(t, r)
@@ -102,7 +106,7 @@ func TestFlagsOfTheModel(t *testing.T) {
 func TestHelpTexts(t *testing.T) {
 	root := trainer(t, "--help")
 	mustOK(t, root)
-	for _, m := range []string{"mlp", "gpt", "moe", "unet"} {
+	for _, m := range []string{"mlp", "gpt", "moe", "unet", "hrm"} {
 		if !strings.Contains(root.stdout, m+" (") {
 			t.Errorf("trainer --help does not name --model %s", m)
 		}
@@ -114,6 +118,7 @@ func TestHelpTexts(t *testing.T) {
 	for _, args := range [][]string{
 		{"run"}, {"run", "--model", "gpt"}, {"run", "--model", "unet"}, {"init", "--model", "gpt"}, {"init", "--model", "unet"},
 		{"eval"}, {"eval", "--ckpt", gptCkpt}, {"generate"}, {"info"}, {"launch"}, {"run", "--model", "moe"}, {"init", "--model", "moe"},
+		{"run", "--model", "hrm"}, {"init", "--model", "hrm"}, {"solve"}, {"data", "sudoku"}, {"data", "replay"},
 	} {
 		r := trainer(t, append(args, "--help")...)
 		mustOK(t, r)

@@ -101,16 +101,21 @@
 // across ranks as the loss is). Its checkpoints are eval'd and sampled by
 // the same commands, keyed by its name.
 //
-// The HRM registers a Model of its own. A step is one segment: the driver
-// runs and counts optimizer steps, so each of a batch's up to 16 segments
-// is one Fill (new puzzles for the sequences that halted, or none) and one
-// Compute (forward, backward and optimizer step with the carried state,
-// captured once and replayed), and Steps counts segments. The carried
+// The HRM registers a Model of its own (models/hrm). A step is one
+// segment: the driver runs and counts optimizer steps, so each of a
+// batch's up to 16 segments is one Fill (the step's batch staged into the
+// model's device pool, from which the sequences that halted take new
+// puzzles on the device) and one Compute (forward, backward and optimizer
+// step with the carried state), and Steps counts segments. Its step keeps
+// its own CUDA graph and step counter (nn.HRMTrain.Run), so it reports
+// Capturable false and the driver runs Compute as it is. The carried
 // state (hidden states, halting flags, the puzzles in flight) is State in
 // its checkpoint, so a run stopped between segments resumes with it. Its
-// Eval runs the adaptive-halting loop (one graph with a conditional node)
-// over the test puzzles and returns exact and cell accuracy (the plot
-// draws every *accuracy field) and its loss as ValLoss (best.safetensors).
-// Its Data names the directory of safetensors puzzles; Commands add
-// `trainer solve` and `trainer data sudoku`.
+// Eval runs the adaptive-halting loop (one graph per batch with a
+// conditional WHILE node) over the test puzzles and returns exact and
+// cell accuracy (the plot draws every *accuracy field of the evaluation
+// lines) and, as ValLoss, 1 − exact + 1e-6·(1 − cell), by which
+// best.safetensors keeps the highest exact accuracy. Its Data names the
+// directory of safetensors puzzles; Commands add `trainer solve` and
+// `trainer data sudoku|replay`.
 package driver
