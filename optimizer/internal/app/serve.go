@@ -13,8 +13,8 @@ import (
 	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/ipc"
 	"gpukit/libgpu/ops"
-	"gpukit/libgpu/optim/service"
 	"gpukit/libgpu/pool"
+	"gpukit/optimizer/internal/server"
 )
 
 var serveCommand = &cli.Command{
@@ -90,7 +90,7 @@ func serve(c *cli.Context) error {
 		return fmt.Errorf("--pool %s: %w", c.String("pool"), err)
 	}
 	defer mem.Close()
-	h := &service.Server{Pool: service.PoolClient{C: mem}, Options: ops.Options{Precision: prec}, Admission: adm,
+	h := &server.Server{Pool: server.PoolClient{C: mem}, Options: ops.Options{Precision: prec}, Admission: adm,
 		MaxRunBytes: maxRun, MaxConns: maxConns}
 	srv := &ipc.Server{Handler: h, MaxConns: maxConns}
 	if c.Bool("verbose") {
