@@ -8,14 +8,15 @@ import (
 	"gpukit/libgpu/ops"
 )
 
-// ipcEvent is an interprocess CUDA event (cuIpcGetEventHandle) recorded by
+// Event is an interprocess CUDA event (cuIpcGetEventHandle) recorded by
 // one process's stream and waited for by another's, so that the trainer's
 // gradients and the service's updates are ordered on the GPU with no host
 // waiting (the pool's Buffer.Ready/Wait do the same through the daemon;
 // here the handles are exchanged once, at register, so a step costs no
 // extra round trip). On the host backend it does nothing: the service
-// computes before it replies.
-type ipcEvent struct {
+// computes before it replies. The client and the server
+// (optimizer/internal/server) both use it; a nil *Event does nothing.
+type Event struct {
 	ev  cuda.Event
 	own bool
 }
@@ -27,21 +28,22 @@ var ownEvents = struct {
 	m map[[64]byte]cuda.Event
 }{m: map[[64]byte]cuda.Event{}}
 
-// streamOf is the CUDA stream e queues on, or 0 on the host.
-func streamOf(e *ops.Engine) cuda.Stream {
+// StreamOf is the CUDA stream e queues on, or 0 on the host (the server
+// asks it to know whether a client must send an event).
+func StreamOf(e *ops.Engine) cuda.Stream {
 	if s, ok := e.Impl().(ops.Streamer); ok {
 		return s.Stream()
 	}
 	return 0
 }
 
-// newIPCEvent makes an interprocess event on e's device and returns it
+// NewEvent makes an interprocess event on e's device and returns it
 // with its handle (nil, nil on the host).
-func newIPCEvent(e *ops.Engine) (*ipcEvent, []byte, error) {
-	if streamOf(e) == 0 {
+func NewEvent(e *ops.Engine) (*Event, []byte, error) {
+	if StreamOf(e) == 0 {
 		return nil, nil, nil
 	}
-	v := &ipcEvent{own: true}
+	v := &Event{own: true}
 	var h cuda.IpcEventHandle
 	err := e.Do(func() error {
 		var err error
@@ -62,10 +64,10 @@ func newIPCEvent(e *ops.Engine) (*ipcEvent, []byte, error) {
 	return v, h[:], nil
 }
 
-// openIPCEvent opens the peer's event from its handle (nil on the host or
+// OpenEvent opens the peer's event from its handle (nil on the host or
 // without a handle).
-func openIPCEvent(e *ops.Engine, h []byte) (*ipcEvent, error) {
-	if streamOf(e) == 0 || len(h) == 0 {
+func OpenEvent(e *ops.Engine, h []byte) (*Event, error) {
+	if StreamOf(e) == 0 || len(h) == 0 {
 		return nil, nil
 	}
 	if len(h) != 64 {
@@ -75,9 +77,9 @@ func openIPCEvent(e *ops.Engine, h []byte) (*ipcEvent, error) {
 	ev, ok := ownEvents.m[[64]byte(h)]
 	ownEvents.Unlock()
 	if ok {
-		return &ipcEvent{ev: ev}, nil
+		return &Event{ev: ev}, nil
 	}
-	v := &ipcEvent{}
+	v := &Event{}
 	err := e.Do(func() error {
 		var err error
 		v.ev, err = cuda.IpcOpenEventHandle(cuda.IpcEventHandle(h))
@@ -90,26 +92,26 @@ func openIPCEvent(e *ops.Engine, h []byte) (*ipcEvent, error) {
 	return v, nil
 }
 
-// record marks the end of e's queue.
-func (v *ipcEvent) record(e *ops.Engine) error {
+// Record marks the end of e's queue.
+func (v *Event) Record(e *ops.Engine) error {
 	if v == nil {
 		return nil
 	}
-	s := streamOf(e)
+	s := StreamOf(e)
 	return e.Do(func() error { return v.ev.Record(s) })
 }
 
-// wait makes e's later work wait for the event's last record.
-func (v *ipcEvent) wait(e *ops.Engine) error {
+// Wait makes e's later work wait for the event's last record.
+func (v *Event) Wait(e *ops.Engine) error {
 	if v == nil {
 		return nil
 	}
-	s := streamOf(e)
+	s := StreamOf(e)
 	return e.Do(func() error { return s.WaitEvent(v.ev) })
 }
 
-// close destroys an event this side created or opened.
-func (v *ipcEvent) close(e *ops.Engine) error {
+// Close destroys an event this side created or opened.
+func (v *Event) Close(e *ops.Engine) error {
 	if v == nil || !v.own || v.ev == 0 {
 		return nil
 	}

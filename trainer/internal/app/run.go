@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	kit "gpukit/libgpu/cli"
+	"gpukit/libgpu/cli/devflag"
 	"gpukit/libgpu/dist"
 	"gpukit/libgpu/nccl"
 	"gpukit/libgpu/ops"
@@ -166,7 +167,7 @@ func runAction(c *cli.Context, m driver.Model) error {
 // runRank is the run of rank w (a process alone: dist.Single). It checks
 // every flag before the data is read and the device opened.
 func runRank(c *cli.Context, ctx context.Context, m driver.Model, w dist.World) error {
-	prec, err := driver.CheckDeviceFlags(c)
+	prec, err := devflag.PrecisionOf(c) // --graph and --device are checked as parsed
 	if err != nil {
 		return err
 	}
@@ -268,7 +269,7 @@ func runRank(c *cli.Context, ctx context.Context, m driver.Model, w dist.World) 
 	if w.Distributed() {
 		o.Alloc, closeFn, err = rankAllocator(c, w)
 	} else {
-		o.Alloc, closeFn, err = driver.Allocator(c)
+		o.Alloc, closeFn, err = devflag.Open(c)
 	}
 	if err != nil {
 		return err

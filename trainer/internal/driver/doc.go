@@ -57,8 +57,8 @@
 // file (--ckpt, or the best or last file of a run directory, named on
 // stderr), the precision, the graph flag and an allocator made on demand;
 // a model's own commands that run it (trainer solve) take the same device
-// flags through DeviceFlags and NewInput, and Resolve and ReadHeader for a
-// checkpoint. Register panics (at init) on a model flag named like one of
+// flags (libgpu/cli/devflag's, and --trace) through DeviceFlags and
+// NewInput, and Resolve and ReadHeader for a checkpoint. Register panics (at init) on a model flag named like one of
 // the driver's (Reserved) or a second model of the same name.
 //
 // Task (task.go) is the run before any device work: Config (stored as the
