@@ -108,6 +108,10 @@ type LayerRef struct {
 	OutGrad *TensorRef `msgpack:"out_grad,omitempty"`
 }
 
+// EventHandleSize is the length in bytes of a register's event: a
+// CUDA interprocess event handle (CUipcEventHandle, 64 bytes).
+const EventHandleSize = 64
+
 // RegisterRequest builds a run's optimizer over the client's buffers.
 // Event (cuda) is the client's interprocess event (a 64-byte
 // CUipcEventHandle) that it records after its gradients are written, every

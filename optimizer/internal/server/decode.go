@@ -215,6 +215,11 @@ func (f field) bin() ([]byte, error) {
 		return nil, nil
 	case []byte:
 		return x, nil
+	case string:
+		// DecodeInterfaceLoose (decodeBody) turns msgpack bin into a
+		// string, so a bin arrives here as one; a str is taken the same
+		// way (its bytes).
+		return []byte(x), nil
 	}
 	return nil, f.typeErr("a bin")
 }
@@ -314,6 +319,9 @@ func DecodeRegister(body []byte) (*service.RegisterRequest, error) {
 	}
 	if req.Event, err = f.at("event").bin(); err != nil {
 		return nil, err
+	}
+	if n := len(req.Event); n != 0 && n != service.EventHandleSize {
+		return nil, fmt.Errorf("%w: event: want %d bytes (a CUDA interprocess event handle), got %d", ipc.ErrMalformed, service.EventHandleSize, n)
 	}
 	if sf := f.at("lr_scale"); !sf.absent() {
 		t, err := decodeTensor(sf)

@@ -226,3 +226,28 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeRegisterEvent: the interprocess event handle the Go client
+// sends (64 bytes as msgpack bin, on a GPU) reaches the request intact. On
+// a GPU machine every register carries one; the host's carry none, which
+// is how a decoder that refused bin (DecodeInterfaceLoose turns bin into a
+// string) passed every host test and failed every GPU register.
+func TestDecodeRegisterEvent(t *testing.T) {
+	ev := make([]byte, 64)
+	for i := range ev {
+		ev[i] = byte(255 - i)
+	}
+	def, _ := optim.Defaults("adamw")
+	b, err := ipc.MarshalBody(service.RegisterRequest{Run: "r", Spec: def, Event: ev, Params: []service.ParamRef{{Name: "w",
+		Value: service.TensorRef{Buffer: "b", DType: "f32", Shape: []int64{2}}, Grad: service.TensorRef{Buffer: "g", DType: "f32", Shape: []int64{2}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := DecodeRegister(b)
+	if err != nil {
+		t.Fatalf("register with an event: %v", err)
+	}
+	if string(req.Event) != string(ev) {
+		t.Fatalf("event % x, sent % x", req.Event, ev)
+	}
+}
