@@ -35,12 +35,16 @@
 #           torch.distributed (bench/reference/allreduce.sh)
 #
 # Knobs to sweep (each run's JSON line records them): BUCKET_MB (25;
-# --bucket-mb), LAST_BUCKET_MB (--last-bucket-mb, when the trainer has it:
-# a small last bucket, dist.BucketConfig.LastBytes), COMM_PRIORITY
-# (--comm-priority, when the trainer has it: high puts NCCL's stream ahead
-# of the backward's blocks, ops.Options.HighPriorityComm), NCCL_MAX_CTAS /
-# NCCL_MIN_CTAS (NCCL's own environment: its CTAs, i.e. SMs, per
-# collective), GRAD_COMM (f32|bf16), TRAINER_FLAGS (any other flags).
+# --bucket-mb), LAST_BUCKET_MB (--last-bucket-mb: a small last bucket,
+# dist.BucketConfig.LastBytes), COMM_PRIORITY (normal|high,
+# --comm-priority: high puts NCCL's stream ahead of the backward's blocks,
+# ops.Options.HighPriorityComm), NCCL_MAX_CTAS / NCCL_MIN_CTAS (NCCL's own
+# environment: its CTAs, i.e. SMs, per collective; the trainer's
+# --nccl-max-ctas and --nccl-min-ctas set the same, and the environment
+# wins), GRAD_COMM (f32|bf16), TRAINER_FLAGS (any other flags). The
+# trainer's flags are looked up in `trainer run --model gpt --help`: a
+# trainer without one says so and the knob (or the ZeRO-1 runs) is
+# skipped.
 #
 # usage: bench/scale.sh TEXT        (TEXT: tinyshakespeare.txt)
 # Env: NPROCS ("1 2 4 8"), BATCH (32), PER_GPU (8), STEPS (60), BUDGET_S
@@ -49,15 +53,49 @@
 # BENCH_OUT. NCCL_NVLS_ENABLE=0 stays set throughout. Runs inside the GPU
 # bundle (bin/trainer, bin/tracer, bench/gpukit-allreduce) or a source tree
 # with ./bin built.
+# DRY_RUN=1 runs nothing: it prints every command the call would run, one
+# line each ("+ CMD", with its environment where it has one of its own),
+# for GPUS GPUs (default 8; any machine, no GPU needed), and checks the
+# arguments as a real call does (trainer's flags included: it needs
+# bin/trainer); the trainer's host test TestScaleScriptCommands runs the
+# printed trainer commands on the CPU with a tiny model.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 text=${1:?usage: bench/scale.sh TEXT}
 [ -r "$text" ] || { echo "bench/scale.sh: cannot read $text" >&2; exit 2; }
 bin=${GPUKIT_BIN:-$root/bin}
-out=${BENCH_OUT:-$(mktemp -d)}
-mkdir -p "$out"
+[ -x "$bin/trainer" ] || { echo "bench/scale.sh: no trainer at $bin/trainer (build it, or set GPUKIT_BIN)" >&2; exit 2; }
+dry=${DRY_RUN:-0}
+case $dry in 0 | 1) ;; *) echo "bench/scale.sh: DRY_RUN=$dry: want 0 or 1" >&2; exit 2 ;; esac
+case ${COMM_PRIORITY:-normal} in normal | high) ;; *) echo "bench/scale.sh: COMM_PRIORITY=$COMM_PRIORITY: want normal or high" >&2; exit 2 ;; esac
+for v in BATCH PER_GPU STEPS BUDGET_S GPUS; do
+	x=${!v:-1}
+	[[ $x =~ ^[0-9]+$ && $x -gt 0 ]] || { echo "bench/scale.sh: $v=$x: want a positive integer" >&2; exit 2; }
+done
+for n in ${NPROCS:-1 2 4 8}; do
+	[[ $n =~ ^[0-9]+$ && $n -gt 0 ]] || { echo "bench/scale.sh: NPROCS=\"$NPROCS\": want positive integers" >&2; exit 2; }
+done
 work=$(mktemp -d)
+if [ "$dry" = 1 ]; then
+	out=$work/out
+	trap 'rm -rf "$work"' EXIT
+else
+	out=${BENCH_OUT:-$(mktemp -d)}
+fi
+mkdir -p "$out"
+exec 3>&1 # the dry run's commands go here, whatever a run's stdout is redirected to
+# run CMD...: runs it, or in a dry run prints it ("+ CMD"; ENV=... first
+# where given as leading NAME=VALUE words, which env then applies).
+run() {
+	if [ "$dry" = 1 ]; then
+		printf '+' >&3
+		printf ' %q' "$@" >&3
+		printf '\n' >&3
+		return 0
+	fi
+	env "$@"
+}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export GPUKIT_CACHE_DIR=${GPUKIT_CACHE_DIR:-$work/kernels} # one kernel cache for every run
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$work/inductor}
@@ -67,15 +105,24 @@ left() { echo $((budget - (SECONDS - start))); }
 note() { echo "bench/scale.sh [$((SECONDS - start))s]: $*" >&2; }
 emit() { tee -a "$out/scale.jsonl"; }
 
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-[ "$gpus" -gt 0 ] || gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+if [ "$dry" = 1 ]; then
+	gpus=${GPUS:-8}
+elif [ -n "${GPUS:-}" ]; then
+	gpus=$GPUS
+else
+	gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+	[ "$gpus" -gt 0 ] || gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+fi
 nprocs=()
 for n in ${NPROCS:-1 2 4 8}; do
 	if [ "$n" -le "$gpus" ]; then nprocs+=("$n"); else note "skipping $n GPUs ($gpus here)"; fi
 done
+[ "${#nprocs[@]}" -gt 0 ] || { echo "bench/scale.sh: none of NPROCS fits the $gpus GPUs here" >&2; exit 2; }
 maxn=${nprocs[-1]}
 batch=${BATCH:-32} per=${PER_GPU:-8} steps=${STEPS:-60}
-help=$("$bin/trainer" run --help 2>&1 || true)
+# The flags of the GPT's run (a plain `trainer run --help` is the default
+# model's, which trains on one process).
+help=$("$bin/trainer" run --model gpt --help 2>&1 || true)
 has() { grep -q -- "$1" <<<"$help"; }
 shard=${SHARD:-auto}
 if [ "$shard" = auto ]; then
@@ -85,19 +132,20 @@ knobs=(--bucket-mb "${BUCKET_MB:-25}" --grad-comm "${GRAD_COMM:-f32}")
 if [ -n "${LAST_BUCKET_MB:-}" ]; then
 	if has --last-bucket-mb; then knobs+=(--last-bucket-mb "$LAST_BUCKET_MB"); else note "LAST_BUCKET_MB ignored: no --last-bucket-mb"; fi
 fi
-if [ -n "${COMM_PRIORITY:-}" ]; then
+if [ -n "${COMM_PRIORITY:-}" ] && [ "$COMM_PRIORITY" != normal ]; then
 	if has --comm-priority; then knobs+=(--comm-priority "$COMM_PRIORITY"); else note "COMM_PRIORITY ignored: no --comm-priority"; fi
 fi
 read -r -a extra <<<"${TRAINER_FLAGS:-}"
 model=(--model gpt --data "$text" --layers 12 --heads 12 --d-model 768 --block 1024 --precision bf16 --dropout 0 --clip 0)
-knobjson=$(python3 -c 'import json,os; print(json.dumps({k: os.environ[k] for k in ("BUCKET_MB","LAST_BUCKET_MB","COMM_PRIORITY","NCCL_MAX_CTAS","NCCL_MIN_CTAS","GRAD_COMM","TRAINER_FLAGS") if os.environ.get(k)}))')
+knobjson={}
+[ "$dry" = 1 ] || knobjson=$(python3 -c 'import json,os; print(json.dumps({k: os.environ[k] for k in ("BUCKET_MB","LAST_BUCKET_MB","COMM_PRIORITY","NCCL_MAX_CTAS","NCCL_MIN_CTAS","GRAD_COMM","TRAINER_FLAGS") if os.environ.get(k)}))')
 
 # The memory sampler: nvidia-smi every 200 ms into a file while a run goes.
 mempid=
 trap '[ -n "$mempid" ] && kill "$mempid" 2>/dev/null; true' EXIT
 mem_on() {
 	mempid=
-	if command -v nvidia-smi >/dev/null; then
+	if [ "$dry" = 0 ] && command -v nvidia-smi >/dev/null; then
 		nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 >"$1" 2>/dev/null &
 		mempid=$!
 	fi
@@ -122,7 +170,7 @@ print("null" if peak is None else peak)
 PY
 }
 
-# launcher N: the trainer command for N ranks.
+# launcher N: the trainer command for N ranks (bin's path without spaces).
 launcher() { if [ "$1" -gt 1 ]; then echo "$bin/trainer launch --nproc $1 -- run"; else echo "$bin/trainer run"; fi; }
 
 # gpukit SCALING N B SHARD: one graph run at global batch B on N GPUs; one
@@ -133,8 +181,9 @@ gpukit() {
 	mem_on "$o.mem"
 	local rc=0
 	# shellcheck disable=SC2046
-	timeout "${RUN_TIMEOUT:-150}" $(launcher "$n") "${model[@]}" --batch "$b" --steps "$steps" --log-every 10 \
+	run timeout "${RUN_TIMEOUT:-150}" $(launcher "$n") "${model[@]}" --batch "$b" --steps "$steps" --log-every 10 \
 		--eval-every "$steps" --eval-batches 1 "${knobs[@]}" "${flags[@]}" "${extra[@]}" --out "$o" >"$o.jsonl" 2>"$o.err" || rc=$?
+	[ "$dry" = 0 ] || return 0
 	local mem
 	mem=$(mem_off "$o.mem" "$n")
 	python3 - "$o.jsonl" "$scaling" "$n" "$b" "$sh" "$mem" "$rc" "$knobjson" "$o.err" <<'PY' | emit
@@ -161,9 +210,10 @@ traced() {
 	[ "$sh" = 1 ] && flags+=(--shard-optimizer)
 	local rc=0
 	# shellcheck disable=SC2046
-	timeout "${RUN_TIMEOUT:-150}" "$bin/tracer" record --out "$o.json" -- $(launcher "$n") "${model[@]}" --batch "$b" \
+	run timeout "${RUN_TIMEOUT:-150}" "$bin/tracer" record --out "$o.json" -- $(launcher "$n") "${model[@]}" --batch "$b" \
 		--steps 25 --log-every 5 --eval-every 25 --eval-batches 1 --graph off "${knobs[@]}" "${flags[@]}" "${extra[@]}" \
 		--out "$o" >"$o.jsonl" 2>"$o.err" || rc=$?
+	[ "$dry" = 0 ] || return 0
 	python3 - "$o.json" "$n" "$b" "$sh" "$rc" "$knobjson" <<'PY' | emit
 import json, statistics, sys
 path, n, b, sh, rc, knobs = sys.argv[1:7]
@@ -193,10 +243,11 @@ PY
 torchrun_ddp() {
 	local n=$1 o="$work/torch-$1"
 	mem_on "$o.mem"
-	timeout "${DDP_TIMEOUT:-200}" python3 -m torch.distributed.run --standalone --nproc-per-node "$n" \
+	run timeout "${DDP_TIMEOUT:-200}" python3 -m torch.distributed.run --standalone --nproc-per-node "$n" \
 		"$root/bench/reference/gpt.py" ddp --layers 12 --heads 12 --d-model 768 --block 1024 --batch "$batch" \
 		--mode compile --optims adamw,zero --warmup 10 --iters 15 --repeats 3 >"$o.jsonl" 2>"$o.err" ||
 		note "torchrun gpt.py ddp on $n GPUs failed or timed out: $(tail -1 "$o.err")"
+	[ "$dry" = 0 ] || return 0
 	local mem
 	mem=$(mem_off "$o.mem" "$n")
 	python3 -c 'import json,sys
@@ -239,8 +290,12 @@ if [ "${TRACE:-1}" = 1 ]; then
 fi
 if [ "$maxn" -gt 1 ] && [ "$(left)" -ge 60 ]; then
 	note "collectives of 256 MiB on $maxn GPUs"
-	if ROUNDS=1 OPS=allreduce,reducescatter,allgather DTYPES=f32 MODES=graph AR_TIMEOUT=60 \
-		bash "$root/bench/reference/allreduce.sh" "$maxn" 256MiB >"$work/coll.txt" 2>"$work/coll.err" && grep -q '^{' "$work/coll.txt"; then
+	rc=0
+	run ROUNDS=1 OPS=allreduce,reducescatter,allgather DTYPES=f32 MODES=graph AR_TIMEOUT=60 \
+		bash "$root/bench/reference/allreduce.sh" "$maxn" 256MiB >"$work/coll.txt" 2>"$work/coll.err" || rc=$?
+	if [ "$dry" = 1 ]; then
+		:
+	elif [ "$rc" = 0 ] && grep -q '^{' "$work/coll.txt"; then
 		grep '^{' "$work/coll.txt" | emit
 	else
 		note "allreduce.sh failed: $(tail -3 "$work/coll.err" | tr '\n' ' ')"
@@ -255,6 +310,10 @@ if [ "${TORCH:-1}" = 1 ]; then
 	done
 fi
 
+if [ "$dry" = 1 ]; then
+	note "dry run: nothing ran"
+	exit 0
+fi
 python3 - "$out/scale.jsonl" "$batch" "$per" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]

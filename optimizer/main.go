@@ -1,4 +1,6 @@
-// Command optimizer: optimizer service: AdamW, SGD and Shampoo applied in place to shared buffers
+// Command optimizer: the optimizer service: AdamW, SGD, Shampoo, SOAP, Muon and
+// K-FAC applied in place to buffers shared through gpupool (internal/app is
+// its command line, internal/server its server).
 package main
 
 import (

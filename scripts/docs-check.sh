@@ -45,7 +45,11 @@ short() {
 	case $1 in
 	"trainer run --pool"*) echo " --epochs 1 --limit 3000" ;; # as make ci's EPOCHS=1 LIMIT=3000
 	"trainer run --model gpt"*) echo " --steps 2 --layers 1 --heads 2 --d-model 32 --block 32 --batch 4 --warmup 1 --eval-every 2 --eval-batches 1" ;;
+	"trainer run --model moe"*) echo " --steps 2 --layers 2 --heads 2 --d-model 32 --block 32 --batch 4 --warmup 1 --eval-every 2 --eval-batches 1" ;;
 	"trainer generate"*) echo " --tokens 20" ;;
+	"trainer data sudoku"*) echo " --n 12 --test-n 4" ;;
+	"trainer run --model hrm"*) echo " --steps 2 --batch 4 --hidden 32 --heads 2 --h-layers 1 --l-layers 1 --halt-max-steps 2 --num-aug 2 --eval-n 4" ;;
+	"trainer eval --ckpt hrm/"*) echo " --n 4" ;;
 	esac
 }
 

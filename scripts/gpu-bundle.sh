@@ -112,14 +112,23 @@ tar -C "$stage" -cf - . | xz -T0 -9 >"$out/gpukit-gpu.tar.xz"
 cat >"$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Unpacks the bundle next to this script into a temp dir and runs its run.sh
-# (or, with an argument, that script inside the bundle: bench/run.sh, ...).
+# (or, with an argument, that file inside the bundle: a script such as
+# bench/run.sh, run with bash, or a binary such as bench/gpukit-poolbench,
+# run as it is).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dest=${GPUKIT_BUNDLE_DIR:-$(mktemp -d)}
 tar -C "$dest" -xJf "$here/gpukit-gpu.tar.xz"
-script=${1:-run.sh}
+target=$dest/${1:-run.sh}
 shift || true
-exec bash "$dest/$script" "$@"
+if [ ! -f "$target" ]; then
+	echo "run.sh: no ${target#"$dest"/} in the bundle" >&2
+	exit 2
+fi
+if [ "$(head -c4 "$target" | tr -d '\000')" = $'\x7fELF' ]; then
+	exec "$target" "$@"
+fi
+exec bash "$target" "$@"
 RUN
 chmod +x "$out/run.sh"
 rm -rf "$stage"

@@ -2,11 +2,14 @@ package main
 
 // Data-parallel GPU tests (issue 14): two ranks through `trainer launch
 // --nproc 2` (or two launches as two "machines" on 127.0.0.1) against one
-// process with the same global batch. They need two GPUs and NCCL: they
-// skip elsewhere, and fail where GPUKIT_REQUIRE_GPUS is 2 or more. Run
-// them on a 2-GPU machine with
+// process with the same global batch; issue 27's with --shard-optimizer
+// (ZeRO-1) on 2 ranks, and on 4 ranks with and without it
+// (TestMultiGPU4*). They need two (four) GPUs and NCCL: they skip
+// elsewhere, and fail where GPUKIT_REQUIRE_GPUS is at least that
+// (nccltest.NeedGPUs). Run them on a 2-GPU (4-GPU) machine with
 //
 //	GPUKIT_REQUIRE_GPUS=2 GPUKIT_TEST_RUN='^TestMultiGPU' build/gpu/run.sh
+//	GPUKIT_REQUIRE_GPUS=4 GPUKIT_TEST_RUN='^TestMultiGPU' build/gpu/run.sh
 //
 // The two-rank runs must equal the one-process run up to the order of
 // floating-point sums: each rank's loss is the mean over its half of the
@@ -50,27 +53,8 @@ import (
 	"testing"
 	"time"
 
-	"gpukit/libgpu/device"
-	"gpukit/libgpu/nccl"
+	"gpukit/libgpu/nccl/nccltest"
 )
-
-// needGPUs skips a test without n GPUs and NCCL, or fails it when
-// GPUKIT_REQUIRE_GPUS is at least n (set on the multi-GPU machine).
-func needGPUs(t *testing.T, n int) {
-	t.Helper()
-	req, _ := strconv.Atoi(os.Getenv("GPUKIT_REQUIRE_GPUS"))
-	have, err := device.CUDACount()
-	if err == nil && have >= n {
-		_, err = nccl.LibraryVersion()
-		if err == nil {
-			return
-		}
-	}
-	if req >= n {
-		t.Fatalf("%d GPUs and NCCL required (GPUKIT_REQUIRE_GPUS=%d): %d GPUs here (%v)", n, req, have, err)
-	}
-	t.Skipf("needs %d GPUs and NCCL: %d here (%v)", n, have, err)
-}
 
 // dpResult is what a run wrote: the loss of every step and the validation
 // losses by step, from stdout's JSON lines.
@@ -168,8 +152,11 @@ func dpModel(t *testing.T, precision string, dropout float64, seed string) []str
 
 func one(args ...string) launch { return launch{args: append([]string{"run"}, args...)} }
 
-func two(args ...string) launch {
-	return launch{args: append([]string{"launch", "--nproc", "2", "--", "run"}, args...)}
+func two(args ...string) launch { return ranks(2, args...) }
+
+// ranks is `trainer launch --nproc n -- run args...`.
+func ranks(n int, args ...string) launch {
+	return launch{args: append([]string{"launch", "--nproc", strconv.Itoa(n), "--", "run"}, args...)}
 }
 
 // compareDP requires got's losses at steps [from, to] (and validation
@@ -211,10 +198,16 @@ func compareDP(t *testing.T, what string, got, want dpResult, from, to int, tol,
 // same lines, the checkpoint and the plot, and said it ran on 2 ranks.
 func checkRankZeroWrote(t *testing.T, r dpResult, out string, steps int) {
 	t.Helper()
+	checkRanksWrote(t, r, out, steps, 2)
+}
+
+// checkRanksWrote is checkRankZeroWrote of an n-rank run.
+func checkRanksWrote(t *testing.T, r dpResult, out string, steps, n int) {
+	t.Helper()
 	if len(r.loss) != steps || r.lines != steps+len(r.val) {
 		t.Fatalf("%d loss lines and %d lines in all, want %d and %d", len(r.loss), r.lines, steps, steps+len(r.val))
 	}
-	if !strings.Contains(r.stderr, "data parallel over 2 ranks") {
+	if !strings.Contains(r.stderr, fmt.Sprintf("data parallel over %d ranks", n)) {
 		t.Fatalf("no data-parallel note on stderr:\n%s", r.stderr)
 	}
 	m, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
@@ -245,7 +238,7 @@ func checkRankZeroWrote(t *testing.T, r dpResult, out string, steps int) {
 // case's autocast already puts in every GEMM operand, so the same 1e-2
 // bound holds (the first step's loss precedes any update: 4e-3).
 func TestMultiGPUDataParallel(t *testing.T) {
-	needGPUs(t, 2)
+	nccltest.NeedGPUs(t, 2)
 	for _, c := range []struct {
 		name, prec  string
 		dropout     float64
@@ -258,7 +251,7 @@ func TestMultiGPUDataParallel(t *testing.T) {
 		{"bf16-comm", "bf16", 0.1, 1e-2, 4e-3, []string{"--grad-comm", "bf16"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			needGPUs(t, 2)
+			nccltest.NeedGPUs(t, 2)
 			model := dpModel(t, c.prec, c.dropout, "11")
 			out1, out2 := t.TempDir(), t.TempDir()
 			r1 := runTrainers(t, one(append([]string{"--out", out1, "--steps", "200"}, model...)...))
@@ -282,7 +275,7 @@ func TestMultiGPUDataParallel(t *testing.T) {
 // across machines without InfiniBand; NCCL's log says "via NET/Socket"):
 // the f32 losses equal one process's within 1e-5 at each of 200 steps.
 func TestMultiGPUDataParallelSockets(t *testing.T) {
-	needGPUs(t, 2)
+	nccltest.NeedGPUs(t, 2)
 	model := dpModel(t, "f32", 0, "12")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -335,7 +328,7 @@ func tail(s string, n int) string {
 // dropout 0.1: the masks follow the optimizer's step counter, which the
 // checkpoint holds).
 func TestMultiGPUDataParallelResume(t *testing.T) {
-	needGPUs(t, 2)
+	nccltest.NeedGPUs(t, 2)
 	model := dpModel(t, "f32", 0.1, "13")
 	resume := []string{"--precision", "f32", "--log-every", "1", "--steps", "200"}
 	ref := runTrainers(t, one(append([]string{"--out", t.TempDir(), "--steps", "200"}, model...)...))
@@ -358,7 +351,7 @@ func TestMultiGPUDataParallelResume(t *testing.T) {
 // 2-rank run is a process of its own in the trace, named "trainer rank 0"
 // and "trainer rank 1", each with a span per step.
 func TestMultiGPUDataParallelTrace(t *testing.T) {
-	needGPUs(t, 2)
+	nccltest.NeedGPUs(t, 2)
 	tracer := tracerBin(t)
 	work := t.TempDir()
 	file := filepath.Join(work, "trace.json")

@@ -46,12 +46,17 @@ func TestFlagsOfTheModel(t *testing.T) {
 		args []string
 		say  string
 	}{
-		{[]string{"run", "--model", "mlp", "--steps", "3"}, "--steps is not a flag of --model mlp but of --model gpt, --model unet"},
+		{[]string{"run", "--model", "mlp", "--steps", "3"}, "--steps is not a flag of --model mlp but of --model gpt, --model hrm, --model moe, --model unet"},
 		{[]string{"run", "--epochs", "2", "--model", "gpt"}, "--epochs is not a flag of --model gpt but of --model mlp"},
 		{[]string{"run", "--model", "unet", "--optim", "sgd"}, "--optim is not a flag of --model unet"},
 		{[]string{"init", "--model", "gpt", "--widths", "784,10"}, "--widths is not a flag of --model gpt"},
-		{[]string{"run", "--model", "foo"}, `--model "foo": want one of gpt, mlp, unet`},
-		{[]string{"init", "--model", "foo", "--out", out}, `--model "foo": want one of gpt, mlp, unet`},
+		{[]string{"run", "--model", "gpt", "--experts", "4"}, "--experts is not a flag of --model gpt but of --model moe"},
+		{[]string{"init", "--model", "gpt", "--aux-loss", "0"}, "--aux-loss is not a flag of --model gpt but of --model moe"},
+		{[]string{"run", "--model", "moe", "--epochs", "2"}, "--epochs is not a flag of --model moe but of --model mlp"},
+		{[]string{"run", "--model", "moe", "--ema-decay", "0.9"}, "--ema-decay is not a flag of --model moe but of --model unet"},
+		{[]string{"run", "--model", "foo"}, `--model "foo": want one of gpt, hrm, mlp, moe, unet`},
+		{[]string{"init", "--model", "foo", "--out", out}, `--model "foo": want one of gpt, hrm, mlp, moe, unet`},
+		{[]string{"run", "--model", "hrm", "--layers", "2"}, "--layers is not a flag of --model hrm but of --model gpt, --model moe"},
 	} {
 		oneLine(t, strings.Join(c.args, " "), trainer(t, append(c.args, "--out", out)...), 2, c.say)
 	}
@@ -63,11 +68,19 @@ func TestFlagsOfTheModel(t *testing.T) {
 		has, lacks []string
 	}{
 		{"mlp", []string{"--widths", "--epochs", "--optim", "Fashion-MNIST", "test_accuracy", "samples_per_s"},
-			[]string{"--steps", "--layers", "--channels", "--bucket-mb", "tokens_per_s"}},
-		{"gpt", []string{"--layers", "--steps", "--eval-every", "--bucket-mb", "--grad-comm", "UTF-8 text", "tokens_per_s", "val_loss"},
+			[]string{"--steps", "--layers", "--channels", "--bucket-mb", "--shard-optimizer", "--nccl-max-ctas", "tokens_per_s"}},
+		{"gpt", []string{"--layers", "--steps", "--eval-every", "--bucket-mb", "--grad-comm", "--shard-optimizer", "--last-bucket-mb",
+			"--comm-priority", "--nccl-min-ctas", "--nccl-max-ctas", "UTF-8 text", "tokens_per_s", "val_loss"},
+			[]string{"--widths", "--epochs", "--channels", "--ema-decay", "Fashion-MNIST IDX", "samples_per_s", "--experts", "--z-loss", "aux_loss"}},
+		{"moe", []string{"--layers", "--steps", "--eval-every", "--bucket-mb", "--grad-comm", "--shard-optimizer", "UTF-8 text", "tokens_per_s", "val_loss",
+			"--experts value", "--top-k value", "--moe-every value", "--expert-width value", "--aux-loss value", "--z-loss value",
+			"aux_loss and z_loss", "--layers value            transformer blocks (default: 6)", "(default: 384)", "--experts value           expert MLPs of each MoE layer (default: 8)"},
 			[]string{"--widths", "--epochs", "--channels", "--ema-decay", "Fashion-MNIST IDX", "samples_per_s"}},
 		{"unet", []string{"--channels", "--ema-decay", "--ema-warmup", "--publish-every", "images_per_s"},
-			[]string{"--widths", "--layers", "--optim", "--momentum", "--bucket-mb", "tokens_per_s"}},
+			[]string{"--widths", "--layers", "--optim", "--momentum", "--bucket-mb", "--shard-optimizer", "--comm-priority", "tokens_per_s", "--halt-max-steps"}},
+		{"hrm", []string{"--halt-max-steps", "--h-cycles", "--puzzle-emb-lr", "--num-aug", "trainer data sudoku", "sequences_per_s",
+			"test_exact_accuracy", "q_halt_loss"},
+			[]string{"--widths", "--epochs", "--layers", "--channels", "--optim", "--bucket-mb", "--shard-optimizer", "tokens_per_s", "Fashion-MNIST IDX"}},
 	} {
 		r := trainer(t, "run", "--model", c.model, "--help")
 		mustOK(t, r)
@@ -93,7 +106,7 @@ func TestFlagsOfTheModel(t *testing.T) {
 func TestHelpTexts(t *testing.T) {
 	root := trainer(t, "--help")
 	mustOK(t, root)
-	for _, m := range []string{"mlp", "gpt", "unet"} {
+	for _, m := range []string{"mlp", "gpt", "moe", "unet", "hrm"} {
 		if !strings.Contains(root.stdout, m+" (") {
 			t.Errorf("trainer --help does not name --model %s", m)
 		}
@@ -104,7 +117,8 @@ func TestHelpTexts(t *testing.T) {
 	var helps []string
 	for _, args := range [][]string{
 		{"run"}, {"run", "--model", "gpt"}, {"run", "--model", "unet"}, {"init", "--model", "gpt"}, {"init", "--model", "unet"},
-		{"eval"}, {"eval", "--ckpt", gptCkpt}, {"generate"}, {"info"}, {"launch"},
+		{"eval"}, {"eval", "--ckpt", gptCkpt}, {"generate"}, {"info"}, {"launch"}, {"run", "--model", "moe"}, {"init", "--model", "moe"},
+		{"run", "--model", "hrm"}, {"init", "--model", "hrm"}, {"solve"}, {"data", "sudoku"}, {"data", "replay"},
 	} {
 		r := trainer(t, append(args, "--help")...)
 		mustOK(t, r)
@@ -164,6 +178,11 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"run", "--model", "gpt", "--out", filepath.Join(dir, "r"), "--data", dir}, 1, "is a directory"},
 		{[]string{"run", "--model", "unet", "--out", filepath.Join(dir, "r"), "--publish-every", "5"}, 2, "--publish-every needs --pool"},
 		{[]string{"run", "--model", "unet", "--out", filepath.Join(dir, "r"), "--ema-decay", "2"}, 2, "--ema-decay 2"},
+		{[]string{"run", "--model", "moe", "--out", filepath.Join(dir, "r"), "--experts", "0"}, 2, "--experts 0"},
+		{[]string{"run", "--model", "moe", "--out", filepath.Join(dir, "r"), "--top-k", "3", "--experts", "2"}, 2, "--top-k 3"},
+		{[]string{"run", "--model", "moe", "--out", filepath.Join(dir, "r"), "--moe-every", "7"}, 2, "--moe-every 7 with 6 layers"},
+		{[]string{"run", "--model", "moe", "--out", filepath.Join(dir, "r"), "--aux-loss", "-1"}, 2, "--aux-loss -1"},
+		{[]string{"run", "--model", "moe", "--out", filepath.Join(dir, "r"), "--expert-width", "-4"}, 2, "--expert-width -4"},
 	} {
 		oneLine(t, strings.Join(c.args, " "), trainer(t, c.args...), c.code, c.say)
 	}

@@ -29,7 +29,9 @@ var binDir string
 func TestMain(m *testing.M) {
 	if bin := os.Getenv("GPUKIT_BIN"); bin != "" {
 		binDir = bin
-		os.Exit(m.Run())
+		code := m.Run()
+		hrmCleanup()
+		os.Exit(code)
 	}
 	dir, err := os.MkdirTemp("", "trainer-e2e")
 	if err != nil {
@@ -43,6 +45,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	hrmCleanup()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """PyTorch reference for gpukit's Mixture-of-Experts GPT (libgpu/nn: a
-GPTConfig with "moe"; `trainer run --model moe` once registered): nanoGPT's
+GPTConfig with "moe"; `trainer run --model moe`): nanoGPT's
 GPT as bench/reference/gpt.py builds it, whose MLP in every moe_every-th
 block (blocks l with (l + 1) % moe_every == 0: 1, 3, 5 for 6 layers and
 moe_every 2) is a Mixture-of-Experts layer in nanoMoE's shape:
@@ -43,7 +43,10 @@ applies to parameters of rank ≥ 2 except biases (expert biases are [E, W]).
                 --experts 8 --top-k 2 --moe-every 2] [--modes eager,compile]
       Median time of one training step (forward, backward of the whole
       objective, fused AdamW; bf16 autocast, dropout 0) per mode, and
-      MFU on active parameters (H100 bf16 peak 989 TFLOP/s).
+      MFU on active parameters (H100 bf16 peak 989 TFLOP/s). Modes: eager,
+      compile (torch.compile's default), compile-MODE (torch.compile's
+      mode MODE, e.g. compile-max-autotune-no-cudagraphs); each line has
+      first_step_s, the first step's wall time (compilation included).
 
   moe.py grouped [--iters 50]
       torch._grouped_mm (bf16) at the grouped GEMM benchmark shapes of
@@ -115,29 +118,40 @@ def padded_mm(x, w, offs, align=16):
 
 
 def grouped_mm(x, w, offs):
-    """x [R, K] rows grouped by expert, w [E, N, K], offs int32 [E] → [R, N]."""
+    """x [R, K] rows grouped by expert, w [E, N, K], offs int32 [E] → [R, N].
+    The first bf16 CUDA product decides how products run (MODE); once
+    decided, the product is one call with no exception handling around it,
+    so torch.compile traces it as it is."""
     if not (x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")) or MODE["mm"] == "loop":
         return loop_mm(x, w, offs)
-    if MODE["mm"] in (None, "grouped"):
-        try:
-            y = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
-            MODE["mm"] = "grouped"
-            return y
-        except Exception as err:  # noqa: BLE001 - fall back, and say so once
-            if MODE["mm"] == "grouped":
-                raise
-            print(json.dumps({"note": f"torch._grouped_mm on exact groups: {type(err).__name__}: {err}"[:300]}),
-                  file=sys.stderr)
+    if MODE["mm"] == "grouped":
+        return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+    if MODE["mm"] == "padded":
+        return padded_mm(x, w, offs)
+    try:
+        y = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+        MODE["mm"] = "grouped"
+        return y
+    except Exception as err:  # noqa: BLE001 - fall back, and say so once
+        print(json.dumps({"note": f"torch._grouped_mm on exact groups: {type(err).__name__}: {err}"[:300]}), file=sys.stderr)
     try:
         y = padded_mm(x, w, offs)
         MODE["mm"] = "padded"
         return y
     except Exception as err:  # noqa: BLE001
-        if MODE["mm"] == "padded":
-            raise
         print(json.dumps({"note": f"torch._grouped_mm padded: {type(err).__name__}: {err}"[:300]}), file=sys.stderr)
         MODE["mm"] = "loop"
         return loop_mm(x, w, offs)
+
+
+def decide_mm(device="cuda"):
+    """Runs one small bf16 expert product eagerly so MODE is decided
+    before torch.compile traces the model."""
+    if device != "cuda" or MODE["mm"] is not None:
+        return
+    x = torch.randn(32, 16, device=device, dtype=torch.bfloat16)
+    w = torch.randn(2, 16, 16, device=device, dtype=torch.bfloat16)
+    grouped_mm(x, w, torch.tensor([16, 32], device=device, dtype=torch.int32))
 
 
 class ExpertLinear(nn.Module):
@@ -188,7 +202,8 @@ class MoEMLP(nn.Module):
             topv, topi = torch.topk(logits, self.k, dim=-1)
             w = topv.softmax(-1)
             flat = topi.reshape(-1)
-            counts = torch.bincount(flat, minlength=self.n)
+            # bincount's counts with a static shape (torch.compile keeps one graph)
+            counts = torch.zeros(self.n, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
             ntok = xf.shape[0]
             self.aux = self.n * ((counts.float() / ntok) * probs.mean(0)).sum()
             self.z = (torch.logsumexp(logits, -1) ** 2).mean()
@@ -300,6 +315,7 @@ def cmd_eval(a):
 
 
 def cmd_bench(a):
+    import time
     c = dict(vocab=a.vocab, layers=a.layers, heads=a.heads, d_model=a.d_model, block=a.block, bias=False, dropout=0.0,
              moe=dict(experts=a.experts, top_k=a.top_k, moe_every=a.moe_every))
     m = moe_config(c)
@@ -307,11 +323,19 @@ def cmd_bench(a):
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randint(0, a.vocab, (a.batch, a.block), device="cuda", generator=g)
     y = torch.randint(0, a.vocab, (a.batch, a.block), device="cuda", generator=g)
+    decide_mm()
     for mode in a.modes.split(","):
         torch.manual_seed(1)
         model = MoEGPT(c).cuda()
         opt = optimizer(model, cfg, "cuda")
-        fwd = model if mode == "eager" else torch.compile(model)
+        if mode == "eager":
+            fwd = model
+        elif mode == "compile":
+            fwd = torch.compile(model)
+        elif mode.startswith("compile-"):
+            fwd = torch.compile(model, mode=mode[len("compile-"):])
+        else:
+            sys.exit(f"moe.py bench: mode {mode!r} (want eager, compile or compile-MODE)")
 
         def step():
             with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
@@ -323,8 +347,13 @@ def cmd_bench(a):
             opt.zero_grad(set_to_none=True)
 
         line = {"workload": "moe-step", "impl": "torch-" + mode, "batch": a.batch, "block": a.block,
-                "layers": a.layers, "d_model": a.d_model, "experts": a.experts, "top_k": a.top_k}
+                "layers": a.layers, "d_model": a.d_model, "experts": a.experts, "top_k": a.top_k,
+                "device": torch.cuda.get_device_name(), "torch": torch.__version__}
         try:
+            t0 = time.perf_counter()
+            step()  # the first step: compilation for the compiled modes
+            torch.cuda.synchronize()
+            line["first_step_s"] = round(time.perf_counter() - t0, 2)
             ms = base.timed(step, a.warmup, a.iters)
             n = model.active_params()
             flops = (6 * n + 12 * a.layers * a.d_model * a.block) * a.batch * a.block

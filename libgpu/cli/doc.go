@@ -20,9 +20,14 @@
 //     FloatWhere for narrower ranges), and requests refused when their
 //     memory need exceeds what is available (CheckMemory);
 //   - which peers a daemon serves: --allow-uid and --group (PeerFlags,
-//     Admission, LookupGroup, AllowUIDs).
+//     Admission, LookupGroup, AllowUIDs);
+//   - where a tool computes: --device, --pool, --precision and --graph and
+//     the allocator they open, in the subpackage devflag (it imports the
+//     compute stack, which this package does not: the tracer links no
+//     CUDA).
 //
 // A tool's main is one line: os.Exit(cli.Main(app.New(), os.Args)). Flags
-// live only here and in the tools' CLI packages; no other library defines one.
+// live only here (and in devflag) and in the tools' CLI packages; no other
+// library defines one.
 // TOOLS.md states the contract these functions implement.
 package cli

@@ -20,9 +20,10 @@ import (
 //
 // Two forms of the loop: Segment is the loop body, one function whose
 // work is all on the device (a segment, its heads, ops.ACTCorrect and
-// ops.ACTEval, which sets the loop's flag), driven by hrmWhile; EvalHost
-// is the reference's host loop, which reads the Q logits after every
-// segment and decides halting on the host.
+// ops.ACTEval, which sets the loop's flag), run by ops.Engine.While — a
+// conditional WHILE node of one CUDA graph when captured (Capture,
+// HRMEvalOptions.Graph); hostRun is the reference's host loop, which
+// reads the Q logits after every segment and decides halting on the host.
 type HRMEval struct {
 	m   *HRM
 	e   *ops.Engine
@@ -38,6 +39,8 @@ type HRMEval struct {
 	done, used         *tensor.Tensor // i32 [B]
 	seg, cond          *tensor.Tensor // i32 [1]
 	halting            bool
+	warm               bool                  // a batch ran eagerly (kernels compiled)
+	graphs             [2]*exec.CapturedGraph // Capture's, by halting (Graph)
 	hInit, lInit, ones *tensor.Tensor
 	owned              owned
 }
@@ -196,7 +199,7 @@ func (ev *HRMEval) forward() error {
 // ops.Engine.ACTEval (sequences that halt freeze their answers; the flag
 // becomes the number still running, 0 once none is or HaltMaxSteps
 // segments have run). All of it is queued on the device with no host
-// work, so a conditional WHILE node can hold it (hrmWhile).
+// work, so a conditional WHILE node can hold it (Capture).
 func (ev *HRMEval) Segment() error {
 	if err := ev.forward(); err != nil {
 		return err
@@ -205,62 +208,34 @@ func (ev *HRMEval) Segment() error {
 		Seg: ev.seg, Cond: ev.cond, MaxSteps: ev.m.cfg.HaltMaxSteps, Halting: ev.halting})
 }
 
-// hrmWhile drives the evaluation loop: body runs while the i32 flag cond
-// (on the device) is non-zero, at most maxIter times. It reads the flag on
-// the host after every run (one synchronisation per segment).
-//
-// ops.Engine.While (the conditional-node API of the hrm-ops branch) has
-// this meaning: once it is merged this function becomes
-//
-//	return e.While(cond, nil, 0, body)
-//
-// (ACTEval clears the flag after HaltMaxSteps segments, so no count is
-// needed), which inside ops.Engine.Capture is one conditional WHILE node
-// whose body is Segment, and a replay evaluates a batch with no host
-// round trip (HRMEval.Capture).
-func hrmWhile(e *ops.Engine, cond *tensor.Tensor, maxIter int, body func() error) error {
-	for n := 0; n < maxIter; n++ {
-		if err := e.Sync(); err != nil {
-			return err
-		}
-		b, err := cond.Read()
-		if err != nil {
-			return err
-		}
-		if tensor.BytesAs[int32](b)[0] == 0 {
-			return nil
-		}
-		if err := body(); err != nil {
-			return err
-		}
+// batchLoop queues the evaluation of the loaded batch: start, then the
+// segment loop as ops.Engine.While over the flag ACTEval sets (it clears
+// the flag once every sequence has stopped or HaltMaxSteps segments have
+// run, so the loop needs no count). Outside a capture While runs the loop
+// from the host, reading the flag after each segment; inside
+// ops.Engine.Capture it is one conditional WHILE node whose body is
+// Segment, so a replay evaluates the batch with no host round trip.
+func (ev *HRMEval) batchLoop() error {
+	if err := ev.start(); err != nil {
+		return err
 	}
-	return nil
+	return ev.e.While(ev.cond, nil, 0, ev.Segment)
 }
 
-// run queues (and with the host loop, runs) the evaluation of the loaded
-// batch: start, then the loop.
-func (ev *HRMEval) run() error {
-	return ev.e.Do(func() error {
-		if err := ev.start(); err != nil {
-			return err
-		}
-		return hrmWhile(ev.e, ev.cond, ev.m.cfg.HaltMaxSteps, ev.Segment)
-	})
-}
+// run queues (and, eagerly, runs) the evaluation of the loaded batch.
+func (ev *HRMEval) run() error { return ev.e.Do(ev.batchLoop) }
 
 // Capture captures the evaluation of one loaded batch (start and the
-// whole segment loop) as one graph, for exec.CapturedGraph.Launch after
-// each load. It needs hrmWhile to be ops.Engine.While (see hrmWhile): with
-// the host loop a GPU capture fails; on the host backend the "graph"
-// replays the function. Run the evaluation once eagerly first.
+// whole segment loop, a conditional WHILE node on a GPU) as one graph, for
+// exec.CapturedGraph.Launch after each load: a launch evaluates the batch
+// with halting decided on the device and no host synchronisation until
+// its results are read. On the host backend the "graph" replays the
+// function. Run the evaluation once eagerly first (Evaluate), so kernels
+// are compiled, GEMM algorithms chosen and While's condition kernel
+// loaded before the capture. The caller closes the graph.
 func (ev *HRMEval) Capture(halting bool) (*exec.CapturedGraph, error) {
 	ev.halting = halting
-	return ev.e.Capture(func() error {
-		if err := ev.start(); err != nil {
-			return err
-		}
-		return hrmWhile(ev.e, ev.cond, ev.m.cfg.HaltMaxSteps, ev.Segment)
-	})
+	return ev.e.Capture(ev.batchLoop)
 }
 
 // hostRun is the reference's loop (hrm.py evaluate): after every segment
@@ -313,9 +288,17 @@ type HRMEvalOptions struct {
 	// Halting stops each sequence at its first segment with q_halt >
 	// q_continue; without it every sequence runs HaltMaxSteps segments.
 	Halting bool
-	// Host runs the reference's host loop (EvalHost) instead of the
-	// device loop (Segment under hrmWhile).
+	// Host runs the reference's host loop (hostRun: the host reads the Q
+	// logits after every segment) instead of the device loop (Segment
+	// under ops.Engine.While).
 	Host bool
+	// Graph, on a GPU, evaluates each batch as one replay of a captured
+	// graph (Capture: the segment loop a conditional WHILE node): the
+	// first batch of the evaluation's life runs eagerly, the loop driven
+	// from the host, and the graph of each halting mode is captured once
+	// and replayed for every later batch. Ignored with Host; on the host
+	// backend the "graph" replays the same functions (the same results).
+	Graph bool
 }
 
 // HRMEvalResult is an evaluation's outcome over N puzzles.
@@ -353,10 +336,18 @@ func (ev *HRMEval) Evaluate(inputs, labels []uint8, o HRMEvalOptions) (HRMEvalRe
 		}
 		var answer, used []int32
 		var err error
-		if o.Host {
+		switch {
+		case o.Host:
 			answer, used, err = ev.hostRun()
-		} else if err = ev.run(); err == nil {
-			answer, used, err = ev.results()
+		case o.Graph && ev.warm:
+			if err = ev.launch(o.Halting); err == nil {
+				answer, used, err = ev.results()
+			}
+		default:
+			if err = ev.run(); err == nil {
+				ev.warm = true
+				answer, used, err = ev.results()
+			}
 		}
 		if err != nil {
 			return r, err
@@ -388,6 +379,23 @@ func (ev *HRMEval) Evaluate(inputs, labels []uint8, o HRMEvalOptions) (HRMEvalRe
 	return r, nil
 }
 
+// launch replays the captured evaluation of the loaded batch, capturing
+// it first for this halting mode.
+func (ev *HRMEval) launch(halting bool) error {
+	k := 0
+	if halting {
+		k = 1
+	}
+	if ev.graphs[k] == nil {
+		g, err := ev.Capture(halting)
+		if err != nil {
+			return err
+		}
+		ev.graphs[k] = g
+	}
+	return ev.graphs[k].Launch()
+}
+
 // results waits for the device and reads the answers and segments used.
 func (ev *HRMEval) results() (answer, used []int32, err error) {
 	if err := ev.e.Sync(); err != nil {
@@ -414,7 +422,14 @@ func (ev *HRMEval) Solve(inputs []uint8) (answers []uint8, segments []int32, err
 // Free releases the evaluation's buffers (and its core when it has its
 // own).
 func (ev *HRMEval) Free() error {
-	errs := []error{ev.owned.free()}
+	var errs []error
+	for i, g := range ev.graphs {
+		if g != nil {
+			errs = append(errs, g.Close())
+			ev.graphs[i] = nil
+		}
+	}
+	errs = append(errs, ev.owned.free())
 	if ev.own {
 		errs = append(errs, ev.in.free())
 	}

@@ -440,9 +440,10 @@ func TestHRMHaltingRefillsSlots(t *testing.T) {
 	}
 }
 
-// TestHRMEvalLoops: the evaluation's device loop (Segment under the loop
-// driver, halting decided by ops.ACTEval) gives the answers and segment
-// counts of the reference's host loop, with halting (sequences stopping
+// TestHRMEvalLoops: the evaluation's device loop (Segment under
+// ops.Engine.While, halting decided by ops.ACTEval), eager and captured
+// (Evaluate with Graph), gives the answers and segment counts of the
+// reference's host loop, with halting (sequences stopping
 // at different segments) and without (every one running HaltMaxSteps);
 // the last batch is padded and its padding not counted.
 func TestHRMEvalLoops(t *testing.T) {
@@ -511,6 +512,18 @@ func TestHRMEvalLoops(t *testing.T) {
 			dev.CellAccuracy != host.CellAccuracy || dev.MeanSegments != host.MeanSegments {
 			t.Errorf("halting %v: device loop segments %v, accuracy %v; host loop %v, %v", halting, dev.Segments,
 				dev.CellAccuracy, host.Segments, host.CellAccuracy)
+		}
+		// Evaluate with Graph: every batch one launch of the captured
+		// evaluation (on the host backend, the functions replayed).
+		gr, err := ev.Evaluate(in, lab, HRMEvalOptions{Halting: halting, Graph: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(gr.Answers, host.Answers) || !slices.Equal(gr.Segments, host.Segments) {
+			t.Errorf("halting %v: captured evaluation segments %v, host loop %v", halting, gr.Segments, host.Segments)
+		}
+		if ev.graphs[map[bool]int{false: 0, true: 1}[halting]] == nil {
+			t.Errorf("halting %v: Evaluate with Graph captured nothing", halting)
 		}
 		if dev.Puzzles != N || len(dev.Answers) != N*cfg.SeqLen {
 			t.Errorf("%d puzzles, %d answer cells", dev.Puzzles, len(dev.Answers))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"gpukit/libgpu/ckpt"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
@@ -273,7 +274,8 @@ type HRMTrain struct {
 	staging *exec.Staging
 	events  []*exec.Event
 	evUsed  []bool
-	queued  int // steps queued (the cursor after them)
+	queued  int  // steps queued (the cursor after them)
+	warm    bool // a step ran eagerly (kernels compiled, GEMM algorithms chosen)
 	graph   *exec.CapturedGraph
 	owned   owned
 }
@@ -568,14 +570,17 @@ func (t *HRMTrain) Step() error {
 		return err
 	}
 	t.queued++
+	t.warm = true
 	return nil
 }
 
 // Run queues one segment step: with Graph on a GPU, the first run is
 // eager (kernels compile, GEMM algorithms are chosen) and captures the
 // step afterwards; later runs replay the captured graph. Otherwise Step.
+// A step made after Reset to a later step (a resumed run) also runs its
+// first step eagerly before capturing.
 func (t *HRMTrain) Run() error {
-	if !t.cfg.Graph || !t.e.IsGraphCapable() || (t.graph == nil && t.queued == 0) {
+	if !t.cfg.Graph || !t.e.IsGraphCapable() || (t.graph == nil && !t.warm) {
 		return t.Step()
 	}
 	if t.graph == nil {
@@ -590,6 +595,28 @@ func (t *HRMTrain) Run() error {
 	}
 	t.queued++
 	return nil
+}
+
+// MetricsVector is the device vector ACTHalt writes each step's metrics
+// into (f32 [ops.ACTMetrics], entries ops.ACTLoss ... ops.ACTLRScale):
+// what Metrics reads after waiting for the step, for callers that read
+// entries later (a view per entry) without waiting themselves.
+func (t *HRMTrain) MetricsVector() *tensor.Tensor { return t.metrics }
+
+// Carry is the state one segment step hands the next, which a checkpoint
+// between segments must hold for the run to go on as it would have:
+// carry.z_H and carry.z_L (the detached hidden states, [B, T, C] in the
+// compute dtype), and per slot carry.halted (i32 [B]: takes a new puzzle
+// at the next step), carry.steps (i32 [B]: segments run on its puzzle),
+// carry.inputs and carry.labels (u8 [B, SeqLen]: its puzzle's tokens),
+// and carry.cursor (i32 [1]: the steps taken). Read them after the step
+// (tensor reads wait for the device); to restore, Reset(step) and then
+// write every one (Reset's halted flags and cursor are overwritten).
+func (t *HRMTrain) Carry() []ckpt.Named {
+	return []ckpt.Named{{Name: "carry.z_H", T: t.carryH}, {Name: "carry.z_L", T: t.carryL},
+		{Name: "carry.halted", T: t.batch.Halted}, {Name: "carry.steps", T: t.batch.Steps},
+		{Name: "carry.inputs", T: t.batch.Inputs}, {Name: "carry.labels", T: t.batch.Labels},
+		{Name: "carry.cursor", T: t.batch.Cursor}}
 }
 
 // Queued is the number of steps queued (the step counter after them).

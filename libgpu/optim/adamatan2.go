@@ -11,10 +11,8 @@ import (
 // that sapientinc/HRM trains with computes it: ops.AdamATan2Config gives
 // the rule, its a/b constants and how it differs from the paper's form.
 type AdamATan2 struct {
-	cfg  ops.AdamATan2Config
-	s    state
-	m, v []*tensor.Tensor
-	step *tensor.Tensor
+	moments
+	cfg ops.AdamATan2Config
 }
 
 // NewAdamATan2 allocates, for every param, "<name>.exp_avg" and
@@ -22,30 +20,11 @@ type AdamATan2 struct {
 // shape) and one "step" ([1] i32; the package keeps a float step per
 // param, all equal), all zero. Errors wrap ErrParams or allocation
 // errors; nothing stays allocated on error.
-func NewAdamATan2(a device.Allocator, prefix string, params []nn.Param, cfg ops.AdamATan2Config) (o *AdamATan2, err error) {
-	o = &AdamATan2{cfg: cfg}
-	defer func() {
-		if err != nil {
-			o.s.free()
-			o = nil
-		}
-	}()
-	if err := o.s.init(params); err != nil {
-		return o, err
-	}
-	for _, p := range params {
-		m, err := o.s.zeros(a, prefix, p.Name+".exp_avg", tensor.F32, p.Value.Shape...)
-		if err != nil {
-			return o, err
-		}
-		v, err := o.s.zeros(a, prefix, p.Name+".exp_avg_sq", tensor.F32, p.Value.Shape...)
-		if err != nil {
-			return o, err
-		}
-		o.m, o.v = append(o.m, m), append(o.v, v)
-	}
-	if o.step, err = o.s.zeros(a, prefix, "step", tensor.I32, 1); err != nil {
-		return o, err
+func NewAdamATan2(a device.Allocator, prefix string, params []nn.Param, cfg ops.AdamATan2Config) (*AdamATan2, error) {
+	o := &AdamATan2{cfg: cfg}
+	if err := o.init(a, prefix, params); err != nil {
+		o.s.free()
+		return nil, err
 	}
 	return o, nil
 }
@@ -56,14 +35,6 @@ func (o *AdamATan2) Step(e *ops.Engine) error {
 	return e.AdamATan2(o.s.params, o.s.grads, o.m, o.v, o.step, o.cfg)
 }
 
-// Counter is the device's i32 step counter ([1]), advanced on the device
-// by every Step.
-func (o *AdamATan2) Counter() *tensor.Tensor { return o.step }
-
-// State implements Optimizer: exp_avg and exp_avg_sq per param in param
-// order, then "step".
-func (o *AdamATan2) State() []nn.Param { return o.s.state }
-
 // SetLR implements Optimizer.
 func (o *AdamATan2) SetLR(lr float32) { o.cfg.LR = lr }
 
@@ -73,12 +44,6 @@ func (o *AdamATan2) SetLRScale(t *tensor.Tensor) { o.cfg.LRScale = t }
 
 // Config is the current configuration.
 func (o *AdamATan2) Config() ops.AdamATan2Config { return o.cfg }
-
-// Reset implements Optimizer.
-func (o *AdamATan2) Reset(e *ops.Engine) error { return o.s.reset(e) }
-
-// Free implements Optimizer.
-func (o *AdamATan2) Free() error { return o.s.free() }
 
 // SignSGD is sign-SGD with decoupled weight decay, the update of HRM's
 // puzzle embedding (ops.SignSGDConfig: the dense form, which for Sudoku's

@@ -26,5 +26,7 @@
 // graph.
 //
 // Spec and New build any of them from a flat, serialisable description
-// (command lines, the optimizer service of libgpu/optim/service).
+// (command lines, and the optimizer service's register message:
+// libgpu/optim/service, served by the optimizer tool's
+// optimizer/internal/server).
 package optim

@@ -94,42 +94,68 @@ func (s *state) free() error {
 	return errors.Join(errs...)
 }
 
-// AdamW is torch.optim.AdamW (see ops.AdamWConfig for the rule and source).
-type AdamW struct {
-	cfg  ops.AdamWConfig
+// moments is the state of the Adam family (AdamW, AdamATan2): for every
+// param "<name>.exp_avg" and "<name>.exp_avg_sq" (f32, the param's shape)
+// and one "step" ([1] i32), all zero at first; the state names are
+// torch.optim.AdamW's and the adam-atan2 package's.
+type moments struct {
 	s    state
 	m, v []*tensor.Tensor
 	step *tensor.Tensor
+}
+
+// init allocates the moments and the step counter under prefix. On error
+// whatever it allocated stays in s for the caller's free.
+func (o *moments) init(a device.Allocator, prefix string, params []nn.Param) error {
+	if err := o.s.init(params); err != nil {
+		return err
+	}
+	for _, p := range params {
+		m, err := o.s.zeros(a, prefix, p.Name+".exp_avg", tensor.F32, p.Value.Shape...)
+		if err != nil {
+			return err
+		}
+		v, err := o.s.zeros(a, prefix, p.Name+".exp_avg_sq", tensor.F32, p.Value.Shape...)
+		if err != nil {
+			return err
+		}
+		o.m, o.v = append(o.m, m), append(o.v, v)
+	}
+	var err error
+	o.step, err = o.s.zeros(a, prefix, "step", tensor.I32, 1)
+	return err
+}
+
+// Counter is the device's i32 step counter ([1]): the number of steps
+// taken, incremented on the device by every Step (dropout keys its masks
+// on it, so a replayed graph draws new ones).
+func (o *moments) Counter() *tensor.Tensor { return o.step }
+
+// State implements Optimizer: exp_avg and exp_avg_sq per param in param
+// order, then "step".
+func (o *moments) State() []nn.Param { return o.s.state }
+
+// Reset implements Optimizer.
+func (o *moments) Reset(e *ops.Engine) error { return o.s.reset(e) }
+
+// Free implements Optimizer.
+func (o *moments) Free() error { return o.s.free() }
+
+// AdamW is torch.optim.AdamW (see ops.AdamWConfig for the rule and source).
+type AdamW struct {
+	moments
+	cfg ops.AdamWConfig
 }
 
 // NewAdamW allocates, for every param, "<name>.exp_avg" and
 // "<name>.exp_avg_sq" (same shape, f32) and one "step" ([1] i32), all zero.
 // Errors wrap ErrParams or allocation/engine errors; nothing stays
 // allocated on error.
-func NewAdamW(a device.Allocator, prefix string, params []nn.Param, cfg ops.AdamWConfig) (o *AdamW, err error) {
-	o = &AdamW{cfg: cfg}
-	defer func() {
-		if err != nil {
-			o.s.free()
-			o = nil
-		}
-	}()
-	if err := o.s.init(params); err != nil {
-		return o, err
-	}
-	for _, p := range params {
-		m, err := o.s.zeros(a, prefix, p.Name+".exp_avg", tensor.F32, p.Value.Shape...)
-		if err != nil {
-			return o, err
-		}
-		v, err := o.s.zeros(a, prefix, p.Name+".exp_avg_sq", tensor.F32, p.Value.Shape...)
-		if err != nil {
-			return o, err
-		}
-		o.m, o.v = append(o.m, m), append(o.v, v)
-	}
-	if o.step, err = o.s.zeros(a, prefix, "step", tensor.I32, 1); err != nil {
-		return o, err
+func NewAdamW(a device.Allocator, prefix string, params []nn.Param, cfg ops.AdamWConfig) (*AdamW, error) {
+	o := &AdamW{cfg: cfg}
+	if err := o.init(a, prefix, params); err != nil {
+		o.s.free()
+		return nil, err
 	}
 	return o, nil
 }
@@ -139,15 +165,6 @@ func (o *AdamW) Step(e *ops.Engine) error {
 	return e.AdamW(o.s.params, o.s.grads, o.m, o.v, o.step, o.cfg)
 }
 
-// Counter is the device's i32 step counter ([1]): the number of steps
-// taken, incremented on the device by every Step (dropout keys its masks
-// on it, so a replayed graph draws new ones).
-func (o *AdamW) Counter() *tensor.Tensor { return o.step }
-
-// State implements Optimizer: exp_avg and exp_avg_sq per param in param
-// order, then "step".
-func (o *AdamW) State() []nn.Param { return o.s.state }
-
 // SetLR implements Optimizer.
 func (o *AdamW) SetLR(lr float32) { o.cfg.LR = lr }
 
@@ -156,12 +173,6 @@ func (o *AdamW) Config() ops.AdamWConfig { return o.cfg }
 
 // SetLRScale sets the configuration's LRScale (nil: none) for later steps.
 func (o *AdamW) SetLRScale(t *tensor.Tensor) { o.cfg.LRScale = t }
-
-// Reset implements Optimizer.
-func (o *AdamW) Reset(e *ops.Engine) error { return o.s.reset(e) }
-
-// Free implements Optimizer.
-func (o *AdamW) Free() error { return o.s.free() }
 
 // SGD is torch.optim.SGD with momentum (see ops.SGDConfig).
 type SGD struct {

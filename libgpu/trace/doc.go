@@ -75,7 +75,11 @@
 // # GPU spans
 //
 // A GPUTimer records a pair of CUDA events around a region of one stream:
-// each op in eager mode, each graph launch in graph mode. The duration is
+// each op in eager mode, each graph launch in graph mode. The events come
+// through the GPUEvents interface; libgpu/trace/cudaev implements it with
+// the CUDA driver, so this package links no CUDA and the tracer tool,
+// which imports it to read traces, links none (its TestLinksNoCUDA
+// checks). The duration is
 // cuEventElapsedTime of the pair (resolution about 0.5 µs). The start on the
 // host clock is not measured by CUDA and is estimated from three facts:
 //

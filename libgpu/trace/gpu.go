@@ -6,8 +6,6 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
-
-	"gpukit/libgpu/cuda"
 )
 
 // Defaults of a GPUTimer.
@@ -31,8 +29,35 @@ const (
 	slotEnded uint32 = 2
 )
 
+// GPUEvents is what a GPUTimer needs of a GPU runtime: timing events on
+// one stream, with the meaning of the CUDA driver's event calls
+// (cuEventCreate, cuEventRecord, cuEventQuery, cuEventElapsedTime,
+// cuEventDestroy; CUDA Driver API reference, "Event Management"). An event
+// is a handle; 0 is none. Package trace links no GPU library:
+// libgpu/trace/cudaev implements GPUEvents for a CUDA stream, so a
+// program that only reads traces (the tracer tool) links no CUDA.
+type GPUEvents interface {
+	// Bind makes the stream's context current on the calling OS thread.
+	// The poller calls it once, on its own locked thread, before its
+	// other calls.
+	Bind() error
+	// NewEvent creates an event that records time (never 0 without an
+	// error).
+	NewEvent() (uintptr, error)
+	// Record enqueues ev on the stream.
+	Record(ev uintptr) error
+	// Query reports whether the work before ev's last record is done,
+	// without waiting.
+	Query(ev uintptr) (done bool, err error)
+	// Elapsed is the time between two completed events in milliseconds
+	// (resolution about 0.5 µs).
+	Elapsed(start, end uintptr) (ms float32, err error)
+	// Destroy frees ev.
+	Destroy(ev uintptr)
+}
+
 type gpuSlot struct {
-	start, end cuda.Event
+	start, end uintptr
 	state      atomic.Uint32
 	host       int64 // trace clock just before start was recorded
 	cat, name  string
@@ -57,13 +82,12 @@ type gpuSlot struct {
 //
 // Anchoring on the host clock: see doc.go, "GPU spans".
 type GPUTimer struct {
-	t      *Tracer
-	track  *Track
-	ctx    *cuda.Context
-	stream cuda.Stream
-	slots  []gpuSlot
-	mask   uint64
-	poll   time.Duration
+	t     *Tracer
+	track *Track
+	ev    GPUEvents
+	slots []gpuSlot
+	mask  uint64
+	poll  time.Duration
 
 	tail   uint64        // next slot Begin takes (owner goroutine only)
 	head   atomic.Uint64 // next slot the poller resolves
@@ -78,31 +102,32 @@ type GPUTimer struct {
 	err      atomic.Pointer[error] // first CUDA error of the poller
 
 	// poller state: the previous resolved region, kept as the chain anchor
-	prevStart cuda.Event
+	prevStart uintptr
 	prevNS    int64
 	havePrev  bool
 }
 
-// NewGPUTimer makes a timer for stream in ctx, whose spans go on a track
-// named "GPU: "+name of t. The caller's goroutine must have ctx current (the
-// events are made there). It returns (nil, nil) when t is nil: tracing off.
-func NewGPUTimer(t *Tracer, ctx *cuda.Context, stream cuda.Stream, name string) (*GPUTimer, error) {
+// NewGPUTimer makes a timer for the stream of ev (cudaev.New(ctx, stream)
+// on CUDA), whose spans go on a track named "GPU: "+name of t. The caller's
+// goroutine must have the stream's context current (the events are made
+// there). It returns (nil, nil) when t is nil: tracing off.
+func NewGPUTimer(t *Tracer, ev GPUEvents, name string) (*GPUTimer, error) {
 	if t == nil {
 		return nil, nil
 	}
-	if ctx == nil {
-		return nil, errors.New("trace: NewGPUTimer: nil context")
+	if ev == nil {
+		return nil, errors.New("trace: NewGPUTimer: no events")
 	}
 	g := &GPUTimer{
-		t: t, ctx: ctx, stream: stream, poll: DefaultGPUPoll,
+		t: t, ev: ev, poll: DefaultGPUPoll,
 		slots: make([]gpuSlot, DefaultGPUSlots), mask: DefaultGPUSlots - 1,
 		wake: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 	}
 	for i := range g.slots {
 		s := &g.slots[i]
 		var err error
-		if s.start, err = cuda.EventCreate(cuda.EventDefault); err == nil {
-			s.end, err = cuda.EventCreate(cuda.EventDefault)
+		if s.start, err = ev.NewEvent(); err == nil {
+			s.end, err = ev.NewEvent()
 		}
 		if err != nil {
 			g.destroy()
@@ -117,10 +142,10 @@ func NewGPUTimer(t *Tracer, ctx *cuda.Context, stream cuda.Stream, name string) 
 func (g *GPUTimer) destroy() {
 	for i := range g.slots {
 		if g.slots[i].start != 0 {
-			g.slots[i].start.Destroy()
+			g.ev.Destroy(g.slots[i].start)
 		}
 		if g.slots[i].end != 0 {
-			g.slots[i].end.Destroy()
+			g.ev.Destroy(g.slots[i].end)
 		}
 	}
 }
@@ -146,7 +171,7 @@ func (g *GPUTimer) Begin(cat, name string) GPUSpan {
 	s := &g.slots[g.tail&g.mask]
 	s.cat, s.name, s.nargs = cat, name, 0
 	s.host = g.t.now() // before the record: the GPU cannot pass the event earlier
-	if err := s.start.Record(g.stream); err != nil {
+	if err := g.ev.Record(s.start); err != nil {
 		g.t.dropped.Add(1)
 		return GPUSpan{}
 	}
@@ -170,7 +195,7 @@ func (s GPUSpan) End() {
 	if s.s == nil {
 		return
 	}
-	if err := s.s.end.Record(s.g.stream); err != nil {
+	if err := s.g.ev.Record(s.s.end); err != nil {
 		s.s.end = 0
 	}
 	s.s.state.Store(slotEnded)
@@ -213,7 +238,7 @@ func (g *GPUTimer) poller() {
 	defer close(g.done)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if err := g.ctx.SetCurrent(); err != nil {
+	if err := g.ev.Bind(); err != nil {
 		g.fail(fmt.Errorf("trace: GPU poller: %w", err))
 		return
 	}
@@ -283,14 +308,14 @@ func (g *GPUTimer) resolve() bool {
 	}
 	var durMS float32
 	if s.end != 0 {
-		done, err := s.end.Query()
+		done, err := g.ev.Query(s.end)
 		if err != nil {
 			g.fail(fmt.Errorf("trace: GPU event query: %w", err))
 		} else if !done {
 			return false
 		}
 		if err == nil {
-			if durMS, err = cuda.EventElapsed(s.start, s.end); err != nil {
+			if durMS, err = g.ev.Elapsed(s.start, s.end); err != nil {
 				g.fail(fmt.Errorf("trace: GPU elapsed time: %w", err))
 			}
 		}
@@ -299,7 +324,7 @@ func (g *GPUTimer) resolve() bool {
 	dur := int64(float64(durMS) * 1e6)
 	start := s.host // lower bound: the start cannot run before it was recorded
 	if g.havePrev {
-		if gap, err := cuda.EventElapsed(g.prevStart, s.start); err == nil && gap >= 0 && gap < 1000 {
+		if gap, err := g.ev.Elapsed(g.prevStart, s.start); err == nil && gap >= 0 && gap < 1000 {
 			start = max(start, g.prevNS+int64(float64(gap)*1e6))
 		}
 	}
@@ -311,7 +336,7 @@ func (g *GPUTimer) resolve() bool {
 	}
 	g.prevStart, g.prevNS, g.havePrev = s.start, start, true
 	if s.end == 0 { // restore an end event lost to a failed record
-		s.end, _ = cuda.EventCreate(cuda.EventDefault)
+		s.end, _ = g.ev.NewEvent()
 	}
 	g.head.Store(h + 1)
 	return true

@@ -11,6 +11,7 @@ import (
 
 	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/cuda/cudatest"
+	"gpukit/libgpu/trace/cudaev"
 )
 
 // GPU tests: cudatest.RequireGPU skips them without a GPU and fails them when
@@ -83,7 +84,7 @@ func gpuCheck(t *testing.T, n int, region func(i int, s cuda.Stream)) {
 		t.Fatal(err)
 	}
 	defer s.Destroy()
-	g, err := NewGPUTimer(tr, cudatest.Context(), s, "test stream")
+	g, err := NewGPUTimer(tr, cudaev.New(cudatest.Context(), s), "test stream")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +228,7 @@ func TestGPUTimerDropsWhenFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Destroy()
-	g, err := NewGPUTimer(tr, cudatest.Context(), s, "full")
+	g, err := NewGPUTimer(tr, cudaev.New(cudatest.Context(), s), "full")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -97,7 +97,7 @@ func TestNilTracerIsOff(t *testing.T) {
 	if tr.Enabled() || tr.Close() != nil || tr.Stats() != (Stats{}) || tr.Summary() != "" || tr.Now() != 0 {
 		t.Fatal("nil tracer is not inert")
 	}
-	g, err := NewGPUTimer(nil, nil, 0, "s")
+	g, err := NewGPUTimer(nil, nil, "s")
 	if g != nil || err != nil {
 		t.Fatal("GPU timer of a nil tracer")
 	}

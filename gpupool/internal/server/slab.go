@@ -21,9 +21,9 @@ type Slab interface {
 	Close() error
 }
 
-// SlabSource makes slabs. A CUDA VMM source (cuMemCreate with the POSIX fd
-// handle type, exported with cuMemExportToShareableHandle) implements it the
-// same way as Memfd, without a change to the protocol.
+// SlabSource makes slabs: Memfd on the host, CUDA (cuda.go: cuMemCreate
+// with the POSIX fd handle type, exported with
+// cuMemExportToShareableHandle) on a GPU; the protocol is the same for both.
 type SlabSource interface {
 	// NewSlab returns a slab of at least size bytes (a multiple of Granularity).
 	NewSlab(size int64) (Slab, error)

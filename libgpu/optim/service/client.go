@@ -141,7 +141,7 @@ func (c *Client) Register(e *ops.Engine, r Registration) (_ *Remote, err error) 
 		if !ok {
 			return TensorRef{}, fmt.Errorf("%w: %s is not in a named buffer (allocate it through a NameBook)", ErrTensor, what)
 		}
-		return ref(b, t), nil
+		return Ref(b, t), nil
 	}
 	req := RegisterRequest{Run: r.Run, Spec: r.Spec}
 	for _, p := range r.Params {
@@ -186,7 +186,7 @@ func (c *Client) Register(e *ops.Engine, r Registration) (_ *Remote, err error) 
 			rm.free(false)
 		}
 	}()
-	if rm.own, req.Event, err = newIPCEvent(e); err != nil {
+	if rm.own, req.Event, err = NewEvent(e); err != nil {
 		return nil, err
 	}
 	// The service acts on the pool through a connection of ours, with our
@@ -202,14 +202,14 @@ func (c *Client) Register(e *ops.Engine, r Registration) (_ *Remote, err error) 
 		return nil, c.wrap(OpRegister, err)
 	}
 	rm.lrScaled = reply.LRScale
-	if rm.peer, err = openIPCEvent(e, reply.Event); err != nil {
+	if rm.peer, err = OpenEvent(e, reply.Event); err != nil {
 		return nil, err
 	}
 	if e.Stream() != 0 && rm.peer == nil {
 		return nil, fmt.Errorf("%w: a CUDA service sent no event", ErrProtocol)
 	}
 	for _, s := range reply.State {
-		shape, off, n, err := s.Tensor.shape("state " + s.Name)
+		shape, off, n, err := s.Tensor.Check("state " + s.Name)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrProtocol, err)
 		}
@@ -240,7 +240,7 @@ func (c *Client) Register(e *ops.Engine, r Registration) (_ *Remote, err error) 
 type Remote struct {
 	c         *Client
 	e         *ops.Engine
-	own, peer *ipcEvent
+	own, peer *Event
 	state     []nn.Param
 	bufs      []*device.Buffer
 	counter   *tensor.Tensor
@@ -255,7 +255,7 @@ func (r *Remote) LRScaled() bool { return r.lrScaled }
 
 // Step implements optim.Optimizer.
 func (r *Remote) Step(e *ops.Engine) error {
-	if err := r.own.record(e); err != nil {
+	if err := r.own.Record(e); err != nil {
 		return err
 	}
 	var reply StepReply
@@ -263,7 +263,7 @@ func (r *Remote) Step(e *ops.Engine) error {
 		return r.c.wrap(OpStep, err)
 	}
 	r.lr, r.steps = 0, reply.Step
-	return r.peer.wait(e)
+	return r.peer.Wait(e)
 }
 
 // State implements optim.Optimizer: the service's state, mapped here.
@@ -274,13 +274,13 @@ func (r *Remote) SetLR(lr float32) { r.lr = lr }
 
 // Reset implements optim.Optimizer.
 func (r *Remote) Reset(e *ops.Engine) error {
-	if err := r.own.record(e); err != nil {
+	if err := r.own.Record(e); err != nil {
 		return err
 	}
 	if _, err := r.c.rpc.Call(context.Background(), OpReset, nil, nil); err != nil {
 		return r.c.wrap(OpReset, err)
 	}
-	return r.peer.wait(e)
+	return r.peer.Wait(e)
 }
 
 // Stats asks the service about the run.
@@ -312,7 +312,7 @@ func (r *Remote) free(closeRun bool) error {
 		}
 	}
 	if r.e != nil {
-		errs = append(errs, r.e.Sync(), r.own.close(r.e), r.peer.close(r.e))
+		errs = append(errs, r.e.Sync(), r.own.Close(r.e), r.peer.Close(r.e))
 	}
 	r.own, r.peer = nil, nil
 	for _, b := range r.bufs {

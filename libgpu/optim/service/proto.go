@@ -2,9 +2,11 @@ package service
 
 import (
 	"errors"
+	"fmt"
 
 	"gpukit/libgpu/ipc"
 	"gpukit/libgpu/optim"
+	"gpukit/libgpu/pool"
 	"gpukit/libgpu/tensor"
 )
 
@@ -16,6 +18,24 @@ const (
 	OpReset    = "reset"
 	OpStats    = "stats"
 	OpClose    = "close"
+)
+
+// Limits of a request (PROTOCOL.md, "Limits").
+const (
+	// MaxNameLen is the longest run or parameter name in bytes (a state
+	// buffer is named "<run>/optim/<param>.<state>", which must fit the
+	// pool's 255 bytes).
+	MaxNameLen = 100
+	// MaxDims is the most dimensions of a tensor (the pool's).
+	MaxDims = pool.MaxDims
+	// MaxTensorBytes is the most bytes one tensor reference may span (the
+	// pool's largest buffer, 1 TiB).
+	MaxTensorBytes = 1 << 40
+	// TensorAlign is the alignment of a tensor's byte offset in its
+	// buffer: the pool's (cuBLASLt assumes 256-byte aligned pointers; a
+	// misaligned one could fail in a way that ends the service's CUDA
+	// context).
+	TensorAlign = 256
 )
 
 // Errors of the service. They cross the socket with the codes registered
@@ -88,6 +108,10 @@ type LayerRef struct {
 	OutGrad *TensorRef `msgpack:"out_grad,omitempty"`
 }
 
+// EventHandleSize is the length in bytes of a register's event: a
+// CUDA interprocess event handle (CUipcEventHandle, 64 bytes).
+const EventHandleSize = 64
+
 // RegisterRequest builds a run's optimizer over the client's buffers.
 // Event (cuda) is the client's interprocess event (a 64-byte
 // CUipcEventHandle) that it records after its gradients are written, every
@@ -159,8 +183,8 @@ type StatsReply struct {
 	MaxOrder int `msgpack:"max_order"`
 }
 
-// ref describes t, a view into a buffer named buffer.
-func ref(buffer string, t *tensor.Tensor) TensorRef {
+// Ref describes t, a view into a buffer named buffer.
+func Ref(buffer string, t *tensor.Tensor) TensorRef {
 	shape := make([]int64, len(t.Shape))
 	for i, d := range t.Shape {
 		shape[i] = int64(d)
@@ -168,16 +192,49 @@ func ref(buffer string, t *tensor.Tensor) TensorRef {
 	return TensorRef{Buffer: buffer, Offset: int64(t.Offset), DType: t.DType.String(), Shape: shape}
 }
 
-// shape is r's shape as ints, after span's checks (where names where in
-// the request, for errors).
-func (r TensorRef) shape(where string) ([]int, int64, int64, error) {
-	off, n, err := r.span(where)
-	if err != nil {
+// Check checks r as span does and returns its shape as ints, its byte
+// offset and its byte count (where names r in the request or reply, for
+// errors). Both sides of the protocol check every reference with it.
+func (r TensorRef) Check(where string) (shape []int, off, n int64, err error) {
+	if off, n, err = r.span(where); err != nil {
 		return nil, 0, 0, err
 	}
-	out := make([]int, len(r.Shape))
+	shape = make([]int, len(r.Shape))
 	for i, d := range r.Shape {
-		out[i] = int(d)
+		shape[i] = int(d)
 	}
-	return out, off, n, nil
+	return shape, off, n, nil
+}
+
+// span checks r's dtype, shape and offset and returns the byte offset and
+// byte count it covers, with every product checked against MaxTensorBytes
+// before it is formed (so a shape of [2^32, 2^32] or an offset of 2^62
+// cannot wrap around). Errors wrap ErrTensor and name where (path).
+func (r TensorRef) span(path string) (off, n int64, err error) {
+	dt, derr := tensor.ParseDType(r.DType)
+	if derr != nil {
+		return 0, 0, fmt.Errorf("%w: %s.dtype: %v", ErrTensor, path, derr)
+	}
+	if len(r.Shape) > MaxDims {
+		return 0, 0, fmt.Errorf("%w: %s.shape: %d dimensions (at most %d)", ErrTensor, path, len(r.Shape), MaxDims)
+	}
+	size := int64(dt.Size())
+	elems := int64(1)
+	for i, d := range r.Shape {
+		if d < 0 || d > MaxTensorBytes {
+			return 0, 0, fmt.Errorf("%w: %s.shape[%d]: %d is out of range (0 to %d)", ErrTensor, path, i, d, int64(MaxTensorBytes))
+		}
+		if d != 0 && elems > MaxTensorBytes/size/d {
+			return 0, 0, fmt.Errorf("%w: %s.shape %v: more than %d bytes of %s", ErrTensor, path, r.Shape, int64(MaxTensorBytes), dt)
+		}
+		elems *= d
+	}
+	if r.Offset < 0 || r.Offset > MaxTensorBytes/size {
+		return 0, 0, fmt.Errorf("%w: %s.offset: %d elements is out of range", ErrTensor, path, r.Offset)
+	}
+	off, n = r.Offset*size, elems*size
+	if off%TensorAlign != 0 {
+		return 0, 0, fmt.Errorf("%w: %s.offset: element %d of %s is byte %d, not a multiple of %d", ErrTensor, path, r.Offset, dt, off, TensorAlign)
+	}
+	return off, n, nil
 }

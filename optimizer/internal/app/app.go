@@ -9,7 +9,7 @@ import (
 
 const description = `optimizer maps parameter and gradient buffers from gpupool and applies
 AdamW, SGD, Shampoo, SOAP, Muon or K-FAC updates in place, one message per
-step (libgpu/optim/service: a trainer registers its buffers once, with
+step (libgpu/optim/service/PROTOCOL.md: a trainer registers its buffers once, with
 "trainer run --optimizer-socket SOCK"). GPU work is ordered with the
 trainer's through interprocess CUDA events, so neither host waits for the
 GPU; Shampoo's, SOAP's and K-FAC's preconditioners can be computed on a

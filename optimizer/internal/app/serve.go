@@ -11,10 +11,10 @@ import (
 	"github.com/urfave/cli/v2"
 
 	kit "gpukit/libgpu/cli"
+	"gpukit/libgpu/cli/devflag"
 	"gpukit/libgpu/ipc"
 	"gpukit/libgpu/ops"
-	"gpukit/libgpu/optim/service"
-	"gpukit/libgpu/pool"
+	"gpukit/optimizer/internal/server"
 )
 
 var serveCommand = &cli.Command{
@@ -40,8 +40,8 @@ out of file descriptors, a request fails with an error naming the limit and
 the service goes on (stats shows the limits).`,
 	Flags: append([]cli.Flag{
 		&cli.StringFlag{Name: "socket", Aliases: []string{"s"}, Usage: "(required) socket path to listen on, in an existing directory ('@name': abstract)"},
-		&cli.StringFlag{Name: "pool", Usage: "(required) gpupool socket: where the trainer's buffers are and the state goes"},
-		&cli.StringFlag{Name: "precision", Value: "tf32", Usage: "f32 GEMMs: f32, tf32 or bf16 (tensor cores; the host computes f32)"},
+		devflag.Pool("(required) the gpupool daemon where the trainer's buffers are and the state goes"),
+		devflag.Precision(ops.PrecTF32, "the service's f32 GEMMs (tensor cores)"),
 		&cli.IntFlag{Name: "max-conns", Usage: "most connections (each holds at most one run) served at once; more are told so and closed (default: 1024, or a quarter of the open file limit if less)"},
 		kit.SizeFlag("max-run-bytes", "0", "most bytes one run's state and work buffers may take in the pool (0: only the pool's --limit and the uid's --quota-uid bound them)"),
 		&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "log runs and connection problems on stderr"},
@@ -56,9 +56,9 @@ func serve(c *cli.Context) error {
 	if err := kit.NoArgs(c); err != nil {
 		return err
 	}
-	prec, err := ops.ParsePrecision(c.String("precision"))
+	prec, err := devflag.PrecisionOf(c)
 	if err != nil {
-		return kit.Usagef("--precision %v", err)
+		return err
 	}
 	adm, gid, err := kit.Admission(c)
 	if err != nil {
@@ -85,12 +85,12 @@ func serve(c *cli.Context) error {
 	if maxConns == 0 {
 		maxConns = ipc.ConnLimit()
 	}
-	mem, err := pool.Dial(c.String("pool"))
+	mem, err := devflag.DialPool(c)
 	if err != nil {
-		return fmt.Errorf("--pool %s: %w", c.String("pool"), err)
+		return err
 	}
 	defer mem.Close()
-	h := &service.Server{Pool: service.PoolClient{C: mem}, Options: ops.Options{Precision: prec}, Admission: adm,
+	h := &server.Server{Pool: server.PoolClient{C: mem}, Options: ops.Options{Precision: prec}, Admission: adm,
 		MaxRunBytes: maxRun, MaxConns: maxConns}
 	srv := &ipc.Server{Handler: h, MaxConns: maxConns}
 	if c.Bool("verbose") {

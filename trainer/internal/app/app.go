@@ -30,7 +30,6 @@ func New(stdout, stderr io.Writer, args []string) *cli.App {
 		generateCommand(sel),
 		infoCommand(),
 		launchCommand(),
-		dataCommand(), // HRM's Sudoku data; moves under the HRM model's registration
 		kit.NotBuilt("bench", "time training steps against bench/reference (with the CUDA backend)", ""),
 		kit.NotBuilt("serve", "serve a model's weights to other tools through the pool", ""),
 	}

@@ -14,7 +14,7 @@ import (
 // TestModelsRegistered: the models linked in by models.go are registered,
 // mlp the default.
 func TestModelsRegistered(t *testing.T) {
-	if got := driver.Names(); !slices.Equal(got, []string{"gpt", "mlp", "unet"}) {
+	if got := driver.Names(); !slices.Equal(got, []string{"gpt", "hrm", "mlp", "moe", "unet"}) {
 		t.Fatalf("models %v", got)
 	}
 	if m, _ := driver.DefaultModel(); m.Name != "mlp" {

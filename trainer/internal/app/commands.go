@@ -80,7 +80,7 @@ func otherCheckpoints(name string) string {
 }
 
 func evalCommand(sel selection) *cli.Command {
-	return modelCommand("eval", "evaluate a checkpoint: the MLP's test accuracy, a language model's validation loss",
+	return modelCommand("eval", "evaluate a checkpoint: the MLP's test accuracy, a language model's validation loss, the HRM's Sudoku accuracy",
 		sel.model, sel.model.Eval, "the evaluation's forward passes")
 }
 

@@ -4,9 +4,9 @@ import (
 	"github.com/urfave/cli/v2"
 
 	kit "gpukit/libgpu/cli"
+	"gpukit/libgpu/cli/devflag"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
-	"gpukit/trainer/internal/driver"
 )
 
 func infoCommand() *cli.Command {
@@ -15,12 +15,12 @@ func infoCommand() *cli.Command {
 		Usage: "print the device --device selects, as one JSON line",
 		Description: "Prints {\"device\": NAME, \"kind\": \"cuda\"|\"host\", \"peak_flops\": {\"f32\", \"tf32\", \"bf16\"}} (peaks only for\n" +
 			"GPUs in ops.PeakFLOPS's table). Pipelines use it to pick settings for the device run will use.",
-		Flags: []cli.Flag{driver.DeviceFlag()},
+		Flags: []cli.Flag{devflag.Device()},
 		Action: func(c *cli.Context) error {
 			if err := kit.NoArgs(c); err != nil {
 				return err
 			}
-			a, closeFn, err := driver.Allocator(c)
+			a, closeFn, err := devflag.Open(c)
 			if err != nil {
 				return err
 			}

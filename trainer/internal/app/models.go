@@ -5,6 +5,8 @@ package app
 // one line here.
 import (
 	_ "gpukit/trainer/internal/models/gpt"
+	_ "gpukit/trainer/internal/models/hrm"
 	_ "gpukit/trainer/internal/models/mlp"
+	_ "gpukit/trainer/internal/models/moe"
 	_ "gpukit/trainer/internal/models/unet"
 )

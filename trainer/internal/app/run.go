@@ -13,7 +13,9 @@ import (
 	"github.com/urfave/cli/v2"
 
 	kit "gpukit/libgpu/cli"
+	"gpukit/libgpu/cli/devflag"
 	"gpukit/libgpu/dist"
+	"gpukit/libgpu/nccl"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
 	"gpukit/trainer/internal/driver"
@@ -40,7 +42,15 @@ func runFlags(m driver.Model) []cli.Flag {
 			&cli.Float64Flag{Name: "bucket-mb", Value: float64(dist.DefaultBucketBytes) / (1 << 20),
 				Usage: "several ranks: size limit in MiB of a gradient bucket, one all-reduce each (PyTorch DDP's bucket_cap_mb; the first bucket is 1 MiB)"},
 			&cli.StringFlag{Name: "grad-comm", Value: "f32",
-				Usage: "several ranks: f32|bf16 dtype the gradient buckets are all-reduced in (bf16: cast to bf16 and back around the all-reduce, half the bytes, as PyTorch DDP's bf16_compress_hook; the gradients are rounded to bf16; may change on --resume; one process ignores it)"})
+				Usage: "several ranks: f32|bf16 dtype the gradient buckets are all-reduced in (bf16: cast to bf16 and back around the all-reduce, half the bytes, as PyTorch DDP's bf16_compress_hook; the gradients are rounded to bf16; may change on --resume; one process ignores it)"},
+			&cli.BoolFlag{Name: "shard-optimizer",
+				Usage: "several ranks, AdamW: ZeRO-1, each rank keeps the optimizer state of 1/N of every bucket (gradients reduce-scattered, parameters all-gathered after the update, inside the captured step); checkpoints hold the whole state, so --resume may change it and the number of ranks; one process ignores it"},
+			&cli.Float64Flag{Name: "last-bucket-mb", DefaultText: "0: as the plan leaves it",
+				Usage: "several ranks: size limit in MiB of the last gradient bucket (the embeddings' and first layers', whose collective nothing overlaps), so the step's exposed tail is small"},
+			&cli.StringFlag{Name: "comm-priority", Value: "normal",
+				Usage: "several ranks: normal|high priority of the gradients' communication stream (high: NCCL's kernels start ahead of the backward's waiting blocks)"},
+			&cli.IntFlag{Name: "nccl-min-ctas", DefaultText: "NCCL's choice", Usage: "several ranks: least CTAs (SMs) of each NCCL collective (NCCL_MIN_CTAS in the environment overrides it)"},
+			&cli.IntFlag{Name: "nccl-max-ctas", DefaultText: "NCCL's choice", Usage: "several ranks: most CTAs (SMs) of each NCCL collective, leaving the rest to the backward it overlaps (NCCL_MAX_CTAS in the environment overrides it)"})
 	}
 	for i, f := range fl {
 		v, ok := m.Defaults[f.Names()[0]]
@@ -157,7 +167,7 @@ func runAction(c *cli.Context, m driver.Model) error {
 // runRank is the run of rank w (a process alone: dist.Single). It checks
 // every flag before the data is read and the device opened.
 func runRank(c *cli.Context, ctx context.Context, m driver.Model, w dist.World) error {
-	prec, err := driver.CheckDeviceFlags(c)
+	prec, err := devflag.PrecisionOf(c) // --graph and --device are checked as parsed
 	if err != nil {
 		return err
 	}
@@ -179,6 +189,9 @@ func runRank(c *cli.Context, ctx context.Context, m driver.Model, w dist.World) 
 			o.GradComm = tensor.BF16
 		default:
 			return kit.Usagef("--grad-comm %q: want f32 or bf16", gc)
+		}
+		if err := dpFlags(c, &o); err != nil {
+			return err
 		}
 	}
 	graph := c.String("graph")
@@ -256,7 +269,7 @@ func runRank(c *cli.Context, ctx context.Context, m driver.Model, w dist.World) 
 	if w.Distributed() {
 		o.Alloc, closeFn, err = rankAllocator(c, w)
 	} else {
-		o.Alloc, closeFn, err = driver.Allocator(c)
+		o.Alloc, closeFn, err = devflag.Open(c)
 	}
 	if err != nil {
 		return err
@@ -275,6 +288,34 @@ func runRank(c *cli.Context, ctx context.Context, m driver.Model, w dist.World) 
 		return nil
 	}
 	fmt.Fprintf(c.App.ErrWriter, "trainer: %s\n", task.Summary(res, model))
+	return nil
+}
+
+// dpFlags reads the data-parallel flags beyond --bucket-mb and
+// --grad-comm into o: --shard-optimizer, --last-bucket-mb,
+// --comm-priority and NCCL's CTA limits. Bad values are usage errors.
+func dpFlags(c *cli.Context, o *driver.Options) error {
+	o.ShardOptimizer = c.Bool("shard-optimizer")
+	mb := c.Float64("last-bucket-mb")
+	if !(mb >= 0 && mb <= 1<<20) {
+		return kit.Usagef("--last-bucket-mb %v: want a size in MiB, 0 or above (0: no limit of its own)", mb)
+	}
+	o.LastBucketBytes = int64(mb * (1 << 20))
+	if mb > 0 && o.LastBucketBytes == 0 {
+		o.LastBucketBytes = 1
+	}
+	switch p := c.String("comm-priority"); p {
+	case "normal":
+	case "high":
+		o.HighPriorityComm = true
+	default:
+		return kit.Usagef("--comm-priority %q: want normal or high", p)
+	}
+	lo, hi := c.Int("nccl-min-ctas"), c.Int("nccl-max-ctas") // ≥ 0: checked as parsed
+	if lo > 0 && hi > 0 && lo > hi {
+		return kit.Usagef("--nccl-min-ctas %d is above --nccl-max-ctas %d", lo, hi)
+	}
+	o.NCCL = nccl.Config{MinCTAs: lo, MaxCTAs: hi}
 	return nil
 }
 

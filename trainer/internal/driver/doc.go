@@ -19,8 +19,10 @@
 // run after its step with a checkpoint, an evaluation due then left
 // pending for the resumed run, so a signal during the last step does not
 // wait for a final evaluation); data parallelism (the communicator, the
-// broadcast of rank 0's state, the loss averaged across ranks, the ranks'
-// agreement to stop; DP and GradBuckets for the model's gradients); the
+// broadcast of rank 0's state, the loss and its terms averaged across ranks, the ranks'
+// agreement to stop; DP and GradBuckets for the model's gradients, and
+// with --shard-optimizer ZeRO-1's parameter buckets and sharded AdamW,
+// whose state every rank gathers for rank 0's checkpoint); the
 // spans on the trace (trace.go). The trainer's command line
 // (internal/app) builds `trainer run`, `eval`, `init` and `generate` from
 // the registered models and calls Run.
@@ -55,8 +57,8 @@
 // file (--ckpt, or the best or last file of a run directory, named on
 // stderr), the precision, the graph flag and an allocator made on demand;
 // a model's own commands that run it (trainer solve) take the same device
-// flags through DeviceFlags and NewInput, and Resolve and ReadHeader for a
-// checkpoint. Register panics (at init) on a model flag named like one of
+// flags (libgpu/cli/devflag's, and --trace) through DeviceFlags and
+// NewInput, and Resolve and ReadHeader for a checkpoint. Register panics (at init) on a model flag named like one of
 // the driver's (Reserved) or a second model of the same name.
 //
 // Task (task.go) is the run before any device work: Config (stored as the
@@ -82,30 +84,38 @@
 // PostStepper (eager device work after each step, outside the captured
 // graph), AfterStepper (host work after each step, e.g. publishing a
 // snapshot), DataParallel (Replicas and Share: required with Env.DP),
-// EngineTuner (engine options beyond the precision).
+// StateGatherer (a collective every rank runs before rank 0's
+// checkpoint: ZeRO-1's optimizer state), EngineTuner (engine options
+// beyond the precision).
 //
-// # The next models
+// # The MoE GPT and the next model
 //
-// A Mixture-of-Experts GPT is a language model: it registers an
-// lm.Variant (internal/lm: the text, the character tokenizer, the
-// validation loss, generate, data parallelism and nanoGPT's checkpoint
-// names are the GPT's), with Default its shape (6 layers, 6 heads, d 384),
-// Flags its --experts --top-k --moe-every --expert-width --aux-loss
-// --z-loss, Configure setting libgpu/nn's GPT configuration's MoE part
-// from them, and Terms the recorded step's aux_loss and z_loss tensors,
-// which every loss line carries. Its checkpoints are eval'd and sampled by
+// The Mixture-of-Experts GPT (models/moe) is a language model: it
+// registers an lm.Variant (internal/lm: the text, the character
+// tokenizer, the validation loss, generate, data parallelism and
+// nanoGPT's checkpoint names are the GPT's), with Default its shape (6
+// layers, 6 heads, d 384), Flags its --experts --top-k --moe-every
+// --expert-width --aux-loss --z-loss, Configure setting libgpu/nn's GPT
+// configuration's MoE part from them, and Terms the recorded step's
+// aux_loss and z_loss tensors, which every loss line carries (averaged
+// across ranks as the loss is). Its checkpoints are eval'd and sampled by
 // the same commands, keyed by its name.
 //
-// The HRM registers a Model of its own. A step is one segment: the driver
-// runs and counts optimizer steps, so each of a batch's up to 16 segments
-// is one Fill (new puzzles for the sequences that halted, or none) and one
-// Compute (forward, backward and optimizer step with the carried state,
-// captured once and replayed), and Steps counts segments. The carried
+// The HRM registers a Model of its own (models/hrm). A step is one
+// segment: the driver runs and counts optimizer steps, so each of a
+// batch's up to 16 segments is one Fill (the step's batch staged into the
+// model's device pool, from which the sequences that halted take new
+// puzzles on the device) and one Compute (forward, backward and optimizer
+// step with the carried state), and Steps counts segments. Its step keeps
+// its own CUDA graph and step counter (nn.HRMTrain.Run), so it reports
+// Capturable false and the driver runs Compute as it is. The carried
 // state (hidden states, halting flags, the puzzles in flight) is State in
 // its checkpoint, so a run stopped between segments resumes with it. Its
-// Eval runs the adaptive-halting loop (one graph with a conditional node)
-// over the test puzzles and returns exact and cell accuracy (the plot
-// draws every *accuracy field) and its loss as ValLoss (best.safetensors).
-// Its Data names the directory of safetensors puzzles; Commands add
-// `trainer solve` and `trainer data sudoku`.
+// Eval runs the adaptive-halting loop (one graph per batch with a
+// conditional WHILE node) over the test puzzles and returns exact and
+// cell accuracy (the plot draws every *accuracy field of the evaluation
+// lines) and, as ValLoss, 1 − exact + 1e-6·(1 − cell), by which
+// best.safetensors keeps the highest exact accuracy. Its Data names the
+// directory of safetensors puzzles; Commands add `trainer solve` and
+// `trainer data sudoku|replay`.
 package driver

@@ -45,8 +45,9 @@ type Model struct {
 	// --precision, --graph, --device).
 	Defaults map[string]string
 	// DataParallel: several ranks (trainer launch, torchrun, srun) may
-	// train it together; the run command then also takes --bucket-mb and
-	// --grad-comm, and Task.Build gets Env.DP.
+	// train it together; the run command then also takes --bucket-mb,
+	// --grad-comm, --shard-optimizer, --last-bucket-mb, --comm-priority,
+	// --nccl-min-ctas and --nccl-max-ctas, and Task.Build gets Env.DP.
 	DataParallel bool
 	// New makes a fresh run's task from the flags; errors that are bad
 	// flag values wrap ErrConfig (Configf).

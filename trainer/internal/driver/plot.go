@@ -27,7 +27,8 @@ var (
 
 // series are the curves of a metrics file: the training loss of every
 // loss line, the validation loss of every evaluation line (val_loss), and
-// each accuracy the evaluation lines carry (fields named *accuracy).
+// each accuracy the evaluation lines carry (fields named *accuracy; a
+// loss line's are left out).
 type series struct {
 	train, val plotter.XYs
 	acc        map[string]plotter.XYs
@@ -45,7 +46,11 @@ func readSeries(metrics string) (series, error) {
 			return
 		}
 		if v, ok := l["loss"].(float64); ok {
+			// A loss line: its accuracies (the HRM's, over the sequences
+			// that halted at that step, 0 where none did) are not the
+			// evaluations'.
 			s.train = append(s.train, plotter.XY{X: step, Y: v})
+			return
 		}
 		if v, ok := l["val_loss"].(float64); ok {
 			s.val = append(s.val, plotter.XY{X: step, Y: v})

@@ -98,3 +98,26 @@ func TestPlotValidationAndAccuracy(t *testing.T) {
 		t.Errorf("a run without validation losses has %d pixels in their colour", n)
 	}
 }
+
+// TestPlotAccuraciesOfEvaluationsOnly: the accuracy panel draws the
+// evaluation lines' accuracies, not those a loss line carries (the HRM's
+// over the sequences that halted at that step, 0 where none did).
+func TestPlotAccuraciesOfEvaluationsOnly(t *testing.T) {
+	var m strings.Builder
+	for i := 1; i <= 10; i++ {
+		fmt.Fprintf(&m, `{"step":%d,"loss":2,"accuracy":%d,"exact_accuracy":0}`+"\n", i, i%2)
+	}
+	s, err := func() (series, error) {
+		p := filepath.Join(t.TempDir(), MetricsFile)
+		if err := os.WriteFile(p, []byte(m.String()+`{"step":10,"test_cell_accuracy":0.4}`+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return readSeries(p)
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.train) != 10 || len(s.acc) != 1 || len(s.acc["test_cell_accuracy"]) != 1 {
+		t.Fatalf("%d loss points, accuracies %v", len(s.train), s.acc)
+	}
+}

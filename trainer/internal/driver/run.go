@@ -53,6 +53,21 @@ type Options struct {
 	// run travel in: 0 or tensor.F32 as they are, tensor.BF16 cast for
 	// the all-reduce (half the bytes). A process alone ignores it.
 	GradComm tensor.DType
+	// LastBucketBytes, when positive, caps the last gradient bucket (the
+	// embeddings' and first layers', whose collective the backward cannot
+	// overlap): dist.BucketConfig.LastBytes (--last-bucket-mb).
+	LastBucketBytes int64
+	// ShardOptimizer splits the optimizer state of a data-parallel run
+	// across its ranks (ZeRO-1: DP.Shard, --shard-optimizer). A process
+	// alone ignores it (and says so).
+	ShardOptimizer bool
+	// HighPriorityComm makes the engine's communication stream with the
+	// device's greatest priority (ops.Options.HighPriorityComm;
+	// --comm-priority high).
+	HighPriorityComm bool
+	// NCCL tunes the communicator of several ranks (the CTAs of each
+	// collective: --nccl-min-ctas, --nccl-max-ctas).
+	NCCL nccl.Config
 	// Buckets gives a model that registers DataParallel its gradients in
 	// bucket buffers, reduced by a one-rank (Solo) communicator, even
 	// alone (tests: the bucket machinery against the model's own
@@ -71,9 +86,10 @@ type EngineTuner interface {
 
 // DataParallel is what a trainer built with Env.DP set provides: the
 // tensors rank 0 broadcasts at the start (parameters and optimizer
-// state, as DDP's constructor broadcasts the module's state) and its
-// share of a global batch with its gradient buckets, for the run's first
-// lines.
+// state, as DDP's constructor broadcasts the module's state; with
+// DP.Shard the parameters' buckets alone, GradBuckets.ParamBuckets: each
+// rank loads its own part of the state) and its share of a global batch
+// with its gradient buckets, for the run's first lines.
 type DataParallel interface {
 	Replicas() []*tensor.Tensor
 	Share() (share string, b *GradBuckets)
@@ -112,7 +128,10 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 	if !main {
 		o.Stdout, o.Log, o.Progress = io.Discard, nil, nil
 	}
-	eo := ops.Options{Precision: o.Precision}
+	if o.LastBucketBytes < 0 {
+		return res, Configf("--last-bucket-mb %g (want ≥ 0; 0 leaves the last bucket as the plan makes it)", bucketMiB(o.LastBucketBytes))
+	}
+	eo := ops.Options{Precision: o.Precision, HighPriorityComm: o.HighPriorityComm}
 	if t, ok := task.(EngineTuner); ok {
 		eo = t.EngineOptions(eo)
 	}
@@ -121,16 +140,18 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 		return res, err
 	}
 	defer CloseEngine(eng)
+	bucket := BucketConfig(o.BucketBytes)
+	bucket.LastBytes = o.LastBucketBytes
 	var dpc *DP
 	if o.Comm != nil {
-		dpc = &DP{Comm: o.Comm, Bucket: BucketConfig(o.BucketBytes), GradComm: o.GradComm}
+		dpc = &DP{Comm: o.Comm, Bucket: bucket, GradComm: o.GradComm}
 	} else if w.Distributed() || o.Buckets {
 		var comm *nccl.Comm
-		comm, err = nccl.Connect(ctx, eng, &dist.Rendezvous{World: w, Logf: func(format string, args ...any) {
+		comm, err = nccl.ConnectConfig(ctx, eng, &dist.Rendezvous{World: w, Logf: func(format string, args ...any) {
 			if o.Log != nil {
 				fmt.Fprintf(o.Log, "trainer: "+format+"\n", args...)
 			}
-		}})
+		}}, o.NCCL)
 		if err != nil {
 			return res, err
 		}
@@ -143,7 +164,10 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 				err = cerr
 			}
 		}()
-		dpc = &DP{Comm: comm, Bucket: BucketConfig(o.BucketBytes), GradComm: o.GradComm}
+		dpc = &DP{Comm: comm, Bucket: bucket, GradComm: o.GradComm}
+	}
+	if dpc != nil {
+		dpc.Shard = o.ShardOptimizer && dpc.Comm.Size() > 1
 	}
 	env := &Env{Engine: eng, Alloc: o.Alloc, Run: o.Run, Precision: o.Precision, Graph: o.Graph, World: w, DP: dpc,
 		OptimizerSocket: o.OptimizerSocket, Log: o.Log}
@@ -173,7 +197,7 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 	distributed := dpc != nil && w.Distributed()
 	var dpr *dpRun
 	if distributed {
-		if dpr, err = newDPRun(o.Alloc, o.Run, dpc.Comm); err != nil {
+		if dpr, err = newDPRun(o.Alloc, o.Run, dpc.Comm, len(tr.Metrics().Terms)); err != nil {
 			return res, err
 		}
 		defer dpr.free()
@@ -215,13 +239,20 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 	if label == "" {
 		label = "samples"
 	}
+	gatherer, _ := tr.(StateGatherer)
 	checkpoint := func(done int, pending bool, ev *Eval) error {
-		if !main {
-			return nil
-		}
 		sp := trace.Default().Begin(TraceCat, SpanCheckpoint)
 		sp.Arg(trace.Int(argStep, int64(done)))
 		defer sp.End()
+		if dpc != nil && gatherer != nil {
+			// Every rank, at the same steps: a collective.
+			if err := gatherer.GatherState(); err != nil {
+				return fmt.Errorf("step %d: gathering the optimizer state on rank 0: %w", done, err)
+			}
+		}
+		if !main {
+			return nil
+		}
 		ck, err := tr.Checkpoint(done)
 		if err != nil {
 			return err
@@ -238,11 +269,11 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 		return nil
 	}
 	finish := func(done int, pending bool) error {
-		if !main {
-			return nil
-		}
 		if err := checkpoint(done, pending, nil); err != nil {
 			return err
+		}
+		if !main {
+			return nil
 		}
 		return Plot(filepath.Join(o.Out, MetricsFile), filepath.Join(o.Out, PlotFile), met.lossName())
 	}
@@ -272,11 +303,20 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 		if distributed {
 			share, gb := dpt.Share()
 			v, _ := nccl.LibraryVersion()
-			fmt.Fprintf(o.Log, "trainer: data parallel over %d ranks on %d node(s) (NCCL %v): %s; gradients in %d bucket(s) of ≤ %g MiB (first %g MiB), averaged during the backward%s\n",
-				w.Size, w.Nodes, v, share, len(gb.Layout().Buckets), bucketMiB(dpc.Bucket.Bytes), bucketMiB(dpc.Bucket.FirstBytes),
-				gradCommNote(o.GradComm))
-		} else if o.GradComm == tensor.BF16 {
-			fmt.Fprintf(o.Log, "trainer: --grad-comm bf16 ignored: one process communicates no gradients\n")
+			last := ""
+			if dpc.Bucket.LastBytes > 0 {
+				last = fmt.Sprintf(", last ≤ %g MiB", bucketMiB(dpc.Bucket.LastBytes))
+			}
+			fmt.Fprintf(o.Log, "trainer: data parallel over %d ranks on %d node(s) (NCCL %v): %s; gradients in %d bucket(s) of ≤ %g MiB (first %g MiB%s), %s\n",
+				w.Size, w.Nodes, v, share, len(gb.Layout().Buckets), bucketMiB(dpc.Bucket.Bytes), bucketMiB(dpc.Bucket.FirstBytes), last,
+				gb.shareNote(o.GradComm))
+		} else {
+			if o.GradComm == tensor.BF16 {
+				fmt.Fprintf(o.Log, "trainer: --grad-comm bf16 ignored: one process communicates no gradients\n")
+			}
+			if o.ShardOptimizer {
+				fmt.Fprintf(o.Log, "trainer: --shard-optimizer ignored: one process holds the whole optimizer state\n")
+			}
 		}
 	}
 
@@ -358,8 +398,9 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 		if done%o.LogEvery == 0 || (met.LogFinal && done == steps) {
 			lp := tk.Begin(TraceCat, SpanLog)
 			var loss float32
+			var terms []float32 // met.Terms' values, averaged across ranks when distributed
 			if distributed {
-				if loss, stopAll, err = dpr.agree(eng, met.Loss); err != nil {
+				if loss, terms, stopAll, err = dpr.agree(eng, met.Loss, met.Terms); err != nil {
 					return res, fmt.Errorf("step %d: averaging the loss across ranks: %w", done, err)
 				}
 			} else {
@@ -392,12 +433,15 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 				}
 				line = append(line, Field{"grad_norm", g[0]})
 			}
-			for _, t := range met.Terms {
-				v, err := t.T.ReadF32()
-				if err != nil {
-					return res, err
+			for i, t := range met.Terms {
+				if !distributed {
+					v, err := t.T.ReadF32()
+					if err != nil {
+						return res, err
+					}
+					terms = append(terms, v[0])
 				}
-				line = append(line, Field{t.Name, v[0]})
+				line = append(line, Field{t.Name, terms[i]})
 			}
 			if err := ml.emit(line); err != nil {
 				return res, err

@@ -9,6 +9,7 @@ import (
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
 	"gpukit/libgpu/trace"
+	"gpukit/libgpu/trace/cudaev"
 )
 
 // Runner runs steps whose inputs (a batch, a learning rate) go through
@@ -80,7 +81,7 @@ func NewRunner(e *ops.Engine, inputs []*tensor.Tensor, compute func(gt *trace.GP
 	if cd, ok := e.Device().(device.CUDADevice); ok {
 		if s := e.Stream(); s != 0 {
 			var err error
-			if r.gt, err = trace.NewGPUTimer(trace.Default(), cd.Context(), s, gpuTimerName); err != nil {
+			if r.gt, err = trace.NewGPUTimer(trace.Default(), cudaev.New(cd.Context(), s), gpuTimerName); err != nil {
 				r.Close()
 				return nil, fmt.Errorf("trainer: %w", err)
 			}

@@ -109,7 +109,8 @@ type Trainer interface {
 // Metrics are a trainer's loss-line figures: the loss of the last step
 // ([1] f32 on the device), the gradient norm before clipping (nil: no
 // clipping), extra loss terms (logged after the norm, e.g. aux_loss and
-// z_loss of a Mixture-of-Experts model), the throughput's unit and items
+// z_loss of a Mixture-of-Experts model; averaged across ranks as the loss
+// is), the throughput's unit and items
 // per step of the whole job (samples_per_s: Unit "samples", Items the
 // batch), the FLOPs of one step on this device (0: no mfu), and whether
 // the last step is logged even off the --log-every cadence.
@@ -234,6 +235,15 @@ type AfterStepper interface{ AfterStep(done int) error }
 // a global batch and its gradient buckets, for the run's first lines.
 type Sharer interface {
 	Share() (share string, b *GradBuckets)
+}
+
+// StateGatherer is a data-parallel Trainer part of whose checkpoint lives
+// on other ranks (ZeRO-1's optimizer state: GradBuckets.NewAdamW). The
+// driver calls GatherState on every rank at every checkpoint, before rank
+// 0's Checkpoint (a collective: the ranks meet in it), which then writes
+// the gathered state as an unsharded run would.
+type StateGatherer interface {
+	GatherState() error
 }
 
 // Result says how a run ended.

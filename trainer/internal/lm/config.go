@@ -21,7 +21,7 @@ type Config struct {
 	MinLR       float32 `json:"min_lr"`
 	Warmup      int     `json:"warmup"`
 	DecaySteps  int     `json:"decay_steps"`
-	WeightDecay float32 `json:"weight_decay"` // on weights of rank ≥ 2 only (nanoGPT's groups)
+	WeightDecay float32 `json:"weight_decay"` // on weights of rank ≥ 2 only, not biases (Decayed)
 	Beta1       float32 `json:"beta1"`
 	Beta2       float32 `json:"beta2"`
 	Clip        float32 `json:"clip,omitempty"` // joint gradient norm bound (0: off)

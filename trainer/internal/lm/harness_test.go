@@ -7,16 +7,30 @@ import (
 	"gpukit/libgpu/data"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/dist"
+	"gpukit/libgpu/nn"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
 	"gpukit/trainer/internal/driver"
 )
 
-// The language model the tests train: the GPT variant as models/gpt
-// registers it (that package imports this one, so its tests cannot).
-var testVariant = Variant{Name: "gpt", Summary: "GPT", Kind: "GPT", Default: DefaultConfig()}
+// The language models the tests train: the GPT variant as models/gpt
+// registers it, and a Mixture-of-Experts GPT logging its two loss terms
+// as models/moe does (those packages import this one, so its tests
+// cannot). RunLM trains the second when the configuration has MoE layers.
+var (
+	testVariant    = Variant{Name: "gpt", Summary: "GPT", Kind: "GPT", Default: DefaultConfig()}
+	testMoEVariant = Variant{Name: "moe", Summary: "MoE GPT", Kind: "MoE GPT", Default: DefaultConfig(),
+		Terms: func(s *nn.GPTStep) []driver.Term {
+			aux, _ := s.AuxLosses.Rows(0, 1)
+			z, _ := s.AuxLosses.Rows(1, 2)
+			return []driver.Term{{Name: "aux_loss", T: aux}, {Name: "z_loss", T: z}}
+		}}
+)
 
-func init() { Register(testVariant) }
+func init() {
+	Register(testVariant)
+	Register(testMoEVariant)
+}
 
 func host() device.Allocator { return device.Local{Dev: device.NewHost()} }
 
@@ -34,8 +48,11 @@ type LMOptions struct {
 	World       dist.World
 	BucketBytes int64
 	GradComm    tensor.DType
-	buckets     bool
-	comm        driver.Collective
+	// Shard is --shard-optimizer, LastBucketBytes --last-bucket-mb.
+	Shard           bool
+	LastBucketBytes int64
+	buckets         bool
+	comm            driver.Collective
 }
 
 // LMResult is how a test run ended.
@@ -44,7 +61,11 @@ type LMResult = driver.Result
 // RunLM trains cfg as `trainer run --model gpt` does: the task loads the
 // text (as this rank of o.World) and the driver runs it.
 func RunLM(ctx context.Context, cfg Config, o LMOptions) (LMResult, error) {
-	t := &task{v: testVariant, cfg: cfg}
+	v := testVariant
+	if cfg.Model.MoE != nil {
+		v = testMoEVariant
+	}
+	t := &task{v: v, cfg: cfg}
 	if t.cfg.Data == "" {
 		t.cfg.Data = data.DefaultTextPath()
 	}
@@ -63,7 +84,8 @@ func RunLM(ctx context.Context, cfg Config, o LMOptions) (LMResult, error) {
 	if logEvery == 0 {
 		logEvery = 1
 	}
-	return driver.Run(ctx, t, driver.Options{Model: testVariant.Name, Alloc: o.Alloc, Precision: o.Precision, Run: "", Out: o.Out,
+	return driver.Run(ctx, t, driver.Options{Model: v.Name, Alloc: o.Alloc, Precision: o.Precision, Run: "", Out: o.Out,
 		LogEvery: logEvery, Stdout: o.Stdout, Log: o.Log, Settings: driver.Settings{LogEvery: logEvery}, Resume: o.Resume,
-		World: o.World, BucketBytes: o.BucketBytes, GradComm: o.GradComm, Buckets: o.buckets, Comm: o.comm})
+		World: o.World, BucketBytes: o.BucketBytes, GradComm: o.GradComm, Buckets: o.buckets, Comm: o.comm,
+		ShardOptimizer: o.Shard, LastBucketBytes: o.LastBucketBytes})
 }

@@ -3,6 +3,7 @@ package lm
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"gpukit/libgpu/ckpt"
 	"gpukit/libgpu/data"
@@ -13,6 +14,7 @@ import (
 	"gpukit/libgpu/optim"
 	"gpukit/libgpu/tensor"
 	"gpukit/libgpu/trace"
+	"gpukit/libgpu/zero"
 	"gpukit/trainer/internal/driver"
 )
 
@@ -35,6 +37,12 @@ type lm struct {
 	cfg Config
 	m   *nn.GPT
 	opt optim.Optimizer
+	// z is AdamW with its state split across the ranks (--shard-optimizer,
+	// ZeRO-1; opt is then nil), and gathered its whole state, assembled
+	// on rank 0 for the next checkpoint (GatherState), in alloc's memory.
+	z        *zero.AdamW
+	gathered []nn.Param
+	alloc    device.Allocator
 	// set is a non-AdamW optimizer (cfg.Optim); an eager one steps after
 	// the graph. hostLR: its learning rate is set from the host each step
 	// (else it reads the device's scale, l.lr, as AdamW does).
@@ -60,6 +68,10 @@ func (l *lm) free() {
 			s.Free()
 		}
 	}
+	if l.z != nil {
+		l.z.Free()
+	}
+	l.freeGathered()
 	if l.dp != nil {
 		l.dp.Free()
 	}
@@ -99,6 +111,10 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg Config, prec o
 	if err != nil {
 		return nil, err
 	}
+	l.alloc = a
+	if training && dp != nil && dp.Shard && cfg.optimName() != "adamw" {
+		return nil, driver.Configf("--shard-optimizer splits AdamW's state (not --optim %s's)", cfg.optimName())
+	}
 	defer func() {
 		if err != nil {
 			l.free()
@@ -109,7 +125,9 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg Config, prec o
 		return l, fmt.Errorf("building the model: %w", err)
 	}
 	if training && dp != nil {
-		if l.dp, err = driver.NewGradBuckets(a, run, l.m.Params(), l.m.SetGrads, dp); err != nil {
+		// Before any graph is recorded: with dp.Shard the parameters move
+		// into bucket storage (the graphs must read them there).
+		if l.dp, err = driver.NewGradBuckets(a, run, l.m.Params(), l.m.SetParams, l.m.SetGrads, dp); err != nil {
 			return l, err
 		}
 	}
@@ -135,7 +153,7 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg Config, prec o
 	}
 	noDecay := make([]bool, len(l.m.Params()))
 	for i, p := range l.m.Params() {
-		noDecay[i] = p.Value.Rank() < 2 // biases and norm weights (nanoGPT's optim groups)
+		noDecay[i] = !Decayed(p)
 		l.grads = append(l.grads, p.Grad)
 	}
 	var counter *tensor.Tensor
@@ -156,11 +174,20 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg Config, prec o
 			}
 			ac.GradScale = l.coef
 		}
-		adam, err := optim.NewAdamW(a, run, l.m.Params(), ac)
-		if err != nil {
-			return l, fmt.Errorf("building the optimizer: %w", err)
+		if l.dp != nil && l.dp.Sharded() {
+			// ZeRO-1: this rank's parts of the moments; ClipCoef takes the
+			// global norm across the ranks.
+			if l.z, err = l.dp.NewAdamW(a, run, ac); err != nil {
+				return l, err
+			}
+			counter = l.z.Counter()
+		} else {
+			adam, err := optim.NewAdamW(a, run, l.m.Params(), ac)
+			if err != nil {
+				return l, fmt.Errorf("building the optimizer: %w", err)
+			}
+			l.opt, counter = adam, adam.Counter()
 		}
-		l.opt, counter = adam, adam.Counter()
 	} else {
 		if name == "kfac" && socket != "" {
 			return l, driver.Configf("--optim kfac runs in process for a GPT (the service cannot hook its graph's Linear layers)")
@@ -195,6 +222,14 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg Config, prec o
 	return l, nil
 }
 
+// Decayed reports whether AdamW decays p: weights of rank ≥ 2 but biases
+// (nanoGPT's optimizer groups, where every bias and norm weight has rank
+// 1; a Mixture-of-Experts layer's stacked expert biases, [E, W], are
+// biases too, as in bench/reference/moe.py's groups).
+func Decayed(p nn.Param) bool {
+	return p.Value.Rank() >= 2 && !strings.HasSuffix(p.Name, "bias")
+}
+
 // compute queues one training step on the batch in the train graph's
 // inputs: forward, loss, backward, the data-parallel join, clipping and
 // the optimizer.
@@ -213,13 +248,18 @@ func (l *lm) compute(e *ops.Engine, gt *trace.GPUTimer) error {
 			switch {
 			case l.norm == nil:
 				return nil
+			case l.z != nil:
+				return l.z.ClipCoef(e, l.cfg.Clip, l.norm, l.coef) // the global norm: each rank's parts, all-reduced
 			case l.coef != nil:
 				return e.ClipCoef(l.grads, l.cfg.Clip, l.norm, l.coef)
 			}
 			return e.ClipGradNorm(l.grads, l.cfg.Clip, l.norm)
 		}},
 		{Name: driver.SpanOptimizer, F: func() error {
-			if l.set != nil && l.set.Eager {
+			switch {
+			case l.z != nil:
+				return l.z.Step(e) // this rank's parts, then the parameters' all-gather
+			case l.set != nil && l.set.Eager:
 				return nil // stepped after the (captured) step: PostStep
 			}
 			return l.opt.Step(e)
@@ -239,9 +279,21 @@ func (l *lm) checkpoint(tok *data.CharTokenizer) (driver.Checkpoint, error) {
 	if ck.Model, err = driver.Entries("", sd); err != nil {
 		return ck, err
 	}
-	if l.opt != nil {
+	var state []nn.Param
+	switch {
+	case l.z != nil:
+		// The whole state, as optim.AdamW names it (gather first).
+		if l.gathered == nil {
+			return ck, fmt.Errorf("trainer: the sharded optimizer state was not gathered for this checkpoint")
+		}
+		defer l.freeGathered()
+		state = l.gathered
+	case l.opt != nil:
+		state = l.opt.State()
+	}
+	if state != nil {
 		var st []ckpt.Named
-		for _, s := range l.opt.State() {
+		for _, s := range state {
 			st = append(st, ckpt.Named{Name: s.Name, T: s.Value})
 		}
 		if ck.State, err = driver.Entries(optimPrefix, st); err != nil {
@@ -252,6 +304,29 @@ func (l *lm) checkpoint(tok *data.CharTokenizer) (driver.Checkpoint, error) {
 	return ck, err
 }
 
+// gatherState assembles the sharded optimizer's whole state on rank 0
+// for the next checkpoint (a collective: every rank calls it; a no-op
+// without sharding).
+func (l *lm) gatherState(e *ops.Engine) error {
+	if l.z == nil {
+		return nil
+	}
+	l.freeGathered()
+	st, err := l.z.GatherState(e, l.alloc, 0)
+	if err != nil {
+		return err
+	}
+	l.gathered = st
+	return nil
+}
+
+func (l *lm) freeGathered() {
+	for _, s := range l.gathered {
+		s.Value.Buf.Free()
+	}
+	l.gathered = nil
+}
+
 // load reads the parameters (and, when training, the optimizer state)
 // from f.
 func (l *lm) load(f *ckpt.File) error {
@@ -259,6 +334,15 @@ func (l *lm) load(f *ckpt.File) error {
 		if err := f.Load(p.Name, p.Value); err != nil {
 			return fmt.Errorf("%w: %v", driver.ErrCheckpoint, err)
 		}
+	}
+	if l.z != nil {
+		// Whole tensors of any world size, sharded or not: this rank's
+		// parts (every rank loads; nothing of the state is broadcast).
+		err := l.z.LoadState(func(n string, t *tensor.Tensor) error { return f.Load(optimPrefix+n, t) })
+		if err != nil {
+			return fmt.Errorf("%w: %v", driver.ErrCheckpoint, err)
+		}
+		return nil
 	}
 	if l.opt == nil {
 		return nil

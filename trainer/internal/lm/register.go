@@ -47,6 +47,9 @@ type Variant struct {
 	Terms func(s *nn.GPTStep) []driver.Term
 	// Lines, when set, documents those terms for `trainer run --help`.
 	Lines string
+	// Describe, when set, adds to the run's first line what the variant's
+	// network has beyond the GPT's shape (e.g. its experts).
+	Describe func(m *nn.GPT, c nn.GPTConfig) string
 }
 
 // variants are the registered variants, by name (a checkpoint whose
@@ -131,12 +134,12 @@ func flags(v Variant) []cli.Flag {
 		&cli.IntFlag{Name: "decay-steps", DefaultText: "--steps", Usage: "step at which the cosine reaches --min-lr"},
 		&cli.Float64Flag{Name: "beta1", Value: kit.F32(d.Beta1), Usage: "AdamW β1"},
 		&cli.Float64Flag{Name: "beta2", Value: kit.F32(d.Beta2), Usage: "AdamW β2"},
-		&cli.Float64Flag{Name: "weight-decay", Value: kit.F32(d.WeightDecay), Usage: "decoupled weight decay of the weights of rank ≥ 2 (nanoGPT's groups)"},
+		&cli.Float64Flag{Name: "weight-decay", Value: kit.F32(d.WeightDecay), Usage: "decoupled weight decay of the weights of rank ≥ 2 but biases (nanoGPT's groups)"},
 		&cli.Float64Flag{Name: "clip", Value: kit.F32(d.Clip), Usage: "clip the gradients' joint L2 norm to this (0: off), as torch.nn.utils.clip_grad_norm_"},
 		&cli.Uint64Flag{Name: "seed", Value: d.Seed, Usage: "seed of the initialisation, the batches and dropout"},
 		&cli.IntFlag{Name: "eval-every", Value: d.EvalEvery, Usage: "steps between validation losses (with --resume: may change)"},
 		&cli.IntFlag{Name: "eval-batches", Value: d.EvalBatches, Usage: "fixed validation batches per evaluation"},
-		&cli.StringFlag{Name: "batches-out", Usage: "FILE: also write every step's tokens and learning rate to this safetensors file (for bench/reference/gpt.py parity)"},
+		&cli.StringFlag{Name: "batches-out", Usage: "FILE: also write every step's tokens and learning rate to this safetensors file (for the PyTorch reference's parity: bench/reference/gpt.py, moe.py)"},
 	}, driver.OptimFlags("adamw", " (kfac reads the Linear layers through the graph's hook)")...)
 }
 

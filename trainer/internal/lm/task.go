@@ -112,7 +112,7 @@ func (t *task) Summary(r driver.Result, model string) string {
 }
 
 // trainer is a language model on a device (driver.Trainer, Evaluator,
-// PostStepper, DataParallel).
+// PostStepper, DataParallel, StateGatherer).
 type trainer struct {
 	t     *task
 	l     *lm
@@ -123,8 +123,12 @@ type trainer struct {
 
 func (r *trainer) Describe() string {
 	c := r.t.cfg.Model
-	return fmt.Sprintf("%s of %.2fM parameters (%d layers, %d heads, d %d, block %d, vocabulary %d)", r.t.v.Kind,
+	s := fmt.Sprintf("%s of %.2fM parameters (%d layers, %d heads, d %d, block %d, vocabulary %d)", r.t.v.Kind,
 		float64(r.l.m.NumParams(true))/1e6, c.Layers, c.Heads, c.DModel, c.Block, c.Vocab)
+	if r.t.v.Describe != nil {
+		s += "; " + r.t.v.Describe(r.l.m, c)
+	}
+	return s
 }
 
 func (r *trainer) Inputs() []*tensor.Tensor {
@@ -180,7 +184,11 @@ func (r *trainer) Metrics() driver.Metrics {
 func (r *trainer) LR(step int) float32 { return r.t.cfg.LRAt(step) }
 
 func (r *trainer) Checkpoint(int) (driver.Checkpoint, error) { return r.l.checkpoint(r.t.corpus.Tok) }
-func (r *trainer) Load(f *ckpt.File) error                   { return r.l.load(f) }
+
+// GatherState: with --shard-optimizer, every rank sends its parts of the
+// optimizer state to rank 0 for the checkpoint (driver.StateGatherer).
+func (r *trainer) GatherState() error      { return r.l.gatherState(r.e) }
+func (r *trainer) Load(f *ckpt.File) error { return r.l.load(f) }
 
 func (r *trainer) Free() {
 	r.ev.close()
@@ -206,8 +214,12 @@ func (r *trainer) Eval(ctx context.Context, _ int, elapsed time.Duration) (drive
 }
 
 // Replicas are the parameters and the optimizer state, which rank 0
-// broadcasts (the initial ones, or the checkpoint's).
+// broadcasts (the initial ones, or the checkpoint's); sharded, the
+// parameters' buckets alone (each rank loaded its parts of the state).
 func (r *trainer) Replicas() []*tensor.Tensor {
+	if r.l.z != nil {
+		return r.l.dp.ParamBuckets()
+	}
 	var ts []*tensor.Tensor
 	for _, p := range r.l.m.Params() {
 		ts = append(ts, p.Value)

@@ -1,4 +1,4 @@
-package service
+package server
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 
 	"gpukit/libgpu/ipc"
 	"gpukit/libgpu/optim"
+	"gpukit/libgpu/optim/service"
 )
 
 func body(t testing.TB, v any) []byte {
@@ -56,8 +57,8 @@ func TestDecodeRegisterTakesFloat64(t *testing.T) {
 	// The Go client's encoding (float32 settings, every field) reads the same.
 	gs := def
 	gs.LR, gs.MaxBlock = 0.25, 8
-	req2, err := DecodeRegister(body(t, RegisterRequest{Run: "r", Spec: gs, Params: []ParamRef{{Name: "w",
-		Value: TensorRef{Buffer: "b", DType: "f32", Shape: []int64{2}}, Grad: TensorRef{Buffer: "g", DType: "f32", Shape: []int64{2}}}}}))
+	req2, err := DecodeRegister(body(t, service.RegisterRequest{Run: "r", Spec: gs, Params: []service.ParamRef{{Name: "w",
+		Value: service.TensorRef{Buffer: "b", DType: "f32", Shape: []int64{2}}, Grad: service.TensorRef{Buffer: "g", DType: "f32", Shape: []int64{2}}}}}))
 	if err != nil || req2.Spec.LR != 0.25 || req2.Spec.MaxBlock != 8 || req2.Spec.Beta2 != def.Beta2 {
 		t.Fatalf("Go encoding: %+v %v", req2, err)
 	}
@@ -67,7 +68,7 @@ func TestDecodeRegisterTakesFloat64(t *testing.T) {
 	}
 	// The Go client's step bodies (the fast path) read the same.
 	for _, lr := range []float32{0, 0.25, 3e-4} {
-		b, _ := ipc.MarshalBody(StepRequest{LR: lr})
+		b, _ := ipc.MarshalBody(service.StepRequest{LR: lr})
 		if st, err := DecodeStep(b); err != nil || st.LR != lr {
 			t.Fatalf("Go step body lr %v: %+v %v", lr, st, err)
 		}
@@ -108,7 +109,7 @@ func TestDecodeRegisterOverflow(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 			continue
 		}
-		if !errors.Is(err, ErrTensor) && !errors.Is(err, ipc.ErrBadRequest) && !errors.Is(err, ipc.ErrMalformed) {
+		if !errors.Is(err, service.ErrTensor) && !errors.Is(err, ipc.ErrBadRequest) && !errors.Is(err, ipc.ErrMalformed) {
 			t.Errorf("%s: %v is not bad_tensor, bad_request or malformed", name, err)
 		}
 		if !strings.Contains(err.Error(), "params[0].") {
@@ -146,7 +147,7 @@ func TestDecodeRegisterNamesFields(t *testing.T) {
 		{"spec.async", ipc.ErrMalformed, spec("async", 1)},
 		{"spec.max_block", ipc.ErrBadRequest, spec("max_block", uint64(1)<<40)},
 		{"run", ipc.ErrBadRequest, func(m map[string]any) { m["run"] = "" }},
-		{"run", ipc.ErrBadRequest, func(m map[string]any) { m["run"] = strings.Repeat("r", MaxNameLen+1) }},
+		{"run", ipc.ErrBadRequest, func(m map[string]any) { m["run"] = strings.Repeat("r", service.MaxNameLen+1) }},
 		{"run", ipc.ErrBadRequest, func(m map[string]any) { m["run"] = "a\nb" }},
 		{"params[0].name", ipc.ErrBadRequest, func(m map[string]any) { m["params"].([]any)[0].(map[string]any)["name"] = "" }},
 		{"params[0].value", ipc.ErrMalformed, func(m map[string]any) { m["params"].([]any)[0].(map[string]any)["value"] = "v" }},
@@ -196,15 +197,15 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if req.Run == "" || len(req.Run) > MaxNameLen {
+		if req.Run == "" || len(req.Run) > service.MaxNameLen {
 			t.Fatalf("run %q accepted", req.Run)
 		}
 		if err := req.Spec.Check(); err != nil {
 			t.Fatalf("spec accepted: %v", err)
 		}
-		check := func(r TensorRef) {
-			off, n, err := r.span("t")
-			if err != nil || off < 0 || n < 0 || off > MaxTensorBytes || n > MaxTensorBytes {
+		check := func(r service.TensorRef) {
+			_, off, n, err := r.Check("t")
+			if err != nil || off < 0 || n < 0 || off > service.MaxTensorBytes || n > service.MaxTensorBytes {
 				t.Fatalf("tensor %+v accepted: %d %d %v", r, off, n, err)
 			}
 		}
@@ -224,4 +225,29 @@ func FuzzDecode(f *testing.F) {
 			check(*req.LRScale)
 		}
 	})
+}
+
+// TestDecodeRegisterEvent: the interprocess event handle the Go client
+// sends (64 bytes as msgpack bin, on a GPU) reaches the request intact. On
+// a GPU machine every register carries one; the host's carry none, which
+// is how a decoder that refused bin (DecodeInterfaceLoose turns bin into a
+// string) passed every host test and failed every GPU register.
+func TestDecodeRegisterEvent(t *testing.T) {
+	ev := make([]byte, 64)
+	for i := range ev {
+		ev[i] = byte(255 - i)
+	}
+	def, _ := optim.Defaults("adamw")
+	b, err := ipc.MarshalBody(service.RegisterRequest{Run: "r", Spec: def, Event: ev, Params: []service.ParamRef{{Name: "w",
+		Value: service.TensorRef{Buffer: "b", DType: "f32", Shape: []int64{2}}, Grad: service.TensorRef{Buffer: "g", DType: "f32", Shape: []int64{2}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := DecodeRegister(b)
+	if err != nil {
+		t.Fatalf("register with an event: %v", err)
+	}
+	if string(req.Event) != string(ev) {
+		t.Fatalf("event % x, sent % x", req.Event, ev)
+	}
 }

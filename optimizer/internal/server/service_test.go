@@ -1,4 +1,4 @@
-package service_test
+package server_test
 
 import (
 	"errors"
@@ -19,6 +19,7 @@ import (
 	"gpukit/libgpu/optim"
 	"gpukit/libgpu/optim/service"
 	"gpukit/libgpu/tensor"
+	"gpukit/optimizer/internal/server"
 )
 
 // memory is an in-process stand-in for the pool (both sides of the
@@ -103,7 +104,7 @@ func (m *memory) Handover() (*os.File, error) {
 // pool does at the end of a connection.
 func (m *memory) Path() string { return "test" }
 
-func (m *memory) Adopt(fd int, _ ipc.Cred) (service.Memory, error) {
+func (m *memory) Adopt(fd int, _ ipc.Cred) (server.Memory, error) {
 	unix.Close(fd)
 	return &runMemory{memory: m, held: map[*device.Buffer]bool{}}, nil
 }
@@ -153,7 +154,7 @@ func serve(t *testing.T, mem *memory) (string, *ipc.Server) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &ipc.Server{Handler: &service.Server{Pool: mem, Admission: ipc.Admission{Self: uint32(os.Geteuid())}}}
+	srv := &ipc.Server{Handler: &server.Server{Pool: mem, Admission: ipc.Admission{Self: uint32(os.Geteuid())}}}
 	go srv.Serve(l)
 	t.Cleanup(srv.Shutdown)
 	return path, srv

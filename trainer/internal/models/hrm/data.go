@@ -1,4 +1,4 @@
-package app
+package hrm
 
 import (
 	"context"
@@ -18,7 +18,9 @@ import (
 	"gpukit/libgpu/data/sudoku"
 )
 
-// dataCommand is `trainer data`: datasets made for models to train on.
+// dataCommand is `trainer data`: the Sudoku sets --model hrm trains on
+// and the replay files of bench/reference/hrm.py parity. (A command of
+// another model named data would add its subcommands beside these.)
 func dataCommand() *cli.Command {
 	return &cli.Command{
 		Name:        "data",
@@ -26,11 +28,6 @@ func dataCommand() *cli.Command {
 		Subcommands: []*cli.Command{dataSudokuCommand(), dataReplayCommand()},
 	}
 }
-
-const (
-	sudokuTrainFile = "train.safetensors"
-	sudokuTestFile  = "test.safetensors"
-)
 
 func dataSudokuCommand() *cli.Command {
 	return &cli.Command{
@@ -51,7 +48,7 @@ func dataSudokuCommand() *cli.Command {
 			&cli.StringFlag{Name: "difficulty", Value: "expert", Usage: "qqwing difficulty: " + strings.Join(sudoku.Difficulties, "|")},
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of qqwing's clocks, the CSV sample and the split"},
 			&cli.StringFlag{Name: "from-csv", Usage: "draw the puzzles from this Sudoku-Extreme CSV file instead of qqwing"},
-			&cli.IntFlag{Name: "jobs", Usage: "qqwing processes at once (default: the number of CPUs; never changes the puzzles)"},
+			&cli.IntFlag{Name: "jobs", DefaultText: "the number of CPUs", Usage: "qqwing processes at once (never changes the puzzles)"},
 			kit.ForceFlag(),
 		},
 		Action: func(c *cli.Context) error {
@@ -74,7 +71,7 @@ func dataSudokuCommand() *cli.Command {
 				return kit.Usagef("--jobs %d: want ≥ 0", cfg.Jobs)
 			}
 			out := c.String("out")
-			if err := kit.CheckOut(c, "out", out, sudokuTrainFile, sudokuTestFile); err != nil {
+			if err := kit.CheckOut(c, "out", out, TrainFile, TestFile); err != nil {
 				return err
 			}
 			if cfg.CSV == "" {
@@ -120,7 +117,7 @@ func writeSudoku(c *cli.Context, out string, cfg sudoku.BuildConfig) error {
 	for _, f := range []struct {
 		name string
 		set  *sudoku.Set
-	}{{sudokuTrainFile, train}, {sudokuTestFile, test}} {
+	}{{TrainFile, train}, {TestFile, test}} {
 		if err := sudoku.Save(filepath.Join(out, f.name), f.set); err != nil {
 			return err
 		}

@@ -1,4 +1,4 @@
-package service
+package server
 
 import (
 	"bytes"
@@ -13,8 +13,8 @@ import (
 
 	"gpukit/libgpu/ipc"
 	"gpukit/libgpu/optim"
+	"gpukit/libgpu/optim/service"
 	"gpukit/libgpu/pool"
-	"gpukit/libgpu/tensor"
 )
 
 // The server's decoding of request bodies (the client encodes with
@@ -26,24 +26,6 @@ import (
 // ("params[2].value.shape[1]"). Unknown keys are ignored; an absent or nil
 // key takes its default. Everything that sizes memory is checked with
 // overflow-safe arithmetic before it is used.
-
-// Limits of a request (PROTOCOL.md, "Limits").
-const (
-	// MaxNameLen is the longest run or parameter name in bytes (a state
-	// buffer is named "<run>/optim/<param>.<state>", which must fit the
-	// pool's 255 bytes).
-	MaxNameLen = 100
-	// MaxDims is the most dimensions of a tensor (the pool's).
-	MaxDims = pool.MaxDims
-	// MaxTensorBytes is the most bytes one tensor reference may span (the
-	// pool's largest buffer, 1 TiB).
-	MaxTensorBytes = 1 << 40
-	// TensorAlign is the alignment of a tensor's byte offset in its
-	// buffer: the pool's (cuBLASLt assumes 256-byte aligned pointers; a
-	// misaligned one could fail in a way that ends the service's CUDA
-	// context).
-	TensorAlign = 256
-)
 
 // field is a decoded msgpack value and where it sits in the request.
 type field struct {
@@ -124,7 +106,7 @@ func (f field) str(maxLen int) (string, error) {
 // control characters, no "/" in a parameter name's path segments that are
 // empty, "." or "..".
 func (f field) name() (string, error) {
-	s, err := f.str(MaxNameLen)
+	s, err := f.str(service.MaxNameLen)
 	if err != nil {
 		return "", err
 	}
@@ -233,6 +215,11 @@ func (f field) bin() ([]byte, error) {
 		return nil, nil
 	case []byte:
 		return x, nil
+	case string:
+		// DecodeInterfaceLoose (decodeBody) turns msgpack bin into a
+		// string, so a bin arrives here as one; a str is taken the same
+		// way (its bytes).
+		return []byte(x), nil
 	}
 	return nil, f.typeErr("a bin")
 }
@@ -265,12 +252,12 @@ func decodeBody(body []byte) (field, error) {
 // Errors wrap ipc.ErrMalformed (wrong types), ipc.ErrBadRequest (values
 // out of range) or optim.ErrConfig (an unknown optimizer), and name the
 // field.
-func DecodeRegister(body []byte) (*RegisterRequest, error) {
+func DecodeRegister(body []byte) (*service.RegisterRequest, error) {
 	f, err := decodeBody(body)
 	if err != nil {
 		return nil, err
 	}
-	req := &RegisterRequest{}
+	req := &service.RegisterRequest{}
 	if req.Run, err = f.at("run").name(); err != nil {
 		return nil, err
 	}
@@ -286,7 +273,7 @@ func DecodeRegister(body []byte) (*RegisterRequest, error) {
 		if !pf.isMap() {
 			return nil, pf.typeErr("a map")
 		}
-		var p ParamRef
+		var p service.ParamRef
 		if p.Name, err = pf.at("name").name(); err != nil {
 			return nil, err
 		}
@@ -307,7 +294,7 @@ func DecodeRegister(body []byte) (*RegisterRequest, error) {
 		if !lf.isMap() {
 			return nil, lf.typeErr("a map")
 		}
-		var l LayerRef
+		var l service.LayerRef
 		if l.Weight, err = lf.at("weight").name(); err != nil {
 			return nil, err
 		}
@@ -318,7 +305,7 @@ func DecodeRegister(body []byte) (*RegisterRequest, error) {
 		}
 		for _, x := range []struct {
 			key string
-			dst **TensorRef
+			dst **service.TensorRef
 		}{{"input", &l.Input}, {"out_grad", &l.OutGrad}} {
 			if tf := lf.at(x.key); !tf.absent() {
 				t, err := decodeTensor(tf)
@@ -332,6 +319,9 @@ func DecodeRegister(body []byte) (*RegisterRequest, error) {
 	}
 	if req.Event, err = f.at("event").bin(); err != nil {
 		return nil, err
+	}
+	if n := len(req.Event); n != 0 && n != service.EventHandleSize {
+		return nil, fmt.Errorf("%w: event: want %d bytes (a CUDA interprocess event handle), got %d", ipc.ErrMalformed, service.EventHandleSize, n)
 	}
 	if sf := f.at("lr_scale"); !sf.absent() {
 		t, err := decodeTensor(sf)
@@ -348,8 +338,8 @@ func DecodeRegister(body []byte) (*RegisterRequest, error) {
 // dimensions, none negative, an element count and byte span (offset
 // included) that do not overflow and are at most MaxTensorBytes, and an
 // aligned offset.
-func decodeTensor(f field) (TensorRef, error) {
-	var r TensorRef
+func decodeTensor(f field) (service.TensorRef, error) {
+	var r service.TensorRef
 	if !f.isMap() {
 		return r, f.typeErr("a tensor map {buffer, offset, dtype, shape}")
 	}
@@ -372,8 +362,8 @@ func decodeTensor(f field) (TensorRef, error) {
 	if err != nil {
 		return r, err
 	}
-	if len(shape) > MaxDims {
-		return r, f.at("shape").errf("%d dimensions (at most %d)", len(shape), MaxDims)
+	if len(shape) > service.MaxDims {
+		return r, f.at("shape").errf("%d dimensions (at most %d)", len(shape), service.MaxDims)
 	}
 	for i := range shape {
 		d, _, err := f.at("shape").index(i).int64(math.MinInt64, math.MaxInt64)
@@ -382,7 +372,7 @@ func decodeTensor(f field) (TensorRef, error) {
 		}
 		r.Shape = append(r.Shape, d)
 	}
-	if _, _, err := r.span(f.path); err != nil {
+	if _, _, _, err := r.Check(f.path); err != nil {
 		return r, err
 	}
 	return r, nil
@@ -392,42 +382,9 @@ func decodeTensor(f field) (TensorRef, error) {
 // fraction) an ErrTensor; a wrong type stays malformed.
 func asTensor(err error) error {
 	if errors.Is(err, ipc.ErrBadRequest) {
-		return fmt.Errorf("%w: %s", ErrTensor, strings.TrimPrefix(err.Error(), ipc.ErrBadRequest.Error()+": "))
+		return fmt.Errorf("%w: %s", service.ErrTensor, strings.TrimPrefix(err.Error(), ipc.ErrBadRequest.Error()+": "))
 	}
 	return err
-}
-
-// span checks r's dtype, shape and offset and returns the byte offset and
-// byte count it covers, with every product checked against MaxTensorBytes
-// before it is formed (so a shape of [2^32, 2^32] or an offset of 2^62
-// cannot wrap around). Errors wrap ErrTensor and name where (path).
-func (r TensorRef) span(path string) (off, n int64, err error) {
-	dt, derr := tensor.ParseDType(r.DType)
-	if derr != nil {
-		return 0, 0, fmt.Errorf("%w: %s.dtype: %v", ErrTensor, path, derr)
-	}
-	if len(r.Shape) > MaxDims {
-		return 0, 0, fmt.Errorf("%w: %s.shape: %d dimensions (at most %d)", ErrTensor, path, len(r.Shape), MaxDims)
-	}
-	size := int64(dt.Size())
-	elems := int64(1)
-	for i, d := range r.Shape {
-		if d < 0 || d > MaxTensorBytes {
-			return 0, 0, fmt.Errorf("%w: %s.shape[%d]: %d is out of range (0 to %d)", ErrTensor, path, i, d, int64(MaxTensorBytes))
-		}
-		if d != 0 && elems > MaxTensorBytes/size/d {
-			return 0, 0, fmt.Errorf("%w: %s.shape %v: more than %d bytes of %s", ErrTensor, path, r.Shape, int64(MaxTensorBytes), dt)
-		}
-		elems *= d
-	}
-	if r.Offset < 0 || r.Offset > MaxTensorBytes/size {
-		return 0, 0, fmt.Errorf("%w: %s.offset: %d elements is out of range", ErrTensor, path, r.Offset)
-	}
-	off, n = r.Offset*size, elems*size
-	if off%TensorAlign != 0 {
-		return 0, 0, fmt.Errorf("%w: %s.offset: element %d of %s is byte %d, not a multiple of %d", ErrTensor, path, r.Offset, dt, off, TensorAlign)
-	}
-	return off, n, nil
 }
 
 // decodeSpec reads an optimizer's settings: name first, then every key
@@ -484,7 +441,7 @@ func decodeSpec(f field) (optim.Spec, error) {
 	if subs != nil {
 		s.Exclude = []string{}
 		for i := range subs {
-			v, err := ex.index(i).str(MaxNameLen)
+			v, err := ex.index(i).str(service.MaxNameLen)
 			if err != nil {
 				return s, err
 			}
@@ -499,15 +456,15 @@ func decodeSpec(f field) (optim.Spec, error) {
 
 // DecodeStep reads a step body: lr, when given and not 0, a finite number
 // of float32's range that is not negative.
-func DecodeStep(body []byte) (StepRequest, error) {
+func DecodeStep(body []byte) (service.StepRequest, error) {
 	if r, ok := parseStep(body); ok {
 		return r, nil
 	}
 	f, err := decodeBody(body)
 	if err != nil {
-		return StepRequest{}, err
+		return service.StepRequest{}, err
 	}
-	var r StepRequest
+	var r service.StepRequest
 	lr := f.at("lr")
 	if err := lr.float32(&r.LR); err != nil {
 		return r, err
@@ -521,15 +478,15 @@ func DecodeStep(body []byte) (StepRequest, error) {
 // parseStep reads the step bodies the Go client sends — none, {} or
 // {lr: float32} — without allocating (a step is the hot path); anything
 // else is left to DecodeStep's general reading (ok false).
-func parseStep(b []byte) (StepRequest, bool) {
+func parseStep(b []byte) (service.StepRequest, bool) {
 	switch {
 	case len(b) == 0 || (len(b) == 1 && b[0] == 0x80):
-		return StepRequest{}, true
+		return service.StepRequest{}, true
 	case len(b) == 9 && b[0] == 0x81 && b[1] == 0xa2 && b[2] == 'l' && b[3] == 'r' && b[4] == 0xca:
 		lr := math.Float32frombits(uint32(b[5])<<24 | uint32(b[6])<<16 | uint32(b[7])<<8 | uint32(b[8]))
 		if lr >= 0 && !math.IsInf(float64(lr), 0) { // NaN fails the first test
-			return StepRequest{LR: lr}, true
+			return service.StepRequest{LR: lr}, true
 		}
 	}
-	return StepRequest{}, false
+	return service.StepRequest{}, false
 }

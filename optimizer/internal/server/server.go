@@ -1,4 +1,4 @@
-package service
+package server
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"gpukit/libgpu/nn"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/optim"
+	"gpukit/libgpu/optim/service"
 	"gpukit/libgpu/pool"
 	"gpukit/libgpu/tensor"
 )
@@ -151,61 +152,61 @@ type session struct {
 	e      *ops.Engine
 	opt    optim.Optimizer
 	opened map[string]*device.Buffer
-	peer   *ipcEvent // the client's: its gradients are written
-	own    *ipcEvent // ours: the step's updates are queued before it
+	peer   *service.Event // the client's: its gradients are written
+	own    *service.Event // ours: the step's updates are queued before it
 }
 
 // Handle implements ipc.Session.
 func (ss *session) Handle(_ context.Context, m *ipc.Message, fds []int) (any, []int, error) {
 	switch m.Op {
-	case OpHello:
+	case service.OpHello:
 		backend := "host"
 		if ss.s.Pool.Device().Kind() == device.KindCUDA {
 			backend = "cuda"
 		}
-		return HelloReply{Server: "optimizer", PID: os.Getpid(), Backend: backend, Pool: ss.s.Pool.Path(), UID: ss.cred.UID}, nil, nil
-	case OpRegister:
+		return service.HelloReply{Server: "optimizer", PID: os.Getpid(), Backend: backend, Pool: ss.s.Pool.Path(), UID: ss.cred.UID}, nil, nil
+	case service.OpRegister:
 		req, err := DecodeRegister(m.Body)
 		if err != nil {
 			return nil, nil, err
 		}
 		r, err := ss.register(req, fds)
 		return r, nil, err
-	case OpStats:
+	case service.OpStats:
 		return ss.stats(), nil, nil
 	}
 	if ss.opt == nil {
-		if m.Op == OpStep || m.Op == OpReset || m.Op == OpClose {
-			return nil, nil, ErrNotRegistered
+		if m.Op == service.OpStep || m.Op == service.OpReset || m.Op == service.OpClose {
+			return nil, nil, service.ErrNotRegistered
 		}
 		return nil, nil, fmt.Errorf("%w: %q", ipc.ErrUnknownOp, m.Op)
 	}
 	switch m.Op {
-	case OpStep:
+	case service.OpStep:
 		req, err := DecodeStep(m.Body)
 		if err != nil {
 			return nil, nil, err
 		}
 		return ss.step(req)
-	case OpReset:
-		if err := ss.peer.wait(ss.e); err != nil {
+	case service.OpReset:
+		if err := ss.peer.Wait(ss.e); err != nil {
 			return nil, nil, err
 		}
 		if err := ss.opt.Reset(ss.e); err != nil {
 			return nil, nil, err
 		}
-		return nil, nil, ss.own.record(ss.e)
-	case OpClose:
+		return nil, nil, ss.own.Record(ss.e)
+	case service.OpClose:
 		ss.release()
 		return nil, nil, nil
 	}
 	return nil, nil, fmt.Errorf("%w: %q", ipc.ErrUnknownOp, m.Op)
 }
 
-func (ss *session) stats() StatsReply {
+func (ss *session) stats() service.StatsReply {
 	s := ss.s
 	s.mu.Lock()
-	r := StatsReply{Steps: -1, Run: ss.key.name, MaxRunBytes: s.MaxRunBytes, Runs: len(s.runs), Conns: s.conns,
+	r := service.StatsReply{Steps: -1, Run: ss.key.name, MaxRunBytes: s.MaxRunBytes, Runs: len(s.runs), Conns: s.conns,
 		MaxConns: s.MaxConns, FDLimit: ipc.FDLimit(), MaxMessage: ipc.MaxMessage, MaxOrder: optim.MaxOrder}
 	if ss.acct != nil {
 		r.RunBytes = ss.acct.used()
@@ -226,20 +227,20 @@ func (ss *session) stats() StatsReply {
 // step runs one step: the engine's stream waits for the client's
 // gradients, the optimizer's work is queued, and the service's event is
 // recorded behind it; the reply goes as soon as it is queued.
-func (ss *session) step(req StepRequest) (any, []int, error) {
+func (ss *session) step(req service.StepRequest) (any, []int, error) {
 	if req.LR > 0 {
 		ss.opt.SetLR(req.LR)
 	}
-	if err := ss.peer.wait(ss.e); err != nil {
+	if err := ss.peer.Wait(ss.e); err != nil {
 		return nil, nil, err
 	}
 	if err := ss.opt.Step(ss.e); err != nil {
 		return nil, nil, err
 	}
-	if err := ss.own.record(ss.e); err != nil {
+	if err := ss.own.Record(ss.e); err != nil {
 		return nil, nil, err
 	}
-	r := StepReply{Step: -1}
+	r := service.StepReply{Step: -1}
 	if st, ok := ss.opt.(optim.Stepper); ok {
 		r.Step = st.Steps()
 	}
@@ -260,7 +261,7 @@ func (ss *session) open(name string) (*device.Buffer, error) {
 		}
 		// The pool's reason, not its code: a client is told which of
 		// its references is bad (optimizer.bad_tensor).
-		return nil, fmt.Errorf("%w: buffer %q: %v", ErrTensor, name, err)
+		return nil, fmt.Errorf("%w: buffer %q: %v", service.ErrTensor, name, err)
 	}
 	ss.opened[name] = b
 	return b, nil
@@ -268,8 +269,8 @@ func (ss *session) open(name string) (*device.Buffer, error) {
 
 // tensor is the tensor r names, checked against its buffer; where names r
 // in the request (for errors).
-func (ss *session) tensor(r TensorRef, where string) (*tensor.Tensor, error) {
-	shape, off, n, err := r.shape(where)
+func (ss *session) tensor(r service.TensorRef, where string) (*tensor.Tensor, error) {
+	shape, off, n, err := r.Check(where)
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +279,7 @@ func (ss *session) tensor(r TensorRef, where string) (*tensor.Tensor, error) {
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
 	if size := b.Size(); off > size || n > size-off {
-		return nil, fmt.Errorf("%w: %s: %s %v at element %d does not fit buffer %q (%d bytes)", ErrTensor, where, r.DType, r.Shape, r.Offset, r.Buffer, size)
+		return nil, fmt.Errorf("%w: %s: %s %v at element %d does not fit buffer %q (%d bytes)", service.ErrTensor, where, r.DType, r.Shape, r.Offset, r.Buffer, size)
 	}
 	dt, _ := tensor.ParseDType(r.DType)
 	return &tensor.Tensor{Buf: b, DType: dt, Shape: shape, Strides: tensor.RowMajor(shape), Offset: int(r.Offset)}, nil
@@ -298,7 +299,7 @@ func (ss *session) claim(name string) (*account, error) {
 	holder := s.runs[key]
 	if holder != nil && !holder.conn.HungUp() {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("%w: run %q is registered by another connection of uid %d", ErrRunInUse, name, key.uid)
+		return nil, fmt.Errorf("%w: run %q is registered by another connection of uid %d", service.ErrRunInUse, name, key.uid)
 	}
 	var revoked *account
 	if holder != nil {
@@ -322,9 +323,9 @@ func (ss *session) claim(name string) (*account, error) {
 // register builds the run. fds must hold one connection to the pool,
 // made by the client, through which everything the run does in the pool
 // is done.
-func (ss *session) register(req *RegisterRequest, fds []int) (_ *RegisterReply, err error) {
+func (ss *session) register(req *service.RegisterRequest, fds []int) (_ *service.RegisterReply, err error) {
 	if ss.opt != nil || ss.mem != nil {
-		return nil, ErrRegistered
+		return nil, service.ErrRegistered
 	}
 	if len(fds) != 1 {
 		return nil, fmt.Errorf("%w: register carries %d fds; it needs one: a connection to the pool (%s) the client made, unused", ipc.ErrBadRequest, len(fds), ss.s.Pool.Path())
@@ -381,14 +382,14 @@ func (ss *session) register(req *RegisterRequest, fds []int) (_ *RegisterReply, 
 		}
 		layers = append(layers, k)
 	}
-	reply := &RegisterReply{}
+	reply := &service.RegisterReply{}
 	var scale *tensor.Tensor
 	if req.LRScale != nil {
 		if scale, err = ss.tensor(*req.LRScale, "lr_scale"); err != nil {
 			return nil, err
 		}
 		if scale.DType != tensor.F32 || scale.Numel() != 1 {
-			return nil, fmt.Errorf("%w: lr_scale is %v %v, want one f32", ErrTensor, scale.DType, scale.Shape)
+			return nil, fmt.Errorf("%w: lr_scale is %v %v, want one f32", service.ErrTensor, scale.DType, scale.Shape)
 		}
 	}
 	if ss.opt, err = optim.New(acct, req.Run, params, layers, req.Spec); err != nil {
@@ -398,17 +399,17 @@ func (ss *session) register(req *RegisterRequest, fds []int) (_ *RegisterReply, 
 		o.SetLRScale(scale)
 		reply.LRScale = true
 	}
-	if ss.peer, err = openIPCEvent(ss.e, req.Event); err != nil {
+	if ss.peer, err = service.OpenEvent(ss.e, req.Event); err != nil {
 		return nil, err
 	}
 	if ss.e.Stream() != 0 && ss.peer == nil {
 		return nil, fmt.Errorf("%w: event: a CUDA client must send its event", ipc.ErrBadRequest)
 	}
-	if ss.own, reply.Event, err = newIPCEvent(ss.e); err != nil {
+	if ss.own, reply.Event, err = service.NewEvent(ss.e); err != nil {
 		return nil, err
 	}
 	for _, p := range ss.opt.State() {
-		reply.State = append(reply.State, StateRef{Name: p.Name, Tensor: ref(optim.BufferName(req.Run, p.Name), p.Value)})
+		reply.State = append(reply.State, service.StateRef{Name: p.Name, Tensor: service.Ref(optim.BufferName(req.Run, p.Name), p.Value)})
 	}
 	s.logf("optimizer: run %q of uid %d: %s over %d parameters, %d bytes of state", req.Run, ss.cred.UID, req.Spec.Name, len(params), acct.used())
 	return reply, nil
@@ -437,7 +438,7 @@ func (ss *session) release() {
 		ss.opt = nil
 	}
 	if ss.e != nil {
-		errs = append(errs, ss.peer.close(ss.e), ss.own.close(ss.e))
+		errs = append(errs, ss.peer.Close(ss.e), ss.own.Close(ss.e))
 		ss.peer, ss.own = nil, nil
 		errs = append(errs, ss.e.Close())
 		ss.e = nil

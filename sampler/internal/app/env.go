@@ -1,0 +1,93 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	kit "gpukit/libgpu/cli"
+	"gpukit/libgpu/cli/devflag"
+	"gpukit/libgpu/device"
+	"gpukit/libgpu/ops"
+	"gpukit/libgpu/pool"
+	"gpukit/libgpu/tensor"
+	"gpukit/sampler/internal/sample"
+)
+
+// env is what every subcommand sets up: the allocator, engine and model.
+type env struct {
+	a     device.Allocator
+	e     *ops.Engine
+	m     *sample.Model
+	cast  tensor.DType
+	graph bool
+	close []func()
+}
+
+func (v *env) Close() {
+	for i := len(v.close) - 1; i >= 0; i-- {
+		v.close[i]()
+	}
+}
+
+// setup reads the device, model and precision flags (--device, --pool,
+// --graph and --precision: libgpu/cli/devflag).
+func setup(c *cli.Context) (*env, error) {
+	if err := kit.NoArgs(c); err != nil {
+		return nil, err
+	}
+	graph, err := devflag.GraphOn(c)
+	if err != nil {
+		return nil, err
+	}
+	prec, err := devflag.PrecisionOf(c)
+	if err != nil {
+		return nil, err
+	}
+	ckpt, weights, sock := c.String("ckpt"), c.String("weights"), c.String("pool")
+	switch {
+	case ckpt == "" && weights == "":
+		return nil, kit.Usagef("--ckpt FILE or --pool SOCK --weights PREFIX is required")
+	case ckpt != "" && weights != "":
+		return nil, kit.Usagef("--ckpt and --weights are two sources of weights; give one")
+	case weights != "" && sock == "":
+		return nil, kit.Usagef("--weights names a snapshot in the pool: give --pool SOCK too")
+	}
+	v := &env{graph: graph}
+	ok := false
+	defer func() {
+		if !ok {
+			v.Close()
+		}
+	}()
+	a, closeFn, err := devflag.Open(c)
+	if err != nil {
+		return nil, err
+	}
+	v.close = append(v.close, closeFn)
+	v.a = a
+	pc, _ := a.(*pool.Client) // with --pool: where --weights are read
+	if v.e, err = ops.NewEngine(v.a.Device(), ops.Options{Precision: prec}); err != nil {
+		return nil, err
+	}
+	v.close = append(v.close, func() { v.e.Close() })
+	v.cast = tensor.F32
+	if prec == ops.PrecBF16 && v.e.IsGraphCapable() {
+		v.cast = tensor.BF16
+	}
+	if weights != "" {
+		v.m, err = sample.LoadSnapshot(pc, weights, c.Duration("wait"))
+	} else {
+		v.m, err = sample.LoadCheckpoint(v.a, ckpt, c.Bool("raw-weights"))
+	}
+	if err != nil {
+		if errors.Is(err, sample.ErrUsage) {
+			return nil, fmt.Errorf("%w: %w", kit.ErrUsage, err)
+		}
+		return nil, err
+	}
+	v.close = append(v.close, func() { v.m.Free() })
+	ok = true
+	return v, nil
+}

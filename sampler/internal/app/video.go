@@ -1,0 +1,122 @@
+package app
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	kit "gpukit/libgpu/cli"
+	"gpukit/sampler/internal/sample"
+)
+
+// videoCommand is `sampler video`: frames into an animated GIF.
+func videoCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "video",
+		Usage: "sample a sequence of frames, each from the previous re-noised and blended, into an animated GIF",
+		Description: "Frame 0 is sampled from noise with --first-steps steps; every later frame starts from the previous\n" +
+			"one re-noised to --strength (a fraction of the T timesteps) and is denoised in --steps steps, its\n" +
+			"predicted x0 blended with the previous frame by --blend inside the fused step (temporal blending).\n" +
+			"--class all morphs through the classes (frame f gets class f·10/frames). Writes an animated GIF\n" +
+			"(--out, played at --fps) and, with --frames-dir, one PNG per frame. JSON lines: one per frame\n" +
+			"{frame, class, gpu_ms, wall_ms} and a summary {frames, frames_per_s, frame_ms (median), out}.\n" +
+			"One image per frame: the latency of a frame is that of a batch-1 guided sampling loop.",
+		Flags: append(append(modelFlags(), planFlags()...),
+			classFlag,
+			kit.IntAtLeast(&cli.IntFlag{Name: "frames", Value: 40, Usage: "frames"}, 1),
+			kit.FloatWhere(&cli.Float64Flag{Name: "fps", Value: 10, Usage: "GIF frames per second (0 < fps ≤ 100)"},
+				"want 0 < fps ≤ 100", func(v float64) bool { return v > 0 && v <= 100 }),
+			kit.FloatWhere(&cli.Float64Flag{Name: "strength", Value: 0.5, Usage: "noise level each frame restarts from (0 < T ≤ 1)"},
+				"want 0 < T ≤ 1", func(v float64) bool { return v > 0 && v <= 1 }),
+			kit.FloatWhere(&cli.Float64Flag{Name: "blend", Value: 0.2, Usage: "weight of the previous frame in each step's predicted x0 (0 ≤ W < 1)"},
+				"want 0 ≤ W < 1", func(v float64) bool { return v >= 0 && v < 1 }),
+			kit.IntAtLeast(&cli.IntFlag{Name: "first-steps", Value: 20, Usage: "steps of the first frame"}, 1),
+			&cli.StringFlag{Name: "out", Usage: "(required) the animated GIF"},
+			&cli.StringFlag{Name: "frames-dir", Usage: "also write frame_NNNN.png files here"},
+			kit.ForceFlag(),
+		),
+		Action: func(c *cli.Context) error {
+			po, err := outAndPlan(c)
+			if err != nil {
+				return err
+			}
+			fps := c.Float64("fps") // --fps, --strength and --blend are checked as they are parsed
+			if !c.IsSet("steps") {
+				po.Steps = 4
+			}
+			first := po
+			first.Steps = c.Int("first-steps")
+			next := po
+			next.Strength, next.Blend = c.Float64("strength"), c.Float64("blend")
+			dir := c.String("frames-dir")
+			if err := checkOutFile(c, "frames-dir"); err != nil {
+				return err
+			}
+			v, err := setup(c)
+			if err != nil {
+				return err
+			}
+			defer v.Close()
+			cfg := v.m.Config.UNet
+			class, err := parseClass(c, cfg.Classes)
+			if err != nil {
+				return err
+			}
+			frames := c.Int("frames")
+			// Every frame is kept for the GIF (one byte a pixel) and passes
+			// through f32 once.
+			if err := checkMemory("frames", int64(frames), 5*int64(cfg.Size*cfg.Size*cfg.InChannels)); err != nil {
+				return err
+			}
+			if dir != "" {
+				// Made now, after every check, so a refused command leaves no directory.
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					return err
+				}
+			}
+			bar := newBar(c, "video", first.Steps+(frames-1)*po.Steps)
+			defer bar.Done()
+			anim := sample.NewAnimation(fps)
+			var times []float64
+			start := time.Now()
+			err = sample.Video(v.m, sample.VideoOptions{Engine: v.e, Alloc: v.a, First: first, Next: next, Frames: frames,
+				Class: class, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast, OnStep: func() { bar.Add(1) },
+				OnFrame: func(f int, cl int32, img []float32, st sample.BatchStat) error {
+					g := sample.Gray(img, 0, cfg.Size)
+					anim.Add(g)
+					if dir != "" {
+						if err := sample.WritePNG(sample.FramePath(dir, f), g); err != nil {
+							return err
+						}
+					}
+					ms := st.WallMS
+					if st.GPUMS > 0 {
+						ms = float64(st.GPUMS)
+					}
+					if f > 0 {
+						times = append(times, ms)
+					}
+					return kit.JSONLine(c.App.Writer, map[string]any{"frame": f, "class": cl, "gpu_ms": round(float64(st.GPUMS), 3), "wall_ms": round(st.WallMS, 3)})
+				}})
+			if err != nil {
+				return usageErr(err)
+			}
+			bar.Done()
+			if err := anim.Write(c.String("out")); err != nil {
+				return err
+			}
+			elapsed := time.Since(start).Seconds()
+			med := median(times)
+			if err := kit.JSONLine(c.App.Writer, map[string]any{"frames": anim.Frames(), "frames_per_s": round(float64(anim.Frames())/elapsed, 2),
+				"frame_ms": round(med, 3), "steps": po.Steps, "strength": next.Strength, "blend": next.Blend, "out": c.String("out"),
+				"source": v.m.Source}); err != nil {
+				return err
+			}
+			fmt.Fprintf(c.App.ErrWriter, "sampler: %d frames (%d steps each after the first; median %.2f ms a frame) on %v; wrote %s\n",
+				anim.Frames(), po.Steps, med, v.a.Device(), c.String("out"))
+			return nil
+		},
+	}
+}
