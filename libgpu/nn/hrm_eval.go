@@ -39,7 +39,7 @@ type HRMEval struct {
 	done, used         *tensor.Tensor // i32 [B]
 	seg, cond          *tensor.Tensor // i32 [1]
 	halting            bool
-	warm               bool                  // a batch ran eagerly (kernels compiled)
+	warm               bool                   // a batch ran eagerly (kernels compiled)
 	graphs             [2]*exec.CapturedGraph // Capture's, by halting (Graph)
 	hInit, lInit, ones *tensor.Tensor
 	owned              owned
