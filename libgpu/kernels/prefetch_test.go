@@ -134,6 +134,10 @@ func TestPrefetcherRunsWorkersAtOnce(t *testing.T) {
 		t.Fatalf("%d compilations at once, want %d (the pool's size)", n, workers)
 	}
 	close(g.gate)
+	// The workers alone finish the queue; a Get before that could compile a
+	// still-queued unit in its own goroutine (Get does not wait behind the
+	// queue), a fourth compilation the pool did not start.
+	waitFor(t, "the queue to drain", func() bool { return g.count() == len(files) && g.inflight.Load() == 0 })
 	for _, f := range files {
 		if _, err := p.Get(Unit{File: f}); err != nil {
 			t.Fatal(err)
