@@ -3,7 +3,7 @@
 # run: two unpacked GPU bundles (the baseline's and the change's) time the
 # same workloads in alternating rounds, and each line says which side it is.
 #
-#   gemm      gpukit-bench's GEMM and Linear workloads (workloads.json,
+#   gemm      gpukit-bench's GEMM and Linear workloads (key) (workloads.json,
 #             CUDA events after warm-up, median of the bench's repeats)
 #   gpt-step  the shakespeare-char GPT step (bench/gpt.sh's shape, bf16,
 #             one CUDA graph): median step_ms of 300 steps after the first
@@ -37,7 +37,8 @@ one() { # SIDE DIR ROUND
 	local side=$1 dir=$2 r=$3 w=$work/$1-$3
 	mkdir -p "$w"
 	export GPUKIT_CACHE_DIR=$work/cache-$side GPUKIT_BIN=$dir/bin
-	"$dir/bench/gpukit-bench" --spec "$dir/bench/workloads.json" --filter gemm \
+	{ "$dir/bench/gpukit-bench" --spec "$dir/bench/workloads.json" --filter gemm
+	  "$dir/bench/gpukit-bench" --spec "$dir/bench/workloads.json" --filter linear; } \
 		| python3 -c 'import json,sys
 for l in sys.stdin:
     d=json.loads(l); d.update(side=sys.argv[1], round=int(sys.argv[2])); print(json.dumps(d))' "$side" "$r"
