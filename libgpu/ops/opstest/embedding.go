@@ -122,7 +122,7 @@ func embeddingBackward(s *Suite, dydt, tdt tensor.DType, v, c, n int, heavy, acc
 		tol = max(tol, float64(n)*6e-8)
 	}
 	got := s.Read(dt)
-	s.Close(fmt.Sprintf("dtable (heavy=%v, acc=%v)", heavy, acc), got, want, nil, tol)
+	s.Close(fmt.Sprintf("dtable (heavy=%v, acc=%v)", heavy, acc), got, want, RefEmbeddingBackward(Abs(dyv), ix, v, c, Abs(old)), tol)
 	if !acc {
 		used := map[int32]bool{}
 		for _, k := range ix {

@@ -71,13 +71,15 @@ func kfacFactorCheck(s *Suite, dt tensor.DType, bias bool) {
 		want[i] = alpha * cov[i]
 	}
 	tol := s.GemmTol(tensor.F32) // products of exact (widened) operands
-	s.Close("F = alpha·X̄ᵀX̄", s.Read(f), want, nil, tol)
+	// Terms: |alpha|·|X̄|ᵀ|X̄| (an off-diagonal covariance can cancel).
+	terms := Scaled(alpha, RefCov(Abs(xv), rows, d, bias))
+	s.Close("F = alpha·X̄ᵀX̄", s.Read(f), want, terms, tol)
 	old := s.Read(f)
 	s.NoErr("factor (moving average)", s.E.KFACFactor(f, x, alpha, beta, bias))
 	for i := range want {
 		want[i] = beta*old[i] + alpha*cov[i]
 	}
-	s.Close("F = beta·F + alpha·X̄ᵀX̄", s.Read(f), want, nil, tol)
+	s.Close("F = beta·F + alpha·X̄ᵀX̄", s.Read(f), want, Sum(Scaled(beta, old), terms), tol)
 }
 
 func kfacDampingCheck(s *Suite) {
