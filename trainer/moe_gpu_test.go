@@ -64,9 +64,13 @@ func moeSteps(t *testing.T, stdout string) [][3]float64 {
 // the same initial weights (trainer init) on the same batches and
 // learning rates (--batches-out), dropout 0, clipping and weight decay
 // on, and requires the cross-entropy within tol and the load-balancing
-// and z-losses within tolAux (relative) at every step. It returns the
+// and z-losses within tolAux (relative) at every step. With twin, moe.py
+// runs a second time with its router reading autocast's f32 LayerNorm
+// output instead of the bf16 activations (one rounding changed), and the
+// bounds are driftBound's floors: the trainer may drift from PyTorch as
+// far as driftFactor × PyTorch's drift from its twin. It returns the
 // trainer's run directory.
-func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, extra ...string) string {
+func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, twin bool, extra ...string) string {
 	text := gptText(t)
 	work := t.TempDir()
 	seed := strconv.FormatUint(1+uint64(os.Getpid()%1000), 10)
@@ -92,18 +96,38 @@ func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, e
 	if precision == "bf16" {
 		dtype = "bf16"
 	}
-	want := moeSteps(t, moePython(t, "parity", "--init", initFile, "--batches", batches, "--dtype", dtype))
+	py := []string{"parity", "--init", initFile, "--batches", batches, "--dtype", dtype}
+	want := moeSteps(t, moePython(t, py...))
 	if len(want) != steps {
 		t.Fatalf("PyTorch wrote %d steps", len(want))
 	}
-	var worst [3]float64
 	names := []string{"cross-entropy", "load-balancing loss", "z-loss"}
+	rel := func(a, b [][3]float64, i, j int) float64 { return math.Abs(a[i][j]-b[i][j]) / math.Abs(b[i][j]) }
+	if twin {
+		other := moeSteps(t, moePython(t, append(py, "--router-input", "f32")...))
+		if len(other) != steps {
+			t.Fatalf("PyTorch's twin wrote %d steps", len(other))
+		}
+		ds := []driftBound{{floor: tol}, {floor: tolAux}, {floor: tolAux}}
+		for i := range got {
+			for j := range ds {
+				if bound, ok := ds[j].step(rel(got, want, i, j), rel(other, want, i, j)); !ok {
+					t.Fatalf("%s step %d: %s %.7g here, %.7g in PyTorch (%.7g in its twin): %s > %.2g", precision, i+1, names[j],
+						got[i][j], want[i][j], other[i][j], &ds[j], bound)
+				}
+			}
+		}
+		t.Logf("%s, %d steps: %s %s; %s %s; %s %s; loss %.4f → %.4f", precision, steps, names[0], &ds[0], names[1], &ds[1],
+			names[2], &ds[2], got[0][0], got[steps-1][0])
+		return out
+	}
+	var worst [3]float64
 	for i := range got {
 		for j, bound := range []float64{tol, tolAux, tolAux} {
-			rel := math.Abs(got[i][j]-want[i][j]) / math.Abs(want[i][j])
-			worst[j] = max(worst[j], rel)
-			if !(rel <= bound) {
-				t.Errorf("%s step %d: %s %.7g here, %.7g in PyTorch (relative %.2g > %.0e)", precision, i+1, names[j], got[i][j], want[i][j], rel, bound)
+			r := rel(got, want, i, j)
+			worst[j] = max(worst[j], r)
+			if !(r <= bound) {
+				t.Errorf("%s step %d: %s %.7g here, %.7g in PyTorch (relative %.2g > %.0e)", precision, i+1, names[j], got[i][j], want[i][j], r, bound)
 			}
 		}
 	}
@@ -122,7 +146,7 @@ func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, e
 // reproduces the trainer's validation loss within 1e-3.
 func TestGPUMoEParityF32(t *testing.T) {
 	cudatest.RequireGPU(t)
-	out := moeParity(t, "f32", 100, 1e-4, 1e-3, "--bias")
+	out := moeParity(t, "f32", 100, 1e-4, 1e-3, false, "--bias")
 	ck := filepath.Join(out, "model.safetensors")
 	text := gptText(t)
 	vb := filepath.Join(t.TempDir(), "val.safetensors")
@@ -144,11 +168,22 @@ func TestGPUMoEParityF32(t *testing.T) {
 }
 
 // TestGPUMoEParityBF16: 200 steps under bf16 autocast (PyTorch's expert
-// products through torch._grouped_mm where it runs): the cross-entropy
-// within 2e-2 at every step, the auxiliary losses within 5e-2.
+// products through torch._grouped_mm where it runs; both routers in f32 on
+// the bf16 activations): the cross-entropy within 2e-2 and the auxiliary
+// losses within 5e-2 while PyTorch agrees with itself, and within
+// driftFactor × PyTorch's own drift after. A fixed bound cannot hold over
+// 200 steps: on an H100 (2026-11-28, seed 7) moe.py against itself with
+// only the router's input rounded differently (f32 LayerNorm output or
+// bf16) drifted to 3.0e-2 in cross-entropy and 9.4e-2 in z-loss, and
+// moe.py bf16 against moe.py f32 to 3.0e-2 and 0.13 (its z-loss 6.5%
+// below f32's on average from step 50 on), as the trainer against moe.py
+// (2.9e-2, 0.13): a few top-2 choices flip by rounding in the first steps,
+// and the routers' logit scale, a slow variable, keeps the offset. Over
+// steps 101–200 the mean z-loss was 4.11 here, 3.93 in moe.py, 4.05 in its
+// twin and 4.24 in f32: no bias in the trainer.
 func TestGPUMoEParityBF16(t *testing.T) {
 	cudatest.RequireGPU(t)
-	moeParity(t, "bf16", 200, 2e-2, 5e-2)
+	moeParity(t, "bf16", 200, 2e-2, 5e-2, true)
 }
 
 // TestGPUMoEGraphEqualsEager: a --model moe run with its step replayed
