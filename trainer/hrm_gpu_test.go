@@ -98,7 +98,10 @@ func TestGPUHRMGraphEqualsEager(t *testing.T) {
 // against itself with its initial weights moved by 6e-8 relative), and by
 // 3.2e-2 at step 16 in bf16 (the trainer 3.1e-2 over all 50): rounding
 // amplified by the recurrence and the optimizer, not a formula (step 1
-// agrees to 9e-6 in f32: PyTorch's BCE rounds log(1 + e⁻⁵) to f32).
+// agrees to 9e-6 in f32: PyTorch's BCE rounds log(1 + e⁻⁵) to f32). Four
+// more seeds passed this test (the trainer's largest difference against
+// the twin's: f32 0.15 and 0.14, 0.07 and 0.058; bf16 0.16 and 0.061, 0.19
+// and 0.33).
 // (libgpu/nn's TestHRMTorchParity holds the model to the fixed bounds on
 // its own data; this holds the trainer's data, schedule and flags.)
 func TestGPUHRMTorchParity(t *testing.T) {
