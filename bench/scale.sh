@@ -33,6 +33,15 @@
 #   busbw   the 256 MiB all-reduce, reduce-scatter and all-gather (f32,
 #           graph mode) at the largest N, gpukit-allreduce next to
 #           torch.distributed (bench/reference/allreduce.sh)
+#   loss    the largest relative difference of each run's logged losses
+#           (every 10th step) from the 1-GPU strong run's at the same
+#           steps (same global batch and seed: the strong runs, with and
+#           without --shard-optimizer)
+#
+# Order, so that a short budget keeps what matters most: the gpukit runs
+# (strong, weak, ZeRO-1), PyTorch (largest size first), the traced runs,
+# the collectives. Each command runs under min(its limit, the budget
+# left), so the call ends within BUDGET_S plus a few seconds.
 #
 # Knobs to sweep (each run's JSON line records them): BUCKET_MB (25;
 # --bucket-mb), LAST_BUCKET_MB (--last-bucket-mb: a small last bucket,
@@ -47,10 +56,15 @@
 # skipped.
 #
 # usage: bench/scale.sh TEXT        (TEXT: tinyshakespeare.txt)
+#        bench/scale.sh --table FILE (the table of a scale.jsonl already
+#                                     written, e.g. by a call cut short)
 # Env: NPROCS ("1 2 4 8"), BATCH (32), PER_GPU (8), STEPS (60), BUDGET_S
 # (500), RUN_TIMEOUT (150 s per trainer run), DDP_TIMEOUT (200 s per
-# torchrun), TORCH (1; 0 skips PyTorch), TRACE (1), SHARD (auto; 0 skips),
-# BENCH_OUT. NCCL_NVLS_ENABLE=0 stays set throughout. Runs inside the GPU
+# torchrun), TORCH (1; 0 skips PyTorch), TORCH_NPROCS (the sizes PyTorch
+# runs at; default NPROCS), TRACE (1), TRACE_NPROCS (the sizes traced;
+# default NPROCS, 1 excluded), SHARD (auto; 0 skips), BENCH_OUT (its
+# raw/ keeps each run's stdout and stderr). NCCL_NVLS_ENABLE=0 stays set
+# throughout. Runs inside the GPU
 # bundle (bin/trainer, bin/tracer, bench/gpukit-allreduce) or a source tree
 # with ./bin built.
 # DRY_RUN=1 runs nothing: it prints every command the call would run, one
@@ -62,6 +76,75 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
+# table FILE: the markdown tables of a scale.jsonl (BATCH and PER_GPU as
+# the call that wrote it had them).
+table() {
+	python3 - "$1" "${BATCH:-32}" "${PER_GPU:-8}" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+batch, per = int(sys.argv[2]), int(sys.argv[3])
+ok = lambda r: "tokens_per_s" in r
+g = {(r["batch"], r["ranks"], r["shard_optimizer"]): r for r in rows
+     if r.get("workload") == "gpt-scale" and r.get("impl") == "gpukit"}
+for r in rows:
+    if "error" in r:
+        print(f'note: {r.get("impl", r.get("workload"))} {r.get("ranks")} GPUs batch {r.get("batch")}: {r["error"]}')
+tr = {(r["ranks"], r["shard_optimizer"]): r for r in rows if r.get("workload") == "gpt-scale-trace" and "error" not in r}
+th = {(r["ranks"], r.get("optim")): r for r in rows if r.get("impl", "").startswith("torch-ddp") and ok(r)}
+def lossdiff(k):  # largest relative difference from the 1-GPU strong run's losses at the same steps
+    a, b = g.get(k, {}).get("losses"), g.get((batch, 1, False), {}).get("losses")
+    if not a or not b or k == (batch, 1, False):
+        return None
+    d = [abs(a[s] - b[s]) / abs(b[s]) for s in a if s in b]
+    return max(d) if d else None
+ns = sorted({k[1] for k in g})
+def f(x, fmt="{:.0f}"):
+    return fmt.format(x) if x is not None else ""
+def tps(k):
+    r = g.get(k)
+    return r["tokens_per_s"] if r and ok(r) else None
+def gib(mib):
+    return f"{mib / 1024:.1f}" if mib else ""
+print(f"\n12-layer GPT (d 768, block 1024, bf16), strong: global batch {batch}, weak: {per} per GPU; memory GiB per GPU (nvidia-smi peak; PyTorch: reserved)")
+print("| GPUs | strong tok/s | eff | weak tok/s | eff | exposed ms | overhead ms | ZeRO-1 tok/s | mem | mem ZeRO-1 | DDP tok/s | ZeRO tok/s | DDP mem | ZeRO mem | gpukit/DDP | loss Δ | loss Δ ZeRO-1 |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for n in ns:
+    s, s1 = tps((batch, n, False)), tps((batch, 1, False))
+    w, w1 = tps((per * n, n, False)), tps((per, 1, False))
+    t = tr.get((n, False), {})
+    ov = None
+    if w and w1:
+        ov = g[(per * n, n, False)]["step_ms"] - g[(per, 1, False)]["step_ms"]
+    z = g.get((batch, n, True), {})
+    d, zt = th.get((n, "adamw"), {}), th.get((n, "zero"), {})
+    print("| " + " | ".join([
+        str(n), f(s), f(s / (n * s1) if s and s1 else None, "{:.3f}"), f(w), f(w / (n * w1) if w and w1 else None, "{:.3f}"),
+        f(t.get("all_reduce_ms"), "{:.2f}"), f(ov if n > 1 else None, "{:.2f}"), f(z.get("tokens_per_s")),
+        gib(g.get((batch, n, False), {}).get("mem_MiB")), gib(z.get("mem_MiB")),
+        f(d.get("tokens_per_s")), f(zt.get("tokens_per_s")),
+        f(d.get("max_mem_reserved_GiB"), "{:.1f}"), f(zt.get("max_mem_reserved_GiB"), "{:.1f}"),
+        f(s / d["tokens_per_s"] if s and d else None, "{:.2f}"),
+        f(lossdiff((batch, n, False)), "{:.1e}"), f(lossdiff((batch, n, True)), "{:.1e}")]) + " |")
+zt = tr.get((max(ns), True)) if ns else None
+if zt:
+    print(f'\nZeRO-1 traced on {max(ns)} GPUs: reduce-scatter tail {zt["all_reduce_ms"]:.2f} ms, optimizer (AdamW on the shard + all-gather) {zt.get("optimizer_ms", 0):.2f} ms per step')
+coll = [r for r in rows if r.get("op") and r.get("busbw_GBps")]
+if coll:
+    print("\n| 256 MiB f32 (graph) | gpukit busbw GB/s | PyTorch busbw GB/s |")
+    print("| --- | --- | --- |")
+    for op in ("allreduce", "reducescatter", "allgather"):
+        a = [r["busbw_GBps"] for r in coll if r["op"] == op and r["impl"] == "gpukit"]
+        b = [r["busbw_GBps"] for r in coll if r["op"] == op and r["impl"] == "pytorch"]
+        if a or b:
+            print(f'| {op} ({coll[0]["ranks"]} GPUs) | {f(max(a) if a else None, "{:.1f}")} | {f(max(b) if b else None, "{:.1f}")} |')
+PY
+
+}
+if [ "${1:-}" = --table ]; then
+	[ -r "${2:-}" ] || { echo "bench/scale.sh --table FILE: cannot read ${2:-(none)}" >&2; exit 2; }
+	table "$2"
+	exit 0
+fi
 text=${1:?usage: bench/scale.sh TEXT}
 [ -r "$text" ] || { echo "bench/scale.sh: cannot read $text" >&2; exit 2; }
 bin=${GPUKIT_BIN:-$root/bin}
@@ -73,8 +156,10 @@ for v in BATCH PER_GPU STEPS BUDGET_S GPUS; do
 	x=${!v:-1}
 	[[ $x =~ ^[0-9]+$ && $x -gt 0 ]] || { echo "bench/scale.sh: $v=$x: want a positive integer" >&2; exit 2; }
 done
-for n in ${NPROCS:-1 2 4 8}; do
-	[[ $n =~ ^[0-9]+$ && $n -gt 0 ]] || { echo "bench/scale.sh: NPROCS=\"$NPROCS\": want positive integers" >&2; exit 2; }
+for v in NPROCS TORCH_NPROCS TRACE_NPROCS; do
+	for n in ${!v:-1}; do
+		[[ $n =~ ^[0-9]+$ && $n -gt 0 ]] || { echo "bench/scale.sh: $v=\"${!v}\": want positive integers" >&2; exit 2; }
+	done
 done
 work=$(mktemp -d)
 if [ "$dry" = 1 ]; then
@@ -102,6 +187,15 @@ export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$work/inductor}
 start=$SECONDS
 budget=${BUDGET_S:-500}
 left() { echo $((budget - (SECONDS - start))); }
+# lim LIMIT: LIMIT seconds, or the budget left if less (at least 1).
+lim() {
+	local l
+	l=$(left)
+	[ "$l" -ge 1 ] || l=1
+	echo $(($1 < l ? $1 : l))
+}
+# keep FILE...: copies a run's stdout and stderr into $out/raw.
+keep() { [ "$dry" = 1 ] || { mkdir -p "$out/raw" && cp "$@" "$out/raw/" 2>/dev/null || true; }; }
 note() { echo "bench/scale.sh [$((SECONDS - start))s]: $*" >&2; }
 emit() { tee -a "$out/scale.jsonl"; }
 
@@ -142,7 +236,7 @@ knobjson={}
 
 # The memory sampler: nvidia-smi every 200 ms into a file while a run goes.
 mempid=
-trap '[ -n "$mempid" ] && kill "$mempid" 2>/dev/null; true' EXIT
+trap '[ -z "$mempid" ] || kill "$mempid" 2>/dev/null || true' EXIT
 mem_on() {
 	mempid=
 	if [ "$dry" = 0 ] && command -v nvidia-smi >/dev/null; then
@@ -150,13 +244,17 @@ mem_on() {
 		mempid=$!
 	fi
 }
-mem_off() { # FILE N: the peak MiB over GPUs 0..N-1, or null
+# mem_off FILE N: sets mem to the peak MiB over GPUs 0..N-1, or null. Not
+# in a command substitution: its subshell would leave mempid set here, and
+# the EXIT trap would kill a stale process id (and fail the call).
+mem=null
+mem_off() {
 	if [ -n "$mempid" ]; then
 		kill "$mempid" 2>/dev/null || true
 		wait "$mempid" 2>/dev/null || true
 		mempid=
 	fi
-	python3 - "$1" "$2" <<'PY'
+	mem=$(python3 - "$1" "$2" <<'PY'
 import sys
 peak = None
 try:
@@ -168,7 +266,11 @@ except OSError:
     pass
 print("null" if peak is None else peak)
 PY
+	)
 }
+
+# within N "LIST": N is one of LIST's words.
+within() { [[ " $2 " == *" $1 "* ]]; }
 
 # launcher N: the trainer command for N ranks (bin's path without spaces).
 launcher() { if [ "$1" -gt 1 ]; then echo "$bin/trainer launch --nproc $1 -- run"; else echo "$bin/trainer run"; fi; }
@@ -181,17 +283,19 @@ gpukit() {
 	mem_on "$o.mem"
 	local rc=0
 	# shellcheck disable=SC2046
-	run timeout "${RUN_TIMEOUT:-150}" $(launcher "$n") "${model[@]}" --batch "$b" --steps "$steps" --log-every 10 \
+	run timeout "$(lim "${RUN_TIMEOUT:-150}")" $(launcher "$n") "${model[@]}" --batch "$b" --steps "$steps" --log-every 10 \
 		--eval-every "$steps" --eval-batches 1 "${knobs[@]}" "${flags[@]}" "${extra[@]}" --out "$o" >"$o.jsonl" 2>"$o.err" || rc=$?
 	[ "$dry" = 0 ] || return 0
-	local mem
-	mem=$(mem_off "$o.mem" "$n")
+	keep "$o.jsonl" "$o.err"
+	mem_off "$o.mem" "$n"
 	python3 - "$o.jsonl" "$scaling" "$n" "$b" "$sh" "$mem" "$rc" "$knobjson" "$o.err" <<'PY' | emit
 import json, statistics, sys
 path, scaling, n, b, sh, mem, rc, knobs, err = sys.argv[1:10]
 r = {"workload": "gpt-scale", "impl": "gpukit", "scaling": scaling, "ranks": int(n), "batch": int(b), "block": 1024,
      "shard_optimizer": sh == "1", "mem_MiB": json.loads(mem), "knobs": json.loads(knobs)}
-ls = [json.loads(l) for l in open(path) if '"step_ms"' in l][1:]
+ls = [json.loads(l) for l in open(path) if '"step_ms"' in l]
+r["losses"] = {str(l["step"]): l["loss"] for l in ls if "step" in l}
+ls = ls[1:]
 if rc != "0" or not ls:
     tail = open(err).read().strip().splitlines()[-1:] or ["no loss lines"]
     r["error"] = f"exit {rc}: {tail[0]}"[:300]
@@ -210,10 +314,11 @@ traced() {
 	[ "$sh" = 1 ] && flags+=(--shard-optimizer)
 	local rc=0
 	# shellcheck disable=SC2046
-	run timeout "${RUN_TIMEOUT:-150}" "$bin/tracer" record --out "$o.json" -- $(launcher "$n") "${model[@]}" --batch "$b" \
+	run timeout "$(lim "${RUN_TIMEOUT:-150}")" "$bin/tracer" record --out "$o.json" -- $(launcher "$n") "${model[@]}" --batch "$b" \
 		--steps 25 --log-every 5 --eval-every 25 --eval-batches 1 --graph off "${knobs[@]}" "${flags[@]}" "${extra[@]}" \
 		--out "$o" >"$o.jsonl" 2>"$o.err" || rc=$?
 	[ "$dry" = 0 ] || return 0
+	keep "$o.jsonl" "$o.err"
 	python3 - "$o.json" "$n" "$b" "$sh" "$rc" "$knobjson" <<'PY' | emit
 import json, statistics, sys
 path, n, b, sh, rc, knobs = sys.argv[1:7]
@@ -243,13 +348,13 @@ PY
 torchrun_ddp() {
 	local n=$1 o="$work/torch-$1"
 	mem_on "$o.mem"
-	run timeout "${DDP_TIMEOUT:-200}" python3 -m torch.distributed.run --standalone --nproc-per-node "$n" \
+	run timeout "$(lim "${DDP_TIMEOUT:-200}")" python3 -m torch.distributed.run --standalone --nproc-per-node "$n" \
 		"$root/bench/reference/gpt.py" ddp --layers 12 --heads 12 --d-model 768 --block 1024 --batch "$batch" \
 		--mode compile --optims adamw,zero --warmup 10 --iters 15 --repeats 3 >"$o.jsonl" 2>"$o.err" ||
 		note "torchrun gpt.py ddp on $n GPUs failed or timed out: $(tail -1 "$o.err")"
 	[ "$dry" = 0 ] || return 0
-	local mem
-	mem=$(mem_off "$o.mem" "$n")
+	keep "$o.jsonl" "$o.err"
+	mem_off "$o.mem" "$n"
 	python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     if l.startswith("{"):
@@ -276,14 +381,24 @@ if [ "$shard" = 1 ]; then
 		gpukit strong "$n" "$batch" 1
 	done
 fi
+if [ "${TORCH:-1}" = 1 ]; then
+	for ((i = ${#nprocs[@]} - 1; i >= 0; i--)); do # the largest size first: the comparison that matters most
+		n=${nprocs[i]}
+		within "$n" "${TORCH_NPROCS:-${nprocs[*]}}" || continue
+		if [ "$(left)" -lt 90 ]; then note "PyTorch on $n GPUs skipped (budget: $(left)s left)"; continue; fi
+		note "PyTorch DDP compile + ZeroRedundancyOptimizer: $n GPUs"
+		torchrun_ddp "$n"
+	done
+fi
 if [ "${TRACE:-1}" = 1 ]; then
 	for n in "${nprocs[@]}"; do
 		[ "$n" -gt 1 ] || continue
+		within "$n" "${TRACE_NPROCS:-${nprocs[*]}}" || continue
 		if [ "$(left)" -lt 60 ]; then note "traced $n GPUs skipped (budget)"; continue; fi
 		note "traced (--graph off): $n GPUs, batch $((per * n))"
 		traced "$n" $((per * n)) 0
 	done
-	if [ "$shard" = 1 ] && [ "$maxn" -gt 1 ] && [ "$(left)" -ge 60 ]; then
+	if [ "$shard" = 1 ] && [ "$maxn" -gt 1 ] && within "$maxn" "${TRACE_NPROCS:-$maxn}" && [ "$(left)" -ge 60 ]; then
 		note "traced, --shard-optimizer: $maxn GPUs"
 		traced "$maxn" $((per * maxn)) 1
 	fi
@@ -291,8 +406,10 @@ fi
 if [ "$maxn" -gt 1 ] && [ "$(left)" -ge 60 ]; then
 	note "collectives of 256 MiB on $maxn GPUs"
 	rc=0
-	run ROUNDS=1 OPS=allreduce,reducescatter,allgather DTYPES=f32 MODES=graph AR_TIMEOUT=60 \
+	ar=$(($(left) / 2)) # each side (gpukit, PyTorch) under its own limit
+	run ROUNDS=1 OPS=allreduce,reducescatter,allgather DTYPES=f32 MODES=graph AR_TIMEOUT=$((ar < 60 ? ar : 60)) \
 		bash "$root/bench/reference/allreduce.sh" "$maxn" 256MiB >"$work/coll.txt" 2>"$work/coll.err" || rc=$?
+	keep "$work/coll.txt" "$work/coll.err"
 	if [ "$dry" = 1 ]; then
 		:
 	elif [ "$rc" = 0 ] && grep -q '^{' "$work/coll.txt"; then
@@ -301,69 +418,10 @@ if [ "$maxn" -gt 1 ] && [ "$(left)" -ge 60 ]; then
 		note "allreduce.sh failed: $(tail -3 "$work/coll.err" | tr '\n' ' ')"
 	fi
 fi
-if [ "${TORCH:-1}" = 1 ]; then
-	for ((i = ${#nprocs[@]} - 1; i >= 0; i--)); do # the largest size first: the comparison that matters most
-		n=${nprocs[i]}
-		if [ "$(left)" -lt 90 ]; then note "PyTorch on $n GPUs skipped (budget: $(left)s left)"; continue; fi
-		note "PyTorch DDP compile + ZeroRedundancyOptimizer: $n GPUs"
-		torchrun_ddp "$n"
-	done
-fi
 
 if [ "$dry" = 1 ]; then
 	note "dry run: nothing ran"
 	exit 0
 fi
-python3 - "$out/scale.jsonl" "$batch" "$per" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-batch, per = int(sys.argv[2]), int(sys.argv[3])
-ok = lambda r: "tokens_per_s" in r
-g = {(r["batch"], r["ranks"], r["shard_optimizer"]): r for r in rows
-     if r.get("workload") == "gpt-scale" and r.get("impl") == "gpukit"}
-for r in rows:
-    if "error" in r:
-        print(f'note: {r.get("impl", r.get("workload"))} {r.get("ranks")} GPUs batch {r.get("batch")}: {r["error"]}')
-tr = {(r["ranks"], r["shard_optimizer"]): r for r in rows if r.get("workload") == "gpt-scale-trace" and "error" not in r}
-th = {(r["ranks"], r.get("optim")): r for r in rows if r.get("impl", "").startswith("torch-ddp") and ok(r)}
-ns = sorted({k[1] for k in g})
-def f(x, fmt="{:.0f}"):
-    return fmt.format(x) if x is not None else ""
-def tps(k):
-    r = g.get(k)
-    return r["tokens_per_s"] if r and ok(r) else None
-def gib(mib):
-    return f"{mib / 1024:.1f}" if mib else ""
-print(f"\n12-layer GPT (d 768, block 1024, bf16), strong: global batch {batch}, weak: {per} per GPU; memory GiB per GPU (nvidia-smi peak; PyTorch: reserved)")
-print("| GPUs | strong tok/s | eff | weak tok/s | eff | exposed ms | overhead ms | ZeRO-1 tok/s | mem | mem ZeRO-1 | DDP tok/s | ZeRO tok/s | DDP mem | ZeRO mem | gpukit/DDP |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-for n in ns:
-    s, s1 = tps((batch, n, False)), tps((batch, 1, False))
-    w, w1 = tps((per * n, n, False)), tps((per, 1, False))
-    t = tr.get((n, False), {})
-    ov = None
-    if w and w1:
-        ov = g[(per * n, n, False)]["step_ms"] - g[(per, 1, False)]["step_ms"]
-    z = g.get((batch, n, True), {})
-    d, zt = th.get((n, "adamw"), {}), th.get((n, "zero"), {})
-    print("| " + " | ".join([
-        str(n), f(s), f(s / (n * s1) if s and s1 else None, "{:.3f}"), f(w), f(w / (n * w1) if w and w1 else None, "{:.3f}"),
-        f(t.get("all_reduce_ms"), "{:.2f}"), f(ov if n > 1 else None, "{:.2f}"), f(z.get("tokens_per_s")),
-        gib(g.get((batch, n, False), {}).get("mem_MiB")), gib(z.get("mem_MiB")),
-        f(d.get("tokens_per_s")), f(zt.get("tokens_per_s")),
-        f(d.get("max_mem_reserved_GiB"), "{:.1f}"), f(zt.get("max_mem_reserved_GiB"), "{:.1f}"),
-        f(s / d["tokens_per_s"] if s and d else None, "{:.2f}")]) + " |")
-zt = tr.get((max(ns), True)) if ns else None
-if zt:
-    print(f'\nZeRO-1 traced on {max(ns)} GPUs: reduce-scatter tail {zt["all_reduce_ms"]:.2f} ms, optimizer (AdamW on the shard + all-gather) {zt.get("optimizer_ms", 0):.2f} ms per step')
-coll = [r for r in rows if r.get("op") and r.get("busbw_GBps")]
-if coll:
-    print("\n| 256 MiB f32 (graph) | gpukit busbw GB/s | PyTorch busbw GB/s |")
-    print("| --- | --- | --- |")
-    for op in ("allreduce", "reducescatter", "allgather"):
-        a = [r["busbw_GBps"] for r in coll if r["op"] == op and r["impl"] == "gpukit"]
-        b = [r["busbw_GBps"] for r in coll if r["op"] == op and r["impl"] == "pytorch"]
-        if a or b:
-            print(f'| {op} ({coll[0]["ranks"]} GPUs) | {f(max(a) if a else None, "{:.1f}")} | {f(max(b) if b else None, "{:.1f}")} |')
-PY
+table "$out/scale.jsonl"
 note "results in $out/scale.jsonl (done in $((SECONDS - start))s)"

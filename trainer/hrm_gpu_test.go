@@ -88,9 +88,22 @@ func TestGPUHRMGraphEqualsEager(t *testing.T) {
 // (trainer init) on the same batches (trainer data replay with the run's
 // --data-seed, --num-aug, batch and halting settings): every step's
 // losses within 1e-4 (f32, TF32 off on both sides) or 2e-2 (bf16) of
-// hrm.py's, the same number of sequences halted, the same learning rate.
-// (libgpu/nn's TestHRMTorchParity holds the model to the same bounds;
-// this holds the trainer's data, schedule and flags to them.)
+// hrm.py's while hrm.py agrees with its twin (hrm.py again with attention
+// on SDPA's math backend), and within driftFactor × the twin's drift
+// after (driftBound); the same number of sequences halted while the twin
+// halts as hrm.py does; the same learning rate. The fixed bounds cannot
+// hold over 50 segments: on an H100 (2026-11-28, seed 11) hrm.py drifted
+// from its twin by 1.2e-4 at step 8 and 0.11 at step 50 in f32 (1.4e-4
+// and 0.12 for the trainer against hrm.py; 2.7e-5 and 0.05 for hrm.py
+// against itself with its initial weights moved by 6e-8 relative), and by
+// 3.2e-2 at step 16 in bf16 (the trainer 3.1e-2 over all 50): rounding
+// amplified by the recurrence and the optimizer, not a formula (step 1
+// agrees to 9e-6 in f32: PyTorch's BCE rounds log(1 + e⁻⁵) to f32). Four
+// more seeds passed this test (the trainer's largest difference against
+// the twin's: f32 0.15 and 0.14, 0.07 and 0.058; bf16 0.16 and 0.061, 0.19
+// and 0.33).
+// (libgpu/nn's TestHRMTorchParity holds the model to the fixed bounds on
+// its own data; this holds the trainer's data, schedule and flags.)
 func TestGPUHRMTorchParity(t *testing.T) {
 	cudatest.RequireGPU(t)
 	if err := exec.Command("python3", "-c", "import torch, safetensors").Run(); err != nil {
@@ -111,47 +124,63 @@ func TestGPUHRMTorchParity(t *testing.T) {
 			mustOK(t, trainer(t, "data", "replay", "--set", filepath.Join(data, "train.safetensors"), "--out", replay,
 				"--steps", strconv.Itoa(steps), "--batch", strconv.Itoa(batch), "--num-aug", "10", "--seed", s))
 			mustOK(t, trainer(t, "init", "--model", "hrm", "--data", data, "--out", initPath, "--seed", s))
-			cmd := exec.Command("python3", bundled(hrmScript), "parity", "--init", initPath, "--replay", replay, "--dtype", c.prec,
-				"--device", "cuda", "--lr", "1e-4", "--puzzle-emb-lr", "1e-4", "--warmup", strconv.Itoa(warmup))
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			pyOut, err := cmd.Output()
-			if err != nil {
-				t.Fatalf("hrm.py parity: %v\n%s", err, stderr.String())
+			py := func(extra ...string) []string {
+				cmd := exec.Command("python3", append([]string{bundled(hrmScript), "parity", "--init", initPath, "--replay", replay,
+					"--dtype", c.prec, "--device", "cuda", "--lr", "1e-4", "--puzzle-emb-lr", "1e-4", "--warmup", strconv.Itoa(warmup)}, extra...)...)
+				var stderr strings.Builder
+				cmd.Stderr = &stderr
+				out, err := cmd.Output()
+				if err != nil {
+					t.Fatalf("hrm.py parity %v: %v\n%s", extra, err, stderr.String())
+				}
+				return strings.Split(strings.TrimSpace(string(out)), "\n")
 			}
+			want, twin := py(), py("--sdpa", "math")
 			r := trainer(t, "run", "--model", "hrm", "--data", data, "--out", filepath.Join(dir, "run"), "--device", "cuda",
 				"--precision", c.prec, "--graph", "on", "--steps", strconv.Itoa(steps), "--batch", strconv.Itoa(batch),
 				"--num-aug", "10", "--seed", s, "--data-seed", s, "--warmup", strconv.Itoa(warmup), "--log-every", "1",
 				"--eval-every", "1000", "--eval-n", "32")
 			mustOK(t, r)
 			got, _ := hrmLossLines(t, r.stdout)
-			want := strings.Split(strings.TrimSpace(string(pyOut)), "\n")
-			if len(got) != steps || len(want) != steps {
-				t.Fatalf("%d loss lines, hrm.py %d", len(got), len(want))
+			if len(got) != steps || len(want) != steps || len(twin) != steps {
+				t.Fatalf("%d loss lines, hrm.py %d, its twin %d", len(got), len(want), len(twin))
 			}
-			worst := 0.0
-			for i := range got {
-				var w map[string]any
-				if err := json.Unmarshal([]byte(want[i]), &w); err != nil {
-					t.Fatalf("hrm.py line %q", want[i])
+			parse := func(line string) map[string]any {
+				var m map[string]any
+				if err := json.Unmarshal([]byte(line), &m); err != nil {
+					t.Fatalf("hrm.py line %q", line)
 				}
+				return m
+			}
+			// The largest relative difference of the four losses (relative
+			// to at least 1e-3: the Q losses start near 7e-3 and 4e-2).
+			diff := func(a, b map[string]any) float64 {
 				e := 0.0
 				for _, k := range []string{"loss", "lm_loss", "q_halt_loss", "q_continue_loss"} {
-					g, x := got[i][k].(float64), w[k].(float64)
+					g, x := a[k].(float64), b[k].(float64)
 					e = max(e, math.Abs(g-x)/math.Max(math.Abs(x), 1e-3))
 				}
-				worst = max(worst, e)
-				if got[i]["count"].(float64) != w["count"].(float64) {
-					t.Fatalf("step %d: %v sequences halted, %v in hrm.py", i+1, got[i]["count"], w["count"])
+				return e
+			}
+			d := driftBound{floor: c.tol}
+			halting := true // the twin halts as hrm.py does
+			for i := range got {
+				w, tw := parse(want[i]), parse(twin[i])
+				halting = halting && tw["count"].(float64) == w["count"].(float64)
+				if halting && got[i]["count"].(float64) != w["count"].(float64) {
+					t.Fatalf("step %d: %v sequences halted, %v in hrm.py and its twin", i+1, got[i]["count"], w["count"])
 				}
-				if e > c.tol {
-					t.Fatalf("step %d: losses %v, hrm.py %s: relative difference %.3g (tolerance %.3g)", i+1, got[i], want[i], e, c.tol)
+				if bound, ok := d.step(diff(got[i], w), diff(tw, w)); !ok {
+					t.Fatalf("step %d: losses %v, hrm.py %s, its twin %s: %s > %.3g", i+1, got[i], want[i], twin[i], &d, bound)
 				}
 				if g, x := got[i]["lr"].(float64), w["lr"].(float64); math.Abs(g-x) > 1e-6*x {
 					t.Errorf("step %d: learning rate %v, hrm.py %v", i+1, g, x)
 				}
 			}
-			t.Logf("%d steps: largest relative loss difference %.3g", steps, worst)
+			if !halting {
+				t.Logf("hrm.py's twin halted other sequences than hrm.py: halted counts compared until then")
+			}
+			t.Logf("%d steps: relative loss differences: %s", steps, &d)
 		})
 	}
 }

@@ -64,9 +64,14 @@ func moeSteps(t *testing.T, stdout string) [][3]float64 {
 // the same initial weights (trainer init) on the same batches and
 // learning rates (--batches-out), dropout 0, clipping and weight decay
 // on, and requires the cross-entropy within tol and the load-balancing
-// and z-losses within tolAux (relative) at every step. It returns the
+// and z-losses within tolAux (relative) at every step. With twin, moe.py
+// runs a second time with its router reading the bf16 activations instead
+// of autocast's f32 LayerNorm output (--router-input compute: one
+// rounding changed), and the bounds are driftBound's floors: the trainer
+// may drift from PyTorch as far as driftFactor × PyTorch's drift from its
+// twin; a failure logs the three runs around the step. It returns the
 // trainer's run directory.
-func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, extra ...string) string {
+func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, twin bool, extra ...string) string {
 	text := gptText(t)
 	work := t.TempDir()
 	seed := strconv.FormatUint(1+uint64(os.Getpid()%1000), 10)
@@ -92,18 +97,42 @@ func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, e
 	if precision == "bf16" {
 		dtype = "bf16"
 	}
-	want := moeSteps(t, moePython(t, "parity", "--init", initFile, "--batches", batches, "--dtype", dtype))
+	py := []string{"parity", "--init", initFile, "--batches", batches, "--dtype", dtype}
+	want := moeSteps(t, moePython(t, py...))
 	if len(want) != steps {
 		t.Fatalf("PyTorch wrote %d steps", len(want))
 	}
-	var worst [3]float64
 	names := []string{"cross-entropy", "load-balancing loss", "z-loss"}
+	rel := func(a, b [][3]float64, i, j int) float64 { return math.Abs(a[i][j]-b[i][j]) / math.Abs(b[i][j]) }
+	if twin {
+		other := moeSteps(t, moePython(t, append(py, "--router-input", "compute")...))
+		if len(other) != steps {
+			t.Fatalf("PyTorch's twin wrote %d steps", len(other))
+		}
+		ds := []driftBound{{floor: tol}, {floor: tolAux}, {floor: tolAux}}
+		for i := range got {
+			for j := range ds {
+				if bound, ok := ds[j].step(rel(got, want, i, j), rel(other, want, i, j)); !ok {
+					for k := max(i-10, 0); k < min(i+11, steps); k++ {
+						t.Logf("step %d: here %.5f %.4f %.4f, PyTorch %.5f %.4f %.4f, its twin %.5f %.4f %.4f", k+1,
+							got[k][0], got[k][1], got[k][2], want[k][0], want[k][1], want[k][2], other[k][0], other[k][1], other[k][2])
+					}
+					t.Fatalf("%s step %d: %s %.7g here, %.7g in PyTorch (%.7g in its twin): %s > %.2g", precision, i+1, names[j],
+						got[i][j], want[i][j], other[i][j], &ds[j], bound)
+				}
+			}
+		}
+		t.Logf("%s, %d steps: %s %s; %s %s; %s %s; loss %.4f → %.4f", precision, steps, names[0], &ds[0], names[1], &ds[1],
+			names[2], &ds[2], got[0][0], got[steps-1][0])
+		return out
+	}
+	var worst [3]float64
 	for i := range got {
 		for j, bound := range []float64{tol, tolAux, tolAux} {
-			rel := math.Abs(got[i][j]-want[i][j]) / math.Abs(want[i][j])
-			worst[j] = max(worst[j], rel)
-			if !(rel <= bound) {
-				t.Errorf("%s step %d: %s %.7g here, %.7g in PyTorch (relative %.2g > %.0e)", precision, i+1, names[j], got[i][j], want[i][j], rel, bound)
+			r := rel(got, want, i, j)
+			worst[j] = max(worst[j], r)
+			if !(r <= bound) {
+				t.Errorf("%s step %d: %s %.7g here, %.7g in PyTorch (relative %.2g > %.0e)", precision, i+1, names[j], got[i][j], want[i][j], r, bound)
 			}
 		}
 	}
@@ -122,7 +151,7 @@ func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, e
 // reproduces the trainer's validation loss within 1e-3.
 func TestGPUMoEParityF32(t *testing.T) {
 	cudatest.RequireGPU(t)
-	out := moeParity(t, "f32", 100, 1e-4, 1e-3, "--bias")
+	out := moeParity(t, "f32", 100, 1e-4, 1e-3, false, "--bias")
 	ck := filepath.Join(out, "model.safetensors")
 	text := gptText(t)
 	vb := filepath.Join(t.TempDir(), "val.safetensors")
@@ -144,11 +173,24 @@ func TestGPUMoEParityF32(t *testing.T) {
 }
 
 // TestGPUMoEParityBF16: 200 steps under bf16 autocast (PyTorch's expert
-// products through torch._grouped_mm where it runs): the cross-entropy
-// within 2e-2 at every step, the auxiliary losses within 5e-2.
+// products through torch._grouped_mm where it runs; both routers in f32):
+// the cross-entropy within 2e-2 and the auxiliary losses within 5e-2
+// while PyTorch agrees with its twin (its router's input rounded to bf16),
+// and within driftFactor × PyTorch's own drift after. A fixed bound cannot
+// hold over 200 steps: on an H100 (2026-11-28, seed 7) moe.py against its
+// twin drifted to 3.0e-2 in cross-entropy and 8.6e-2 in z-loss, moe.py
+// bf16 against moe.py f32 to 1.1e-2 and 9.0e-2 (the twin 3.0e-2, 0.13),
+// the trainer against moe.py to 9.5e-3 and 8.6e-2: a few top-2 choices
+// flip by rounding in the first steps, and the routers' logit scale, a
+// slow variable, keeps an offset (moe.py bf16's z-loss 3.9% below f32's
+// on average from step 50; the mean z-loss over steps 101–200 was 4.11
+// here, 4.05 in moe.py, 3.93 in its twin, 4.24 in f32). Seed 899
+// (2026-11-28, H100) still fails: the trainer's cross-entropy 6.9% above
+// moe.py's at step 84 while the twins agree within 1.4% — not explained
+// yet.
 func TestGPUMoEParityBF16(t *testing.T) {
 	cudatest.RequireGPU(t)
-	moeParity(t, "bf16", 200, 2e-2, 5e-2)
+	moeParity(t, "bf16", 200, 2e-2, 5e-2, true)
 }
 
 // TestGPUMoEGraphEqualsEager: a --model moe run with its step replayed

@@ -15,7 +15,11 @@ reference's: one segment per optimizer step, halting decided on the host.
   hrm.py init --out INIT [--seed S] [architecture flags]
       Writes initial weights drawn as the reference draws them.
   hrm.py parity --init INIT --replay REPLAY [--dtype f32|bf16] [--compile] [--out F]
+                [--perturb EPS] [--sdpa default|math|efficient|flash|cudnn]
       Trains one segment step per replay step; prints one JSON line per step.
+      --perturb multiplies each initial weight by 1 ± EPS (signs from a fixed
+      seed) and --sdpa picks the attention backend: the same model rounded
+      otherwise, to measure how much the training amplifies rounding.
   hrm.py train --data DIR [--steps N --batch 768 --num-aug 1000 --seed S --eval-every K --compile --out F]
       Trains on DIR/train.safetensors with its own seeded sampler and
       on-the-fly augmentation; evaluates on DIR/test.safetensors.
@@ -729,16 +733,43 @@ def cmd_init(a):
     print(json.dumps({"out": a.out, "params": n, "seed": a.seed}), flush=True)
 
 
+def perturb_(model, eps, seed):
+    """Multiplies every tensor of the weights file by 1 + eps·u, u = ±1 drawn
+    from seed: two runs that differ by that much at the start measure how far
+    the recurrent training amplifies a rounding-sized difference."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    sd = model.state_dict()
+    with torch.no_grad():
+        for n, _ in tensor_names(model.c):
+            t = sd[n]
+            u = torch.randint(0, 2, t.shape, generator=g).to(t.device, t.dtype) * 2 - 1
+            t.mul_(1 + eps * u)
+
+
+def sdpa_backend(name):
+    """A context that runs scaled_dot_product_attention on one backend
+    (math, efficient, flash, cudnn); "default" lets PyTorch choose."""
+    import contextlib
+    if name == "default":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel({"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                        "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[name])
+
+
 def cmd_parity(a):
     setup(a)
     model = load_weights(a.init, a.dtype, a.device)
+    if a.perturb:
+        perturb_(model, a.perturb, 12345)
     x, y, mh, meta = load_replay(a.replay, a.device)
     if int(meta.get("halt_max_steps", model.c["halt_max_steps"])) != model.c["halt_max_steps"]:
         sys.exit(f"hrm.py: replay drawn for halt_max_steps {meta['halt_max_steps']}, model has {model.c['halt_max_steps']}")
     tr = Trainer(model, train_config(a), x.shape[1], compile_=a.compile)
     steps = x.shape[0] if a.steps is None else min(a.steps, x.shape[0])
-    for t in range(steps):
-        print(json.dumps(tr.step(x[t], y[t], mh[t])), flush=True)
+    with sdpa_backend(a.sdpa):
+        for t in range(steps):
+            print(json.dumps(tr.step(x[t], y[t], mh[t])), flush=True)
     if a.out:
         save_weights(model, a.out, {"step": str(steps)})
 
@@ -861,6 +892,8 @@ def main():
     sp.add_argument("--replay", required=True)
     sp.add_argument("--steps", type=int)
     sp.add_argument("--out")
+    sp.add_argument("--perturb", type=float, default=0.0)
+    sp.add_argument("--sdpa", default="default", choices=("default", "math", "efficient", "flash", "cudnn"))
     common(sp)
     training(sp)
     sp.set_defaults(fn=cmd_parity)

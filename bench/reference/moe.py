@@ -6,8 +6,11 @@ block (blocks l with (l + 1) % moe_every == 0: 1, 3, 5 for 6 layers and
 moe_every 2) is a Mixture-of-Experts layer in nanoMoE's shape:
 
   router   logits = x·W_rᵀ in f32 (autocast off), W_r = mlp.router.weight
-           [E, d]; the k largest logits per token and their softmax
-           (the renormalised top-k probabilities)
+           [E, d], x the block's LayerNorm output (f32 under autocast;
+           parity --router-input compute rounds it to bf16 first, as the
+           experts and gpukit's router see it: one rounding changed); the k
+           largest logits per token and their softmax (the renormalised
+           top-k probabilities)
   experts  mlp.experts.c_fc.weight [E, W, d], mlp.experts.c_proj.weight
            [E, d, W] (one nn.Linear weight per expert, stacked; biases
            [E, W], [E, d] when the model has biases): c_fc → GELU → c_proj
@@ -27,13 +30,16 @@ aux_loss, z_loss); missing MoE keys take nanoMoE's defaults. Weight decay
 applies to parameters of rank ≥ 2 except biases (expert biases are [E, W]).
 
   moe.py parity --init INIT --batches BATCHES [--dtype f32|bf16] [--device cuda|cpu] [--loop]
+                [--router-input f32|compute]
       As gpt.py parity (INIT: initial weights as safetensors; BATCHES:
       i32 "x", "y" [steps, batch, block], f32 "lr" [steps], the run's
       config as JSON in the metadata key "config"): one step per batch,
       dropout 0; prints {"step", "loss" (the cross-entropy), "aux_loss",
       "z_loss" (sums over the MoE layers, unscaled)} per step, the losses
       of the batch before its update. --loop multiplies experts one by one
-      instead of through torch._grouped_mm.
+      instead of through torch._grouped_mm. --router-input compute rounds
+      the router's input to bf16 under autocast (a twin run: how far two
+      bf16 runs drift apart when one rounding differs).
 
   moe.py eval --ckpt MODEL --batches BATCHES [--dtype f32|bf16]
       Loads the checkpoint with load_state_dict(strict=True) into the
@@ -78,6 +84,11 @@ DEFAULT_MOE = dict(experts=8, top_k=2, moe_every=2, expert_width=0, aux_loss=0.0
 # groups), "padded" (groups padded to multiples of 16 rows), "loop"; None
 # until the first bf16 CUDA product decides.
 MODE = {"mm": None}
+
+# The router's input: "f32" (autocast's f32 LayerNorm output as it is) or
+# "compute" (rounded to the autocast dtype, then widened to f32: what
+# gpukit's router reads).
+ROUTER = {"input": "f32"}
 
 
 def moe_config(c):
@@ -196,8 +207,10 @@ class MoEMLP(nn.Module):
         B, T, C = x.size()
         dev = x.device.type
         xf = x.reshape(B * T, C)
+        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        xr = xf if ROUTER["input"] == "f32" else xf.to(cdt)
         with torch.autocast(device_type=dev, enabled=False):
-            logits = xf.float() @ self.router.weight.float().t()
+            logits = xr.float() @ self.router.weight.float().t()
             probs = logits.softmax(-1)
             topv, topi = torch.topk(logits, self.k, dim=-1)
             w = topv.softmax(-1)
@@ -210,7 +223,6 @@ class MoEMLP(nn.Module):
         order = torch.argsort(flat, stable=True)
         tok, eid = order // self.k, flat[order]
         offs = torch.cumsum(counts, 0).to(torch.int32)
-        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         h = self.gelu(self.experts.c_fc(xf[tok].to(cdt), offs, eid))
         ys = self.experts.c_proj(h, offs, eid)
         y = torch.zeros(ntok, C, device=x.device, dtype=torch.float32)
@@ -269,6 +281,7 @@ def cmd_parity(a):
     torch.backends.cudnn.allow_tf32 = False
     if a.loop:
         MODE["mm"] = "loop"
+    ROUTER["input"] = a.router_input
     b, cfg = base.load_batches(a.batches)
     c = base.model_config(cfg)
     c["dropout"] = 0.0
@@ -433,6 +446,7 @@ def main():
     q.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     q.add_argument("--device", default=dev)
     q.add_argument("--loop", action="store_true")
+    q.add_argument("--router-input", default="f32", choices=["f32", "compute"])
     q.set_defaults(f=cmd_parity)
     q = sub.add_parser("eval")
     q.add_argument("--ckpt", required=True)

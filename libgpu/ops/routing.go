@@ -610,8 +610,10 @@ func (e *Engine) MoEAuxLoss(losses, dlogits, logits, counts *tensor.Tensor, aux,
 
 // RouterLogits records a MoE router's logits = x·wᵀ in f32 whatever the
 // graph's autocast (nanoMoE and ST-MoE keep the router in full precision):
-// x [T, d] (f32, or bf16 activations, widened to f32), w [E, d] an f32
-// parameter; logits f32 [T, E]. The products are full f32 (no TF32).
+// x [T, d] (f32, or bf16 activations, widened to f32: under bf16 the
+// router reads what the experts read, as Megatron-Core's fp32 router casts
+// its bf16 hidden states up), w [E, d] an f32 parameter; logits f32 [T, E].
+// The products are full f32 (no TF32).
 func (g *Graph) RouterLogits(x, w *Var) *Var {
 	if !g.ok(x, w) {
 		return nil

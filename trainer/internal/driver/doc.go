@@ -88,7 +88,7 @@
 // checkpoint: ZeRO-1's optimizer state), EngineTuner (engine options
 // beyond the precision).
 //
-// # The MoE GPT and the next model
+// # The MoE GPT and the HRM
 //
 // The Mixture-of-Experts GPT (models/moe) is a language model: it
 // registers an lm.Variant (internal/lm: the text, the character
