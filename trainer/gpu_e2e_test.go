@@ -94,7 +94,7 @@ func TestGPUParityWithPyTorch(t *testing.T) {
 	// agree within 1e-4 at every one of the 200 steps.
 	t.Run("gelu", func(t *testing.T) {
 		cudatest.RequireGPU(t)
-		parity(t, "gelu", 200, 1e-4)
+		parity(t, "gelu", 200, 1e-4, false)
 	})
 	// With ReLU, cuBLASLt and PyTorch's cuBLAS sum in different orders, so
 	// a pre-activation within rounding of 0 can take the other side of the
@@ -104,19 +104,26 @@ func TestGPUParityWithPyTorch(t *testing.T) {
 	// difference over 200 steps 4.2e-7, 2.1e-4 and 1.8e-2, always within
 	// 1e-4 for the first 50 steps, and the same test accuracy (±0.01%). So:
 	// 1e-4 for the first 50 steps, the 200-step figure logged, and the
-	// accuracies within 0.1% (checked by parity).
+	// accuracies within 0.1% (checked by parity). That guess failed on an
+	// H100 (2026-11-28): 3.6e-4 at step 41, 1.1e-3 at step 50. So the ReLU
+	// run is held to driftBound instead: a PyTorch twin whose initial
+	// weights differ by one f32 rounding (mlp.py --perturb 6e-8) measures
+	// how far PyTorch drifts from itself, and the trainer may drift at most
+	// driftFactor times that (1e-4 while the twin still agrees).
 	t.Run("relu", func(t *testing.T) {
 		cudatest.RequireGPU(t)
-		parity(t, "relu", 50, 1e-4)
+		parity(t, "relu", 200, 1e-4, true)
 	})
 }
 
 // parity trains 200 f32 AdamW steps of the MLP with activation act in the trainer and in
 // PyTorch (bench/reference/mlp.py) from the same initial weights on the same
 // batches, requires the losses to agree within tol for the first strict
-// steps, checks each side's test accuracy of the other's model (±0.1%), and
-// returns the relative loss difference of every step.
-func parity(t *testing.T, act string, strict int, tol float64) []float64 {
+// steps (with twin, within driftBound of a PyTorch twin run from weights
+// perturbed by one f32 rounding), checks each side's test accuracy of the
+// other's model (±0.1%), and returns the relative loss difference of every
+// step.
+func parity(t *testing.T, act string, strict int, tol float64, twin bool) []float64 {
 	dir := gpuData(t)
 	work := t.TempDir()
 	seed := strconv.FormatUint(1+uint64(os.Getpid()%1000), 10)
@@ -143,14 +150,31 @@ func parity(t *testing.T, act string, strict int, tol float64) []float64 {
 	if len(want) != 200 {
 		t.Fatalf("PyTorch wrote %d losses", len(want))
 	}
+	var twinLoss []float64
+	if twin {
+		if twinLoss, _ = stepLosses(t, python(t, "train", "--init", initFile, "--batches", batches, "--data", dir, "--precision", "f32", "--perturb", "6e-8")); len(twinLoss) != 200 {
+			t.Fatalf("PyTorch's twin wrote %d losses", len(twinLoss))
+		}
+	}
 	rel := make([]float64, len(got))
 	worst := 0.0
+	drift := driftBound{floor: tol}
 	for i := range got {
 		rel[i] = math.Abs(got[i]-want[i]) / math.Abs(want[i])
 		worst = max(worst, rel[i])
+		if twin {
+			if bound, ok := drift.step(rel[i], math.Abs(twinLoss[i]-want[i])/math.Abs(want[i])); i < strict && !ok {
+				t.Errorf("%s step %d: trainer loss %.7g, PyTorch %.7g, its twin %.7g: %v > bound %.2g", act, i+1, got[i], want[i], twinLoss[i], &drift, bound)
+				break
+			}
+			continue
+		}
 		if i < strict && !(rel[i] <= tol) {
 			t.Errorf("%s step %d: trainer loss %.7g, PyTorch %.7g (relative %.2g > %.0e)", act, i+1, got[i], want[i], rel[i], tol)
 		}
+	}
+	if twin {
+		t.Logf("%s: %v", act, &drift)
 	}
 	t.Logf("%s, 200 steps: largest relative loss difference %.2g (first %d steps within %.0e); loss %.4f → %.4f", act, worst, strict, tol, got[0], got[199])
 

@@ -75,7 +75,10 @@ func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, t
 	text := gptText(t)
 	work := t.TempDir()
 	seed := strconv.FormatUint(1+uint64(os.Getpid()%1000), 10)
-	t.Logf("seed %s", seed)
+	if v := os.Getenv("GPUKIT_PARITY_SEED"); v != "" {
+		seed = v // repeats a logged seed
+	}
+	t.Logf("seed %s (GPUKIT_PARITY_SEED repeats it)", seed)
 	initFile, batches, out := filepath.Join(work, "init.safetensors"), filepath.Join(work, "batches.safetensors"), filepath.Join(work, "run")
 	model := append([]string{"--model", "moe", "--data", text, "--seed", seed, "--layers", "4", "--heads", "4", "--d-model", "128",
 		"--block", "64", "--batch", "16", "--experts", "8", "--top-k", "2", "--moe-every", "2"}, extra...)

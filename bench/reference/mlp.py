@@ -122,6 +122,15 @@ def train(a):
     model = build(a.init, cfg["act"], dev)
     if widths_of(model.state_dict()) != cfg["widths"]:
         sys.exit(f"mlp.py: {a.init} has widths {widths_of(model.state_dict())}, the run {cfg['widths']}")
+    if a.perturb:
+        # The twin of a parity test: every initial weight times 1 ± EPS
+        # (signs from a fixed seed), the same model otherwise, to measure
+        # how far training amplifies a rounding-sized difference.
+        g = torch.Generator(device="cpu").manual_seed(12345)
+        with torch.no_grad():
+            for p in model.parameters():
+                u = torch.randint(0, 2, p.shape, generator=g).to(p) * 2 - 1
+                p.mul_(1 + a.perturb * u)
     params = list(model.parameters())
     if cfg["optim"] == "adamw":
         opt = torch.optim.AdamW(params, lr=cfg["lr"], betas=(0.9, 0.999), eps=1e-8,
@@ -173,6 +182,8 @@ def main():
     t.add_argument("--steps", type=int, default=0, help="train only the first N steps (0: all)")
     t.add_argument("--precision", default="f32", choices=["f32", "tf32", "bf16"])
     t.add_argument("--out", default="")
+    t.add_argument("--perturb", type=float, default=0.0,
+                   help="multiply each initial weight by 1 ± EPS (a twin run measuring the training's amplification of rounding)")
     t.add_argument("--device", default=default_dev)
     e = sub.add_parser("eval")
     e.add_argument("--ckpt", required=True)
