@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
@@ -18,21 +19,13 @@ func init() { Register(Family{Name: "crossentropy", Check: checkCrossEntropy}) }
 // gradient (softmax − onehot)/n_valid (0 on ignored rows).
 func RefCrossEntropy(x []float64, t []int32, n, v int) (rows []float64, mean float64, grad []float64) {
 	rows, grad = make([]float64, n), make([]float64, n*v)
-	valid := 0
-	for _, ti := range t {
-		if ti >= 0 {
-			valid++
-		}
-	}
+	valid := validRows(t)
 	for i := 0; i < n; i++ {
 		if t[i] < 0 {
 			continue
 		}
 		row := x[i*v : (i+1)*v]
-		mx := math.Inf(-1)
-		for _, a := range row {
-			mx = math.Max(mx, a)
-		}
+		mx := slices.Max(row)
 		var s float64
 		for _, a := range row {
 			s += math.Exp(a - mx)
@@ -51,6 +44,17 @@ func RefCrossEntropy(x []float64, t []int32, n, v int) (rows []float64, mean flo
 	return rows, mean, grad
 }
 
+// validRows counts the targets t_i ≥ 0 (a negative one is ignored).
+func validRows(t []int32) int {
+	n := 0
+	for _, ti := range t {
+		if ti >= 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // RefCrossEntropyTerms is the terms' size (TermsErr) of RefCrossEntropy's
 // results: a row's stable log-sum-exp sums exp(x − max), which includes
 // the maximum's own 1, so it is known to the precision of 1, and the
@@ -60,21 +64,13 @@ func RefCrossEntropy(x []float64, t []int32, n, v int) (rows []float64, mean flo
 func RefCrossEntropyTerms(x []float64, t []int32, n, v int) (rows []float64, mean float64, grad []float64) {
 	_, _, g := RefCrossEntropy(x, t, n, v)
 	rows, grad = make([]float64, n), Abs(g)
-	valid := 0
-	for _, ti := range t {
-		if ti >= 0 {
-			valid++
-		}
-	}
+	valid := validRows(t)
 	for i := 0; i < n; i++ {
 		if t[i] < 0 {
 			continue
 		}
 		row := x[i*v : (i+1)*v]
-		mx := math.Inf(-1)
-		for _, a := range row {
-			mx = math.Max(mx, a)
-		}
+		mx := slices.Max(row)
 		rows[i] = 1 + math.Abs(row[t[i]]-mx)
 		mean += rows[i]
 		grad[i*v+int(t[i])] += 2 / float64(valid)
