@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"gpukit/libgpu/cuda/cudatest"
+	"gpukit/libgpu/ops/opstest"
 )
 
 // gpuData is requireData on a machine that must have a GPU (skips on CI,
@@ -106,10 +107,10 @@ func TestGPUParityWithPyTorch(t *testing.T) {
 	// 1e-4 for the first 50 steps, the 200-step figure logged, and the
 	// accuracies within 0.1% (checked by parity). That guess failed on an
 	// H100 (2026-11-28): 3.6e-4 at step 41, 1.1e-3 at step 50. So the ReLU
-	// run is held to driftBound instead: a PyTorch twin whose initial
+	// run is held to opstest.DriftBound instead: a PyTorch twin whose initial
 	// weights differ by one f32 rounding (mlp.py --perturb 6e-8) measures
 	// how far PyTorch drifts from itself, and the trainer may drift at most
-	// driftFactor times that (1e-4 while the twin still agrees).
+	// opstest.DriftFactor times that (1e-4 while the twin still agrees).
 	t.Run("relu", func(t *testing.T) {
 		cudatest.RequireGPU(t)
 		parity(t, "relu", 200, 1e-4, true)
@@ -119,7 +120,7 @@ func TestGPUParityWithPyTorch(t *testing.T) {
 // parity trains 200 f32 AdamW steps of the MLP with activation act in the trainer and in
 // PyTorch (bench/reference/mlp.py) from the same initial weights on the same
 // batches, requires the losses to agree within tol for the first strict
-// steps (with twin, within driftBound of a PyTorch twin run from weights
+// steps (with twin, within opstest.DriftBound of a PyTorch twin run from weights
 // perturbed by one f32 rounding), checks each side's test accuracy of the
 // other's model (±0.1%), and returns the relative loss difference of every
 // step.
@@ -158,12 +159,12 @@ func parity(t *testing.T, act string, strict int, tol float64, twin bool) []floa
 	}
 	rel := make([]float64, len(got))
 	worst := 0.0
-	drift := driftBound{floor: tol}
+	drift := opstest.DriftBound{Floor: tol}
 	for i := range got {
 		rel[i] = math.Abs(got[i]-want[i]) / math.Abs(want[i])
 		worst = max(worst, rel[i])
 		if twin {
-			if bound, ok := drift.step(rel[i], math.Abs(twinLoss[i]-want[i])/math.Abs(want[i])); i < strict && !ok {
+			if bound, ok := drift.Step(rel[i], math.Abs(twinLoss[i]-want[i])/math.Abs(want[i])); i < strict && !ok {
 				t.Errorf("%s step %d: trainer loss %.7g, PyTorch %.7g, its twin %.7g: %v > bound %.2g", act, i+1, got[i], want[i], twinLoss[i], &drift, bound)
 				break
 			}

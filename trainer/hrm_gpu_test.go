@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"gpukit/libgpu/cuda/cudatest"
+	"gpukit/libgpu/ops/opstest"
 )
 
 // hrmScript is the PyTorch reference (in testdata/ of the GPU bundle:
@@ -89,8 +90,8 @@ func TestGPUHRMGraphEqualsEager(t *testing.T) {
 // --data-seed, --num-aug, batch and halting settings): every step's
 // losses within 1e-4 (f32, TF32 off on both sides) or 2e-2 (bf16) of
 // hrm.py's while hrm.py agrees with its twin (hrm.py again with attention
-// on SDPA's math backend), and within driftFactor × the twin's drift
-// after (driftBound); the same number of sequences halted while the twin
+// on SDPA's math backend), and within opstest.DriftFactor × the twin's drift
+// after (opstest.DriftBound); the same number of sequences halted while the twin
 // halts as hrm.py does; the same learning rate. The fixed bounds cannot
 // hold over 50 segments: on an H100 (2026-11-28, seed 11) hrm.py drifted
 // from its twin by 1.2e-4 at step 8 and 0.11 at step 50 in f32 (1.4e-4
@@ -162,7 +163,7 @@ func TestGPUHRMTorchParity(t *testing.T) {
 				}
 				return e
 			}
-			d := driftBound{floor: c.tol}
+			d := opstest.DriftBound{Floor: c.tol}
 			halting := true // the twin halts as hrm.py does
 			for i := range got {
 				w, tw := parse(want[i]), parse(twin[i])
@@ -170,7 +171,7 @@ func TestGPUHRMTorchParity(t *testing.T) {
 				if halting && got[i]["count"].(float64) != w["count"].(float64) {
 					t.Fatalf("step %d: %v sequences halted, %v in hrm.py and its twin", i+1, got[i]["count"], w["count"])
 				}
-				if bound, ok := d.step(diff(got[i], w), diff(tw, w)); !ok {
+				if bound, ok := d.Step(diff(got[i], w), diff(tw, w)); !ok {
 					t.Fatalf("step %d: losses %v, hrm.py %s, its twin %s: %s > %.3g", i+1, got[i], want[i], twin[i], &d, bound)
 				}
 				if g, x := got[i]["lr"].(float64), w["lr"].(float64); math.Abs(g-x) > 1e-6*x {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"gpukit/libgpu/cuda/cudatest"
+	"gpukit/libgpu/ops/opstest"
 )
 
 // moeScript is the PyTorch reference of the MoE GPT (bundled with gpt.py,
@@ -67,8 +68,8 @@ func moeSteps(t *testing.T, stdout string) [][3]float64 {
 // and z-losses within tolAux (relative) at every step. With twin, moe.py
 // runs a second time with its router reading the bf16 activations instead
 // of autocast's f32 LayerNorm output (--router-input compute: one
-// rounding changed), and the bounds are driftBound's floors: the trainer
-// may drift from PyTorch as far as driftFactor × PyTorch's drift from its
+// rounding changed), and the bounds are opstest.DriftBound's floors: the trainer
+// may drift from PyTorch as far as opstest.DriftFactor × PyTorch's drift from its
 // twin; a failure logs the three runs around the step. It returns the
 // trainer's run directory.
 func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, twin bool, extra ...string) string {
@@ -112,10 +113,10 @@ func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, t
 		if len(other) != steps {
 			t.Fatalf("PyTorch's twin wrote %d steps", len(other))
 		}
-		ds := []driftBound{{floor: tol}, {floor: tolAux}, {floor: tolAux}}
+		ds := []opstest.DriftBound{{Floor: tol}, {Floor: tolAux}, {Floor: tolAux}}
 		for i := range got {
 			for j := range ds {
-				if bound, ok := ds[j].step(rel(got, want, i, j), rel(other, want, i, j)); !ok {
+				if bound, ok := ds[j].Step(rel(got, want, i, j), rel(other, want, i, j)); !ok {
 					for k := max(i-10, 0); k < min(i+11, steps); k++ {
 						t.Logf("step %d: here %.5f %.4f %.4f, PyTorch %.5f %.4f %.4f, its twin %.5f %.4f %.4f", k+1,
 							got[k][0], got[k][1], got[k][2], want[k][0], want[k][1], want[k][2], other[k][0], other[k][1], other[k][2])
@@ -179,7 +180,7 @@ func TestGPUMoEParityF32(t *testing.T) {
 // products through torch._grouped_mm where it runs; both routers in f32):
 // the cross-entropy within 2e-2 and the auxiliary losses within 5e-2
 // while PyTorch agrees with its twin (its router's input rounded to bf16),
-// and within driftFactor × PyTorch's own drift after. A fixed bound cannot
+// and within opstest.DriftFactor × PyTorch's own drift after. A fixed bound cannot
 // hold over 200 steps: on an H100 (2026-11-28, seed 7) moe.py against its
 // twin drifted to 3.0e-2 in cross-entropy and 8.6e-2 in z-loss, moe.py
 // bf16 against moe.py f32 to 1.1e-2 and 9.0e-2 (the twin 3.0e-2, 0.13),

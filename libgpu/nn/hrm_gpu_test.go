@@ -26,6 +26,7 @@ import (
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/nn"
 	"gpukit/libgpu/ops"
+	"gpukit/libgpu/ops/opstest"
 	"gpukit/libgpu/optim"
 	"gpukit/libgpu/tensor"
 )
@@ -323,7 +324,7 @@ type hrmPyLine struct {
 // `hrm.py parity` on pyDevice from the same initial weights — written by
 // hrm.py init when torchInit, else by Go — and compares every step's
 // losses (relative error tol) and halted counts (exact).
-func hrmParity(t *testing.T, e *ops.Engine, a device.Allocator, cfg nn.HRMConfig, dt tensor.DType, B, steps int, tol float64, torchInit, graph bool, pyDevice string) {
+func hrmParity(t *testing.T, e *ops.Engine, a device.Allocator, cfg nn.HRMConfig, dt tensor.DType, B, steps int, tol float64, torchInit, graph, twin bool, pyDevice string) {
 	t.Helper()
 	dir := t.TempDir()
 	seed := rand.Uint64() % (1 << 31)
@@ -377,19 +378,34 @@ func hrmParity(t *testing.T, e *ops.Engine, a device.Allocator, cfg nn.HRMConfig
 	if dt == tensor.BF16 {
 		pyDT = "bf16"
 	}
-	out := py("parity", "--init", initPath, "--replay", replayPath, "--dtype", pyDT, "--device", pyDevice,
-		"--lr", fmt.Sprint(lr), "--puzzle-emb-lr", fmt.Sprint(lr), "--warmup", strconv.Itoa(warmup))
-	var want []hrmPyLine
-	for _, ln := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		var l hrmPyLine
-		if err := json.Unmarshal([]byte(ln), &l); err != nil {
-			t.Fatalf("hrm.py line %q: %v", ln, err)
+	parity := func(extra ...string) []hrmPyLine {
+		out := py(append([]string{"parity", "--init", initPath, "--replay", replayPath, "--dtype", pyDT, "--device", pyDevice,
+			"--lr", fmt.Sprint(lr), "--puzzle-emb-lr", fmt.Sprint(lr), "--warmup", strconv.Itoa(warmup)}, extra...)...)
+		var lines []hrmPyLine
+		for _, ln := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			var l hrmPyLine
+			if err := json.Unmarshal([]byte(ln), &l); err != nil {
+				t.Fatalf("hrm.py line %q: %v", ln, err)
+			}
+			lines = append(lines, l)
 		}
-		want = append(want, l)
+		if len(lines) != steps {
+			t.Fatalf("hrm.py %v printed %d steps, want %d", extra, len(lines), steps)
+		}
+		return lines
 	}
-	if len(want) != steps {
-		t.Fatalf("hrm.py printed %d steps, want %d", len(want), steps)
+	want := parity()
+	// With twin, hrm.py runs again with its attention on SDPA's math
+	// backend (one rounding changed), and the run is held to
+	// opstest.DriftBound: tol while the twin agrees with hrm.py, then
+	// DriftFactor × the twin's drift; halted counts are compared while the
+	// twin halts as hrm.py does.
+	var other []hrmPyLine
+	if twin {
+		other = parity("--sdpa", "math")
 	}
+	drift := opstest.DriftBound{Floor: tol}
+	halting := true
 	h := newHRMTrainer(t, e, a, m, nn.HRMTrainConfig{Batch: B, Autocast: dt, PoolSlots: 4, Warmup: warmup, LRMinRatio: 1, Graph: graph}, lr)
 	worst := 0.0
 	for s := 0; s < steps; s++ {
@@ -405,6 +421,21 @@ func hrmParity(t *testing.T, e *ops.Engine, a device.Allocator, cfg nn.HRMConfig
 		rel := func(g, x float64) float64 { return math.Abs(g-x) / math.Max(math.Abs(x), 1e-3) }
 		e := max(rel(got.Loss, w.Loss), rel(got.LMLoss, w.LMLoss), rel(got.QHaltLoss, w.QHaltLoss), rel(got.QContinueLoss, w.QContinueLoss))
 		worst = max(worst, e)
+		if twin {
+			o := other[s]
+			eo := max(rel(o.Loss, w.Loss), rel(o.LMLoss, w.LMLoss), rel(o.QHaltLoss, w.QHaltLoss), rel(o.QContinueLoss, w.QContinueLoss))
+			halting = halting && o.Count == w.Count
+			if halting && got.Count != w.Count {
+				t.Fatalf("step %d: %d sequences halted, %d in hrm.py and its twin", s+1, got.Count, w.Count)
+			}
+			if bound, ok := drift.Step(e, eo); !ok {
+				t.Fatalf("step %d: loss %.6f, hrm.py %.6f, its twin %.6f: %v > %.3g", s+1, got.Loss, w.Loss, o.Loss, &drift, bound)
+			}
+			if lrw := float64(lr) * got.LRScale; math.Abs(lrw-w.LR) > 1e-6*w.LR {
+				t.Errorf("step %d: learning rate %v, hrm.py %v", s+1, lrw, w.LR)
+			}
+			continue
+		}
 		if s%10 == 0 || s == steps-1 || e > tol || got.Count != w.Count {
 			t.Logf("step %d: loss %.6f (torch %.6f) lm %.6f (%.6f) q_halt %.6f (%.6f) q_continue %.6f (%.6f) halted %d (%d) accuracy %.4f (%.4f)",
 				s+1, got.Loss, w.Loss, got.LMLoss, w.LMLoss, got.QHaltLoss, w.QHaltLoss, got.QContinueLoss, w.QContinueLoss,
@@ -420,13 +451,22 @@ func hrmParity(t *testing.T, e *ops.Engine, a device.Allocator, cfg nn.HRMConfig
 			t.Errorf("step %d: learning rate %v, hrm.py %v", s+1, lrw, w.LR)
 		}
 	}
+	if twin {
+		t.Logf("%d steps: relative loss differences: %v (halted counts compared throughout: %v)", steps, &drift, halting)
+		return
+	}
 	t.Logf("%d steps: largest relative loss difference %.3g", steps, worst)
 }
 
 // TestHRMTorchParity: the default HRM at batch 32 on the GPU against
 // hrm.py on the GPU over 50 segment steps of a replay: f32 (TF32 off on
 // both sides) from Go's initial weights within 1e-4, bf16 from hrm.py's
-// within 2e-2, the step captured as a graph.
+// within 2e-2, while hrm.py agrees with its twin, then within
+// opstest.DriftFactor × the twin's drift (opstest.DriftBound: hrm.py
+// against itself breaks the fixed f32 bound by step 8, measured on an
+// H100, trainer/hrm_gpu_test.go; this test with fixed bounds failed on an
+// H100 on 2026-11-28 with a halting flip at step 9 in f32 and 0.0298 at
+// step 19 in bf16), the step captured as a graph.
 func TestHRMTorchParity(t *testing.T) {
 	requireTorch(t)
 	for _, c := range []struct {
@@ -438,7 +478,7 @@ func TestHRMTorchParity(t *testing.T) {
 	}{{"f32", ops.PrecF32, tensor.F32, 1e-4, false}, {"bf16", ops.PrecBF16, tensor.BF16, 2e-2, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			e, a := hrmGPU(t, c.prec)
-			hrmParity(t, e, a, nn.DefaultHRM(), c.dt, 32, 50, c.tol, c.torchInit, true, "cuda")
+			hrmParity(t, e, a, nn.DefaultHRM(), c.dt, 32, 50, c.tol, c.torchInit, true, true, "cuda")
 		})
 	}
 }
@@ -450,7 +490,7 @@ func TestHRMTorchParityCPU(t *testing.T) {
 	requireTorch(t)
 	e, a := hostEngine(t)
 	cfg := tinySudokuHRM()
-	hrmParity(t, e, a, cfg, tensor.F32, 8, 20, 1e-4, true, false, "cpu")
+	hrmParity(t, e, a, cfg, tensor.F32, 8, 20, 1e-4, true, false, false, "cpu")
 }
 
 // BenchmarkHRMGPUStep times one training segment step of the default HRM
