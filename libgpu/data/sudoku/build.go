@@ -91,7 +91,7 @@ func Build(ctx context.Context, cfg BuildConfig) (train, test *Set, st BuildStat
 // CSVStats says what SampleCSV read.
 type CSVStats struct {
 	Rows       int // data rows in the file
-	Duplicates int // sampled rows dropped as copies (Fingerprint) of one kept
+	Duplicates int // rows of the reservoir sample that copy (Fingerprint) an earlier one in its shuffled order
 }
 
 // SampleCSV draws k puzzles with distinct Fingerprints, uniformly at
@@ -135,15 +135,15 @@ func SampleCSV(r io.Reader, k int, seed uint64, progress func(int)) ([]Puzzle, C
 	seen := make(map[uint64]bool, k)
 	out := make([]Puzzle, 0, k)
 	for i, p := range res {
-		if len(out) == k {
-			break
-		}
 		f := Fingerprint(p.Input, p.Label)
 		if seen[f] {
-			st.Duplicates++
+			st.Duplicates++ // counted over the whole sample, kept or not
 			continue
 		}
 		seen[f] = true
+		if len(out) == k {
+			continue
+		}
 		if sol, ok := Unique(p.Input); !ok || sol != p.Label {
 			return nil, st, fmt.Errorf("%w: line %d: the question has not exactly one solution, or not the answer given", ErrInvalid, lines[i])
 		}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +27,13 @@ func requireTools(t *testing.T) {
 func newRand(t *testing.T) (*rand.Rand, uint64) {
 	t.Helper()
 	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	if v := os.Getenv("GPUKIT_TEST_SEED"); v != "" {
+		var err error
+		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
+			t.Fatalf("GPUKIT_TEST_SEED=%q: %v", v, err)
+		}
+	}
+	t.Logf("seed %d (GPUKIT_TEST_SEED repeats it)", seed)
 	return rand.New(rand.NewPCG(seed, 7)), seed
 }
 
