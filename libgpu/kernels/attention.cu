@@ -160,6 +160,14 @@ __device__ __forceinline__ void attn_cp_commit() { asm volatile("cp.async.commit
 
 // attn_cp_wait0 waits until every copy this thread queued has landed.
 __device__ __forceinline__ void attn_cp_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// attn_ex2: 2^x on the multi-function unit (ex2.approx.ftz: relative error
+// about 2^-22, −∞ → +0).
+__device__ __forceinline__ float attn_ex2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
 #else
 __device__ __forceinline__ unsigned attn_smem_addr(const void* p) { return gpukit_emu_smem_addr(p); }
 __device__ __forceinline__ void attn_ldsm_x4(unsigned r[4], unsigned addr) { gpukit_emu_ldsm_x4(r, addr, false); }
@@ -173,7 +181,15 @@ __device__ __forceinline__ unsigned attn_pack_bf16(float lo, float hi) {
 __device__ __forceinline__ void attn_cp16(unsigned s, const gpukit_bf16* g, bool ok) { gpukit_emu_cp16(s, g, ok); }
 __device__ __forceinline__ void attn_cp_commit() { gpukit_emu_cp_commit(); }
 __device__ __forceinline__ void attn_cp_wait0() { gpukit_emu_cp_wait0(); }
+__device__ __forceinline__ float attn_ex2(float x) { return exp2f(x); }
 #endif
+
+// attn_exp2 is 2^x by the kernel's choice: ex2.approx.ftz (EX2: the wgmma
+// kernels) or exp2f (the mma.sync and CUDA-core kernels).
+template <bool EX2>
+__device__ __forceinline__ float attn_exp2(float x) {
+  return EX2 ? attn_ex2(x) : exp2f(x);
+}
 
 // attn_unpack_lo / attn_unpack_hi widen the halves of a packed bf16 pair.
 __device__ __forceinline__ float attn_unpack_lo(unsigned x) { return __uint_as_float(x << 16); }
@@ -276,6 +292,265 @@ __device__ __forceinline__ unsigned attn_half_mask(unsigned long long b2) {
   return ((b2 & 1) ? 0x0000ffffu : 0u) | ((b2 & 2) ? 0xffff0000u : 0u);
 }
 
+// ---- tile steps shared by the kernels ----
+//
+// An accumulator fragment (mma.sync's 16 × 8·NJ, or a warp's 16 rows of a
+// wgmma 64 × 8·NJ product) is float x[4·NJ]: x[4j+e] is row lane/4 +
+// 8·(e/2), column 8j + 2·(lane%4) + e%2 (float x[NJ][4] is the same
+// memory). Every kernel's tile loop is written from these steps.
+
+// attn_head is row 0 of head h of batch item b of a [B,T,H,D] tensor p
+// with strides st (batch, time, head; elements).
+template <typename T>
+__device__ __forceinline__ T* attn_head(const void* p, const long long st[3], int b, int h) {
+  return (T*)p + b * st[0] + h * st[2];
+}
+
+// attn_store_pair writes two adjacent outputs (4-byte aligned bf16 pair),
+// adding what is there when acc.
+__device__ __forceinline__ void attn_store_pair(gpukit_bf16* p, float x0, float x1, int acc) {
+  unsigned* u = (unsigned*)p;
+  if (acc) {
+    unsigned old = *u;
+    x0 += attn_unpack_lo(old);
+    x1 += attn_unpack_hi(old);
+  }
+  *u = attn_pack_bf16(x0, x1);
+}
+
+template <int N>
+__device__ __forceinline__ void attn_zero(float* x) {
+#pragma unroll
+  for (int i = 0; i < N; i++) x[i] = 0.0f;
+}
+
+// attn_softmax_frag turns s (this thread's two rows, qrow and qrow + 8, of
+// a 16 × 8·NJ score fragment of key tile kbase) into unnormalised
+// probabilities in place: scaled to base 2, masked (keys past Tk; causal:
+// keys after the query; row0 is the first query row the tile can hold,
+// which decides whether any element needs the test), the running maximum m
+// updated, the row sums l rescaled and added to; alpha[r] is the factor
+// the rows' output accumulators must be multiplied by (attn_rescale).
+template <int NJ, bool EX2>
+__device__ __forceinline__ void attn_softmax_frag(float* s, float m[2], float l[2], float alpha[2], int kbase,
+                                                  int row0, int qrow, const attn_args& a) {
+  constexpr int BN = 8 * NJ;
+  const int t = threadIdx.x & 3;
+  const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float x = s[4 * j + e] * a.scale_log2;
+      if (mask) {
+        const int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + (e >> 1) * 8;
+        if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
+      }
+      s[4 * j + e] = x;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float mx = -ATTN_INF;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    mx = attn_quad_max(mx);
+    const float mnew = fmaxf(m[r], mx);
+    const float mu = mnew == -ATTN_INF ? 0.0f : mnew;  // a row with every key masked so far
+    alpha[r] = attn_exp2<EX2>(m[r] - mu);
+    float rs = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      const float p0 = attn_exp2<EX2>(s[4 * j + 2 * r] - mu), p1 = attn_exp2<EX2>(s[4 * j + 2 * r + 1] - mu);
+      s[4 * j + 2 * r] = p0;
+      s[4 * j + 2 * r + 1] = p1;
+      rs += p0 + p1;
+    }
+    l[r] = l[r] * alpha[r] + rs;  // this thread's part of the row sum; quads add up at the end
+    m[r] = mnew;
+  }
+}
+
+// attn_rescale multiplies an output fragment's two rows by alpha[0], alpha[1].
+template <int NJ>
+__device__ __forceinline__ void attn_rescale(float* o, const float alpha[2]) {
+#pragma unroll
+  for (int i = 0; i < NJ; i++) {
+    o[4 * i + 0] *= alpha[0];
+    o[4 * i + 1] *= alpha[0];
+    o[4 * i + 2] *= alpha[1];
+    o[4 * i + 3] *= alpha[1];
+  }
+}
+
+// attn_pack_frag rounds a 16 × 8·NJ fragment s to the bf16 A fragments of
+// a product over its columns: k-step kk (columns 16kk..16kk+15) is n-tiles
+// 2kk and 2kk+1.
+template <int NJ>
+__device__ __forceinline__ void attn_pack_frag(unsigned p[][4], const float* s) {
+#pragma unroll
+  for (int kk = 0; kk < NJ / 2; kk++) {
+    p[kk][0] = attn_pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+    p[kk][1] = attn_pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+    p[kk][2] = attn_pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+    p[kk][3] = attn_pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// attn_keep_frag_mask is p with the dropped elements of keep mask km (bit
+// 4j+e per element, attn_drop_bits) zeroed, for packed fragments p[NJ/2].
+template <int NJ>
+__device__ __forceinline__ void attn_keep_frag_mask(unsigned out[][4], const unsigned p[][4], unsigned long long km) {
+#pragma unroll
+  for (int kk = 0; kk < NJ / 2; kk++) {
+#pragma unroll
+    for (int w = 0; w < 4; w++) out[kk][w] = p[kk][w] & attn_half_mask(km >> (8 * kk + 2 * w));
+  }
+}
+
+// attn_bwd_p: P = exp2(S·scale·log2e − lse·log2e) in place over a score
+// fragment s of queries × keys (rows qrow, qrow + 8; lse2 their lse·log2e),
+// zero where masked (keys past Tk; causal: keys after the query; row0 as
+// in attn_softmax_frag).
+template <int NJ, bool EX2>
+__device__ __forceinline__ void attn_bwd_p(float* s, const float lse2[2], int kbase, int row0, int qrow,
+                                           const attn_args& a) {
+  constexpr int BN = 8 * NJ;
+  const int t = threadIdx.x & 3;
+  const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int r = e >> 1;
+      float p = attn_exp2<EX2>(s[4 * j + e] * a.scale_log2 - lse2[r]);
+      if (mask) {
+        const int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + r * 8;
+        if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
+      }
+      s[4 * j + e] = p;
+    }
+  }
+}
+
+// attn_bwd_ds: dS = P ∘ (dP − δ) into dp, over the fragment of attn_bwd_p
+// (dl: the rows' δ). Dropout: dP of dropped elements is 0, of kept ones
+// dP/(1−p) (km as in attn_keep_frag_mask).
+template <int NJ, bool DROP>
+__device__ __forceinline__ void attn_bwd_ds(float* dp, const float* p, const float dl[2], unsigned long long km,
+                                            float drop_scale) {
+#pragma unroll
+  for (int i = 0; i < 4 * NJ; i++) {
+    float dpv = dp[i];
+    if (DROP) dpv = ((km >> i) & 1) ? dpv * drop_scale : 0.0f;
+    dp[i] = p[i] * (dpv - dl[(i >> 1) & 1]);
+  }
+}
+
+// attn_bwd_pt: Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e) in place over a
+// transposed score fragment st (keys krow, krow + 8 × queries qbase +
+// column; lt: the tile's lse·log2e by column, +∞ past Tq so P is 0 there),
+// zero where mask (the tile may cross the causal diagonal) and the key is
+// after the query.
+template <int NJ, bool EX2>
+__device__ __forceinline__ void attn_bwd_pt(float* st, const float* lt, int qbase, int krow, bool mask,
+                                            const attn_args& a) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int qc = j * 8 + 2 * t + (e & 1);
+      float p = attn_exp2<EX2>(st[4 * j + e] * a.scale_log2 - lt[qc]);
+      if (mask && krow + (e >> 1) * 8 > qbase + qc) p = 0.0f;
+      st[4 * j + e] = p;
+    }
+  }
+}
+
+// attn_bwd_dst: dSᵀ = Pᵀ ∘ (dPᵀ − δ) into dpt, Pᵀ from its packed bf16
+// copy pp (attn_pack_frag), dt the tile's δ by column; dropout as in
+// attn_bwd_ds.
+template <int NJ, bool DROP>
+__device__ __forceinline__ void attn_bwd_dst(float* dpt, const unsigned pp[][4], const float* dt,
+                                             unsigned long long km, float drop_scale) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const unsigned w = pp[j >> 1][(j & 1) * 2 + (e >> 1)];
+      const float p = (e & 1) ? attn_unpack_hi(w) : attn_unpack_lo(w);
+      float dpv = dpt[4 * j + e];
+      if (DROP) dpv = ((km >> (4 * j + e)) & 1) ? dpv * drop_scale : 0.0f;
+      dpt[4 * j + e] = p * (dpv - dt[j * 8 + 2 * t + (e & 1)]);
+    }
+  }
+}
+
+// attn_store_frag writes the rows row, row + 8 (those < T) of an output
+// fragment x of 8·ND columns, times scale, to the bf16 matrix at base (row
+// stride ld), adding what is there when acc.
+template <int ND>
+__device__ __forceinline__ void attn_store_frag(gpukit_bf16* base, long long ld, int row, int T, const float* x,
+                                                float scale, int acc) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int i = row + r * 8;
+    if (i >= T) continue;
+    gpukit_bf16* p = base + (long long)i * ld;
+#pragma unroll
+    for (int j = 0; j < ND; j++) attn_store_pair(p + j * 8 + 2 * t, x[4 * j + 2 * r] * scale, x[4 * j + 2 * r + 1] * scale, acc);
+  }
+}
+
+// attn_fwd_out is the forward's end: row r of O = o/l·(drop scale) (l
+// summed over the quad here), lse = m + log l (natural log; −∞ for a row
+// with no key).
+template <int ND, bool DROP>
+__device__ __forceinline__ void attn_fwd_out(const float* o, const float m[2], const float l[2], int qrow, int b,
+                                             int h, const attn_args& a) {
+  const int t = threadIdx.x & 3;
+  gpukit_bf16* O = attn_head<gpukit_bf16>(a.o, a.so, b, h);
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float lr = attn_quad_sum(l[r]);
+    const int qi = qrow + r * 8;
+    if (qi >= a.Tq) continue;
+    const float inv = lr > 0.0f ? (DROP ? a.drop_scale : 1.0f) / lr : 0.0f;
+    gpukit_bf16* orow = O + (long long)qi * a.so[1];
+#pragma unroll
+    for (int j = 0; j < ND; j++) attn_store_pair(orow + j * 8 + 2 * t, o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv, 0);
+    if (t == 0 && a.lse) {
+      a.lse[((long long)b * a.H + h) * a.Tq + qi] = lr > 0.0f ? (m[r] + log2f(lr)) * ATTN_LN2 : -ATTN_INF;
+    }
+  }
+}
+
+// attn_row_stats reads the lse·log2e and δ of this thread's query rows
+// qrow, qrow + 8 (0 past Tq).
+__device__ __forceinline__ void attn_row_stats(float lse2[2], float dl[2], int qrow, long long bh, const attn_args& a) {
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = qrow + r * 8;
+    lse2[r] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
+    dl[r] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+  }
+}
+
+// attn_tile_stats fills n entries of a tile's lse·log2e (+∞ past Tq) and δ
+// (0 past Tq) for the queries from qbase (plain shared stores, threads
+// 0..n−1: a barrier orders them before use).
+__device__ __forceinline__ void attn_tile_stats(float* sl, float* sd, int n, int qbase, long long bh,
+                                                const attn_args& a) {
+  if ((int)threadIdx.x < n) {
+    const int qi = qbase + threadIdx.x;
+    sl[threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
+    sd[threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+  }
+}
+
 // ---- tensor-core kernels (bf16, D = 64 or 128) ----
 //
 // Shared tiles are 64 rows of D bf16, rows padded to D+8 elements so that
@@ -327,16 +602,47 @@ __device__ __forceinline__ unsigned attn_bt_addr(unsigned s, int k0, int n0, int
   return s + ((k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8) * 2;
 }
 
-// attn_store_pair writes two adjacent outputs (4-byte aligned bf16 pair),
-// adding what is there when acc.
-__device__ __forceinline__ void attn_store_pair(gpukit_bf16* p, float x0, float x1, int acc) {
-  unsigned* u = (unsigned*)p;
-  if (acc) {
-    unsigned old = *u;
-    x0 += attn_unpack_lo(old);
-    x1 += attn_unpack_hi(old);
+// attn_tc_mma_nt is one k-step of C += A·Bᵀ over 64 columns: a the A
+// fragment (16 rows × 16 of k), B's 64 rows (n) × 16 columns from column
+// k0 of the tile at s stored [n][k] (row stride LDS); c[8][4].
+template <int LDS>
+__device__ __forceinline__ void attn_tc_mma_nt(float c[][4], const unsigned a[4], unsigned s, int k0, int lane) {
+#pragma unroll
+  for (int np = 0; np < 4; np++) {
+    unsigned kb[4];
+    attn_ldsm_x4(kb, attn_b_addr<LDS>(s, np * 16, k0, lane));
+    attn_mma(c[2 * np], a, kb[0], kb[1]);
+    attn_mma(c[2 * np + 1], a, kb[2], kb[3]);
   }
-  *u = attn_pack_bf16(x0, x1);
+}
+
+// attn_tc_gemm_nt: C (16 × 64) += A·Bᵀ over KD k-steps, A the 16 rows from
+// row a0 of the tile at sa, B the 64 rows of the tile at sb (both [row][k]).
+template <int LDS, int KD>
+__device__ __forceinline__ void attn_tc_gemm_nt(float c[][4], unsigned sa, int a0, unsigned sb, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < KD; kk++) {
+    unsigned af[4];
+    attn_ldsm_x4(af, attn_a_addr<LDS>(sa, a0, kk * 16, lane));
+    attn_tc_mma_nt<LDS>(c, af, sb, kk * 16, lane);
+  }
+}
+
+// attn_tc_gemm_nn: C (16 × 8·ND) += P·B, P the packed A fragments of a 16
+// × 64 fragment (attn_pack_frag: 4 k-steps), B the 64 × 8·ND tile at sb
+// stored [k][n] (read with .trans).
+template <int LDS, int ND>
+__device__ __forceinline__ void attn_tc_gemm_nn(float c[][4], const unsigned p[][4], unsigned sb, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) {
+#pragma unroll
+    for (int np = 0; np < ND / 2; np++) {
+      unsigned vb[4];
+      attn_ldsm_x4_t(vb, attn_bt_addr<LDS>(sb, kk * 16, np * 16, lane));
+      attn_mma(c[2 * np], p[kk], vb[0], vb[1]);
+      attn_mma(c[2 * np + 1], p[kk], vb[2], vb[3]);
+    }
+  }
 }
 
 // attn_fwd_tc: grid (H, B, ⌈Tq/64⌉), the query blocks in reverse (the
@@ -352,10 +658,10 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
   const unsigned sQ = sK + TILE;
   const int h = blockIdx.x, b = blockIdx.y;
   const int q0 = (gridDim.z - 1 - blockIdx.z) * 64;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
-  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
-  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+  const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+  const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
   const int kend = a.causal ? min(a.Tk, q0 + 64) : a.Tk;
   const int ntiles = (kend + 63) / 64;
 
@@ -371,9 +677,8 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
   __syncthreads();  // the Q tile's space (K buffer 1) is free
 
   float o[ND][4];
-#pragma unroll
-  for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f};
+  attn_zero<D / 2>(&o[0][0]);
+  float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
   const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
@@ -388,93 +693,22 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
 
     // S = Q·Kᵀ: 16 rows × 64 keys per warp, 8 n-tiles of 8 keys.
     float s[8][4];
+    attn_zero<32>(&s[0][0]);
 #pragma unroll
-    for (int j = 0; j < 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-#pragma unroll
-      for (int np = 0; np < 4; np++) {
-        unsigned kb[4];
-        attn_ldsm_x4(kb, attn_b_addr<LDS>(ks, np * 16, kk * 16, lane));
-        attn_mma(s[2 * np], qf[kk], kb[0], kb[1]);
-        attn_mma(s[2 * np + 1], qf[kk], kb[2], kb[3]);
-      }
-    }
-    // Scale to base 2 and mask: keys past Tk, and (causal) keys after the query.
-    const bool mask = kbase + 64 > a.Tk || (a.causal && kbase + 63 > q0);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float x = s[j][e] * a.scale_log2;
-        if (mask) {
-          int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + (e >> 1) * 8;
-          if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
-        }
-        s[j][e] = x;
-      }
-    }
-    // Online softmax, per row r (elements 2r, 2r+1 of each n-tile).
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      float mx = -ATTN_INF;
-#pragma unroll
-      for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      mx = attn_quad_max(mx);
-      const float mnew = fmaxf(m[r], mx);
-      const float mu = mnew == -ATTN_INF ? 0.0f : mnew;  // a row with every key masked so far
-      const float alpha = exp2f(m[r] - mu);
-      float rs = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; j++) {
-        float p0 = exp2f(s[j][2 * r] - mu), p1 = exp2f(s[j][2 * r + 1] - mu);
-        s[j][2 * r] = p0;
-        s[j][2 * r + 1] = p1;
-        rs += p0 + p1;
-      }
-      l[r] = l[r] * alpha + rs;  // this thread's part of the row sum; quads add up at the end
-      m[r] = mnew;
-#pragma unroll
-      for (int j = 0; j < ND; j++) {
-        o[j][2 * r] *= alpha;
-        o[j][2 * r + 1] *= alpha;
-      }
-    }
+    for (int kk = 0; kk < KD; kk++) attn_tc_mma_nt<LDS>(s, qf[kk], ks, kk * 16, lane);
+    attn_softmax_frag<8, false>(&s[0][0], m, l, alpha, kbase, q0, qrow, a);
+    attn_rescale<ND>(&o[0][0], alpha);
     // Dropout: l has the undropped sums; P·V takes the kept elements.
     if (DROP) attn_drop_f<8>(&s[0][0], attn_drop_bits<8>(dc, q0 + warp * 16, kbase, a.Tk, 1));
     // O += P·V: P's accumulator fragments are the A fragments of the
     // product (16 keys per k-step), V is stored [key][d]: .trans.
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-      unsigned pa[4] = {attn_pack_bf16(s[2 * kk][0], s[2 * kk][1]), attn_pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                        attn_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                        attn_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < ND / 2; dp++) {
-        unsigned vb[4];
-        attn_ldsm_x4_t(vb, attn_bt_addr<LDS>(vs, kk * 16, dp * 16, lane));
-        attn_mma(o[2 * dp], pa, vb[0], vb[1]);
-        attn_mma(o[2 * dp + 1], pa, vb[2], vb[3]);
-      }
-    }
+    unsigned pa[4][4];
+    attn_pack_frag<8>(pa, &s[0][0]);
+    attn_tc_gemm_nn<LDS, ND>(o, pa, vs, lane);
     if (it + 1 < ntiles) attn_cp_wait0();
     __syncthreads();  // the next tiles have landed; this pair may be overwritten
   }
-
-  gpukit_bf16* O = (gpukit_bf16*)a.o + b * a.so[0] + h * a.so[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const float lr = attn_quad_sum(l[r]);
-    const int qi = qrow + r * 8;
-    if (qi >= a.Tq) continue;
-    const float inv = lr > 0.0f ? (DROP ? a.drop_scale : 1.0f) / lr : 0.0f;
-    gpukit_bf16* orow = O + (long long)qi * a.so[1];
-#pragma unroll
-    for (int j = 0; j < ND; j++) attn_store_pair(orow + j * 8 + 2 * t, o[j][2 * r] * inv, o[j][2 * r + 1] * inv, 0);
-    if (t == 0 && a.lse) {
-      a.lse[((long long)b * a.H + h) * a.Tq + qi] = lr > 0.0f ? (m[r] + log2f(lr)) * ATTN_LN2 : -ATTN_INF;
-    }
-  }
+  attn_fwd_out<ND, DROP>(&o[0][0], m, l, qrow, b, h, a);
 }
 
 // attn_bwd_dq_tc: dQ = scale·dS·K over key tiles, grid (H, B, ⌈Tq/64⌉) in
@@ -490,11 +724,11 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
   const unsigned sV = sQ + 4 * TILE;
   const int h = blockIdx.x, b = blockIdx.y;
   const int q0 = (gridDim.z - 1 - blockIdx.z) * 64;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
-  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
-  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
-  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+  const gpukit_bf16* dO = attn_head<const gpukit_bf16>(a.dout, a.sdo, b, h);
+  const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+  const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
   const int kend = a.causal ? min(a.Tk, q0 + 64) : a.Tk;
   const int ntiles = (kend + 63) / 64;
 
@@ -507,15 +741,9 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
   const int qrow = q0 + warp * 16 + g;
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   float lse2[2], dl[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    int qi = qrow + r * 8;
-    lse2[r] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
-    dl[r] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-  }
+  attn_row_stats(lse2, dl, qrow, bh, a);
   float dq[ND][4];
-#pragma unroll
-  for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+  attn_zero<D / 2>(&dq[0][0]);
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   attn_cp_wait0();
   __syncthreads();
@@ -530,74 +758,23 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
     const unsigned ks = sK + buf * TILE, vs = sV + buf * TILE;
     // S = Q·Kᵀ and dP = dO·Vᵀ (both 16 × 64 per warp).
     float s[8][4], dp[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      unsigned qa[4], oa[4];
-      attn_ldsm_x4(qa, attn_a_addr<LDS>(sQ, warp * 16, kk * 16, lane));
-      attn_ldsm_x4(oa, attn_a_addr<LDS>(sO, warp * 16, kk * 16, lane));
-#pragma unroll
-      for (int np = 0; np < 4; np++) {
-        unsigned kb[4], vb[4];
-        attn_ldsm_x4(kb, attn_b_addr<LDS>(ks, np * 16, kk * 16, lane));
-        attn_mma(s[2 * np], qa, kb[0], kb[1]);
-        attn_mma(s[2 * np + 1], qa, kb[2], kb[3]);
-        attn_ldsm_x4(vb, attn_b_addr<LDS>(vs, np * 16, kk * 16, lane));
-        attn_mma(dp[2 * np], oa, vb[0], vb[1]);
-        attn_mma(dp[2 * np + 1], oa, vb[2], vb[3]);
-      }
-    }
+    attn_zero<32>(&s[0][0]);
+    attn_zero<32>(&dp[0][0]);
+    attn_tc_gemm_nt<LDS, KD>(s, sQ, warp * 16, ks, lane);
+    attn_tc_gemm_nt<LDS, KD>(dp, sO, warp * 16, vs, lane);
     // dS = P ∘ (dP − δ), P = exp2(S·scale·log2e − lse·log2e); masked → 0.
     // Dropout: dP of dropped elements is 0, of kept ones dP/(1−p).
-    const bool mask = kbase + 64 > a.Tk || (a.causal && kbase + 63 > q0);
     const unsigned long long km = DROP ? attn_drop_bits<8>(dc, q0 + warp * 16, kbase, a.Tk, 1) : 0ull;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = e >> 1;
-        float p = exp2f(s[j][e] * a.scale_log2 - lse2[r]);
-        if (mask) {
-          int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + r * 8;
-          if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
-        }
-        float dpv = dp[j][e];
-        if (DROP) dpv = ((km >> (4 * j + e)) & 1) ? dpv * a.drop_scale : 0.0f;
-        s[j][e] = p * (dpv - dl[r]);
-      }
-    }
+    attn_bwd_p<8, false>(&s[0][0], lse2, kbase, q0, qrow, a);
+    attn_bwd_ds<8, DROP>(&dp[0][0], &s[0][0], dl, km, a.drop_scale);
     // dQ += dS·K: K is stored [key][d], the k dimension: .trans.
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-      unsigned da[4] = {attn_pack_bf16(s[2 * kk][0], s[2 * kk][1]), attn_pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                        attn_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                        attn_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int np = 0; np < ND / 2; np++) {
-        unsigned kb[4];
-        attn_ldsm_x4_t(kb, attn_bt_addr<LDS>(ks, kk * 16, np * 16, lane));
-        attn_mma(dq[2 * np], da, kb[0], kb[1]);
-        attn_mma(dq[2 * np + 1], da, kb[2], kb[3]);
-      }
-    }
+    unsigned da[4][4];
+    attn_pack_frag<8>(da, &dp[0][0]);
+    attn_tc_gemm_nn<LDS, ND>(dq, da, ks, lane);
     if (it + 1 < ntiles) attn_cp_wait0();
     __syncthreads();
   }
-
-  gpukit_bf16* dQ = (gpukit_bf16*)a.dq + b * a.sdq[0] + h * a.sdq[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int qi = qrow + r * 8;
-    if (qi >= a.Tq) continue;
-    gpukit_bf16* row = dQ + (long long)qi * a.sdq[1];
-#pragma unroll
-    for (int j = 0; j < ND; j++)
-      attn_store_pair(row + j * 8 + 2 * t, dq[j][2 * r] * a.scale, dq[j][2 * r + 1] * a.scale, a.acc_q);
-  }
+  attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dq, a.sdq, b, h), a.sdq[1], qrow, a.Tq, &dq[0][0], a.scale, a.acc_q);
 }
 
 // attn_bwd_dkdv_tc: dV = Pᵀ·dO and dK = scale·dSᵀ·Q over query tiles, grid
@@ -617,11 +794,11 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
   float* sD = sL + 128;                 // [2][64] δ
   const int h = blockIdx.x, b = blockIdx.y;
   const int k0 = blockIdx.z * 64;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
-  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
-  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
-  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+  const gpukit_bf16* dO = attn_head<const gpukit_bf16>(a.dout, a.sdo, b, h);
+  const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+  const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   const int qstart = a.causal ? k0 / 64 : 0;  // causal: queries before k0 see none of these keys
   const int qtiles = (a.Tq + 63) / 64;
@@ -631,20 +808,13 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
   if (qstart < qtiles) {
     attn_tile_load<D>(sQ, Q, a.sq[1], qstart * 64, a.Tq);
     attn_tile_load<D>(sO, dO, a.sdo[1], qstart * 64, a.Tq);
-    if (threadIdx.x < 64) {
-      int qi = qstart * 64 + threadIdx.x;
-      sL[threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
-      sD[threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-    }
+    attn_tile_stats(sL, sD, 64, qstart * 64, bh, a);
   }
   attn_cp_commit();
 
   float dk[ND][4], dv[ND][4];
-#pragma unroll
-  for (int j = 0; j < ND; j++) {
-    dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = 0.0f;
-    dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.0f;
-  }
+  attn_zero<D / 2>(&dk[0][0]);
+  attn_zero<D / 2>(&dv[0][0]);
   const int krow = k0 + warp * 16 + g;  // this thread's keys: krow, krow + 8
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   attn_cp_wait0();
@@ -656,11 +826,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
       attn_tile_load<D>(sQ + (buf ^ 1) * TILE, Q, a.sq[1], qbase + 64, a.Tq);
       attn_tile_load<D>(sO + (buf ^ 1) * TILE, dO, a.sdo[1], qbase + 64, a.Tq);
       attn_cp_commit();
-      if (threadIdx.x < 64) {
-        int qi = qbase + 64 + threadIdx.x;
-        sL[(buf ^ 1) * 64 + threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
-        sD[(buf ^ 1) * 64 + threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-      }
+      attn_tile_stats(sL + (buf ^ 1) * 64, sD + (buf ^ 1) * 64, 64, qbase + 64, bh, a);
     }
     const unsigned qs = sQ + buf * TILE, os = sO + buf * TILE;
     const float* lt = sL + buf * 64;
@@ -669,124 +835,39 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
     // Sᵀ = K·Qᵀ (16 keys × 64 queries per warp); Pᵀ = exp2(Sᵀ·scale·log2e −
     // lse·log2e), zero where masked (and past Tq, where lse is +∞).
     float st[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; j++) st[j][0] = st[j][1] = st[j][2] = st[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      unsigned ka[4];
-      attn_ldsm_x4(ka, attn_a_addr<LDS>(sK, warp * 16, kk * 16, lane));
-#pragma unroll
-      for (int np = 0; np < 4; np++) {
-        unsigned qb[4];
-        attn_ldsm_x4(qb, attn_b_addr<LDS>(qs, np * 16, kk * 16, lane));
-        attn_mma(st[2 * np], ka, qb[0], qb[1]);
-        attn_mma(st[2 * np + 1], ka, qb[2], qb[3]);
-      }
-    }
-    const bool mask = a.causal && qbase < k0 + 64;  // the diagonal tile
+    attn_zero<32>(&st[0][0]);
+    attn_tc_gemm_nt<LDS, KD>(st, sK, warp * 16, qs, lane);
+    attn_bwd_pt<8, false>(&st[0][0], lt, qbase, krow, a.causal && qbase < k0 + 64 /* the diagonal tile */, a);
     // Pᵀ packed to bf16: the A fragments of dV += Pᵀ·dO (16 queries per k-step).
     unsigned pp[4][4];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      float pv[4];
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int qc = j * 8 + 2 * t + (e & 1);
-        float p = exp2f(st[j][e] * a.scale_log2 - lt[qc]);
-        if (mask && krow + (e >> 1) * 8 > qbase + qc) p = 0.0f;
-        pv[e] = p;
-      }
-      pp[j >> 1][(j & 1) * 2] = attn_pack_bf16(pv[0], pv[1]);
-      pp[j >> 1][(j & 1) * 2 + 1] = attn_pack_bf16(pv[2], pv[3]);
-    }
+    attn_pack_frag<8>(pp, &st[0][0]);
     // Dropout: the keep mask of Pᵀ (keys × queries: element index
     // base + query·Tk + key); dV takes the kept elements, dS all of P.
     const unsigned long long km = DROP ? attn_drop_bits<8>(dc, k0 + warp * 16, qbase, 1, a.Tk) : 0ull;
     // dV += Pᵀ·dO: dO is stored [query][d], the k dimension: .trans.
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-      unsigned pk[4];
-#pragma unroll
-      for (int w = 0; w < 4; w++) pk[w] = DROP ? pp[kk][w] & attn_half_mask(km >> (8 * kk + 2 * w)) : pp[kk][w];
-#pragma unroll
-      for (int np = 0; np < ND / 2; np++) {
-        unsigned ob[4];
-        attn_ldsm_x4_t(ob, attn_bt_addr<LDS>(os, kk * 16, np * 16, lane));
-        attn_mma(dv[2 * np], pk, ob[0], ob[1]);
-        attn_mma(dv[2 * np + 1], pk, ob[2], ob[3]);
-      }
+    if (DROP) {
+      unsigned pk[4][4];
+      attn_keep_frag_mask<8>(pk, pp, km);
+      attn_tc_gemm_nn<LDS, ND>(dv, pk, os, lane);
+    } else {
+      attn_tc_gemm_nn<LDS, ND>(dv, pp, os, lane);
     }
     // dPᵀ = V·dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ − δ) (Pᵀ from its bf16 copy).
     float dpt[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; j++) dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      unsigned va[4];
-      attn_ldsm_x4(va, attn_a_addr<LDS>(sV, warp * 16, kk * 16, lane));
-#pragma unroll
-      for (int np = 0; np < 4; np++) {
-        unsigned ob[4];
-        attn_ldsm_x4(ob, attn_b_addr<LDS>(os, np * 16, kk * 16, lane));
-        attn_mma(dpt[2 * np], va, ob[0], ob[1]);
-        attn_mma(dpt[2 * np + 1], va, ob[2], ob[3]);
-      }
-    }
-    if (DROP) {
-#pragma unroll
-      for (int j = 0; j < 8; j++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) dpt[j][e] = ((km >> (4 * j + e)) & 1) ? dpt[j][e] * a.drop_scale : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const unsigned p01 = pp[j >> 1][(j & 1) * 2], p23 = pp[j >> 1][(j & 1) * 2 + 1];
-      const float d0 = dt[j * 8 + 2 * t], d1 = dt[j * 8 + 2 * t + 1];
-      const float ds0 = attn_unpack_lo(p01) * (dpt[j][0] - d0), ds1 = attn_unpack_hi(p01) * (dpt[j][1] - d1);
-      const float ds2 = attn_unpack_lo(p23) * (dpt[j][2] - d0), ds3 = attn_unpack_hi(p23) * (dpt[j][3] - d1);
-      pp[j >> 1][(j & 1) * 2] = attn_pack_bf16(ds0, ds1);
-      pp[j >> 1][(j & 1) * 2 + 1] = attn_pack_bf16(ds2, ds3);
-    }
+    attn_zero<32>(&dpt[0][0]);
+    attn_tc_gemm_nt<LDS, KD>(dpt, sV, warp * 16, os, lane);
+    attn_bwd_dst<8, DROP>(&dpt[0][0], pp, dt, km, a.drop_scale);
+    attn_pack_frag<8>(pp, &dpt[0][0]);
     // dK += dSᵀ·Q: Q is stored [query][d]: .trans.
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-#pragma unroll
-      for (int np = 0; np < ND / 2; np++) {
-        unsigned qb[4];
-        attn_ldsm_x4_t(qb, attn_bt_addr<LDS>(qs, kk * 16, np * 16, lane));
-        attn_mma(dk[2 * np], pp[kk], qb[0], qb[1]);
-        attn_mma(dk[2 * np + 1], pp[kk], qb[2], qb[3]);
-      }
-    }
+    attn_tc_gemm_nn<LDS, ND>(dk, pp, qs, lane);
     if (qt + 1 < qtiles) attn_cp_wait0();
     __syncthreads();
   }
 
-  gpukit_bf16* dK = (gpukit_bf16*)a.dk + b * a.sdk[0] + h * a.sdk[2];
-  gpukit_bf16* dV = (gpukit_bf16*)a.dv + b * a.sdv[0] + h * a.sdv[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int kj = krow + r * 8;
-    if (kj >= a.Tk) continue;
-    if (a.dk) {
-      gpukit_bf16* row = dK + (long long)kj * a.sdk[1];
-#pragma unroll
-      for (int j = 0; j < ND; j++)
-        attn_store_pair(row + j * 8 + 2 * t, dk[j][2 * r] * a.scale, dk[j][2 * r + 1] * a.scale, a.acc_k);
-    }
-    if (a.dv) {
-      gpukit_bf16* row = dV + (long long)kj * a.sdv[1];
-      if (DROP) {
-#pragma unroll
-        for (int j = 0; j < ND; j++)
-          attn_store_pair(row + j * 8 + 2 * t, dv[j][2 * r] * a.drop_scale, dv[j][2 * r + 1] * a.drop_scale, a.acc_v);
-      } else {
-#pragma unroll
-        for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[j][2 * r], dv[j][2 * r + 1], a.acc_v);
-      }
-    }
-  }
+  if (a.dk) attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dk, a.sdk, b, h), a.sdk[1], krow, a.Tk, &dk[0][0], a.scale, a.acc_k);
+  if (a.dv)
+    attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dv, a.sdv, b, h), a.sdv[1], krow, a.Tk, &dv[0][0],
+                        DROP ? a.drop_scale : 1.0f, a.acc_v);
 }
 
 // Instances: attn_<fwd|bwd_dq|bwd_dkdv>_tc[_drop]_d<D> (_drop: dropout on P).
@@ -932,13 +1013,6 @@ __device__ __forceinline__ void attn_wg_wait() {
 // (landed cp.async copies) visible to the async proxy the tensor cores
 // read through; a barrier after it makes everyone's visible.
 __device__ __forceinline__ void attn_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// attn_ex2: 2^x on the multi-function unit (ex2.approx.ftz: relative error
-// about 2^-22, −∞ → +0).
-__device__ __forceinline__ float attn_ex2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
 // attn_keep_f / attn_keep_u pin register values at this point of the
 // program for the compiler (CUTLASS's warpgroup_fence_operand): reads of
 // wgmma accumulators are not hoisted above the wait that retires them,
@@ -970,7 +1044,6 @@ __device__ __forceinline__ void attn_wg_wait() {
   gpukit_emu_wg_wait(N);
 }
 __device__ __forceinline__ void attn_fence_proxy_async() { gpukit_emu_fence_proxy_async(); }
-__device__ __forceinline__ float attn_ex2(float x) { return exp2f(x); }
 template <int N>
 __device__ __forceinline__ void attn_keep_f(float*) {}
 template <int N>
@@ -990,63 +1063,6 @@ __device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, l
     const bool ok = row < T;
     attn_cp16(s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4),
               ok ? g + (long long)row * ld + ch * 8 : g, ok);
-  }
-}
-
-// attn_wg_softmax turns s (this thread's two rows of a 64 × BN score tile
-// of key tile kbase) into unnormalised probabilities in place: scaled to
-// base 2, masked (keys past Tk; causal: keys after the query), the running
-// maximum m updated, the row sums l rescaled and added to; alpha[r] is the
-// factor the rows' output accumulators must be multiplied by.
-template <int BN>
-__device__ __forceinline__ void attn_wg_softmax(float* s, float m[2], float l[2], float alpha[2], int kbase, int row0,
-                                                int qrow, const attn_args& a) {
-  const int t = threadIdx.x & 3;
-  const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
-#pragma unroll
-  for (int j = 0; j < BN / 8; j++) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float x = s[4 * j + e] * a.scale_log2;
-      if (mask) {
-        const int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + (e >> 1) * 8;
-        if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
-      }
-      s[4 * j + e] = x;
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    float mx = -ATTN_INF;
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-    mx = attn_quad_max(mx);
-    const float mnew = fmaxf(m[r], mx);
-    const float mu = mnew == -ATTN_INF ? 0.0f : mnew;  // a row with every key masked so far
-    alpha[r] = attn_ex2(m[r] - mu);
-    float rs = 0.0f;
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-      const float p0 = attn_ex2(s[4 * j + 2 * r] - mu), p1 = attn_ex2(s[4 * j + 2 * r + 1] - mu);
-      s[4 * j + 2 * r] = p0;
-      s[4 * j + 2 * r + 1] = p1;
-      rs += p0 + p1;
-    }
-    l[r] = l[r] * alpha[r] + rs;  // this thread's part of the row sum; quads add up at the end
-    m[r] = mnew;
-  }
-}
-
-// attn_wg_pack rounds probabilities s to the bf16 A fragments of P·V: k
-// step kk (keys 16kk..16kk+15) is n-tiles 2kk and 2kk+1.
-template <int BN>
-__device__ __forceinline__ void attn_wg_pack(unsigned p[][4], const float* s) {
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; kk++) {
-    p[kk][0] = attn_pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-    p[kk][1] = attn_pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-    p[kk][2] = attn_pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-    p[kk][3] = attn_pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
   }
 }
 
@@ -1110,9 +1126,9 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   attn_wg_commit();
   attn_wg_wait<0>();
   attn_keep_f<BN / 2>(s);
-  attn_wg_softmax<BN>(s, m, l, alpha, 0, row0, qrow, a);
+  attn_softmax_frag<BN / 8, true>(s, m, l, alpha, 0, row0, qrow, a);
   if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, 0, a.Tk, 1));  // l is undropped
-  attn_wg_pack<BN>(p, s);
+  attn_pack_frag<BN / 8>(p, s);
 
   for (int j = 1; j < ntiles; j++) {
     attn_cp_wait0();
@@ -1137,7 +1153,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
     attn_wg_commit();
     attn_wg_wait<1>();
     attn_keep_f<BN / 2>(s);
-    attn_wg_softmax<BN>(s, m, l, alpha, j * BN, row0, qrow, a);
+    attn_softmax_frag<BN / 8, true>(s, m, l, alpha, j * BN, row0, qrow, a);
     if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, j * BN, a.Tk, 1));
     attn_wg_wait<0>();
     attn_keep_f<D / 2>(o);
@@ -1149,7 +1165,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
       o[4 * i + 2] *= alpha[1];
       o[4 * i + 3] *= alpha[1];
     }
-    attn_wg_pack<BN>(p, s);
+    attn_pack_frag<BN / 8>(p, s);
   }
   // The last P·V.
   attn_cp_wait0();
@@ -1301,7 +1317,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
         st[4 * j + e] = p;
       }
     }
-    attn_wg_pack<BM>(pp, st);
+    attn_pack_frag<BM / 8>(pp, st);
     attn_keep_u<BM / 4>(&pp[0][0]);
     if (DROP) {
       // dV's A operand is the kept part of Pᵀ, in ds (free: dK of i−1 has
@@ -1338,7 +1354,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
         dpt[4 * j + e] = p * (dpv - dt[j * 8 + 2 * t + (e & 1)]);
       }
     }
-    attn_wg_pack<BM>(ds, dpt);
+    attn_pack_frag<BM / 8>(ds, dpt);
     attn_keep_u<BM / 4>(&ds[0][0]);
     attn_wg_fence();
     // dK += dSᵀ·Q (Q N-major).
@@ -1484,7 +1500,7 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
       if (DROP) dpv = ((km >> i) & 1) ? dpv * a.drop_scale : 0.0f;
       dp[i] = s[i] * (dpv - dl[(i >> 1) & 1]);
     }
-    attn_wg_pack<BN>(ds, dp);
+    attn_pack_frag<BN / 8>(ds, dp);
     attn_keep_u<BN / 4>(&ds[0][0]);
     attn_keep_f<D / 2>(dq);
     attn_wg_fence();

@@ -13,11 +13,14 @@ out=${TMPDIR:-/tmp}/gpukit-emu-attn-compare
 mkdir -p "$out"
 flags=(-std=c++17 -O2 -g -Wall -Wno-unused-function -Wno-unknown-pragmas -I scripts/cudaemu -I libgpu/kernels)
 "$cxx" "${flags[@]}" -o "$out/new" scripts/cudaemu/attention_test.cpp &
-"$cxx" "${flags[@]}" -DATTN_CU_FILE='"attention_old.cu"' -o "$out/old" scripts/cudaemu/attention_test.cpp &
-wait %1 && wait %2
+c1=$!
+"$cxx" "${flags[@]}" -DATTN_CU_FILE='"attention_old.cu"' -o "$out/old" scripts/cudaemu/attention_test.cpp
+wait $c1
+rm -f "$out/old.txt" "$out/new.txt"
 ATTN_EMU_DIGEST=1 "$out/old" "$@" >"$out/old.txt" &
+r1=$!
 ATTN_EMU_DIGEST=1 "$out/new" "$@" >"$out/new.txt" || true
-wait %1 || true
+wait $r1 || true
 n=$(grep -c digest "$out/new.txt" || true)
 if diff "$out/old.txt" "$out/new.txt"; then
 	echo "attention_compare: $n checked outputs identical bit for bit ($(tail -1 "$out/new.txt"))"
