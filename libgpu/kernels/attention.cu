@@ -1066,6 +1066,27 @@ __device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, l
   }
 }
 
+// attn_wg_gemm_ss: D (64 × N) = A·Bᵀ over KD k-steps, both operands
+// K-major in swizzled tiles (attn_wg_load): A the warpgroup's 64 rows
+// starting at address a of a tile of AR rows, B the N rows of the tile at
+// b (BR rows). The first k-step overwrites d.
+template <int N, int KD, int AR, int BR>
+__device__ __forceinline__ void attn_wg_gemm_ss(float* d, unsigned a, unsigned b) {
+#pragma unroll
+  for (int kk = 0; kk < KD; kk++)
+    attn_wg_mma<N, 0>::ss(d, attn_wg_desc(a + (kk >> 2) * (AR * 128) + (kk & 3) * 32, 16, 1024),
+                          attn_wg_desc(b + (kk >> 2) * (BR * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+}
+
+// attn_wg_gemm_rs: D (64 × N) += P·B, P's KS k-steps from registers
+// (attn_pack_frag), B the 16·KS × N swizzled tile at b read N-major (R
+// rows: the tile's row count).
+template <int N, int KS, int R>
+__device__ __forceinline__ void attn_wg_gemm_rs(float* d, const unsigned p[][4], unsigned b) {
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) attn_wg_mma<N, 1>::rs(d, p[kk], attn_wg_desc(b + kk * 2048, R * 128, 1024), 1);
+}
+
 // attn_fwd_wg: grid (H, B, ⌈Tq/128⌉), the query blocks in reverse (the
 // longest causal rows start first). Shared memory (from the first 1024-byte
 // boundary of the dynamic block, 1 KiB of slack requested): Q [128][D],
@@ -1083,13 +1104,12 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   ATTN_DYN_SMEM(attn_smem);
   const unsigned sQ = (attn_smem_addr(attn_smem) + 1023u) & ~1023u;
   const unsigned sK = sQ + QT, sV = sK + 2 * KT;
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
-            t = lane & 3;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
   const int h = blockIdx.x, b = blockIdx.y;
   const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
-  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
-  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
-  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+  const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+  const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
   const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
   const int ntiles = (kend + BN - 1) / BN;
   const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query
@@ -1103,10 +1123,8 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
 
   float s[BN / 2], o[D / 2];
   unsigned p[BN / 16][4];
-#pragma unroll
-  for (int i = 0; i < BN / 2; i++) s[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+  attn_zero<BN / 2>(s);
+  attn_zero<D / 2>(o);
   float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
@@ -1119,10 +1137,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   attn_cp_commit();
   attn_keep_f<BN / 2>(s);
   attn_wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < KD; kk++)
-    attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
-                           attn_wg_desc(sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+  attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, sK);
   attn_wg_commit();
   attn_wg_wait<0>();
   attn_keep_f<BN / 2>(s);
@@ -1142,14 +1157,9 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
     attn_keep_f<D / 2>(o);
     attn_keep_u<BN / 4>(&p[0][0]);
     attn_wg_fence();
-    const unsigned kt = sK + (j & 1) * KT, vt = sV + ((j - 1) & 1) * KT;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-      attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
-                             attn_wg_desc(kt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, sK + (j & 1) * KT);
     attn_wg_commit();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(o, p[kk], attn_wg_desc(vt + kk * 2048, BN * 128, 1024), 1);
+    attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + ((j - 1) & 1) * KT);
     attn_wg_commit();
     attn_wg_wait<1>();
     attn_keep_f<BN / 2>(s);
@@ -1158,13 +1168,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
     attn_wg_wait<0>();
     attn_keep_f<D / 2>(o);
     attn_keep_u<BN / 4>(&p[0][0]);
-#pragma unroll
-    for (int i = 0; i < ND; i++) {
-      o[4 * i + 0] *= alpha[0];
-      o[4 * i + 1] *= alpha[0];
-      o[4 * i + 2] *= alpha[1];
-      o[4 * i + 3] *= alpha[1];
-    }
+    attn_rescale<ND>(o, alpha);
     attn_pack_frag<BN / 8>(p, s);
   }
   // The last P·V.
@@ -1174,29 +1178,11 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   attn_keep_f<D / 2>(o);
   attn_keep_u<BN / 4>(&p[0][0]);
   attn_wg_fence();
-  {
-    const unsigned vt = sV + ((ntiles - 1) & 1) * KT;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(o, p[kk], attn_wg_desc(vt + kk * 2048, BN * 128, 1024), 1);
-  }
+  attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + ((ntiles - 1) & 1) * KT);
   attn_wg_commit();
   attn_wg_wait<0>();
   attn_keep_f<D / 2>(o);
-
-  gpukit_bf16* O = (gpukit_bf16*)a.o + b * a.so[0] + h * a.so[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const float lr = attn_quad_sum(l[r]);
-    const int qi = qrow + r * 8;
-    if (qi >= a.Tq) continue;
-    const float inv = lr > 0.0f ? (DROP ? a.drop_scale : 1.0f) / lr : 0.0f;
-    gpukit_bf16* orow = O + (long long)qi * a.so[1];
-#pragma unroll
-    for (int i = 0; i < ND; i++) attn_store_pair(orow + i * 8 + 2 * t, o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv, 0);
-    if (t == 0 && a.lse) {
-      a.lse[((long long)b * a.H + h) * a.Tq + qi] = lr > 0.0f ? (m[r] + log2f(lr)) * ATTN_LN2 : -ATTN_INF;
-    }
-  }
+  attn_fwd_out<ND, DROP>(o, m, l, qrow, b, h, a);
 }
 
 
@@ -1225,14 +1211,13 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
   const unsigned sK = base, sV = base + KT, sQ = base + 2 * KT, sO = sQ + 3 * QT;  // sQ, sO: [3]
   float* sL = (float*)(attn_smem + (base - s0) + 2 * KT + 6 * QT);  // [3][64] lse·log2e (+∞ past Tq)
   float* sD = sL + 3 * BM;                                          // [3][64] δ
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
-            t = lane & 3;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
   const int h = blockIdx.x, b = blockIdx.y;
   const int k0 = blockIdx.z * BN;
-  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
-  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
-  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
-  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+  const gpukit_bf16* dO = attn_head<const gpukit_bf16>(a.dout, a.sdo, b, h);
+  const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+  const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   const int qstart = a.causal ? k0 / BM : 0;  // causal: queries before k0 see none of these keys
   const int n = max((a.Tq + BM - 1) / BM - qstart, 0);
@@ -1240,30 +1225,21 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
   const int krow = krow0 + g;                  // this thread's keys: krow, krow + 8
   const unsigned ka = sK + wg * 64 * 128, va = sV + wg * 64 * 128;  // this warpgroup's K and V rows
 
-  // stage_lse fills stage st's lse·log2e and δ for the query tile at qbase
-  // (plain shared stores: the barrier before their use orders them).
-  auto stage_lse = [&](int st, int qbase) {
-    if (threadIdx.x < BM) {
-      const int qi = qbase + threadIdx.x;
-      sL[st * BM + threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
-      sD[st * BM + threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-    }
-  };
   attn_wg_load<D, BN>(sK, K, a.sk[1], k0, a.Tk);
   attn_wg_load<D, BN>(sV, V, a.sv[1], k0, a.Tk);
   if (n > 0) {
     attn_wg_load<D, BM>(sQ, Q, a.sq[1], qstart * BM, a.Tq);
     attn_wg_load<D, BM>(sO, dO, a.sdo[1], qstart * BM, a.Tq);
-    stage_lse(0, qstart * BM);
+    attn_tile_stats(sL, sD, BM, qstart * BM, bh, a);
   }
   attn_cp_commit();
 
   float dk[D / 2], dv[D / 2], st[BM / 2], dpt[BM / 2];
   unsigned pp[BM / 16][4], ds[BM / 16][4];
-#pragma unroll
-  for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < BM / 2; i++) st[i] = dpt[i] = 0.0f;
+  attn_zero<D / 2>(dk);
+  attn_zero<D / 2>(dv);
+  attn_zero<BM / 2>(st);
+  attn_zero<BM / 2>(dpt);
 #pragma unroll
   for (int i = 0; i < BM / 16; i++) pp[i][0] = pp[i][1] = pp[i][2] = pp[i][3] = ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
@@ -1277,7 +1253,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
       const int nx = (i + 1) % 3;
       attn_wg_load<D, BM>(sQ + nx * QT, Q, a.sq[1], qbase + BM, a.Tq);
       attn_wg_load<D, BM>(sO + nx * QT, dO, a.sdo[1], qbase + BM, a.Tq);
-      stage_lse(nx, qbase + BM);
+      attn_tile_stats(sL + nx * BM, sD + nx * BM, BM, qbase + BM, bh, a);
     }
     attn_cp_commit();
     const unsigned qt = sQ + stg * QT, ot = sO + stg * QT;
@@ -1287,15 +1263,9 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
     attn_keep_f<BM / 2>(st);
     attn_keep_f<BM / 2>(dpt);
     attn_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-      attn_wg_mma<BM, 0>::ss(st, attn_wg_desc(ka + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),
-                             attn_wg_desc(qt + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_gemm_ss<BM, KD, BN, BM>(st, ka, qt);
     attn_wg_commit();
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-      attn_wg_mma<BM, 0>::ss(dpt, attn_wg_desc(va + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),
-                             attn_wg_desc(ot + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_gemm_ss<BM, KD, BN, BM>(dpt, va, ot);
     attn_wg_commit();
     // Dropout: the keep mask of Pᵀ (keys × queries: element index base +
     // query·Tk + key), drawn while Sᵀ and dPᵀ are on the tensor cores.
@@ -1306,34 +1276,18 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
     attn_keep_u<BM / 4>(&ds[0][0]);
 
     // Pᵀ, zero where masked (causal: key after the query) and past Tq (lse +∞).
-    const bool mask = a.causal && qbase < krow0 + 15;
-#pragma unroll
-    for (int j = 0; j < BM / 8; j++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int qc = j * 8 + 2 * t + (e & 1);
-        float p = attn_ex2(st[4 * j + e] * a.scale_log2 - lt[qc]);
-        if (mask && krow + (e >> 1) * 8 > qbase + qc) p = 0.0f;
-        st[4 * j + e] = p;
-      }
-    }
+    attn_bwd_pt<BM / 8, true>(st, lt, qbase, krow, a.causal && qbase < krow0 + 15, a);
     attn_pack_frag<BM / 8>(pp, st);
     attn_keep_u<BM / 4>(&pp[0][0]);
     if (DROP) {
       // dV's A operand is the kept part of Pᵀ, in ds (free: dK of i−1 has
       // retired); pp keeps all of Pᵀ for dS.
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; kk++) {
-#pragma unroll
-        for (int w = 0; w < 4; w++) ds[kk][w] = pp[kk][w] & attn_half_mask(km >> (8 * kk + 2 * w));
-      }
+      attn_keep_frag_mask<BM / 8>(ds, pp, km);
       attn_keep_u<BM / 4>(&ds[0][0]);
     }
     attn_wg_fence();
     // dV += Pᵀ·dO (dO N-major: 16 queries per k-step).
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; kk++)
-      attn_wg_mma<D, 1>::rs(dv, DROP ? ds[kk] : pp[kk], attn_wg_desc(ot + kk * 2048, BM * 128, 1024), 1);
+    attn_wg_gemm_rs<D, BM / 16, BM>(dv, DROP ? ds : pp, ot);
     attn_wg_commit();
     if (DROP) {
       attn_wg_wait<0>();  // dV has read ds before dS overwrites it
@@ -1343,54 +1297,22 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
     }
     attn_keep_f<BM / 2>(dpt);
     // dSᵀ = Pᵀ ∘ (dPᵀ − δ), Pᵀ from its bf16 copy.
-#pragma unroll
-    for (int j = 0; j < BM / 8; j++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const unsigned w = pp[j >> 1][(j & 1) * 2 + (e >> 1)];
-        const float p = (e & 1) ? attn_unpack_hi(w) : attn_unpack_lo(w);
-        float dpv = dpt[4 * j + e];
-        if (DROP) dpv = ((km >> (4 * j + e)) & 1) ? dpv * a.drop_scale : 0.0f;
-        dpt[4 * j + e] = p * (dpv - dt[j * 8 + 2 * t + (e & 1)]);
-      }
-    }
+    attn_bwd_dst<BM / 8, DROP>(dpt, pp, dt, km, a.drop_scale);
     attn_pack_frag<BM / 8>(ds, dpt);
     attn_keep_u<BM / 4>(&ds[0][0]);
     attn_wg_fence();
     // dK += dSᵀ·Q (Q N-major).
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; kk++) attn_wg_mma<D, 1>::rs(dk, ds[kk], attn_wg_desc(qt + kk * 2048, BM * 128, 1024), 1);
+    attn_wg_gemm_rs<D, BM / 16, BM>(dk, ds, qt);
     attn_wg_commit();
   }
   attn_wg_wait<0>();
   attn_keep_f<D / 2>(dk);
   attn_keep_f<D / 2>(dv);
 
-  gpukit_bf16* dK = (gpukit_bf16*)a.dk + b * a.sdk[0] + h * a.sdk[2];
-  gpukit_bf16* dV = (gpukit_bf16*)a.dv + b * a.sdv[0] + h * a.sdv[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int kj = krow + r * 8;
-    if (kj >= a.Tk) continue;
-    if (a.dk) {
-      gpukit_bf16* row = dK + (long long)kj * a.sdk[1];
-#pragma unroll
-      for (int j = 0; j < ND; j++)
-        attn_store_pair(row + j * 8 + 2 * t, dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale, a.acc_k);
-    }
-    if (a.dv) {
-      gpukit_bf16* row = dV + (long long)kj * a.sdv[1];
-      if (DROP) {
-#pragma unroll
-        for (int j = 0; j < ND; j++)
-          attn_store_pair(row + j * 8 + 2 * t, dv[4 * j + 2 * r] * a.drop_scale, dv[4 * j + 2 * r + 1] * a.drop_scale,
-                          a.acc_v);
-      } else {
-#pragma unroll
-        for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1], a.acc_v);
-      }
-    }
-  }
+  if (a.dk) attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dk, a.sdk, b, h), a.sdk[1], krow, a.Tk, dk, a.scale, a.acc_k);
+  if (a.dv)
+    attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dv, a.sdv, b, h), a.sdv[1], krow, a.Tk, dv,
+                        DROP ? a.drop_scale : 1.0f, a.acc_v);
 }
 
 // attn_bwd_dq_wg: dQ = scale·dS·K over key tiles of 64, grid (H, B,
@@ -1409,14 +1331,13 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   ATTN_DYN_SMEM(attn_smem);
   const unsigned sQ = (attn_smem_addr(attn_smem) + 1023u) & ~1023u;
   const unsigned sO = sQ + QT, sK = sQ + 2 * QT, sV = sK + 3 * KT;  // sK, sV: [3]
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
-            t = lane & 3;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
   const int h = blockIdx.x, b = blockIdx.y;
   const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
-  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
-  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
-  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
-  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+  const gpukit_bf16* dO = attn_head<const gpukit_bf16>(a.dout, a.sdo, b, h);
+  const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+  const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
   const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
   const int n = (kend + BN - 1) / BN;
   const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query
@@ -1430,18 +1351,12 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   attn_cp_commit();
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   float lse2[2], dl[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int qi = qrow + r * 8;
-    lse2[r] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
-    dl[r] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-  }
+  attn_row_stats(lse2, dl, qrow, bh, a);
   float dq[D / 2], s[BN / 2], dp[BN / 2];
   unsigned ds[BN / 16][4];
-#pragma unroll
-  for (int i = 0; i < D / 2; i++) dq[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < BN / 2; i++) s[i] = dp[i] = 0.0f;
+  attn_zero<D / 2>(dq);
+  attn_zero<BN / 2>(s);
+  attn_zero<BN / 2>(dp);
 #pragma unroll
   for (int i = 0; i < BN / 16; i++) ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
@@ -1462,66 +1377,31 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
     attn_keep_f<BN / 2>(s);
     attn_keep_f<BN / 2>(dp);
     attn_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-      attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
-                             attn_wg_desc(kt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, kt);
     attn_wg_commit();
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-      attn_wg_mma<BN, 0>::ss(dp, attn_wg_desc(oa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
-                             attn_wg_desc(vt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_gemm_ss<BN, KD, BM, BN>(dp, oa, vt);
     attn_wg_commit();
     // Dropout: the keep mask, drawn while S and dP are on the tensor cores.
     const unsigned long long km = DROP ? attn_drop_bits<BN / 8>(dc, row0, kbase, a.Tk, 1) : 0ull;
     attn_wg_wait<1>();
     attn_keep_f<BN / 2>(s);
     // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
-    const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
-#pragma unroll
-    for (int jn = 0; jn < BN / 8; jn++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = e >> 1;
-        float p = attn_ex2(s[4 * jn + e] * a.scale_log2 - lse2[r]);
-        if (mask) {
-          const int key = kbase + jn * 8 + 2 * t + (e & 1), qi = qrow + r * 8;
-          if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
-        }
-        s[4 * jn + e] = p;
-      }
-    }
+    attn_bwd_p<BN / 8, true>(s, lse2, kbase, row0, qrow, a);
     attn_wg_wait<0>();
     attn_keep_f<BN / 2>(dp);
     attn_keep_u<BN / 4>(&ds[0][0]);
-#pragma unroll
-    for (int i = 0; i < BN / 2; i++) {
-      float dpv = dp[i];
-      if (DROP) dpv = ((km >> i) & 1) ? dpv * a.drop_scale : 0.0f;
-      dp[i] = s[i] * (dpv - dl[(i >> 1) & 1]);
-    }
+    attn_bwd_ds<BN / 8, DROP>(dp, s, dl, km, a.drop_scale);
     attn_pack_frag<BN / 8>(ds, dp);
     attn_keep_u<BN / 4>(&ds[0][0]);
     attn_keep_f<D / 2>(dq);
     attn_wg_fence();
     // dQ += dS·K (K N-major: 16 keys per k-step).
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(dq, ds[kk], attn_wg_desc(kt + kk * 2048, BN * 128, 1024), 1);
+    attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, kt);
     attn_wg_commit();
   }
   attn_wg_wait<0>();
   attn_keep_f<D / 2>(dq);
-
-  gpukit_bf16* dQ = (gpukit_bf16*)a.dq + b * a.sdq[0] + h * a.sdq[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int qi = qrow + r * 8;
-    if (qi >= a.Tq) continue;
-    gpukit_bf16* row = dQ + (long long)qi * a.sdq[1];
-#pragma unroll
-    for (int i = 0; i < ND; i++)
-      attn_store_pair(row + i * 8 + 2 * t, dq[4 * i + 2 * r] * a.scale, dq[4 * i + 2 * r + 1] * a.scale, a.acc_q);
-  }
+  attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dq, a.sdq, b, h), a.sdq[1], qrow, a.Tq, dq, a.scale, a.acc_q);
 }
 
 // Instances: attn_<fwd|bwd_dkdv|bwd_dq>_wg[_drop]_d<D> (_drop: dropout on P).
