@@ -1484,6 +1484,38 @@ __device__ __forceinline__ void attn_s_store(T* row, const float x[4], int D, in
   }
 }
 
+// attn_s_dot is Σ_d x[d]·y[d] over d < D, in order.
+__device__ __forceinline__ float attn_s_dot(const float* x, const float* y, int D) {
+  float s = 0.0f;
+  for (int d = 0; d < D; d++) s += x[d] * y[d];
+  return s;
+}
+
+// attn_s_axpy adds Σ_j x_j·rows[j·lds + d] to this lane's columns d = lane
+// + 32c (acc[c]) for the ATTN_S_TILE rows of a tile, x_j being lane j's x
+// (broadcast by shuffle), j in order.
+__device__ __forceinline__ void attn_s_axpy(float acc[4], float x, const float* rows, int lds, int D) {
+  const int lane = threadIdx.x & 31;
+  for (int j = 0; j < ATTN_S_TILE; j++) {
+    const float xj = __shfl_sync(0xffffffffu, x, j);
+    const float* r = rows + j * lds;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      int d = lane + 32 * c;
+      if (d < D) acc[c] += xj * r[d];
+    }
+  }
+}
+
+// attn_s_store_scaled is attn_s_store of x·scale.
+template <typename T>
+__device__ __forceinline__ void attn_s_store_scaled(T* row, const float x[4], float scale, int D, int acc) {
+  float y[4];
+#pragma unroll
+  for (int c = 0; c < 4; c++) y[c] = x[c] * scale;
+  attn_s_store(row, y, D, acc);
+}
+
 // attn_fwd_simt: grid (H, B, ⌈Tq/16⌉) in reverse. Shared memory: Q [16][D],
 // K [32][D+1], V [32][D] in f32.
 template <typename T, bool DROP>
@@ -1496,9 +1528,9 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
   const int h = blockIdx.x, b = blockIdx.y;
   const int q0 = (gridDim.z - 1 - blockIdx.z) * ATTN_S_ROWS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const T* Q = (const T*)a.q + b * a.sq[0] + h * a.sq[2];
-  const T* K = (const T*)a.k + b * a.sk[0] + h * a.sk[2];
-  const T* V = (const T*)a.v + b * a.sv[0] + h * a.sv[2];
+  const T* Q = attn_head<const T>(a.q, a.sq, b, h);
+  const T* K = attn_head<const T>(a.k, a.sk, b, h);
+  const T* V = attn_head<const T>(a.v, a.sv, b, h);
   const int kend = a.causal ? min(a.Tk, q0 + ATTN_S_ROWS) : a.Tk;
 
   attn_s_load(sQ, D, Q, a.sq[1], q0, ATTN_S_ROWS, a.Tq, D);
@@ -1508,8 +1540,8 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
   for (int u = 0; u < 4; u++) {
     m[u] = -ATTN_INF;
     l[u] = 0.0f;
-    acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
   }
+  attn_zero<16>(&acc[0][0]);
   for (int kbase = 0; kbase < kend; kbase += ATTN_S_TILE) {
     __syncthreads();  // the previous tile is used up (and sQ is written)
     attn_s_load(sK, D + 1, K, a.sk[1], kbase, ATTN_S_TILE, a.Tk, D);
@@ -1519,11 +1551,7 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
 #pragma unroll
     for (int u = 0; u < 4; u++) {
       const int row = warp * 4 + u, qi = q0 + row;
-      const float* qr = sQ + row * D;
-      const float* kr = sK + lane * (D + 1);
-      float dot = 0.0f;
-      for (int d = 0; d < D; d++) dot += qr[d] * kr[d];
-      float x = dot * a.scale_log2;
+      float x = attn_s_dot(sQ + row * D, sK + lane * (D + 1), D) * a.scale_log2;
       if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
       const float mnew = fmaxf(m[u], gpukit_warp_max(x));
       const float mu = mnew == -ATTN_INF ? 0.0f : mnew;
@@ -1534,27 +1562,16 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
       if (DROP && !attn_keep1(dc, dc.base + (long long)qi * a.Tk + key)) p = 0.0f;  // l is undropped
 #pragma unroll
       for (int c = 0; c < 4; c++) acc[u][c] *= alpha;
-      for (int j = 0; j < ATTN_S_TILE; j++) {
-        const float pj = __shfl_sync(0xffffffffu, p, j);
-        const float* vr = sV + j * D;
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          int d = lane + 32 * c;
-          if (d < D) acc[u][c] += pj * vr[d];
-        }
-      }
+      attn_s_axpy(acc[u], p, sV, D, D);
     }
   }
-  T* O = (T*)a.o + b * a.so[0] + h * a.so[2];
+  T* O = attn_head<T>(a.o, a.so, b, h);
 #pragma unroll
   for (int u = 0; u < 4; u++) {
     const int qi = q0 + warp * 4 + u;
     if (qi >= a.Tq) continue;
     const float inv = l[u] > 0.0f ? (DROP ? a.drop_scale : 1.0f) / l[u] : 0.0f;
-    float x[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) x[c] = acc[u][c] * inv;
-    attn_s_store(O + (long long)qi * a.so[1], x, D, 0);
+    attn_s_store_scaled(O + (long long)qi * a.so[1], acc[u], inv, D, 0);
     if (lane == 0 && a.lse) {
       a.lse[((long long)b * a.H + h) * a.Tq + qi] = l[u] > 0.0f ? (m[u] + log2f(l[u])) * ATTN_LN2 : -ATTN_INF;
     }
@@ -1574,10 +1591,10 @@ __device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
   const int h = blockIdx.x, b = blockIdx.y;
   const int q0 = (gridDim.z - 1 - blockIdx.z) * ATTN_S_ROWS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const T* Q = (const T*)a.q + b * a.sq[0] + h * a.sq[2];
-  const T* dO = (const T*)a.dout + b * a.sdo[0] + h * a.sdo[2];
-  const T* K = (const T*)a.k + b * a.sk[0] + h * a.sk[2];
-  const T* V = (const T*)a.v + b * a.sv[0] + h * a.sv[2];
+  const T* Q = attn_head<const T>(a.q, a.sq, b, h);
+  const T* dO = attn_head<const T>(a.dout, a.sdo, b, h);
+  const T* K = attn_head<const T>(a.k, a.sk, b, h);
+  const T* V = attn_head<const T>(a.v, a.sv, b, h);
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   const int kend = a.causal ? min(a.Tk, q0 + ATTN_S_ROWS) : a.Tk;
 
@@ -1590,8 +1607,8 @@ __device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
     const int qi = q0 + warp * 4 + u;
     lse2[u] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
     dl[u] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-    acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
   }
+  attn_zero<16>(&acc[0][0]);
   for (int kbase = 0; kbase < kend; kbase += ATTN_S_TILE) {
     __syncthreads();
     attn_s_load(sK, D + 1, K, a.sk[1], kbase, ATTN_S_TILE, a.Tk, D);
@@ -1601,39 +1618,19 @@ __device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
 #pragma unroll
     for (int u = 0; u < 4; u++) {
       const int row = warp * 4 + u, qi = q0 + row;
-      const float* qr = sQ + row * D;
-      const float* orow = sO + row * D;
-      const float* kr = sK + lane * (D + 1);
-      const float* vr = sV + lane * (D + 1);
-      float s = 0.0f, dp = 0.0f;
-      for (int d = 0; d < D; d++) {
-        s += qr[d] * kr[d];
-        dp += orow[d] * vr[d];
-      }
+      const float s = attn_s_dot(sQ + row * D, sK + lane * (D + 1), D);
+      float dp = attn_s_dot(sO + row * D, sV + lane * (D + 1), D);
       float p = exp2f(s * a.scale_log2 - lse2[u]);
       if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
       if (DROP) dp = attn_keep1(dc, dc.base + (long long)qi * a.Tk + key) ? dp * a.drop_scale : 0.0f;
-      const float ds = p * (dp - dl[u]);
-      for (int j = 0; j < ATTN_S_TILE; j++) {
-        const float dsj = __shfl_sync(0xffffffffu, ds, j);
-        const float* kj = sK + j * (D + 1);
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          int d = lane + 32 * c;
-          if (d < D) acc[u][c] += dsj * kj[d];
-        }
-      }
+      attn_s_axpy(acc[u], p * (dp - dl[u]), sK, D + 1, D);  // dQ += dS·K
     }
   }
-  T* dQ = (T*)a.dq + b * a.sdq[0] + h * a.sdq[2];
+  T* dQ = attn_head<T>(a.dq, a.sdq, b, h);
 #pragma unroll
   for (int u = 0; u < 4; u++) {
     const int qi = q0 + warp * 4 + u;
-    if (qi >= a.Tq) continue;
-    float x[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) x[c] = acc[u][c] * a.scale;
-    attn_s_store(dQ + (long long)qi * a.sdq[1], x, D, a.acc_q);
+    if (qi < a.Tq) attn_s_store_scaled(dQ + (long long)qi * a.sdq[1], acc[u], a.scale, D, a.acc_q);
   }
 }
 
@@ -1652,10 +1649,10 @@ __device__ __forceinline__ void attn_bwd_dkdv_simt(const attn_args& a) {
   const int h = blockIdx.x, b = blockIdx.y;
   const int k0 = blockIdx.z * ATTN_S_ROWS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const T* Q = (const T*)a.q + b * a.sq[0] + h * a.sq[2];
-  const T* dO = (const T*)a.dout + b * a.sdo[0] + h * a.sdo[2];
-  const T* K = (const T*)a.k + b * a.sk[0] + h * a.sk[2];
-  const T* V = (const T*)a.v + b * a.sv[0] + h * a.sv[2];
+  const T* Q = attn_head<const T>(a.q, a.sq, b, h);
+  const T* dO = attn_head<const T>(a.dout, a.sdo, b, h);
+  const T* K = attn_head<const T>(a.k, a.sk, b, h);
+  const T* V = attn_head<const T>(a.v, a.sv, b, h);
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   // causal: the first query tile holding a query ≥ k0
   const int qstart = a.causal ? (k0 / ATTN_S_TILE) * ATTN_S_TILE : 0;
@@ -1664,34 +1661,20 @@ __device__ __forceinline__ void attn_bwd_dkdv_simt(const attn_args& a) {
   attn_s_load(sV, D, V, a.sv[1], k0, ATTN_S_ROWS, a.Tk, D);
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   float dk[4][4], dv[4][4];
-#pragma unroll
-  for (int u = 0; u < 4; u++) {
-#pragma unroll
-    for (int c = 0; c < 4; c++) dk[u][c] = dv[u][c] = 0.0f;
-  }
+  attn_zero<16>(&dk[0][0]);
+  attn_zero<16>(&dv[0][0]);
   for (int qbase = qstart; qbase < a.Tq; qbase += ATTN_S_TILE) {
     __syncthreads();
     attn_s_load(sQ, D + 1, Q, a.sq[1], qbase, ATTN_S_TILE, a.Tq, D);
     attn_s_load(sO, D + 1, dO, a.sdo[1], qbase, ATTN_S_TILE, a.Tq, D);
-    if (threadIdx.x < ATTN_S_TILE) {
-      const int qi = qbase + threadIdx.x;
-      sL[threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
-      sD[threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-    }
+    attn_tile_stats(sL, sD, ATTN_S_TILE, qbase, bh, a);
     __syncthreads();
     const int qi = qbase + lane;
 #pragma unroll
     for (int u = 0; u < 4; u++) {
       const int row = warp * 4 + u, kj = k0 + row;
-      const float* kr = sK + row * D;
-      const float* vr = sV + row * D;
-      const float* qr = sQ + lane * (D + 1);
-      const float* orow = sO + lane * (D + 1);
-      float s = 0.0f, dp = 0.0f;
-      for (int d = 0; d < D; d++) {
-        s += kr[d] * qr[d];
-        dp += vr[d] * orow[d];
-      }
+      const float s = attn_s_dot(sK + row * D, sQ + lane * (D + 1), D);
+      float dp = attn_s_dot(sV + row * D, sO + lane * (D + 1), D);
       float p = exp2f(s * a.scale_log2 - sL[lane]);  // 0 past Tq (lse +∞)
       if (a.causal && kj > qi) p = 0.0f;
       float pd = p;  // P∘mask for dV (1/(1−p) at the end)
@@ -1700,42 +1683,18 @@ __device__ __forceinline__ void attn_bwd_dkdv_simt(const attn_args& a) {
         dp = keep ? dp * a.drop_scale : 0.0f;
         pd = keep ? p : 0.0f;
       }
-      const float ds = p * (dp - sD[lane]);
-      for (int i = 0; i < ATTN_S_TILE; i++) {
-        const float pi = __shfl_sync(0xffffffffu, pd, i);
-        const float dsi = __shfl_sync(0xffffffffu, ds, i);
-        const float* qi_ = sQ + i * (D + 1);
-        const float* oi = sO + i * (D + 1);
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          int d = lane + 32 * c;
-          if (d < D) {
-            dv[u][c] += pi * oi[d];
-            dk[u][c] += dsi * qi_[d];
-          }
-        }
-      }
+      attn_s_axpy(dv[u], pd, sO, D + 1, D);                    // dV += P·dO
+      attn_s_axpy(dk[u], p * (dp - sD[lane]), sQ, D + 1, D);  // dK += dS·Q
     }
   }
-  T* dK = (T*)a.dk + b * a.sdk[0] + h * a.sdk[2];
-  T* dV = (T*)a.dv + b * a.sdv[0] + h * a.sdv[2];
+  T* dK = attn_head<T>(a.dk, a.sdk, b, h);
+  T* dV = attn_head<T>(a.dv, a.sdv, b, h);
 #pragma unroll
   for (int u = 0; u < 4; u++) {
     const int kj = k0 + warp * 4 + u;
     if (kj >= a.Tk) continue;
-    float x[4];
-    if (a.dk) {
-#pragma unroll
-      for (int c = 0; c < 4; c++) x[c] = dk[u][c] * a.scale;
-      attn_s_store(dK + (long long)kj * a.sdk[1], x, D, a.acc_k);
-    }
-    if (a.dv) {
-      if (DROP) {
-#pragma unroll
-        for (int c = 0; c < 4; c++) dv[u][c] *= a.drop_scale;
-      }
-      attn_s_store(dV + (long long)kj * a.sdv[1], dv[u], D, a.acc_v);
-    }
+    if (a.dk) attn_s_store_scaled(dK + (long long)kj * a.sdk[1], dk[u], a.scale, D, a.acc_k);
+    if (a.dv) attn_s_store_scaled(dV + (long long)kj * a.sdv[1], dv[u], DROP ? a.drop_scale : 1.0f, D, a.acc_v);
   }
 }
 
