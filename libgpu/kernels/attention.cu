@@ -318,6 +318,19 @@ __device__ __forceinline__ void attn_store_pair(gpukit_bf16* p, float x0, float 
   *u = attn_pack_bf16(x0, x1);
 }
 
+// attn_tile_masked: whether any element of a key tile of BN keys from
+// kbase can be masked for queries from row0 on (keys past Tk; causal: keys
+// after the query); attn_key_masked: whether element e of n-tile j of a
+// fragment of that tile (key kbase + 8j + 2·(lane%4) + e%2, query qrow +
+// 8·(e/2)) is.
+__device__ __forceinline__ bool attn_tile_masked(int kbase, int BN, int row0, const attn_args& a) {
+  return kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
+}
+__device__ __forceinline__ bool attn_key_masked(int kbase, int j, int e, int qrow, const attn_args& a) {
+  const int key = kbase + j * 8 + 2 * (threadIdx.x & 3) + (e & 1), qi = qrow + (e >> 1) * 8;
+  return key >= a.Tk || (a.causal && key > qi);
+}
+
 template <int N>
 __device__ __forceinline__ void attn_zero(float* x) {
 #pragma unroll
@@ -334,18 +347,13 @@ __device__ __forceinline__ void attn_zero(float* x) {
 template <int NJ, bool EX2>
 __device__ __forceinline__ void attn_softmax_frag(float* s, float m[2], float l[2], float alpha[2], int kbase,
                                                   int row0, int qrow, const attn_args& a) {
-  constexpr int BN = 8 * NJ;
-  const int t = threadIdx.x & 3;
-  const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
+  const bool mask = attn_tile_masked(kbase, 8 * NJ, row0, a);
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       float x = s[4 * j + e] * a.scale_log2;
-      if (mask) {
-        const int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + (e >> 1) * 8;
-        if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
-      }
+      if (mask && attn_key_masked(kbase, j, e, qrow, a)) x = -ATTN_INF;
       s[4 * j + e] = x;
     }
   }
@@ -415,19 +423,13 @@ __device__ __forceinline__ void attn_keep_frag_mask(unsigned out[][4], const uns
 template <int NJ, bool EX2>
 __device__ __forceinline__ void attn_bwd_p(float* s, const float lse2[2], int kbase, int row0, int qrow,
                                            const attn_args& a) {
-  constexpr int BN = 8 * NJ;
-  const int t = threadIdx.x & 3;
-  const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
+  const bool mask = attn_tile_masked(kbase, 8 * NJ, row0, a);
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      const int r = e >> 1;
-      float p = attn_exp2<EX2>(s[4 * j + e] * a.scale_log2 - lse2[r]);
-      if (mask) {
-        const int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + r * 8;
-        if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
-      }
+      float p = attn_exp2<EX2>(s[4 * j + e] * a.scale_log2 - lse2[e >> 1]);
+      if (mask && attn_key_masked(kbase, j, e, qrow, a)) p = 0.0f;
       s[4 * j + e] = p;
     }
   }
