@@ -51,13 +51,18 @@
 // (δ = Σ_j P_ij Z_ij dP_ij since O includes the dropout). The masks are
 // recomputed, not stored; 1/(1−p) is applied to O and dV once at the end.
 //
-// The inline PTX sits in a few attn_* wrappers below; with GPUKIT_EMU
-// defined (scripts/cudaemu) they are replaced by a host emulation of the
-// same instructions, so the kernels can be run and checked on a machine
-// without a GPU.
+// The inline PTX sits in the wrappers of mma.cuh and wgmma.cuh (and
+// attn_ex2 below); with GPUKIT_EMU defined (scripts/cudaemu) they are
+// replaced by a host emulation of the same instructions, so the kernels
+// can be run and checked on a machine without a GPU. Each tile loop is
+// written once, from the templates under "tile steps" (and
+// attn_tc_gemm_*, attn_wg_gemm_*): the variants (head dim, dropout,
+// dtype) are template arguments of one kernel template per pass.
 #include "common.cuh"
+#include "mma.cuh"
 #include "philox.cuh"
 #include "vec.cuh"
+#include "wgmma.cuh"
 
 #define ATTN_INF __int_as_float(0x7f800000)
 #define ATTN_LOG2E 1.4426950408889634f
@@ -101,66 +106,12 @@ static_assert(sizeof(attn_args) == 360, "attn_args layout: launch.AttnArgs is ge
 #endif
 
 // ---- PTX wrappers ----
+//
+// mma.sync, ldmatrix and cp.async come from mma.cuh, wgmma from wgmma.cuh
+// (both with their host emulation under GPUKIT_EMU); bf16 packing from
+// vec.cuh.
 
 #ifndef GPUKIT_EMU
-// attn_smem_addr is the 32-bit shared-state-space address of p (a pointer
-// into shared memory); the wrappers below take such addresses.
-__device__ __forceinline__ unsigned attn_smem_addr(const void* p) {
-  unsigned r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-  return r;
-}
-
-// attn_ldsm_x4 loads four 8×8 b16 matrices from shared memory: lane l gives
-// the address of row l%8 of matrix l/8 (16-byte aligned) and receives, in
-// r[i], elements (l/4, 2(l%4)) and (l/4, 2(l%4)+1) of matrix i (low half
-// first) — the layout of mma's A and B fragments.
-__device__ __forceinline__ void attn_ldsm_x4(unsigned r[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// attn_ldsm_x4_t is attn_ldsm_x4 with .trans: r[i] receives elements
-// (2(l%4), l/4) and (2(l%4)+1, l/4) of matrix i.
-__device__ __forceinline__ void attn_ldsm_x4_t(unsigned r[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// attn_mma is c += A·B for a 16×16 bf16 A (row), a 16×8 bf16 B (col) and
-// a 16×8 f32 c (mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32). With
-// g = lane/4 and t = lane%4: a[0] holds A(g, 2t..2t+1), a[1] A(g+8, 2t..),
-// a[2] A(g, 2t+8..), a[3] A(g+8, 2t+8..); b0 holds B(2t..2t+1, g), b1
-// B(2t+8.., g); c[0..1] are C(g, 2t..2t+1), c[2..3] C(g+8, 2t..2t+1).
-__device__ __forceinline__ void attn_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// attn_pack_bf16 rounds lo and hi to bf16 (nearest even) and packs them,
-// lo in the low half (cvt.rn.bf16x2.f32 puts its first source high).
-__device__ __forceinline__ unsigned attn_pack_bf16(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// attn_cp16 queues the copy of 16 bytes from global g to shared address s
-// (cp.async.cg), or of 16 zero bytes when !ok (src-size 0: nothing read).
-__device__ __forceinline__ void attn_cp16(unsigned s, const gpukit_bf16* g, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(g), "r"(ok ? 16 : 0) : "memory");
-}
-
-__device__ __forceinline__ void attn_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// attn_cp_wait0 waits until every copy this thread queued has landed.
-__device__ __forceinline__ void attn_cp_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
 // attn_ex2: 2^x on the multi-function unit (ex2.approx.ftz: relative error
 // about 2^-22, −∞ → +0).
 __device__ __forceinline__ float attn_ex2(float x) {
@@ -169,18 +120,6 @@ __device__ __forceinline__ float attn_ex2(float x) {
   return r;
 }
 #else
-__device__ __forceinline__ unsigned attn_smem_addr(const void* p) { return gpukit_emu_smem_addr(p); }
-__device__ __forceinline__ void attn_ldsm_x4(unsigned r[4], unsigned addr) { gpukit_emu_ldsm_x4(r, addr, false); }
-__device__ __forceinline__ void attn_ldsm_x4_t(unsigned r[4], unsigned addr) { gpukit_emu_ldsm_x4(r, addr, true); }
-__device__ __forceinline__ void attn_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
-  gpukit_emu_mma_bf16_16816(c, a, b0, b1);
-}
-__device__ __forceinline__ unsigned attn_pack_bf16(float lo, float hi) {
-  return (unsigned)gpukit_f32_to_bf16(lo) | ((unsigned)gpukit_f32_to_bf16(hi) << 16);
-}
-__device__ __forceinline__ void attn_cp16(unsigned s, const gpukit_bf16* g, bool ok) { gpukit_emu_cp16(s, g, ok); }
-__device__ __forceinline__ void attn_cp_commit() { gpukit_emu_cp_commit(); }
-__device__ __forceinline__ void attn_cp_wait0() { gpukit_emu_cp_wait0(); }
 __device__ __forceinline__ float attn_ex2(float x) { return exp2f(x); }
 #endif
 
@@ -315,7 +254,7 @@ __device__ __forceinline__ void attn_store_pair(gpukit_bf16* p, float x0, float 
     x0 += attn_unpack_lo(old);
     x1 += attn_unpack_hi(old);
   }
-  *u = attn_pack_bf16(x0, x1);
+  *u = gpukit_pack_bf16x2(x0, x1);
 }
 
 // attn_tile_masked: whether any element of a key tile of BN keys from
@@ -398,17 +337,17 @@ template <int NJ>
 __device__ __forceinline__ void attn_pack_frag(unsigned p[][4], const float* s) {
 #pragma unroll
   for (int kk = 0; kk < NJ / 2; kk++) {
-    p[kk][0] = attn_pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-    p[kk][1] = attn_pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-    p[kk][2] = attn_pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-    p[kk][3] = attn_pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    p[kk][0] = gpukit_pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+    p[kk][1] = gpukit_pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+    p[kk][2] = gpukit_pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+    p[kk][3] = gpukit_pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
   }
 }
 
-// attn_keep_frag_mask is p with the dropped elements of keep mask km (bit
+// gpukit_keep_frag_mask is p with the dropped elements of keep mask km (bit
 // 4j+e per element, attn_drop_bits) zeroed, for packed fragments p[NJ/2].
 template <int NJ>
-__device__ __forceinline__ void attn_keep_frag_mask(unsigned out[][4], const unsigned p[][4], unsigned long long km) {
+__device__ __forceinline__ void gpukit_keep_frag_mask(unsigned out[][4], const unsigned p[][4], unsigned long long km) {
 #pragma unroll
   for (int kk = 0; kk < NJ / 2; kk++) {
 #pragma unroll
@@ -437,7 +376,7 @@ __device__ __forceinline__ void attn_bwd_p(float* s, const float lse2[2], int kb
 
 // attn_bwd_ds: dS = P ∘ (dP − δ) into dp, over the fragment of attn_bwd_p
 // (dl: the rows' δ). Dropout: dP of dropped elements is 0, of kept ones
-// dP/(1−p) (km as in attn_keep_frag_mask).
+// dP/(1−p) (km as in gpukit_keep_frag_mask).
 template <int NJ, bool DROP>
 __device__ __forceinline__ void attn_bwd_ds(float* dp, const float* p, const float dl[2], unsigned long long km,
                                             float drop_scale) {
@@ -574,35 +513,12 @@ __device__ __forceinline__ void attn_tile_load(unsigned s, const gpukit_bf16* g,
     int r = c / CH, col = (c % CH) * 8;
     int row = r0 + r;
     bool ok = row < T;
-    attn_cp16(s + (r * LDS + col) * 2, ok ? g + (long long)row * ld + col : g, ok);
+    gpukit_cp16(s + (r * LDS + col) * 2, ok ? g + (long long)row * ld + col : g, ok);
   }
 }
 
 // Fragment addresses for ldmatrix.x4 on a padded tile (row stride LDS):
-//   attn_a_addr: the A fragment (16 rows from row0, 16 columns from col0):
-//     matrices (rows +0, cols +0), (rows +8, cols +0), (rows +0, cols +8),
-//     (rows +8, cols +8) → a[0..3].
-//   attn_b_addr: B fragments of two n-tiles from a tile stored [n][k]
-//     (rows n0..n0+15, columns k0..k0+15): matrices (n +0, k +0), (n +0,
-//     k +8), (n +8, k +0), (n +8, k +8) → {r0, r1} for n-tile n0, {r2, r3}
-//     for n-tile n0+8 (no transpose).
-//   attn_bt_addr: B fragments of two n-tiles from a tile stored [k][n]
-//     (rows k0..k0+15, columns n0..n0+15), loaded with .trans: matrices
-//     (k +0, n +0), (k +8, n +0), (k +0, n +8), (k +8, n +8) → {r0, r1} for
-//     n-tile n0, {r2, r3} for n-tile n0+8.
-// All three take and return shared addresses (bytes).
-template <int LDS>
-__device__ __forceinline__ unsigned attn_a_addr(unsigned s, int row0, int col0, int lane) {
-  return s + ((row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + col0 + (lane >> 4) * 8) * 2;
-}
-template <int LDS>
-__device__ __forceinline__ unsigned attn_b_addr(unsigned s, int n0, int k0, int lane) {
-  return s + ((n0 + (lane & 7) + (lane >> 4) * 8) * LDS + k0 + ((lane >> 3) & 1) * 8) * 2;
-}
-template <int LDS>
-__device__ __forceinline__ unsigned attn_bt_addr(unsigned s, int k0, int n0, int lane) {
-  return s + ((k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8) * 2;
-}
+// gpukit_a_addr, gpukit_b_addr and gpukit_bt_addr (mma.cuh).
 
 // attn_tc_mma_nt is one k-step of C += A·Bᵀ over 64 columns: a the A
 // fragment (16 rows × 16 of k), B's 64 rows (n) × 16 columns from column
@@ -612,9 +528,9 @@ __device__ __forceinline__ void attn_tc_mma_nt(float c[][4], const unsigned a[4]
 #pragma unroll
   for (int np = 0; np < 4; np++) {
     unsigned kb[4];
-    attn_ldsm_x4(kb, attn_b_addr<LDS>(s, np * 16, k0, lane));
-    attn_mma(c[2 * np], a, kb[0], kb[1]);
-    attn_mma(c[2 * np + 1], a, kb[2], kb[3]);
+    gpukit_ldsm_x4(kb, gpukit_b_addr<LDS>(s, np * 16, k0, lane));
+    gpukit_mma_bf16(c[2 * np], a, kb[0], kb[1]);
+    gpukit_mma_bf16(c[2 * np + 1], a, kb[2], kb[3]);
   }
 }
 
@@ -625,7 +541,7 @@ __device__ __forceinline__ void attn_tc_gemm_nt(float c[][4], unsigned sa, int a
 #pragma unroll
   for (int kk = 0; kk < KD; kk++) {
     unsigned af[4];
-    attn_ldsm_x4(af, attn_a_addr<LDS>(sa, a0, kk * 16, lane));
+    gpukit_ldsm_x4(af, gpukit_a_addr<LDS>(sa, a0, kk * 16, lane));
     attn_tc_mma_nt<LDS>(c, af, sb, kk * 16, lane);
   }
 }
@@ -640,9 +556,9 @@ __device__ __forceinline__ void attn_tc_gemm_nn(float c[][4], const unsigned p[]
 #pragma unroll
     for (int np = 0; np < ND / 2; np++) {
       unsigned vb[4];
-      attn_ldsm_x4_t(vb, attn_bt_addr<LDS>(sb, kk * 16, np * 16, lane));
-      attn_mma(c[2 * np], p[kk], vb[0], vb[1]);
-      attn_mma(c[2 * np + 1], p[kk], vb[2], vb[3]);
+      gpukit_ldsm_x4_t(vb, gpukit_bt_addr<LDS>(sb, kk * 16, np * 16, lane));
+      gpukit_mma_bf16(c[2 * np], p[kk], vb[0], vb[1]);
+      gpukit_mma_bf16(c[2 * np + 1], p[kk], vb[2], vb[3]);
     }
   }
 }
@@ -655,7 +571,7 @@ template <int D, bool DROP>
 __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
   constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
   ATTN_DYN_SMEM(attn_smem);
-  const unsigned sK = attn_smem_addr(attn_smem);
+  const unsigned sK = gpukit_smem_addr(attn_smem);
   const unsigned sV = sK + 2 * TILE;
   const unsigned sQ = sK + TILE;
   const int h = blockIdx.x, b = blockIdx.y;
@@ -670,12 +586,12 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
   attn_tile_load<D>(sQ, Q, a.sq[1], q0, a.Tq);
   attn_tile_load<D>(sK, K, a.sk[1], 0, a.Tk);
   attn_tile_load<D>(sV, V, a.sv[1], 0, a.Tk);
-  attn_cp_commit();
-  attn_cp_wait0();
+  gpukit_cp_commit();
+  gpukit_cp_wait0();
   __syncthreads();
   unsigned qf[KD][4];
 #pragma unroll
-  for (int kk = 0; kk < KD; kk++) attn_ldsm_x4(qf[kk], attn_a_addr<LDS>(sQ, warp * 16, kk * 16, lane));
+  for (int kk = 0; kk < KD; kk++) gpukit_ldsm_x4(qf[kk], gpukit_a_addr<LDS>(sQ, warp * 16, kk * 16, lane));
   __syncthreads();  // the Q tile's space (K buffer 1) is free
 
   float o[ND][4];
@@ -689,7 +605,7 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
     if (it + 1 < ntiles) {
       attn_tile_load<D>(sK + (buf ^ 1) * TILE, K, a.sk[1], kbase + 64, a.Tk);
       attn_tile_load<D>(sV + (buf ^ 1) * TILE, V, a.sv[1], kbase + 64, a.Tk);
-      attn_cp_commit();
+      gpukit_cp_commit();
     }
     const unsigned ks = sK + buf * TILE, vs = sV + buf * TILE;
 
@@ -707,7 +623,7 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
     unsigned pa[4][4];
     attn_pack_frag<8>(pa, &s[0][0]);
     attn_tc_gemm_nn<LDS, ND>(o, pa, vs, lane);
-    if (it + 1 < ntiles) attn_cp_wait0();
+    if (it + 1 < ntiles) gpukit_cp_wait0();
     __syncthreads();  // the next tiles have landed; this pair may be overwritten
   }
   attn_fwd_out<ND, DROP>(&o[0][0], m, l, qrow, b, h, a);
@@ -720,7 +636,7 @@ template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
   constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
   ATTN_DYN_SMEM(attn_smem);
-  const unsigned sQ = attn_smem_addr(attn_smem);
+  const unsigned sQ = gpukit_smem_addr(attn_smem);
   const unsigned sO = sQ + TILE;  // dO
   const unsigned sK = sQ + 2 * TILE;
   const unsigned sV = sQ + 4 * TILE;
@@ -738,7 +654,7 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
   attn_tile_load<D>(sO, dO, a.sdo[1], q0, a.Tq);
   attn_tile_load<D>(sK, K, a.sk[1], 0, a.Tk);
   attn_tile_load<D>(sV, V, a.sv[1], 0, a.Tk);
-  attn_cp_commit();
+  gpukit_cp_commit();
 
   const int qrow = q0 + warp * 16 + g;
   const long long bh = ((long long)b * a.H + h) * a.Tq;
@@ -747,7 +663,7 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
   float dq[ND][4];
   attn_zero<D / 2>(&dq[0][0]);
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
-  attn_cp_wait0();
+  gpukit_cp_wait0();
   __syncthreads();
 
   for (int it = 0; it < ntiles; it++) {
@@ -755,7 +671,7 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
     if (it + 1 < ntiles) {
       attn_tile_load<D>(sK + (buf ^ 1) * TILE, K, a.sk[1], kbase + 64, a.Tk);
       attn_tile_load<D>(sV + (buf ^ 1) * TILE, V, a.sv[1], kbase + 64, a.Tk);
-      attn_cp_commit();
+      gpukit_cp_commit();
     }
     const unsigned ks = sK + buf * TILE, vs = sV + buf * TILE;
     // S = Q·Kᵀ and dP = dO·Vᵀ (both 16 × 64 per warp).
@@ -773,7 +689,7 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
     unsigned da[4][4];
     attn_pack_frag<8>(da, &dp[0][0]);
     attn_tc_gemm_nn<LDS, ND>(dq, da, ks, lane);
-    if (it + 1 < ntiles) attn_cp_wait0();
+    if (it + 1 < ntiles) gpukit_cp_wait0();
     __syncthreads();
   }
   attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dq, a.sdq, b, h), a.sdq[1], qrow, a.Tq, &dq[0][0], a.scale, a.acc_q);
@@ -788,7 +704,7 @@ template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
   constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
   ATTN_DYN_SMEM(attn_smem);
-  const unsigned sK = attn_smem_addr(attn_smem);
+  const unsigned sK = gpukit_smem_addr(attn_smem);
   const unsigned sV = sK + TILE;
   const unsigned sQ = sK + 2 * TILE;  // [2]
   const unsigned sO = sK + 4 * TILE;  // dO [2]
@@ -812,14 +728,14 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
     attn_tile_load<D>(sO, dO, a.sdo[1], qstart * 64, a.Tq);
     attn_tile_stats(sL, sD, 64, qstart * 64, bh, a);
   }
-  attn_cp_commit();
+  gpukit_cp_commit();
 
   float dk[ND][4], dv[ND][4];
   attn_zero<D / 2>(&dk[0][0]);
   attn_zero<D / 2>(&dv[0][0]);
   const int krow = k0 + warp * 16 + g;  // this thread's keys: krow, krow + 8
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
-  attn_cp_wait0();
+  gpukit_cp_wait0();
   __syncthreads();
 
   for (int qt = qstart; qt < qtiles; qt++) {
@@ -827,7 +743,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
     if (qt + 1 < qtiles) {
       attn_tile_load<D>(sQ + (buf ^ 1) * TILE, Q, a.sq[1], qbase + 64, a.Tq);
       attn_tile_load<D>(sO + (buf ^ 1) * TILE, dO, a.sdo[1], qbase + 64, a.Tq);
-      attn_cp_commit();
+      gpukit_cp_commit();
       attn_tile_stats(sL + (buf ^ 1) * 64, sD + (buf ^ 1) * 64, 64, qbase + 64, bh, a);
     }
     const unsigned qs = sQ + buf * TILE, os = sO + buf * TILE;
@@ -849,7 +765,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
     // dV += Pᵀ·dO: dO is stored [query][d], the k dimension: .trans.
     if (DROP) {
       unsigned pk[4][4];
-      attn_keep_frag_mask<8>(pk, pp, km);
+      gpukit_keep_frag_mask<8>(pk, pp, km);
       attn_tc_gemm_nn<LDS, ND>(dv, pk, os, lane);
     } else {
       attn_tc_gemm_nn<LDS, ND>(dv, pp, os, lane);
@@ -862,7 +778,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
     attn_pack_frag<8>(pp, &dpt[0][0]);
     // dK += dSᵀ·Q: Q is stored [query][d]: .trans.
     attn_tc_gemm_nn<LDS, ND>(dk, pp, qs, lane);
-    if (qt + 1 < qtiles) attn_cp_wait0();
+    if (qt + 1 < qtiles) gpukit_cp_wait0();
     __syncthreads();
   }
 
@@ -929,129 +845,16 @@ ATTN_TC_INSTANCES(_drop, true)
 // 16·warp + lane/4 + 8·(e/2), column 8j + 2·(lane%4) + e%2 of the
 // warpgroup's 64 × N product.
 
-// NVRTC defines __CUDA_ARCH_FEAT_SM90_ALL for sm_90a (CUDA 12.9 and later
-// also __CUDA_ARCH_SPECIFIC__ = 900); for sm_90 and other targets the
-// kernels below are stubs and ops/attention.go does not launch them.
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || (defined(__CUDA_ARCH_SPECIFIC__) && __CUDA_ARCH_SPECIFIC__ == 900) || \
-    defined(GPUKIT_EMU) || defined(GPUKIT_CHECK_SM90)
-#define ATTN_WG 1
-#endif
+// wgmma.cuh defines GPUKIT_WGMMA for sm_90a (NVRTC's
+// __CUDA_ARCH_FEAT_SM90_ALL, or __CUDA_ARCH_SPECIFIC__ = 900 from CUDA
+// 12.9); for sm_90 and other targets the kernels below are stubs and
+// ops/attention.go does not launch them.
 
 #define ATTN_WG_THREADS 256
 #define ATTN_WG_BM 128  // query rows per block
 #define ATTN_WG_BN 128  // keys per tile
 
-#ifdef ATTN_WG
-typedef unsigned long long attn_u64;
-
-// attn_wg_desc is a wgmma shared-memory matrix descriptor with 128-byte
-// swizzling and base offset 0 (PTX ISA, "Matrix Descriptor Format": bits
-// 0-13 start address, 16-29 leading dimension byte offset, 32-45 stride
-// dimension byte offset, each >> 4; 62-63 swizzle mode, 1 = 128-byte).
-__device__ __forceinline__ attn_u64 attn_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-  return (attn_u64)((addr & 0x3ffff) >> 4) | ((attn_u64)((lbo & 0x3ffff) >> 4) << 16) |
-         ((attn_u64)((sbo & 0x3ffff) >> 4) << 32) | (1ull << 62);
-}
-
-#ifndef GPUKIT_EMU
-// attn_wg_mma<N, TB>: wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16,
-// d (N/2 f32 per thread) = A·B + (scale_d ? d : 0). ss: A and B from
-// shared memory (descriptors; A K-major); rs: A from registers (the
-// mma.m16n8k16 A layout, warp w of the warpgroup holding rows 16w..).
-// TB = 1 reads B N-major (imm-trans-b).
-template <int N, int TB>
-struct attn_wg_mma;
-template <int TB>
-struct attn_wg_mma<64, TB> {
-  static __device__ __forceinline__ void ss(float* d, attn_u64 da, attn_u64 db, int scale_d) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %34, 0; "
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, %35; }"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
-  }
-  static __device__ __forceinline__ void rs(float* d, const unsigned a[4], attn_u64 db, int scale_d) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %37, 0; "
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, %38; }"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
-  }
-};
-
-template <int TB>
-struct attn_wg_mma<128, TB> {
-  static __device__ __forceinline__ void ss(float* d, attn_u64 da, attn_u64 db, int scale_d) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %66, 0; "
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1, 0, %67; }"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
-  }
-  static __device__ __forceinline__ void rs(float* d, const unsigned a[4], attn_u64 db, int scale_d) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %69, 0; "
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, %70; }"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
-  }
-};
-
-__device__ __forceinline__ void attn_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void attn_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void attn_wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// attn_fence_proxy_async makes this thread's writes to shared memory
-// (landed cp.async copies) visible to the async proxy the tensor cores
-// read through; a barrier after it makes everyone's visible.
-__device__ __forceinline__ void attn_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// attn_keep_f / attn_keep_u pin register values at this point of the
-// program for the compiler (CUTLASS's warpgroup_fence_operand): reads of
-// wgmma accumulators are not hoisted above the wait that retires them,
-// writes not sunk below the wgmma that reads them.
-template <int N>
-__device__ __forceinline__ void attn_keep_f(float* x) {
-#pragma unroll
-  for (int i = 0; i < N; i++) asm volatile("" : "+f"(x[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void attn_keep_u(unsigned* x) {
-#pragma unroll
-  for (int i = 0; i < N; i++) asm volatile("" : "+r"(x[i])::"memory");
-}
-#else
-template <int N, int TB>
-struct attn_wg_mma {
-  static void ss(float* d, attn_u64 da, attn_u64 db, int scale_d) {
-    gpukit_emu_wgmma(d, N, nullptr, da, db, scale_d, 0, TB);
-  }
-  static void rs(float* d, const unsigned a[4], attn_u64 db, int scale_d) {
-    gpukit_emu_wgmma(d, N, a, 0, db, scale_d, 0, TB);
-  }
-};
-__device__ __forceinline__ void attn_wg_fence() { gpukit_emu_wg_fence(); }
-__device__ __forceinline__ void attn_wg_commit() { gpukit_emu_wg_commit(); }
-template <int N>
-__device__ __forceinline__ void attn_wg_wait() {
-  gpukit_emu_wg_wait(N);
-}
-__device__ __forceinline__ void attn_fence_proxy_async() { gpukit_emu_fence_proxy_async(); }
-template <int N>
-__device__ __forceinline__ void attn_keep_f(float*) {}
-template <int N>
-__device__ __forceinline__ void attn_keep_u(unsigned*) {}
-#endif
-
+#ifdef GPUKIT_WGMMA
 // attn_wg_load queues the cp.async copies of rows [r0, r0+R) of a [T, D]
 // bf16 matrix (row 0 at g, row stride ld) into the swizzled tile at
 // shared address s; rows at or past T are zero-filled.
@@ -1063,8 +866,8 @@ __device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, l
     const int c = threadIdx.x + i * ATTN_WG_THREADS;
     const int r = c / CH, ch = c % CH, row = r0 + r;
     const bool ok = row < T;
-    attn_cp16(s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4),
-              ok ? g + (long long)row * ld + ch * 8 : g, ok);
+    gpukit_cp16(s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4),
+                ok ? g + (long long)row * ld + ch * 8 : g, ok);
   }
 }
 
@@ -1076,8 +879,8 @@ template <int N, int KD, int AR, int BR>
 __device__ __forceinline__ void attn_wg_gemm_ss(float* d, unsigned a, unsigned b) {
 #pragma unroll
   for (int kk = 0; kk < KD; kk++)
-    attn_wg_mma<N, 0>::ss(d, attn_wg_desc(a + (kk >> 2) * (AR * 128) + (kk & 3) * 32, 16, 1024),
-                          attn_wg_desc(b + (kk >> 2) * (BR * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    gpukit_wg_ss<N, 0, 0>::mma(d, gpukit_wg_desc(a + (kk >> 2) * (AR * 128) + (kk & 3) * 32, 16, 1024),
+                          gpukit_wg_desc(b + (kk >> 2) * (BR * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
 }
 
 // attn_wg_gemm_rs: D (64 × N) += P·B, P's KS k-steps from registers
@@ -1086,7 +889,7 @@ __device__ __forceinline__ void attn_wg_gemm_ss(float* d, unsigned a, unsigned b
 template <int N, int KS, int R>
 __device__ __forceinline__ void attn_wg_gemm_rs(float* d, const unsigned p[][4], unsigned b) {
 #pragma unroll
-  for (int kk = 0; kk < KS; kk++) attn_wg_mma<N, 1>::rs(d, p[kk], attn_wg_desc(b + kk * 2048, R * 128, 1024), 1);
+  for (int kk = 0; kk < KS; kk++) gpukit_wg_rs<N, 1>::mma(d, p[kk], gpukit_wg_desc(b + kk * 2048, R * 128, 1024), 1);
 }
 
 // attn_fwd_wg: grid (H, B, ⌈Tq/128⌉), the query blocks in reverse (the
@@ -1104,7 +907,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   constexpr int BM = ATTN_WG_BM, BN = ATTN_WG_BN, KD = D / 16, ND = D / 8;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;  // tile bytes
   ATTN_DYN_SMEM(attn_smem);
-  const unsigned sQ = (attn_smem_addr(attn_smem) + 1023u) & ~1023u;
+  const unsigned sQ = (gpukit_smem_addr(attn_smem) + 1023u) & ~1023u;
   const unsigned sK = sQ + QT, sV = sK + 2 * KT;
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
   const int h = blockIdx.x, b = blockIdx.y;
@@ -1121,7 +924,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
 
   attn_wg_load<D, BM>(sQ, Q, a.sq[1], q0, a.Tq);
   attn_wg_load<D, BN>(sK, K, a.sk[1], 0, a.Tk);
-  attn_cp_commit();
+  gpukit_cp_commit();
 
   float s[BN / 2], o[D / 2];
   unsigned p[BN / 16][4];
@@ -1131,59 +934,59 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
   // Tile 0: S_0 alone (no P·V before it).
-  attn_cp_wait0();
-  attn_fence_proxy_async();
+  gpukit_cp_wait0();
+  gpukit_fence_proxy_async();
   __syncthreads();
   if (ntiles > 1) attn_wg_load<D, BN>(sK + KT, K, a.sk[1], BN, a.Tk);
   attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
-  attn_cp_commit();
-  attn_keep_f<BN / 2>(s);
-  attn_wg_fence();
+  gpukit_cp_commit();
+  gpukit_keep_f<BN / 2>(s);
+  gpukit_wg_fence();
   attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, sK);
-  attn_wg_commit();
-  attn_wg_wait<0>();
-  attn_keep_f<BN / 2>(s);
+  gpukit_wg_commit();
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<BN / 2>(s);
   attn_softmax_frag<BN / 8, true>(s, m, l, alpha, 0, row0, qrow, a);
   if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, 0, a.Tk, 1));  // l is undropped
   attn_pack_frag<BN / 8>(p, s);
 
   for (int j = 1; j < ntiles; j++) {
-    attn_cp_wait0();
-    attn_fence_proxy_async();
+    gpukit_cp_wait0();
+    gpukit_fence_proxy_async();
     __syncthreads();
     if (j + 1 < ntiles) attn_wg_load<D, BN>(sK + ((j + 1) & 1) * KT, K, a.sk[1], (j + 1) * BN, a.Tk);
     attn_wg_load<D, BN>(sV + (j & 1) * KT, V, a.sv[1], j * BN, a.Tk);
-    attn_cp_commit();
+    gpukit_cp_commit();
 
-    attn_keep_f<BN / 2>(s);
-    attn_keep_f<D / 2>(o);
-    attn_keep_u<BN / 4>(&p[0][0]);
-    attn_wg_fence();
+    gpukit_keep_f<BN / 2>(s);
+    gpukit_keep_f<D / 2>(o);
+    gpukit_keep_u<BN / 4>(&p[0][0]);
+    gpukit_wg_fence();
     attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, sK + (j & 1) * KT);
-    attn_wg_commit();
+    gpukit_wg_commit();
     attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + ((j - 1) & 1) * KT);
-    attn_wg_commit();
-    attn_wg_wait<1>();
-    attn_keep_f<BN / 2>(s);
+    gpukit_wg_commit();
+    gpukit_wg_wait<1>();
+    gpukit_keep_f<BN / 2>(s);
     attn_softmax_frag<BN / 8, true>(s, m, l, alpha, j * BN, row0, qrow, a);
     if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, j * BN, a.Tk, 1));
-    attn_wg_wait<0>();
-    attn_keep_f<D / 2>(o);
-    attn_keep_u<BN / 4>(&p[0][0]);
+    gpukit_wg_wait<0>();
+    gpukit_keep_f<D / 2>(o);
+    gpukit_keep_u<BN / 4>(&p[0][0]);
     attn_rescale<ND>(o, alpha);
     attn_pack_frag<BN / 8>(p, s);
   }
   // The last P·V.
-  attn_cp_wait0();
-  attn_fence_proxy_async();
+  gpukit_cp_wait0();
+  gpukit_fence_proxy_async();
   __syncthreads();
-  attn_keep_f<D / 2>(o);
-  attn_keep_u<BN / 4>(&p[0][0]);
-  attn_wg_fence();
+  gpukit_keep_f<D / 2>(o);
+  gpukit_keep_u<BN / 4>(&p[0][0]);
+  gpukit_wg_fence();
   attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + ((ntiles - 1) & 1) * KT);
-  attn_wg_commit();
-  attn_wg_wait<0>();
-  attn_keep_f<D / 2>(o);
+  gpukit_wg_commit();
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<D / 2>(o);
   attn_fwd_out<ND, DROP>(o, m, l, qrow, b, h, a);
 }
 
@@ -1209,7 +1012,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
   constexpr int BN = 128, BM = 64, KD = D / 16, ND = D / 8;
   constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
   ATTN_DYN_SMEM(attn_smem);
-  const unsigned s0 = attn_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
+  const unsigned s0 = gpukit_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
   const unsigned sK = base, sV = base + KT, sQ = base + 2 * KT, sO = sQ + 3 * QT;  // sQ, sO: [3]
   float* sL = (float*)(attn_smem + (base - s0) + 2 * KT + 6 * QT);  // [3][64] lse·log2e (+∞ past Tq)
   float* sD = sL + 3 * BM;                                          // [3][64] δ
@@ -1234,7 +1037,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
     attn_wg_load<D, BM>(sO, dO, a.sdo[1], qstart * BM, a.Tq);
     attn_tile_stats(sL, sD, BM, qstart * BM, bh, a);
   }
-  attn_cp_commit();
+  gpukit_cp_commit();
 
   float dk[D / 2], dv[D / 2], st[BM / 2], dpt[BM / 2];
   unsigned pp[BM / 16][4], ds[BM / 16][4];
@@ -1248,8 +1051,8 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
 
   for (int i = 0; i < n; i++) {
     const int stg = i % 3, qbase = (qstart + i) * BM;
-    attn_cp_wait0();
-    attn_fence_proxy_async();
+    gpukit_cp_wait0();
+    gpukit_fence_proxy_async();
     __syncthreads();
     if (i + 1 < n) {
       const int nx = (i + 1) % 3;
@@ -1257,59 +1060,59 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
       attn_wg_load<D, BM>(sO + nx * QT, dO, a.sdo[1], qbase + BM, a.Tq);
       attn_tile_stats(sL + nx * BM, sD + nx * BM, BM, qbase + BM, bh, a);
     }
-    attn_cp_commit();
+    gpukit_cp_commit();
     const unsigned qt = sQ + stg * QT, ot = sO + stg * QT;
     const float* lt = sL + stg * BM;
     const float* dt = sD + stg * BM;
 
-    attn_keep_f<BM / 2>(st);
-    attn_keep_f<BM / 2>(dpt);
-    attn_wg_fence();
+    gpukit_keep_f<BM / 2>(st);
+    gpukit_keep_f<BM / 2>(dpt);
+    gpukit_wg_fence();
     attn_wg_gemm_ss<BM, KD, BN, BM>(st, ka, qt);
-    attn_wg_commit();
+    gpukit_wg_commit();
     attn_wg_gemm_ss<BM, KD, BN, BM>(dpt, va, ot);
-    attn_wg_commit();
+    gpukit_wg_commit();
     // Dropout: the keep mask of Pᵀ (keys × queries: element index base +
     // query·Tk + key), drawn while Sᵀ and dPᵀ are on the tensor cores.
     const unsigned long long km = DROP ? attn_drop_bits<BM / 8>(dc, krow0, qbase, 1, a.Tk) : 0ull;
-    attn_wg_wait<1>();
-    attn_keep_f<BM / 2>(st);
-    attn_keep_u<BM / 4>(&pp[0][0]);
-    attn_keep_u<BM / 4>(&ds[0][0]);
+    gpukit_wg_wait<1>();
+    gpukit_keep_f<BM / 2>(st);
+    gpukit_keep_u<BM / 4>(&pp[0][0]);
+    gpukit_keep_u<BM / 4>(&ds[0][0]);
 
     // Pᵀ, zero where masked (causal: key after the query) and past Tq (lse +∞).
     attn_bwd_pt<BM / 8, true>(st, lt, qbase, krow, a.causal && qbase < krow0 + 15, a);
     attn_pack_frag<BM / 8>(pp, st);
-    attn_keep_u<BM / 4>(&pp[0][0]);
+    gpukit_keep_u<BM / 4>(&pp[0][0]);
     if (DROP) {
       // dV's A operand is the kept part of Pᵀ, in ds (free: dK of i−1 has
       // retired); pp keeps all of Pᵀ for dS.
-      attn_keep_frag_mask<BM / 8>(ds, pp, km);
-      attn_keep_u<BM / 4>(&ds[0][0]);
+      gpukit_keep_frag_mask<BM / 8>(ds, pp, km);
+      gpukit_keep_u<BM / 4>(&ds[0][0]);
     }
-    attn_wg_fence();
+    gpukit_wg_fence();
     // dV += Pᵀ·dO (dO N-major: 16 queries per k-step).
     attn_wg_gemm_rs<D, BM / 16, BM>(dv, DROP ? ds : pp, ot);
-    attn_wg_commit();
+    gpukit_wg_commit();
     if (DROP) {
-      attn_wg_wait<0>();  // dV has read ds before dS overwrites it
-      attn_keep_u<BM / 4>(&ds[0][0]);
+      gpukit_wg_wait<0>();  // dV has read ds before dS overwrites it
+      gpukit_keep_u<BM / 4>(&ds[0][0]);
     } else {
-      attn_wg_wait<1>();
+      gpukit_wg_wait<1>();
     }
-    attn_keep_f<BM / 2>(dpt);
+    gpukit_keep_f<BM / 2>(dpt);
     // dSᵀ = Pᵀ ∘ (dPᵀ − δ), Pᵀ from its bf16 copy.
     attn_bwd_dst<BM / 8, DROP>(dpt, pp, dt, km, a.drop_scale);
     attn_pack_frag<BM / 8>(ds, dpt);
-    attn_keep_u<BM / 4>(&ds[0][0]);
-    attn_wg_fence();
+    gpukit_keep_u<BM / 4>(&ds[0][0]);
+    gpukit_wg_fence();
     // dK += dSᵀ·Q (Q N-major).
     attn_wg_gemm_rs<D, BM / 16, BM>(dk, ds, qt);
-    attn_wg_commit();
+    gpukit_wg_commit();
   }
-  attn_wg_wait<0>();
-  attn_keep_f<D / 2>(dk);
-  attn_keep_f<D / 2>(dv);
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<D / 2>(dk);
+  gpukit_keep_f<D / 2>(dv);
 
   if (a.dk) attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dk, a.sdk, b, h), a.sdk[1], krow, a.Tk, dk, a.scale, a.acc_k);
   if (a.dv)
@@ -1331,7 +1134,7 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   constexpr int BM = 128, BN = 64, KD = D / 16, ND = D / 8;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
   ATTN_DYN_SMEM(attn_smem);
-  const unsigned sQ = (attn_smem_addr(attn_smem) + 1023u) & ~1023u;
+  const unsigned sQ = (gpukit_smem_addr(attn_smem) + 1023u) & ~1023u;
   const unsigned sO = sQ + QT, sK = sQ + 2 * QT, sV = sK + 3 * KT;  // sK, sV: [3]
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
   const int h = blockIdx.x, b = blockIdx.y;
@@ -1350,7 +1153,7 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   attn_wg_load<D, BM>(sO, dO, a.sdo[1], q0, a.Tq);
   attn_wg_load<D, BN>(sK, K, a.sk[1], 0, a.Tk);
   attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
-  attn_cp_commit();
+  gpukit_cp_commit();
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   float lse2[2], dl[2];
   attn_row_stats(lse2, dl, qrow, bh, a);
@@ -1365,44 +1168,44 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
 
   for (int j = 0; j < n; j++) {
     const int stg = j % 3, kbase = j * BN;
-    attn_cp_wait0();
-    attn_fence_proxy_async();
+    gpukit_cp_wait0();
+    gpukit_fence_proxy_async();
     __syncthreads();
     if (j + 1 < n) {
       const int nx = (j + 1) % 3;
       attn_wg_load<D, BN>(sK + nx * KT, K, a.sk[1], kbase + BN, a.Tk);
       attn_wg_load<D, BN>(sV + nx * KT, V, a.sv[1], kbase + BN, a.Tk);
     }
-    attn_cp_commit();
+    gpukit_cp_commit();
     const unsigned kt = sK + stg * KT, vt = sV + stg * KT;
 
-    attn_keep_f<BN / 2>(s);
-    attn_keep_f<BN / 2>(dp);
-    attn_wg_fence();
+    gpukit_keep_f<BN / 2>(s);
+    gpukit_keep_f<BN / 2>(dp);
+    gpukit_wg_fence();
     attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, kt);
-    attn_wg_commit();
+    gpukit_wg_commit();
     attn_wg_gemm_ss<BN, KD, BM, BN>(dp, oa, vt);
-    attn_wg_commit();
+    gpukit_wg_commit();
     // Dropout: the keep mask, drawn while S and dP are on the tensor cores.
     const unsigned long long km = DROP ? attn_drop_bits<BN / 8>(dc, row0, kbase, a.Tk, 1) : 0ull;
-    attn_wg_wait<1>();
-    attn_keep_f<BN / 2>(s);
+    gpukit_wg_wait<1>();
+    gpukit_keep_f<BN / 2>(s);
     // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
     attn_bwd_p<BN / 8, true>(s, lse2, kbase, row0, qrow, a);
-    attn_wg_wait<0>();
-    attn_keep_f<BN / 2>(dp);
-    attn_keep_u<BN / 4>(&ds[0][0]);
+    gpukit_wg_wait<0>();
+    gpukit_keep_f<BN / 2>(dp);
+    gpukit_keep_u<BN / 4>(&ds[0][0]);
     attn_bwd_ds<BN / 8, DROP>(dp, s, dl, km, a.drop_scale);
     attn_pack_frag<BN / 8>(ds, dp);
-    attn_keep_u<BN / 4>(&ds[0][0]);
-    attn_keep_f<D / 2>(dq);
-    attn_wg_fence();
+    gpukit_keep_u<BN / 4>(&ds[0][0]);
+    gpukit_keep_f<D / 2>(dq);
+    gpukit_wg_fence();
     // dQ += dS·K (K N-major: 16 keys per k-step).
     attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, kt);
-    attn_wg_commit();
+    gpukit_wg_commit();
   }
-  attn_wg_wait<0>();
-  attn_keep_f<D / 2>(dq);
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<D / 2>(dq);
   attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dq, a.sdq, b, h), a.sdq[1], qrow, a.Tq, dq, a.scale, a.acc_q);
 }
 
