@@ -270,6 +270,17 @@ __device__ __forceinline__ bool attn_key_masked(int kbase, int j, int e, int qro
   return key >= a.Tk || (a.causal && key > qi);
 }
 
+// attn_qblock is the first query row of this block of BM rows: the blocks
+// along z run in reverse (the longest causal rows start first).
+__device__ __forceinline__ int attn_qblock(int BM) { return (gridDim.z - 1 - blockIdx.z) * BM; }
+
+// attn_key_tiles is how many key tiles of BN the query rows [q0, q0+BM)
+// see: every key, or (causal) the keys up to the block's last row.
+__device__ __forceinline__ int attn_key_tiles(int q0, int BM, int BN, const attn_args& a) {
+  const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
+  return (kend + BN - 1) / BN;
+}
+
 template <int N>
 __device__ __forceinline__ void attn_zero(float* x) {
 #pragma unroll
@@ -575,13 +586,12 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
   const unsigned sV = sK + 2 * TILE;
   const unsigned sQ = sK + TILE;
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * 64;
+  const int q0 = attn_qblock(64);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
   const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
   const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
-  const int kend = a.causal ? min(a.Tk, q0 + 64) : a.Tk;
-  const int ntiles = (kend + 63) / 64;
+  const int ntiles = attn_key_tiles(q0, 64, 64, a);
 
   attn_tile_load<D>(sQ, Q, a.sq[1], q0, a.Tq);
   attn_tile_load<D>(sK, K, a.sk[1], 0, a.Tk);
@@ -641,14 +651,13 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
   const unsigned sK = sQ + 2 * TILE;
   const unsigned sV = sQ + 4 * TILE;
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * 64;
+  const int q0 = attn_qblock(64);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
   const gpukit_bf16* dO = attn_head<const gpukit_bf16>(a.dout, a.sdo, b, h);
   const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
   const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
-  const int kend = a.causal ? min(a.Tk, q0 + 64) : a.Tk;
-  const int ntiles = (kend + 63) / 64;
+  const int ntiles = attn_key_tiles(q0, 64, 64, a);
 
   attn_tile_load<D>(sQ, Q, a.sq[1], q0, a.Tq);
   attn_tile_load<D>(sO, dO, a.sdo[1], q0, a.Tq);
@@ -855,6 +864,15 @@ ATTN_TC_INSTANCES(_drop, true)
 #define ATTN_WG_BN 128  // keys per tile
 
 #ifdef GPUKIT_WGMMA
+// attn_wg_landed waits for this thread's cp.async copies, makes them
+// visible to the tensor cores (fence.proxy.async) and meets the block's
+// barrier: every thread's copies are in, every earlier read is done.
+__device__ __forceinline__ void attn_wg_landed() {
+  gpukit_cp_wait0();
+  gpukit_fence_proxy_async();
+  __syncthreads();
+}
+
 // attn_wg_load queues the cp.async copies of rows [r0, r0+R) of a [T, D]
 // bf16 matrix (row 0 at g, row stride ld) into the swizzled tile at
 // shared address s; rows at or past T are zero-filled.
@@ -911,12 +929,11 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   const unsigned sK = sQ + QT, sV = sK + 2 * KT;
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
+  const int q0 = attn_qblock(BM);
   const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
   const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
   const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
-  const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
-  const int ntiles = (kend + BN - 1) / BN;
+  const int ntiles = attn_key_tiles(q0, BM, BN, a);
   const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query
   const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
   // This warpgroup's Q rows, k-step kk: panel kk/4, 32 bytes per k-step.
@@ -934,9 +951,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
   // Tile 0: S_0 alone (no P·V before it).
-  gpukit_cp_wait0();
-  gpukit_fence_proxy_async();
-  __syncthreads();
+  attn_wg_landed();
   if (ntiles > 1) attn_wg_load<D, BN>(sK + KT, K, a.sk[1], BN, a.Tk);
   attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
   gpukit_cp_commit();
@@ -951,9 +966,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   attn_pack_frag<BN / 8>(p, s);
 
   for (int j = 1; j < ntiles; j++) {
-    gpukit_cp_wait0();
-    gpukit_fence_proxy_async();
-    __syncthreads();
+    attn_wg_landed();
     if (j + 1 < ntiles) attn_wg_load<D, BN>(sK + ((j + 1) & 1) * KT, K, a.sk[1], (j + 1) * BN, a.Tk);
     attn_wg_load<D, BN>(sV + (j & 1) * KT, V, a.sv[1], j * BN, a.Tk);
     gpukit_cp_commit();
@@ -977,9 +990,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
     attn_pack_frag<BN / 8>(p, s);
   }
   // The last P·V.
-  gpukit_cp_wait0();
-  gpukit_fence_proxy_async();
-  __syncthreads();
+  attn_wg_landed();
   gpukit_keep_f<D / 2>(o);
   gpukit_keep_u<BN / 4>(&p[0][0]);
   gpukit_wg_fence();
@@ -1051,9 +1062,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
 
   for (int i = 0; i < n; i++) {
     const int stg = i % 3, qbase = (qstart + i) * BM;
-    gpukit_cp_wait0();
-    gpukit_fence_proxy_async();
-    __syncthreads();
+    attn_wg_landed();
     if (i + 1 < n) {
       const int nx = (i + 1) % 3;
       attn_wg_load<D, BM>(sQ + nx * QT, Q, a.sq[1], qbase + BM, a.Tq);
@@ -1138,13 +1147,12 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   const unsigned sO = sQ + QT, sK = sQ + 2 * QT, sV = sK + 3 * KT;  // sK, sV: [3]
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
+  const int q0 = attn_qblock(BM);
   const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
   const gpukit_bf16* dO = attn_head<const gpukit_bf16>(a.dout, a.sdo, b, h);
   const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
   const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
-  const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
-  const int n = (kend + BN - 1) / BN;
+  const int n = attn_key_tiles(q0, BM, BN, a);
   const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query
   const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
   const unsigned qa = sQ + wg * 64 * 128, oa = sO + wg * 64 * 128;
@@ -1168,9 +1176,7 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
 
   for (int j = 0; j < n; j++) {
     const int stg = j % 3, kbase = j * BN;
-    gpukit_cp_wait0();
-    gpukit_fence_proxy_async();
-    __syncthreads();
+    attn_wg_landed();
     if (j + 1 < n) {
       const int nx = (j + 1) % 3;
       attn_wg_load<D, BN>(sK + nx * KT, K, a.sk[1], kbase + BN, a.Tk);
@@ -1331,7 +1337,7 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
   float* sK = sQ + ATTN_S_ROWS * D;
   float* sV = sK + ATTN_S_TILE * (D + 1);
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * ATTN_S_ROWS;
+  const int q0 = attn_qblock(ATTN_S_ROWS);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const T* Q = attn_head<const T>(a.q, a.sq, b, h);
   const T* K = attn_head<const T>(a.k, a.sk, b, h);
@@ -1394,7 +1400,7 @@ __device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
   float* sK = sO + ATTN_S_ROWS * D;
   float* sV = sK + ATTN_S_TILE * (D + 1);
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * ATTN_S_ROWS;
+  const int q0 = attn_qblock(ATTN_S_ROWS);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const T* Q = attn_head<const T>(a.q, a.sq, b, h);
   const T* dO = attn_head<const T>(a.dout, a.sdo, b, h);
