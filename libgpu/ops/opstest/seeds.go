@@ -52,3 +52,19 @@ func CheckSeeds(t *testing.T, n int, dev device.Device, opts ops.Options, tol fl
 		})
 	}
 }
+
+// TestSeed is a test's seed for its random inputs: $GPUKIT_TEST_SEED when
+// set (to repeat a run whose log printed it), else a fresh draw. It is
+// logged either way.
+func TestSeed(t testing.TB) uint64 {
+	t.Helper()
+	s := rand.Uint64()
+	if v := os.Getenv("GPUKIT_TEST_SEED"); v != "" {
+		var err error
+		if s, err = strconv.ParseUint(v, 10, 64); err != nil {
+			t.Fatalf("GPUKIT_TEST_SEED=%q: %v", v, err)
+		}
+	}
+	t.Logf("seed %d (GPUKIT_TEST_SEED repeats it)", s)
+	return s
+}
