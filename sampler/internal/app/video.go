@@ -60,10 +60,6 @@ func videoCommand() *cli.Command {
 			}
 			defer v.Close()
 			cfg := v.m.Config.UNet
-			class, err := parseClass(c, cfg.Classes)
-			if err != nil {
-				return err
-			}
 			frames := c.Int("frames")
 			// Every frame is kept for the GIF (one byte a pixel) and passes
 			// through f32 once.
@@ -82,7 +78,7 @@ func videoCommand() *cli.Command {
 			var times []float64
 			start := time.Now()
 			err = sample.Video(v.m, sample.VideoOptions{Engine: v.e, Alloc: v.a, First: first, Next: next, Frames: frames,
-				Class: class, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast, OnStep: func() { bar.Add(1) },
+				Class: v.class, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast, OnStep: func() { bar.Add(1) },
 				OnFrame: func(f int, cl int32, img []float32, st sample.BatchStat) error {
 					g := sample.Gray(img, 0, cfg.Size)
 					anim.Add(g)
@@ -91,12 +87,8 @@ func videoCommand() *cli.Command {
 							return err
 						}
 					}
-					ms := st.WallMS
-					if st.GPUMS > 0 {
-						ms = float64(st.GPUMS)
-					}
 					if f > 0 {
-						times = append(times, ms)
+						times = append(times, st.MS())
 					}
 					return kit.JSONLine(c.App.Writer, map[string]any{"frame": f, "class": cl, "gpu_ms": round(float64(st.GPUMS), 3), "wall_ms": round(st.WallMS, 3)})
 				}})
