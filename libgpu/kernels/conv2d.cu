@@ -18,6 +18,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "vec.cuh"
+#include "wgmma.cuh"
 
 #ifndef CONV_DYN_SMEM
 #define CONV_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
@@ -268,6 +269,157 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
     }
   }
 }
+
+// ---- implicit GEMM on wgmma (sm_90a) ----
+//
+// conv_wg_fwd_<BN> computes conv_igemm_fwd's product (same arguments, same
+// gather, zeros off the image) with Hopper's warpgroup MMA, on the
+// mainloop of groupedgemm.cu's gg_wg (after CUTLASS 3.x's SM90 implicit
+// GEMM, which gathers its A tiles the same way, and its multistage
+// cp.async collective): a block computes 128 output pixels × BN output
+// channels with 2 warpgroups of 64 rows; K = (kh, kw, ci) in steps of 64
+// channels of one tap (Cin a multiple of 64, so a step never straddles
+// taps and an A row is 128 contiguous bytes of x); a STAGES-deep ring of
+// cp.async copies into 128-byte-swizzled K-major tiles (the layout
+// wgmma.cuh's descriptors name), STAGES − 2 steps in flight ahead of the
+// MMA and one wgmma group outstanding. The epilogue adds the bias and
+// stores (or adds, with acc) bf16 pairs: Cout a multiple of 8; filter rows
+// past Cout read as zeros and their columns are not stored. Shared memory
+// (dynamic, 1 KiB of slack for the 1024-byte alignment): STAGES × (16 KiB
+// + BN·128 bytes). ops/conv2d.go launches it on sm_90a when the shape
+// allows, else conv_igemm_fwd; conv_wg_unavailable marks a module built
+// without wgmma (scripts/cuda-check.sh compiles the wgmma code with
+// GPUKIT_CHECK_SM90 defined).
+#ifdef GPUKIT_WGMMA
+#define CW_BM 128
+#define CW_BK 64
+#define CW_THREADS 256
+
+template <int BN, int STAGES>
+__device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
+  static_assert(BN % 32 == 0 && STAGES >= 3, "conv_wg_fwd tile");
+  constexpr int LEAD = STAGES - 2;
+  constexpr unsigned AT = CW_BM * CW_BK * 2, ST = AT + BN * CW_BK * 2;
+  CONV_DYN_SMEM(conv_smem);
+  const unsigned s0 = (gpukit_smem_addr(conv_smem) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const long long P = (long long)a.n * a.ho * a.wo;
+  const long long p0 = (long long)blockIdx.x * CW_BM;
+  const int co0 = blockIdx.y * BN;
+  const int K = a.kh * a.kw * a.cin, nk = K / CW_BK, cpt = a.cin / CW_BK;
+  const int cc = tid & 7;  // this thread's 16-byte chunk of a 128-byte tile row
+
+  // The A rows (output pixels) and W rows (output channels) this thread
+  // copies, fixed for the block: rows tid/8 + 32·i.
+  long long abase[CW_BM / 32];
+  int ih0[CW_BM / 32], iw0[CW_BM / 32];
+  bool arow[CW_BM / 32];
+#pragma unroll
+  for (int i = 0; i < CW_BM / 32; i++) {
+    const long long p = p0 + (tid >> 3) + 32 * i;
+    arow[i] = p < P;
+    const long long q = arow[i] ? p : 0;
+    const long long img = q / ((long long)a.ho * a.wo);
+    const int rem = (int)(q % ((long long)a.ho * a.wo));
+    ih0[i] = (rem / a.wo) * a.stride - a.pad;
+    iw0[i] = (rem % a.wo) * a.stride - a.pad;
+    abase[i] = img * a.h * a.w_;
+  }
+  bool brow[BN / 32];
+  const gpukit_bf16* wrow[BN / 32];
+#pragma unroll
+  for (int i = 0; i < BN / 32; i++) {
+    const int co = co0 + (tid >> 3) + 32 * i;
+    brow[i] = co < a.cout;
+    wrow[i] = a.w + (long long)(brow[i] ? co : 0) * K + 8 * cc;
+  }
+  // load queues the copies of k-step ks into stage st (A, then W at st + AT).
+  auto load = [&](int ks, unsigned st) {
+    const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
+    const int dh = tap / a.kw, dw = tap - dh * a.kw;
+#pragma unroll
+    for (int i = 0; i < CW_BM / 32; i++) {
+      const int r = (tid >> 3) + 32 * i;
+      const int ih = ih0[i] + dh, iw = iw0[i] + dw;
+      const bool ok = arow[i] && ih >= 0 && ih < a.h && iw >= 0 && iw < a.w_;
+      const gpukit_bf16* src = ok ? a.x + ((abase[i] + (long long)ih * a.w_ + iw) * a.cin + ci0 + 8 * cc) : a.x;
+      gpukit_cp16(st + r * 128 + ((cc ^ (r & 7)) << 4), src, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 32; i++) {
+      const int r = (tid >> 3) + 32 * i;
+      gpukit_cp16(st + AT + r * 128 + ((cc ^ (r & 7)) << 4), brow[i] ? wrow[i] + (long long)ks * CW_BK : a.w, brow[i]);
+    }
+  };
+  int pk = 0;  // k-steps queued
+  auto produce = [&]() {
+    if (pk < nk) load(pk, s0 + (pk % STAGES) * ST);
+    pk++;
+    gpukit_cp_commit();  // one group per step, empty past the end: wait counts stay uniform
+  };
+#pragma unroll 1
+  for (int i = 0; i < LEAD; i++) produce();
+
+  float d[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+#pragma unroll 1
+  for (int ks = 0; ks < nk; ks++) {
+    gpukit_cp_wait<LEAD - 1>();
+    gpukit_fence_proxy_async();
+    __syncthreads();
+    produce();
+    const unsigned st = s0 + (ks % STAGES) * ST;
+    gpukit_keep_f<BN / 2>(d);
+    gpukit_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < CW_BK / 16; kk++) {
+      gpukit_wg_ss<BN, 0, 0>::mma(d, gpukit_wg_desc(st + wg * 64 * 128 + kk * 32, 16, 1024),
+                                  gpukit_wg_desc(st + AT + kk * 32, 16, 1024), 1);
+    }
+    gpukit_wg_commit();
+    gpukit_wg_wait<1>();
+    gpukit_keep_f<BN / 2>(d);
+  }
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<BN / 2>(d);
+  gpukit_cp_wait0();  // the empty groups queued past the end
+
+  // Epilogue: rows 64·wg + 16·warp + lane/4 (+8), channels 8j + 2·(lane%4).
+  const long long rbase = p0 + wg * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++) {
+    const int n = co0 + 8 * j + 2 * (lane & 3);
+    if (n >= a.cout) continue;
+    float b0 = 0.0f, b1 = 0.0f;
+    if (a.bias) {
+      b0 = gpukit_ld(a.bias + n);
+      b1 = gpukit_ld(a.bias + n + 1);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const long long row = rbase + 8 * h;
+      if (row >= P) continue;
+      unsigned* u = (unsigned*)(a.y + row * a.cout + n);
+      float v0 = d[4 * j + 2 * h] + b0, v1 = d[4 * j + 2 * h + 1] + b1;
+      if (a.acc) {
+        const unsigned old = *u;
+        v0 += __uint_as_float(old << 16);
+        v1 += __uint_as_float(old & 0xffff0000u);
+      }
+      *u = (unsigned)gpukit_f32_to_bf16(v0) | ((unsigned)gpukit_f32_to_bf16(v1) << 16);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_64(const conv_igemm_args a) { conv_wg_fwd<64, 4>(a); }
+extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_128(const conv_igemm_args a) { conv_wg_fwd<128, 4>(a); }
+extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_256(const conv_igemm_args a) { conv_wg_fwd<256, 4>(a); }
+#else
+// Compiled for a target without wgmma: ops/conv2d.go finds this marker and
+// launches conv_igemm_fwd instead.
+extern "C" __global__ void conv_wg_unavailable() {}
+#endif  // GPUKIT_WGMMA
 
 // conv_flip_w: wf[ci][kh][kw][co] = w[co][KH−1−kh][KW−1−kw][ci], the filters
 // of the transposed convolution that computes dx from dy (stride 1).

@@ -16,10 +16,12 @@ package ops
 
 import (
 	"fmt"
+	"sync"
 
 	"gonum.org/v1/gonum/blas"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
@@ -101,9 +103,10 @@ func (e *Engine) convGeometry(op string, x, w *tensor.Tensor, p Conv2DParams) (c
 // must be smaller than the kernel. Products accumulate in f32 (TF32 under
 // PrecTF32 for f32 data, as the GEMM family). A 1×1 kernel with stride 1
 // and no padding is one GEMM; on CUDA, bf16 convolutions with Cin a
-// multiple of 32 run as an implicit GEMM on tensor cores
-// (conv_igemm_fwd: the columns are gathered into shared memory tile by
-// tile, never stored); other kernels gather the columns (im2col, K =
+// multiple of 32 run as an implicit GEMM on tensor cores (the columns are
+// gathered into shared memory tile by tile, never stored): on sm_90a with
+// Cin a multiple of 64 and Cout of 8 on wgmma (conv_wg_fwd_<BN>), else on
+// mma.sync (conv_igemm_fwd); other kernels gather the columns (im2col, K =
 // KH·KW·Cin per output position) into scratch memory a few images at a
 // time and multiply them by wᵀ with the bias fused. Errors
 // wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or
@@ -394,11 +397,21 @@ func (c *cudaImpl) scratchTensor(e *Engine, name string, dt tensor.DType, shape 
 	return tensor.New(device.NewBuffer(e.Device(), uintptr(p), n, nil, device.Shareable{FD: -1}, nil), dt, shape...)
 }
 
-// convImplicit makes the CUDA backend run the bf16 convolutions
-// conv_igemm_fwd takes as that implicit GEMM (and, at stride 1, their input
-// gradient through flipped filters) instead of im2col + cuBLASLt; tests and
-// benchmarks compare the two (SetConvImplicit).
-var convImplicit = true
+// convPath chooses the kernels of bf16 convolutions on CUDA (tests and
+// benchmarks compare them: SetConvPath, SetConvImplicit): convDefault runs
+// a shape conv_wg_fwd takes (sm_90a, wgOK) on wgmma, else one
+// conv_igemm_fwd takes (igemmOK) on mma.sync, else im2col + cuBLASLt; at
+// stride 1 the input gradient runs the same kernel on the flipped filters.
+// convMMA never uses wgmma; convIm2col runs every shape as im2col +
+// cuBLASLt.
+var convPath = convDefault
+
+// The values of convPath.
+const (
+	convDefault = iota
+	convMMA
+	convIm2col
+)
 
 // aligned16 reports whether every present tensor starts 16-byte aligned.
 func aligned16(ts ...*tensor.Tensor) bool {
@@ -414,11 +427,47 @@ func aligned16(ts ...*tensor.Tensor) bool {
 // Cin a multiple of 32 (a K chunk stays within one tap; filter rows of
 // 16-byte multiples), 16-byte aligned tensors.
 func igemmOK(cin, cout int, ts ...*tensor.Tensor) bool {
-	return convImplicit && ts[0].DType == tensor.BF16 && cin%32 == 0 && cout >= 1 && aligned16(ts...)
+	return convPath != convIm2col && ts[0].DType == tensor.BF16 && cin%32 == 0 && cout >= 1 && aligned16(ts...)
 }
 
-// convIgemm launches conv_igemm_fwd: y (+)= conv(x, w) + bias over n images
-// of h×w×cin into ho×wo×cout.
+// wgOK reports whether conv_wg_fwd takes a shape igemmOK takes: the
+// wgmma kernels exist (convHopper), Cin is a multiple of 64 (a k-step of
+// 64 channels stays within one tap) and Cout of 8 (bf16 pairs in the
+// epilogue).
+func (c *cudaImpl) wgOK(cin, cout int) bool {
+	return convPath == convDefault && cin%64 == 0 && cout%8 == 0 && c.convHopper()
+}
+
+// convHopperState caches whether conv2d.cu was compiled with its wgmma
+// kernels (sm_90a).
+type convHopperState struct {
+	once sync.Once
+	ok   bool
+}
+
+// convHopper reports whether conv_wg_fwd exists: the module was built for
+// sm_90a and lacks the conv_wg_unavailable marker (as ggHopper). Decided
+// once per engine.
+func (c *cudaImpl) convHopper() bool {
+	st := exec.StateOf[convHopperState](c.CUDA)
+	st.once.Do(func() {
+		kc, err := c.Compiler()
+		if err != nil || kc.Arch() != "sm_90a" {
+			return
+		}
+		unavailable, err := kc.Has(launch.ConvWgUnavailableKernel.File, launch.ConvWgUnavailableKernel.Name)
+		st.ok = err == nil && !unavailable
+	})
+	return st.ok
+}
+
+// convIgemm launches the implicit GEMM y (+)= conv(x, w) + bias over n
+// images of h×w×cin into ho×wo×cout (igemmOK holds): conv_wg_fwd_<BN>
+// (256 threads, 128 pixels × BN channels a block, 4 stages) where wgOK
+// holds, BN = 256 when Cout is a multiple of 256 and that still gives
+// every multiprocessor two blocks, else 128 above 64 channels, else 64;
+// conv_igemm_fwd (128 threads, 128 × 64) otherwise. The tile choice is a
+// rule, not yet timed per shape.
 func (c *cudaImpl) convIgemm(x, w, bias, y *tensor.Tensor, n, h, wd, cin, ho, wo, cout, kh, kw, stride, pad int, acc bool) error {
 	a := launch.ConvIgemmArgs{X: devPtr(x), W: devPtr(w), Y: devPtr(y), N: int32(n), H: int32(h), W_: int32(wd), Cin: int32(cin),
 		Ho: int32(ho), Wo: int32(wo), Cout: int32(cout), Kh: int32(kh), Kw: int32(kw), Stride: int32(stride), Pad: int32(pad)}
@@ -429,7 +478,27 @@ func (c *cudaImpl) convIgemm(x, w, bias, y *tensor.Tensor, n, h, wd, cin, ho, wo
 		a.Acc = 1
 	}
 	rows := int64(n) * int64(ho) * int64(wo)
-	grid := [3]uint32{uint32((rows + 127) / 128), uint32((cout + 63) / 64), 1}
+	rowBlocks := uint32((rows + 127) / 128)
+	if c.wgOK(cin, cout) {
+		const stages = 4
+		bn := int64(64)
+		switch {
+		case cout%256 == 0 && int64(rowBlocks)*int64(cout/256) >= 2*int64(c.SMCount()):
+			bn = 256
+		case cout > 64:
+			bn = 128
+		}
+		grid := [3]uint32{rowBlocks, uint32((int64(cout) + bn - 1) / bn), 1}
+		smem := uint32(stages*(128+bn)*128 + 1024)
+		switch bn {
+		case 256:
+			return launch.ConvWgFwd256(c, grid, block1(256), smem, &a)
+		case 128:
+			return launch.ConvWgFwd128(c, grid, block1(256), smem, &a)
+		}
+		return launch.ConvWgFwd64(c, grid, block1(256), smem, &a)
+	}
+	grid := [3]uint32{rowBlocks, uint32((cout + 63) / 64), 1}
 	return launch.ConvIgemmFwd(c, grid, block1(128), 2*(128+64)*40*2, &a)
 }
 

@@ -64,6 +64,48 @@ func ConvIgemmFwd(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemmAr
 // ConvIgemmFwdKernel is conv_igemm_fwd of conv2d.cu (ConvIgemmFwd), for Prefetch.
 var ConvIgemmFwdKernel = Kernel{File: "conv2d.cu", Name: "conv_igemm_fwd"}
 
+// ConvWgFwd64 launches conv_wg_fwd_64 of conv2d.cu:
+//
+//	conv_wg_fwd_64(const conv_igemm_args a)
+func ConvWgFwd64(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemmArgs) error {
+	kn := ConvWgFwd64Kernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// ConvWgFwd64Kernel is conv_wg_fwd_64 of conv2d.cu (ConvWgFwd64), for Prefetch.
+var ConvWgFwd64Kernel = Kernel{File: "conv2d.cu", Name: "conv_wg_fwd_64"}
+
+// ConvWgFwd128 launches conv_wg_fwd_128 of conv2d.cu:
+//
+//	conv_wg_fwd_128(const conv_igemm_args a)
+func ConvWgFwd128(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemmArgs) error {
+	kn := ConvWgFwd128Kernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// ConvWgFwd128Kernel is conv_wg_fwd_128 of conv2d.cu (ConvWgFwd128), for Prefetch.
+var ConvWgFwd128Kernel = Kernel{File: "conv2d.cu", Name: "conv_wg_fwd_128"}
+
+// ConvWgFwd256 launches conv_wg_fwd_256 of conv2d.cu:
+//
+//	conv_wg_fwd_256(const conv_igemm_args a)
+func ConvWgFwd256(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemmArgs) error {
+	kn := ConvWgFwd256Kernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// ConvWgFwd256Kernel is conv_wg_fwd_256 of conv2d.cu (ConvWgFwd256), for Prefetch.
+var ConvWgFwd256Kernel = Kernel{File: "conv2d.cu", Name: "conv_wg_fwd_256"}
+
 // ConvFlipW launches conv_flip_w of conv2d.cu:
 //
 //	conv_flip_w(gpukit_bf16* wf, const gpukit_bf16* w, int cout, int kh, int kw, int cin)
@@ -149,3 +191,14 @@ func ConvCol2imKernel(inst string) (Kernel, error) {
 	}
 	return Kernel{}, errNoInstance("conv2d.cu", "conv_col2im_", inst)
 }
+
+// ConvWgUnavailable launches conv_wg_unavailable of conv2d.cu:
+//
+//	conv_wg_unavailable()
+func ConvWgUnavailable(l Launcher, grid, block [3]uint32, smem uint32) error {
+	kn := ConvWgUnavailableKernel
+	return l.Launch(kn, grid, block, smem)
+}
+
+// ConvWgUnavailableKernel is conv_wg_unavailable of conv2d.cu (ConvWgUnavailable), for Prefetch.
+var ConvWgUnavailableKernel = Kernel{File: "conv2d.cu", Name: "conv_wg_unavailable"}
