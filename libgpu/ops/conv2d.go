@@ -502,6 +502,54 @@ func (c *cudaImpl) convIgemm(x, w, bias, y *tensor.Tensor, n, h, wd, cin, ho, wo
 	return launch.ConvIgemmFwd(c, grid, block1(128), 2*(128+64)*40*2, &a)
 }
 
+// convWgDW computes dw (+)= the weight gradient (f32 [Cout, KH·KW·Cin])
+// with conv_wg_dw_<BN> (BN = 128 when Cin is a multiple of 128, else 64)
+// over splits of the output pixels, enough for two blocks a
+// multiprocessor, then conv_dw_reduce adds the splits' partial sums in
+// order into dw (one split not accumulating writes dw directly).
+func (c *cudaImpl) convWgDW(e *Engine, dw, dy, x *tensor.Tensor, s *convShape, acc bool) error {
+	bn := 64
+	if s.cin%128 == 0 {
+		bn = 128
+	}
+	pixels := int64(s.n) * int64(s.ho) * int64(s.wo)
+	tiles := int64((s.cout+127)/128) * int64(s.k/bn)
+	steps := (pixels + 63) / 64
+	splits := min(steps, max(1, (2*int64(c.SMCount())+tiles-1)/tiles))
+	chunk := (steps + splits - 1) / splits * 64
+	splits = (pixels + chunk - 1) / chunk
+	a := launch.ConvWgDwArgs{X: devPtr(x), Dy: devPtr(dy), N: int32(s.n), H: int32(s.h), W_: int32(s.w), Cin: int32(s.cin),
+		Ho: int32(s.ho), Wo: int32(s.wo), Cout: int32(s.cout), Kh: int32(s.kh), Kw: int32(s.kw), Stride: int32(s.stride),
+		Pad: int32(s.pad), Chunk: int32(chunk)}
+	n := int64(s.cout) * int64(s.k)
+	direct := splits == 1 && !acc
+	if direct {
+		a.Part = devPtr(dw)
+	} else {
+		part, err := c.Scratch("conv2d.dwpart", splits*n*4)
+		if err != nil {
+			return err
+		}
+		a.Part = part
+	}
+	grid := [3]uint32{uint32((s.cout + 127) / 128), uint32(s.k / bn), uint32(splits)}
+	smem := uint32(4*(128+bn)*128 + 1024)
+	var err error
+	if bn == 128 {
+		err = launch.ConvWgDw128(c, grid, block1(256), smem, &a)
+	} else {
+		err = launch.ConvWgDw64(c, grid, block1(256), smem, &a)
+	}
+	if err != nil || direct {
+		return err
+	}
+	accFlag := int32(0)
+	if acc {
+		accFlag = 1
+	}
+	return launch.ConvDwReduce(c, gridFor(n, 256), block1(256), 0, devPtr(dw), a.Part, n, int32(splits), accFlag)
+}
+
 func (c *cudaImpl) conv2d(e *Engine, y, x, w, b *tensor.Tensor, s *convShape) error {
 	if !s.pointwise && igemmOK(s.cin, s.cout, x, w, y, b) {
 		return c.convIgemm(x, w, b, y, s.n, s.h, s.w, s.cin, s.ho, s.wo, s.cout, s.kh, s.kw, s.stride, s.pad, false)
@@ -579,6 +627,12 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 			return e.Matmul(Matmul{A: dy2, B: w2, D: dx2, Accumulate: acc[0]})
 		}
 		return nil
+	}
+	if dw != nil && dw.DType == tensor.F32 && igemmOK(s.cin, s.cout, x, dy) && c.wgOK(s.cin, s.cout) {
+		if err := c.convWgDW(e, dw, dy, x, s, acc[1]); err != nil {
+			return err
+		}
+		dw = nil
 	}
 	nc := convChunk(s, x.DType.Size())
 	if dw != nil {

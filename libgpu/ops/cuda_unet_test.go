@@ -84,9 +84,10 @@ func (w *twin) near(what string, g, h *tensor.Tensor, tol float64) {
 // the GPU in f32 (PrecF32: full f32 GEMMs) and bf16, against the host
 // backend on the same inputs: the vector paths, im2col chunking and the
 // block geometry of the norms at sizes the family checks do not reach.
-// bf16 runs every convolution path: the default (wgmma on sm_90a: tiles of
-// 64, 128 and 256 channels, the last at 18 × 32² × 64 → 512), mma.sync and
-// im2col + cuBLASLt.
+// bf16 runs every convolution path: the default (wgmma on sm_90a: forward
+// and input-gradient tiles of 64, 128 and 256 channels, the last at 18 ×
+// 32² × 64 → 512; weight gradients split over the pixels and reduced),
+// mma.sync and im2col + cuBLASLt.
 func TestCUDAUNetShapes(t *testing.T) {
 	for _, c := range []struct {
 		name string

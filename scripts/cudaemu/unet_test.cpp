@@ -14,6 +14,9 @@ inline void sincospif(float x, float* s, float* c) {
 }
 #define GN_DYN_SMEM(name) float* name = (float*)emu::g.smem.data()
 #define CONV_DYN_SMEM(name) unsigned char* name = emu::g.smem.data()
+struct float2 {
+  float x, y;
+};
 
 // clang-format off
 #include "../../libgpu/kernels/conv2d.cu"
@@ -228,6 +231,46 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
                 for (int c = 0; c < C; c++)
                   wdx[((n * H + hh) * W + ww) * C + c] += dyv[(((long long)n * Ho + i) * Wo + j) * Co + o] * wv[((o * K + kh) * K + kw) * C + c];
               }
+  }
+  // dw = Σ_p dy[p] ⊗ col[p] with conv_wg_dw_<BN> over splits of chunk
+  // pixels, then conv_dw_reduce (and once accumulating into a previous dw).
+  if (C % 64 == 0 && Co % 8 == 0) {
+    int Kk = K * K * C;
+    std::vector<double> wdw((size_t)Co * Kk, 0);
+    for (int n = 0; n < N; n++)
+      for (int i = 0; i < Ho; i++)
+        for (int j = 0; j < Wo; j++)
+          for (int kh = 0; kh < K; kh++)
+            for (int kw = 0; kw < K; kw++) {
+              int hh = i * S - P + kh, ww = j * S - P + kw;
+              if (hh < 0 || hh >= H || ww < 0 || ww >= W) continue;
+              for (int o = 0; o < Co; o++) {
+                double g = dyv[(((long long)n * Ho + i) * Wo + j) * Co + o];
+                for (int c = 0; c < C; c++) wdw[(size_t)o * Kk + (kh * K + kw) * C + c] += g * xv[((n * H + hh) * W + ww) * C + c];
+              }
+            }
+    for (int bn : {64, 128}) {
+      if (C % bn) continue;
+      for (int chunk : {64, (int)((rows + 63) / 64 * 64)}) {
+        int splits = (int)((rows + chunk - 1) / chunk);
+        Buf part((size_t)splits * Co * Kk, false), dw((size_t)Co * Kk, false);
+        conv_wg_dw_args da{x.h(), dy.h(), part.f(), N, H, W, C, Ho, Wo, Co, K, K, S, P, chunk};
+        emu::untrack();
+        emu::track(x.h(), (size_t)N * H * W * C * 2);
+        emu::track(dy.h(), (size_t)rows * Co * 2);
+        emu::launch({(unsigned)((Co + 127) / 128), (unsigned)(Kk / bn), (unsigned)splits}, {CW_THREADS, 1, 1},
+                    4 * (128 + bn) * 128 + 1024, seed++, [&] { bn == 64 ? conv_wg_dw_64(da) : conv_wg_dw_128(da); });
+        std::string dname = name + " wg dw" + std::to_string(bn) + " " + std::to_string(splits) + " split(s)";
+        long long n = (long long)Co * Kk;
+        for (int acc : {0, 1}) {
+          auto prev = acc ? dw.read() : std::vector<double>();
+          emu::launch({blocks(n, 256), 1, 1}, {256, 1, 1}, 0, seed++, [&] { conv_dw_reduce(dw.f(), part.f(), n, splits, acc); });
+          auto want = wdw;
+          for (size_t i = 0; acc && i < want.size(); i++) want[i] += prev[i];
+          check(dname + (acc ? " (acc)" : ""), dw.read(), want, 1e-5);
+        }
+      }
+    }
   }
   for (int pth : {0, 64, 128, 256}) {
     // conv_wg_fwd needs Cin a multiple of 64 and Cout of 8 (ops/conv2d.go's wgOK).
@@ -637,6 +680,7 @@ int main(int argc, char** argv) {
       igemm(2, 4, 4, 64, 1, 3, 1, 1);    // one output channel (conv_out): single stores
       igemm(1, 5, 3, 32, 3, 3, 1, 1);    // an odd Cout
       igemm(2, 5, 6, 64, 136, 3, 1, 1);  // wgmma: partial channel blocks (128 + 8, or 136 of 256)
+      igemm(1, 10, 10, 64, 16, 3, 1, 1); // wgmma dw: 100 pixels, a second split of 36
       if (!quick) {
         igemm(3, 8, 8, 32, 72, 3, 1, 1);  // 192 rows (two row blocks), two channel blocks
         igemm(1, 6, 6, 96, 64, 3, 1, 0);  // no padding
