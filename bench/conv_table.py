@@ -6,8 +6,9 @@ conv_table.py go     reads `go test -bench BenchmarkConv2D` output and
                      ({"shape", "pass", "impl": "gpukit-<path>", "ms",
                      "TFLOP/s"});
 conv_table.py table  reads those lines and conv.py's and prints a
-                     Markdown table: TFLOP/s of each gpukit path and of
-                     cuDNN per shape and pass, and gpukit's default path
+                     Markdown table: TFLOP/s of each gpukit path (mma: the
+                     default, mma.sync; wg: wgmma; im2col) and of cuDNN
+                     per shape and pass, and gpukit's mma and wg paths
                      over cuDNN.
 """
 import json
@@ -31,16 +32,16 @@ def go():
 
 
 def table():
-    rows, impls = {}, ["gpukit-default", "gpukit-mma", "gpukit-im2col", "cudnn"]
+    rows, impls = {}, ["gpukit-mma", "gpukit-wg", "gpukit-im2col", "cudnn"]
     for l in sys.stdin:
         d = json.loads(l)
         rows.setdefault((d["shape"], d["pass"]), {})[d["impl"]] = d["TFLOP/s"]
-    print("| shape (N×H×W×Cin→Cout, 3×3) | pass | " + " | ".join(impls) + " | default / cuDNN |")
-    print("| --- | --- |" + " ---: |" * (len(impls) + 1))
+    print("| shape (N×H×W×Cin→Cout, 3×3) | pass | " + " | ".join(impls) + " | mma / cuDNN | wg / cuDNN |")
+    print("| --- | --- |" + " ---: |" * (len(impls) + 2))
     for (shape, p), r in rows.items():
         cells = [f"{r[i]:.1f}" if i in r else "–" for i in impls]
-        ratio = f"{r['gpukit-default'] / r['cudnn']:.2f}" if "gpukit-default" in r and r.get("cudnn") else "–"
-        print(f"| {shape} | {p} | " + " | ".join(cells) + f" | {ratio} |")
+        ratios = [f"{r[i] / r['cudnn']:.2f}" if i in r and r.get("cudnn") else "–" for i in ("gpukit-mma", "gpukit-wg")]
+        print(f"| {shape} | {p} | " + " | ".join(cells + ratios) + " |")
 
 
 if __name__ == "__main__":

@@ -104,9 +104,9 @@ func (e *Engine) convGeometry(op string, x, w *tensor.Tensor, p Conv2DParams) (c
 // PrecTF32 for f32 data, as the GEMM family). A 1×1 kernel with stride 1
 // and no padding is one GEMM; on CUDA, bf16 convolutions with Cin a
 // multiple of 32 run as an implicit GEMM on tensor cores (the columns are
-// gathered into shared memory tile by tile, never stored): on sm_90a with
-// Cin a multiple of 64 and Cout of 8 on wgmma (conv_wg_fwd_<BN>), else on
-// mma.sync (conv_igemm_fwd); other kernels gather the columns (im2col, K =
+// gathered into shared memory tile by tile, never stored) on mma.sync
+// (conv_igemm_fwd; conv2d_wg.cu's wgmma kernels are selectable, see
+// convPath); other kernels gather the columns (im2col, K =
 // KH·KW·Cin per output position) into scratch memory a few images at a
 // time and multiply them by wᵀ with the bias fused. Errors
 // wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or
@@ -398,18 +398,20 @@ func (c *cudaImpl) scratchTensor(e *Engine, name string, dt tensor.DType, shape 
 }
 
 // convPath chooses the kernels of bf16 convolutions on CUDA (tests and
-// benchmarks compare them: SetConvPath, SetConvImplicit): convDefault runs
-// a shape conv_wg_fwd takes (sm_90a, wgOK) on wgmma, else one
-// conv_igemm_fwd takes (igemmOK) on mma.sync, else im2col + cuBLASLt; at
-// stride 1 the input gradient runs the same kernel on the flipped filters.
-// convMMA never uses wgmma; convIm2col runs every shape as im2col +
-// cuBLASLt.
-var convPath = convDefault
+// benchmarks compare them: SetConvPath, SetConvImplicit). convMMA, the
+// default, runs a shape conv_igemm_fwd takes (igemmOK) as that implicit
+// GEMM on mma.sync, else im2col + cuBLASLt; at stride 1 the input gradient
+// runs the same kernel on the flipped filters. convWG runs the shapes
+// conv2d_wg.cu's kernels take (wgOK: sm_90a) on wgmma instead, the weight
+// gradient included, and the rest as convMMA; it becomes the default once
+// it has run on a GPU machine (written and emulated on the host). convIm2col
+// runs every shape as im2col + cuBLASLt.
+var convPath = convMMA
 
 // The values of convPath.
 const (
-	convDefault = iota
-	convMMA
+	convMMA = iota
+	convWG
 	convIm2col
 )
 
@@ -435,7 +437,7 @@ func igemmOK(cin, cout int, ts ...*tensor.Tensor) bool {
 // 64 channels stays within one tap) and Cout of 8 (bf16 pairs in the
 // epilogue).
 func (c *cudaImpl) wgOK(cin, cout int) bool {
-	return convPath == convDefault && cin%64 == 0 && cout%8 == 0 && c.convHopper()
+	return convPath == convWG && cin%64 == 0 && cout%8 == 0 && c.convHopper()
 }
 
 // convHopperState caches whether conv2d.cu was compiled with its wgmma
@@ -522,7 +524,7 @@ func (c *cudaImpl) convWgDW(e *Engine, dw, dy, x *tensor.Tensor, s *convShape, a
 		Ho: int32(s.ho), Wo: int32(s.wo), Cout: int32(s.cout), Kh: int32(s.kh), Kw: int32(s.kw), Stride: int32(s.stride),
 		Pad: int32(s.pad), Chunk: int32(chunk)}
 	n := int64(s.cout) * int64(s.k)
-	direct := splits == 1 && !acc
+	direct := splits == 1 && !acc && devPtr(dw)%8 == 0 // the epilogue stores float2
 	if direct {
 		a.Part = devPtr(dw)
 	} else {

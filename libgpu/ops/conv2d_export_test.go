@@ -2,23 +2,23 @@ package ops
 
 // Convolution kernel paths for SetConvPath (convPath).
 const (
-	ConvDefault = convDefault // wgmma on sm_90a where the shape allows, else mma.sync, else im2col
-	ConvMMA     = convMMA     // mma.sync implicit GEMM, never wgmma
-	ConvIm2col  = convIm2col  // im2col + cuBLASLt
+	ConvMMA    = convMMA    // the default: mma.sync implicit GEMM where the shape allows, else im2col
+	ConvWG     = convWG     // wgmma on sm_90a where the shape allows, else as ConvMMA
+	ConvIm2col = convIm2col // im2col + cuBLASLt
 )
 
-// SetConvImplicit turns the implicit-GEMM convolutions on (ConvDefault) or
+// SetConvImplicit turns the implicit-GEMM convolutions on (ConvMMA) or
 // off (ConvIm2col: im2col + cuBLASLt) for CUDA convolutions from now on
 // and returns a func that restores the previous setting.
 func SetConvImplicit(on bool) (restore func()) {
 	if on {
-		return SetConvPath(ConvDefault)
+		return SetConvPath(ConvMMA)
 	}
 	return SetConvPath(ConvIm2col)
 }
 
 // SetConvPath chooses the kernels of bf16 CUDA convolutions from now on
-// (ConvDefault, ConvMMA, ConvIm2col) and returns a func that restores the
+// (ConvMMA, ConvWG, ConvIm2col) and returns a func that restores the
 // previous choice.
 func SetConvPath(p int) (restore func()) {
 	old := convPath

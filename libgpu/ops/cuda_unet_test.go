@@ -84,10 +84,10 @@ func (w *twin) near(what string, g, h *tensor.Tensor, tol float64) {
 // the GPU in f32 (PrecF32: full f32 GEMMs) and bf16, against the host
 // backend on the same inputs: the vector paths, im2col chunking and the
 // block geometry of the norms at sizes the family checks do not reach.
-// bf16 runs every convolution path: the default (wgmma on sm_90a: forward
-// and input-gradient tiles of 64, 128 and 256 channels, the last at 18 ×
-// 32² × 64 → 512; weight gradients split over the pixels and reduced),
-// mma.sync and im2col + cuBLASLt.
+// bf16 runs every convolution path: the default (mma.sync), wgmma on
+// sm_90a (forward and input-gradient tiles of 64, 128 and 256 channels,
+// the last at 18 × 32² × 64 → 512; weight gradients split over the pixels
+// and reduced) and im2col + cuBLASLt.
 func TestCUDAUNetShapes(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -95,14 +95,14 @@ func TestCUDAUNetShapes(t *testing.T) {
 		dt   tensor.DType
 		tol  float64
 		path int
-	}{{"f32", ops.PrecF32, tensor.F32, 1e-4, ops.ConvIm2col}, {"bf16", ops.PrecBF16, tensor.BF16, 2e-2, ops.ConvDefault},
-		{"bf16-mma", ops.PrecBF16, tensor.BF16, 2e-2, ops.ConvMMA}, {"bf16-im2col", ops.PrecBF16, tensor.BF16, 2e-2, ops.ConvIm2col}} {
+	}{{"f32", ops.PrecF32, tensor.F32, 1e-4, ops.ConvIm2col}, {"bf16", ops.PrecBF16, tensor.BF16, 2e-2, ops.ConvMMA},
+		{"bf16-wg", ops.PrecBF16, tensor.BF16, 2e-2, ops.ConvWG}, {"bf16-im2col", ops.PrecBF16, tensor.BF16, 2e-2, ops.ConvIm2col}} {
 		t.Run(c.name, func(t *testing.T) {
 			defer ops.SetConvPath(c.path)()
 			w := newTwin(t, gpu(t), c.prec)
-			// conv2d.cu's and groupedgemm.cu's wgmma kernels exist under the
-			// same rule (sm_90a), so a default run on a Hopper GPU tests
-			// conv_wg_fwd and not a fallback.
+			// conv2d_wg.cu's and groupedgemm.cu's wgmma kernels exist under
+			// the same rule (sm_90a), so bf16-wg on a Hopper GPU tests them
+			// and not a fallback.
 			if hc, hg := ops.ConvHopper(w.g), ops.GroupedHopper(w.g); hc != hg {
 				t.Fatalf("conv_wg_fwd available %v, grouped GEMM's wgmma %v", hc, hg)
 			} else {
@@ -260,7 +260,8 @@ func TestCUDAUNetDeterminism(t *testing.T) {
 
 // benchConv times Conv2D forward (and backward) at a U-Net shape in bf16
 // and reports TFLOP/s of the useful 2·P·K·Cout products, on the kernel
-// path (ops.ConvDefault: wgmma on sm_90a; ops.ConvMMA; ops.ConvIm2col).
+// path (ops.ConvMMA, the default; ops.ConvWG: wgmma on sm_90a;
+// ops.ConvIm2col).
 func benchConv(b *testing.B, n, hw, cin, cout, k int, backward bool, path int) {
 	defer ops.SetConvPath(path)()
 	d := gpu(b)
@@ -337,8 +338,8 @@ func timeGPU(b *testing.B, e *ops.Engine, f func() error) float64 {
 
 // The U-Net's heaviest convolutions at a guided batch of 256 (512
 // images), and issue 24's larger U-Net shapes (16×64²×320, 16×32²×640,
-// 64×32²×256, 128×32²×128; 3×3, stride 1, Cin = Cout), each on the default
-// path (wgmma on sm_90a), the mma.sync implicit GEMM and im2col +
+// 64×32²×256, 128×32²×128; 3×3, stride 1, Cin = Cout), each on the
+// mma.sync implicit GEMM (the default), wgmma (sm_90a) and im2col +
 // cuBLASLt; bench/conv.sh runs them beside PyTorch's cuDNN.
 func BenchmarkConv2D(b *testing.B) {
 	for _, s := range []struct{ n, hw, cin, cout int }{
@@ -348,7 +349,7 @@ func BenchmarkConv2D(b *testing.B) {
 		for _, p := range []struct {
 			name string
 			path int
-		}{{"default", ops.ConvDefault}, {"mma", ops.ConvMMA}, {"im2col", ops.ConvIm2col}} {
+		}{{"mma", ops.ConvMMA}, {"wg", ops.ConvWG}, {"im2col", ops.ConvIm2col}} {
 			for _, bwd := range []bool{false, true} {
 				pass := "fwd"
 				if bwd {

@@ -50,28 +50,6 @@ type ConvIgemmArgs struct {
 // The Go layout is the C one: a difference does not compile.
 var _ [80]byte = [unsafe.Sizeof(ConvIgemmArgs{})]byte{}
 
-// ConvWgDwArgs is struct conv_wg_dw_args of conv2d.cu (72 bytes, alignment 8).
-type ConvWgDwArgs struct {
-	X      cuda.DevicePtr // gpukit_bf16*
-	Dy     cuda.DevicePtr // gpukit_bf16*
-	Part   cuda.DevicePtr // float*
-	N      int32          // int
-	H      int32          // int
-	W_     int32          // int
-	Cin    int32          // int
-	Ho     int32          // int
-	Wo     int32          // int
-	Cout   int32          // int
-	Kh     int32          // int
-	Kw     int32          // int
-	Stride int32          // int
-	Pad    int32          // int
-	Chunk  int32          // int
-}
-
-// The Go layout is the C one: a difference does not compile.
-var _ [72]byte = [unsafe.Sizeof(ConvWgDwArgs{})]byte{}
-
 // ConvIgemmFwd launches conv_igemm_fwd of conv2d.cu:
 //
 //	conv_igemm_fwd(const conv_igemm_args a)
@@ -85,76 +63,6 @@ func ConvIgemmFwd(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemmAr
 
 // ConvIgemmFwdKernel is conv_igemm_fwd of conv2d.cu (ConvIgemmFwd), for Prefetch.
 var ConvIgemmFwdKernel = Kernel{File: "conv2d.cu", Name: "conv_igemm_fwd"}
-
-// ConvWgDw64 launches conv_wg_dw_64 of conv2d.cu:
-//
-//	conv_wg_dw_64(const conv_wg_dw_args a)
-func ConvWgDw64(l Launcher, grid, block [3]uint32, smem uint32, a *ConvWgDwArgs) error {
-	kn := ConvWgDw64Kernel
-	if a == nil {
-		return errNilArgs(kn)
-	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
-}
-
-// ConvWgDw64Kernel is conv_wg_dw_64 of conv2d.cu (ConvWgDw64), for Prefetch.
-var ConvWgDw64Kernel = Kernel{File: "conv2d.cu", Name: "conv_wg_dw_64"}
-
-// ConvWgDw128 launches conv_wg_dw_128 of conv2d.cu:
-//
-//	conv_wg_dw_128(const conv_wg_dw_args a)
-func ConvWgDw128(l Launcher, grid, block [3]uint32, smem uint32, a *ConvWgDwArgs) error {
-	kn := ConvWgDw128Kernel
-	if a == nil {
-		return errNilArgs(kn)
-	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
-}
-
-// ConvWgDw128Kernel is conv_wg_dw_128 of conv2d.cu (ConvWgDw128), for Prefetch.
-var ConvWgDw128Kernel = Kernel{File: "conv2d.cu", Name: "conv_wg_dw_128"}
-
-// ConvWgFwd64 launches conv_wg_fwd_64 of conv2d.cu:
-//
-//	conv_wg_fwd_64(const conv_igemm_args a)
-func ConvWgFwd64(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemmArgs) error {
-	kn := ConvWgFwd64Kernel
-	if a == nil {
-		return errNilArgs(kn)
-	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
-}
-
-// ConvWgFwd64Kernel is conv_wg_fwd_64 of conv2d.cu (ConvWgFwd64), for Prefetch.
-var ConvWgFwd64Kernel = Kernel{File: "conv2d.cu", Name: "conv_wg_fwd_64"}
-
-// ConvWgFwd128 launches conv_wg_fwd_128 of conv2d.cu:
-//
-//	conv_wg_fwd_128(const conv_igemm_args a)
-func ConvWgFwd128(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemmArgs) error {
-	kn := ConvWgFwd128Kernel
-	if a == nil {
-		return errNilArgs(kn)
-	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
-}
-
-// ConvWgFwd128Kernel is conv_wg_fwd_128 of conv2d.cu (ConvWgFwd128), for Prefetch.
-var ConvWgFwd128Kernel = Kernel{File: "conv2d.cu", Name: "conv_wg_fwd_128"}
-
-// ConvWgFwd256 launches conv_wg_fwd_256 of conv2d.cu:
-//
-//	conv_wg_fwd_256(const conv_igemm_args a)
-func ConvWgFwd256(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemmArgs) error {
-	kn := ConvWgFwd256Kernel
-	if a == nil {
-		return errNilArgs(kn)
-	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
-}
-
-// ConvWgFwd256Kernel is conv_wg_fwd_256 of conv2d.cu (ConvWgFwd256), for Prefetch.
-var ConvWgFwd256Kernel = Kernel{File: "conv2d.cu", Name: "conv_wg_fwd_256"}
 
 // ConvFlipW launches conv_flip_w of conv2d.cu:
 //
@@ -241,25 +149,3 @@ func ConvCol2imKernel(inst string) (Kernel, error) {
 	}
 	return Kernel{}, errNoInstance("conv2d.cu", "conv_col2im_", inst)
 }
-
-// ConvDwReduce launches conv_dw_reduce of conv2d.cu:
-//
-//	conv_dw_reduce(float* __restrict__ dw, const float* __restrict__ part, long long n, int splits, int acc)
-func ConvDwReduce(l Launcher, grid, block [3]uint32, smem uint32, dw, part cuda.DevicePtr, n int64, splits, acc int32) error {
-	kn := ConvDwReduceKernel
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&dw), unsafe.Pointer(&part), unsafe.Pointer(&n), unsafe.Pointer(&splits), unsafe.Pointer(&acc))
-}
-
-// ConvDwReduceKernel is conv_dw_reduce of conv2d.cu (ConvDwReduce), for Prefetch.
-var ConvDwReduceKernel = Kernel{File: "conv2d.cu", Name: "conv_dw_reduce"}
-
-// ConvWgUnavailable launches conv_wg_unavailable of conv2d.cu:
-//
-//	conv_wg_unavailable()
-func ConvWgUnavailable(l Launcher, grid, block [3]uint32, smem uint32) error {
-	kn := ConvWgUnavailableKernel
-	return l.Launch(kn, grid, block, smem)
-}
-
-// ConvWgUnavailableKernel is conv_wg_unavailable of conv2d.cu (ConvWgUnavailable), for Prefetch.
-var ConvWgUnavailableKernel = Kernel{File: "conv2d.cu", Name: "conv_wg_unavailable"}
