@@ -14,7 +14,8 @@
 // (C a multiple of 16/sizeof(T), 16-byte aligned pointers).
 //
 // conv_igemm_fwd is the forward as an implicit GEMM on tensor cores (bf16):
-// no column matrix, the gather folded into the tile loads (see below).
+// no column matrix, the gather folded into the tile loads (see below);
+// conv2d_wg.cu has the same products on Hopper's wgmma.
 #include "common.cuh"
 #include "mma.cuh"
 #include "vec.cuh"
@@ -122,16 +123,7 @@ __device__ void conv_col2im(T* __restrict__ dx, const T* __restrict__ dcol, cons
 // of the input for stride 1 is this kernel on dY with the filters flipped
 // (conv_flip_w).
 
-struct conv_igemm_args {
-  const gpukit_bf16* x;     // [N, H, W, Cin]
-  const gpukit_bf16* w;     // [Cout, KH, KW, Cin]
-  const gpukit_bf16* bias;  // [Cout], or null
-  gpukit_bf16* y;           // [N, Ho, Wo, Cout]
-  int n, h, w_, cin;
-  int ho, wo, cout, kh;
-  int kw, stride, pad, acc;
-};
-static_assert(sizeof(conv_igemm_args) == 80, "conv_igemm_args layout: launch.ConvIgemmArgs is generated from it (go generate ./libgpu/kernels/launch)");
+#include "conv2d.cuh"
 
 #define CI_BM 128
 #define CI_BN 64
@@ -268,6 +260,7 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
     }
   }
 }
+
 
 // conv_flip_w: wf[ci][kh][kw][co] = w[co][KH−1−kh][KW−1−kw][ci], the filters
 // of the transposed convolution that computes dx from dy (stride 1).
