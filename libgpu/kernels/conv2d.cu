@@ -145,20 +145,9 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
   const int cc = (tid & 3) * 8;  // this thread's 16-byte column chunk of a tile row
 
   // The four A rows and two W rows this thread copies, fixed for the block.
-  long long abase[4];
-  int ih0[4], iw0[4];
-  bool arow[4];
+  conv_pix arow[4];
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const long long p = p0 + (tid >> 2) + 32 * i;
-    arow[i] = p < P;
-    const long long q = arow[i] ? p : 0;
-    const long long img = q / ((long long)a.ho * a.wo);
-    const int rem = (int)(q % ((long long)a.ho * a.wo));
-    ih0[i] = (rem / a.wo) * a.stride - a.pad;
-    iw0[i] = (rem % a.wo) * a.stride - a.pad;
-    abase[i] = img * a.h * a.w_;
-  }
+  for (int i = 0; i < 4; i++) arow[i] = conv_pixel(a, p0 + (tid >> 2) + 32 * i);
   bool brow[2];
   const gpukit_bf16* wrow[2];
 #pragma unroll
@@ -172,10 +161,8 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
     const int dh = tap / a.kw, dw = tap - dh * a.kw;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-      const int ih = ih0[i] + dh, iw = iw0[i] + dw;
-      const bool ok = arow[i] && ih >= 0 && ih < a.h && iw >= 0 && iw < a.w_;
-      const gpukit_bf16* src = ok ? a.x + ((abase[i] + (long long)ih * a.w_ + iw) * a.cin + ci0 + cc) : a.x;
-      gpukit_cp16(sA + buf * CI_ATILE + (((tid >> 2) + 32 * i) * CI_LDS + cc) * 2, src, ok);
+      const gpukit_bf16* src = conv_src(a, arow[i], dh, dw, ci0 + cc);
+      gpukit_cp16(sA + buf * CI_ATILE + (((tid >> 2) + 32 * i) * CI_LDS + cc) * 2, src ? src : a.x, src != nullptr);
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -241,13 +228,7 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
         gpukit_bf16* dst = a.y + row * a.cout + col;
         float v0 = acc[mi][nj][2 * hf] + b0, v1 = acc[mi][nj][2 * hf + 1] + b1;
         if (pairs) {
-          unsigned* u = (unsigned*)dst;
-          if (a.acc) {
-            const unsigned old = *u;
-            v0 += __uint_as_float(old << 16);
-            v1 += __uint_as_float(old & 0xffff0000u);
-          }
-          *u = (unsigned)gpukit_f32_to_bf16(v0) | ((unsigned)gpukit_f32_to_bf16(v1) << 16);
+          conv_store2(dst, v0, v1, a.acc);
           continue;
         }
         if (a.acc) v0 += gpukit_ld(dst);

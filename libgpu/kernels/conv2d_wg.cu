@@ -38,62 +38,20 @@
 #define CW_BK 64
 #define CW_THREADS 256
 
-template <int BN, int STAGES>
-__device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
-  static_assert(BN % 32 == 0 && STAGES >= 3, "conv_wg_fwd tile");
+// cw_mainloop runs a kernel's k-steps 0..nk−1 into the accumulators d (the
+// warpgroup's 64 × BN product, wgmma.cuh's fragment layout): load(ks, st)
+// queues the cp.async copies of k-step ks into stage st (A, CW_BM × CW_BK,
+// at st; B, BN × CW_BK, at st + 16 KiB; K-major for T = 0, MN-major panels
+// for T = 1), a ring of STAGES stages from s0 with STAGES − 2 steps in
+// flight ahead of the MMA and one wgmma group outstanding (a stage is
+// rewritten two steps after the wgmma that read it was issued, by then
+// retired by its wait_group 1). Every thread of the block calls it.
+template <int BN, int STAGES, int TA, int TB, typename Load>
+__device__ __forceinline__ void cw_mainloop(float* d, int nk, unsigned s0, Load load) {
+  static_assert(STAGES >= 3, "cw_mainloop needs a stage in flight beside the two in use");
   constexpr int LEAD = STAGES - 2;
   constexpr unsigned AT = CW_BM * CW_BK * 2, ST = AT + BN * CW_BK * 2;
-  CONV_DYN_SMEM(conv_smem);
-  const unsigned s0 = (gpukit_smem_addr(conv_smem) + 1023u) & ~1023u;
-  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const long long P = (long long)a.n * a.ho * a.wo;
-  const long long p0 = (long long)blockIdx.x * CW_BM;
-  const int co0 = blockIdx.y * BN;
-  const int K = a.kh * a.kw * a.cin, nk = K / CW_BK, cpt = a.cin / CW_BK;
-  const int cc = tid & 7;  // this thread's 16-byte chunk of a 128-byte tile row
-
-  // The A rows (output pixels) and W rows (output channels) this thread
-  // copies, fixed for the block: rows tid/8 + 32·i.
-  long long abase[CW_BM / 32];
-  int ih0[CW_BM / 32], iw0[CW_BM / 32];
-  bool arow[CW_BM / 32];
-#pragma unroll
-  for (int i = 0; i < CW_BM / 32; i++) {
-    const long long p = p0 + (tid >> 3) + 32 * i;
-    arow[i] = p < P;
-    const long long q = arow[i] ? p : 0;
-    const long long img = q / ((long long)a.ho * a.wo);
-    const int rem = (int)(q % ((long long)a.ho * a.wo));
-    ih0[i] = (rem / a.wo) * a.stride - a.pad;
-    iw0[i] = (rem % a.wo) * a.stride - a.pad;
-    abase[i] = img * a.h * a.w_;
-  }
-  bool brow[BN / 32];
-  const gpukit_bf16* wrow[BN / 32];
-#pragma unroll
-  for (int i = 0; i < BN / 32; i++) {
-    const int co = co0 + (tid >> 3) + 32 * i;
-    brow[i] = co < a.cout;
-    wrow[i] = a.w + (long long)(brow[i] ? co : 0) * K + 8 * cc;
-  }
-  // load queues the copies of k-step ks into stage st (A, then W at st + AT).
-  auto load = [&](int ks, unsigned st) {
-    const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
-    const int dh = tap / a.kw, dw = tap - dh * a.kw;
-#pragma unroll
-    for (int i = 0; i < CW_BM / 32; i++) {
-      const int r = (tid >> 3) + 32 * i;
-      const int ih = ih0[i] + dh, iw = iw0[i] + dw;
-      const bool ok = arow[i] && ih >= 0 && ih < a.h && iw >= 0 && iw < a.w_;
-      const gpukit_bf16* src = ok ? a.x + ((abase[i] + (long long)ih * a.w_ + iw) * a.cin + ci0 + 8 * cc) : a.x;
-      gpukit_cp16(st + r * 128 + ((cc ^ (r & 7)) << 4), src, ok);
-    }
-#pragma unroll
-    for (int i = 0; i < BN / 32; i++) {
-      const int r = (tid >> 3) + 32 * i;
-      gpukit_cp16(st + AT + r * 128 + ((cc ^ (r & 7)) << 4), brow[i] ? wrow[i] + (long long)ks * CW_BK : a.w, brow[i]);
-    }
-  };
+  const int wg = threadIdx.x >> 7;
   int pk = 0;  // k-steps queued
   auto produce = [&]() {
     if (pk < nk) load(pk, s0 + (pk % STAGES) * ST);
@@ -102,8 +60,6 @@ __device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
   };
 #pragma unroll 1
   for (int i = 0; i < LEAD; i++) produce();
-
-  float d[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
 #pragma unroll 1
@@ -117,8 +73,11 @@ __device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
     gpukit_wg_fence();
 #pragma unroll
     for (int kk = 0; kk < CW_BK / 16; kk++) {
-      gpukit_wg_ss<BN, 0, 0>::mma(d, gpukit_wg_desc(st + wg * 64 * 128 + kk * 32, 16, 1024),
-                                  gpukit_wg_desc(st + AT + kk * 32, 16, 1024), 1);
+      const gpukit_u64 da = TA ? gpukit_wg_desc(st + wg * (CW_BK * 128) + kk * 2048, CW_BK * 128, 1024)
+                               : gpukit_wg_desc(st + wg * 64 * 128 + kk * 32, 16, 1024);
+      const gpukit_u64 db = TB ? gpukit_wg_desc(st + AT + kk * 2048, CW_BK * 128, 1024)
+                               : gpukit_wg_desc(st + AT + kk * 32, 16, 1024);
+      gpukit_wg_ss<BN, TA, TB>::mma(d, da, db, 1);
     }
     gpukit_wg_commit();
     gpukit_wg_wait<1>();
@@ -127,6 +86,52 @@ __device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
   gpukit_wg_wait<0>();
   gpukit_keep_f<BN / 2>(d);
   gpukit_cp_wait0();  // the empty groups queued past the end
+}
+
+// cw_swz is the byte offset of 16-byte chunk c of row r of a 128-byte-row
+// tile in 128-byte swizzle (wgmma.cuh).
+__device__ __forceinline__ unsigned cw_swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+template <int BN, int STAGES>
+__device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
+  static_assert(BN % 32 == 0, "conv_wg_fwd tile");
+  constexpr unsigned AT = CW_BM * CW_BK * 2;
+  CONV_DYN_SMEM(conv_smem);
+  const unsigned s0 = (gpukit_smem_addr(conv_smem) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const long long P = (long long)a.n * a.ho * a.wo;
+  const long long p0 = (long long)blockIdx.x * CW_BM;
+  const int co0 = blockIdx.y * BN;
+  const int K = a.kh * a.kw * a.cin, cpt = a.cin / CW_BK;
+  const int cc = tid & 7;  // this thread's 16-byte chunk of a 128-byte tile row
+
+  // The A rows (output pixels) and W rows (output channels) this thread
+  // copies, fixed for the block: rows tid/8 + 32·i.
+  conv_pix arow[CW_BM / 32];
+#pragma unroll
+  for (int i = 0; i < CW_BM / 32; i++) arow[i] = conv_pixel(a, p0 + (tid >> 3) + 32 * i);
+  bool brow[BN / 32];
+  const gpukit_bf16* wrow[BN / 32];
+#pragma unroll
+  for (int i = 0; i < BN / 32; i++) {
+    const int co = co0 + (tid >> 3) + 32 * i;
+    brow[i] = co < a.cout;
+    wrow[i] = a.w + (long long)(brow[i] ? co : 0) * K + 8 * cc;
+  }
+  float d[BN / 2];
+  cw_mainloop<BN, STAGES, 0, 0>(d, K / CW_BK, s0, [&](int ks, unsigned st) {
+    const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
+    const int dh = tap / a.kw, dw = tap - dh * a.kw;
+#pragma unroll
+    for (int i = 0; i < CW_BM / 32; i++) {
+      const gpukit_bf16* src = conv_src(a, arow[i], dh, dw, ci0 + 8 * cc);
+      gpukit_cp16(st + cw_swz((tid >> 3) + 32 * i, cc), src ? src : a.x, src != nullptr);
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 32; i++) {
+      gpukit_cp16(st + AT + cw_swz((tid >> 3) + 32 * i, cc), brow[i] ? wrow[i] + (long long)ks * CW_BK : a.w, brow[i]);
+    }
+  });
 
   // Epilogue: rows 64·wg + 16·warp + lane/4 (+8), channels 8j + 2·(lane%4).
   const long long rbase = p0 + wg * 64 + warp * 16 + (lane >> 2);
@@ -142,15 +147,7 @@ __device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const long long row = rbase + 8 * h;
-      if (row >= P) continue;
-      unsigned* u = (unsigned*)(a.y + row * a.cout + n);
-      float v0 = d[4 * j + 2 * h] + b0, v1 = d[4 * j + 2 * h + 1] + b1;
-      if (a.acc) {
-        const unsigned old = *u;
-        v0 += __uint_as_float(old << 16);
-        v1 += __uint_as_float(old & 0xffff0000u);
-      }
-      *u = (unsigned)gpukit_f32_to_bf16(v0) | ((unsigned)gpukit_f32_to_bf16(v1) << 16);
+      if (row < P) conv_store2(a.y + row * a.cout + n, d[4 * j + 2 * h] + b0, d[4 * j + 2 * h + 1] + b1, a.acc);
     }
   }
 }
@@ -181,21 +178,21 @@ static_assert(sizeof(conv_wg_dw_args) == 72, "conv_wg_dw_args layout: launch.Con
 
 template <int BN, int STAGES>
 __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
-  static_assert(BN % 64 == 0 && STAGES >= 3, "conv_wg_dw tile");
-  constexpr int LEAD = STAGES - 2;
-  constexpr unsigned AT = CW_BK * CW_BM * 2, ST = AT + CW_BK * BN * 2;
+  static_assert(BN % 64 == 0, "conv_wg_dw tile");
+  constexpr unsigned AT = CW_BK * CW_BM * 2;
   CONV_DYN_SMEM(conv_smem);
   const unsigned s0 = (gpukit_smem_addr(conv_smem) + 1023u) & ~1023u;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const long long P = (long long)a.n * a.ho * a.wo, hw = (long long)a.ho * a.wo;
+  const long long P = (long long)a.n * a.ho * a.wo;
   const int K = a.kh * a.kw * a.cin;
   const int m0 = blockIdx.x * CW_BM, n0 = blockIdx.y * BN;
   const int tap = n0 / a.cin, ci0 = n0 - tap * a.cin, dh = tap / a.kw, dw = tap - dh * a.kw;
   const long long pbeg = (long long)blockIdx.z * a.chunk, pend = P < pbeg + a.chunk ? P : pbeg + a.chunk;
   const int nk = pend > pbeg ? (int)((pend - pbeg + CW_BK - 1) / CW_BK) : 0;
-  // load queues k-step ks: 64 pixels × 128 output channels of dY (16
-  // chunks a row, two panels of 64) and × BN gathered input channels.
-  auto load = [&](int ks, unsigned st) {
+  float d[BN / 2];
+  // k-step ks: 64 pixels × 128 output channels of dY (16 chunks a row, two
+  // panels of 64) and × BN gathered input channels (BN/64 panels).
+  cw_mainloop<BN, STAGES, 1, 1>(d, nk, s0, [&](int ks, unsigned st) {
     const long long pk = pbeg + (long long)ks * CW_BK;
     {
       const int c = tid & 15;
@@ -204,8 +201,7 @@ __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
         const int r = (tid >> 4) + 16 * i, co = m0 + 8 * c;
         const long long p = pk + r;
         const bool ok = p < pend && co < a.cout;
-        gpukit_cp16(st + (c >> 3) * (CW_BK * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4),
-                    ok ? a.dy + p * a.cout + co : a.dy, ok);
+        gpukit_cp16(st + (c >> 3) * (CW_BK * 128) + cw_swz(r, c & 7), ok ? a.dy + p * a.cout + co : a.dy, ok);
       }
     }
     constexpr int CPR = BN / 8, RPP = CW_THREADS / CPR;
@@ -214,51 +210,10 @@ __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
     for (int i = 0; i < CW_BK / RPP; i++) {
       const int r = tid / CPR + RPP * i;
       const long long p = pk + r;
-      bool ok = p < pend;
-      const gpukit_bf16* src = a.x;
-      if (ok) {
-        const long long img = p / hw;
-        const int rem = (int)(p - img * hw), oh = rem / a.wo, ow = rem - oh * a.wo;
-        const int ih = oh * a.stride - a.pad + dh, iw = ow * a.stride - a.pad + dw;
-        ok = ih >= 0 && ih < a.h && iw >= 0 && iw < a.w_;
-        if (ok) src = a.x + ((img * a.h + ih) * a.w_ + iw) * a.cin + ci0 + 8 * c;
-      }
-      gpukit_cp16(st + AT + (c >> 3) * (CW_BK * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4), src, ok);
+      const gpukit_bf16* src = p < pend ? conv_src(a, conv_pixel(a, p), dh, dw, ci0 + 8 * c) : nullptr;
+      gpukit_cp16(st + AT + (c >> 3) * (CW_BK * 128) + cw_swz(r, c & 7), src ? src : a.x, src != nullptr);
     }
-  };
-  int pq = 0;  // k-steps queued
-  auto produce = [&]() {
-    if (pq < nk) load(pq, s0 + (pq % STAGES) * ST);
-    pq++;
-    gpukit_cp_commit();
-  };
-#pragma unroll 1
-  for (int i = 0; i < LEAD; i++) produce();
-
-  float d[BN / 2];
-#pragma unroll
-  for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-#pragma unroll 1
-  for (int ks = 0; ks < nk; ks++) {
-    gpukit_cp_wait<LEAD - 1>();
-    gpukit_fence_proxy_async();
-    __syncthreads();
-    produce();
-    const unsigned st = s0 + (ks % STAGES) * ST;
-    gpukit_keep_f<BN / 2>(d);
-    gpukit_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < CW_BK / 16; kk++) {
-      gpukit_wg_ss<BN, 1, 1>::mma(d, gpukit_wg_desc(st + wg * (CW_BK * 128) + kk * 2048, CW_BK * 128, 1024),
-                                  gpukit_wg_desc(st + AT + kk * 2048, CW_BK * 128, 1024), 1);
-    }
-    gpukit_wg_commit();
-    gpukit_wg_wait<1>();
-    gpukit_keep_f<BN / 2>(d);
-  }
-  gpukit_wg_wait<0>();
-  gpukit_keep_f<BN / 2>(d);
-  gpukit_cp_wait0();
+  });
 
   // Epilogue: output channel rows 64·wg + 16·warp + lane/4 (+8), columns
   // n0 + 8j + 2·(lane%4) of K; a split with no pixels writes zeros.
@@ -281,7 +236,6 @@ __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
 
 extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_dw_64(const conv_wg_dw_args a) { conv_wg_dw<64, 4>(a); }
 extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_dw_128(const conv_wg_dw_args a) { conv_wg_dw<128, 4>(a); }
-
 extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_64(const conv_igemm_args a) { conv_wg_fwd<64, 4>(a); }
 extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_128(const conv_igemm_args a) { conv_wg_fwd<128, 4>(a); }
 extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_256(const conv_igemm_args a) { conv_wg_fwd<256, 4>(a); }

@@ -16,7 +16,6 @@ package ops
 
 import (
 	"fmt"
-	"sync"
 
 	"gonum.org/v1/gonum/blas"
 
@@ -440,27 +439,15 @@ func (c *cudaImpl) wgOK(cin, cout int) bool {
 	return convPath == convWG && cin%64 == 0 && cout%8 == 0 && c.convHopper()
 }
 
-// convHopperState caches whether conv2d.cu was compiled with its wgmma
+// convHopperState caches whether conv2d_wg.cu was compiled with its wgmma
 // kernels (sm_90a).
-type convHopperState struct {
-	once sync.Once
-	ok   bool
-}
+type convHopperState struct{ wgModule }
 
-// convHopper reports whether conv_wg_fwd exists: the module was built for
-// sm_90a and lacks the conv_wg_unavailable marker (as ggHopper). Decided
-// once per engine.
+// convHopper reports whether conv2d_wg.cu's kernels exist: the module was
+// built for sm_90a and lacks the conv_wg_unavailable marker
+// (wgModule.has). Decided once per engine.
 func (c *cudaImpl) convHopper() bool {
-	st := exec.StateOf[convHopperState](c.CUDA)
-	st.once.Do(func() {
-		kc, err := c.Compiler()
-		if err != nil || kc.Arch() != "sm_90a" {
-			return
-		}
-		unavailable, err := kc.Has(launch.ConvWgUnavailableKernel.File, launch.ConvWgUnavailableKernel.Name)
-		st.ok = err == nil && !unavailable
-	})
-	return st.ok
+	return exec.StateOf[convHopperState](c.CUDA).has(c, launch.ConvWgUnavailableKernel)
 }
 
 // convIgemm launches the implicit GEMM y (+)= conv(x, w) + bias over n
