@@ -424,19 +424,20 @@ func aligned16(ts ...*tensor.Tensor) bool {
 	return true
 }
 
-// igemmOK reports whether conv_igemm_fwd computes y = conv(x, w) + b: bf16,
+// igemmOK reports whether path runs y = conv(x, w) + b as an implicit GEMM
+// (conv_igemm_fwd, or conv_wg_fwd where wgOK): not im2col, bf16,
 // Cin a multiple of 32 (a K chunk stays within one tap; filter rows of
 // 16-byte multiples), 16-byte aligned tensors.
-func igemmOK(cin, cout int, ts ...*tensor.Tensor) bool {
-	return convPath != convIm2col && ts[0].DType == tensor.BF16 && cin%32 == 0 && cout >= 1 && aligned16(ts...)
+func igemmOK(path, cin, cout int, ts ...*tensor.Tensor) bool {
+	return path != convIm2col && ts[0].DType == tensor.BF16 && cin%32 == 0 && cout >= 1 && aligned16(ts...)
 }
 
-// wgOK reports whether conv_wg_fwd takes a shape igemmOK takes: the
-// wgmma kernels exist (convHopper), Cin is a multiple of 64 (a k-step of
+// wgOK reports whether path runs a shape igemmOK takes on wgmma: path is
+// convWG, the wgmma kernels exist (convHopper), Cin is a multiple of 64 (a k-step of
 // 64 channels stays within one tap) and Cout of 8 (bf16 pairs in the
 // epilogue).
-func (c *cudaImpl) wgOK(cin, cout int) bool {
-	return convPath == convWG && cin%64 == 0 && cout%8 == 0 && c.convHopper()
+func (c *cudaImpl) wgOK(path, cin, cout int) bool {
+	return path == convWG && cin%64 == 0 && cout%8 == 0 && c.convHopper()
 }
 
 // convHopperState caches whether conv2d_wg.cu was compiled with its wgmma
@@ -451,13 +452,13 @@ func (c *cudaImpl) convHopper() bool {
 }
 
 // convIgemm launches the implicit GEMM y (+)= conv(x, w) + bias over n
-// images of h×w×cin into ho×wo×cout (igemmOK holds): conv_wg_fwd_<BN>
-// (256 threads, 128 pixels × BN channels a block, 4 stages) where wgOK
-// holds, BN = 256 when Cout is a multiple of 256 and that still gives
+// images of h×w×cin into ho×wo×cout (igemmOK holds for path):
+// conv_wg_fwd_<BN> (256 threads, 128 pixels × BN channels a block, 4
+// stages) where wgOK holds, BN = 256 when Cout is a multiple of 256 and that still gives
 // every multiprocessor two blocks, else 128 above 64 channels, else 64;
 // conv_igemm_fwd (128 threads, 128 × 64) otherwise. The tile choice is a
 // rule, not yet timed per shape.
-func (c *cudaImpl) convIgemm(x, w, bias, y *tensor.Tensor, n, h, wd, cin, ho, wo, cout, kh, kw, stride, pad int, acc bool) error {
+func (c *cudaImpl) convIgemm(path int, x, w, bias, y *tensor.Tensor, n, h, wd, cin, ho, wo, cout, kh, kw, stride, pad int, acc bool) error {
 	a := launch.ConvIgemmArgs{X: devPtr(x), W: devPtr(w), Y: devPtr(y), N: int32(n), H: int32(h), W_: int32(wd), Cin: int32(cin),
 		Ho: int32(ho), Wo: int32(wo), Cout: int32(cout), Kh: int32(kh), Kw: int32(kw), Stride: int32(stride), Pad: int32(pad)}
 	if bias != nil {
@@ -468,7 +469,7 @@ func (c *cudaImpl) convIgemm(x, w, bias, y *tensor.Tensor, n, h, wd, cin, ho, wo
 	}
 	rows := int64(n) * int64(ho) * int64(wo)
 	rowBlocks := uint32((rows + 127) / 128)
-	if c.wgOK(cin, cout) {
+	if c.wgOK(path, cin, cout) {
 		const stages = 4
 		bn := int64(64)
 		switch {
@@ -540,8 +541,17 @@ func (c *cudaImpl) convWgDW(e *Engine, dw, dy, x *tensor.Tensor, s *convShape, a
 }
 
 func (c *cudaImpl) conv2d(e *Engine, y, x, w, b *tensor.Tensor, s *convShape) error {
-	if !s.pointwise && igemmOK(s.cin, s.cout, x, w, y, b) {
-		return c.convIgemm(x, w, b, y, s.n, s.h, s.w, s.cin, s.ho, s.wo, s.cout, s.kh, s.kw, s.stride, s.pad, false)
+	path, err := c.convFwdPath(e, y, x, w, b, s)
+	if err != nil {
+		return err
+	}
+	return c.conv2dOn(e, path, y, x, w, b, s)
+}
+
+// conv2dOn runs the forward on path (one of convFwdCandidates).
+func (c *cudaImpl) conv2dOn(e *Engine, path int, y, x, w, b *tensor.Tensor, s *convShape) error {
+	if !s.pointwise && igemmOK(path, s.cin, s.cout, x, w, y, b) {
+		return c.convIgemm(path, x, w, b, y, s.n, s.h, s.w, s.cin, s.ho, s.wo, s.cout, s.kh, s.kw, s.stride, s.pad, false)
 	}
 	y2, err := y.View(s.n*s.outPerImg, s.cout)
 	if err != nil {
@@ -617,7 +627,7 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 		}
 		return nil
 	}
-	if dw != nil && dw.DType == tensor.F32 && igemmOK(s.cin, s.cout, x, dy) && c.wgOK(s.cin, s.cout) {
+	if dw != nil && dw.DType == tensor.F32 && igemmOK(convPath, s.cin, s.cout, x, dy) && c.wgOK(convPath, s.cin, s.cout) {
 		if err := c.convWgDW(e, dw, dy, x, s, acc[1]); err != nil {
 			return err
 		}
@@ -655,7 +665,7 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 	if dx == nil {
 		return nil
 	}
-	if s.stride == 1 && s.kh == s.kw && igemmOK(s.cout, s.cin, dy, w, dx) {
+	if s.stride == 1 && s.kh == s.kw && igemmOK(convPath, s.cout, s.cin, dy, w, dx) {
 		// dx = conv(dy, flip(w)) with padding KH−1−pad: the forward kernel
 		// on the filters rotated by 180° with in and out channels swapped.
 		wf, err := c.scratchTensor(e, "conv2d.wflip", w.DType, s.cin, s.kh, s.kw, s.cout)
@@ -666,7 +676,7 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 			devPtr(wf), devPtr(w), int32(s.cout), int32(s.kh), int32(s.kw), int32(s.cin)); err != nil {
 			return err
 		}
-		return c.convIgemm(dy, wf, nil, dx, s.n, s.ho, s.wo, s.cout, s.h, s.w, s.cin, s.kh, s.kw, 1, s.kh-1-s.pad, acc[0])
+		return c.convIgemm(convPath, dy, wf, nil, dx, s.n, s.ho, s.wo, s.cout, s.h, s.w, s.cin, s.kh, s.kw, 1, s.kh-1-s.pad, acc[0])
 	}
 	dcol, err := c.scratchTensor(e, "conv2d.dcol", x.DType, nc*s.outPerImg, s.k)
 	if err != nil {

@@ -30,3 +30,11 @@ func SetConvPath(p int) (restore func()) {
 func ConvHopper(e *Engine) bool {
 	return e.c != nil && e.c.convHopper()
 }
+
+// SetConvTune turns the per-shape timing of convolution forward paths on or
+// off from now on and returns a func that restores the previous setting.
+func SetConvTune(on bool) (restore func()) {
+	old := convTune
+	convTune = on
+	return func() { convTune = old }
+}
