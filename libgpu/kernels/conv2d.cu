@@ -117,8 +117,11 @@ __device__ void conv_col2im(T* __restrict__ dx, const T* __restrict__ dcol, cons
 // tile 64 rows of 64 contiguous bytes, both in padded shared rows (40
 // elements: 8 ldmatrix rows hit 8 distinct 16-byte bank groups), double
 // buffered (the next chunk's copies fly while this one's mma run). The
-// epilogue adds the bias and stores (or adds, with acc) bf16 pairs (single
-// values for an odd Cout: a conv_out to one channel). Rows past P and
+// epilogue adds the bias (and the fused per-sample bias and residual,
+// conv_out2) and stores (or adds, with acc) bf16 pairs (single values for
+// an odd Cout: a conv_out to one channel; no fused terms there). With a
+// fused input map each thread maps its own landed A chunks in place
+// (conv_prologue) before the barrier that hands the buffer to the MMA. Rows past P and
 // channels past Cout are masked (their W rows read as zeros). The backward
 // of the input for stride 1 is this kernel on dY with the filters flipped
 // (conv_flip_w).
@@ -177,9 +180,22 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
 #pragma unroll
     for (int nj = 0; nj < 4; nj++) acc[mi][nj][0] = acc[mi][nj][1] = acc[mi][nj][2] = acc[mi][nj][3] = 0.0f;
 
+  // prologue maps this thread's landed A chunks of chunk c in buffer buf
+  // (the fused input map; chunks off the image stay zero).
+  auto prologue = [&](int buf, int c) {
+    if (!a.pro_scale) return;
+    const int tap = c / cpt, ci0 = (c - tap * cpt) * CI_BK;
+    const int dh = tap / a.kw, dw = tap - dh * a.kw;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      if (conv_src(a, arow[i], dh, dw, ci0 + cc))
+        conv_prologue(conv_smem + buf * CI_ATILE + (((tid >> 2) + 32 * i) * CI_LDS + cc) * 2, a, arow[i].img, ci0 + cc);
+    }
+  };
   load(0, 0);
   gpukit_cp_commit();
   gpukit_cp_wait0();
+  prologue(0, 0);
   __syncthreads();
   for (int c = 0; c < nchunks; c++) {
     const int buf = c & 1;
@@ -205,6 +221,7 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
       }
     }
     gpukit_cp_wait0();
+    if (c + 1 < nchunks) prologue(buf ^ 1, c + 1);
     __syncthreads();
   }
 
@@ -228,7 +245,7 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
         gpukit_bf16* dst = a.y + row * a.cout + col;
         float v0 = acc[mi][nj][2 * hf] + b0, v1 = acc[mi][nj][2 * hf + 1] + b1;
         if (pairs) {
-          conv_store2(dst, v0, v1, a.acc);
+          conv_out2(a, row, col, v0, v1);
           continue;
         }
         if (a.acc) v0 += gpukit_ld(dst);

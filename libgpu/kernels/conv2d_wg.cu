@@ -24,8 +24,10 @@
 // taps and an A row is 128 contiguous bytes of x); a STAGES-deep ring of
 // cp.async copies into 128-byte-swizzled K-major tiles (the layout
 // wgmma.cuh's descriptors name), STAGES − 2 steps in flight ahead of the
-// MMA and one wgmma group outstanding. The epilogue adds the bias and
-// stores (or adds, with acc) bf16 pairs: Cout a multiple of 8; filter rows
+// MMA and one wgmma group outstanding. A fused input map is applied by
+// each thread to its own landed A chunks (conv_prologue). The epilogue
+// adds the bias (and the fused per-sample bias and residual, conv_out2)
+// and stores (or adds, with acc) bf16 pairs: Cout a multiple of 8; filter rows
 // past Cout read as zeros and their columns are not stored. Shared memory
 // (dynamic, 1 KiB of slack for the 1024-byte alignment): STAGES × (16 KiB
 // + BN·128 bytes). ops/conv2d.go launches it when the shape allows (and
@@ -45,9 +47,12 @@
 // for T = 1), a ring of STAGES stages from s0 with STAGES − 2 steps in
 // flight ahead of the MMA and one wgmma group outstanding (a stage is
 // rewritten two steps after the wgmma that read it was issued, by then
-// retired by its wait_group 1). Every thread of the block calls it.
-template <int BN, int STAGES, int TA, int TB, typename Load>
-__device__ __forceinline__ void cw_mainloop(float* d, int nk, unsigned s0, Load load) {
+// retired by its wait_group 1). pro(ks, st) runs in every thread once its
+// own copies of k-step ks have landed, before the barrier and proxy fence
+// that hand stage st to the MMA: the fused input map of conv_wg_fwd.
+// Every thread of the block calls it.
+template <int BN, int STAGES, int TA, int TB, typename Load, typename Pro>
+__device__ __forceinline__ void cw_mainloop(float* d, int nk, unsigned s0, Load load, Pro pro) {
   static_assert(STAGES >= 3, "cw_mainloop needs a stage in flight beside the two in use");
   constexpr int LEAD = STAGES - 2;
   constexpr unsigned AT = CW_BM * CW_BK * 2, ST = AT + BN * CW_BK * 2;
@@ -64,11 +69,12 @@ __device__ __forceinline__ void cw_mainloop(float* d, int nk, unsigned s0, Load 
   for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
 #pragma unroll 1
   for (int ks = 0; ks < nk; ks++) {
+    const unsigned st = s0 + (ks % STAGES) * ST;
     gpukit_cp_wait<LEAD - 1>();
+    pro(ks, st);
     gpukit_fence_proxy_async();
     __syncthreads();
     produce();
-    const unsigned st = s0 + (ks % STAGES) * ST;
     gpukit_keep_f<BN / 2>(d);
     gpukit_wg_fence();
 #pragma unroll
@@ -119,19 +125,32 @@ __device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
     wrow[i] = a.w + (long long)(brow[i] ? co : 0) * K + 8 * cc;
   }
   float d[BN / 2];
-  cw_mainloop<BN, STAGES, 0, 0>(d, K / CW_BK, s0, [&](int ks, unsigned st) {
-    const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
-    const int dh = tap / a.kw, dw = tap - dh * a.kw;
+  const unsigned sbase = gpukit_smem_addr(conv_smem);
+  cw_mainloop<BN, STAGES, 0, 0>(
+      d, K / CW_BK, s0,
+      [&](int ks, unsigned st) {
+        const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
+        const int dh = tap / a.kw, dw = tap - dh * a.kw;
 #pragma unroll
-    for (int i = 0; i < CW_BM / 32; i++) {
-      const gpukit_bf16* src = conv_src(a, arow[i], dh, dw, ci0 + 8 * cc);
-      gpukit_cp16(st + cw_swz((tid >> 3) + 32 * i, cc), src ? src : a.x, src != nullptr);
-    }
+        for (int i = 0; i < CW_BM / 32; i++) {
+          const gpukit_bf16* src = conv_src(a, arow[i], dh, dw, ci0 + 8 * cc);
+          gpukit_cp16(st + cw_swz((tid >> 3) + 32 * i, cc), src ? src : a.x, src != nullptr);
+        }
 #pragma unroll
-    for (int i = 0; i < BN / 32; i++) {
-      gpukit_cp16(st + AT + cw_swz((tid >> 3) + 32 * i, cc), brow[i] ? wrow[i] + (long long)ks * CW_BK : a.w, brow[i]);
-    }
-  });
+        for (int i = 0; i < BN / 32; i++) {
+          gpukit_cp16(st + AT + cw_swz((tid >> 3) + 32 * i, cc), brow[i] ? wrow[i] + (long long)ks * CW_BK : a.w, brow[i]);
+        }
+      },
+      [&](int ks, unsigned st) {  // the fused input map on this thread's landed A chunks in the image
+        if (!a.pro_scale) return;
+        const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
+        const int dh = tap / a.kw, dw = tap - dh * a.kw;
+#pragma unroll
+        for (int i = 0; i < CW_BM / 32; i++) {
+          if (conv_src(a, arow[i], dh, dw, ci0 + 8 * cc))
+            conv_prologue(conv_smem + (st - sbase) + cw_swz((tid >> 3) + 32 * i, cc), a, arow[i].img, ci0 + 8 * cc);
+        }
+      });
 
   // Epilogue: rows 64·wg + 16·warp + lane/4 (+8), channels 8j + 2·(lane%4).
   const long long rbase = p0 + wg * 64 + warp * 16 + (lane >> 2);
@@ -147,7 +166,7 @@ __device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const long long row = rbase + 8 * h;
-      if (row < P) conv_store2(a.y + row * a.cout + n, d[4 * j + 2 * h] + b0, d[4 * j + 2 * h + 1] + b1, a.acc);
+      if (row < P) conv_out2(a, row, n, d[4 * j + 2 * h] + b0, d[4 * j + 2 * h + 1] + b1);
     }
   }
 }
@@ -192,7 +211,9 @@ __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
   float d[BN / 2];
   // k-step ks: 64 pixels × 128 output channels of dY (16 chunks a row, two
   // panels of 64) and × BN gathered input channels (BN/64 panels).
-  cw_mainloop<BN, STAGES, 1, 1>(d, nk, s0, [&](int ks, unsigned st) {
+  cw_mainloop<BN, STAGES, 1, 1>(
+      d, nk, s0,
+      [&](int ks, unsigned st) {
     const long long pk = pbeg + (long long)ks * CW_BK;
     {
       const int c = tid & 15;
@@ -213,7 +234,8 @@ __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
       const gpukit_bf16* src = p < pend ? conv_src(a, conv_pixel(a, p), dh, dw, ci0 + 8 * c) : nullptr;
       gpukit_cp16(st + AT + (c >> 3) * (CW_BK * 128) + cw_swz(r, c & 7), src ? src : a.x, src != nullptr);
     }
-  });
+      },
+      [](int, unsigned) {});
 
   // Epilogue: output channel rows 64·wg + 16·warp + lane/4 (+8), columns
   // n0 + 8j + 2·(lane%4) of K; a split with no pixels writes zeros.

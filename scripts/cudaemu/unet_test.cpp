@@ -196,12 +196,24 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
   std::string name = "bf16 igemm " + std::to_string(N) + "x" + std::to_string(H) + "x" + std::to_string(W) + "x" +
                      std::to_string(C) + "->" + std::to_string(Co) + " k" + std::to_string(K) + " s" + std::to_string(S) +
                      "p" + std::to_string(P);
+  // fz: the fused input map and output terms the launches pass (none
+  // unless the fused check below sets them).
+  struct {
+    const float *scale = nullptr, *shift = nullptr;
+    const gpukit_bf16 *nbias = nullptr, *res = nullptr;
+    int silu = 0;
+  } fz;
   // path 0 is conv_igemm_fwd, 64, 128 and 256 conv_wg_fwd_<BN> (sm_90a's
   // wgmma), each with ops/conv2d.go's geometry.
   int path = 0;
   auto launch = [&](const gpukit_bf16* in, const gpukit_bf16* wt, const gpukit_bf16* bias, gpukit_bf16* out, int h, int wd,
                     int cin, int oh, int ow, int cout, int stride, int pad, int acc) {
     conv_igemm_args a{in, wt, bias, out, N, h, wd, cin, oh, ow, cout, K, K, stride, pad, acc};
+    a.pro_scale = fz.scale;
+    a.pro_shift = fz.shift;
+    a.nbias = fz.nbias;
+    a.res = fz.res;
+    a.pro_silu = fz.silu;
     emu::untrack();  // cp.async may read only these
     emu::track(in, (size_t)N * h * wd * cin * 2);
     emu::track(wt, (size_t)cout * K * K * cin * 2);
@@ -286,6 +298,29 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
     auto want3 = want2;
     for (size_t i = 0; i < want3.size(); i++) want3[i] += old[i];
     check(pname + " y (acc, no bias)", y.read(), want3, 1e-2);
+    if (Co % 2 == 0) {
+      // Fused: y = conv(SiLU(x·scale + shift) in the image, 0 in the
+      // padding; rounded to bf16) + b + nbias[n] + res.
+      Buf sc(N * C, false), sh(N * C, false), nb(N * Co, true), rs(rows * Co, true), yf(rows * Co, true);
+      auto scv = sc.rand(0.5), shv = sh.rand(0.5), nbv = nb.rand(), rsv = rs.rand();
+      std::vector<double> act(xv.size());
+      for (size_t i = 0; i < act.size(); i++) {
+        size_t n = i / ((size_t)H * W * C), c = i % C;
+        double z = (double)(float)((float)xv[i] * (float)scv[n * C + c] + (float)shv[n * C + c]);
+        z = z / (1 + exp(-z));
+        act[i] = gpukit_bf16_to_f32(gpukit_f32_to_bf16((float)z));
+      }
+      auto wf = conv(act, wv, H, W, C, Co, P, &bv);
+      for (size_t i = 0; i < wf.size(); i++) wf[i] += nbv[(i / ((size_t)Ho * Wo * Co)) * Co + i % Co] + rsv[i];
+      fz.scale = sc.f();
+      fz.shift = sh.f();
+      fz.nbias = nb.h();
+      fz.res = rs.h();
+      fz.silu = 1;
+      launch(x.h(), w.h(), b.h(), yf.h(), H, W, C, Ho, Wo, Co, S, P, 0);
+      fz = {};
+      check(pname + " fused (GN+SiLU map, per-sample bias, residual)", yf.read(), wf, 1e-2);
+    }
     if (S != 1 || Co % (pth ? 64 : 32) || (pth && C % 8)) continue;
     Buf dx(N * H * W * C, true);
     launch(dy.h(), wf.h(), nullptr, dx.h(), Ho, Wo, Co, H, W, C, 1, K - 1 - P, 0);
@@ -380,6 +415,22 @@ static void groupnorm(bool bf, int N, int S, int C, int G, bool silu, bool vec) 
   check(name + " y", y.read(), wy, bf ? 1e-2 : 1e-5);
   check(name + " mean", mean.read(), wm, 1e-5);
   check(name + " rstd", rstd.read(), wr, 1e-5);
+  if (bf) {
+    // gn_affine: the same normalisation as scale, shift [N, C] (z = x·scale + shift).
+    Buf sc(N * C, false), sh(N * C, false);
+    emu::launch({(unsigned)N, 1, 1}, {(unsigned)bx, (unsigned)by, 1}, (by + 2) * C * 4, seed++, [&] {
+      vec ? gn_affine_v_bf16(sc.f(), sh.f(), nullptr, nullptr, x.h(), w.f(), b.f(), S, C, G, (float)eps)
+          : gn_affine_s_bf16(sc.f(), sh.f(), nullptr, nullptr, x.h(), w.f(), b.f(), S, C, G, (float)eps);
+    });
+    std::vector<double> wsc(N * C), wsh(N * C);
+    for (int n = 0; n < N; n++)
+      for (int c = 0; c < C; c++) {
+        wsc[n * C + c] = wr[n * G + c / cg] * wv[c];
+        wsh[n * C + c] = bv[c] - wm[n * G + c / cg] * wsc[n * C + c];
+      }
+    check(name + " affine scale", sc.read(), wsc, 1e-5);
+    check(name + " affine shift", sh.read(), wsh, 1e-5);
+  }
   // Backward, dx accumulated.
   Buf dy(N * S * C, bf), dx(N * S * C, bf), part(2 * N * C, false), dw(C, false), db(C, false);
   auto dyv = dy.rand();

@@ -196,6 +196,8 @@ var all = []Kernel{
 	{File: "groupedgemm.cu", Name: "gg_colsum_bf16_bf16"},
 	{File: "groupedgemm.cu", Name: "gg_wg_unavailable"},
 	{File: "groupnorm.cu", Name: "gn_bwd_reduce"},
+	{File: "groupnorm.cu", Name: "gn_affine_s_bf16"},
+	{File: "groupnorm.cu", Name: "gn_affine_v_bf16"},
 	{File: "groupnorm.cu", Name: "gn_fwd_s_f32"},
 	{File: "groupnorm.cu", Name: "gn_fwd_v_f32"},
 	{File: "groupnorm.cu", Name: "gn_fwd_s_bf16"},
