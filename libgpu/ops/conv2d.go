@@ -467,7 +467,14 @@ func (c *cudaImpl) convIgemm(path int, x, w, bias, y *tensor.Tensor, n, h, wd, c
 	if acc {
 		a.Acc = 1
 	}
-	rows := int64(n) * int64(ho) * int64(wo)
+	return c.convIgemmLaunch(path, &a)
+}
+
+// convIgemmLaunch launches the implicit GEMM of convIgemm for arguments a
+// (fused terms included: Conv2DFused).
+func (c *cudaImpl) convIgemmLaunch(path int, a *launch.ConvIgemmArgs) error {
+	cin, cout := int(a.Cin), int(a.Cout)
+	rows := int64(a.N) * int64(a.Ho) * int64(a.Wo)
 	rowBlocks := uint32((rows + 127) / 128)
 	if c.wgOK(path, cin, cout) {
 		const stages = 4
@@ -482,14 +489,14 @@ func (c *cudaImpl) convIgemm(path int, x, w, bias, y *tensor.Tensor, n, h, wd, c
 		smem := uint32(stages*(128+bn)*128 + 1024)
 		switch bn {
 		case 256:
-			return launch.ConvWgFwd256(c, grid, block1(256), smem, &a)
+			return launch.ConvWgFwd256(c, grid, block1(256), smem, a)
 		case 128:
-			return launch.ConvWgFwd128(c, grid, block1(256), smem, &a)
+			return launch.ConvWgFwd128(c, grid, block1(256), smem, a)
 		}
-		return launch.ConvWgFwd64(c, grid, block1(256), smem, &a)
+		return launch.ConvWgFwd64(c, grid, block1(256), smem, a)
 	}
 	grid := [3]uint32{rowBlocks, uint32((cout + 63) / 64), 1}
-	return launch.ConvIgemmFwd(c, grid, block1(128), 2*(128+64)*40*2, &a)
+	return launch.ConvIgemmFwd(c, grid, block1(128), 2*(128+64)*40*2, a)
 }
 
 // convWgDW computes dw (+)= the weight gradient (f32 [Cout, KH·KW·Cin])
