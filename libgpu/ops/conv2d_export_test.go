@@ -38,3 +38,11 @@ func SetConvTune(on bool) (restore func()) {
 	convTune = on
 	return func() { convTune = old }
 }
+
+// SetConvFuseKernels lets Conv2DFused run on its fused kernels on CUDA (or
+// not) from now on and returns a func that restores the previous setting.
+func SetConvFuseKernels(on bool) (restore func()) {
+	old := convFuseKernels
+	convFuseKernels = on
+	return func() { convFuseKernels = old }
+}

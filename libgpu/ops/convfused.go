@@ -34,7 +34,8 @@ type ConvFused struct {
 // for Conv2D's tensors (f's as ConvFused says). The result is that of
 // GroupNorm, Conv2D, AddChannels and Add run one after another, but for
 // rounding: on CUDA in bf16, where the implicit GEMM takes the shape (Cin
-// a multiple of 32, Cout even, 16-byte aligned tensors), one pass computes
+// a multiple of 32, Cout even, 16-byte aligned tensors; convFuseKernels),
+// one pass computes
 // the normalisation's per-sample scale and shift (gn_affine) and the
 // convolution applies them (and SiLU) to its input tiles as they arrive
 // and adds the terms in its epilogue (conv_igemm_args), so the normalised
@@ -122,11 +123,18 @@ func (e *Engine) conv2dComposed(y, x, w, b *tensor.Tensor, p Conv2DParams, f Con
 	return nil
 }
 
+// convFuseKernels lets Conv2DFused run on the fused kernels (gn_affine and
+// the implicit GEMM's input map and epilogue terms); off, it runs the
+// separate ops on CUDA too. Off until the fused kernels have run on a GPU
+// machine (written and emulated on the host: scripts/cuda-emu.sh unet).
+var convFuseKernels = false
+
 // convFusedOK reports whether the implicit GEMM computes Conv2DFused for
-// these tensors: as the forward's path would (igemmOK), with Cout even
-// (the epilogue's pairs) and the fused operands 16-byte aligned.
+// these tensors: the fused kernels are on (convFuseKernels), the forward's
+// path is an implicit GEMM (igemmOK), Cout is even (the epilogue's pairs)
+// and the fused operands are 16-byte aligned.
 func (c *cudaImpl) convFusedOK(x, w, y, b *tensor.Tensor, f ConvFused, s *convShape) bool {
-	return !s.pointwise && s.cout%2 == 0 && igemmOK(convPath, s.cin, s.cout, x, w, y, b, f.NBias, f.Res, f.NormW, f.NormB)
+	return convFuseKernels && !s.pointwise && s.cout%2 == 0 && igemmOK(convPath, s.cin, s.cout, x, w, y, b, f.NBias, f.Res, f.NormW, f.NormB)
 }
 
 // conv2dFused runs Conv2DFused on the implicit GEMM: gn_affine writes the
@@ -173,18 +181,17 @@ type ConvGN struct {
 
 // ConvBlock records y = Conv2D(m(x), w, b, stride, pad) + nbias[n] + res,
 // m the GroupNorm+SiLU(+dropout) gn (nil: the identity), nbias [N, Cout]
-// and res of y's shape (either nil: none). A training graph
-// (GraphOptions.Train) records the separate ops (GroupNorm, Dropout,
-// Conv2D, AddChannels, Add), whose gradients it has; an evaluation graph
-// records one forward-only node, Engine.Conv2DFused, which on CUDA maps
-// the input inside the convolution's tile loads and adds the terms in its
-// epilogue. Operands are cast to the graph's activation dtype as Conv2D
+// and res of y's shape (either nil: none). A forward-only graph
+// (GraphOptions.Eval) records one node, Engine.Conv2DFused, which on CUDA
+// maps the input inside the convolution's tile loads and adds the terms in
+// its epilogue; any other graph records the separate ops (GroupNorm,
+// Dropout, Conv2D, AddChannels, Add), whose gradients it has. Operands are cast to the graph's activation dtype as Conv2D
 // casts them (the norm's W and B stay f32).
 func (g *Graph) ConvBlock(x *Var, gn *ConvGN, w, b, nbias, res *Var, stride, pad int) *Var {
 	if !g.ok(x, w) {
 		return nil
 	}
-	if g.opts.Train {
+	if !g.opts.Eval {
 		h := x
 		if gn != nil {
 			h = g.Dropout(g.GroupNorm(h, gn.W, gn.B, gn.Groups, gn.Eps, gn.SiLU), gn.Dropout)

@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"gpukit/libgpu/cuda/cudatest"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/ops/opstest"
@@ -382,4 +383,26 @@ func BenchmarkGroupNormSiLU_512x32x32x64(b *testing.B) {
 	ms := timeGPU(b, e, step)
 	b.ReportMetric(ms, "ms/op")
 	b.ReportMetric(float64(2*x.Bytes())/ms/1e6, "GB/s")
+}
+
+// TestCUDAConvKernelPaths runs the conv2d family's checks (float64
+// references with their terms, the fused op, the two graphs, gradients by
+// finite differences) on each bf16 kernel path with the fused kernels on:
+// mma.sync and, on sm_90a, wgmma (forward, input and weight gradients);
+// every precision, as TestCUDAFamilies runs the default path.
+func TestCUDAConvKernelPaths(t *testing.T) {
+	d := gpu(t)
+	defer ops.SetConvFuseKernels(true)()
+	for _, path := range []struct {
+		name string
+		path int
+	}{{"mma", ops.ConvMMA}, {"wg", ops.ConvWG}} {
+		for _, p := range precs {
+			t.Run(path.name+"/"+p.name, func(t *testing.T) {
+				cudatest.RequireGPU(t)
+				defer ops.SetConvPath(path.path)()
+				opstest.CheckFamily(t, "conv2d", d, ops.Options{Precision: p.prec}, func(t *testing.T) { cudatest.RequireGPU(t) })
+			})
+		}
+	}
 }

@@ -162,11 +162,18 @@ func checkConv2D(s *Suite) {
 		s.Run(fmt.Sprintf("%v/convblock", dt), func(s *Suite) { convBlockGraphs(s, dt) })
 	}
 	s.Run("validation", convValidation)
+	s.Run("eval-graph-gradients", func(s *Suite) {
+		gr := ops.NewGraph(s.E, s.A, "", ops.GraphOptions{Eval: true})
+		defer gr.Free()
+		if err := gr.Build(true); err == nil {
+			s.T.Error("a forward-only graph built gradients")
+		}
+	})
 }
 
 // convBlockGraphs records Graph.ConvBlock (GroupNorm+SiLU, a per-sample
-// bias, a residual) in an evaluation graph (one fused node) and in a
-// training graph (the separate ops) on the same tensors: the forward
+// bias, a residual) in a forward-only graph (GraphOptions.Eval: one fused
+// node) and in a training graph (the separate ops) on the same tensors: the forward
 // outputs agree within the fused op's bound (bitwise on the host, where the
 // fused op runs the separate ops), and the training graph's backward runs.
 func convBlockGraphs(s *Suite, dt tensor.DType) {
@@ -180,7 +187,7 @@ func convBlockGraphs(s *Suite, dt tensor.DType) {
 	nb, _ := s.Rand(dt, 1, g.N, g.Cout)
 	r, _ := s.Rand(dt, 1, g.N, ho, wo, g.Cout)
 	run := func(train bool) []float64 {
-		gr := ops.NewGraph(s.E, s.A, "", ops.GraphOptions{Train: train, Autocast: dt})
+		gr := ops.NewGraph(s.E, s.A, "", ops.GraphOptions{Train: train, Eval: !train, Autocast: dt})
 		defer gr.Free()
 		var grads []*tensor.Tensor
 		param := func(name string, v *tensor.Tensor) *ops.Var {
