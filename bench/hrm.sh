@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/hrm.sh — issue 23's HRM benchmarks on a GPU machine, gpukit and
 # PyTorch (bench/reference/hrm.py) in the same run, within a time budget
-# (BUDGET seconds, default 150: a part that would pass it is cut short or
+# (BUDGET seconds, default 360: a part that would pass it is cut short or
 # skipped, and says so). JSON lines (each with "part") on stdout and in
 # $BENCH_OUT/hrm.jsonl; one table last.
 #
@@ -38,7 +38,7 @@
 #   of two cores for 11,000 expert puzzles; a GPU machine without qqwing
 #   needs the directory carried to it).
 # Environment: STEPS (60), WARMUP (10: linear warmup steps, both sides),
-#   BATCH (768), EVAL_N (10000), QEVAL_N (1000), BUDGET (150), and, to
+#   BATCH (768), EVAL_N (10000), QEVAL_N (1000), BUDGET (360), and, to
 #   check the script on a CPU, DEVICE=cpu with ARCH="--hidden 32 ..." (flags
 #   of both sides' architecture).
 # Runs inside the GPU bundle (bin/trainer, bench/reference/hrm.py) or a
@@ -53,7 +53,7 @@ export PYTHONUNBUFFERED=1
 ref=$root/bench/reference/hrm.py
 work=$(mktemp -d)
 steps=${STEPS:-60} warmup=${WARMUP:-10} batch=${BATCH:-768} evaln=${EVAL_N:-10000} qevaln=${QEVAL_N:-1000}
-budget=${BUDGET:-150} device=${DEVICE:-cuda}
+budget=${BUDGET:-360} device=${DEVICE:-cuda}
 read -r -a arch <<<"${ARCH:-}"
 gdev=(--device cuda --precision bf16 --graph on) pdev=(--device cuda --dtype bf16)
 if [ "$device" = cpu ]; then gdev=(--device host) pdev=(--device cpu --dtype f32); fi
@@ -107,7 +107,9 @@ echo "{\"part\": \"train\", \"impl\": \"gpukit\", \"wall_s\": $((SECONDS - t0))}
 
 # compile: hrm.py's segment step under torch.compile.
 if [ "$device" = cuda ]; then
-	within 70 python3 "$ref" bench --modes compile --no-eval --batch "$batch" --warmup 3 --iters 10 "${pdev[@]}" "${arch[@]}" |
+	# torch.compile of the segment step took more than 70 s on an H100
+	# (2026-11-28: cut at 70 s, done within 200 s).
+	within 180 python3 "$ref" bench --modes compile --no-eval --batch "$batch" --warmup 3 --iters 10 "${pdev[@]}" "${arch[@]}" |
 		tag compile || log "hrm.py bench --modes compile: exit $?"
 fi
 

@@ -15,7 +15,8 @@
 #             --model unet` (whole step one CUDA graph; median step_ms of
 #             300 steps) against PyTorch eager and torch.compile
 #   ops       the heaviest convolutions and the fused GroupNorm+SiLU
-#             (BenchmarkConv2D_*, BenchmarkGroupNormSiLU_*)
+#             (BenchmarkConv2D/512x*/fwd/*, BenchmarkGroupNormSiLU_*; bench/conv.sh
+#             has the whole convolution table beside cuDNN)
 #   quality   (QUALITY=1, or =train then =score) trains the U-Net (STEPS,
 #             default 20000) and the Fashion-MNIST MLP classifier, then
 #             `sampler score` of 10,000 samples: class accuracy at guidance
@@ -70,7 +71,8 @@ print(json.dumps({"workload": "unet-train-step", "impl": "gpukit-graph", "ms": s
 PY
 python3 "$ref" train-bench --batch 128 | emit
 
-gobench libgpu_ops 'Conv2D|GroupNormSiLU'
+gobench libgpu_ops 'Conv2D/^512x/fwd'
+gobench libgpu_ops 'GroupNormSiLU'
 fi
 
 # Quality, in two phases that fit separate runs of a GPU machine (a phase

@@ -14,7 +14,8 @@
 // (C a multiple of 16/sizeof(T), 16-byte aligned pointers).
 //
 // conv_igemm_fwd is the forward as an implicit GEMM on tensor cores (bf16):
-// no column matrix, the gather folded into the tile loads (see below).
+// no column matrix, the gather folded into the tile loads (see below);
+// conv2d_wg.cu has the same products on Hopper's wgmma.
 #include "common.cuh"
 #include "mma.cuh"
 #include "vec.cuh"
@@ -116,22 +117,16 @@ __device__ void conv_col2im(T* __restrict__ dx, const T* __restrict__ dcol, cons
 // tile 64 rows of 64 contiguous bytes, both in padded shared rows (40
 // elements: 8 ldmatrix rows hit 8 distinct 16-byte bank groups), double
 // buffered (the next chunk's copies fly while this one's mma run). The
-// epilogue adds the bias and stores (or adds, with acc) bf16 pairs (single
-// values for an odd Cout: a conv_out to one channel). Rows past P and
+// epilogue adds the bias (and the fused per-sample bias and residual,
+// conv_out2) and stores (or adds, with acc) bf16 pairs (single values for
+// an odd Cout: a conv_out to one channel; no fused terms there). With a
+// fused input map each thread maps its own landed A chunks in place
+// (conv_prologue) before the barrier that hands the buffer to the MMA. Rows past P and
 // channels past Cout are masked (their W rows read as zeros). The backward
 // of the input for stride 1 is this kernel on dY with the filters flipped
 // (conv_flip_w).
 
-struct conv_igemm_args {
-  const gpukit_bf16* x;     // [N, H, W, Cin]
-  const gpukit_bf16* w;     // [Cout, KH, KW, Cin]
-  const gpukit_bf16* bias;  // [Cout], or null
-  gpukit_bf16* y;           // [N, Ho, Wo, Cout]
-  int n, h, w_, cin;
-  int ho, wo, cout, kh;
-  int kw, stride, pad, acc;
-};
-static_assert(sizeof(conv_igemm_args) == 80, "conv_igemm_args layout: launch.ConvIgemmArgs is generated from it (go generate ./libgpu/kernels/launch)");
+#include "conv2d.cuh"
 
 #define CI_BM 128
 #define CI_BN 64
@@ -153,20 +148,9 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
   const int cc = (tid & 3) * 8;  // this thread's 16-byte column chunk of a tile row
 
   // The four A rows and two W rows this thread copies, fixed for the block.
-  long long abase[4];
-  int ih0[4], iw0[4];
-  bool arow[4];
+  conv_pix arow[4];
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const long long p = p0 + (tid >> 2) + 32 * i;
-    arow[i] = p < P;
-    const long long q = arow[i] ? p : 0;
-    const long long img = q / ((long long)a.ho * a.wo);
-    const int rem = (int)(q % ((long long)a.ho * a.wo));
-    ih0[i] = (rem / a.wo) * a.stride - a.pad;
-    iw0[i] = (rem % a.wo) * a.stride - a.pad;
-    abase[i] = img * a.h * a.w_;
-  }
+  for (int i = 0; i < 4; i++) arow[i] = conv_pixel(a, p0 + (tid >> 2) + 32 * i);
   bool brow[2];
   const gpukit_bf16* wrow[2];
 #pragma unroll
@@ -180,10 +164,8 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
     const int dh = tap / a.kw, dw = tap - dh * a.kw;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-      const int ih = ih0[i] + dh, iw = iw0[i] + dw;
-      const bool ok = arow[i] && ih >= 0 && ih < a.h && iw >= 0 && iw < a.w_;
-      const gpukit_bf16* src = ok ? a.x + ((abase[i] + (long long)ih * a.w_ + iw) * a.cin + ci0 + cc) : a.x;
-      gpukit_cp16(sA + buf * CI_ATILE + (((tid >> 2) + 32 * i) * CI_LDS + cc) * 2, src, ok);
+      const gpukit_bf16* src = conv_src(a, arow[i], dh, dw, ci0 + cc);
+      gpukit_cp16(sA + buf * CI_ATILE + (((tid >> 2) + 32 * i) * CI_LDS + cc) * 2, src ? src : a.x, src != nullptr);
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -198,9 +180,22 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
 #pragma unroll
     for (int nj = 0; nj < 4; nj++) acc[mi][nj][0] = acc[mi][nj][1] = acc[mi][nj][2] = acc[mi][nj][3] = 0.0f;
 
+  // prologue maps this thread's landed A chunks of chunk c in buffer buf
+  // (the fused input map; chunks off the image stay zero).
+  auto prologue = [&](int buf, int c) {
+    if (!a.pro_scale) return;
+    const int tap = c / cpt, ci0 = (c - tap * cpt) * CI_BK;
+    const int dh = tap / a.kw, dw = tap - dh * a.kw;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      if (conv_src(a, arow[i], dh, dw, ci0 + cc))
+        conv_prologue(conv_smem + buf * CI_ATILE + (((tid >> 2) + 32 * i) * CI_LDS + cc) * 2, a, arow[i].img, ci0 + cc);
+    }
+  };
   load(0, 0);
   gpukit_cp_commit();
   gpukit_cp_wait0();
+  prologue(0, 0);
   __syncthreads();
   for (int c = 0; c < nchunks; c++) {
     const int buf = c & 1;
@@ -226,6 +221,7 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
       }
     }
     gpukit_cp_wait0();
+    if (c + 1 < nchunks) prologue(buf ^ 1, c + 1);
     __syncthreads();
   }
 
@@ -249,13 +245,7 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
         gpukit_bf16* dst = a.y + row * a.cout + col;
         float v0 = acc[mi][nj][2 * hf] + b0, v1 = acc[mi][nj][2 * hf + 1] + b1;
         if (pairs) {
-          unsigned* u = (unsigned*)dst;
-          if (a.acc) {
-            const unsigned old = *u;
-            v0 += __uint_as_float(old << 16);
-            v1 += __uint_as_float(old & 0xffff0000u);
-          }
-          *u = (unsigned)gpukit_f32_to_bf16(v0) | ((unsigned)gpukit_f32_to_bf16(v1) << 16);
+          conv_out2(a, row, col, v0, v1);
           continue;
         }
         if (a.acc) v0 += gpukit_ld(dst);
@@ -268,6 +258,7 @@ extern "C" __global__ void __launch_bounds__(128) conv_igemm_fwd(const conv_igem
     }
   }
 }
+
 
 // conv_flip_w: wf[ci][kh][kw][co] = w[co][KH−1−kh][KW−1−kw][ci], the filters
 // of the transposed convolution that computes dx from dy (stride 1).

@@ -58,15 +58,19 @@ __device__ __forceinline__ void gn_group_sums(float* out, const float* part, int
   }
 }
 
-template <typename T, int V>
+// gn_fwd writes y (AFFINE false), or with AFFINE the normalisation as a
+// per-channel affine map of each sample instead of y: scale[n·C + c] = r·w
+// and shift[n·C + c] = b − μ·r·w, so z = x·scale + shift (the prologue of
+// conv2d's fused convolutions, conv_igemm_args.pro_scale/pro_shift).
+template <typename T, int V, bool AFFINE = false>
 __device__ void gn_fwd(T* y, float* mean, float* rstd, const T* x, const float* w, const float* b, int S, int C,
-                       int G, float eps, int silu) {
+                       int G, float eps, int silu, float* scale = nullptr, float* shift = nullptr) {
   GN_DYN_SMEM(gn_sm);
   const int tx = threadIdx.x, ty = threadIdx.y, by = blockDim.y;
   const int c0 = tx * V, cg = C / G;
   const long long n = blockIdx.x;
   const T* xn = x + n * S * C;
-  T* yn = y + n * S * C;
+  T* yn = AFFINE ? nullptr : y + n * S * C;
   float* part = gn_sm;           // [by][C]
   float* gmean = gn_sm + by * C;  // [G]
   float* grstd = gmean + C;       // [G]
@@ -126,6 +130,16 @@ __device__ void gn_fwd(T* y, float* mean, float* rstd, const T* x, const float* 
   gn_params<V>(w, b, c0, wv, bv);
 #pragma unroll
   for (int k = 0; k < V; k++) sc[k] = grstd[(c0 + k) / cg] * wv[k];  // z = (x − μ)·sc + b
+  if constexpr (AFFINE) {
+    if (ty == 0) {
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        scale[n * C + c0 + k] = sc[k];
+        shift[n * C + c0 + k] = bv[k] - mu[k] * sc[k];
+      }
+    }
+    return;
+  }
   for (int s = ty; s < S; s += by) {
     float u[V];
     gpukit_ldv<V>(xn + (long long)s * C + c0, u);
@@ -271,6 +285,15 @@ extern "C" __global__ void gn_bwd_reduce(float* dw, float* db, const float* part
                                           int C, int G, int silu, int accdx) {                           \
     gn_bwd<T, V>(dx, part, dy, x, w, b, mean, rstd, S, C, G, silu, accdx);                               \
   }
+
+#define GN_AFFINE_INSTANCE(SUF, T, V)                                                                          \
+  extern "C" __global__ void gn_affine_##SUF(float* scale, float* shift, float* mean, float* rstd, const T* x,  \
+                                             const float* w, const float* b, int S, int C, int G, float eps) { \
+    gn_fwd<T, V, true>(nullptr, mean, rstd, x, w, b, S, C, G, eps, 0, scale, shift);                            \
+  }
+
+GN_AFFINE_INSTANCE(s_bf16, gpukit_bf16, 1)
+GN_AFFINE_INSTANCE(v_bf16, gpukit_bf16, 8)
 
 GN_INSTANCE(s_f32, float, 1)
 GN_INSTANCE(v_f32, float, 8)

@@ -518,6 +518,13 @@ func (m *UNet) Forward(g *ops.Graph, w []Param, x, t, y *ops.Var) *ops.Var {
 	norm := func(g *ops.Graph, name string, h *ops.Var, silu bool) *ops.Var {
 		return g.GroupNorm(h, p(name+".weight"), p(name+".bias"), G, unetEps, silu)
 	}
+	// normConv is conv(SiLU(norm(h)) (+ dropout)) + nbias + res as one
+	// ops.Graph.ConvBlock: fused in an evaluation graph (a sampler's), the
+	// separate ops in a training graph.
+	normConv := func(g *ops.Graph, normName, convName string, h *ops.Var, k int, dropout float32, nbias, res *ops.Var) *ops.Var {
+		gn := &ops.ConvGN{W: p(normName + ".weight"), B: p(normName + ".bias"), Groups: G, Eps: unetEps, SiLU: true, Dropout: dropout}
+		return g.ConvBlock(h, gn, p(convName+".weight"), p(convName+".bias"), nbias, res, 1, k/2)
+	}
 	// Embedding of t and y; SiLU(e) feeds every residual block.
 	C0 := c.Channels[0]
 	e := g.Scope("time_embed")
@@ -527,14 +534,11 @@ func (m *UNet) Forward(g *ops.Graph, w []Param, x, t, y *ops.Var) *ops.Var {
 	embAct := g.SiLU(emb)
 	res := func(name string, h *ops.Var, out int) *ops.Var {
 		s := g.Scope(name)
-		r := conv(s, name+".conv1", norm(s, name+".norm1", h, true), 3)
-		r = s.AddChannels(r, linear(s, name+".emb", embAct))
-		r = s.Dropout(norm(s, name+".norm2", r, true), c.Dropout)
-		r = conv(s, name+".conv2", r, 3)
+		r := normConv(s, name+".norm1", name+".conv1", h, 3, 0, linear(s, name+".emb", embAct), nil)
 		if h != nil && h.Value.Dim(-1) != out {
 			h = conv(s, name+".skip", h, 1)
 		}
-		return s.Add(h, r)
+		return normConv(s, name+".norm2", name+".conv2", r, 3, c.Dropout, nil, h)
 	}
 	attn := func(name string, h *ops.Var) *ops.Var {
 		s := g.Scope(name)
@@ -569,9 +573,7 @@ func (m *UNet) Forward(g *ops.Graph, w []Param, x, t, y *ops.Var) *ops.Var {
 		h = s.Concat(s.Upsample2D(h, 2), skips[l])
 		h = res(name+".res", h, c.Channels[l])
 	}
-	o := g.Scope("out")
-	h = norm(o, "out_norm", h, true)
-	return conv(o, "out_conv", h, 3)
+	return normConv(g.Scope("out"), "out_norm", "out_conv", h, 3, 0, nil, nil)
 }
 
 // IsCast reports whether a parameter is an operand of a GEMM or
@@ -706,7 +708,7 @@ func (m *UNet) RecordEval(e *ops.Engine, a device.Allocator, prefix string, batc
 		return nil, fmt.Errorf("%w: batch %d", ErrUNetConfig, batch)
 	}
 	c := m.cfg
-	opts.Train = false
+	opts.Train, opts.Eval = false, true // forward-only: ConvBlock records fused nodes
 	g := ops.NewGraph(e, a, prefix, opts)
 	s = &UNetEval{Graph: g, owned: owned{a: a, prefix: prefix}}
 	defer func() {

@@ -750,30 +750,12 @@ func attnWGSmem(d int) uint32 { return uint32(5*attnWGRows*d*2 + 1024) }
 var attnWGMode = 1
 
 // attnWGState caches whether the device runs the wgmma kernels.
-type attnWGState struct {
-	once sync.Once
-	ok   bool
-}
+type attnWGState struct{ wgModule }
 
 // attnHopper reports whether attention.cu was compiled with its wgmma
-// code: for sm_90a (the only target with wgmma), and the module lacks the
-// attn_wg_unavailable marker that the kernel file defines when its sm_90a
-// guard (__CUDA_ARCH_FEAT_SM90_ALL) is off. Decided once per engine, so a
-// captured graph takes the path the eager run took.
+// code (wgModule.has, decided once per engine).
 func (c *cudaImpl) attnHopper() bool {
-	st := exec.StateOf[attnWGState](c.CUDA)
-	st.once.Do(func() {
-		kc, err := c.Compiler()
-		if err != nil || kc.Arch() != "sm_90a" {
-			return
-		}
-		unavailable, err := kc.Has(attnWGMarker.File, attnWGMarker.Name)
-		if err != nil || unavailable {
-			return // a compile error is reported by the launch
-		}
-		st.ok = true
-	})
-	return st.ok
+	return exec.StateOf[attnWGState](c.CUDA).has(c, attnWGMarker)
 }
 
 // attnWGMarker is the kernel attention.cu defines when it was compiled

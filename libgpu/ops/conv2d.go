@@ -20,6 +20,7 @@ import (
 	"gonum.org/v1/gonum/blas"
 
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
@@ -101,9 +102,10 @@ func (e *Engine) convGeometry(op string, x, w *tensor.Tensor, p Conv2DParams) (c
 // must be smaller than the kernel. Products accumulate in f32 (TF32 under
 // PrecTF32 for f32 data, as the GEMM family). A 1×1 kernel with stride 1
 // and no padding is one GEMM; on CUDA, bf16 convolutions with Cin a
-// multiple of 32 run as an implicit GEMM on tensor cores
-// (conv_igemm_fwd: the columns are gathered into shared memory tile by
-// tile, never stored); other kernels gather the columns (im2col, K =
+// multiple of 32 run as an implicit GEMM on tensor cores (the columns are
+// gathered into shared memory tile by tile, never stored) on mma.sync
+// (conv_igemm_fwd; conv2d_wg.cu's wgmma kernels are selectable, see
+// convPath); other kernels gather the columns (im2col, K =
 // KH·KW·Cin per output position) into scratch memory a few images at a
 // time and multiply them by wᵀ with the bias fused. Errors
 // wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or
@@ -394,11 +396,23 @@ func (c *cudaImpl) scratchTensor(e *Engine, name string, dt tensor.DType, shape 
 	return tensor.New(device.NewBuffer(e.Device(), uintptr(p), n, nil, device.Shareable{FD: -1}, nil), dt, shape...)
 }
 
-// convImplicit makes the CUDA backend run the bf16 convolutions
-// conv_igemm_fwd takes as that implicit GEMM (and, at stride 1, their input
-// gradient through flipped filters) instead of im2col + cuBLASLt; tests and
-// benchmarks compare the two (SetConvImplicit).
-var convImplicit = true
+// convPath chooses the kernels of bf16 convolutions on CUDA (tests and
+// benchmarks compare them: SetConvPath, SetConvImplicit). convMMA, the
+// default, runs a shape conv_igemm_fwd takes (igemmOK) as that implicit
+// GEMM on mma.sync, else im2col + cuBLASLt; at stride 1 the input gradient
+// runs the same kernel on the flipped filters. convWG runs the shapes
+// conv2d_wg.cu's kernels take (wgOK: sm_90a) on wgmma instead, the weight
+// gradient included, and the rest as convMMA; it becomes the default once
+// it has run on a GPU machine (written and emulated on the host). convIm2col
+// runs every shape as im2col + cuBLASLt.
+var convPath = convMMA
+
+// The values of convPath.
+const (
+	convMMA = iota
+	convWG
+	convIm2col
+)
 
 // aligned16 reports whether every present tensor starts 16-byte aligned.
 func aligned16(ts ...*tensor.Tensor) bool {
@@ -410,16 +424,41 @@ func aligned16(ts ...*tensor.Tensor) bool {
 	return true
 }
 
-// igemmOK reports whether conv_igemm_fwd computes y = conv(x, w) + b: bf16,
+// igemmOK reports whether path runs y = conv(x, w) + b as an implicit GEMM
+// (conv_igemm_fwd, or conv_wg_fwd where wgOK): not im2col, bf16,
 // Cin a multiple of 32 (a K chunk stays within one tap; filter rows of
 // 16-byte multiples), 16-byte aligned tensors.
-func igemmOK(cin, cout int, ts ...*tensor.Tensor) bool {
-	return convImplicit && ts[0].DType == tensor.BF16 && cin%32 == 0 && cout >= 1 && aligned16(ts...)
+func igemmOK(path, cin, cout int, ts ...*tensor.Tensor) bool {
+	return path != convIm2col && ts[0].DType == tensor.BF16 && cin%32 == 0 && cout >= 1 && aligned16(ts...)
 }
 
-// convIgemm launches conv_igemm_fwd: y (+)= conv(x, w) + bias over n images
-// of h×w×cin into ho×wo×cout.
-func (c *cudaImpl) convIgemm(x, w, bias, y *tensor.Tensor, n, h, wd, cin, ho, wo, cout, kh, kw, stride, pad int, acc bool) error {
+// wgOK reports whether path runs a shape igemmOK takes on wgmma: path is
+// convWG, the wgmma kernels exist (convHopper), Cin is a multiple of 64 (a k-step of
+// 64 channels stays within one tap) and Cout of 8 (bf16 pairs in the
+// epilogue).
+func (c *cudaImpl) wgOK(path, cin, cout int) bool {
+	return path == convWG && cin%64 == 0 && cout%8 == 0 && c.convHopper()
+}
+
+// convHopperState caches whether conv2d_wg.cu was compiled with its wgmma
+// kernels (sm_90a).
+type convHopperState struct{ wgModule }
+
+// convHopper reports whether conv2d_wg.cu's kernels exist: the module was
+// built for sm_90a and lacks the conv_wg_unavailable marker
+// (wgModule.has). Decided once per engine.
+func (c *cudaImpl) convHopper() bool {
+	return exec.StateOf[convHopperState](c.CUDA).has(c, launch.ConvWgUnavailableKernel)
+}
+
+// convIgemm launches the implicit GEMM y (+)= conv(x, w) + bias over n
+// images of h×w×cin into ho×wo×cout (igemmOK holds for path):
+// conv_wg_fwd_<BN> (256 threads, 128 pixels × BN channels a block, 4
+// stages) where wgOK holds, BN = 256 when Cout is a multiple of 256 and that still gives
+// every multiprocessor two blocks, else 128 above 64 channels, else 64;
+// conv_igemm_fwd (128 threads, 128 × 64) otherwise. The tile choice is a
+// rule, not yet timed per shape.
+func (c *cudaImpl) convIgemm(path int, x, w, bias, y *tensor.Tensor, n, h, wd, cin, ho, wo, cout, kh, kw, stride, pad int, acc bool) error {
 	a := launch.ConvIgemmArgs{X: devPtr(x), W: devPtr(w), Y: devPtr(y), N: int32(n), H: int32(h), W_: int32(wd), Cin: int32(cin),
 		Ho: int32(ho), Wo: int32(wo), Cout: int32(cout), Kh: int32(kh), Kw: int32(kw), Stride: int32(stride), Pad: int32(pad)}
 	if bias != nil {
@@ -428,14 +467,98 @@ func (c *cudaImpl) convIgemm(x, w, bias, y *tensor.Tensor, n, h, wd, cin, ho, wo
 	if acc {
 		a.Acc = 1
 	}
-	rows := int64(n) * int64(ho) * int64(wo)
-	grid := [3]uint32{uint32((rows + 127) / 128), uint32((cout + 63) / 64), 1}
-	return launch.ConvIgemmFwd(c, grid, block1(128), 2*(128+64)*40*2, &a)
+	return c.convIgemmLaunch(path, &a)
+}
+
+// convIgemmLaunch launches the implicit GEMM of convIgemm for arguments a
+// (fused terms included: Conv2DFused).
+func (c *cudaImpl) convIgemmLaunch(path int, a *launch.ConvIgemmArgs) error {
+	cin, cout := int(a.Cin), int(a.Cout)
+	rows := int64(a.N) * int64(a.Ho) * int64(a.Wo)
+	rowBlocks := uint32((rows + 127) / 128)
+	if c.wgOK(path, cin, cout) {
+		const stages = 4
+		bn := int64(64)
+		switch {
+		case cout%256 == 0 && int64(rowBlocks)*int64(cout/256) >= 2*int64(c.SMCount()):
+			bn = 256
+		case cout > 64:
+			bn = 128
+		}
+		grid := [3]uint32{rowBlocks, uint32((int64(cout) + bn - 1) / bn), 1}
+		smem := uint32(stages*(128+bn)*128 + 1024)
+		switch bn {
+		case 256:
+			return launch.ConvWgFwd256(c, grid, block1(256), smem, a)
+		case 128:
+			return launch.ConvWgFwd128(c, grid, block1(256), smem, a)
+		}
+		return launch.ConvWgFwd64(c, grid, block1(256), smem, a)
+	}
+	grid := [3]uint32{rowBlocks, uint32((cout + 63) / 64), 1}
+	return launch.ConvIgemmFwd(c, grid, block1(128), 2*(128+64)*40*2, a)
+}
+
+// convWgDW computes dw (+)= the weight gradient (f32 [Cout, KH·KW·Cin])
+// with conv_wg_dw_<BN> (BN = 128 when Cin is a multiple of 128, else 64)
+// over splits of the output pixels, enough for two blocks a
+// multiprocessor, then conv_dw_reduce adds the splits' partial sums in
+// order into dw (one split not accumulating writes dw directly).
+func (c *cudaImpl) convWgDW(e *Engine, dw, dy, x *tensor.Tensor, s *convShape, acc bool) error {
+	bn := 64
+	if s.cin%128 == 0 {
+		bn = 128
+	}
+	pixels := int64(s.n) * int64(s.ho) * int64(s.wo)
+	tiles := int64((s.cout+127)/128) * int64(s.k/bn)
+	steps := (pixels + 63) / 64
+	splits := min(steps, max(1, (2*int64(c.SMCount())+tiles-1)/tiles))
+	chunk := (steps + splits - 1) / splits * 64
+	splits = (pixels + chunk - 1) / chunk
+	a := launch.ConvWgDwArgs{X: devPtr(x), Dy: devPtr(dy), N: int32(s.n), H: int32(s.h), W_: int32(s.w), Cin: int32(s.cin),
+		Ho: int32(s.ho), Wo: int32(s.wo), Cout: int32(s.cout), Kh: int32(s.kh), Kw: int32(s.kw), Stride: int32(s.stride),
+		Pad: int32(s.pad), Chunk: int32(chunk)}
+	n := int64(s.cout) * int64(s.k)
+	direct := splits == 1 && !acc && devPtr(dw)%8 == 0 // the epilogue stores float2
+	if direct {
+		a.Part = devPtr(dw)
+	} else {
+		part, err := c.Scratch("conv2d.dwpart", splits*n*4)
+		if err != nil {
+			return err
+		}
+		a.Part = part
+	}
+	grid := [3]uint32{uint32((s.cout + 127) / 128), uint32(s.k / bn), uint32(splits)}
+	smem := uint32(4*(128+bn)*128 + 1024)
+	var err error
+	if bn == 128 {
+		err = launch.ConvWgDw128(c, grid, block1(256), smem, &a)
+	} else {
+		err = launch.ConvWgDw64(c, grid, block1(256), smem, &a)
+	}
+	if err != nil || direct {
+		return err
+	}
+	accFlag := int32(0)
+	if acc {
+		accFlag = 1
+	}
+	return launch.ConvDwReduce(c, gridFor(n, 256), block1(256), 0, devPtr(dw), a.Part, n, int32(splits), accFlag)
 }
 
 func (c *cudaImpl) conv2d(e *Engine, y, x, w, b *tensor.Tensor, s *convShape) error {
-	if !s.pointwise && igemmOK(s.cin, s.cout, x, w, y, b) {
-		return c.convIgemm(x, w, b, y, s.n, s.h, s.w, s.cin, s.ho, s.wo, s.cout, s.kh, s.kw, s.stride, s.pad, false)
+	path, err := c.convFwdPath(e, y, x, w, b, s)
+	if err != nil {
+		return err
+	}
+	return c.conv2dOn(e, path, y, x, w, b, s)
+}
+
+// conv2dOn runs the forward on path (one of convFwdCandidates).
+func (c *cudaImpl) conv2dOn(e *Engine, path int, y, x, w, b *tensor.Tensor, s *convShape) error {
+	if !s.pointwise && igemmOK(path, s.cin, s.cout, x, w, y, b) {
+		return c.convIgemm(path, x, w, b, y, s.n, s.h, s.w, s.cin, s.ho, s.wo, s.cout, s.kh, s.kw, s.stride, s.pad, false)
 	}
 	y2, err := y.View(s.n*s.outPerImg, s.cout)
 	if err != nil {
@@ -511,6 +634,12 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 		}
 		return nil
 	}
+	if dw != nil && dw.DType == tensor.F32 && igemmOK(convPath, s.cin, s.cout, x, dy) && c.wgOK(convPath, s.cin, s.cout) {
+		if err := c.convWgDW(e, dw, dy, x, s, acc[1]); err != nil {
+			return err
+		}
+		dw = nil
+	}
 	nc := convChunk(s, x.DType.Size())
 	if dw != nil {
 		dw2, err := dw.View(s.cout, s.k)
@@ -543,7 +672,7 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 	if dx == nil {
 		return nil
 	}
-	if s.stride == 1 && s.kh == s.kw && igemmOK(s.cout, s.cin, dy, w, dx) {
+	if s.stride == 1 && s.kh == s.kw && igemmOK(convPath, s.cout, s.cin, dy, w, dx) {
 		// dx = conv(dy, flip(w)) with padding KH−1−pad: the forward kernel
 		// on the filters rotated by 180° with in and out channels swapped.
 		wf, err := c.scratchTensor(e, "conv2d.wflip", w.DType, s.cin, s.kh, s.kw, s.cout)
@@ -554,7 +683,7 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 			devPtr(wf), devPtr(w), int32(s.cout), int32(s.kh), int32(s.kw), int32(s.cin)); err != nil {
 			return err
 		}
-		return c.convIgemm(dy, wf, nil, dx, s.n, s.ho, s.wo, s.cout, s.h, s.w, s.cin, s.kh, s.kw, 1, s.kh-1-s.pad, acc[0])
+		return c.convIgemm(convPath, dy, wf, nil, dx, s.n, s.ho, s.wo, s.cout, s.h, s.w, s.cin, s.kh, s.kw, 1, s.kh-1-s.pad, acc[0])
 	}
 	dcol, err := c.scratchTensor(e, "conv2d.dcol", x.DType, nc*s.outPerImg, s.k)
 	if err != nil {

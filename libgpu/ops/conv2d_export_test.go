@@ -1,10 +1,48 @@
 package ops
 
-// SetConvImplicit turns the implicit-GEMM convolution on or off (else
-// im2col + cuBLASLt) for CUDA convolutions from now on and returns a func
-// that restores the previous setting.
+// Convolution kernel paths for SetConvPath (convPath).
+const (
+	ConvMMA    = convMMA    // the default: mma.sync implicit GEMM where the shape allows, else im2col
+	ConvWG     = convWG     // wgmma on sm_90a where the shape allows, else as ConvMMA
+	ConvIm2col = convIm2col // im2col + cuBLASLt
+)
+
+// SetConvImplicit turns the implicit-GEMM convolutions on (ConvMMA) or
+// off (ConvIm2col: im2col + cuBLASLt) for CUDA convolutions from now on
+// and returns a func that restores the previous setting.
 func SetConvImplicit(on bool) (restore func()) {
-	old := convImplicit
-	convImplicit = on
-	return func() { convImplicit = old }
+	if on {
+		return SetConvPath(ConvMMA)
+	}
+	return SetConvPath(ConvIm2col)
+}
+
+// SetConvPath chooses the kernels of bf16 CUDA convolutions from now on
+// (ConvMMA, ConvWG, ConvIm2col) and returns a func that restores the
+// previous choice.
+func SetConvPath(p int) (restore func()) {
+	old := convPath
+	convPath = p
+	return func() { convPath = old }
+}
+
+// ConvHopper reports whether e's CUDA backend runs conv_wg_fwd.
+func ConvHopper(e *Engine) bool {
+	return e.c != nil && e.c.convHopper()
+}
+
+// SetConvTune turns the per-shape timing of convolution forward paths on or
+// off from now on and returns a func that restores the previous setting.
+func SetConvTune(on bool) (restore func()) {
+	old := convTune
+	convTune = on
+	return func() { convTune = old }
+}
+
+// SetConvFuseKernels lets Conv2DFused run on its fused kernels on CUDA (or
+// not) from now on and returns a func that restores the previous setting.
+func SetConvFuseKernels(on bool) (restore func()) {
+	old := convFuseKernels
+	convFuseKernels = on
+	return func() { convFuseKernels = old }
 }

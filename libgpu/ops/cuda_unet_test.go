@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"gpukit/libgpu/cuda/cudatest"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/ops/opstest"
@@ -84,20 +85,33 @@ func (w *twin) near(what string, g, h *tensor.Tensor, tol float64) {
 // the GPU in f32 (PrecF32: full f32 GEMMs) and bf16, against the host
 // backend on the same inputs: the vector paths, im2col chunking and the
 // block geometry of the norms at sizes the family checks do not reach.
+// bf16 runs every convolution path: the default (mma.sync), wgmma on
+// sm_90a (forward and input-gradient tiles of 64, 128 and 256 channels,
+// the last at 18 × 32² × 64 → 512; weight gradients split over the pixels
+// and reduced) and im2col + cuBLASLt.
 func TestCUDAUNetShapes(t *testing.T) {
 	for _, c := range []struct {
-		name     string
-		prec     ops.Precision
-		dt       tensor.DType
-		tol      float64
-		implicit bool
-	}{{"f32", ops.PrecF32, tensor.F32, 1e-4, false}, {"bf16", ops.PrecBF16, tensor.BF16, 2e-2, true}, {"bf16-im2col", ops.PrecBF16, tensor.BF16, 2e-2, false}} {
+		name string
+		prec ops.Precision
+		dt   tensor.DType
+		tol  float64
+		path int
+	}{{"f32", ops.PrecF32, tensor.F32, 1e-4, ops.ConvIm2col}, {"bf16", ops.PrecBF16, tensor.BF16, 2e-2, ops.ConvMMA},
+		{"bf16-wg", ops.PrecBF16, tensor.BF16, 2e-2, ops.ConvWG}, {"bf16-im2col", ops.PrecBF16, tensor.BF16, 2e-2, ops.ConvIm2col}} {
 		t.Run(c.name, func(t *testing.T) {
-			defer ops.SetConvImplicit(c.implicit)()
+			defer ops.SetConvPath(c.path)()
 			w := newTwin(t, gpu(t), c.prec)
+			// conv2d_wg.cu's and groupedgemm.cu's wgmma kernels exist under
+			// the same rule (sm_90a), so bf16-wg on a Hopper GPU tests them
+			// and not a fallback.
+			if hc, hg := ops.ConvHopper(w.g), ops.GroupedHopper(w.g); hc != hg {
+				t.Fatalf("conv_wg_fwd available %v, grouped GEMM's wgmma %v", hc, hg)
+			} else {
+				t.Logf("wgmma kernels: %v", hc)
+			}
 			for _, s := range []struct{ n, h, cin, cout, k int }{
 				{4, 32, 64, 64, 3}, {4, 32, 192, 64, 3}, {4, 16, 384, 128, 3}, {4, 8, 256, 256, 3}, {4, 32, 1, 64, 3},
-				{4, 16, 64, 128, 1}, {4, 8, 512, 256, 1},
+				{4, 16, 64, 128, 1}, {4, 8, 512, 256, 1}, {18, 32, 64, 512, 3},
 			} {
 				name := fmt.Sprintf("conv %dx%dx%dx%d→%d k%d", s.n, s.h, s.h, s.cin, s.cout, s.k)
 				xg, xh := w.pair(c.dt, 1, s.n, s.h, s.h, s.cin)
@@ -246,10 +260,11 @@ func TestCUDAUNetDeterminism(t *testing.T) {
 }
 
 // benchConv times Conv2D forward (and backward) at a U-Net shape in bf16
-// and reports TFLOP/s of the useful 2·P·K·Cout products, with the
-// implicit GEMM or with im2col + cuBLASLt.
-func benchConv(b *testing.B, n, hw, cin, cout, k int, backward, implicit bool) {
-	defer ops.SetConvImplicit(implicit)()
+// and reports TFLOP/s of the useful 2·P·K·Cout products, on the kernel
+// path (ops.ConvMMA, the default; ops.ConvWG: wgmma on sm_90a;
+// ops.ConvIm2col).
+func benchConv(b *testing.B, n, hw, cin, cout, k int, backward bool, path int) {
+	defer ops.SetConvPath(path)()
 	d := gpu(b)
 	e := cudaEngine(b, d, ops.PrecBF16)
 	a := device.Local{Dev: d}
@@ -323,30 +338,30 @@ func timeGPU(b *testing.B, e *ops.Engine, f func() error) float64 {
 }
 
 // The U-Net's heaviest convolutions at a guided batch of 256 (512
-// images), implicit GEMM against im2col.
-func BenchmarkConv2D_512x32x32x64to64(b *testing.B)  { benchConv(b, 512, 32, 64, 64, 3, false, true) }
-func BenchmarkConv2D_512x32x32x192to64(b *testing.B) { benchConv(b, 512, 32, 192, 64, 3, false, true) }
-func BenchmarkConv2D_512x16x16x384to128(b *testing.B) {
-	benchConv(b, 512, 16, 384, 128, 3, false, true)
-}
-func BenchmarkConv2D_512x8x8x256to256(b *testing.B) { benchConv(b, 512, 8, 256, 256, 3, false, true) }
-func BenchmarkConv2DIm2col_512x32x32x64to64(b *testing.B) {
-	benchConv(b, 512, 32, 64, 64, 3, false, false)
-}
-func BenchmarkConv2DIm2col_512x32x32x192to64(b *testing.B) {
-	benchConv(b, 512, 32, 192, 64, 3, false, false)
-}
-func BenchmarkConv2DIm2col_512x16x16x384to128(b *testing.B) {
-	benchConv(b, 512, 16, 384, 128, 3, false, false)
-}
-func BenchmarkConv2DIm2col_512x8x8x256to256(b *testing.B) {
-	benchConv(b, 512, 8, 256, 256, 3, false, false)
-}
-func BenchmarkConv2DBackward_128x32x32x64(b *testing.B) {
-	benchConv(b, 128, 32, 64, 64, 3, true, true)
-}
-func BenchmarkConv2DBackwardIm2col_128x32x32x64(b *testing.B) {
-	benchConv(b, 128, 32, 64, 64, 3, true, false)
+// images), and issue 24's larger U-Net shapes (16×64²×320, 16×32²×640,
+// 64×32²×256, 128×32²×128; 3×3, stride 1, Cin = Cout), each on the
+// mma.sync implicit GEMM (the default), wgmma (sm_90a) and im2col +
+// cuBLASLt; bench/conv.sh runs them beside PyTorch's cuDNN.
+func BenchmarkConv2D(b *testing.B) {
+	for _, s := range []struct{ n, hw, cin, cout int }{
+		{512, 32, 64, 64}, {512, 32, 192, 64}, {512, 16, 384, 128}, {512, 8, 256, 256},
+		{16, 64, 320, 320}, {16, 32, 640, 640}, {64, 32, 256, 256}, {128, 32, 128, 128},
+	} {
+		for _, p := range []struct {
+			name string
+			path int
+		}{{"mma", ops.ConvMMA}, {"wg", ops.ConvWG}, {"im2col", ops.ConvIm2col}} {
+			for _, bwd := range []bool{false, true} {
+				pass := "fwd"
+				if bwd {
+					pass = "bwd"
+				}
+				b.Run(fmt.Sprintf("%dx%dx%dx%dto%d/%s/%s", s.n, s.hw, s.hw, s.cin, s.cout, pass, p.name), func(b *testing.B) {
+					benchConv(b, s.n, s.hw, s.cin, s.cout, 3, bwd, p.path)
+				})
+			}
+		}
+	}
 }
 
 // BenchmarkGroupNormSiLU_512x32x32x64 times the fused norm + SiLU at the
@@ -368,4 +383,26 @@ func BenchmarkGroupNormSiLU_512x32x32x64(b *testing.B) {
 	ms := timeGPU(b, e, step)
 	b.ReportMetric(ms, "ms/op")
 	b.ReportMetric(float64(2*x.Bytes())/ms/1e6, "GB/s")
+}
+
+// TestCUDAConvKernelPaths runs the conv2d family's checks (float64
+// references with their terms, the fused op, the two graphs, gradients by
+// finite differences) on each bf16 kernel path with the fused kernels on:
+// mma.sync and, on sm_90a, wgmma (forward, input and weight gradients);
+// every precision, as TestCUDAFamilies runs the default path.
+func TestCUDAConvKernelPaths(t *testing.T) {
+	d := gpu(t)
+	defer ops.SetConvFuseKernels(true)()
+	for _, path := range []struct {
+		name string
+		path int
+	}{{"mma", ops.ConvMMA}, {"wg", ops.ConvWG}} {
+		for _, p := range precs {
+			t.Run(path.name+"/"+p.name, func(t *testing.T) {
+				cudatest.RequireGPU(t)
+				defer ops.SetConvPath(path.path)()
+				opstest.CheckFamily(t, "conv2d", d, ops.Options{Precision: p.prec}, func(t *testing.T) { cudatest.RequireGPU(t) })
+			})
+		}
+	}
 }

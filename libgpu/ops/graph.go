@@ -27,6 +27,10 @@ type GraphOptions struct {
 	// Train turns on dropout (and is what ops that behave differently in
 	// evaluation read).
 	Train bool
+	// Eval declares a forward-only graph (Build(false) follows): ops may
+	// record fused nodes that have no backward (Graph.ConvBlock), and
+	// Build(true) fails.
+	Eval bool
 	// Seed and Counter drive dropout's counter-based RNG: the mask of
 	// call-site k at step s is Philox4x32-10 keyed by Seed at counter
 	// (s, k, element). Counter is an i32 scalar on the device that the
@@ -238,6 +242,9 @@ func (g *Graph) View(x *Var, shape ...int) *Var {
 func (g *Graph) Build(grads bool) error {
 	if g.shared.err != nil {
 		return g.shared.err
+	}
+	if grads && g.opts.Eval {
+		return fmt.Errorf("%w: a graph recorded with GraphOptions.Eval has no gradients", ErrConfig)
 	}
 	if grads {
 		g.prefetch("ops_clip.cu") // a training step clips its gradients (Engine.ClipCoef)

@@ -14,7 +14,6 @@ package ops
 import (
 	"fmt"
 	"strconv"
-	"sync"
 
 	"gonum.org/v1/gonum/blas"
 
@@ -336,28 +335,13 @@ var groupedPath = 0
 
 // ggHopperState caches whether groupedgemm.cu was compiled with its wgmma
 // kernels (sm_90a).
-type ggHopperState struct {
-	once sync.Once
-	ok   bool
-}
+type ggHopperState struct{ wgModule }
 
 // ggHopper reports whether the wgmma kernels exist: the module was built
-// for sm_90a and lacks the gg_wg_unavailable marker (attention.go's
-// attnHopper does the same). Decided once per engine.
+// for sm_90a and lacks the gg_wg_unavailable marker (wgModule.has).
+// Decided once per engine.
 func (c *cudaImpl) ggHopper() bool {
-	st := exec.StateOf[ggHopperState](c.CUDA)
-	st.once.Do(func() {
-		kc, err := c.Compiler()
-		if err != nil || kc.Arch() != "sm_90a" {
-			return
-		}
-		unavailable, err := kc.Has(launch.GgWgUnavailableKernel.File, launch.GgWgUnavailableKernel.Name)
-		if err != nil || unavailable {
-			return
-		}
-		st.ok = true
-	})
-	return st.ok
+	return exec.StateOf[ggHopperState](c.CUDA).has(c, launch.GgWgUnavailableKernel)
 }
 
 // grouped launches pass p with a (everything but the dtypes filled in):

@@ -11,6 +11,7 @@ import (
 	"gpukit/libgpu/nccl/nccltest"
 	"gpukit/libgpu/nn"
 	"gpukit/libgpu/ops"
+	"gpukit/libgpu/ops/opstest"
 	"gpukit/libgpu/optim"
 	"gpukit/libgpu/tensor"
 	"gpukit/libgpu/zero"
@@ -44,8 +45,18 @@ func gptData(seed uint64, s int) (x, y []int32) {
 	return x, y
 }
 
+// gptAdam is the tests' AdamW. Its ε is 1e-3, about the gradients' size,
+// and its learning rate 3e-3: with ε = 1e-8 AdamW divides each gradient by
+// its own magnitude, so a gradient that sums to ~1e-6 from terms of ~1e-3
+// carries a rounding error of 1e-4 of itself into a step of the learning
+// rate's size, and two valid summation orders (one rank against two)
+// ended 10 steps up to 4.6e-4 of a parameter's scale apart (26 seeds of
+// 400 beyond 1e-5 at learning rate 1e-2; CI seed 9772269453033428695:
+// 1.4e-5 on h.0.mlp's hidden unit 12). With these values the largest
+// difference over 1,000 host seeds was 6.4e-7, and sharding changes
+// nothing else: the code paths are the same.
 func gptAdam(m *nn.GPT) ops.AdamWConfig {
-	c := ops.AdamWConfig{LR: 1e-2, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1}
+	c := ops.AdamWConfig{LR: 3e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-3, WeightDecay: 0.1}
 	for _, p := range m.Params() {
 		c.NoDecay = append(c.NoDecay, p.Value.Rank() < 2)
 	}
@@ -64,8 +75,7 @@ func gptAdam(m *nn.GPT) ops.AdamWConfig {
 // whole batch (optim.AdamW, ops.Engine.ClipCoef) and the parameters are
 // its parameters, within 1e-5.
 func TestGPTSharded(t *testing.T) {
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	seed := opstest.TestSeed(t)
 	// One process, no sharding.
 	e, a := hostEngine(t)
 	ref, err := nn.NewGPT(a, "", gptCfg, true, 7)

@@ -14,9 +14,13 @@ inline void sincospif(float x, float* s, float* c) {
 }
 #define GN_DYN_SMEM(name) float* name = (float*)emu::g.smem.data()
 #define CONV_DYN_SMEM(name) unsigned char* name = emu::g.smem.data()
+struct float2 {
+  float x, y;
+};
 
 // clang-format off
 #include "../../libgpu/kernels/conv2d.cu"
+#include "../../libgpu/kernels/conv2d_wg.cu"
 #include "../../libgpu/kernels/chanbias.cu"
 #include "../../libgpu/kernels/groupnorm.cu"
 #include "../../libgpu/kernels/silu.cu"
@@ -158,14 +162,16 @@ static void conv(bool bf, int N, int H, int W, int C, int KH, int KW, int S, int
   }
 }
 
-// igemm runs conv_igemm_fwd (bf16) with the Go launcher's geometry against
-// the float64 convolution of the same bf16 values, with a bias and then
-// accumulating; and, for stride 1, dx as conv_igemm_fwd on dy with the
-// filters flipped by conv_flip_w, against the adjoint of the convolution.
+// igemm runs conv_igemm_fwd (bf16) and, where the shape allows,
+// conv_wg_fwd_64, _128 and _256 (wgmma) with the Go launcher's
+// geometry against the float64 convolution of the same bf16 values, with a
+// bias and then accumulating into NaN-poisoned outputs; and, for stride 1,
+// dx as the same kernel on dy with the filters flipped by conv_flip_w,
+// against the adjoint of the convolution.
 static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
   int Ho = (H + 2 * P - K) / S + 1, Wo = (W + 2 * P - K) / S + 1;
   long long rows = (long long)N * Ho * Wo;
-  Buf x(N * H * W * C, true), w(Co * K * K * C, true), b(Co, true), y(rows * Co, true);
+  Buf x(N * H * W * C, true), w(Co * K * K * C, true), b(Co, true);
   auto xv = x.rand(), wv = w.rand(1 / sqrt((double)C * K * K)), bv = b.rand();
   auto conv = [&](const std::vector<double>& in, const std::vector<double>& wt, int h, int wd, int cin, int cout, int pad,
                   const std::vector<double>* bias) {
@@ -190,42 +196,136 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
   std::string name = "bf16 igemm " + std::to_string(N) + "x" + std::to_string(H) + "x" + std::to_string(W) + "x" +
                      std::to_string(C) + "->" + std::to_string(Co) + " k" + std::to_string(K) + " s" + std::to_string(S) +
                      "p" + std::to_string(P);
+  // fz: the fused input map and output terms the launches pass (none
+  // unless the fused check below sets them).
+  struct {
+    const float *scale = nullptr, *shift = nullptr;
+    const gpukit_bf16 *nbias = nullptr, *res = nullptr;
+    int silu = 0;
+  } fz;
+  // path 0 is conv_igemm_fwd, 64, 128 and 256 conv_wg_fwd_<BN> (sm_90a's
+  // wgmma), each with ops/conv2d.go's geometry.
+  int path = 0;
   auto launch = [&](const gpukit_bf16* in, const gpukit_bf16* wt, const gpukit_bf16* bias, gpukit_bf16* out, int h, int wd,
                     int cin, int oh, int ow, int cout, int stride, int pad, int acc) {
     conv_igemm_args a{in, wt, bias, out, N, h, wd, cin, oh, ow, cout, K, K, stride, pad, acc};
+    a.pro_scale = fz.scale;
+    a.pro_shift = fz.shift;
+    a.nbias = fz.nbias;
+    a.res = fz.res;
+    a.pro_silu = fz.silu;
     emu::untrack();  // cp.async may read only these
     emu::track(in, (size_t)N * h * wd * cin * 2);
     emu::track(wt, (size_t)cout * K * K * cin * 2);
     long long p = (long long)N * oh * ow;
-    emu::launch({(unsigned)((p + 127) / 128), (unsigned)((cout + 63) / 64), 1}, {128, 1, 1}, 2 * (128 + 64) * 40 * 2, seed++,
-                [&] { conv_igemm_fwd(a); });
+    if (path == 0) {
+      emu::launch({(unsigned)((p + 127) / 128), (unsigned)((cout + 63) / 64), 1}, {128, 1, 1}, 2 * (128 + 64) * 40 * 2, seed++,
+                  [&] { conv_igemm_fwd(a); });
+      return;
+    }
+    emu::launch({(unsigned)((p + 127) / 128), (unsigned)((cout + path - 1) / path), 1}, {CW_THREADS, 1, 1},
+                4 * (128 + path) * 128 + 1024, seed++, [&] { path == 64 ? conv_wg_fwd_64(a) : path == 128 ? conv_wg_fwd_128(a) : conv_wg_fwd_256(a); });
   };
-  launch(x.h(), w.h(), b.h(), y.h(), H, W, C, Ho, Wo, Co, S, P, 0);
-  check(name + " y", y.read(), want, 1e-2);
-  auto old = y.read();
-  launch(x.h(), w.h(), nullptr, y.h(), H, W, C, Ho, Wo, Co, S, P, 1);
   auto want2 = conv(xv, wv, H, W, C, Co, P, nullptr);
-  for (size_t i = 0; i < want2.size(); i++) want2[i] += old[i];
-  check(name + " y (acc, no bias)", y.read(), want2, 1e-2);
-  if (S != 1 || Co % 32) return;
-  // dx = conv(dy, flip(w)) with padding K−1−P.
-  Buf dy(rows * Co, true), wf(Co * K * K * C, true), dx(N * H * W * C, true);
+  Buf dy(rows * Co, true), wf(Co * K * K * C, true);
   auto dyv = dy.rand();
-  emu::launch({blocks((long long)Co * K * K * C, 256), 1, 1}, {256, 1, 1}, 0, seed++, [&] { conv_flip_w(wf.h(), w.h(), Co, K, K, C); });
-  launch(dy.h(), wf.h(), nullptr, dx.h(), Ho, Wo, Co, H, W, C, 1, K - 1 - P, 0);
-  std::vector<double> wdx(N * H * W * C, 0);
-  for (int n = 0; n < N; n++)
-    for (int i = 0; i < Ho; i++)
-      for (int j = 0; j < Wo; j++)
-        for (int o = 0; o < Co; o++)
+  std::vector<double> wdx;  // dx = conv(dy, flip(w)) with padding K−1−P, at stride 1
+  if (S == 1) {
+    emu::launch({blocks((long long)Co * K * K * C, 256), 1, 1}, {256, 1, 1}, 0, seed++, [&] { conv_flip_w(wf.h(), w.h(), Co, K, K, C); });
+    wdx.assign(N * H * W * C, 0);
+    for (int n = 0; n < N; n++)
+      for (int i = 0; i < Ho; i++)
+        for (int j = 0; j < Wo; j++)
+          for (int o = 0; o < Co; o++)
+            for (int kh = 0; kh < K; kh++)
+              for (int kw = 0; kw < K; kw++) {
+                int hh = i - P + kh, ww = j - P + kw;
+                if (hh < 0 || hh >= H || ww < 0 || ww >= W) continue;
+                for (int c = 0; c < C; c++)
+                  wdx[((n * H + hh) * W + ww) * C + c] += dyv[(((long long)n * Ho + i) * Wo + j) * Co + o] * wv[((o * K + kh) * K + kw) * C + c];
+              }
+  }
+  // dw = Σ_p dy[p] ⊗ col[p] with conv_wg_dw_<BN> over splits of chunk
+  // pixels, then conv_dw_reduce (and once accumulating into a previous dw).
+  if (C % 64 == 0 && Co % 8 == 0) {
+    int Kk = K * K * C;
+    std::vector<double> wdw((size_t)Co * Kk, 0);
+    for (int n = 0; n < N; n++)
+      for (int i = 0; i < Ho; i++)
+        for (int j = 0; j < Wo; j++)
           for (int kh = 0; kh < K; kh++)
             for (int kw = 0; kw < K; kw++) {
-              int hh = i - P + kh, ww = j - P + kw;
+              int hh = i * S - P + kh, ww = j * S - P + kw;
               if (hh < 0 || hh >= H || ww < 0 || ww >= W) continue;
-              for (int c = 0; c < C; c++)
-                wdx[((n * H + hh) * W + ww) * C + c] += dyv[(((long long)n * Ho + i) * Wo + j) * Co + o] * wv[((o * K + kh) * K + kw) * C + c];
+              for (int o = 0; o < Co; o++) {
+                double g = dyv[(((long long)n * Ho + i) * Wo + j) * Co + o];
+                for (int c = 0; c < C; c++) wdw[(size_t)o * Kk + (kh * K + kw) * C + c] += g * xv[((n * H + hh) * W + ww) * C + c];
+              }
             }
-  check(name + " dx (flipped filters)", dx.read(), wdx, 1e-2);
+    for (int bn : {64, 128}) {
+      if (C % bn) continue;
+      for (int chunk : {64, (int)((rows + 63) / 64 * 64)}) {
+        int splits = (int)((rows + chunk - 1) / chunk);
+        Buf part((size_t)splits * Co * Kk, false), dw((size_t)Co * Kk, false);
+        conv_wg_dw_args da{x.h(), dy.h(), part.f(), N, H, W, C, Ho, Wo, Co, K, K, S, P, chunk};
+        emu::untrack();
+        emu::track(x.h(), (size_t)N * H * W * C * 2);
+        emu::track(dy.h(), (size_t)rows * Co * 2);
+        emu::launch({(unsigned)((Co + 127) / 128), (unsigned)(Kk / bn), (unsigned)splits}, {CW_THREADS, 1, 1},
+                    4 * (128 + bn) * 128 + 1024, seed++, [&] { bn == 64 ? conv_wg_dw_64(da) : conv_wg_dw_128(da); });
+        std::string dname = name + " wg dw" + std::to_string(bn) + " " + std::to_string(splits) + " split(s)";
+        long long n = (long long)Co * Kk;
+        for (int acc : {0, 1}) {
+          auto prev = acc ? dw.read() : std::vector<double>();
+          emu::launch({blocks(n, 256), 1, 1}, {256, 1, 1}, 0, seed++, [&] { conv_dw_reduce(dw.f(), part.f(), n, splits, acc); });
+          auto want = wdw;
+          for (size_t i = 0; acc && i < want.size(); i++) want[i] += prev[i];
+          check(dname + (acc ? " (acc)" : ""), dw.read(), want, 1e-5);
+        }
+      }
+    }
+  }
+  for (int pth : {0, 64, 128, 256}) {
+    // conv_wg_fwd needs Cin a multiple of 64 and Cout of 8 (ops/conv2d.go's wgOK).
+    if (pth && (C % 64 || Co % 8)) continue;
+    path = pth;
+    std::string pname = name + (pth == 0 ? "" : " wg" + std::to_string(pth));
+    Buf y(rows * Co, true);
+    launch(x.h(), w.h(), b.h(), y.h(), H, W, C, Ho, Wo, Co, S, P, 0);
+    check(pname + " y", y.read(), want, 1e-2);
+    auto old = y.read();
+    launch(x.h(), w.h(), nullptr, y.h(), H, W, C, Ho, Wo, Co, S, P, 1);
+    auto want3 = want2;
+    for (size_t i = 0; i < want3.size(); i++) want3[i] += old[i];
+    check(pname + " y (acc, no bias)", y.read(), want3, 1e-2);
+    if (Co % 2 == 0) {
+      // Fused: y = conv(SiLU(x·scale + shift) in the image, 0 in the
+      // padding; rounded to bf16) + b + nbias[n] + res.
+      Buf sc(N * C, false), sh(N * C, false), nb(N * Co, true), rs(rows * Co, true), yf(rows * Co, true);
+      auto scv = sc.rand(0.5), shv = sh.rand(0.5), nbv = nb.rand(), rsv = rs.rand();
+      std::vector<double> act(xv.size());
+      for (size_t i = 0; i < act.size(); i++) {
+        size_t n = i / ((size_t)H * W * C), c = i % C;
+        double z = (double)(float)((float)xv[i] * (float)scv[n * C + c] + (float)shv[n * C + c]);
+        z = z / (1 + exp(-z));
+        act[i] = gpukit_bf16_to_f32(gpukit_f32_to_bf16((float)z));
+      }
+      auto wf = conv(act, wv, H, W, C, Co, P, &bv);
+      for (size_t i = 0; i < wf.size(); i++) wf[i] += nbv[(i / ((size_t)Ho * Wo * Co)) * Co + i % Co] + rsv[i];
+      fz.scale = sc.f();
+      fz.shift = sh.f();
+      fz.nbias = nb.h();
+      fz.res = rs.h();
+      fz.silu = 1;
+      launch(x.h(), w.h(), b.h(), yf.h(), H, W, C, Ho, Wo, Co, S, P, 0);
+      fz = {};
+      check(pname + " fused (GN+SiLU map, per-sample bias, residual)", yf.read(), wf, 1e-2);
+    }
+    if (S != 1 || Co % (pth ? 64 : 32) || (pth && C % 8)) continue;
+    Buf dx(N * H * W * C, true);
+    launch(dy.h(), wf.h(), nullptr, dx.h(), Ho, Wo, Co, H, W, C, 1, K - 1 - P, 0);
+    check(pname + " dx (flipped filters)", dx.read(), wdx, 1e-2);
+  }
 }
 
 // ---- chanbias ----
@@ -315,6 +415,22 @@ static void groupnorm(bool bf, int N, int S, int C, int G, bool silu, bool vec) 
   check(name + " y", y.read(), wy, bf ? 1e-2 : 1e-5);
   check(name + " mean", mean.read(), wm, 1e-5);
   check(name + " rstd", rstd.read(), wr, 1e-5);
+  if (bf) {
+    // gn_affine: the same normalisation as scale, shift [N, C] (z = x·scale + shift).
+    Buf sc(N * C, false), sh(N * C, false);
+    emu::launch({(unsigned)N, 1, 1}, {(unsigned)bx, (unsigned)by, 1}, (by + 2) * C * 4, seed++, [&] {
+      vec ? gn_affine_v_bf16(sc.f(), sh.f(), nullptr, nullptr, x.h(), w.f(), b.f(), S, C, G, (float)eps)
+          : gn_affine_s_bf16(sc.f(), sh.f(), nullptr, nullptr, x.h(), w.f(), b.f(), S, C, G, (float)eps);
+    });
+    std::vector<double> wsc(N * C), wsh(N * C);
+    for (int n = 0; n < N; n++)
+      for (int c = 0; c < C; c++) {
+        wsc[n * C + c] = wr[n * G + c / cg] * wv[c];
+        wsh[n * C + c] = bv[c] - wm[n * G + c / cg] * wsc[n * C + c];
+      }
+    check(name + " affine scale", sc.read(), wsc, 1e-5);
+    check(name + " affine shift", sh.read(), wsh, 1e-5);
+  }
   // Backward, dx accumulated.
   Buf dy(N * S * C, bf), dx(N * S * C, bf), part(2 * N * C, false), dw(C, false), db(C, false);
   auto dyv = dy.rand();
@@ -615,9 +731,12 @@ int main(int argc, char** argv) {
       igemm(2, 4, 5, 32, 32, 3, 1, 1);   // dx through the flipped filters
       igemm(2, 4, 4, 64, 1, 3, 1, 1);    // one output channel (conv_out): single stores
       igemm(1, 5, 3, 32, 3, 3, 1, 1);    // an odd Cout
+      igemm(2, 5, 6, 64, 136, 3, 1, 1);  // wgmma: partial channel blocks (128 + 8, or 136 of 256)
+      igemm(1, 10, 10, 64, 16, 3, 1, 1); // wgmma dw: 100 pixels, a second split of 36
       if (!quick) {
         igemm(3, 8, 8, 32, 72, 3, 1, 1);  // 192 rows (two row blocks), two channel blocks
         igemm(1, 6, 6, 96, 64, 3, 1, 0);  // no padding
+        igemm(3, 8, 8, 128, 64, 3, 1, 1); // wgmma: 192 rows, two k-steps a tap, dx through it (Cin 64)
       }
     }
     chanbias(bf, 2, 9, 8);

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -20,11 +21,32 @@ import (
 //	                         last command's stdout) is one JSON object, and
 //	                         there are N lines when -count is given
 //	validjson FILE           fail unless FILE is one JSON value
+//	size FILE BYTES          fail unless FILE holds BYTES bytes
 func Cmds() map[string]func(ts *testscript.TestScript, neg bool, args []string) {
 	return map[string]func(ts *testscript.TestScript, neg bool, args []string){
 		"status":    status,
 		"jsonlines": jsonLines,
 		"validjson": validJSON,
+		"size":      size,
+	}
+}
+
+// size FILE BYTES: FILE (in the script's work directory) holds exactly
+// BYTES bytes (! size: any other count).
+func size(ts *testscript.TestScript, neg bool, args []string) {
+	if len(args) != 2 {
+		ts.Fatalf("usage: size FILE BYTES")
+	}
+	want, err := strconv.ParseInt(args[1], 10, 64)
+	if err != nil {
+		ts.Fatalf("size: %q is not a byte count", args[1])
+	}
+	fi, err := os.Stat(ts.MkAbs(args[0]))
+	if err != nil {
+		ts.Fatalf("size: %v", err)
+	}
+	if (fi.Size() == want) == neg {
+		ts.Fatalf("size: %s holds %d bytes (want %s%d)", args[0], fi.Size(), map[bool]string{true: "not ", false: ""}[neg], want)
 	}
 }
 

@@ -9,10 +9,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
+
+	"gpukit/libgpu/ops/opstest"
 )
 
 // requireTools fails (never skips) without qqwing and faketime: CI
@@ -26,14 +26,7 @@ func requireTools(t *testing.T) {
 
 func newRand(t *testing.T) (*rand.Rand, uint64) {
 	t.Helper()
-	seed := uint64(time.Now().UnixNano())
-	if v := os.Getenv("GPUKIT_TEST_SEED"); v != "" {
-		var err error
-		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
-			t.Fatalf("GPUKIT_TEST_SEED=%q: %v", v, err)
-		}
-	}
-	t.Logf("seed %d (GPUKIT_TEST_SEED repeats it)", seed)
+	seed := opstest.TestSeed(t)
 	return rand.New(rand.NewPCG(seed, 7)), seed
 }
 

@@ -270,6 +270,14 @@ func TestStubbornRankIsKilled(t *testing.T) {
 // exit 0 on it make a clean job; SIGINT that ranks answer with status 5 is
 // a SignalError with a shell's status 130.
 func TestSignalsForwarded(t *testing.T) {
+	// A test binary started from a shell's background job begins with
+	// SIGINT ignored; its ranks (sh) would inherit that, and a shell cannot
+	// trap a signal ignored on entry. While this test runs the test
+	// process handles SIGINT, so the processes it starts begin with the
+	// default disposition.
+	intr := make(chan os.Signal, 1)
+	signal.Notify(intr, syscall.SIGINT)
+	defer signal.Stop(intr)
 	for _, c := range []struct {
 		sig    syscall.Signal
 		name   string

@@ -27,28 +27,34 @@ type ConvArgs struct {
 // The Go layout is the C one: a difference does not compile.
 var _ [48]byte = [unsafe.Sizeof(ConvArgs{})]byte{}
 
-// ConvIgemmArgs is struct conv_igemm_args of conv2d.cu (80 bytes, alignment 8).
+// ConvIgemmArgs is struct conv_igemm_args of conv2d.cu (120 bytes, alignment 8).
 type ConvIgemmArgs struct {
-	X      cuda.DevicePtr // gpukit_bf16*
-	W      cuda.DevicePtr // gpukit_bf16*
-	Bias   cuda.DevicePtr // gpukit_bf16*
-	Y      cuda.DevicePtr // gpukit_bf16*
-	N      int32          // int
-	H      int32          // int
-	W_     int32          // int
-	Cin    int32          // int
-	Ho     int32          // int
-	Wo     int32          // int
-	Cout   int32          // int
-	Kh     int32          // int
-	Kw     int32          // int
-	Stride int32          // int
-	Pad    int32          // int
-	Acc    int32          // int
+	X        cuda.DevicePtr // gpukit_bf16*
+	W        cuda.DevicePtr // gpukit_bf16*
+	Bias     cuda.DevicePtr // gpukit_bf16*
+	Y        cuda.DevicePtr // gpukit_bf16*
+	N        int32          // int
+	H        int32          // int
+	W_       int32          // int
+	Cin      int32          // int
+	Ho       int32          // int
+	Wo       int32          // int
+	Cout     int32          // int
+	Kh       int32          // int
+	Kw       int32          // int
+	Stride   int32          // int
+	Pad      int32          // int
+	Acc      int32          // int
+	ProScale cuda.DevicePtr // float*
+	ProShift cuda.DevicePtr // float*
+	Nbias    cuda.DevicePtr // gpukit_bf16*
+	Res      cuda.DevicePtr // gpukit_bf16*
+	ProSilu  int32          // int
+	Pad_     int32          // int
 }
 
 // The Go layout is the C one: a difference does not compile.
-var _ [80]byte = [unsafe.Sizeof(ConvIgemmArgs{})]byte{}
+var _ [120]byte = [unsafe.Sizeof(ConvIgemmArgs{})]byte{}
 
 // ConvIgemmFwd launches conv_igemm_fwd of conv2d.cu:
 //

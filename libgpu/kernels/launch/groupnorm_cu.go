@@ -19,6 +19,28 @@ func GnBwdReduce(l Launcher, grid, block [3]uint32, smem uint32, dw, db, part cu
 // GnBwdReduceKernel is gn_bwd_reduce of groupnorm.cu (GnBwdReduce), for Prefetch.
 var GnBwdReduceKernel = Kernel{File: "groupnorm.cu", Name: "gn_bwd_reduce"}
 
+// GnAffine launches gn_affine_<inst> of groupnorm.cu, inst one of "s_bf16", "v_bf16":
+//
+//	gn_affine_s_bf16(float* scale, float* shift, float* mean, float* rstd, const gpukit_bf16* x, const float* w, const float* b, int S, int C, int G, float eps)
+func GnAffine(l Launcher, inst string, grid, block [3]uint32, smem uint32, scale, shift, mean, rstd, x, w, b cuda.DevicePtr, s, c, g int32, eps float32) error {
+	kn, kerr := GnAffineKernel(inst)
+	if kerr != nil {
+		return kerr
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&scale), unsafe.Pointer(&shift), unsafe.Pointer(&mean), unsafe.Pointer(&rstd), unsafe.Pointer(&x), unsafe.Pointer(&w), unsafe.Pointer(&b), unsafe.Pointer(&s), unsafe.Pointer(&c), unsafe.Pointer(&g), unsafe.Pointer(&eps))
+}
+
+// GnAffineKernel is instance inst of gn_affine_<inst> (GnAffine), for Prefetch.
+func GnAffineKernel(inst string) (Kernel, error) {
+	switch inst {
+	case "s_bf16":
+		return Kernel{File: "groupnorm.cu", Name: "gn_affine_s_bf16"}, nil
+	case "v_bf16":
+		return Kernel{File: "groupnorm.cu", Name: "gn_affine_v_bf16"}, nil
+	}
+	return Kernel{}, errNoInstance("groupnorm.cu", "gn_affine_", inst)
+}
+
 // GnFwd launches gn_fwd_<inst> of groupnorm.cu, inst one of "s_f32", "v_f32", "s_bf16", "v_bf16":
 //
 //	gn_fwd_s_f32(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b, int S, int C, int G, float eps, int silu)

@@ -314,6 +314,34 @@ func attnGrads(s *Suite, dt tensor.DType, a AttnShape, pad int) (dq, dk, dv, who
 	return s.Empty(dt, a.B, a.Tq, a.H, a.D), s.Empty(dt, a.B, a.Tk, a.H, a.D), s.Empty(dt, a.B, a.Tk, a.H, a.D), nil
 }
 
+// attnLSETerms is the size of the terms each log-sum-exp sums: the largest
+// score's products, scale·Σ_d |q_d·k_d| over the keys a row sees, plus
+// |lse| (a row whose lse is near 0 — one key with a small score — still
+// carries its score's rounding: seen 2.5e-5 of such an lse in f32).
+func attnLSETerms(q, k, lse []float64, a AttnShape, causal bool, scale float64) []float64 {
+	t := make([]float64, len(lse))
+	for b := 0; b < a.B; b++ {
+		for h := 0; h < a.H; h++ {
+			for i := 0; i < a.Tq; i++ {
+				r := (b*a.H+h)*a.Tq + i
+				var top float64
+				for j := 0; j < a.Tk; j++ {
+					if causal && j > i {
+						continue
+					}
+					var dot float64
+					for d := 0; d < a.D; d++ {
+						dot += math.Abs(q[a.at(a.Tq, b, i, h)+d] * k[a.at(a.Tk, b, j, h)+d])
+					}
+					top = max(top, dot*scale)
+				}
+				t[r] = top + math.Abs(lse[r])
+			}
+		}
+	}
+	return t
+}
+
 // attnForwardBackward: the forward against RefAttention with o and lse
 // poisoned first; the backward (written, then accumulated, then with dk
 // not wanted) against RefAttentionBackward; nothing outside the gradient
@@ -333,8 +361,9 @@ func attnForwardBackward(s *Suite, dt tensor.DType, c attnCase, padding ...int) 
 	keep := RefAttnKeep(drop, attnDropStep, a)
 	s.NoErr("forward", s.E.AttentionForward(o, lse, q, k, v, c.causal, float32(scale), drop))
 	wantO, wantL := RefAttentionDrop(qv, kv, vv, a, c.causal, scale, keep, c.drop)
-	s.Close("o", s.Read(o), wantO, nil, s.Tol(dt))
-	s.Close("lse", s.Read(lse), wantL, nil, s.Tol(tensor.F32))
+	termO, _ := RefAttentionDrop(qv, kv, Abs(vv), a, c.causal, scale, keep, c.drop)
+	s.Close("o", s.Read(o), wantO, termO, s.Tol(dt))
+	s.Close("lse", s.Read(lse), wantL, attnLSETerms(qv, kv, wantL, a, c.causal, scale), s.Tol(tensor.F32))
 
 	do, dov := s.Rand(dt, 1, a.B, a.Tq, a.H, a.D)
 	wq, wk, wv := RefAttentionBackwardDrop(dov, qv, kv, vv, a, c.causal, scale, keep, c.drop)

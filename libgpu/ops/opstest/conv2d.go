@@ -2,6 +2,9 @@ package opstest
 
 import (
 	"fmt"
+	"math"
+
+	"gpukit/libgpu/device"
 
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
@@ -149,7 +152,149 @@ func checkConv2D(s *Suite) {
 			})
 		})
 	}
+	for _, dt := range s.DTypes() {
+		for _, c := range convFusedCases {
+			s.Run(fmt.Sprintf("%v/fused/x%dx%dx%dx%d→%d/G%d/norm=%v/nbias=%v/res=%v", dt, c.g.N, c.g.H, c.g.W, c.g.Cin, c.g.Cout,
+				c.groups, c.norm, c.nbias, c.res), func(s *Suite) { convFused(s, dt, c) })
+		}
+	}
+	for _, dt := range s.DTypes() {
+		s.Run(fmt.Sprintf("%v/convblock", dt), func(s *Suite) { convBlockGraphs(s, dt) })
+	}
 	s.Run("validation", convValidation)
+	s.Run("eval-graph-gradients", func(s *Suite) {
+		gr := ops.NewGraph(s.E, s.A, "", ops.GraphOptions{Eval: true})
+		defer gr.Free()
+		if err := gr.Build(true); err == nil {
+			s.T.Error("a forward-only graph built gradients")
+		}
+	})
+}
+
+// convBlockGraphs records Graph.ConvBlock (GroupNorm+SiLU, a per-sample
+// bias, a residual) in a forward-only graph (GraphOptions.Eval: one fused
+// node) and in a training graph (the separate ops) on the same tensors: the forward
+// outputs agree within the fused op's bound (bitwise on the host, where the
+// fused op runs the separate ops), and the training graph's backward runs.
+func convBlockGraphs(s *Suite, dt tensor.DType) {
+	g := ConvGeom{N: 2, H: 5, W: 6, Cin: 32, Cout: 24, KH: 3, KW: 3, S: 1, P: 1}
+	ho, wo := g.Out()
+	x, _ := s.Rand(dt, 1, g.N, g.H, g.W, g.Cin)
+	w, _ := s.Rand(dt, 0.5, g.Cout, g.KH, g.KW, g.Cin)
+	b, _ := s.Rand(dt, 1, g.Cout)
+	gw, _ := s.Rand(tensor.F32, 1, g.Cin)
+	gb, _ := s.Rand(tensor.F32, 1, g.Cin)
+	nb, _ := s.Rand(dt, 1, g.N, g.Cout)
+	r, _ := s.Rand(dt, 1, g.N, ho, wo, g.Cout)
+	run := func(train bool) []float64 {
+		gr := ops.NewGraph(s.E, s.A, "", ops.GraphOptions{Train: train, Eval: !train, Autocast: dt})
+		defer gr.Free()
+		var grads []*tensor.Tensor
+		param := func(name string, v *tensor.Tensor) *ops.Var {
+			if !train {
+				return gr.Param(name, v, nil)
+			}
+			d := s.Empty(v.DType, v.Shape...)
+			grads = append(grads, d)
+			return gr.Param(name, v, d)
+		}
+		y := gr.ConvBlock(param("x", x), &ops.ConvGN{W: param("gn.w", gw), B: param("gn.b", gb), Groups: 8, Eps: gnEps, SiLU: true},
+			param("w", w), param("b", b), param("nbias", nb), param("res", r), g.S, g.P)
+		var out []float64
+		if train {
+			gr.MSELoss(y, gr.Input("target", s.Empty(dt, g.N, ho, wo, g.Cout)))
+		}
+		s.NoErr("convblock build", gr.Build(train))
+		s.NoErr("convblock forward", gr.Forward())
+		out = s.Read(y.Value)
+		if train {
+			s.NoErr("convblock backward", gr.Backward())
+		}
+		return out
+	}
+	fused, sep := run(false), run(true)
+	if s.E.Device().Kind() == device.KindHost {
+		for i := range fused {
+			if fused[i] != sep[i] {
+				s.T.Fatalf("element %d: the evaluation graph's %v, the training graph's %v", i, fused[i], sep[i])
+			}
+		}
+		return
+	}
+	// A wiring check (convFused holds the op to float64 and its terms):
+	// errors relative to the largest output.
+	top := 0.0
+	for _, v := range sep {
+		top = max(top, math.Abs(v))
+	}
+	scale := make([]float64, len(sep))
+	for i := range scale {
+		scale[i] = top
+	}
+	s.Close("evaluation graph against training graph", fused, sep, scale, 2*convFwdTol(s, dt))
+}
+
+// convFusedCases reach Conv2DFused's CUDA paths in bf16: the implicit GEMM
+// with every fused term (Cin a multiple of 32, Cout even; stride 2; terms
+// left out), the composed ops where it does not apply (one output
+// channel, a small Cin), and every path in f32.
+var convFusedCases = []struct {
+	g                ConvGeom
+	groups           int
+	norm, nbias, res bool
+}{
+	{ConvGeom{N: 2, H: 5, W: 6, Cin: 32, Cout: 24, KH: 3, KW: 3, S: 1, P: 1}, 8, true, true, true},
+	{ConvGeom{N: 1, H: 7, W: 7, Cin: 64, Cout: 8, KH: 3, KW: 3, S: 2, P: 1}, 32, true, false, true},
+	{ConvGeom{N: 2, H: 4, W: 5, Cin: 32, Cout: 32, KH: 3, KW: 3, S: 1, P: 1}, 4, false, true, false},
+	{ConvGeom{N: 2, H: 4, W: 4, Cin: 64, Cout: 1, KH: 3, KW: 3, S: 1, P: 1}, 32, true, true, true},
+	{ConvGeom{N: 1, H: 5, W: 5, Cin: 3, Cout: 4, KH: 3, KW: 3, S: 1, P: 1}, 1, true, true, true},
+}
+
+// convFused checks Engine.Conv2DFused against the float64 GroupNorm+SiLU,
+// convolution and additions, with errors relative to the terms (the
+// convolution of |m(x)| with |w|, plus |b|, |nbias| and |res|).
+func convFused(s *Suite, dt tensor.DType, c struct {
+	g                ConvGeom
+	groups           int
+	norm, nbias, res bool
+}) {
+	g := c.g
+	ho, wo := g.Out()
+	x, xv := s.Rand(dt, 1, g.N, g.H, g.W, g.Cin)
+	w, wv := s.Rand(dt, 0.5, g.Cout, g.KH, g.KW, g.Cin)
+	b, bv := s.Rand(dt, 1, g.Cout)
+	f := ops.ConvFused{}
+	act := xv
+	if c.norm {
+		gw, gwv := s.Rand(tensor.F32, 1, g.Cin)
+		gb, gbv := s.Rand(tensor.F32, 1, g.Cin)
+		f.Groups, f.NormW, f.NormB, f.Eps, f.SiLU = c.groups, gw, gb, gnEps, true
+		act, _, _ = RefGroupNorm(xv, gwv, gbv, GNGeom{N: g.N, S: g.H * g.W, C: g.Cin, G: c.groups}, gnEps, true)
+	}
+	want := RefConv2D(act, wv, bv, g)
+	terms := RefConv2D(Abs(act), Abs(wv), Abs(bv), g)
+	if c.nbias {
+		nb, nbv := s.Rand(dt, 1, g.N, g.Cout)
+		f.NBias = nb
+		for i := range want {
+			j := (i/(ho*wo*g.Cout))*g.Cout + i%g.Cout
+			want[i] += nbv[j]
+			terms[i] += math.Abs(nbv[j])
+		}
+	}
+	if c.res {
+		r, rv := s.Rand(dt, 1, g.N, ho, wo, g.Cout)
+		f.Res = r
+		for i := range want {
+			want[i] += rv[i]
+			terms[i] += math.Abs(rv[i])
+		}
+	}
+	y := s.Empty(dt, g.N, ho, wo, g.Cout)
+	s.NoErr("conv2d fused", s.E.Conv2DFused(y, x, w, b, ops.Conv2DParams{Stride: g.S, Pad: g.P}, f))
+	// The normalised input is rounded to the activation dtype first, as a
+	// separate GroupNorm stores it: twice the convolution's bound.
+	s.Close("y", s.Read(y), want, terms, 2*convFwdTol(s, dt))
 }
 
 // convFwdTol is the relative error bound of a convolution's output: the
@@ -253,6 +398,10 @@ func convValidation(s *Suite) {
 		{"backward dy of the wrong shape", s.E.Conv2DBackward(nil, nil, nil, s.Empty(tensor.F32, 2, 5, 5, 3), x, w, ok, [3]bool{})},
 		{"backward dw of the wrong shape", s.E.Conv2DBackward(nil, s.Empty(tensor.F32, 4, 3, 3, 2), nil, y, x, w, ok, [3]bool{})},
 		{"backward dx of another dtype", s.E.Conv2DBackward(s.Empty(tensor.BF16, 2, 5, 5, 3), nil, nil, y, x, w, ok, [3]bool{})},
+		{"fused nbias of the wrong shape", s.E.Conv2DFused(y, x, w, nil, ok, ops.ConvFused{NBias: s.Empty(tensor.F32, 2, 3)})},
+		{"fused res of the wrong shape", s.E.Conv2DFused(y, x, w, nil, ok, ops.ConvFused{Res: s.Empty(tensor.F32, 2, 5, 5, 3)})},
+		{"fused groups not dividing Cin", s.E.Conv2DFused(y, x, w, nil, ok, ops.ConvFused{Groups: 2, Eps: 1e-5})},
+		{"fused negative eps", s.E.Conv2DFused(y, x, w, nil, ok, ops.ConvFused{Groups: 1, Eps: -1})},
 	} {
 		if c.err == nil {
 			s.T.Errorf("%s: accepted", c.what)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -69,14 +70,28 @@ func CheckFamilies(t *testing.T, dev device.Device, opts ops.Options, prepare fu
 	checkFamilies(t, dev, opts, prepare, seed(t))
 }
 
-// checkFamilies is CheckFamilies with the seed given.
-func checkFamilies(t *testing.T, dev device.Device, opts ops.Options, prepare func(t *testing.T), seed uint64) {
+// CheckFamily runs the registered family name's checks as CheckFamilies
+// runs them (a test that changes how an op runs: a kernel path).
+func CheckFamily(t *testing.T, name string, dev device.Device, opts ops.Options, prepare func(t *testing.T)) {
+	t.Helper()
+	if _, ok := families[name]; !ok {
+		t.Fatalf("opstest: no family %q (have %v)", name, Families())
+	}
+	checkFamilies(t, dev, opts, prepare, seed(t), name)
+}
+
+// checkFamilies is CheckFamilies with the seed given, for the families
+// only (all when none are named).
+func checkFamilies(t *testing.T, dev device.Device, opts ops.Options, prepare func(t *testing.T), seed uint64, only ...string) {
 	t.Helper()
 	e, err := ops.NewEngine(dev, opts)
 	if err != nil {
 		t.Fatalf("NewEngine(%v): %v", dev, err)
 	}
 	for i, name := range Families() {
+		if len(only) > 0 && !slices.Contains(only, name) {
+			continue
+		}
 		f := families[name]
 		t.Run(name, func(t *testing.T) {
 			if prepare != nil {

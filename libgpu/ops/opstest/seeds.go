@@ -15,14 +15,20 @@ import (
 // it is logged.
 func seed(t *testing.T) uint64 {
 	t.Helper()
+	return envSeed(t, "GPUKIT_OPSTEST_SEED", "opstest seed %d (set GPUKIT_OPSTEST_SEED to repeat)")
+}
+
+// envSeed is $env parsed when set, else a fresh draw, logged with format.
+func envSeed(t testing.TB, env, format string) uint64 {
+	t.Helper()
 	s := rand.Uint64()
-	if v := os.Getenv("GPUKIT_OPSTEST_SEED"); v != "" {
+	if v := os.Getenv(env); v != "" {
 		var err error
 		if s, err = strconv.ParseUint(v, 10, 64); err != nil {
-			t.Fatalf("GPUKIT_OPSTEST_SEED=%q: %v", v, err)
+			t.Fatalf("%s=%q: %v", env, v, err)
 		}
 	}
-	t.Logf("opstest seed %d (set GPUKIT_OPSTEST_SEED to repeat)", s)
+	t.Logf(format, s)
 	return s
 }
 
@@ -51,4 +57,12 @@ func CheckSeeds(t *testing.T, n int, dev device.Device, opts ops.Options, tol fl
 			t.Run("Families", func(t *testing.T) { checkFamilies(t, dev, opts, nil, s) })
 		})
 	}
+}
+
+// TestSeed is a test's seed for its random inputs: $GPUKIT_TEST_SEED when
+// set (to repeat a run whose log printed it), else a fresh draw. It is
+// logged either way.
+func TestSeed(t testing.TB) uint64 {
+	t.Helper()
+	return envSeed(t, "GPUKIT_TEST_SEED", "seed %d (GPUKIT_TEST_SEED repeats it)")
 }

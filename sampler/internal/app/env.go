@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/urfave/cli/v2"
 
@@ -22,6 +23,9 @@ type env struct {
 	m     *sample.Model
 	cast  tensor.DType
 	graph bool
+	// class is --class for the commands that have it (−1: all; the
+	// model's class count: the null class), else 0.
+	class int
 	close []func()
 }
 
@@ -32,7 +36,8 @@ func (v *env) Close() {
 }
 
 // setup reads the device, model and precision flags (--device, --pool,
-// --graph and --precision: libgpu/cli/devflag).
+// --graph and --precision: libgpu/cli/devflag), and --class against the
+// model's classes where the command has that flag.
 func setup(c *cli.Context) (*env, error) {
 	if err := kit.NoArgs(c); err != nil {
 		return nil, err
@@ -88,6 +93,21 @@ func setup(c *cli.Context) (*env, error) {
 		return nil, err
 	}
 	v.close = append(v.close, func() { v.m.Free() })
+	if hasFlag(c, classFlag.Name) {
+		if v.class, err = parseClass(c, v.m.Config.UNet.Classes); err != nil {
+			return nil, err
+		}
+	}
 	ok = true
 	return v, nil
+}
+
+// hasFlag reports whether the running command defines the flag name.
+func hasFlag(c *cli.Context, name string) bool {
+	for _, f := range c.Command.Flags {
+		if slices.Contains(f.Names(), name) {
+			return true
+		}
+	}
+	return false
 }

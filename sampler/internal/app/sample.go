@@ -47,10 +47,6 @@ func sampleCommand() *cli.Command {
 			}
 			defer v.Close()
 			cfg := v.m.Config.UNet
-			class, err := parseClass(c, cfg.Classes)
-			if err != nil {
-				return err
-			}
 			n, batch := c.Int("n"), c.Int("batch")
 			// The samples, and a grid and the --save file of them.
 			if err := checkMemory("n", int64(n), 3*4*int64(cfg.Size*cfg.Size*cfg.InChannels)); err != nil {
@@ -58,19 +54,14 @@ func sampleCommand() *cli.Command {
 			}
 			bar := newBar(c, "sample", runs(n, batch)*po.Steps)
 			defer bar.Done()
-			var gpuMS, wall float64
+			var ms float64 // GPU time on a GPU, else wall time
 			start := time.Now()
 			out, labels, err := sample.Generate(v.m, sample.GenOptions{Engine: v.e, Alloc: v.a, Plan: po, N: n, Batch: batch,
-				Class: class, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast, OnStep: func() { bar.Add(1) },
+				Class: v.class, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast, OnStep: func() { bar.Add(1) },
 				OnBatch: func(b sample.BatchStat) error {
-					gpuMS += float64(b.GPUMS)
-					wall += b.WallMS
-					ms := b.WallMS
-					if b.GPUMS > 0 {
-						ms = float64(b.GPUMS)
-					}
+					ms += b.MS()
 					return kit.JSONLine(c.App.Writer, map[string]any{"batch": b.Batch, "images": b.Images, "gpu_ms": round(float64(b.GPUMS), 3),
-						"wall_ms": round(b.WallMS, 3), "images_per_s": round(float64(b.Images)/ms*1000, 2)})
+						"wall_ms": round(b.WallMS, 3), "images_per_s": round(float64(b.Images)/b.MS()*1000, 2)})
 				}})
 			if err != nil {
 				return usageErr(err)
@@ -83,10 +74,6 @@ func sampleCommand() *cli.Command {
 				if err := sample.SaveSamples(p, out, labels, cfg.Size, v.m, po, c.Uint64("seed"), c.Int("batch")); err != nil {
 					return err
 				}
-			}
-			ms := gpuMS
-			if ms == 0 {
-				ms = wall
 			}
 			evals := float64(po.Steps)
 			if err := kit.JSONLine(c.App.Writer, map[string]any{"images": n, "scheduler": po.Scheduler.String(), "steps": po.Steps,

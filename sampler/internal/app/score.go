@@ -79,14 +79,7 @@ func scoreCommand() *cli.Command {
 			var ms float64
 			out, labels, err := sample.Generate(v.m, sample.GenOptions{Engine: v.e, Alloc: v.a, Plan: po, N: n, Batch: batch,
 				Class: -1, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast, OnStep: func() { bar.Add(1) },
-				OnBatch: func(b sample.BatchStat) error {
-					if b.GPUMS > 0 {
-						ms += float64(b.GPUMS)
-					} else {
-						ms += b.WallMS
-					}
-					return nil
-				}})
+				OnBatch: func(b sample.BatchStat) error { ms += b.MS(); return nil }})
 			if err != nil {
 				return usageErr(err)
 			}

@@ -2,12 +2,15 @@ package app
 
 import (
 	"fmt"
+	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
 	kit "gpukit/libgpu/cli"
+	"gpukit/libgpu/diffusion"
 	"gpukit/sampler/internal/sample"
 )
 
@@ -22,7 +25,11 @@ func videoCommand() *cli.Command {
 			"--class all morphs through the classes (frame f gets class f·10/frames). Writes an animated GIF\n" +
 			"(--out, played at --fps) and, with --frames-dir, one PNG per frame. JSON lines: one per frame\n" +
 			"{frame, class, gpu_ms, wall_ms} and a summary {frames, frames_per_s, frame_ms (median), out}.\n" +
-			"One image per frame: the latency of a frame is that of a batch-1 guided sampling loop.",
+			"One image per frame: the latency of a frame is that of a batch-1 guided sampling loop.\n" +
+			"--raw FILE streams each frame as it is made, as raw 8-bit gray pixels (S·S bytes a frame; - is\n" +
+			"stdout, and the JSON lines then go to stderr), e.g. for ffmpeg:\n" +
+			"  sampler video --ckpt m.safetensors --raw - | ffmpeg -f rawvideo -pix_fmt gray -s 32x32 -r 10 -i - v.mp4\n" +
+			"With --raw, --out is optional.",
 		Flags: append(append(modelFlags(), planFlags()...),
 			classFlag,
 			kit.IntAtLeast(&cli.IntFlag{Name: "frames", Value: 40, Usage: "frames"}, 1),
@@ -33,14 +40,27 @@ func videoCommand() *cli.Command {
 			kit.FloatWhere(&cli.Float64Flag{Name: "blend", Value: 0.2, Usage: "weight of the previous frame in each step's predicted x0 (0 ≤ W < 1)"},
 				"want 0 ≤ W < 1", func(v float64) bool { return v >= 0 && v < 1 }),
 			kit.IntAtLeast(&cli.IntFlag{Name: "first-steps", Value: 20, Usage: "steps of the first frame"}, 1),
-			&cli.StringFlag{Name: "out", Usage: "(required) the animated GIF"},
+			&cli.StringFlag{Name: "out", Usage: "the animated GIF (required unless --raw is given)"},
+			&cli.StringFlag{Name: "raw", Usage: "also stream every frame as raw 8-bit gray pixels to this file as it is made (-: stdout)"},
 			&cli.StringFlag{Name: "frames-dir", Usage: "also write frame_NNNN.png files here"},
 			kit.ForceFlag(),
 		),
 		Action: func(c *cli.Context) error {
-			po, err := outAndPlan(c)
+			raw := c.String("raw")
+			var po diffusion.PlanOptions
+			var err error
+			if raw != "" && !c.IsSet("out") {
+				po, err = planOptions(c)
+			} else {
+				po, err = outAndPlan(c)
+			}
 			if err != nil {
 				return err
+			}
+			if raw != "-" {
+				if err := checkOutFile(c, "raw"); err != nil {
+					return err
+				}
 			}
 			fps := c.Float64("fps") // --fps, --strength and --blend are checked as they are parsed
 			if !c.IsSet("steps") {
@@ -60,10 +80,6 @@ func videoCommand() *cli.Command {
 			}
 			defer v.Close()
 			cfg := v.m.Config.UNet
-			class, err := parseClass(c, cfg.Classes)
-			if err != nil {
-				return err
-			}
 			frames := c.Int("frames")
 			// Every frame is kept for the GIF (one byte a pixel) and passes
 			// through f32 once.
@@ -76,46 +92,69 @@ func videoCommand() *cli.Command {
 					return err
 				}
 			}
+			// Raw frames go to --raw as they are made; on stdout they take
+			// the JSON lines' place, which then go to stderr.
+			jsonOut := c.App.Writer
+			var rawOut io.Writer
+			switch raw {
+			case "":
+			case "-":
+				rawOut, jsonOut = c.App.Writer, c.App.ErrWriter
+			default:
+				f, err := os.Create(raw)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				rawOut = f
+			}
 			bar := newBar(c, "video", first.Steps+(frames-1)*po.Steps)
 			defer bar.Done()
 			anim := sample.NewAnimation(fps)
 			var times []float64
 			start := time.Now()
 			err = sample.Video(v.m, sample.VideoOptions{Engine: v.e, Alloc: v.a, First: first, Next: next, Frames: frames,
-				Class: class, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast, OnStep: func() { bar.Add(1) },
+				Class: v.class, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast, OnStep: func() { bar.Add(1) },
 				OnFrame: func(f int, cl int32, img []float32, st sample.BatchStat) error {
 					g := sample.Gray(img, 0, cfg.Size)
 					anim.Add(g)
+					if rawOut != nil {
+						if _, err := rawOut.Write(g.Pix); err != nil {
+							return fmt.Errorf("--raw: %w", err)
+						}
+					}
 					if dir != "" {
 						if err := sample.WritePNG(sample.FramePath(dir, f), g); err != nil {
 							return err
 						}
 					}
-					ms := st.WallMS
-					if st.GPUMS > 0 {
-						ms = float64(st.GPUMS)
-					}
 					if f > 0 {
-						times = append(times, ms)
+						times = append(times, st.MS())
 					}
-					return kit.JSONLine(c.App.Writer, map[string]any{"frame": f, "class": cl, "gpu_ms": round(float64(st.GPUMS), 3), "wall_ms": round(st.WallMS, 3)})
+					return kit.JSONLine(jsonOut, map[string]any{"frame": f, "class": cl, "gpu_ms": round(float64(st.GPUMS), 3), "wall_ms": round(st.WallMS, 3)})
 				}})
 			if err != nil {
 				return usageErr(err)
 			}
 			bar.Done()
-			if err := anim.Write(c.String("out")); err != nil {
-				return err
+			if c.String("out") != "" {
+				if err := anim.Write(c.String("out")); err != nil {
+					return err
+				}
 			}
 			elapsed := time.Since(start).Seconds()
 			med := median(times)
-			if err := kit.JSONLine(c.App.Writer, map[string]any{"frames": anim.Frames(), "frames_per_s": round(float64(anim.Frames())/elapsed, 2),
+			if err := kit.JSONLine(jsonOut, map[string]any{"frames": anim.Frames(), "frames_per_s": round(float64(anim.Frames())/elapsed, 2),
 				"frame_ms": round(med, 3), "steps": po.Steps, "strength": next.Strength, "blend": next.Blend, "out": c.String("out"),
 				"source": v.m.Source}); err != nil {
 				return err
 			}
+			wrote := c.String("out")
+			if raw != "" {
+				wrote = strings.TrimPrefix(wrote+" and "+map[bool]string{true: "stdout", false: raw}[raw == "-"]+" (raw)", " and ")
+			}
 			fmt.Fprintf(c.App.ErrWriter, "sampler: %d frames (%d steps each after the first; median %.2f ms a frame) on %v; wrote %s\n",
-				anim.Frames(), po.Steps, med, v.a.Device(), c.String("out"))
+				anim.Frames(), po.Steps, med, v.a.Device(), wrote)
 			return nil
 		},
 	}

@@ -36,6 +36,15 @@ type BatchStat struct {
 	WallMS float64 // host time from queuing to the images read back
 }
 
+// MS is the run's time in milliseconds: its GPU time where it was
+// measured (on a GPU), else its wall time.
+func (b BatchStat) MS() float64 {
+	if b.GPUMS > 0 {
+		return float64(b.GPUMS)
+	}
+	return b.WallMS
+}
+
 // Labels are the class labels of images [0, n) for class (−1: i mod classes).
 func Labels(n, class, classes int) []int32 {
 	y := make([]int32, n)

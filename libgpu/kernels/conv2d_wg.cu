@@ -1,0 +1,278 @@
+// conv2d_wg.cu: 2-D convolution as implicit GEMMs on Hopper's warpgroup
+// MMA (sm_90a), beside conv2d.cu's mma.sync kernel: the forward (and, on
+// flipped filters, the stride-1 input gradient) and the weight gradient,
+// channels-last bf16 with f32 accumulation. A file of its own so that a
+// module that does not build leaves conv2d.cu's kernels working:
+// libgpu/ops/conv2d.go launches these only when this module has them
+// (convHopper).
+#include "common.cuh"
+#include "conv2d.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+#ifndef CONV_DYN_SMEM
+#define CONV_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+// conv_wg_fwd_<BN> computes conv_igemm_fwd's product (same arguments, same
+// gather, zeros off the image) with Hopper's warpgroup MMA, on the
+// mainloop of groupedgemm.cu's gg_wg (after CUTLASS 3.x's SM90 implicit
+// GEMM, which gathers its A tiles the same way, and its multistage
+// cp.async collective): a block computes 128 output pixels × BN output
+// channels with 2 warpgroups of 64 rows; K = (kh, kw, ci) in steps of 64
+// channels of one tap (Cin a multiple of 64, so a step never straddles
+// taps and an A row is 128 contiguous bytes of x); a STAGES-deep ring of
+// cp.async copies into 128-byte-swizzled K-major tiles (the layout
+// wgmma.cuh's descriptors name), STAGES − 2 steps in flight ahead of the
+// MMA and one wgmma group outstanding. A fused input map is applied by
+// each thread to its own landed A chunks (conv_prologue). The epilogue
+// adds the bias (and the fused per-sample bias and residual, conv_out2)
+// and stores (or adds, with acc) bf16 pairs: Cout a multiple of 8; filter rows
+// past Cout read as zeros and their columns are not stored. Shared memory
+// (dynamic, 1 KiB of slack for the 1024-byte alignment): STAGES × (16 KiB
+// + BN·128 bytes). ops/conv2d.go launches it when the shape allows (and
+// conv_wg_dw below for the weight gradient), else conv2d.cu's
+// conv_igemm_fwd; conv_wg_unavailable marks a module built
+// without wgmma (scripts/cuda-check.sh compiles the wgmma code with
+// GPUKIT_CHECK_SM90 defined).
+#ifdef GPUKIT_WGMMA
+#define CW_BM 128
+#define CW_BK 64
+#define CW_THREADS 256
+
+// cw_mainloop runs a kernel's k-steps 0..nk−1 into the accumulators d (the
+// warpgroup's 64 × BN product, wgmma.cuh's fragment layout): load(ks, st)
+// queues the cp.async copies of k-step ks into stage st (A, CW_BM × CW_BK,
+// at st; B, BN × CW_BK, at st + 16 KiB; K-major for T = 0, MN-major panels
+// for T = 1), a ring of STAGES stages from s0 with STAGES − 2 steps in
+// flight ahead of the MMA and one wgmma group outstanding (a stage is
+// rewritten two steps after the wgmma that read it was issued, by then
+// retired by its wait_group 1). pro(ks, st) runs in every thread once its
+// own copies of k-step ks have landed, before the barrier and proxy fence
+// that hand stage st to the MMA: the fused input map of conv_wg_fwd.
+// Every thread of the block calls it.
+template <int BN, int STAGES, int TA, int TB, typename Load, typename Pro>
+__device__ __forceinline__ void cw_mainloop(float* d, int nk, unsigned s0, Load load, Pro pro) {
+  static_assert(STAGES >= 3, "cw_mainloop needs a stage in flight beside the two in use");
+  constexpr int LEAD = STAGES - 2;
+  constexpr unsigned AT = CW_BM * CW_BK * 2, ST = AT + BN * CW_BK * 2;
+  const int wg = threadIdx.x >> 7;
+  int pk = 0;  // k-steps queued
+  auto produce = [&]() {
+    if (pk < nk) load(pk, s0 + (pk % STAGES) * ST);
+    pk++;
+    gpukit_cp_commit();  // one group per step, empty past the end: wait counts stay uniform
+  };
+#pragma unroll 1
+  for (int i = 0; i < LEAD; i++) produce();
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+#pragma unroll 1
+  for (int ks = 0; ks < nk; ks++) {
+    const unsigned st = s0 + (ks % STAGES) * ST;
+    gpukit_cp_wait<LEAD - 1>();
+    pro(ks, st);
+    gpukit_fence_proxy_async();
+    __syncthreads();
+    produce();
+    gpukit_keep_f<BN / 2>(d);
+    gpukit_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < CW_BK / 16; kk++) {
+      const gpukit_u64 da = TA ? gpukit_wg_desc(st + wg * (CW_BK * 128) + kk * 2048, CW_BK * 128, 1024)
+                               : gpukit_wg_desc(st + wg * 64 * 128 + kk * 32, 16, 1024);
+      const gpukit_u64 db = TB ? gpukit_wg_desc(st + AT + kk * 2048, CW_BK * 128, 1024)
+                               : gpukit_wg_desc(st + AT + kk * 32, 16, 1024);
+      gpukit_wg_ss<BN, TA, TB>::mma(d, da, db, 1);
+    }
+    gpukit_wg_commit();
+    gpukit_wg_wait<1>();
+    gpukit_keep_f<BN / 2>(d);
+  }
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<BN / 2>(d);
+  gpukit_cp_wait0();  // the empty groups queued past the end
+}
+
+// cw_swz is the byte offset of 16-byte chunk c of row r of a 128-byte-row
+// tile in 128-byte swizzle (wgmma.cuh).
+__device__ __forceinline__ unsigned cw_swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+template <int BN, int STAGES>
+__device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
+  static_assert(BN % 32 == 0, "conv_wg_fwd tile");
+  constexpr unsigned AT = CW_BM * CW_BK * 2;
+  CONV_DYN_SMEM(conv_smem);
+  const unsigned s0 = (gpukit_smem_addr(conv_smem) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const long long P = (long long)a.n * a.ho * a.wo;
+  const long long p0 = (long long)blockIdx.x * CW_BM;
+  const int co0 = blockIdx.y * BN;
+  const int K = a.kh * a.kw * a.cin, cpt = a.cin / CW_BK;
+  const int cc = tid & 7;  // this thread's 16-byte chunk of a 128-byte tile row
+
+  // The A rows (output pixels) and W rows (output channels) this thread
+  // copies, fixed for the block: rows tid/8 + 32·i.
+  conv_pix arow[CW_BM / 32];
+#pragma unroll
+  for (int i = 0; i < CW_BM / 32; i++) arow[i] = conv_pixel(a, p0 + (tid >> 3) + 32 * i);
+  bool brow[BN / 32];
+  const gpukit_bf16* wrow[BN / 32];
+#pragma unroll
+  for (int i = 0; i < BN / 32; i++) {
+    const int co = co0 + (tid >> 3) + 32 * i;
+    brow[i] = co < a.cout;
+    wrow[i] = a.w + (long long)(brow[i] ? co : 0) * K + 8 * cc;
+  }
+  float d[BN / 2];
+  const unsigned sbase = gpukit_smem_addr(conv_smem);
+  cw_mainloop<BN, STAGES, 0, 0>(
+      d, K / CW_BK, s0,
+      [&](int ks, unsigned st) {
+        const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
+        const int dh = tap / a.kw, dw = tap - dh * a.kw;
+#pragma unroll
+        for (int i = 0; i < CW_BM / 32; i++) {
+          const gpukit_bf16* src = conv_src(a, arow[i], dh, dw, ci0 + 8 * cc);
+          gpukit_cp16(st + cw_swz((tid >> 3) + 32 * i, cc), src ? src : a.x, src != nullptr);
+        }
+#pragma unroll
+        for (int i = 0; i < BN / 32; i++) {
+          gpukit_cp16(st + AT + cw_swz((tid >> 3) + 32 * i, cc), brow[i] ? wrow[i] + (long long)ks * CW_BK : a.w, brow[i]);
+        }
+      },
+      [&](int ks, unsigned st) {  // the fused input map on this thread's landed A chunks in the image
+        if (!a.pro_scale) return;
+        const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
+        const int dh = tap / a.kw, dw = tap - dh * a.kw;
+#pragma unroll
+        for (int i = 0; i < CW_BM / 32; i++) {
+          if (conv_src(a, arow[i], dh, dw, ci0 + 8 * cc))
+            conv_prologue(conv_smem + (st - sbase) + cw_swz((tid >> 3) + 32 * i, cc), a, arow[i].img, ci0 + 8 * cc);
+        }
+      });
+
+  // Epilogue: rows 64·wg + 16·warp + lane/4 (+8), channels 8j + 2·(lane%4).
+  const long long rbase = p0 + wg * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++) {
+    const int n = co0 + 8 * j + 2 * (lane & 3);
+    if (n >= a.cout) continue;
+    float b0 = 0.0f, b1 = 0.0f;
+    if (a.bias) {
+      b0 = gpukit_ld(a.bias + n);
+      b1 = gpukit_ld(a.bias + n + 1);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const long long row = rbase + 8 * h;
+      if (row < P) conv_out2(a, row, n, d[4 * j + 2 * h] + b0, d[4 * j + 2 * h + 1] + b1);
+    }
+  }
+}
+
+// conv_wg_dw_<BN>: the weight gradient as an implicit GEMM on wgmma,
+//
+//   part[z][co][k] = Σ_{p in split z} dY[p, co]·A[p, k],  k = (kh, kw, ci),
+//
+// A the gathered input of conv_igemm_fwd (zeros off the image): M = Cout
+// (128 a block, two warpgroups of 64), N = BN channels of one tap (Cin a
+// multiple of BN), and the reduction over the output pixels P in k-steps
+// of 64, split over gridDim.z ranges of a.chunk pixels (a multiple of 64)
+// so that a layer with few (Cout × K) tiles still fills the GPU. Both
+// operands are MN-major in shared memory (dY's rows are 64-channel runs of
+// one pixel, the gathered input's rows BN-channel runs), in the layout and
+// ring of groupedgemm.cu's dw pass. Each split writes f32 partial sums;
+// conv_dw_reduce adds them in split order (deterministic, no atomics).
+// Cout a multiple of 8.
+struct conv_wg_dw_args {
+  const gpukit_bf16* x;   // [N, H, W, Cin]
+  const gpukit_bf16* dy;  // [N, Ho, Wo, Cout]
+  float* part;            // [gridDim.z, Cout, KH·KW·Cin]
+  int n, h, w_, cin;
+  int ho, wo, cout, kh;
+  int kw, stride, pad, chunk;
+};
+static_assert(sizeof(conv_wg_dw_args) == 72, "conv_wg_dw_args layout: launch.ConvWgDwArgs is generated from it (go generate ./libgpu/kernels/launch)");
+
+template <int BN, int STAGES>
+__device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
+  static_assert(BN % 64 == 0, "conv_wg_dw tile");
+  constexpr unsigned AT = CW_BK * CW_BM * 2;
+  CONV_DYN_SMEM(conv_smem);
+  const unsigned s0 = (gpukit_smem_addr(conv_smem) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const long long P = (long long)a.n * a.ho * a.wo;
+  const int K = a.kh * a.kw * a.cin;
+  const int m0 = blockIdx.x * CW_BM, n0 = blockIdx.y * BN;
+  const int tap = n0 / a.cin, ci0 = n0 - tap * a.cin, dh = tap / a.kw, dw = tap - dh * a.kw;
+  const long long pbeg = (long long)blockIdx.z * a.chunk, pend = P < pbeg + a.chunk ? P : pbeg + a.chunk;
+  const int nk = pend > pbeg ? (int)((pend - pbeg + CW_BK - 1) / CW_BK) : 0;
+  float d[BN / 2];
+  // k-step ks: 64 pixels × 128 output channels of dY (16 chunks a row, two
+  // panels of 64) and × BN gathered input channels (BN/64 panels).
+  cw_mainloop<BN, STAGES, 1, 1>(
+      d, nk, s0,
+      [&](int ks, unsigned st) {
+    const long long pk = pbeg + (long long)ks * CW_BK;
+    {
+      const int c = tid & 15;
+#pragma unroll
+      for (int i = 0; i < CW_BK / 16; i++) {
+        const int r = (tid >> 4) + 16 * i, co = m0 + 8 * c;
+        const long long p = pk + r;
+        const bool ok = p < pend && co < a.cout;
+        gpukit_cp16(st + (c >> 3) * (CW_BK * 128) + cw_swz(r, c & 7), ok ? a.dy + p * a.cout + co : a.dy, ok);
+      }
+    }
+    constexpr int CPR = BN / 8, RPP = CW_THREADS / CPR;
+    const int c = tid % CPR;
+#pragma unroll
+    for (int i = 0; i < CW_BK / RPP; i++) {
+      const int r = tid / CPR + RPP * i;
+      const long long p = pk + r;
+      const gpukit_bf16* src = p < pend ? conv_src(a, conv_pixel(a, p), dh, dw, ci0 + 8 * c) : nullptr;
+      gpukit_cp16(st + AT + (c >> 3) * (CW_BK * 128) + cw_swz(r, c & 7), src ? src : a.x, src != nullptr);
+    }
+      },
+      [](int, unsigned) {});
+
+  // Epilogue: output channel rows 64·wg + 16·warp + lane/4 (+8), columns
+  // n0 + 8j + 2·(lane%4) of K; a split with no pixels writes zeros.
+  float* part = a.part + (long long)blockIdx.z * a.cout * K;
+  const int rbase = m0 + wg * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++) {
+    const int n = n0 + 8 * j + 2 * (lane & 3);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int co = rbase + 8 * h;
+      if (co >= a.cout) continue;
+      float2 v;
+      v.x = d[4 * j + 2 * h];
+      v.y = d[4 * j + 2 * h + 1];
+      *(float2*)(part + (long long)co * K + n) = v;
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_dw_64(const conv_wg_dw_args a) { conv_wg_dw<64, 4>(a); }
+extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_dw_128(const conv_wg_dw_args a) { conv_wg_dw<128, 4>(a); }
+extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_64(const conv_igemm_args a) { conv_wg_fwd<64, 4>(a); }
+extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_128(const conv_igemm_args a) { conv_wg_fwd<128, 4>(a); }
+extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_256(const conv_igemm_args a) { conv_wg_fwd<256, 4>(a); }
+#else
+// Compiled for a target without wgmma: ops/conv2d.go finds this marker and
+// launches conv_igemm_fwd instead.
+extern "C" __global__ void conv_wg_unavailable() {}
+#endif  // GPUKIT_WGMMA
+
+// conv_dw_reduce: dw[i] = (acc ? dw[i] : 0) + Σ_z part[z·n + i] for i < n,
+// the splits of conv_wg_dw added in order (f32).
+extern "C" __global__ void conv_dw_reduce(float* __restrict__ dw, const float* __restrict__ part, long long n, int splits, int acc) {
+  GPUKIT_GRID_STRIDE(i, n) {
+    float s = acc ? dw[i] : 0.0f;
+    for (int z = 0; z < splits; z++) s += part[(long long)z * n + i];
+    dw[i] = s;
+  }
+}

@@ -1,0 +1,143 @@
+package ops
+
+// Convolution path selection. A bf16 convolution's forward can run as the
+// wgmma implicit GEMM (conv2d_wg.cu, sm_90a), the mma.sync implicit GEMM
+// (conv_igemm_fwd) or im2col + cuBLASLt, and which is fastest depends on
+// the shape (on an H100, 2026-11-23: the implicit GEMM 0.299 ms against
+// im2col's 0.623 at 512×32²×64→64, but 0.268 against 0.166 at
+// 512×8²×256→256). With convTune on, the first time the CUDA backend runs
+// a shape's forward eagerly it times each path convPath allows for it
+// (writing the caller's output, which the chosen path then writes again:
+// no side effects, no extra memory) and keeps the fastest; the choice is kept in the GEMM family's table beside the kernel
+// cache (gemm-algos.json, key "conv|..."), so every later process on the
+// machine takes the same path and runs stay bitwise reproducible across
+// processes, as the GEMM algorithms do. A forward first met during stream
+// capture runs convPath's own choice (and is tuned at its next eager run,
+// as gemmtune does). The backward keeps convPath's choice.
+//
+// GPUKIT_CONV_TUNE=1 turns it on: off until it has run on a GPU machine.
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"slices"
+
+	"gpukit/libgpu/cuda"
+	"gpukit/libgpu/exec"
+	"gpukit/libgpu/tensor"
+)
+
+// convTune: see the file comment.
+var convTune = os.Getenv("GPUKIT_CONV_TUNE") == "1"
+
+const convTuneReps = 3 // timed runs per candidate after a warm-up (the minimum is kept)
+
+// convTuner is a CUDA backend's per-shape forward path.
+type convTuner struct {
+	choice map[string]int
+}
+
+// convFwdCandidates lists the paths convPath allows for the forward of s,
+// convPath's own choice first: wgmma where wgOK, the mma.sync implicit
+// GEMM where igemmOK, and im2col + cuBLASLt (which runs every shape; a
+// pointwise convolution is one GEMM whatever the path).
+func (c *cudaImpl) convFwdCandidates(y, x, w, b *tensor.Tensor, s *convShape) []int {
+	if s.pointwise || convPath == convIm2col {
+		return []int{convIm2col}
+	}
+	var ps []int
+	if igemmOK(convWG, s.cin, s.cout, x, w, y, b) && c.wgOK(convPath, s.cin, s.cout) {
+		ps = append(ps, convWG)
+	}
+	if igemmOK(convMMA, s.cin, s.cout, x, w, y, b) {
+		ps = append(ps, convMMA)
+	}
+	return append(ps, convIm2col)
+}
+
+// convTuneKey names the forward of s on this device for dtype dt under
+// convPath.
+func (c *cudaImpl) convTuneKey(dt tensor.DType, s *convShape) string {
+	return fmt.Sprintf("conv|%s|fwd|%v|n%d h%d w%d cin%d cout%d k%dx%d s%d p%d|policy%d", c.Device(), dt,
+		s.n, s.h, s.w, s.cin, s.cout, s.kh, s.kw, s.stride, s.pad, convPath)
+}
+
+// convFwdPath is the path of the forward of s: convPath's choice, or with
+// convTune the fastest candidate (see the file comment).
+func (c *cudaImpl) convFwdPath(e *Engine, y, x, w, b *tensor.Tensor, s *convShape) (int, error) {
+	cands := c.convFwdCandidates(y, x, w, b, s)
+	if len(cands) < 2 || !convTune {
+		return cands[0], nil
+	}
+	t := exec.StateOf[convTuner](c.CUDA)
+	if t.choice == nil {
+		t.choice = map[string]int{}
+	}
+	key := c.convTuneKey(x.DType, s)
+	if p, ok := t.choice[key]; ok {
+		return p, nil
+	}
+	if p, ok := lookupChoice(key); ok && slices.Contains(cands, p) {
+		t.choice[key] = p
+		return p, nil
+	}
+	if capturing, err := c.Stream().IsCapturing(); err != nil || capturing {
+		return cands[0], nil // tuned at the next eager run
+	}
+	best, err := c.timeConvPaths(e, y, x, w, b, s, cands)
+	if err != nil {
+		return 0, err
+	}
+	if p := saveChoice(key, best); slices.Contains(cands, p) { // another process's choice wins
+		best = p
+	}
+	t.choice[key] = best
+	return best, nil
+}
+
+// timeConvPaths runs the forward of s on each candidate path into y, once
+// to warm up and convTuneReps times between CUDA events, and returns the
+// fastest path (the caller then runs it into y).
+func (c *cudaImpl) timeConvPaths(e *Engine, y, x, w, b *tensor.Tensor, s *convShape, cands []int) (int, error) {
+	start, err := cuda.EventCreate(cuda.EventDefault)
+	if err != nil {
+		return 0, err
+	}
+	defer start.Destroy()
+	end, err := cuda.EventCreate(cuda.EventDefault)
+	if err != nil {
+		return 0, err
+	}
+	defer end.Destroy()
+	best, bestMS := cands[0], math.Inf(1)
+	for _, p := range cands {
+		if err := c.conv2dOn(e, p, y, x, w, b, s); err != nil { // warm-up: compiles, tunes its GEMMs
+			return 0, err
+		}
+		ms := math.Inf(1)
+		for r := 0; r < convTuneReps; r++ {
+			if err := start.Record(c.Stream()); err != nil {
+				return 0, err
+			}
+			if err := c.conv2dOn(e, p, y, x, w, b, s); err != nil {
+				return 0, err
+			}
+			if err := end.Record(c.Stream()); err != nil {
+				return 0, err
+			}
+			if err := end.Synchronize(); err != nil {
+				return 0, err
+			}
+			t, err := cuda.EventElapsed(start, end)
+			if err != nil {
+				return 0, err
+			}
+			ms = math.Min(ms, float64(t))
+		}
+		if ms < bestMS {
+			best, bestMS = p, ms
+		}
+	}
+	return best, nil
+}
