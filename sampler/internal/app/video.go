@@ -31,7 +31,7 @@ func videoCommand() *cli.Command {
 			"  sampler video --ckpt m.safetensors --raw - | ffmpeg -f rawvideo -pix_fmt gray -s 32x32 -r 10 -i - v.mp4\n" +
 			"With --raw, --out is optional.",
 		Flags: append(append(modelFlags(), planFlags()...),
-			classFlag,
+			classFlag, randomFlag,
 			kit.IntAtLeast(&cli.IntFlag{Name: "frames", Value: 40, Usage: "frames"}, 1),
 			kit.FloatWhere(&cli.Float64Flag{Name: "fps", Value: 10, Usage: "GIF frames per second (0 < fps ≤ 100)"},
 				"want 0 < fps ≤ 100", func(v float64) bool { return v > 0 && v <= 100 }),
