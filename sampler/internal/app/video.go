@@ -156,12 +156,19 @@ func videoCommand() *cli.Command {
 				"source": v.m.Source}); err != nil {
 				return err
 			}
-			wrote := c.String("out")
-			if raw != "" {
-				wrote = strings.TrimPrefix(wrote+" and "+map[bool]string{true: "stdout", false: raw}[raw == "-"]+" (raw)", " and ")
+			var wrote []string
+			if out := c.String("out"); out != "" {
+				wrote = append(wrote, out)
+			}
+			switch raw {
+			case "":
+			case "-":
+				wrote = append(wrote, "stdout (raw)")
+			default:
+				wrote = append(wrote, raw+" (raw)")
 			}
 			fmt.Fprintf(c.App.ErrWriter, "sampler: %d frames (%d steps each after the first; median %.2f ms a frame) on %v; wrote %s\n",
-				anim.Frames(), po.Steps, med, v.a.Device(), wrote)
+				anim.Frames(), po.Steps, med, v.a.Device(), strings.Join(wrote, " and "))
 			return nil
 		},
 	}
