@@ -28,10 +28,16 @@ __device__ __forceinline__ bool pc_locate(pc_geom g, long long e, int* i, int* j
 //   v ← v + g² (adagrad) or β2·v + (1−β2)·g²
 //   mh = m/bc1 (g when beta1 = 0);  a = mh/(√(v/bc2) + eps)
 //   gs = g, gb = mh, ga = a     (blocked; padding gets 0)
-// bc1 = 1−β1ᵗ, bc2 = 1−β2ᵗ (1 for adagrad).
+// bc1 = 1−β1ᵗ, bc2 = 1−β2ᵗ (1 for adagrad): the arguments, or, when bc is
+// not null, bc[0] and bc[1] as a step counter's kernel left them on the
+// device (adamw_step), so a replayed graph follows the counter.
 extern "C" __global__ void shampoo_prep(pc_geom geo, const float* g, float* m, float* v, float* gs, float* gb,
                                         float* ga, long long total, float beta1, float beta2, float bc1, float bc2,
-                                        float eps, int adagrad) {
+                                        const float* bc, float eps, int adagrad) {
+  if (bc) {
+    bc1 = bc[0];
+    bc2 = adagrad ? 1.0f : bc[1];
+  }
   GPUKIT_GRID_STRIDE(e, total) {
     int i, j;
     if (!pc_locate(geo, (long long)e, &i, &j)) {
@@ -96,9 +102,11 @@ extern "C" __global__ void pc_graft_scale(const float* part, int chunks, int blo
 
 // block_apply: per real element (i, j) of P (total = m·n):
 //   p ← p − lr·(coef·scale[b]·d[blocked(i, j)] + wd·p)
-// scale may be null (1).
+// scale may be null (1); lr_scale, when not null, multiplies lr (a device
+// learning-rate schedule, as adamw_multi's).
 extern "C" __global__ void block_apply(pc_geom geo, float* p, const float* d, const float* scale, long long total,
-                                       float lr, float coef, float wd) {
+                                       float lr, const float* lr_scale, float coef, float wd) {
+  if (lr_scale) lr *= *lr_scale;
   GPUKIT_GRID_STRIDE(k, total) {
     int i = (int)(k / geo.n), j = (int)(k % geo.n);
     int bi = i / geo.br, bj = j / geo.bc;

@@ -71,7 +71,10 @@ func (b Blocking) valid() error {
 // ShampooPrep is the first element-wise step of Shampoo (see
 // Engine.ShampooPrep). G, M, V are [M, N] f32 (M and V optimizer state,
 // updated in place; M unused when Beta1 is 0); GS, GB, GA are blocked f32
-// outputs. T is the step number, from 1.
+// outputs. T is the step number, from 1; or BC, when set, holds the bias
+// corrections on the device ([2] f32: 1−β1ᵗ, 1−β2ᵗ, as Engine.StepCounter
+// leaves them), so that a captured step follows the device's counter, and
+// T is not read.
 type ShampooPrep struct {
 	G, M, V    *tensor.Tensor
 	GS, GB, GA *tensor.Tensor
@@ -80,6 +83,7 @@ type ShampooPrep struct {
 	Beta2      float32
 	Eps        float32
 	T          int
+	BC         *tensor.Tensor
 	AdaGrad    bool
 }
 
@@ -115,16 +119,31 @@ func (e *Engine) ShampooPrep(s ShampooPrep) error {
 			return err
 		}
 	}
-	if !(s.Beta1 >= 0 && s.Beta1 < 1 && s.Beta2 > 0 && s.Beta2 <= 1 && s.Eps > 0 && s.T >= 1) {
+	if !(s.Beta1 >= 0 && s.Beta1 < 1 && s.Beta2 > 0 && s.Beta2 <= 1 && s.Eps > 0 && (s.T >= 1 || s.BC != nil)) {
 		return fmt.Errorf("%w: shampoo prep β1 %v, β2 %v, ε %v, t %d", ErrConfig, s.Beta1, s.Beta2, s.Eps, s.T)
 	}
-	bc1 := float32(1 - math.Pow(float64(s.Beta1), float64(s.T)))
-	bc2 := float32(1 - math.Pow(float64(s.Beta2), float64(s.T)))
+	if s.BC != nil {
+		if err := e.check("shampoo prep BC", s.BC, tensor.F32, 2); err != nil {
+			return err
+		}
+	}
+	var bc1, bc2 float32
+	if s.BC == nil {
+		bc1 = float32(1 - math.Pow(float64(s.Beta1), float64(s.T)))
+		bc2 = float32(1 - math.Pow(float64(s.Beta2), float64(s.T)))
+	}
 	if s.AdaGrad {
 		bc2 = 1
 	}
 	total := int64(s.Blk.Count() * s.Blk.BR * s.Blk.BC)
 	return e.dispatch(func(*hostImpl) error {
+		if s.BC != nil {
+			bc, _ := s.BC.F32()
+			bc1 = bc[0]
+			if !s.AdaGrad {
+				bc2 = bc[1]
+			}
+		}
 		g, _ := s.G.F32()
 		v, _ := s.V.F32()
 		var m []float32
@@ -160,7 +179,7 @@ func (e *Engine) ShampooPrep(s ShampooPrep) error {
 		geo := s.Blk.geom()
 		return launch.ShampooPrep(c, gridFor(total, 256), block1(256), 0,
 			&geo, devPtr(s.G), devPtr(s.M), devPtr(s.V), devPtr(s.GS), devPtr(s.GB), devPtr(s.GA), total,
-			s.Beta1, s.Beta2, bc1, bc2, s.Eps, launch.Bool(s.AdaGrad))
+			s.Beta1, s.Beta2, bc1, bc2, devPtr(s.BC), s.Eps, launch.Bool(s.AdaGrad))
 	})
 }
 
@@ -228,13 +247,14 @@ type BlockApply struct {
 	P, D, Scale     *tensor.Tensor
 	Blk             Blocking
 	LR, Coef, Decay float32
+	LRScale         *tensor.Tensor // [1] f32 on the device multiplying LR (a schedule), or nil
 }
 
 // BlockApply updates P ([M, N] f32) in place from the blocked direction D
 // ([Count, BR, BC] f32) and an optional per-block factor Scale ([Count]
 // f32, nil: 1):
 //
-//	p ← p − LR·(Coef·Scale[b]·D[b, r, c] + Decay·p)
+//	p ← p − lr·(Coef·Scale[b]·D[b, r, c] + Decay·p),   lr = LR·LRScale[0] (LR without LRScale)
 //
 // for every element (i, j) of P in block b at (r, c): the decoupled weight
 // decay of Loshchilov & Hutter 2019 with the step of a preconditioned
@@ -254,8 +274,18 @@ func (e *Engine) BlockApply(a BlockApply) error {
 			return err
 		}
 	}
+	if a.LRScale != nil {
+		if err := e.check("block apply LRScale", a.LRScale, tensor.F32, 1); err != nil {
+			return err
+		}
+	}
 	total := int64(a.Blk.M * a.Blk.N)
 	return e.dispatch(func(*hostImpl) error {
+		lr := a.LR
+		if a.LRScale != nil {
+			ls, _ := a.LRScale.F32()
+			lr *= ls[0]
+		}
 		p, _ := a.P.F32()
 		d, _ := a.D.F32()
 		var sc []float32
@@ -270,14 +300,14 @@ func (e *Engine) BlockApply(a BlockApply) error {
 				if sc != nil {
 					s = sc[b/per]
 				}
-				p[k] -= a.LR * (a.Coef*s*d[b] + a.Decay*p[k])
+				p[k] -= lr * (a.Coef*s*d[b] + a.Decay*p[k])
 			}
 		}
 		return nil
 	}, func(c *cudaImpl) error {
 		geo := a.Blk.geom()
 		return launch.BlockApply(c, gridFor(total, 256), block1(256), 0,
-			&geo, devPtr(a.P), devPtr(a.D), devPtr(a.Scale), total, a.LR, a.Coef, a.Decay)
+			&geo, devPtr(a.P), devPtr(a.D), devPtr(a.Scale), total, a.LR, devPtr(a.LRScale), a.Coef, a.Decay)
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"gpukit/libgpu/cuda/cudatest"
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/ops/opstest"
 	"gpukit/libgpu/optim"
@@ -273,5 +274,75 @@ func soapBasesFed(t *testing.T, p *problem, tol, diagTol float64) {
 	t.Logf("largest error %.3g of the update (tol %g)", worst, tol)
 	if st := o.RootStats(); st.Failures != 0 || st.F64 != 0 {
 		t.Errorf("basis refreshes %+v: failures", st)
+	}
+}
+
+// TestCUDAShampooPhaseGraphs: Shampoo's steps replayed from a CUDA graph
+// per phase (optim.Phaser: the driver's GPUKIT_OPTIM_PHASES=1) leave the
+// parameters bitwise as eager steps do, with synchronous and asynchronous
+// refreshes, and the device's step counter ends where the host's is.
+func TestCUDAShampooPhaseGraphs(t *testing.T) {
+	cudatest.RequireGPU(t)
+	for _, mod := range []func(*optim.Spec){
+		func(s *optim.Spec) {},
+		func(s *optim.Spec) { s.Async, s.MaxStaleness = true, 2 },
+	} {
+		run := func(graphs bool) ([][]float64, int) {
+			p := gpuProblem(t, ops.PrecTF32, gpuShapes...)
+			gpuNames(p)
+			r := rand.New(rand.NewPCG(91, 92))
+			p.set(draws(r, 1, p.shapes))
+			spec := gpuSpec(t, "shampoo", mod)
+			spec.UpdateFreq = 4
+			o, err := optim.New(p.a, "run", p.params, nil, spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer o.Free()
+			sh := o.(*optim.Shampoo)
+			seen := map[int]bool{}
+			gs := map[int]*exec.CapturedGraph{}
+			defer func() {
+				for _, g := range gs {
+					g.Close()
+				}
+			}()
+			replays := 0
+			for step := 1; step <= 14; step++ {
+				p.grads(draws(r, 1, p.shapes))
+				ph := sh.NextPhase()
+				switch {
+				case !graphs || ph < 0 || !seen[ph]:
+					seen[ph] = true
+					err = sh.Step(p.e)
+				case gs[ph] == nil:
+					if gs[ph], err = p.e.Capture(func() error { return sh.Step(p.e) }); err == nil {
+						err = gs[ph].Launch()
+					}
+				default:
+					err = gs[ph].Launch()
+					sh.Replayed()
+					replays++
+				}
+				if err != nil {
+					t.Fatalf("step %d (phase %d): %v", step, ph, err)
+				}
+			}
+			if graphs && replays == 0 {
+				t.Fatal("no step was replayed")
+			}
+			b, err := sh.Counter().Read()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := tensor.BytesAs[int32](b)[0]; int(n) != sh.Steps() {
+				t.Fatalf("device counter %d, host %d", n, sh.Steps())
+			}
+			return p.values(), replays
+		}
+		eager, _ := run(false)
+		replayed, n := run(true)
+		t.Logf("%d of 14 steps replayed", n)
+		sameBits(t, "phase graphs vs eager", replayed, eager)
 	}
 }

@@ -484,6 +484,28 @@ func (r *rooted) Counter() *tensor.Tensor { return r.step.dev }
 // RootStats says what the preconditioners' refreshes did.
 func (r *rooted) RootStats() RootStats { return r.sched.stats }
 
+// nextPhase is Phaser.NextPhase for an optimizer whose Step queues the
+// same work at every step but those where the schedule acts (a refresh
+// starts, or one is put in use), given whether preconditioners are in use:
+// −1 at those steps and before the host knows the step count, else 1 when
+// the preconditioners are in use and 0 before.
+func (r *rooted) nextPhase() int {
+	if r.step.t < 0 || !r.sched.resumed {
+		return -1
+	}
+	n := r.step.t + 1
+	if r.sched.due(n) || (r.sched.pendingT > 0 && n >= r.sched.pendingT+r.sched.opts.MaxStaleness) {
+		return -1
+	}
+	if r.sched.ready(n) {
+		return 1
+	}
+	return 0
+}
+
+// replayed advances the step count past a replayed step.
+func (r *rooted) replayed() { r.step.t++ }
+
 // Capturable implements Capturer: false (the refresh schedule is the
 // host's).
 func (r *rooted) Capturable() bool { return false }

@@ -22,13 +22,13 @@ var _ [20]byte = [unsafe.Sizeof(PcGeom{})]byte{}
 
 // ShampooPrep launches shampoo_prep of precond.cu:
 //
-//	shampoo_prep(pc_geom geo, const float* g, float* m, float* v, float* gs, float* gb, float* ga, long long total, float beta1, float beta2, float bc1, float bc2, float eps, int adagrad)
-func ShampooPrep(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, g, m, v, gs, gb, ga cuda.DevicePtr, total int64, beta1, beta2, bc1, bc2, eps float32, adagrad int32) error {
+//	shampoo_prep(pc_geom geo, const float* g, float* m, float* v, float* gs, float* gb, float* ga, long long total, float beta1, float beta2, float bc1, float bc2, const float* bc, float eps, int adagrad)
+func ShampooPrep(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, g, m, v, gs, gb, ga cuda.DevicePtr, total int64, beta1, beta2, bc1, bc2 float32, bc cuda.DevicePtr, eps float32, adagrad int32) error {
 	kn := ShampooPrepKernel
 	if geo == nil {
 		return errNilArgs(kn)
 	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(geo), unsafe.Pointer(&g), unsafe.Pointer(&m), unsafe.Pointer(&v), unsafe.Pointer(&gs), unsafe.Pointer(&gb), unsafe.Pointer(&ga), unsafe.Pointer(&total), unsafe.Pointer(&beta1), unsafe.Pointer(&beta2), unsafe.Pointer(&bc1), unsafe.Pointer(&bc2), unsafe.Pointer(&eps), unsafe.Pointer(&adagrad))
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(geo), unsafe.Pointer(&g), unsafe.Pointer(&m), unsafe.Pointer(&v), unsafe.Pointer(&gs), unsafe.Pointer(&gb), unsafe.Pointer(&ga), unsafe.Pointer(&total), unsafe.Pointer(&beta1), unsafe.Pointer(&beta2), unsafe.Pointer(&bc1), unsafe.Pointer(&bc2), unsafe.Pointer(&bc), unsafe.Pointer(&eps), unsafe.Pointer(&adagrad))
 }
 
 // ShampooPrepKernel is shampoo_prep of precond.cu (ShampooPrep), for Prefetch.
@@ -58,13 +58,13 @@ var PcGraftScaleKernel = Kernel{File: "precond.cu", Name: "pc_graft_scale"}
 
 // BlockApply launches block_apply of precond.cu:
 //
-//	block_apply(pc_geom geo, float* p, const float* d, const float* scale, long long total, float lr, float coef, float wd)
-func BlockApply(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, p, d, scale cuda.DevicePtr, total int64, lr, coef, wd float32) error {
+//	block_apply(pc_geom geo, float* p, const float* d, const float* scale, long long total, float lr, const float* lr_scale, float coef, float wd)
+func BlockApply(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, p, d, scale cuda.DevicePtr, total int64, lr float32, lrScale cuda.DevicePtr, coef, wd float32) error {
 	kn := BlockApplyKernel
 	if geo == nil {
 		return errNilArgs(kn)
 	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(geo), unsafe.Pointer(&p), unsafe.Pointer(&d), unsafe.Pointer(&scale), unsafe.Pointer(&total), unsafe.Pointer(&lr), unsafe.Pointer(&coef), unsafe.Pointer(&wd))
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(geo), unsafe.Pointer(&p), unsafe.Pointer(&d), unsafe.Pointer(&scale), unsafe.Pointer(&total), unsafe.Pointer(&lr), unsafe.Pointer(&lrScale), unsafe.Pointer(&coef), unsafe.Pointer(&wd))
 }
 
 // BlockApplyKernel is block_apply of precond.cu (BlockApply), for Prefetch.

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 
@@ -183,6 +184,23 @@ func BuildOptimizer(e *ops.Engine, a device.Allocator, run string, params []nn.P
 		set.Counter = c.Counter()
 	}
 	return set, nil
+}
+
+// PhaseGraphs says whether optimizers whose steps are capturable at some
+// steps only (optim.Phaser: Shampoo) replay a captured graph per phase
+// outside refresh steps (GPUKIT_OPTIM_PHASES=1), or step eagerly every
+// step (the default until a GPU machine has compared both).
+var PhaseGraphs = os.Getenv("GPUKIT_OPTIM_PHASES") == "1"
+
+// PostPhases is what Runner.SetPostPhases needs to capture the set's
+// eager step (EagerStep) per phase: nil, nil when the optimizer is no
+// optim.Phaser or PhaseGraphs is off.
+func (s *OptimizerSet) PostPhases() (phase func() int, replayed func()) {
+	p, ok := s.Optimizer.(optim.Phaser)
+	if !ok || !PhaseGraphs {
+		return nil, nil
+	}
+	return p.NextPhase, p.Replayed
 }
 
 // EagerStep steps an optimizer that runs outside the captured step, as an

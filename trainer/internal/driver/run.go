@@ -292,6 +292,11 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 	if ps, ok := tr.(PostStepper); ok {
 		if post := ps.PostStep(); post != nil {
 			r.SetPost(func(gt *trace.GPUTimer) error { return post(cur, gt) })
+			if pp, ok := tr.(PostPhaser); ok {
+				if phase, replayed := pp.PostPhases(); phase != nil {
+					r.SetPostPhases(phase, replayed)
+				}
+			}
 		}
 	}
 	if o.Log != nil {

@@ -40,6 +40,13 @@ type Runner struct {
 	// replayed): work that cannot be captured into a graph (an optimizer
 	// whose step reads the host, optim.CanCapture false).
 	post func(gt *trace.GPUTimer) error
+	// phase and replayed, when set (SetPostPhases), let post be captured:
+	// a graph per phase, replayed in place of post at later steps of
+	// that phase.
+	phase      func() int
+	replayed   func()
+	postSeen   map[int]bool
+	postGraphs map[int]*exec.CapturedGraph
 
 	n     int // steps run
 	slots [slots]runSlot
@@ -92,6 +99,59 @@ func NewRunner(e *ops.Engine, inputs []*tensor.Tensor, compute func(gt *trace.GP
 
 // SetPost makes post run eagerly after every step (see Runner).
 func (r *Runner) SetPost(post func(gt *trace.GPUTimer) error) { r.post = post }
+
+// SetPostPhases lets post be captured into CUDA graphs, one per phase
+// (optim.Phaser): before each step phase says how post runs, −1 eagerly,
+// else as phase p — eagerly at p's first step (sizing scratch, choosing
+// GEMM algorithms), captured at its second (the capture runs post's host
+// side, the graph its device work) and replayed at later ones, each replay
+// followed by replayed (the host's mirror of the step). Only with graph
+// replay on; the host ignores it.
+func (r *Runner) SetPostPhases(phase func() int, replayed func()) {
+	r.phase, r.replayed = phase, replayed
+}
+
+// runPost runs post: eagerly, or from its phase's graph.
+func (r *Runner) runPost() error {
+	ph := -1
+	if r.graph && r.phase != nil {
+		ph = r.phase()
+	}
+	if ph < 0 || !r.postSeen[ph] {
+		if ph >= 0 {
+			if r.postSeen == nil {
+				r.postSeen = map[int]bool{}
+			}
+			r.postSeen[ph] = true
+		}
+		return r.e.Do(func() error { return r.post(r.gt) })
+	}
+	g := r.postGraphs[ph]
+	captured := g == nil
+	if captured {
+		p := BeginPhase(nil, SpanCapture)
+		var err error
+		g, err = r.e.Capture(func() error { return r.post(nil) })
+		p.End()
+		if err != nil {
+			return fmt.Errorf("trainer: capturing the optimizer step (phase %d) as a CUDA graph: %w", ph, err)
+		}
+		if r.postGraphs == nil {
+			r.postGraphs = map[int]*exec.CapturedGraph{}
+		}
+		r.postGraphs[ph] = g
+	}
+	p := BeginPhase(r.gt, SpanOptimizer)
+	err := g.Launch()
+	p.End()
+	if err != nil {
+		return fmt.Errorf("trainer: optimizer graph launch: %w", err)
+	}
+	if !captured {
+		r.replayed()
+	}
+	return nil
+}
 
 // Engine is the runner's engine.
 func (r *Runner) Engine() *ops.Engine { return r.e }
@@ -163,7 +223,7 @@ func (r *Runner) Run() error {
 		}
 	}
 	if r.post != nil {
-		if err := r.e.Do(func() error { return r.post(r.gt) }); err != nil {
+		if err := r.runPost(); err != nil {
 			return err
 		}
 	}
@@ -184,6 +244,10 @@ func (r *Runner) Close() error {
 		}
 		r.gt = nil
 	}
+	for _, g := range r.postGraphs {
+		errs = append(errs, g.Close())
+	}
+	r.postGraphs = nil
 	for i := range r.slots {
 		s := &r.slots[i]
 		if s.g != nil {

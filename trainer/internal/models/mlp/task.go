@@ -139,6 +139,15 @@ func (r *trainer) Fill(step int, in [][]byte) error {
 func (r *trainer) Compute(gt *trace.GPUTimer) error { return r.m.compute(r.e, gt) }
 func (r *trainer) Capturable() bool                 { return !r.m.hook }
 
+// PostPhases: the optimizer's step, captured per phase where it may be
+// (driver.OptimizerSet.PostPhases).
+func (r *trainer) PostPhases() (func() int, func()) {
+	if r.m.opt == nil || !r.m.opt.Eager {
+		return nil, nil
+	}
+	return r.m.opt.PostPhases()
+}
+
 func (r *trainer) PostStep() func(int, *trace.GPUTimer) error {
 	if !r.m.opt.Eager {
 		return nil

@@ -1,0 +1,159 @@
+package optim_test
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"gpukit/libgpu/ops/opstest"
+	"gpukit/libgpu/optim"
+	"gpukit/libgpu/tensor"
+)
+
+// groupShapes interleave block shapes (MaxBlock 3): [7,5] and [3,3] share
+// blocks of 3×3, [2,6] has 2×3 blocks that share the order-3 class with
+// them, [4] and [5] take the graft only.
+var groupShapes = [][]int{{7, 5}, {4}, {2, 6}, {3, 3}, {5}, {2, 6}}
+
+// TestShampooGroupsMatchReference: parameters batched by block shape
+// (their blocks stacked across parameters in the statistics classes)
+// still follow the float64 reference parameter by parameter, with a
+// device learning-rate scale that changes every step.
+func TestShampooGroupsMatchReference(t *testing.T) {
+	seed := opstest.TestSeed(t)
+	for _, async := range []bool{false, true} {
+		cfg := testShampooConfig()
+		cfg.Roots.Async, cfg.Roots.MaxStaleness = async, map[bool]int{false: 0, true: 1}[async]
+		p := hostProblem(t, groupShapes...)
+		r := rand.New(rand.NewPCG(seed, 5))
+		w := roundF32(draws(r, 1, groupShapes))
+		p.set(w)
+		o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		scale := opstest.Empty(t, p.a, tensor.F32, 1)
+		o.SetLRScale(scale)
+		ref := newRefShampoo(cfg, groupShapes)
+		for step := 1; step <= 9; step++ {
+			s := float32(1 - 0.08*float64(step)) // a decaying schedule
+			if err := scale.WriteFloat32([]float32{s}); err != nil {
+				t.Fatal(err)
+			}
+			ref.cfg.LR = cfg.LR * s
+			g := roundF32(draws(r, 1, groupShapes))
+			p.grads(g)
+			if err := o.Step(p.e); err != nil {
+				t.Fatal(err)
+			}
+			ref.step(w, g)
+			if e := relErr(p.values(), w); !(e < 2e-5) {
+				t.Fatalf("async %v, step %d: relative error %.3g against the float64 reference", async, step, e)
+			}
+		}
+		o.Free()
+	}
+}
+
+// TestShampooLaunchesPerStep: a step's queued ops grow by two per matrix
+// parameter of a block shape already present (its ShampooPrep and
+// BlockApply), not by the statistics' and preconditioning's GEMMs, which
+// run once per block shape.
+func TestShampooLaunchesPerStep(t *testing.T) {
+	count := func(n int) int64 {
+		shapes := make([][]int, n)
+		for i := range shapes {
+			shapes[i] = []int{6, 4}
+		}
+		p := hostProblem(t, shapes...)
+		r := newRand(11)
+		p.set(draws(r, 1, shapes))
+		cfg := testShampooConfig()
+		cfg.StartStep, cfg.UpdateFreq = 1, 5
+		o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Free()
+		var ops int64
+		for step := 1; step <= 3; step++ { // step 1 refreshes; 2 and 3 precondition only
+			p.grads(draws(r, 1, shapes))
+			before := p.e.Queued()
+			if err := o.Step(p.e); err != nil {
+				t.Fatal(err)
+			}
+			ops = p.e.Queued() - before
+		}
+		return ops
+	}
+	one, eight := count(1), count(8)
+	// 1 counter + per group (2 statistics GEMMs, 2 preconditioning GEMMs,
+	// 1 graft scale) + per parameter (prep, apply).
+	if one != 1+5+2 || eight-one != 2*7 {
+		t.Fatalf("ops per preconditioned step: %d for one parameter, %d for eight of one shape (want 8 and 22)", one, eight)
+	}
+}
+
+// TestShampooPhases: NextPhase is −1 exactly at the steps where the host
+// acts (the first, a refresh due, an asynchronous refresh put in use);
+// steps replayed in place of Step at the other steps — their device work
+// queued while the host believes it is the step the phase was captured at
+// — leave every parameter bitwise as eager steps do.
+func TestShampooPhases(t *testing.T) {
+	seed := opstest.TestSeed(t)
+	for _, v := range []struct {
+		async bool
+		stale int
+		want  []int // phases of steps 1..12 (start 3, every 4)
+	}{
+		{false, 0, []int{-1, 0, -1, 1, 1, 1, -1, 1, 1, 1, -1, 1}},
+		{true, 2, []int{-1, 0, -1, 0, -1, 1, -1, 1, -1, 1, -1, 1}},
+	} {
+		run := func(replay bool) ([][]float64, []int) {
+			p := hostProblem(t, groupShapes...)
+			r := rand.New(rand.NewPCG(seed, 6))
+			p.set(draws(r, 1, groupShapes))
+			cfg := testShampooConfig()
+			cfg.StartStep, cfg.UpdateFreq = 3, 4
+			cfg.Roots.Async, cfg.Roots.MaxStaleness = v.async, v.stale
+			o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer o.Free()
+			var phases []int
+			captured := map[int]int{} // phase → the step it was captured at
+			for step := 1; step <= len(v.want); step++ {
+				p.grads(draws(r, 1, groupShapes))
+				ph := o.NextPhase()
+				phases = append(phases, ph)
+				at, ok := captured[ph]
+				switch {
+				case replay && ph >= 0 && ok:
+					if err := optim.StepAsReplay(o, p.e, at); err != nil {
+						t.Fatal(err)
+					}
+					o.Replayed()
+				default:
+					if ph >= 0 {
+						captured[ph] = step
+					}
+					if err := o.Step(p.e); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if o.Steps() != step {
+					t.Fatalf("after step %d the optimizer counts %d", step, o.Steps())
+				}
+			}
+			return p.values(), phases
+		}
+		eager, phases := run(false)
+		replayed, _ := run(true)
+		for i := range v.want {
+			if phases[i] != v.want[i] {
+				t.Fatalf("async %v: phases %v, want %v", v.async, phases, v.want)
+			}
+		}
+		sameBits(t, "replayed vs eager", replayed, eager)
+	}
+}
