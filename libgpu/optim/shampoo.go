@@ -157,11 +157,11 @@ type Shampoo struct {
 
 // NewShampoo allocates Shampoo's state for params through a: per
 // parameter "<name>.exp_avg" (β1 > 0) and "<name>.graft_sq"; per block
-// order d "shampoo/<d>.stats" and "shampoo/<d>.roots" ([count, d, d]: the
+// order d "shampoo/d<d>.stats" and "shampoo/d<d>.roots" ([count, d, d]: the
 // blocks' statistics and roots, stacked so one batched root computation
 // serves every parameter — grouped by block shape, in order of the
 // shape's first parameter, then in parameter order; roots start as
-// identities); "step" ([1] i32); with async roots "shampoo/<d>.snap0"
+// identities); "step" ([1] i32); with async roots "shampoo/d<d>.snap0"
 // (the statistics a refresh in flight reads). Errors wrap ErrParams,
 // ErrConfig or allocation errors; nothing stays allocated on error.
 func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg ShampooConfig) (o *Shampoo, err error) {
@@ -246,7 +246,7 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 	}
 	o.cls = cs.sorted()
 	for _, c := range o.cls {
-		tag := fmt.Sprintf("shampoo/%d", c.d)
+		tag := fmt.Sprintf("shampoo/d%d", c.d) // "d": blocks stacked by shape (a checkpoint of the per-parameter layout does not load)
 		if c.stats, err = o.s.zeros(a, prefix, tag+".stats", tensor.F32, c.count, c.d, c.d); err != nil {
 			return o, err
 		}
