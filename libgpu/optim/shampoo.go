@@ -123,23 +123,14 @@ type shampooParam struct {
 	blk    ops.Blocking
 	m, v   *tensor.Tensor // state: the gradient's EMA (nil when β1 = 0), the graft's moment
 	gb, ga *tensor.Tensor // work: views of its group's blocked filtered gradient and graft direction
-	off    int            // its first block in its group
 }
 
-// shampooGroup is the parameters whose blocks have one shape [BR, BC] and
-// one treatment (preconditioned, or graft only). Their blocks are stacked
-// in parameter order in the group's buffers and, for a preconditioned
-// group, in consecutive places of its statistics classes, so the
-// statistics' update and the preconditioning are batched GEMMs over all of
-// the group's blocks: a handful of launches per block shape rather than
-// per parameter.
+// shampooGroup is a blockGroup of Shampoo's parameters with its blocked
+// filtered gradient and graft direction.
 type shampooGroup struct {
-	br, bc      int
-	count       int // blocks
-	params      []*shampooParam
-	gb, ga      *tensor.Tensor // work [count, br, bc]
-	left, right *statClass     // nil: graft only
-	offL, offR  int
+	*blockGroup
+	params []*shampooParam
+	gb, ga *tensor.Tensor // work [count, br, bc]
 }
 
 // Shampoo is the optimizer of ShampooConfig.
@@ -181,11 +172,9 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 	if err := o.s.init(params); err != nil {
 		return o, err
 	}
-	type key struct {
-		br, bc int
-		pre    bool
-	}
-	byKey := map[key]*shampooGroup{}
+	var sps []*shampooParam
+	var blks []ops.Blocking
+	var pre []bool
 	for _, p := range params {
 		pv, err := matrix2D(p.Value)
 		if err != nil {
@@ -205,44 +194,34 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 		if sp.v, err = o.s.zeros(a, prefix, p.Name+".graft_sq", tensor.F32, pv.Shape...); err != nil {
 			return o, err
 		}
-		k := key{blk.BR, blk.BC, p.Value.Rank() >= 2 && !matches(p.Name, cfg.GraftOnly)}
-		g := byKey[k]
-		if g == nil {
-			g = &shampooGroup{br: blk.BR, bc: blk.BC}
-			byKey[k] = g
-			o.groups = append(o.groups, g)
-			if k.pre {
-				g.left = &statClass{} // placed below
-			}
-		}
-		sp.off = g.count
-		g.count += blk.Count()
-		g.params = append(g.params, sp)
+		sps, blks = append(sps, sp), append(blks, blk)
+		pre = append(pre, p.Value.Rank() >= 2 && !matches(p.Name, cfg.GraftOnly))
 	}
+	bgs, _ := groupByShape(blks, pre)
 	var cs classes
+	placeGroups(bgs, &cs)
 	maxBlocked, maxBlocks := 0, 0
-	for i, g := range o.groups {
+	for i, bg := range bgs {
+		g := &shampooGroup{blockGroup: bg}
+		o.groups = append(o.groups, g)
 		maxBlocked = max(maxBlocked, g.count*g.br*g.bc)
 		maxBlocks = max(maxBlocks, g.count)
-		if g.gb, err = o.s.work(a, prefix, fmt.Sprintf("shampoo/group%d.dir", i), tensor.F32, g.count, g.br, g.bc); err != nil {
+		if g.gb, err = o.s.work(a, prefix, fmt.Sprintf("shampoo/group%d.dir", i), tensor.F32, g.shape()...); err != nil {
 			return o, err
 		}
-		if g.ga, err = o.s.work(a, prefix, fmt.Sprintf("shampoo/group%d.graft", i), tensor.F32, g.count, g.br, g.bc); err != nil {
+		if g.ga, err = o.s.work(a, prefix, fmt.Sprintf("shampoo/group%d.graft", i), tensor.F32, g.shape()...); err != nil {
 			return o, err
 		}
-		for _, sp := range g.params {
-			if sp.gb, err = slice(g.gb, sp.off, sp.blk.Count()); err != nil {
+		for k, pi := range g.members {
+			sp := sps[pi]
+			g.params = append(g.params, sp)
+			if sp.gb, err = g.member(g.gb, k); err != nil {
 				return o, err
 			}
-			if sp.ga, err = slice(g.ga, sp.off, sp.blk.Count()); err != nil {
+			if sp.ga, err = g.member(g.ga, k); err != nil {
 				return o, err
 			}
 		}
-		if g.left == nil {
-			continue
-		}
-		g.left, g.offL = cs.reserveParams(g.br, g.params, ops.Blocking.RealRows)
-		g.right, g.offR = cs.reserveParams(g.bc, g.params, ops.Blocking.RealCols)
 	}
 	o.cls = cs.sorted()
 	for _, c := range o.cls {
@@ -298,21 +277,6 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 	return o, nil
 }
 
-// reserveParams places the blocks of params, in order, at consecutive
-// places of the class of order d; real gives a block's real order.
-func (cs *classes) reserveParams(d int, params []*shampooParam, real func(ops.Blocking, int) int) (*statClass, int) {
-	var c *statClass
-	off := -1
-	for _, sp := range params {
-		blk := sp.blk
-		cc, o := cs.reserve(d, blk.Count(), func(i int) int { return real(blk, i) })
-		if off < 0 {
-			c, off = cc, o
-		}
-	}
-	return c, off
-}
-
 // flat views the first n elements of a work buffer with shape.
 func flat(t *tensor.Tensor, shape ...int) (*tensor.Tensor, error) {
 	v, err := t.Narrow(0, 0, tensor.Numel(shape))
@@ -345,12 +309,12 @@ func (o *Shampoo) Step(e *ops.Engine) error {
 		alpha, beta = 1, 1
 	}
 	for _, g := range o.groups {
-		gs, err := flat(o.gs, g.count, g.br, g.bc)
+		gs, err := g.work(o.gs)
 		if err != nil {
 			return err
 		}
-		for _, sp := range g.params {
-			gsp, err := slice(gs, sp.off, sp.blk.Count())
+		for k, sp := range g.params {
+			gsp, err := g.member(gs, k)
 			if err != nil {
 				return err
 			}
@@ -359,14 +323,10 @@ func (o *Shampoo) Step(e *ops.Engine) error {
 				return err
 			}
 		}
-		if g.left == nil {
+		if !g.pre {
 			continue
 		}
-		l, err := slice(g.left.stats, g.offL, g.count)
-		if err != nil {
-			return err
-		}
-		r, err := slice(g.right.stats, g.offR, g.count)
+		l, r, err := g.stats()
 		if err != nil {
 			return err
 		}
@@ -383,20 +343,16 @@ func (o *Shampoo) Step(e *ops.Engine) error {
 	ready := o.sched.ready(t)
 	for _, g := range o.groups {
 		var s, scale *tensor.Tensor
-		if g.left != nil && ready {
-			pl, err := slice(g.left.out, g.offL, g.count)
+		if g.pre && ready {
+			pl, pr, err := g.outs()
 			if err != nil {
 				return err
 			}
-			pr, err := slice(g.right.out, g.offR, g.count)
+			t1, err := g.work(o.t1)
 			if err != nil {
 				return err
 			}
-			t1, err := flat(o.t1, g.count, g.br, g.bc)
-			if err != nil {
-				return err
-			}
-			if s, err = flat(o.sdir, g.count, g.br, g.bc); err != nil {
+			if s, err = g.work(o.sdir); err != nil {
 				return err
 			}
 			if scale, err = flat(o.scale, g.count); err != nil {
@@ -412,14 +368,13 @@ func (o *Shampoo) Step(e *ops.Engine) error {
 				return err
 			}
 		}
-		for _, sp := range g.params {
+		for k, sp := range g.params {
 			ap := ops.BlockApply{P: sp.p, D: sp.ga, Blk: sp.blk, LR: c.LR, Coef: 1, Decay: c.WeightDecay, LRScale: o.lrScale}
 			if s != nil {
-				k := sp.blk.Count()
-				if ap.D, err = slice(s, sp.off, k); err != nil {
+				if ap.D, err = g.member(s, k); err != nil {
 					return err
 				}
-				if ap.Scale, err = slice(scale, sp.off, k); err != nil {
+				if ap.Scale, err = g.member(scale, k); err != nil {
 					return err
 				}
 			}
