@@ -54,42 +54,62 @@ func TestShampooGroupsMatchReference(t *testing.T) {
 	}
 }
 
-// TestShampooLaunchesPerStep: a step's queued ops grow by two per matrix
-// parameter of a block shape already present (its ShampooPrep and
-// BlockApply), not by the statistics' and preconditioning's GEMMs, which
-// run once per block shape.
-func TestShampooLaunchesPerStep(t *testing.T) {
-	count := func(n int) int64 {
-		shapes := make([][]int, n)
-		for i := range shapes {
-			shapes[i] = []int{6, 4}
-		}
-		p := hostProblem(t, shapes...)
-		r := newRand(11)
-		p.set(draws(r, 1, shapes))
-		cfg := testShampooConfig()
-		cfg.StartStep, cfg.UpdateFreq = 1, 5
-		o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer o.Free()
-		var ops int64
-		for step := 1; step <= 3; step++ { // step 1 refreshes; 2 and 3 precondition only
-			p.grads(draws(r, 1, shapes))
-			before := p.e.Queued()
-			if err := o.Step(p.e); err != nil {
+// TestLaunchesPerStep: a Shampoo or SOAP step's queued ops grow by the
+// per-parameter element-wise ops for each matrix parameter of a block
+// shape already present (Shampoo: ShampooPrep and BlockApply; SOAP:
+// SOAPPrep, SOAPAdam and BlockApply), not by the statistics', rotations'
+// and preconditioning's GEMMs, which run once per block shape.
+func TestLaunchesPerStep(t *testing.T) {
+	for _, v := range []struct {
+		name      string
+		mk        func(p *problem) (optim.Optimizer, error)
+		one, each int64
+	}{
+		// 1 counter + per group (2 statistics GEMMs, 2 preconditioning
+		// GEMMs, 1 graft scale) + per parameter (prep, apply).
+		{"shampoo", func(p *problem) (optim.Optimizer, error) {
+			cfg := testShampooConfig()
+			cfg.StartStep, cfg.UpdateFreq = 1, 5
+			return optim.NewShampoo(p.a, "run", p.params, cfg)
+		}, 1 + 5 + 2, 2},
+		// per group (2 statistics GEMMs, 4 rotations, 2 back) + per
+		// parameter (prep, Adam in the eigenbasis, apply); its counter is
+		// a Fill, the runtime's, not an op.
+		{"soap", func(p *problem) (optim.Optimizer, error) {
+			cfg := testSOAPConfig()
+			cfg.MaxBlock, cfg.UpdateFreq = 3, 5
+			return optim.NewSOAP(p.a, "run", p.params, cfg)
+		}, 8 + 3, 3},
+	} {
+		count := func(n int) int64 {
+			shapes := make([][]int, n)
+			for i := range shapes {
+				shapes[i] = []int{6, 4}
+			}
+			p := hostProblem(t, shapes...)
+			r := newRand(11)
+			p.set(draws(r, 1, shapes))
+			o, err := v.mk(p)
+			if err != nil {
 				t.Fatal(err)
 			}
-			ops = p.e.Queued() - before
+			defer o.Free()
+			var ops int64
+			for step := 1; step <= 3; step++ { // step 1 refreshes; 2 and 3 precondition only
+				p.grads(draws(r, 1, shapes))
+				before := p.e.Queued()
+				if err := o.Step(p.e); err != nil {
+					t.Fatal(err)
+				}
+				ops = p.e.Queued() - before
+			}
+			return ops
 		}
-		return ops
-	}
-	one, eight := count(1), count(8)
-	// 1 counter + per group (2 statistics GEMMs, 2 preconditioning GEMMs,
-	// 1 graft scale) + per parameter (prep, apply).
-	if one != 1+5+2 || eight-one != 2*7 {
-		t.Fatalf("ops per preconditioned step: %d for one parameter, %d for eight of one shape (want 8 and 22)", one, eight)
+		one, eight := count(1), count(8)
+		if one != v.one || eight-one != 7*v.each {
+			t.Fatalf("%s: ops per preconditioned step: %d for one parameter, %d for eight of one shape (want %d and %d)",
+				v.name, one, eight, v.one, v.one+7*v.each)
+		}
 	}
 }
 
