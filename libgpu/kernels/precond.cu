@@ -103,10 +103,13 @@ extern "C" __global__ void pc_graft_scale(const float* part, int chunks, int blo
 // block_apply: per real element (i, j) of P (total = m·n):
 //   p ← p − lr·(coef·scale[b]·d[blocked(i, j)] + wd·p)
 // scale may be null (1); lr_scale, when not null, multiplies lr (a device
-// learning-rate schedule, as adamw_multi's).
+// learning-rate schedule, as adamw_multi's); bc, when not null, holds bias
+// corrections {1−β1ᵗ, 1−β2ᵗ} (adamw_step's) and coef is multiplied by
+// √bc[1]/bc[0] (Adam's step-size correction, SOAP's).
 extern "C" __global__ void block_apply(pc_geom geo, float* p, const float* d, const float* scale, long long total,
-                                       float lr, const float* lr_scale, float coef, float wd) {
+                                       float lr, const float* lr_scale, float coef, const float* bc, float wd) {
   if (lr_scale) lr *= *lr_scale;
+  if (bc) coef *= sqrtf(bc[1]) / bc[0];
   GPUKIT_GRID_STRIDE(k, total) {
     int i = (int)(k / geo.n), j = (int)(k % geo.n);
     int bi = i / geo.br, bj = j / geo.bc;

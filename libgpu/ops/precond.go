@@ -248,15 +248,21 @@ type BlockApply struct {
 	Blk             Blocking
 	LR, Coef, Decay float32
 	LRScale         *tensor.Tensor // [1] f32 on the device multiplying LR (a schedule), or nil
+	// CoefBC, when set, holds bias corrections on the device ([2] f32:
+	// 1−β1ᵗ, 1−β2ᵗ, as Engine.StepCounter leaves them) and Coef is
+	// multiplied by √(1−β2ᵗ)/(1−β1ᵗ), Adam's step-size correction, so a
+	// captured step follows the counter.
+	CoefBC *tensor.Tensor
 }
 
 // BlockApply updates P ([M, N] f32) in place from the blocked direction D
 // ([Count, BR, BC] f32) and an optional per-block factor Scale ([Count]
 // f32, nil: 1):
 //
-//	p ← p − lr·(Coef·Scale[b]·D[b, r, c] + Decay·p),   lr = LR·LRScale[0] (LR without LRScale)
+//	p ← p − lr·(coef·Scale[b]·D[b, r, c] + Decay·p),   lr = LR·LRScale[0] (LR without LRScale)
 //
-// for every element (i, j) of P in block b at (r, c): the decoupled weight
+// with coef = Coef, or Coef·√CoefBC[1]/CoefBC[0] with CoefBC, for every
+// element (i, j) of P in block b at (r, c): the decoupled weight
 // decay of Loshchilov & Hutter 2019 with the step of a preconditioned
 // method.
 func (e *Engine) BlockApply(a BlockApply) error {
@@ -279,12 +285,22 @@ func (e *Engine) BlockApply(a BlockApply) error {
 			return err
 		}
 	}
+	if a.CoefBC != nil {
+		if err := e.check("block apply CoefBC", a.CoefBC, tensor.F32, 2); err != nil {
+			return err
+		}
+	}
 	total := int64(a.Blk.M * a.Blk.N)
 	return e.dispatch(func(*hostImpl) error {
 		lr := a.LR
 		if a.LRScale != nil {
 			ls, _ := a.LRScale.F32()
 			lr *= ls[0]
+		}
+		coef := a.Coef
+		if a.CoefBC != nil {
+			bc, _ := a.CoefBC.F32()
+			coef *= float32(math.Sqrt(float64(bc[1]))) / bc[0]
 		}
 		p, _ := a.P.F32()
 		d, _ := a.D.F32()
@@ -300,14 +316,14 @@ func (e *Engine) BlockApply(a BlockApply) error {
 				if sc != nil {
 					s = sc[b/per]
 				}
-				p[k] -= lr * (a.Coef*s*d[b] + a.Decay*p[k])
+				p[k] -= lr * (coef*s*d[b] + a.Decay*p[k])
 			}
 		}
 		return nil
 	}, func(c *cudaImpl) error {
 		geo := a.Blk.geom()
 		return launch.BlockApply(c, gridFor(total, 256), block1(256), 0,
-			&geo, devPtr(a.P), devPtr(a.D), devPtr(a.Scale), total, a.LR, devPtr(a.LRScale), a.Coef, a.Decay)
+			&geo, devPtr(a.P), devPtr(a.D), devPtr(a.Scale), total, a.LR, devPtr(a.LRScale), a.Coef, devPtr(a.CoefBC), a.Decay)
 	})
 }
 

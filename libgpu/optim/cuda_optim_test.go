@@ -277,29 +277,35 @@ func soapBasesFed(t *testing.T, p *problem, tol, diagTol float64) {
 	}
 }
 
-// TestCUDAShampooPhaseGraphs: Shampoo's steps replayed from a CUDA graph
-// per phase (optim.Phaser: the driver's GPUKIT_OPTIM_PHASES=1) leave the
-// parameters bitwise as eager steps do, with synchronous and asynchronous
-// refreshes, and the device's step counter ends where the host's is.
-func TestCUDAShampooPhaseGraphs(t *testing.T) {
+// TestCUDAPhaseGraphs: Shampoo's and SOAP's steps replayed from a CUDA
+// graph per phase (optim.Phaser: the driver's GPUKIT_OPTIM_PHASES=1) leave
+// the parameters bitwise as eager steps do, with synchronous and
+// asynchronous refreshes, and the device's step counter ends where the
+// host's is.
+func TestCUDAPhaseGraphs(t *testing.T) {
 	cudatest.RequireGPU(t)
-	for _, mod := range []func(*optim.Spec){
-		func(s *optim.Spec) {},
-		func(s *optim.Spec) { s.Async, s.MaxStaleness = true, 2 },
+	for _, v := range []struct {
+		name string
+		mod  func(*optim.Spec)
+	}{
+		{"shampoo", nil},
+		{"shampoo", func(s *optim.Spec) { s.Async, s.MaxStaleness = true, 2 }},
+		{"soap", nil},
+		{"soap", func(s *optim.Spec) { s.Async, s.MaxStaleness = true, 2 }},
 	} {
 		run := func(graphs bool) ([][]float64, int) {
 			p := gpuProblem(t, ops.PrecTF32, gpuShapes...)
 			gpuNames(p)
 			r := rand.New(rand.NewPCG(91, 92))
 			p.set(draws(r, 1, p.shapes))
-			spec := gpuSpec(t, "shampoo", mod)
+			spec := gpuSpec(t, v.name, v.mod)
 			spec.UpdateFreq = 4
 			o, err := optim.New(p.a, "run", p.params, nil, spec)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer o.Free()
-			sh := o.(*optim.Shampoo)
+			ph := o.(optim.Phaser)
 			seen := map[int]bool{}
 			gs := map[int]*exec.CapturedGraph{}
 			defer func() {
@@ -310,39 +316,39 @@ func TestCUDAShampooPhaseGraphs(t *testing.T) {
 			replays := 0
 			for step := 1; step <= 14; step++ {
 				p.grads(draws(r, 1, p.shapes))
-				ph := sh.NextPhase()
+				n := ph.NextPhase()
 				switch {
-				case !graphs || ph < 0 || !seen[ph]:
-					seen[ph] = true
-					err = sh.Step(p.e)
-				case gs[ph] == nil:
-					if gs[ph], err = p.e.Capture(func() error { return sh.Step(p.e) }); err == nil {
-						err = gs[ph].Launch()
+				case !graphs || n < 0 || !seen[n]:
+					seen[n] = true
+					err = o.Step(p.e)
+				case gs[n] == nil:
+					if gs[n], err = p.e.Capture(func() error { return o.Step(p.e) }); err == nil {
+						err = gs[n].Launch()
 					}
 				default:
-					err = gs[ph].Launch()
-					sh.Replayed()
+					err = gs[n].Launch()
+					ph.Replayed()
 					replays++
 				}
 				if err != nil {
-					t.Fatalf("step %d (phase %d): %v", step, ph, err)
+					t.Fatalf("%s step %d (phase %d): %v", v.name, step, n, err)
 				}
 			}
 			if graphs && replays == 0 {
-				t.Fatal("no step was replayed")
+				t.Fatalf("%s: no step was replayed", v.name)
 			}
-			b, err := sh.Counter().Read()
+			b, err := o.(interface{ Counter() *tensor.Tensor }).Counter().Read()
 			if err != nil {
 				t.Fatal(err)
 			}
-			if n := tensor.BytesAs[int32](b)[0]; int(n) != sh.Steps() {
-				t.Fatalf("device counter %d, host %d", n, sh.Steps())
+			if n, host := tensor.BytesAs[int32](b)[0], o.(optim.Stepper).Steps(); int(n) != host {
+				t.Fatalf("%s: device counter %d, host %d", v.name, n, host)
 			}
 			return p.values(), replays
 		}
 		eager, _ := run(false)
 		replayed, n := run(true)
-		t.Logf("%d of 14 steps replayed", n)
-		sameBits(t, "phase graphs vs eager", replayed, eager)
+		t.Logf("%s: %d of 14 steps replayed", v.name, n)
+		sameBits(t, v.name+": phase graphs vs eager", replayed, eager)
 	}
 }

@@ -72,14 +72,15 @@ func TestLaunchesPerStep(t *testing.T) {
 			cfg.StartStep, cfg.UpdateFreq = 1, 5
 			return optim.NewShampoo(p.a, "run", p.params, cfg)
 		}, 1 + 5 + 2, 2},
-		// per group (2 statistics GEMMs, 4 rotations, 2 back) + per
-		// parameter (prep, Adam in the eigenbasis, apply); its counter is
-		// a Fill, the runtime's, not an op.
+		// 1 lagged counter (t−1's corrections) + per group (2 statistics
+		// GEMMs, 4 rotations, 2 back) + per parameter (prep, Adam in the
+		// eigenbasis, apply); its own counter is a Fill, the runtime's,
+		// not an op.
 		{"soap", func(p *problem) (optim.Optimizer, error) {
 			cfg := testSOAPConfig()
 			cfg.MaxBlock, cfg.UpdateFreq = 3, 5
 			return optim.NewSOAP(p.a, "run", p.params, cfg)
-		}, 8 + 3, 3},
+		}, 1 + 8 + 3, 3},
 	} {
 		count := func(n int) int64 {
 			shapes := make([][]int, n)
@@ -113,56 +114,81 @@ func TestLaunchesPerStep(t *testing.T) {
 	}
 }
 
-// TestShampooPhases: NextPhase is −1 exactly at the steps where the host
-// acts (the first, a refresh due, an asynchronous refresh put in use);
-// steps replayed in place of Step at the other steps — their device work
-// queued while the host believes it is the step the phase was captured at
-// — leave every parameter bitwise as eager steps do.
-func TestShampooPhases(t *testing.T) {
+// TestPhases: NextPhase is −1 exactly at the steps where the host acts
+// (the first, a refresh due, an asynchronous refresh put in use); steps
+// replayed in place of Step at the other steps — their device work queued
+// while the host believes it is the step the phase was captured at —
+// leave every parameter bitwise as eager steps do (Shampoo and SOAP,
+// synchronous and asynchronous refreshes, a learning-rate scale that
+// changes every step).
+func TestPhases(t *testing.T) {
 	seed := opstest.TestSeed(t)
+	shampoo := func(async bool, stale int) func(p *problem) (optim.Optimizer, error) {
+		return func(p *problem) (optim.Optimizer, error) {
+			cfg := testShampooConfig()
+			cfg.StartStep, cfg.UpdateFreq = 3, 4
+			cfg.Roots.Async, cfg.Roots.MaxStaleness = async, stale
+			return optim.NewShampoo(p.a, "run", p.params, cfg)
+		}
+	}
+	soap := func(async bool, stale int) func(p *problem) (optim.Optimizer, error) {
+		return func(p *problem) (optim.Optimizer, error) {
+			cfg := testSOAPConfig()
+			cfg.MaxBlock, cfg.UpdateFreq = 3, 4
+			cfg.Roots.Async, cfg.Roots.MaxStaleness = async, stale
+			return optim.NewSOAP(p.a, "run", p.params, cfg)
+		}
+	}
 	for _, v := range []struct {
-		async bool
-		stale int
-		want  []int // phases of steps 1..12 (start 3, every 4)
+		name string
+		mk   func(p *problem) (optim.Optimizer, error)
+		want []int // phases of steps 1..12
 	}{
-		{false, 0, []int{-1, 0, -1, 1, 1, 1, -1, 1, 1, 1, -1, 1}},
-		{true, 2, []int{-1, 0, -1, 0, -1, 1, -1, 1, -1, 1, -1, 1}},
+		// start 3, every 4
+		{"shampoo", shampoo(false, 0), []int{-1, 0, -1, 1, 1, 1, -1, 1, 1, 1, -1, 1}},
+		{"shampoo-async-2", shampoo(true, 2), []int{-1, 0, -1, 0, -1, 1, -1, 1, -1, 1, -1, 1}},
+		// start 1, every 4
+		{"soap", soap(false, 0), []int{-1, 1, 1, 1, -1, 1, 1, 1, -1, 1, 1, 1}},
+		{"soap-async-2", soap(true, 2), []int{-1, 0, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1}},
 	} {
 		run := func(replay bool) ([][]float64, []int) {
 			p := hostProblem(t, groupShapes...)
 			r := rand.New(rand.NewPCG(seed, 6))
 			p.set(draws(r, 1, groupShapes))
-			cfg := testShampooConfig()
-			cfg.StartStep, cfg.UpdateFreq = 3, 4
-			cfg.Roots.Async, cfg.Roots.MaxStaleness = v.async, v.stale
-			o, err := optim.NewShampoo(p.a, "run", p.params, cfg)
+			o, err := v.mk(p)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer o.Free()
+			ph := o.(optim.Phaser)
+			scale := opstest.Empty(t, p.a, tensor.F32, 1)
+			o.(interface{ SetLRScale(*tensor.Tensor) }).SetLRScale(scale)
 			var phases []int
 			captured := map[int]int{} // phase → the step it was captured at
 			for step := 1; step <= len(v.want); step++ {
 				p.grads(draws(r, 1, groupShapes))
-				ph := o.NextPhase()
-				phases = append(phases, ph)
-				at, ok := captured[ph]
+				if err := scale.WriteFloat32([]float32{1 / float32(step)}); err != nil {
+					t.Fatal(err)
+				}
+				n := ph.NextPhase()
+				phases = append(phases, n)
+				at, ok := captured[n]
 				switch {
-				case replay && ph >= 0 && ok:
+				case replay && n >= 0 && ok:
 					if err := optim.StepAsReplay(o, p.e, at); err != nil {
 						t.Fatal(err)
 					}
-					o.Replayed()
+					ph.Replayed()
 				default:
-					if ph >= 0 {
-						captured[ph] = step
+					if n >= 0 {
+						captured[n] = step
 					}
 					if err := o.Step(p.e); err != nil {
 						t.Fatal(err)
 					}
 				}
-				if o.Steps() != step {
-					t.Fatalf("after step %d the optimizer counts %d", step, o.Steps())
+				if got := o.(optim.Stepper).Steps(); got != step {
+					t.Fatalf("%s: after step %d the optimizer counts %d", v.name, step, got)
 				}
 			}
 			return p.values(), phases
@@ -171,9 +197,9 @@ func TestShampooPhases(t *testing.T) {
 		replayed, _ := run(true)
 		for i := range v.want {
 			if phases[i] != v.want[i] {
-				t.Fatalf("async %v: phases %v, want %v", v.async, phases, v.want)
+				t.Fatalf("%s: phases %v, want %v", v.name, phases, v.want)
 			}
 		}
-		sameBits(t, "replayed vs eager", replayed, eager)
+		sameBits(t, v.name+": replayed vs eager", replayed, eager)
 	}
 }

@@ -2,7 +2,6 @@ package optim
 
 import (
 	"fmt"
-	"math"
 	"slices"
 
 	"gpukit/libgpu/device"
@@ -123,6 +122,13 @@ type SOAP struct {
 	adamStep     *tensor.Tensor
 	adamP, adamG []*tensor.Tensor
 	perm         soapPerm
+	// lag counts t−1 on the device ([1] i32, work: set from the host's
+	// count at the first step after construction or Reset) and lagBC holds
+	// its bias corrections ([2] f32), which give the step's coefficient
+	// √(1−β2ᵗ⁻¹)/(1−β1ᵗ⁻¹) on the device (ops.BlockApply.CoefBC).
+	lag, lagBC *tensor.Tensor
+	lagSet     bool
+	lrScale    *tensor.Tensor // the run's device learning-rate scale, or nil
 }
 
 // NewSOAP allocates SOAP's state through a: per matrix parameter
@@ -280,6 +286,12 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 	if o.step.dev, err = o.s.zeros(a, prefix, "step", tensor.I32, 1); err != nil {
 		return o, err
 	}
+	if o.lag, err = o.s.work(a, prefix, "soap.lag_step", tensor.I32, 1); err != nil {
+		return o, err
+	}
+	if o.lagBC, err = o.s.work(a, prefix, "soap.lag_bias_correction", tensor.F32, 2); err != nil {
+		return o, err
+	}
 	if maxBlocked > 0 {
 		for _, w := range []struct {
 			t **tensor.Tensor
@@ -296,8 +308,11 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 // Step implements Optimizer: the moments' and statistics' updates of every
 // matrix parameter, the bases' schedule (a refresh at t = 1, 1+k, ...,
 // synchronously or on the side stream), the steps in the eigenbasis
-// (six batched GEMMs and ops.SOAPAdam per parameter), and AdamW for the
-// others. Queued on e; not capturable.
+// (eight GEMMs batched over each block shape's parameters, and per
+// parameter ops.SOAPAdam and ops.BlockApply, whose coefficient comes from
+// a device counter of t−1), and AdamW for the others. Queued on e; steps
+// with no refresh starting or put in use may be captured and replayed
+// (Phaser).
 func (o *SOAP) Step(e *ops.Engine) error {
 	o.e = e
 	t, err := o.step.next(e)
@@ -305,6 +320,15 @@ func (o *SOAP) Step(e *ops.Engine) error {
 		return err
 	}
 	c := o.cfg
+	if !o.lagSet {
+		if err := e.Fill(o.lag, float64(t-2)); err != nil {
+			return err
+		}
+		o.lagSet = true
+	}
+	if err := e.StepCounter(o.lag, o.lagBC, c.Beta1, c.Beta2); err != nil { // t−1 and its corrections
+		return err
+	}
 	bs := c.ShampooBeta
 	for _, g := range o.groups {
 		for _, pi := range g.members {
@@ -335,8 +359,6 @@ func (o *SOAP) Step(e *ops.Engine) error {
 	if t == 1 {
 		return nil // statistics and the first basis only (see SOAPConfig)
 	}
-	tu := float64(t - 1)
-	coef := float32(math.Sqrt(1-math.Pow(float64(c.Beta2), tu)) / (1 - math.Pow(float64(c.Beta1), tu)))
 	for _, g := range o.groups {
 		ql, qr, err := g.outs()
 		if err != nil {
@@ -380,16 +402,38 @@ func (o *SOAP) Step(e *ops.Engine) error {
 				return err
 			}
 			sp := o.params[pi]
-			if err := e.BlockApply(ops.BlockApply{P: sp.p, D: d, Blk: sp.blk, LR: c.LR, Coef: coef, Decay: c.WeightDecay}); err != nil {
+			if err := e.BlockApply(ops.BlockApply{P: sp.p, D: d, Blk: sp.blk, LR: c.LR, Coef: 1, CoefBC: o.lagBC,
+				Decay: c.WeightDecay, LRScale: o.lrScale}); err != nil {
 				return err
 			}
 		}
 	}
 	if len(o.adam) > 0 {
 		return e.AdamW(o.adamP, o.adamG, o.adamM, o.adamV, o.adamStep,
-			ops.AdamWConfig{LR: c.LR, Beta1: c.Beta1, Beta2: c.Beta2, Eps: c.Eps, WeightDecay: c.WeightDecay})
+			ops.AdamWConfig{LR: c.LR, Beta1: c.Beta1, Beta2: c.Beta2, Eps: c.Eps, WeightDecay: c.WeightDecay, LRScale: o.lrScale})
 	}
 	return nil
+}
+
+// SetLRScale makes every later step's learning rate LR·scale[0] (a [1]
+// f32 device tensor the run's schedule writes), so that a captured step
+// follows the schedule; nil goes back to LR alone.
+func (o *SOAP) SetLRScale(scale *tensor.Tensor) { o.lrScale = scale }
+
+// NextPhase implements Phaser: −1 when the next step starts a refresh
+// (the first step is one), puts one in use or is the first after
+// construction; else 1 (0 before an asynchronous first basis is in use,
+// the same work).
+func (o *SOAP) NextPhase() int { return o.rooted.nextPhase() }
+
+// Replayed implements Phaser.
+func (o *SOAP) Replayed() { o.rooted.replayed() }
+
+// Reset implements Optimizer (rooted's, and the lagged counter is set
+// again at the next step).
+func (o *SOAP) Reset(e *ops.Engine) error {
+	o.lagSet = false
+	return o.rooted.Reset(e)
 }
 
 // permuteMoments carries every second moment over to the bases of the
@@ -463,4 +507,5 @@ func (o *SOAP) Config() SOAPConfig { return o.cfg }
 var (
 	_ Optimizer = (*SOAP)(nil)
 	_ Capturer  = (*SOAP)(nil)
+	_ Phaser    = (*SOAP)(nil)
 )

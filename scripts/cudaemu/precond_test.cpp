@@ -63,30 +63,34 @@ int main() {
       check(std::string(what) + " gb", gb.read(total), wgb, 1e-6);
       check(std::string(what) + " ga", ga.read(total), wga, 1e-6);
     }
-    // block_apply: p ← p − lr·s·(coef·scale[b]·d + wd·p), s the device scale.
-    Buf p, d, sc, ls;
+    // block_apply: p ← p − lr·s·(coef·c·scale[b]·d + wd·p), s the device
+    // scale, c = √bc[1]/bc[0] from the device's bias corrections.
+    Buf p, d, sc, ls, cb;
     emu::untrack();
     p.alloc(mn, false);
     d.alloc(total, false);
     sc.alloc(rows * cols, false);
     ls.alloc(1, false);
+    cb.alloc(2, false);
+    cb.set(0, c1);
+    cb.set(1, c2);
     std::vector<double> p0 = p.fill(mn, 1), dv = d.fill(total, 1), sv = sc.fill(rows * cols, 0.3, 1);
     ls.set(0, 0.25);
-    for (auto* b : {&p, &d, &sc, &ls}) b->track();
+    for (auto* b : {&p, &d, &sc, &ls, &cb}) b->track();
     const float lr = 0.1f, coef = 0.7f, wd = 0.01f;
     emu::launch({(unsigned)((mn + 255) / 256), 1, 1}, {256, 1, 1}, 0, seed++, [&] {
-      block_apply(geo, p.f(), d.f(), sc.f(), mn, lr, dev ? ls.f() : nullptr, coef, wd);
+      block_apply(geo, p.f(), d.f(), sc.f(), mn, lr, dev ? ls.f() : nullptr, coef, dev ? cb.f() : nullptr, wd);
     });
     std::vector<double> want(mn);
-    double l = lr * (dev ? 0.25 : 1.0);
+    double l = lr * (dev ? 0.25 : 1.0), cf = coef * (dev ? sqrt((double)(float)c2) / (double)(float)c1 : 1.0);
     for (int i = 0; i < m; i++)
       for (int j = 0; j < n; j++) {
         long long k = (long long)i * n + j;
         int b = (i / br) * cols + j / bc;
         long long e = ((long long)b * br + i % br) * bc + j % bc;
-        want[k] = p0[k] - l * (coef * sv[b] * dv[e] + wd * p0[k]);
+        want[k] = p0[k] - l * (cf * sv[b] * dv[e] + wd * p0[k]);
       }
-    check(dev ? "block_apply lr_scale" : "block_apply", p.read(mn), want, 1e-6);
+    check(dev ? "block_apply lr_scale, bc" : "block_apply", p.read(mn), want, 1e-6);
   }
   return finish();
 }

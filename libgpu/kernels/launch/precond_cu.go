@@ -58,13 +58,13 @@ var PcGraftScaleKernel = Kernel{File: "precond.cu", Name: "pc_graft_scale"}
 
 // BlockApply launches block_apply of precond.cu:
 //
-//	block_apply(pc_geom geo, float* p, const float* d, const float* scale, long long total, float lr, const float* lr_scale, float coef, float wd)
-func BlockApply(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, p, d, scale cuda.DevicePtr, total int64, lr float32, lrScale cuda.DevicePtr, coef, wd float32) error {
+//	block_apply(pc_geom geo, float* p, const float* d, const float* scale, long long total, float lr, const float* lr_scale, float coef, const float* bc, float wd)
+func BlockApply(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, p, d, scale cuda.DevicePtr, total int64, lr float32, lrScale cuda.DevicePtr, coef float32, bc cuda.DevicePtr, wd float32) error {
 	kn := BlockApplyKernel
 	if geo == nil {
 		return errNilArgs(kn)
 	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(geo), unsafe.Pointer(&p), unsafe.Pointer(&d), unsafe.Pointer(&scale), unsafe.Pointer(&total), unsafe.Pointer(&lr), unsafe.Pointer(&lrScale), unsafe.Pointer(&coef), unsafe.Pointer(&wd))
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(geo), unsafe.Pointer(&p), unsafe.Pointer(&d), unsafe.Pointer(&scale), unsafe.Pointer(&total), unsafe.Pointer(&lr), unsafe.Pointer(&lrScale), unsafe.Pointer(&coef), unsafe.Pointer(&bc), unsafe.Pointer(&wd))
 }
 
 // BlockApplyKernel is block_apply of precond.cu (BlockApply), for Prefetch.

@@ -187,7 +187,7 @@ func BuildOptimizer(e *ops.Engine, a device.Allocator, run string, params []nn.P
 }
 
 // PhaseGraphs says whether optimizers whose steps are capturable at some
-// steps only (optim.Phaser: Shampoo) replay a captured graph per phase
+// steps only (optim.Phaser: Shampoo, SOAP) replay a captured graph per phase
 // outside refresh steps (GPUKIT_OPTIM_PHASES=1), or step eagerly every
 // step (the default until a GPU machine has compared both).
 var PhaseGraphs = os.Getenv("GPUKIT_OPTIM_PHASES") == "1"
