@@ -352,3 +352,55 @@ func TestCUDAPhaseGraphs(t *testing.T) {
 		sameBits(t, v.name+": phase graphs vs eager", replayed, eager)
 	}
 }
+
+// TestCUDAAsyncRootsWait: the device times the main stream's wait for each
+// asynchronous refresh it puts in use (RootStats.Timed, Waited, WaitMS).
+// With staleness 0 the main stream waits for every refresh (it is put in
+// use in the step that starts it); with staleness equal to the refresh
+// interval and steps whose other work (a 4096³ GEMM standing in for the
+// forward and backward) outlasts a refresh, it waits for none: the
+// steady state the issue asks for.
+func TestCUDAAsyncRootsWait(t *testing.T) {
+	cudatest.RequireGPU(t)
+	for _, stale := range []int{0, 4} {
+		p := gpuProblem(t, ops.PrecTF32, gpuShapes...)
+		gpuNames(p)
+		r := rand.New(rand.NewPCG(93, 94))
+		p.set(draws(r, 1, p.shapes))
+		spec := gpuSpec(t, "shampoo", func(s *optim.Spec) { s.Async, s.MaxStaleness = true, stale })
+		spec.UpdateFreq = 4
+		o, err := optim.New(p.a, "run", p.params, nil, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 4096
+		a := opstest.Empty(t, p.a, tensor.F32, n, n)
+		d := opstest.Empty(t, p.a, tensor.F32, n, n)
+		if err := p.e.Fill(a, 1e-3); err != nil {
+			t.Fatal(err)
+		}
+		for step := 1; step <= 24; step++ {
+			p.grads(draws(r, 1, p.shapes))
+			if err := p.e.Matmul(ops.Matmul{A: a, B: a, D: d}); err != nil {
+				t.Fatal(err)
+			}
+			if err := o.Step(p.e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.e.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		st := o.(interface{ RootStats() optim.RootStats }).RootStats()
+		t.Logf("staleness %d: %+v", stale, st)
+		o.Free()
+		switch {
+		case st.Timed < 3:
+			t.Errorf("staleness %d: %d refreshes timed, want ≥ 3", stale, st.Timed)
+		case stale == 0 && st.Waited != st.Timed:
+			t.Errorf("staleness 0: the main stream waited for %d of %d refreshes, want all", st.Waited, st.Timed)
+		case stale > 0 && st.Waited != 0:
+			t.Errorf("staleness %d: the main stream waited for %d of %d refreshes (%.3f ms), want none", stale, st.Waited, st.Timed, st.WaitMS)
+		}
+	}
+}

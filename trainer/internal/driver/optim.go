@@ -235,6 +235,11 @@ type RootsLine struct {
 	Refreshes int `json:"refreshes"`
 	Failures  int `json:"failures"`
 	F64       int `json:"f64"`
+	// Asynchronous refreshes timed, those the main stream waited for, and
+	// its total wait (optim.RootStats; a GPU only).
+	Timed  int     `json:"refreshes_timed,omitempty"`
+	Waited int     `json:"refreshes_waited,omitempty"`
+	WaitMS float64 `json:"refresh_wait_ms,omitempty"`
 }
 
 // Roots is o's RootsLine, or nil for an optimizer without roots (or a
@@ -243,7 +248,8 @@ func Roots(o optim.Optimizer) *RootsLine {
 	switch x := o.(type) {
 	case interface{ RootStats() optim.RootStats }:
 		s := x.RootStats()
-		return &RootsLine{Refreshes: s.Refreshes, Failures: s.Failures, F64: s.F64}
+		return &RootsLine{Refreshes: s.Refreshes, Failures: s.Failures, F64: s.F64, Timed: s.Timed, Waited: s.Waited,
+			WaitMS: Round(s.WaitMS, 3)}
 	case *service.Remote:
 		s, err := x.Stats()
 		if err != nil || s.Refreshes == 0 && s.Failures == 0 {
