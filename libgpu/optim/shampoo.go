@@ -287,12 +287,13 @@ func flat(t *tensor.Tensor, shape ...int) (*tensor.Tensor, error) {
 }
 
 // Step implements Optimizer: the device's step counter and bias
-// corrections (ops.Engine.StepCounter); per block-shape group, every
-// parameter's graft and filtered gradient (ops.ShampooPrep) and the
-// statistics' update (two batched GEMMs over the group's blocks); then the
-// roots' schedule (a refresh when due, synchronously or on the side
-// stream); then per group the preconditioning (two batched GEMMs and
-// ops.GraftScale) and every parameter's grafted update (ops.BlockApply).
+// corrections (ops.Engine.StepCounter); per block-shape group, its
+// parameters' graft and filtered gradient (ops.ShampooPreps, one
+// multi-tensor launch) and the statistics' update (two batched GEMMs over
+// the group's blocks); then the roots' schedule (a refresh when due,
+// synchronously or on the side stream); then per group the
+// preconditioning (two batched GEMMs and ops.GraftScale) and its
+// parameters' grafted updates (ops.BlockApplies).
 // Every call is queued on e; the host waits for the device only at the
 // first step after construction (to read the step counter). Steps with no
 // refresh starting or put in use may be captured and replayed (Phaser).
@@ -313,15 +314,17 @@ func (o *Shampoo) Step(e *ops.Engine) error {
 		if err != nil {
 			return err
 		}
+		preps := make([]ops.ShampooPrep, len(g.params))
 		for k, sp := range g.params {
 			gsp, err := g.member(gs, k)
 			if err != nil {
 				return err
 			}
-			if err := e.ShampooPrep(ops.ShampooPrep{G: sp.g, M: sp.m, V: sp.v, GS: gsp, GB: sp.gb, GA: sp.ga, Blk: sp.blk,
-				Beta1: c.Beta1, Beta2: c.GraftBeta2, Eps: c.GraftEps, T: t, BC: o.bc, AdaGrad: c.AdaGradGraft}); err != nil {
-				return err
-			}
+			preps[k] = ops.ShampooPrep{G: sp.g, M: sp.m, V: sp.v, GS: gsp, GB: sp.gb, GA: sp.ga, Blk: sp.blk,
+				Beta1: c.Beta1, Beta2: c.GraftBeta2, Eps: c.GraftEps, T: t, BC: o.bc, AdaGrad: c.AdaGradGraft}
+		}
+		if err := e.ShampooPreps(preps); err != nil {
+			return err
 		}
 		if !g.pre {
 			continue
@@ -368,6 +371,7 @@ func (o *Shampoo) Step(e *ops.Engine) error {
 				return err
 			}
 		}
+		aps := make([]ops.BlockApply, len(g.params))
 		for k, sp := range g.params {
 			ap := ops.BlockApply{P: sp.p, D: sp.ga, Blk: sp.blk, LR: c.LR, Coef: 1, Decay: c.WeightDecay, LRScale: o.lrScale}
 			if s != nil {
@@ -378,9 +382,10 @@ func (o *Shampoo) Step(e *ops.Engine) error {
 					return err
 				}
 			}
-			if err := e.BlockApply(ap); err != nil {
-				return err
-			}
+			aps[k] = ap
+		}
+		if err := e.BlockApplies(aps); err != nil {
+			return err
 		}
 	}
 	return nil

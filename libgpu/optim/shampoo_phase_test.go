@@ -54,33 +54,32 @@ func TestShampooGroupsMatchReference(t *testing.T) {
 	}
 }
 
-// TestLaunchesPerStep: a Shampoo or SOAP step's queued ops grow by the
-// per-parameter element-wise ops for each matrix parameter of a block
-// shape already present (Shampoo: ShampooPrep and BlockApply; SOAP:
-// SOAPPrep, SOAPAdam and BlockApply), not by the statistics', rotations'
-// and preconditioning's GEMMs, which run once per block shape.
+// TestLaunchesPerStep: a Shampoo or SOAP step queues a fixed number of
+// ops per block shape, whatever the number of parameters of that shape:
+// the statistics', rotations' and preconditioning's GEMMs are batched
+// over the shape's blocks, and the element-wise steps are multi-tensor
+// ops over its parameters (on a GPU one launch per 32 of them).
 func TestLaunchesPerStep(t *testing.T) {
 	for _, v := range []struct {
 		name      string
 		mk        func(p *problem) (optim.Optimizer, error)
 		one, each int64
 	}{
-		// 1 counter + per group (2 statistics GEMMs, 2 preconditioning
-		// GEMMs, 1 graft scale) + per parameter (prep, apply).
+		// 1 counter + per shape: prep, 2 statistics GEMMs, 2
+		// preconditioning GEMMs, graft scale, apply.
 		{"shampoo", func(p *problem) (optim.Optimizer, error) {
 			cfg := testShampooConfig()
 			cfg.StartStep, cfg.UpdateFreq = 1, 5
 			return optim.NewShampoo(p.a, "run", p.params, cfg)
-		}, 1 + 5 + 2, 2},
-		// 1 lagged counter (t−1's corrections) + per group (2 statistics
-		// GEMMs, 4 rotations, 2 back) + per parameter (prep, Adam in the
-		// eigenbasis, apply); its own counter is a Fill, the runtime's,
-		// not an op.
+		}, 1 + 7, 0},
+		// 1 lagged counter (t−1's corrections) + per shape: prep, 2
+		// statistics GEMMs, 4 rotations, Adam in the eigenbasis, 2 back,
+		// apply; its own counter is a Fill, the runtime's, not an op.
 		{"soap", func(p *problem) (optim.Optimizer, error) {
 			cfg := testSOAPConfig()
 			cfg.MaxBlock, cfg.UpdateFreq = 3, 5
 			return optim.NewSOAP(p.a, "run", p.params, cfg)
-		}, 1 + 8 + 3, 3},
+		}, 1 + 11, 0},
 	} {
 		count := func(n int) int64 {
 			shapes := make([][]int, n)

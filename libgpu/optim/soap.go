@@ -308,9 +308,9 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 // Step implements Optimizer: the moments' and statistics' updates of every
 // matrix parameter, the bases' schedule (a refresh at t = 1, 1+k, ...,
 // synchronously or on the side stream), the steps in the eigenbasis
-// (eight GEMMs batched over each block shape's parameters, and per
-// parameter ops.SOAPAdam and ops.BlockApply, whose coefficient comes from
-// a device counter of t−1), and AdamW for the others. Queued on e; steps
+// (eight GEMMs batched over each block shape's parameters, and one
+// multi-tensor ops.SOAPAdams and ops.BlockApplies per shape, the latter's
+// coefficient from a device counter of t−1), and AdamW for the others. Queued on e; steps
 // with no refresh starting or put in use may be captured and replayed
 // (Phaser).
 func (o *SOAP) Step(e *ops.Engine) error {
@@ -331,13 +331,17 @@ func (o *SOAP) Step(e *ops.Engine) error {
 	}
 	bs := c.ShampooBeta
 	for _, g := range o.groups {
-		for _, pi := range g.members {
+		preps := make([]ops.SOAPTensors, len(g.members))
+		for k, pi := range g.members {
 			sp := o.params[pi]
-			if err := e.SOAPPrep(sp.g, sp.m, sp.gs, sp.gm, sp.blk, c.Beta1); err != nil {
-				return err
-			}
-			if t == 1 { // step 1 leaves the moment at zero (see SOAPConfig)
-				if err := e.Fill(sp.m, 0); err != nil {
+			preps[k] = ops.SOAPTensors{X: sp.g, Y: sp.m, W: sp.gs, Z: sp.gm, Blk: sp.blk}
+		}
+		if err := e.SOAPPreps(preps, c.Beta1); err != nil {
+			return err
+		}
+		if t == 1 { // step 1 leaves the moment at zero (see SOAPConfig)
+			for _, pi := range g.members {
+				if err := e.Fill(o.params[pi].m, 0); err != nil {
 					return err
 				}
 			}
@@ -379,6 +383,7 @@ func (o *SOAP) Step(e *ops.Engine) error {
 				return err
 			}
 		}
+		adams := make([]ops.SOAPTensors, len(g.members))
 		for k, pi := range g.members {
 			var v [3]*tensor.Tensor
 			for i, x := range []*tensor.Tensor{gr, mr, nr} {
@@ -386,9 +391,10 @@ func (o *SOAP) Step(e *ops.Engine) error {
 					return err
 				}
 			}
-			if err := e.SOAPAdam(o.params[pi].v, v[0], v[1], v[2], g.blks[k], c.Beta2, c.Eps); err != nil {
-				return err
-			}
+			adams[k] = ops.SOAPTensors{X: v[0], U: v[1], Y: o.params[pi].v, W: v[2], Blk: g.blks[k]}
+		}
+		if err := e.SOAPAdams(adams, c.Beta2, c.Eps); err != nil {
+			return err
 		}
 		if err := e.Matmul(ops.Matmul{A: ql, B: nr, D: t1, TransA: true}); err != nil {
 			return err
@@ -396,16 +402,18 @@ func (o *SOAP) Step(e *ops.Engine) error {
 		if err := e.Matmul(ops.Matmul{A: t1, B: qr, D: gr}); err != nil {
 			return err
 		}
+		aps := make([]ops.BlockApply, len(g.members))
 		for k, pi := range g.members {
 			d, err := g.member(gr, k)
 			if err != nil {
 				return err
 			}
 			sp := o.params[pi]
-			if err := e.BlockApply(ops.BlockApply{P: sp.p, D: d, Blk: sp.blk, LR: c.LR, Coef: 1, CoefBC: o.lagBC,
-				Decay: c.WeightDecay, LRScale: o.lrScale}); err != nil {
-				return err
-			}
+			aps[k] = ops.BlockApply{P: sp.p, D: d, Blk: sp.blk, LR: c.LR, Coef: 1, CoefBC: o.lagBC, Decay: c.WeightDecay,
+				LRScale: o.lrScale}
+		}
+		if err := e.BlockApplies(aps); err != nil {
+			return err
 		}
 	}
 	if len(o.adam) > 0 {
