@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-// The multi-tensor element-wise steps of precond.cu share the plan of
-// ops_optim.cu's (mtPlan): the same tensors per launch (also tied at
+// The multi-tensor element-wise steps of precond.cu and newtonschulz.cu
+// share the plan of ops_optim.cu's (mtPlan): the same tensors per launch (also tied at
 // compile time: the generated Start arrays are [PC_MT_MAX+1]int32 and take
 // mtGroup.start) and the same elements per block, which only this checks.
 func TestPrecondMultiPlanMatchesKernels(t *testing.T) {
@@ -20,6 +20,8 @@ func TestPrecondMultiPlanMatchesKernels(t *testing.T) {
 		{"precond.cu", "PC_MT_MAX", mtMax},
 		{"ops_optim.cu", "OPS_MT_CHUNK", mtChunk},
 		{"ops_optim.cu", "OPS_MT_MAX", mtMax},
+		{"newtonschulz.cu", "MUON_MT_CHUNK", mtChunk},
+		{"newtonschulz.cu", "MUON_MT_MAX", mtMax},
 	} {
 		b, err := os.ReadFile("../kernels/" + c.file)
 		if err != nil {
