@@ -2,7 +2,7 @@ package optim
 
 import "gpukit/libgpu/ops"
 
-// StepAsReplay runs o.Step (a Shampoo or SOAP) as a replay of a graph
+// StepAsReplay runs o.Step (a Shampoo, SOAP or K-FAC) as a replay of a graph
 // captured at step captured would run: the device work Step queues when
 // the host's mirror believes the step is captured (so that any host value
 // that leaked into the captured work shows as a difference), then puts
@@ -13,6 +13,8 @@ func StepAsReplay(o Optimizer, e *ops.Engine, captured int) error {
 	case *Shampoo:
 		r = &x.rooted
 	case *SOAP:
+		r = &x.rooted
+	case *KFAC:
 		r = &x.rooted
 	default:
 		panic("StepAsReplay: not a rooted optimizer")

@@ -2,6 +2,7 @@ package optim_test
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"gpukit/libgpu/ops/opstest"
@@ -119,7 +120,8 @@ func TestLaunchesPerStep(t *testing.T) {
 // while the host believes it is the step the phase was captured at —
 // leave every parameter bitwise as eager steps do (Shampoo and SOAP,
 // synchronous and asynchronous refreshes, a learning-rate scale that
-// changes every step).
+// changes every step; K-FAC with static layers' factors, at a constant
+// learning rate).
 func TestPhases(t *testing.T) {
 	seed := opstest.TestSeed(t)
 	shampoo := func(async bool, stale int) func(p *problem) (optim.Optimizer, error) {
@@ -138,22 +140,33 @@ func TestPhases(t *testing.T) {
 			return optim.NewSOAP(p.a, "run", p.params, cfg)
 		}
 	}
+	kfac := func(p *problem) (optim.Optimizer, error) {
+		return kfacMaker(func(c *optim.KFACConfig) { c.CovEvery, c.InvEvery = 2, 3 })(t, p), nil
+	}
 	for _, v := range []struct {
-		name string
-		mk   func(p *problem) (optim.Optimizer, error)
-		want []int // phases of steps 1..12
+		name   string
+		mk     func(p *problem) (optim.Optimizer, error)
+		want   []int // phases of steps 1..12
+		shapes [][]int
 	}{
 		// start 3, every 4
-		{"shampoo", shampoo(false, 0), []int{-1, 0, -1, 1, 1, 1, -1, 1, 1, 1, -1, 1}},
-		{"shampoo-async-2", shampoo(true, 2), []int{-1, 0, -1, 0, -1, 1, -1, 1, -1, 1, -1, 1}},
+		{"shampoo", shampoo(false, 0), []int{-1, 0, -1, 1, 1, 1, -1, 1, 1, 1, -1, 1}, nil},
+		{"shampoo-async-2", shampoo(true, 2), []int{-1, 0, -1, 0, -1, 1, -1, 1, -1, 1, -1, 1}, nil},
 		// start 1, every 4
-		{"soap", soap(false, 0), []int{-1, 1, 1, 1, -1, 1, 1, 1, -1, 1, 1, 1}},
-		{"soap-async-2", soap(true, 2), []int{-1, 0, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1}},
+		{"soap", soap(false, 0), []int{-1, 1, 1, 1, -1, 1, 1, 1, -1, 1, 1, 1}, nil},
+		{"soap-async-2", soap(true, 2), []int{-1, 0, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1}, nil},
+		// inverses from 1 every 3, factors every 2 (the first at 2
+		// overwrites them): +2 when the static layers' factors are due
+		{"kfac", kfac, []int{-1, -1, 1, -1, 1, 3, -1, 3, 1, -1, 1, 3}, kfacShapes},
 	} {
+		shapes := v.shapes
+		if shapes == nil {
+			shapes = groupShapes
+		}
 		run := func(replay bool) ([][]float64, []int) {
-			p := hostProblem(t, groupShapes...)
+			p := hostProblem(t, shapes...)
 			r := rand.New(rand.NewPCG(seed, 6))
-			p.set(draws(r, 1, groupShapes))
+			p.set(draws(r, 1, shapes))
 			o, err := v.mk(p)
 			if err != nil {
 				t.Fatal(err)
@@ -161,11 +174,13 @@ func TestPhases(t *testing.T) {
 			defer o.Free()
 			ph := o.(optim.Phaser)
 			scale := opstest.Empty(t, p.a, tensor.F32, 1)
-			o.(interface{ SetLRScale(*tensor.Tensor) }).SetLRScale(scale)
+			if sc, ok := o.(interface{ SetLRScale(*tensor.Tensor) }); ok {
+				sc.SetLRScale(scale)
+			}
 			var phases []int
 			captured := map[int]int{} // phase → the step it was captured at
 			for step := 1; step <= len(v.want); step++ {
-				p.grads(draws(r, 1, groupShapes))
+				p.grads(draws(r, 1, shapes))
 				if err := scale.WriteFloat32([]float32{1 / float32(step)}); err != nil {
 					t.Fatal(err)
 				}
@@ -200,5 +215,26 @@ func TestPhases(t *testing.T) {
 			}
 		}
 		sameBits(t, v.name+": replayed vs eager", replayed, eager)
+	}
+}
+
+// TestKFACComputePhase: the phase of the forward and backward whose
+// OnLinear hook captures K-FAC's factors: −1 before the step count is
+// known and at the first factor update (it overwrites the factors), 1
+// when factors are due, 0 when not.
+func TestKFACComputePhase(t *testing.T) {
+	p := hostProblem(t, kfacShapes...)
+	o := kfacMaker(func(c *optim.KFACConfig) { c.CovEvery, c.InvEvery = 2, 3 })(t, p).(*optim.KFAC)
+	defer o.Free()
+	want := []int{-1, -1, 0, 1, 0, 1, 0, 1}
+	var got []int
+	for range want {
+		got = append(got, o.ComputePhase())
+		if err := o.Step(p.e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("compute phases %v, want %v", got, want)
 	}
 }

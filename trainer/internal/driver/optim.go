@@ -187,17 +187,20 @@ func BuildOptimizer(e *ops.Engine, a device.Allocator, run string, params []nn.P
 }
 
 // PhaseGraphs says whether optimizers whose steps are capturable at some
-// steps only (optim.Phaser: Shampoo, SOAP) replay a captured graph per phase
-// outside refresh steps (GPUKIT_OPTIM_PHASES=1), or step eagerly every
-// step (the default until a GPU machine has compared both).
+// steps only (optim.Phaser: Shampoo, SOAP, K-FAC) replay a captured graph
+// per phase outside refresh steps, and K-FAC's MLP its forward and
+// backward per phase of its factor hooks (GPUKIT_OPTIM_PHASES=1), or step
+// eagerly every step (the default until a GPU machine has compared both).
 var PhaseGraphs = os.Getenv("GPUKIT_OPTIM_PHASES") == "1"
 
 // PostPhases is what Runner.SetPostPhases needs to capture the set's
 // eager step (EagerStep) per phase: nil, nil when the optimizer is no
-// optim.Phaser or PhaseGraphs is off.
-func (s *OptimizerSet) PostPhases() (phase func() int, replayed func()) {
+// optim.Phaser, PhaseGraphs is off, or the run's learning rate changes
+// and the optimizer takes it from the host (constLR: the model's is
+// constant; else the set must be Scaled).
+func (s *OptimizerSet) PostPhases(constLR bool) (phase func() int, replayed func()) {
 	p, ok := s.Optimizer.(optim.Phaser)
-	if !ok || !PhaseGraphs {
+	if !ok || !PhaseGraphs || !(constLR || s.Scaled) {
 		return nil, nil
 	}
 	return p.NextPhase, p.Replayed

@@ -47,6 +47,11 @@ type Runner struct {
 	replayed   func()
 	postSeen   map[int]bool
 	postGraphs map[int]*exec.CapturedGraph
+	// cphase, when set (SetComputePhases), makes compute's graphs per
+	// phase: one per slot and phase.
+	cphase   func() int
+	cseen    map[int]bool
+	cgraphs  map[[2]int]*exec.CapturedGraph
 
 	n     int // steps run
 	slots [slots]runSlot
@@ -110,6 +115,14 @@ func (r *Runner) SetPost(post func(gt *trace.GPUTimer) error) { r.post = post }
 func (r *Runner) SetPostPhases(phase func() int, replayed func()) {
 	r.phase, r.replayed = phase, replayed
 }
+
+// SetComputePhases makes the step's compute captured per phase: before
+// each step phase says how it runs, −1 eagerly (the host decides
+// something inside it), else as phase p — eagerly at p's first step,
+// then from a graph per slot and phase (K-FAC's factor hooks, which run
+// in the backward only at some steps: optim.KFAC.ComputePhase). Only with
+// graph replay on.
+func (r *Runner) SetComputePhases(phase func() int) { r.cphase = phase }
 
 // runPost runs post: eagerly, or from its phase's graph.
 func (r *Runner) runPost() error {
@@ -200,7 +213,15 @@ func (r *Runner) queue(s int, gt *trace.GPUTimer) error {
 func (r *Runner) Run() error {
 	si := r.slot()
 	s := &r.slots[si]
+	ph := 0
+	if r.graph && r.cphase != nil {
+		ph = r.cphase()
+	}
 	switch {
+	case r.cphase != nil && r.graph:
+		if err := r.runPhase(si, ph); err != nil {
+			return err
+		}
 	case !r.graph || r.n == 0:
 		if err := r.queue(si, r.gt); err != nil {
 			return err
@@ -235,6 +256,42 @@ func (r *Runner) Run() error {
 	return nil
 }
 
+// runPhase runs the step's compute of phase ph on slot si: eagerly when
+// ph < 0 or at ph's first step, else from the slot's graph of ph.
+func (r *Runner) runPhase(si, ph int) error {
+	if ph < 0 || !r.cseen[ph] {
+		if ph >= 0 {
+			if r.cseen == nil {
+				r.cseen = map[int]bool{}
+			}
+			r.cseen[ph] = true
+		}
+		return r.queue(si, r.gt)
+	}
+	k := [2]int{si, ph}
+	g := r.cgraphs[k]
+	if g == nil {
+		p := BeginPhase(nil, SpanCapture)
+		var err error
+		g, err = r.e.Capture(func() error { return r.queue(si, nil) })
+		p.End()
+		if err != nil {
+			return fmt.Errorf("trainer: capturing the step (phase %d) as a CUDA graph: %w", ph, err)
+		}
+		if r.cgraphs == nil {
+			r.cgraphs = map[[2]int]*exec.CapturedGraph{}
+		}
+		r.cgraphs[k] = g
+	}
+	p := BeginPhase(r.gt, SpanReplay)
+	err := g.Launch()
+	p.End()
+	if err != nil {
+		return fmt.Errorf("trainer: graph launch: %w", err)
+	}
+	return nil
+}
+
 // Close waits for the device and frees graphs, events and staging memory.
 func (r *Runner) Close() error {
 	errs := []error{r.e.Sync()}
@@ -248,6 +305,10 @@ func (r *Runner) Close() error {
 		errs = append(errs, g.Close())
 	}
 	r.postGraphs = nil
+	for _, g := range r.cgraphs {
+		errs = append(errs, g.Close())
+	}
+	r.cgraphs = nil
 	for i := range r.slots {
 		s := &r.slots[i]
 		if s.g != nil {

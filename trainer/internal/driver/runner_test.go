@@ -43,3 +43,38 @@ func TestRunnerPostPhases(t *testing.T) {
 		t.Fatalf("%d posts, %d replays, %d graphs; want %d, 4, 2", posts, replays, len(r.postGraphs), len(phases))
 	}
 }
+
+// TestRunnerComputePhases: with compute phases, a phase's first step runs
+// eagerly, later ones from a graph per slot and phase (captured at the
+// slot's first such step), and phase −1 always eagerly; every step's
+// compute runs once either way.
+func TestRunnerComputePhases(t *testing.T) {
+	e, err := ops.NewEngine(device.NewHost(), ops.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	r, err := NewRunner(e, nil, func(*trace.GPUTimer) error { calls++; return nil }, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.graph = true
+	phases := []int{-1, 0, 0, 0, 1, 1, 1, 0, -1, 1}
+	step := 0
+	r.SetComputePhases(func() int { return phases[step] })
+	for step = range phases {
+		if _, err := r.Stage(); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Run(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Phase 0: step 1 eager, 2 (slot 0) and 3 (slot 1) captured, 7 (slot
+	// 1) replayed; phase 1: 4 eager, 5 (slot 1) and 6 (slot 0) captured, 9
+	// (slot 1) replayed.
+	if calls != len(phases) || len(r.cgraphs) != 4 || len(r.cseen) != 2 {
+		t.Fatalf("%d computes, %d graphs, %d phases seen; want %d, 4, 2", calls, len(r.cgraphs), len(r.cseen), len(phases))
+	}
+}

@@ -234,6 +234,13 @@ type PostPhaser interface {
 	PostPhases() (phase func() int, replayed func())
 }
 
+// ComputePhaser is a Trainer whose step is capturable at some steps only
+// (K-FAC's factor hooks in the MLP's backward): ComputePhases returns the
+// phase of the next step's compute (Runner.SetComputePhases), or nil.
+type ComputePhaser interface {
+	ComputePhases() func() int
+}
+
 // AfterStepper is a Trainer with host work after each step's line
 // (publishing a weight snapshot); done is the steps done.
 type AfterStepper interface{ AfterStep(done int) error }

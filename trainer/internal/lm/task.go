@@ -165,7 +165,7 @@ func (r *trainer) PostPhases() (func() int, func()) {
 	if r.l.set == nil || !r.l.set.Eager {
 		return nil, nil
 	}
-	return r.l.set.PostPhases()
+	return r.l.set.PostPhases(false) // a schedule: only optimizers that read the device's scale
 }
 
 func (r *trainer) PostStep() func(int, *trace.GPUTimer) error {
