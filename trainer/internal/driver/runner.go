@@ -49,9 +49,9 @@ type Runner struct {
 	postGraphs map[int]*exec.CapturedGraph
 	// cphase, when set (SetComputePhases), makes compute's graphs per
 	// phase: one per slot and phase.
-	cphase   func() int
-	cseen    map[int]bool
-	cgraphs  map[[2]int]*exec.CapturedGraph
+	cphase  func() int
+	cseen   map[int]bool
+	cgraphs map[[2]int]*exec.CapturedGraph
 
 	n     int // steps run
 	slots [slots]runSlot

@@ -138,6 +138,7 @@ func (r *trainer) Fill(step int, in [][]byte) error {
 }
 
 func (r *trainer) Compute(gt *trace.GPUTimer) error { return r.m.compute(r.e, gt) }
+
 // Capturable: K-FAC's hook decides on the host, in the backward, whether
 // factors are due; with phase graphs (driver.PhaseGraphs) the step is
 // captured per phase of that decision (ComputePhases).
