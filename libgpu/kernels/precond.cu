@@ -31,6 +31,17 @@ __device__ __forceinline__ bool pc_locate(pc_geom g, long long e, int* i, int* j
 #define PC_MT_MAX 32
 #define PC_MT_CHUNK 2048
 
+// pc_mt_range is block blockIdx.x's parameter in a multi-tensor launch
+// of args a (any of the pc_*_args: t[i].total elements each) and its
+// element range [lo, hi).
+template <typename A>
+__device__ __forceinline__ int pc_mt_range(const A& a, long long* lo, long long* hi) {
+  int ti = gpukit_mt_find(a.start, a.count, blockIdx.x);
+  *lo = (long long)(blockIdx.x - a.start[ti]) * PC_MT_CHUNK;
+  *hi = *lo + PC_MT_CHUNK < a.t[ti].total ? *lo + PC_MT_CHUNK : a.t[ti].total;
+  return ti;
+}
+
 struct pc_prep_tensor {
   pc_geom geo;
   const float* g;
@@ -62,10 +73,8 @@ static_assert(sizeof(pc_prep_tensor) == 80, "pc_prep_tensor layout: launch.PcPre
 // not null, bc[0] and bc[1] as a step counter's kernel left them on the
 // device (adamw_step), so a replayed graph follows the counter.
 extern "C" __global__ void shampoo_prep_multi(const __grid_constant__ pc_prep_args a) {
-  int ti = gpukit_mt_find(a.start, a.count, blockIdx.x);
-  const pc_prep_tensor& T = a.t[ti];
-  long long lo = (long long)(blockIdx.x - a.start[ti]) * PC_MT_CHUNK;
-  long long hi = lo + PC_MT_CHUNK < T.total ? lo + PC_MT_CHUNK : T.total;
+  long long lo, hi;
+  const pc_prep_tensor& T = a.t[pc_mt_range(a, &lo, &hi)];
   float bc1 = a.bc1, bc2 = a.bc2;
   if (a.bc) {
     bc1 = a.bc[0];
@@ -158,10 +167,8 @@ static_assert(sizeof(pc_apply_tensor) == 56, "pc_apply_tensor layout: launch.PcA
 // corrections {1−β1ᵗ, 1−β2ᵗ} (adamw_step's) and coef is multiplied by
 // √bc[1]/bc[0] (Adam's step-size correction, SOAP's).
 extern "C" __global__ void block_apply_multi(const __grid_constant__ pc_apply_args a) {
-  int ti = gpukit_mt_find(a.start, a.count, blockIdx.x);
-  const pc_apply_tensor& T = a.t[ti];
-  long long lo = (long long)(blockIdx.x - a.start[ti]) * PC_MT_CHUNK;
-  long long hi = lo + PC_MT_CHUNK < T.total ? lo + PC_MT_CHUNK : T.total;
+  long long lo, hi;
+  const pc_apply_tensor& T = a.t[pc_mt_range(a, &lo, &hi)];
   float lr = a.lr_scale ? a.lr * *a.lr_scale : a.lr;
   float coef = a.bc ? a.coef * (sqrtf(a.bc[1]) / a.bc[0]) : a.coef;
   const pc_geom geo = T.geo;
@@ -197,10 +204,8 @@ static_assert(sizeof(pc_soap_tensor) == 72, "pc_soap_tensor layout: launch.PcSoa
 // soap_prep_multi: m ← β·m + (1−β)·g over the real elements, and the
 // blocked copies gs = g, gm = m (padding 0).
 extern "C" __global__ void soap_prep_multi(const __grid_constant__ pc_soap_args a) {
-  int ti = gpukit_mt_find(a.start, a.count, blockIdx.x);
-  const pc_soap_tensor& T = a.t[ti];
-  long long lo = (long long)(blockIdx.x - a.start[ti]) * PC_MT_CHUNK;
-  long long hi = lo + PC_MT_CHUNK < T.total ? lo + PC_MT_CHUNK : T.total;
+  long long lo, hi;
+  const pc_soap_tensor& T = a.t[pc_mt_range(a, &lo, &hi)];
   for (long long e = lo + threadIdx.x; e < hi; e += blockDim.x) {
     int i, j;
     if (!pc_locate(T.geo, e, &i, &j)) {
@@ -224,10 +229,8 @@ extern "C" __global__ void soap_prep_multi(const __grid_constant__ pc_soap_args 
 // else out = 0 (the padded coordinates, whose eigenvalues PadDiag made
 // the largest, so they come last in the ascending eigenbasis).
 extern "C" __global__ void soap_adam_multi(const __grid_constant__ pc_soap_args a) {
-  int ti = gpukit_mt_find(a.start, a.count, blockIdx.x);
-  const pc_soap_tensor& T = a.t[ti];
-  long long lo = (long long)(blockIdx.x - a.start[ti]) * PC_MT_CHUNK;
-  long long hi = lo + PC_MT_CHUNK < T.total ? lo + PC_MT_CHUNK : T.total;
+  long long lo, hi;
+  const pc_soap_tensor& T = a.t[pc_mt_range(a, &lo, &hi)];
   const pc_geom geo = T.geo;
   long long per = (long long)geo.br * geo.bc;
   for (long long e = lo + threadIdx.x; e < hi; e += blockDim.x) {

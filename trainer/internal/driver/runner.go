@@ -45,13 +45,11 @@ type Runner struct {
 	// that phase.
 	phase      func() int
 	replayed   func()
-	postSeen   map[int]bool
-	postGraphs map[int]*exec.CapturedGraph
+	postGraphs phaseGraphs[int]
 	// cphase, when set (SetComputePhases), makes compute's graphs per
 	// phase: one per slot and phase.
 	cphase  func() int
-	cseen   map[int]bool
-	cgraphs map[[2]int]*exec.CapturedGraph
+	cgraphs phaseGraphs[[2]int]
 
 	n     int // steps run
 	slots [slots]runSlot
@@ -130,40 +128,67 @@ func (r *Runner) runPost() error {
 	if r.graph && r.phase != nil {
 		ph = r.phase()
 	}
-	if ph < 0 || !r.postSeen[ph] {
-		if ph >= 0 {
-			if r.postSeen == nil {
-				r.postSeen = map[int]bool{}
-			}
-			r.postSeen[ph] = true
-		}
-		return r.e.Do(func() error { return r.post(r.gt) })
-	}
-	g := r.postGraphs[ph]
-	captured := g == nil
-	if captured {
-		p := BeginPhase(nil, SpanCapture)
-		var err error
-		g, err = r.e.Capture(func() error { return r.post(nil) })
-		p.End()
-		if err != nil {
-			return fmt.Errorf("trainer: capturing the optimizer step (phase %d) as a CUDA graph: %w", ph, err)
-		}
-		if r.postGraphs == nil {
-			r.postGraphs = map[int]*exec.CapturedGraph{}
-		}
-		r.postGraphs[ph] = g
-	}
-	p := BeginPhase(r.gt, SpanOptimizer)
-	err := g.Launch()
-	p.End()
-	if err != nil {
-		return fmt.Errorf("trainer: optimizer graph launch: %w", err)
-	}
-	if !captured {
+	replayed, err := r.postGraphs.run(r, ph, ph, func(gt *trace.GPUTimer) error { return r.post(gt) }, SpanOptimizer, "the optimizer step")
+	if err == nil && replayed {
 		r.replayed()
 	}
-	return nil
+	return err
+}
+
+// phaseGraphs are graphs captured per phase (and key: the phase, or the
+// slot and phase): a phase's first step runs eagerly (sizing scratch,
+// choosing GEMM algorithms), a key's first step after that is captured
+// and launched (the capture runs the host's side, the graph the device's
+// work), later ones replay its graph.
+type phaseGraphs[K comparable] struct {
+	seen   map[int]bool
+	graphs map[K]*exec.CapturedGraph
+}
+
+// run runs a step of phase ph (−1: always eagerly) under key k; work
+// queues it (gt: GPU spans, nil inside a capture). replayed says whether
+// it ran from a graph captured at an earlier step.
+func (pg *phaseGraphs[K]) run(r *Runner, ph int, k K, work func(gt *trace.GPUTimer) error, span, what string) (replayed bool, err error) {
+	if ph < 0 || !pg.seen[ph] {
+		if ph >= 0 {
+			if pg.seen == nil {
+				pg.seen = map[int]bool{}
+			}
+			pg.seen[ph] = true
+		}
+		return false, r.e.Do(func() error { return work(r.gt) })
+	}
+	g := pg.graphs[k]
+	replayed = g != nil
+	if g == nil {
+		p := BeginPhase(nil, SpanCapture)
+		g, err = r.e.Capture(func() error { return work(nil) })
+		p.End()
+		if err != nil {
+			return false, fmt.Errorf("trainer: capturing %s (phase %d) as a CUDA graph: %w", what, ph, err)
+		}
+		if pg.graphs == nil {
+			pg.graphs = map[K]*exec.CapturedGraph{}
+		}
+		pg.graphs[k] = g
+	}
+	p := BeginPhase(r.gt, span)
+	err = g.Launch()
+	p.End()
+	if err != nil {
+		return false, fmt.Errorf("trainer: graph launch (%s): %w", what, err)
+	}
+	return replayed, nil
+}
+
+// close frees the graphs.
+func (pg *phaseGraphs[K]) close() []error {
+	var errs []error
+	for _, g := range pg.graphs {
+		errs = append(errs, g.Close())
+	}
+	pg.graphs = nil
+	return errs
 }
 
 // Engine is the runner's engine.
@@ -259,37 +284,8 @@ func (r *Runner) Run() error {
 // runPhase runs the step's compute of phase ph on slot si: eagerly when
 // ph < 0 or at ph's first step, else from the slot's graph of ph.
 func (r *Runner) runPhase(si, ph int) error {
-	if ph < 0 || !r.cseen[ph] {
-		if ph >= 0 {
-			if r.cseen == nil {
-				r.cseen = map[int]bool{}
-			}
-			r.cseen[ph] = true
-		}
-		return r.queue(si, r.gt)
-	}
-	k := [2]int{si, ph}
-	g := r.cgraphs[k]
-	if g == nil {
-		p := BeginPhase(nil, SpanCapture)
-		var err error
-		g, err = r.e.Capture(func() error { return r.queue(si, nil) })
-		p.End()
-		if err != nil {
-			return fmt.Errorf("trainer: capturing the step (phase %d) as a CUDA graph: %w", ph, err)
-		}
-		if r.cgraphs == nil {
-			r.cgraphs = map[[2]int]*exec.CapturedGraph{}
-		}
-		r.cgraphs[k] = g
-	}
-	p := BeginPhase(r.gt, SpanReplay)
-	err := g.Launch()
-	p.End()
-	if err != nil {
-		return fmt.Errorf("trainer: graph launch: %w", err)
-	}
-	return nil
+	_, err := r.cgraphs.run(r, ph, [2]int{si, ph}, func(gt *trace.GPUTimer) error { return r.queue(si, gt) }, SpanReplay, "the step")
+	return err
 }
 
 // Close waits for the device and frees graphs, events and staging memory.
@@ -301,14 +297,8 @@ func (r *Runner) Close() error {
 		}
 		r.gt = nil
 	}
-	for _, g := range r.postGraphs {
-		errs = append(errs, g.Close())
-	}
-	r.postGraphs = nil
-	for _, g := range r.cgraphs {
-		errs = append(errs, g.Close())
-	}
-	r.cgraphs = nil
+	errs = append(errs, r.postGraphs.close()...)
+	errs = append(errs, r.cgraphs.close()...)
 	for i := range r.slots {
 		s := &r.slots[i]
 		if s.g != nil {

@@ -39,8 +39,8 @@ func TestRunnerPostPhases(t *testing.T) {
 	}
 	// Phase 0 at steps 1 (eager), 2 (captured), 3 and 7 (replayed); phase 1
 	// at 5 (eager), 6 (captured), 8 and 10 (replayed).
-	if posts != len(phases) || replays != 4 || len(r.postGraphs) != 2 {
-		t.Fatalf("%d posts, %d replays, %d graphs; want %d, 4, 2", posts, replays, len(r.postGraphs), len(phases))
+	if posts != len(phases) || replays != 4 || len(r.postGraphs.graphs) != 2 {
+		t.Fatalf("%d posts, %d replays, %d graphs; want %d, 4, 2", posts, replays, len(r.postGraphs.graphs), len(phases))
 	}
 }
 
@@ -74,7 +74,7 @@ func TestRunnerComputePhases(t *testing.T) {
 	// Phase 0: step 1 eager, 2 (slot 0) and 3 (slot 1) captured, 7 (slot
 	// 1) replayed; phase 1: 4 eager, 5 (slot 1) and 6 (slot 0) captured, 9
 	// (slot 1) replayed.
-	if calls != len(phases) || len(r.cgraphs) != 4 || len(r.cseen) != 2 {
-		t.Fatalf("%d computes, %d graphs, %d phases seen; want %d, 4, 2", calls, len(r.cgraphs), len(r.cseen), len(phases))
+	if calls != len(phases) || len(r.cgraphs.graphs) != 4 || len(r.cgraphs.seen) != 2 {
+		t.Fatalf("%d computes, %d graphs, %d phases seen; want %d, 4, 2", calls, len(r.cgraphs.graphs), len(r.cgraphs.seen), len(phases))
 	}
 }
