@@ -21,8 +21,14 @@ func (q StepRequest) AppendBody(b []byte) []byte {
 	if q.LR == 0 {
 		return append(b, 0x80)
 	}
+	bits := math.Float32bits(q.LR)
+	if q.LR != q.LR {
+		// A signalling NaN goes out quiet, as reflection writes it (its
+		// float32 passes through float64, which sets the quiet bit).
+		bits |= 1 << 22
+	}
 	b = append(b, 0x81, 0xa2, 'l', 'r', 0xca)
-	return binary.BigEndian.AppendUint32(b, math.Float32bits(q.LR))
+	return binary.BigEndian.AppendUint32(b, bits)
 }
 
 // ParseBody implements ipc.BodyParser: the forms AppendBody writes.

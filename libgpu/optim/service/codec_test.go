@@ -42,7 +42,8 @@ func same(a, b any) bool {
 // for learning rates and step counts of every form and integer width.
 func TestStepCodecsMatchReflection(t *testing.T) {
 	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
-	lrs := []float32{0, 1e-3, 0.5, -1, float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), math.MaxFloat32, math.SmallestNonzeroFloat32, float32(math.Copysign(0, -1))}
+	lrs := []float32{0, 1e-3, 0.5, -1, float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), math.MaxFloat32, math.SmallestNonzeroFloat32, float32(math.Copysign(0, -1)),
+		math.Float32frombits(0x7f94beb2), math.Float32frombits(0xffa2e227), math.Float32frombits(0x7f800001)} // signalling NaNs
 	steps := []int{0, -1, 1, 127, 128, 255, 256, -32, -33, -128, -129, 65535, 65536, math.MaxInt32, math.MinInt32, math.MaxInt64, math.MinInt64}
 	for range 200 {
 		lrs = append(lrs, math.Float32frombits(r.Uint32()))
