@@ -26,9 +26,10 @@ func (e *Engine) checkGroups(op string, names []string, groups ...[]*tensor.Tens
 			return fmt.Errorf("%w: %s: param %d is missing", tensor.ErrShape, op, i)
 		}
 		for g := range groups {
-			what := fmt.Sprintf("%s %s[%d]", op, names[g], i)
-			if err := e.check(what, groups[g][i], tensor.F32, p.Shape...); err != nil {
-				return err
+			// The tensor's name is formatted only for the error: every
+			// optimizer step passes here (10% of a service step's CPU).
+			if e.check(op, groups[g][i], tensor.F32, p.Shape...) != nil {
+				return e.check(fmt.Sprintf("%s %s[%d]", op, names[g], i), groups[g][i], tensor.F32, p.Shape...)
 			}
 		}
 	}
