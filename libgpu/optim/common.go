@@ -61,19 +61,10 @@ type counter struct {
 	dev *tensor.Tensor
 }
 
-// next advances the counter and returns the new step number (from 1),
-// writing it to the device counter (queued).
-func (c *counter) next(e *ops.Engine) (int, error) {
-	if err := c.load(e); err != nil {
-		return 0, err
-	}
-	c.t++
-	return c.t, e.Fill(c.dev, float64(c.t))
-}
-
-// advance is next with the counter advanced on the device
-// (ops.Engine.StepCounter), which also leaves bc ([2] f32) = {1−β1ᵗ,
-// 1−β2ᵗ} there: a replayed graph advances the counter by itself.
+// advance advances the counter and returns the new step number (from 1):
+// on the host's mirror, and on the device (ops.Engine.StepCounter, which
+// also leaves bc ([2] f32) = {1−β1ᵗ, 1−β2ᵗ} there), so that a replayed
+// graph advances the device's counter by itself.
 func (c *counter) advance(e *ops.Engine, bc *tensor.Tensor, beta1, beta2 float32) (int, error) {
 	if err := c.load(e); err != nil {
 		return 0, err

@@ -73,14 +73,14 @@ func TestLaunchesPerStep(t *testing.T) {
 			cfg.StartStep, cfg.UpdateFreq = 1, 5
 			return optim.NewShampoo(p.a, "run", p.params, cfg)
 		}, 1 + 7, 0},
-		// 1 lagged counter (t−1's corrections) + per shape: prep, 2
-		// statistics GEMMs, 4 rotations, Adam in the eigenbasis, 2 back,
-		// apply; its own counter is a Fill, the runtime's, not an op.
+		// 2 counters (the step's, and t−1's for the corrections) + per
+		// shape: prep, 2 statistics GEMMs, 4 rotations, Adam in the
+		// eigenbasis, 2 back, apply.
 		{"soap", func(p *problem) (optim.Optimizer, error) {
 			cfg := testSOAPConfig()
 			cfg.MaxBlock, cfg.UpdateFreq = 3, 5
 			return optim.NewSOAP(p.a, "run", p.params, cfg)
-		}, 1 + 11, 0},
+		}, 2 + 11, 0},
 	} {
 		count := func(n int) int64 {
 			shapes := make([][]int, n)
@@ -203,6 +203,15 @@ func TestPhases(t *testing.T) {
 				}
 				if got := o.(optim.Stepper).Steps(); got != step {
 					t.Fatalf("%s: after step %d the optimizer counts %d", v.name, step, got)
+				}
+				// The device's counter (checkpointed; dropout keys on it)
+				// advances in replays too.
+				b, err := o.(interface{ Counter() *tensor.Tensor }).Counter().Read()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := tensor.BytesAs[int32](b)[0]; int(got) != step {
+					t.Fatalf("%s: after step %d (replay %v) the device counter is %d", v.name, step, replay, got)
 				}
 			}
 			return p.values(), phases

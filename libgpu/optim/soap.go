@@ -128,6 +128,7 @@ type SOAP struct {
 	// √(1−β2ᵗ⁻¹)/(1−β1ᵗ⁻¹) on the device (ops.BlockApply.CoefBC).
 	lag, lagBC *tensor.Tensor
 	lagSet     bool
+	stepBC     *tensor.Tensor // work [2]: the step counter's (unused) corrections
 	lrScale    *tensor.Tensor // the run's device learning-rate scale, or nil
 }
 
@@ -286,6 +287,9 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 	if o.step.dev, err = o.s.zeros(a, prefix, "step", tensor.I32, 1); err != nil {
 		return o, err
 	}
+	if o.stepBC, err = o.s.work(a, prefix, "soap.step_counter", tensor.F32, 2); err != nil {
+		return o, err
+	}
 	if o.lag, err = o.s.work(a, prefix, "soap.lag_step", tensor.I32, 1); err != nil {
 		return o, err
 	}
@@ -315,7 +319,9 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 // (Phaser).
 func (o *SOAP) Step(e *ops.Engine) error {
 	o.e = e
-	t, err := o.step.next(e)
+	// On the device (checkpointed, and the GPT's dropout keys on it): a
+	// replayed step advances it; its output here is unused.
+	t, err := o.step.advance(e, o.stepBC, 0, 0)
 	if err != nil {
 		return err
 	}
