@@ -10,19 +10,8 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"gpukit/libgpu/ipc"
+	"gpukit/libgpu/ipc/ipctest"
 )
-
-// reflectEncode is what msgpack's reflection encoder (compact integers, as
-// ipc uses it) writes for v.
-func reflectEncode(t testing.TB, v any) []byte {
-	var buf bytes.Buffer
-	e := msgpack.NewEncoder(&buf)
-	e.UseCompactInts(true)
-	if err := e.Encode(v); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
 
 // same compares step bodies (NaN learning rates are the same; −0 is 0, as
 // omitempty leaves it out).
@@ -57,7 +46,7 @@ func TestStepCodecsMatchReflection(t *testing.T) {
 		vals = append(vals, StepReply{Step: s})
 	}
 	for _, v := range vals {
-		want := reflectEncode(t, v)
+		want := ipctest.ReflectEncode(t, v)
 		got := v.(ipc.BodyAppender).AppendBody(nil)
 		if !bytes.Equal(got, want) {
 			t.Fatalf("%T %+v:\nhand       %x\nreflection %x", v, v, got, want)
@@ -157,7 +146,7 @@ func unhex(t *testing.T, s string) []byte {
 // alone.
 func FuzzStepBodies(f *testing.F) {
 	for _, v := range []any{StepRequest{}, StepRequest{LR: 0.1}, StepReply{Step: -1}, StepReply{Step: 1 << 40}} {
-		f.Add(reflectEncode(f, v))
+		f.Add(ipctest.ReflectEncode(f, v))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if ipc.Validate(b) != nil {
