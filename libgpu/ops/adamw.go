@@ -80,32 +80,39 @@ func (e *Engine) AdamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tensor
 }
 
 // StepCounter advances an optimizer's step counter on the device and
-// leaves its bias corrections there: t = step[0] + 1 is stored in step
-// ([1] i32) and bc ([2] f32) gets {1−β1ᵗ, 1−β2ᵗ}, computed in float64
-// (Kingma & Ba 2015, Algorithm 1). Ops that take bc (ShampooPrep.BC) then
-// follow the counter in a replayed graph, where a host step number would
-// be frozen at its capture. Requires 0 ≤ β1, β2 ≤ 1 (else ErrConfig);
-// errors as AdamW.
-func (e *Engine) StepCounter(step, bc *tensor.Tensor, beta1, beta2 float32) error {
-	if !(beta1 >= 0 && beta1 <= 1 && beta2 >= 0 && beta2 <= 1) {
-		return fmt.Errorf("%w: step counter β1 %v, β2 %v", ErrConfig, beta1, beta2)
+// leaves bias corrections there: t = step[0] + 1 is stored in step ([1]
+// i32) and, when bc is not nil, bc ([2] f32) gets {1−β1ᵗ⁻ˡᵃᵍ, 1−β2ᵗ⁻ˡᵃᵍ},
+// computed in float64 (Kingma & Ba 2015, Algorithm 1; lag 1 gives the
+// previous step's, as SOAP's step coefficient wants). Ops that take bc
+// (ShampooPrep.BC, BlockApply.CoefBC) then follow the counter in a
+// replayed graph, where a host step number would be frozen at its
+// capture. Requires 0 ≤ β1, β2 ≤ 1 and lag ≥ 0 (else ErrConfig); errors
+// as AdamW.
+func (e *Engine) StepCounter(step, bc *tensor.Tensor, beta1, beta2 float32, lag int) error {
+	if !(beta1 >= 0 && beta1 <= 1 && beta2 >= 0 && beta2 <= 1 && lag >= 0) {
+		return fmt.Errorf("%w: step counter β1 %v, β2 %v, lag %d", ErrConfig, beta1, beta2, lag)
 	}
 	if err := e.check("step counter", step, tensor.I32, 1); err != nil {
 		return err
 	}
-	if err := e.check("step counter bc", bc, tensor.F32, 2); err != nil {
-		return err
+	if bc != nil {
+		if err := e.check("step counter bc", bc, tensor.F32, 2); err != nil {
+			return err
+		}
 	}
 	return e.dispatch(func(*hostImpl) error {
 		st, _ := step.I32()
-		out, _ := bc.F32()
 		st[0]++
-		t := float64(st[0])
+		if bc == nil {
+			return nil
+		}
+		out, _ := bc.F32()
+		t := float64(int(st[0]) - lag)
 		out[0] = float32(1 - math.Pow(float64(beta1), t))
 		out[1] = float32(1 - math.Pow(float64(beta2), t))
 		return nil
 	}, func(c *cudaImpl) error {
-		return launch.AdamwStep(c, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, devPtr(step), devPtr(bc), beta1, beta2)
+		return launch.AdamwStep(c, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, devPtr(step), devPtr(bc), beta1, beta2, int32(lag))
 	})
 }
 

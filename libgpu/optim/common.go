@@ -63,14 +63,14 @@ type counter struct {
 
 // advance advances the counter and returns the new step number (from 1):
 // on the host's mirror, and on the device (ops.Engine.StepCounter, which
-// also leaves bc ([2] f32) = {1−β1ᵗ, 1−β2ᵗ} there), so that a replayed
-// graph advances the device's counter by itself.
-func (c *counter) advance(e *ops.Engine, bc *tensor.Tensor, beta1, beta2 float32) (int, error) {
+// also leaves bc ([2] f32, or nil) = {1−β1ᵗ⁻ˡᵃᵍ, 1−β2ᵗ⁻ˡᵃᵍ} there), so
+// that a replayed graph advances the device's counter by itself.
+func (c *counter) advance(e *ops.Engine, bc *tensor.Tensor, beta1, beta2 float32, lag int) (int, error) {
 	if err := c.load(e); err != nil {
 		return 0, err
 	}
 	c.t++
-	return c.t, e.StepCounter(c.dev, bc, beta1, beta2)
+	return c.t, e.StepCounter(c.dev, bc, beta1, beta2, lag)
 }
 
 // load reads the device counter when the host's mirror is unknown.

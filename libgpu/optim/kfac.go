@@ -121,7 +121,6 @@ type KFAC struct {
 	rest     []*tensor.Tensor // other parameters, their gradients and momentum buffers
 	restG    []*tensor.Tensor
 	restBuf  []*tensor.Tensor
-	scratch  *tensor.Tensor // work [2]: StepCounter's output (K-FAC has no bias correction)
 }
 
 // NewKFAC allocates K-FAC's state through a: per layer
@@ -262,9 +261,6 @@ func NewKFAC(a device.Allocator, prefix string, params []nn.Param, layers []KFAC
 	if o.step.dev, err = o.s.zeros(a, prefix, "step", tensor.I32, 1); err != nil {
 		return o, err
 	}
-	if o.scratch, err = o.s.work(a, prefix, "kfac.counter", tensor.F32, 2); err != nil {
-		return o, err
-	}
 	return o, nil
 }
 
@@ -331,7 +327,7 @@ func (o *KFAC) OnLinear(e *ops.Engine) func(weight string, x, dy *tensor.Tensor)
 // be captured and replayed (Phaser), at a constant learning rate.
 func (o *KFAC) Step(e *ops.Engine) error {
 	o.e = e
-	t, err := o.step.advance(e, o.scratch, 0, 0) // on the device: a replayed step advances it
+	t, err := o.step.advance(e, nil, 0, 0, 0) // on the device: a replayed step advances it
 	if err != nil {
 		return err
 	}

@@ -299,7 +299,7 @@ func flat(t *tensor.Tensor, shape ...int) (*tensor.Tensor, error) {
 // refresh starting or put in use may be captured and replayed (Phaser).
 func (o *Shampoo) Step(e *ops.Engine) error {
 	o.e = e
-	t, err := o.step.advance(e, o.bc, o.cfg.Beta1, o.cfg.GraftBeta2)
+	t, err := o.step.advance(e, o.bc, o.cfg.Beta1, o.cfg.GraftBeta2, 0)
 	if err != nil {
 		return err
 	}

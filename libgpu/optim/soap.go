@@ -122,14 +122,11 @@ type SOAP struct {
 	adamStep     *tensor.Tensor
 	adamP, adamG []*tensor.Tensor
 	perm         soapPerm
-	// lag counts t−1 on the device ([1] i32, work: set from the host's
-	// count at the first step after construction or Reset) and lagBC holds
-	// its bias corrections ([2] f32), which give the step's coefficient
-	// √(1−β2ᵗ⁻¹)/(1−β1ᵗ⁻¹) on the device (ops.BlockApply.CoefBC).
-	lag, lagBC *tensor.Tensor
-	lagSet     bool
-	stepBC     *tensor.Tensor // work [2]: the step counter's (unused) corrections
-	lrScale    *tensor.Tensor // the run's device learning-rate scale, or nil
+	// bc holds the previous step's bias corrections ([2] f32, work: left
+	// by the device's step counter with lag 1), which give the step's
+	// coefficient √(1−β2ᵗ⁻¹)/(1−β1ᵗ⁻¹) on the device (ops.BlockApply.CoefBC).
+	bc      *tensor.Tensor
+	lrScale *tensor.Tensor // the run's device learning-rate scale, or nil
 }
 
 // NewSOAP allocates SOAP's state through a: per matrix parameter
@@ -287,13 +284,7 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 	if o.step.dev, err = o.s.zeros(a, prefix, "step", tensor.I32, 1); err != nil {
 		return o, err
 	}
-	if o.stepBC, err = o.s.work(a, prefix, "soap.step_counter", tensor.F32, 2); err != nil {
-		return o, err
-	}
-	if o.lag, err = o.s.work(a, prefix, "soap.lag_step", tensor.I32, 1); err != nil {
-		return o, err
-	}
-	if o.lagBC, err = o.s.work(a, prefix, "soap.lag_bias_correction", tensor.F32, 2); err != nil {
+	if o.bc, err = o.s.work(a, prefix, "soap.bias_correction", tensor.F32, 2); err != nil {
 		return o, err
 	}
 	if maxBlocked > 0 {
@@ -314,27 +305,18 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 // synchronously or on the side stream), the steps in the eigenbasis
 // (eight GEMMs batched over each block shape's parameters, and one
 // multi-tensor ops.SOAPAdams and ops.BlockApplies per shape, the latter's
-// coefficient from a device counter of t−1), and AdamW for the others. Queued on e; steps
-// with no refresh starting or put in use may be captured and replayed
-// (Phaser).
+// coefficient from the device counter's corrections of t−1), and AdamW
+// for the others. Queued on e; steps with no refresh starting or put in
+// use may be captured and replayed (Phaser).
 func (o *SOAP) Step(e *ops.Engine) error {
 	o.e = e
 	// On the device (checkpointed, and the GPT's dropout keys on it): a
-	// replayed step advances it; its output here is unused.
-	t, err := o.step.advance(e, o.stepBC, 0, 0)
+	// replayed step advances it, and leaves t−1's corrections in o.bc.
+	t, err := o.step.advance(e, o.bc, o.cfg.Beta1, o.cfg.Beta2, 1)
 	if err != nil {
 		return err
 	}
 	c := o.cfg
-	if !o.lagSet {
-		if err := e.Fill(o.lag, float64(t-2)); err != nil {
-			return err
-		}
-		o.lagSet = true
-	}
-	if err := e.StepCounter(o.lag, o.lagBC, c.Beta1, c.Beta2); err != nil { // t−1 and its corrections
-		return err
-	}
 	bs := c.ShampooBeta
 	for _, g := range o.groups {
 		preps := make([]ops.SOAPTensors, len(g.members))
@@ -415,7 +397,7 @@ func (o *SOAP) Step(e *ops.Engine) error {
 				return err
 			}
 			sp := o.params[pi]
-			aps[k] = ops.BlockApply{P: sp.p, D: d, Blk: sp.blk, LR: c.LR, Coef: 1, CoefBC: o.lagBC, Decay: c.WeightDecay,
+			aps[k] = ops.BlockApply{P: sp.p, D: d, Blk: sp.blk, LR: c.LR, Coef: 1, CoefBC: o.bc, Decay: c.WeightDecay,
 				LRScale: o.lrScale}
 		}
 		if err := e.BlockApplies(aps); err != nil {
@@ -442,13 +424,6 @@ func (o *SOAP) NextPhase() int { return o.rooted.nextPhase() }
 
 // Replayed implements Phaser.
 func (o *SOAP) Replayed() { o.rooted.replayed() }
-
-// Reset implements Optimizer (rooted's, and the lagged counter is set
-// again at the next step).
-func (o *SOAP) Reset(e *ops.Engine) error {
-	o.lagSet = false
-	return o.rooted.Reset(e)
-}
 
 // permuteMoments carries every second moment over to the bases of the
 // power-iteration refresh of step t just put in use (sched.use): V's rows
