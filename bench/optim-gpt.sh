@@ -40,6 +40,10 @@
 #   OPTIMIZER_SOCKET=SOCK POOL=SOCK          run the second-order optimizers in
 #                                            `optimizer serve` (the service's
 #                                            overhead on the real step)
+#   GPUKIT_OPTIM_PHASES=1                    replay Shampoo's and SOAP's steps from a
+#                                            CUDA graph per phase outside refresh
+#                                            steps (issue 26; off by default until
+#                                            a GPU machine has compared both)
 # Needs trainer and gpukit-optimplot in $GPUKIT_BIN (default ./bin; make
 # build; the plot tool: cd bench && go build -o ../bin/gpukit-optimplot
 # ./cmd/gpukit-optimplot, or the GPU bundle's bench/).

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"gpukit/libgpu/cuda/cudatest"
 )
@@ -199,8 +200,14 @@ func TestGroupDirectory(t *testing.T) {
 	if err != nil || fi.Mode().Perm() != 0o750 || int(fi.Sys().(*syscall.Stat_t).Gid) != gid {
 		t.Fatalf("socket directory: %v %v", fi.Mode(), err)
 	}
-	if !strings.Contains(stderr.String(), "making the socket directory") {
-		t.Fatalf("serve did not say it made the directory: %q", stderr.String())
+	// The daemon says so on stderr before it prints the socket, but the
+	// pipe's copy into stderr runs on its own goroutine here: wait for it
+	// (CI under the race detector once read it empty, 2026-11-28).
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(stderr.String(), "making the socket directory"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not say it made the directory: %q", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	gpupool(t, nil, "stats", "--socket", sock) // the daemon's own user
 	if os.Geteuid() != 0 {

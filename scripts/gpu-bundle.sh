@@ -31,7 +31,7 @@ if [ -d bench/cmd ]; then
 	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-allreduce" ./cmd/gpukit-allreduce)
 	(cd bench && go build -trimpath -ldflags="$ldflags" -o "$root/$stage/bench/gpukit-optimplot" ./cmd/gpukit-optimplot)
 fi
-cp -r bench/*.sh bench/report.py bench/conv_table.py bench/workloads.json bench/reference "$stage/bench/"
+cp -r bench/*.sh bench/report.py bench/conv_table.py bench/video-880m.json bench/workloads.json bench/reference "$stage/bench/"
 mkdir -p "$stage/bench/kernels" && cp libgpu/kernels/*.cu libgpu/kernels/*.cuh "$stage/bench/kernels/"
 # The default text of the GPT tests (data.DefaultTextPath finds it through
 # Go's GOROOT, which a GPU machine without Go lacks): run.sh points

@@ -17,19 +17,6 @@ import (
 // gptScript is the PyTorch reference of the GPT (bundled like mlpScript).
 const gptScript = "../bench/reference/gpt.py"
 
-func gptPython(t *testing.T, args ...string) string {
-	t.Helper()
-	script := bundled(gptScript)
-	cmd := exec.Command("python3", append([]string{script}, args...)...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("python3 %s %v: %v\n%s", script, args, err, stderr.String())
-	}
-	return string(out)
-}
-
 // gptText is the corpus of the GPU GPT tests: $GPUKIT_TEXT when set (the
 // GPU machine, which has no Go, is given tinyshakespeare.txt), else
 // Newton's Opticks (on every machine with Go), else a generated text.
@@ -93,7 +80,7 @@ func gptParity(t *testing.T, precision string, steps int, tol float64) (string, 
 	if precision == "bf16" {
 		dtype = "bf16"
 	}
-	want, _ := stepLosses(t, gptPython(t, "parity", "--init", initFile, "--batches", batches, "--dtype", dtype))
+	want, _ := stepLosses(t, refScript(t, gptScript, "parity", "--init", initFile, "--batches", batches, "--dtype", dtype))
 	if len(want) != steps {
 		t.Fatalf("PyTorch wrote %d losses", len(want))
 	}
@@ -129,7 +116,7 @@ func TestGPUGPTParityF32(t *testing.T) {
 	var theirs struct {
 		ValLoss float64 `json:"val_loss"`
 	}
-	if err := json.Unmarshal([]byte(strings.TrimSpace(gptPython(t, "eval", "--ckpt", ck, "--batches", vb))), &theirs); err != nil {
+	if err := json.Unmarshal([]byte(strings.TrimSpace(refScript(t, gptScript, "eval", "--ckpt", ck, "--batches", vb))), &theirs); err != nil {
 		t.Fatal(err)
 	}
 	if d := math.Abs(ours.ValLoss-theirs.ValLoss) / theirs.ValLoss; !(d <= 1e-3) {

@@ -59,15 +59,21 @@ func stepLosses(t *testing.T, stdout string) (loss []float64, mfu []float64) {
 	return loss, mfu
 }
 
-func python(t *testing.T, args ...string) string {
+// refScript runs a bundled PyTorch reference script (mlpScript, gptScript,
+// moeScript) with args and returns its stdout; it fails t with the
+// script's stderr when the script fails, and logs its stderr otherwise.
+func refScript(t *testing.T, script string, args ...string) string {
 	t.Helper()
-	script := bundled(mlpScript)
-	cmd := exec.Command("python3", append([]string{script}, args...)...)
+	path := bundled(script)
+	cmd := exec.Command("python3", append([]string{path}, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("python3 %s %v: %v\n%s", script, args, err, stderr.String())
+		t.Fatalf("python3 %s %v: %v\n%s", path, args, err, stderr.String())
+	}
+	if s := strings.TrimSpace(stderr.String()); s != "" {
+		t.Logf("%s: %s", filepath.Base(path), s)
 	}
 	return string(out)
 }
@@ -147,13 +153,13 @@ func parity(t *testing.T, act string, strict int, tol float64, twin bool) []floa
 		}
 	}
 	torchModel := filepath.Join(work, "torch.safetensors")
-	want, _ := stepLosses(t, python(t, "train", "--init", initFile, "--batches", batches, "--data", dir, "--precision", "f32", "--out", torchModel))
+	want, _ := stepLosses(t, refScript(t, mlpScript, "train", "--init", initFile, "--batches", batches, "--data", dir, "--precision", "f32", "--out", torchModel))
 	if len(want) != 200 {
 		t.Fatalf("PyTorch wrote %d losses", len(want))
 	}
 	var twinLoss []float64
 	if twin {
-		if twinLoss, _ = stepLosses(t, python(t, "train", "--init", initFile, "--batches", batches, "--data", dir, "--precision", "f32", "--perturb", "6e-8")); len(twinLoss) != 200 {
+		if twinLoss, _ = stepLosses(t, refScript(t, mlpScript, "train", "--init", initFile, "--batches", batches, "--data", dir, "--precision", "f32", "--perturb", "6e-8")); len(twinLoss) != 200 {
 			t.Fatalf("PyTorch's twin wrote %d losses", len(twinLoss))
 		}
 	}
@@ -182,7 +188,7 @@ func parity(t *testing.T, act string, strict int, tol float64, twin bool) []floa
 	model := filepath.Join(out, "model.safetensors")
 	for _, m := range []string{model, torchModel} {
 		ours := accuracy(t, trainer(t, "eval", "--ckpt", m, "--data", dir, "--precision", "f32", "--act", act).stdout)
-		theirs := accuracy(t, python(t, "eval", "--ckpt", m, "--data", dir, "--act", act))
+		theirs := accuracy(t, refScript(t, mlpScript, "eval", "--ckpt", m, "--data", dir, "--act", act))
 		if math.Abs(ours-theirs) > 0.001 {
 			t.Errorf("%s: trainer eval %.4f, PyTorch %.4f", filepath.Base(m), ours, theirs)
 		}

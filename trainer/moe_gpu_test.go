@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,22 +16,6 @@ import (
 // moeScript is the PyTorch reference of the MoE GPT (bundled with gpt.py,
 // which it imports).
 const moeScript = "../bench/reference/moe.py"
-
-func moePython(t *testing.T, args ...string) string {
-	t.Helper()
-	script := bundled(moeScript)
-	cmd := exec.Command("python3", append([]string{script}, args...)...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("python3 %s %v: %v\n%s", script, args, err, stderr.String())
-	}
-	if s := strings.TrimSpace(stderr.String()); s != "" {
-		t.Logf("moe.py: %s", s)
-	}
-	return string(out)
-}
 
 // moeSteps are the {loss, aux_loss, z_loss} of each step's line, in order.
 func moeSteps(t *testing.T, stdout string) [][3]float64 {
@@ -102,14 +85,14 @@ func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, t
 		dtype = "bf16"
 	}
 	py := []string{"parity", "--init", initFile, "--batches", batches, "--dtype", dtype}
-	want := moeSteps(t, moePython(t, py...))
+	want := moeSteps(t, refScript(t, moeScript, py...))
 	if len(want) != steps {
 		t.Fatalf("PyTorch wrote %d steps", len(want))
 	}
 	names := []string{"cross-entropy", "load-balancing loss", "z-loss"}
 	rel := func(a, b [][3]float64, i, j int) float64 { return math.Abs(a[i][j]-b[i][j]) / math.Abs(b[i][j]) }
 	if twin {
-		other := moeSteps(t, moePython(t, append(py, "--router-input", "compute")...))
+		other := moeSteps(t, refScript(t, moeScript, append(py, "--router-input", "compute")...))
 		if len(other) != steps {
 			t.Fatalf("PyTorch's twin wrote %d steps", len(other))
 		}
@@ -167,7 +150,7 @@ func TestGPUMoEParityF32(t *testing.T) {
 	if err := json.Unmarshal([]byte(strings.TrimSpace(r.stdout)), &ours); err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal([]byte(strings.TrimSpace(moePython(t, "eval", "--ckpt", ck, "--batches", vb))), &theirs); err != nil {
+	if err := json.Unmarshal([]byte(strings.TrimSpace(refScript(t, moeScript, "eval", "--ckpt", ck, "--batches", vb))), &theirs); err != nil {
 		t.Fatal(err)
 	}
 	if d := math.Abs(ours.ValLoss-theirs.ValLoss) / theirs.ValLoss; !(d <= 1e-3) {

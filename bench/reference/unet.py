@@ -434,25 +434,39 @@ def cmd_bench(a):
 
 
 def cmd_video(a):
-    model = default_model()
+    """A video frame (re-noise to 0.5, a.steps guided steps with blending)
+    of the default U-Net, or with --config of a U-Net of random weights at
+    that model configuration (a checkpoint's JSON, as `sampler video
+    --random-init` takes it); --batch B streams in one batch, as `sampler
+    video --streams B`."""
+    if a.config:
+        torch.manual_seed(1)
+        with open(a.config) as f:
+            model = build(json.load(f)).cuda().eval()
+        with open(a.config) as f:
+            u = json.load(f)["unet"]
+        C, side = u["in_channels"], u["size"]
+    else:
+        model, C, side = default_model(), 1, 32
+    n, B = C * side * side, a.batch
     ab = schedule("linear", 1000)
     _, rows = plan(ab, "dpmsolver++", a.steps, guidance=3.0, strength=0.5, blend=0.2)
     r0 = [float(v) for v in rows[0]]
 
     def make():
-        prev = torch.rand(1024, device="cuda") * 2 - 1
-        x = torch.zeros(1024, device="cuda")
+        prev = torch.rand(B * n, device="cuda") * 2 - 1
+        x = torch.zeros(B * n, device="cuda")
         d = torch.zeros_like(x)
-        zs = [torch.randn(1024, device="cuda") for _ in rows]
-        y = torch.tensor([3, 10], device="cuda")
-        ts = [torch.full((2,), int(r[TNEXT]), device="cuda") for r in rows]
+        zs = [torch.randn(B * n, device="cuda") for _ in rows]
+        y = torch.tensor([3] * B + [10] * B, device="cuda")
+        ts = [torch.full((2 * B,), int(r[TNEXT]), device="cuda") for r in rows]
 
         def frame():
             with torch.no_grad():
                 x.copy_(r0[S] * zs[0] + r0[A] * prev)
                 for i in range(1, len(rows)):
                     with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-                        xin = x.view(1, 1, 32, 32)
+                        xin = x.view(B, C, side, side)
                         eps = model(torch.cat([xin, xin]), ts[i - 1], y).float().reshape(-1)
                     xn, x0 = step_update(rows[i], x, eps, d, prev, zs[i], 2)
                     x.copy_(xn)
@@ -460,7 +474,9 @@ def cmd_video(a):
                 prev.copy_(x)
         return frame
 
-    run_modes(a.modes, make, "unet-video-frame", lambda ms: {"steps": a.steps})
+    params = sum(p.numel() for p in model.parameters())
+    run_modes(a.modes, make, "unet-video-frame", lambda ms: {"steps": a.steps, "streams": B, "params": params,
+                                                             "frames_per_s": 1000 / ms, "images_per_s": B * 1000 / ms})
 
 
 def cmd_train_bench(a):
@@ -513,6 +529,8 @@ def main():
     q.add_argument("--modes", default="eager,graph,compile")
     q = sub.add_parser("video")
     q.add_argument("--steps", type=int, default=4)
+    q.add_argument("--config", help="a model configuration JSON (random weights at that size)")
+    q.add_argument("--batch", type=int, default=1, help="video streams sampled together")
     q.add_argument("--modes", default="eager,graph,compile")
     q = sub.add_parser("train-bench")
     q.add_argument("--batch", type=int, default=128)

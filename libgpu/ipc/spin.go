@@ -107,13 +107,15 @@ func (s *spinState) done(hit bool) {
 }
 
 // recvmsg is one recvmsg(2) on fd into c.buf and c.oob, with no source
-// address (the socket is connected), so nothing is allocated.
-func (c *Conn) recvmsg(fd uintptr, flags int) (n, oobn, rflags int, err syscall.Errno) {
+// address (the socket is connected), so nothing is allocated. It never
+// waits (MSG_DONTWAIT), so it is a raw system call, as sendmsg (conn.go)
+// is.
+func (c *Conn) recvmsg(fd uintptr) (n, oobn, rflags int, err syscall.Errno) {
 	iov := unix.Iovec{Base: &c.buf[0]}
 	iov.SetLen(len(c.buf))
 	msg := unix.Msghdr{Iov: &iov, Iovlen: 1, Control: &c.oob[0]}
 	msg.SetControllen(len(c.oob))
-	r, _, e := unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&msg)), uintptr(flags|unix.MSG_CMSG_CLOEXEC))
+	r, _, e := unix.RawSyscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&msg)), unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
 	if e != 0 {
 		return 0, 0, 0, e
 	}
@@ -135,7 +137,7 @@ func (c *Conn) readSpin(spin bool) (n, oobn, flags int, err error) {
 	reset := false
 	rerr := rc.Read(func(fd uintptr) bool {
 		for {
-			n, oobn, flags, errno = c.recvmsg(fd, unix.MSG_DONTWAIT)
+			n, oobn, flags, errno = c.recvmsg(fd)
 			if errno == unix.EINTR {
 				continue
 			}

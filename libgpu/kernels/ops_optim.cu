@@ -63,15 +63,18 @@ __device__ __forceinline__ double powi(double b, int t) {
 }
 
 // adamw_step advances the step counter and the bias corrections, one
-// thread: t = ++*step; bc = {1 - b1^t, 1 - b2^t} (computed in double). It
-// runs before adamw_multi on the same stream, so every block of the update
-// sees the same t; in a replayed graph the counter advances on every replay.
-extern "C" __global__ void adamw_step(int* step, float* bc, float b1, float b2) {
+// thread: t = ++*step; bc = {1 - b1^(t-lag), 1 - b2^(t-lag)} (computed in
+// double; bc may be null: the counter alone). It runs before adamw_multi
+// on the same stream, so every block of the update sees the same t; in a
+// replayed graph the counter advances on every replay.
+extern "C" __global__ void adamw_step(int* step, float* bc, float b1, float b2, int lag) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         int t = *step + 1;
         *step = t;
-        bc[0] = (float)(1.0 - powi((double)b1, t));
-        bc[1] = (float)(1.0 - powi((double)b2, t));
+        if (bc) {
+            bc[0] = (float)(1.0 - powi((double)b1, t - lag));
+            bc[1] = (float)(1.0 - powi((double)b2, t - lag));
+        }
     }
 }
 

@@ -22,37 +22,85 @@ __device__ __forceinline__ bool pc_locate(pc_geom g, long long e, int* i, int* j
   return *i < g.m && *j < g.n;
 }
 
-// shampoo_prep: per element of the blocked layout (total = rows·cols·br·bc),
+// Element-wise steps over several parameters per launch (multi-tensor, as
+// ops_optim.cu's): the parameters travel by value in a __grid_constant__
+// struct, PC_MT_MAX per launch; parameter i owns blocks [start[i],
+// start[i+1]), each block PC_MT_CHUNK consecutive elements of its range
+// (blocked elements for the preps and soap_adam, the parameter's own for
+// block_apply). The Go mirrors are generated (libgpu/kernels/launch).
+#define PC_MT_MAX 32
+#define PC_MT_CHUNK 2048
+
+// pc_mt_range is block blockIdx.x's parameter in a multi-tensor launch
+// of args a (any of the pc_*_args: t[i].total elements each) and its
+// element range [lo, hi).
+template <typename A>
+__device__ __forceinline__ int pc_mt_range(const A& a, long long* lo, long long* hi) {
+  int ti = gpukit_mt_find(a.start, a.count, blockIdx.x);
+  *lo = (long long)(blockIdx.x - a.start[ti]) * PC_MT_CHUNK;
+  *hi = *lo + PC_MT_CHUNK < a.t[ti].total ? *lo + PC_MT_CHUNK : a.t[ti].total;
+  return ti;
+}
+
+struct pc_prep_tensor {
+  pc_geom geo;
+  const float* g;
+  float* m;
+  float* v;
+  float* gs;
+  float* gb;
+  float* ga;
+  long long total;  // blocked elements: rows·cols·br·bc
+};
+
+struct pc_prep_args {
+  pc_prep_tensor t[PC_MT_MAX];
+  int start[PC_MT_MAX + 1];
+  int count;
+  float beta1, beta2, bc1, bc2, eps;
+  const float* bc;
+  int adagrad;
+};
+static_assert(sizeof(pc_prep_tensor) == 80, "pc_prep_tensor layout: launch.PcPrepTensor is generated from it");
+
+// shampoo_prep_multi: per element of each parameter's blocked layout,
 // for the real elements (g = G[i,j]):
 //   m ← β1·m + (1−β1)·g                    (when beta1 > 0)
 //   v ← v + g² (adagrad) or β2·v + (1−β2)·g²
 //   mh = m/bc1 (g when beta1 = 0);  a = mh/(√(v/bc2) + eps)
 //   gs = g, gb = mh, ga = a     (blocked; padding gets 0)
-// bc1 = 1−β1ᵗ, bc2 = 1−β2ᵗ (1 for adagrad).
-extern "C" __global__ void shampoo_prep(pc_geom geo, const float* g, float* m, float* v, float* gs, float* gb,
-                                        float* ga, long long total, float beta1, float beta2, float bc1, float bc2,
-                                        float eps, int adagrad) {
-  GPUKIT_GRID_STRIDE(e, total) {
+// bc1 = 1−β1ᵗ, bc2 = 1−β2ᵗ (1 for adagrad): the arguments, or, when bc is
+// not null, bc[0] and bc[1] as a step counter's kernel left them on the
+// device (adamw_step), so a replayed graph follows the counter.
+extern "C" __global__ void shampoo_prep_multi(const __grid_constant__ pc_prep_args a) {
+  long long lo, hi;
+  const pc_prep_tensor& T = a.t[pc_mt_range(a, &lo, &hi)];
+  float bc1 = a.bc1, bc2 = a.bc2;
+  if (a.bc) {
+    bc1 = a.bc[0];
+    bc2 = a.adagrad ? 1.0f : a.bc[1];
+  }
+  for (long long e = lo + threadIdx.x; e < hi; e += blockDim.x) {
     int i, j;
-    if (!pc_locate(geo, (long long)e, &i, &j)) {
-      gs[e] = 0.0f;
-      gb[e] = 0.0f;
-      ga[e] = 0.0f;
+    if (!pc_locate(T.geo, e, &i, &j)) {
+      T.gs[e] = 0.0f;
+      T.gb[e] = 0.0f;
+      T.ga[e] = 0.0f;
       continue;
     }
-    long long k = (long long)i * geo.n + j;
-    float gv = g[k];
+    long long k = (long long)i * T.geo.n + j;
+    float gv = T.g[k];
     float mh = gv;
-    if (beta1 > 0.0f) {
-      float mv = beta1 * m[k] + (1.0f - beta1) * gv;
-      m[k] = mv;
+    if (a.beta1 > 0.0f) {
+      float mv = a.beta1 * T.m[k] + (1.0f - a.beta1) * gv;
+      T.m[k] = mv;
       mh = mv / bc1;
     }
-    float vv = adagrad ? v[k] + gv * gv : beta2 * v[k] + (1.0f - beta2) * gv * gv;
-    v[k] = vv;
-    gs[e] = gv;
-    gb[e] = mh;
-    ga[e] = mh / (sqrtf(vv / bc2) + eps);
+    float vv = a.adagrad ? T.v[k] + gv * gv : a.beta2 * T.v[k] + (1.0f - a.beta2) * gv * gv;
+    T.v[k] = vv;
+    T.gs[e] = gv;
+    T.gb[e] = mh;
+    T.ga[e] = mh / (sqrtf(vv / bc2) + a.eps);
   }
 }
 
@@ -94,64 +142,110 @@ extern "C" __global__ void pc_graft_scale(const float* part, int chunks, int blo
   scale[b] = s0 > 0.0 ? (float)sqrt(s1 / s0) : 0.0f;
 }
 
-// block_apply: per real element (i, j) of P (total = m·n):
+struct pc_apply_tensor {
+  pc_geom geo;
+  float* p;
+  const float* d;
+  const float* scale;  // per block, or null (1)
+  long long total;     // m·n
+};
+
+struct pc_apply_args {
+  pc_apply_tensor t[PC_MT_MAX];
+  int start[PC_MT_MAX + 1];
+  int count;
+  float lr, coef, wd;
+  const float* lr_scale;
+  const float* bc;
+};
+static_assert(sizeof(pc_apply_tensor) == 56, "pc_apply_tensor layout: launch.PcApplyTensor is generated from it");
+
+// block_apply_multi: per real element (i, j) of each parameter P:
 //   p ← p − lr·(coef·scale[b]·d[blocked(i, j)] + wd·p)
-// scale may be null (1).
-extern "C" __global__ void block_apply(pc_geom geo, float* p, const float* d, const float* scale, long long total,
-                                       float lr, float coef, float wd) {
-  GPUKIT_GRID_STRIDE(k, total) {
+// scale may be null (1); lr_scale, when not null, multiplies lr (a device
+// learning-rate schedule, as adamw_multi's); bc, when not null, holds bias
+// corrections {1−β1ᵗ, 1−β2ᵗ} (adamw_step's) and coef is multiplied by
+// √bc[1]/bc[0] (Adam's step-size correction, SOAP's).
+extern "C" __global__ void block_apply_multi(const __grid_constant__ pc_apply_args a) {
+  long long lo, hi;
+  const pc_apply_tensor& T = a.t[pc_mt_range(a, &lo, &hi)];
+  float lr = a.lr_scale ? a.lr * *a.lr_scale : a.lr;
+  float coef = a.bc ? a.coef * (sqrtf(a.bc[1]) / a.bc[0]) : a.coef;
+  const pc_geom geo = T.geo;
+  for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) {
     int i = (int)(k / geo.n), j = (int)(k % geo.n);
     int bi = i / geo.br, bj = j / geo.bc;
     long long b = (long long)bi * geo.cols + bj;
     long long e = (b * geo.br + (i - bi * geo.br)) * geo.bc + (j - bj * geo.bc);
-    float s = scale ? scale[b] : 1.0f;
-    float pv = p[k];
-    p[k] = pv - lr * (coef * s * d[e] + wd * pv);
+    float s = T.scale ? T.scale[b] : 1.0f;
+    float pv = T.p[k];
+    T.p[k] = pv - lr * (coef * s * T.d[e] + a.wd * pv);
   }
 }
 
-// soap_prep: m ← β1·m + (1−β1)·g over the real elements, and the blocked
-// copies gs = g, gm = m (padding 0), total = rows·cols·br·bc.
-extern "C" __global__ void soap_prep(pc_geom geo, const float* g, float* m, float* gs, float* gm, long long total,
-                                     float beta1) {
-  GPUKIT_GRID_STRIDE(e, total) {
+struct pc_soap_tensor {
+  pc_geom geo;
+  const float* x;  // soap_prep_multi: g [m, n];    soap_adam_multi: gr (blocked)
+  const float* u;  //                 unused;       mr (blocked)
+  float* y;        //                 m [m, n];     v (blocked)
+  float* w;        //                 gs (blocked); out (blocked)
+  float* z;        //                 gm (blocked); unused
+  long long total; // blocked elements: rows·cols·br·bc
+};
+
+struct pc_soap_args {
+  pc_soap_tensor t[PC_MT_MAX];
+  int start[PC_MT_MAX + 1];
+  int count;
+  float beta, eps;
+};
+static_assert(sizeof(pc_soap_tensor) == 72, "pc_soap_tensor layout: launch.PcSoapTensor is generated from it");
+
+// soap_prep_multi: m ← β·m + (1−β)·g over the real elements, and the
+// blocked copies gs = g, gm = m (padding 0).
+extern "C" __global__ void soap_prep_multi(const __grid_constant__ pc_soap_args a) {
+  long long lo, hi;
+  const pc_soap_tensor& T = a.t[pc_mt_range(a, &lo, &hi)];
+  for (long long e = lo + threadIdx.x; e < hi; e += blockDim.x) {
     int i, j;
-    if (!pc_locate(geo, (long long)e, &i, &j)) {
-      gs[e] = 0.0f;
-      gm[e] = 0.0f;
+    if (!pc_locate(T.geo, e, &i, &j)) {
+      T.w[e] = 0.0f;
+      T.z[e] = 0.0f;
       continue;
     }
-    long long k = (long long)i * geo.n + j;
-    float gv = g[k];
-    float mv = beta1 * m[k] + (1.0f - beta1) * gv;
-    m[k] = mv;
-    gs[e] = gv;
-    gm[e] = mv;
+    long long k = (long long)i * T.geo.n + j;
+    float gv = T.x[k];
+    float mv = a.beta * T.y[k] + (1.0f - a.beta) * gv;
+    T.y[k] = mv;
+    T.w[e] = gv;
+    T.z[e] = mv;
   }
 }
 
-// soap_adam: Adam in the eigenbasis, per element (r, c) of block b of the
-// rotated gradient gr and first moment mr (blocked, total elements): when
-// r and c are below the block's real row and column counts,
-//   v ← β2·v + (1−β2)·gr²;  out = mr/(√v + eps)
+// soap_adam_multi: Adam in the eigenbasis, per element (r, c) of block b
+// of the rotated gradient gr and first moment mr: when r and c are below
+// the block's real row and column counts,
+//   v ← β·v + (1−β)·gr²;  out = mr/(√v + eps)
 // else out = 0 (the padded coordinates, whose eigenvalues PadDiag made
 // the largest, so they come last in the ascending eigenbasis).
-extern "C" __global__ void soap_adam(pc_geom geo, const float* gr, const float* mr, float* v, float* out,
-                                     long long total, float beta2, float eps) {
+extern "C" __global__ void soap_adam_multi(const __grid_constant__ pc_soap_args a) {
+  long long lo, hi;
+  const pc_soap_tensor& T = a.t[pc_mt_range(a, &lo, &hi)];
+  const pc_geom geo = T.geo;
   long long per = (long long)geo.br * geo.bc;
-  GPUKIT_GRID_STRIDE(e, total) {
-    long long b = (long long)e / per, k = (long long)e % per;
+  for (long long e = lo + threadIdx.x; e < hi; e += blockDim.x) {
+    long long b = e / per, k = e % per;
     int bi = (int)(b / geo.cols), bj = (int)(b % geo.cols);
     int rr = geo.m - bi * geo.br, rc = geo.n - bj * geo.bc;
     int r = (int)(k / geo.bc), c = (int)(k % geo.bc);
     if (r >= rr || c >= rc) {
-      out[e] = 0.0f;
+      T.w[e] = 0.0f;
       continue;
     }
-    float g = gr[e];
-    float vv = beta2 * v[e] + (1.0f - beta2) * g * g;
-    v[e] = vv;
-    out[e] = mr[e] / (sqrtf(vv) + eps);
+    float g = T.x[e];
+    float vv = a.beta * T.y[e] + (1.0f - a.beta) * g * g;
+    T.y[e] = vv;
+    T.w[e] = T.u[e] / (sqrtf(vv) + a.eps);
   }
 }
 

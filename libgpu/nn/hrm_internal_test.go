@@ -8,6 +8,7 @@ import (
 
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
+	"gpukit/libgpu/ops/opstest"
 	"gpukit/libgpu/tensor"
 )
 
@@ -123,8 +124,7 @@ func relDiff(a, b []float64) float64 {
 func TestHRMOneStepGradient(t *testing.T) {
 	cfg := tinyHRM()
 	const B = 2
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	seed := opstest.TestSeed(t)
 	e, a := hostEngine(t)
 	m, ref := randomHRM(t, a, cfg, seed)
 	tr, err := m.NewTrain(e, a, "", HRMTrainConfig{Batch: B, PoolSlots: 1, LRMinRatio: 1})
@@ -211,7 +211,10 @@ func TestHRMOneStepGradient(t *testing.T) {
 		for i := range g {
 			dir[i] = g[i] / gn
 		}
-		if fd := fdAlong(oneStep, w, dir, 1e-3); math.Abs(fd-gn) > 1e-4*gn {
+		// h = 1e-4: the float64 reference's central difference errs by
+		// O(h²): at 1e-3 by 1.2e-4 of the norm for seed
+		// 4715248455193233099 (1 run in 150 failed), at 1e-4 by 4e-8.
+		if fd := fdAlong(oneStep, w, dir, 1e-4); math.Abs(fd-gn) > 1e-4*gn {
 			t.Errorf("%s: the derivative along the gradient is %.6g, the gradient's norm %.6g", p.Name, fd, gn)
 		}
 		if fd := fdAlong(unrolled, w, dir, 1e-3); math.Abs(fd-gn) > 2e-2*gn {

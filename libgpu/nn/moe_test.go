@@ -294,8 +294,7 @@ func moeMargin(r moeRef, p [][]float64) float64 {
 // ln(E)²), a few SGD steps on one batch lower the objective, and the
 // KV-cache decoder's logits equal the full forward's at every position.
 func TestMoEGPTTrainsAndDecodes(t *testing.T) {
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
+	seed := opstest.TestSeed(t)
 	r := rand.New(rand.NewPCG(seed, 22))
 	moe := nn.MoEConfig{Experts: 4, TopK: 2, Every: 2, AuxLoss: 0.01, ZLoss: 0.001}
 	cfg := nn.GPTConfig{Vocab: 13, Layers: 2, Heads: 2, DModel: 16, Block: 9, Bias: true, MoE: &moe}
@@ -319,6 +318,9 @@ func TestMoEGPTTrainsAndDecodes(t *testing.T) {
 	if !(math.Abs(float64(aux[0])-2) < 0.2) || !(math.Abs(float64(aux[1])-math.Log(4)*math.Log(4)) < 0.2) {
 		t.Errorf("initial auxiliary losses %v, want ≈ [2 %.3f]", aux, math.Log(4)*math.Log(4))
 	}
+	// Steps of 0.1: at 0.5 about 1 seed in 11 overshot (the objective rose
+	// after 5 steps; CI seed 7904895000892165600), at 0.2 1 in 400;
+	// at 0.1, 0 in 3,000.
 	last := first
 	for i := 0; i < 5; i++ {
 		if err := s.Graph.Backward(); err != nil {
@@ -328,7 +330,7 @@ func TestMoEGPTTrainsAndDecodes(t *testing.T) {
 			v, _ := p.Value.F32()
 			g, _ := p.Grad.F32()
 			for j := range v {
-				v[j] -= 0.5 * g[j]
+				v[j] -= 0.1 * g[j]
 			}
 		}
 		last, _ = objective()

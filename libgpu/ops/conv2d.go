@@ -16,6 +16,7 @@ package ops
 
 import (
 	"fmt"
+	"os"
 
 	"gonum.org/v1/gonum/blas"
 
@@ -404,8 +405,21 @@ func (c *cudaImpl) scratchTensor(e *Engine, name string, dt tensor.DType, shape 
 // conv2d_wg.cu's kernels take (wgOK: sm_90a) on wgmma instead, the weight
 // gradient included, and the rest as convMMA; it becomes the default once
 // it has run on a GPU machine (written and emulated on the host). convIm2col
-// runs every shape as im2col + cuBLASLt.
-var convPath = convMMA
+// runs every shape as im2col + cuBLASLt. GPUKIT_CONV_PATH=mma|wg|im2col
+// sets it for a process (a benchmark of a whole tool); another value
+// leaves the default.
+var convPath = convPathFromEnv(os.Getenv("GPUKIT_CONV_PATH"))
+
+// convPathFromEnv is convPath for the value of GPUKIT_CONV_PATH.
+func convPathFromEnv(v string) int {
+	switch v {
+	case "wg":
+		return convWG
+	case "im2col":
+		return convIm2col
+	}
+	return convMMA
+}
 
 // The values of convPath.
 const (

@@ -3,6 +3,7 @@ package ops
 import (
 	"fmt"
 	"math"
+	"os"
 
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/kernels/launch"
@@ -127,7 +128,8 @@ func (e *Engine) conv2dComposed(y, x, w, b *tensor.Tensor, p Conv2DParams, f Con
 // the implicit GEMM's input map and epilogue terms); off, it runs the
 // separate ops on CUDA too. Off until the fused kernels have run on a GPU
 // machine (written and emulated on the host: scripts/cuda-emu.sh unet).
-var convFuseKernels = false
+// GPUKIT_CONV_FUSE=1 turns it on for a process (a benchmark of a tool).
+var convFuseKernels = os.Getenv("GPUKIT_CONV_FUSE") == "1"
 
 // convFusedOK reports whether the implicit GEMM computes Conv2DFused for
 // these tensors: the fused kernels are on (convFuseKernels), the forward's

@@ -78,7 +78,7 @@ func (c *cudaImpl) adamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tens
 	if err != nil {
 		return err
 	}
-	if err := launch.AdamwStep(c, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, devPtr(step), bc, cfg.Beta1, cfg.Beta2); err != nil {
+	if err := launch.AdamwStep(c, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, devPtr(step), bc, cfg.Beta1, cfg.Beta2, 0); err != nil {
 		return err
 	}
 	for _, g := range groups {

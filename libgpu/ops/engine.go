@@ -40,9 +40,10 @@ type Options struct {
 // it in call order.
 type Engine struct {
 	*exec.Engine
-	opts Options
-	h    *hostImpl // the host backend, or nil
-	c    *cudaImpl // the CUDA backend, or nil
+	opts   Options
+	h      *hostImpl // the host backend, or nil
+	c      *cudaImpl // the CUDA backend, or nil
+	queued int64     // ops that reached a backend (Queued)
 }
 
 // hostImpl is the host backend as the op families see it: the runtime's
@@ -93,6 +94,12 @@ func NewEngine(dev device.Device, opts Options) (*Engine, error) {
 	return e, nil
 }
 
+// Queued is the number of ops queued on the engine so far: every call of
+// an op family that passed its checks and reached the backend counts one
+// (on a GPU one op is one or a few launches, or one library call). What a
+// step costs in host launch work is told by its count.
+func (e *Engine) Queued() int64 { return e.queued }
+
 // Options is what the engine was made with.
 func (e *Engine) Options() Options { return e.opts }
 
@@ -100,6 +107,7 @@ func (e *Engine) Options() Options { return e.opts }
 // the device's thread, its context current). A nil function gives
 // exec.ErrNoBackend.
 func (e *Engine) dispatch(host func(h *hostImpl) error, gpu func(c *cudaImpl) error) error {
+	e.queued++
 	switch {
 	case e.h != nil && host != nil:
 		return host(e.h)

@@ -161,62 +161,117 @@ type MuonPrep struct {
 //
 //	buf ← μ·buf + g;   u = g + μ·buf (Nesterov) or buf
 //	X = u/(‖u‖_F + ε)   (transposed when X is [n, m])
-func (e *Engine) MuonPrep(mp MuonPrep) error {
-	m, n, tr, err := e.muonGeom("muon prep", mp.G, mp.X)
-	if err != nil {
-		return err
+func (e *Engine) MuonPrep(mp MuonPrep) error { return e.MuonPreps([]MuonPrep{mp}) }
+
+// MuonPreps is MuonPrep for several weights at once (on a GPU three
+// multi-tensor launches per 32 weights: the momentum with per-block sums
+// of squares, the norms, the normalised outputs). They share Mu, Nesterov,
+// Eps and X's dtype (else ErrConfig).
+func (e *Engine) MuonPreps(ps []MuonPrep) error {
+	if len(ps) == 0 {
+		return nil
 	}
-	if err := e.checkView("muon prep buffer", mp.Buf, true, f32Only, m, n); err != nil {
-		return err
-	}
-	eps := mp.Eps
-	if eps == 0 {
-		eps = 1e-7
-	}
-	if !(mp.Mu >= 0 && mp.Mu < 1 && eps > 0) {
-		return fmt.Errorf("%w: muon μ %v, ε %v", ErrConfig, mp.Mu, eps)
-	}
-	total := int64(m) * int64(n)
-	return e.dispatch(func(*hostImpl) error {
-		g, _ := mp.G.F32()
-		buf, _ := mp.Buf.F32()
-		u := make([]float32, len(g))
-		var ss float64
-		for k := range g {
-			buf[k] = mp.Mu*buf[k] + g[k]
-			u[k] = buf[k]
-			if mp.Nesterov {
-				u[k] = g[k] + mp.Mu*buf[k]
-			}
-			ss += float64(u[k]) * float64(u[k])
-		}
-		s := float32(1 / (math.Sqrt(ss) + float64(eps)))
-		out := make([]float32, len(g))
-		for k := range u {
-			o := k
-			if tr {
-				o = (k%n)*m + k/n
-			}
-			out[o] = u[k] * s
-		}
-		return mp.X.WriteFloat32(out)
-	}, func(c *cudaImpl) error {
-		chunks := int(min(max((total+8191)/8192, 1), 64))
-		part, err := c.Scratch("muon.part", int64(chunks)*4+4)
+	p0 := ps[0]
+	geo := make([][3]int, len(ps)) // m, n, transposed
+	for i, mp := range ps {
+		m, n, tr, err := e.muonGeom("muon prep", mp.G, mp.X)
 		if err != nil {
 			return err
 		}
-		scale := part.Add(int64(chunks) * 4)
-		if err := launch.MuonMomentum(c, grid1(chunks), block1(256), 0,
-			devPtr(mp.G), devPtr(mp.Buf), part, total, int32(chunks), mp.Mu, launch.Bool(mp.Nesterov)); err != nil {
+		if err := e.checkView("muon prep buffer", mp.Buf, true, f32Only, m, n); err != nil {
 			return err
 		}
-		if err := launch.MuonScale(c, grid1(1), block1(32), 0, part, int32(chunks), eps, scale); err != nil {
+		if mp.Mu != p0.Mu || mp.Nesterov != p0.Nesterov || mp.Eps != p0.Eps || mp.X.DType != p0.X.DType {
+			return fmt.Errorf("%w: muon prep %d's settings or X dtype differ from the first's", ErrConfig, i)
+		}
+		geo[i] = [3]int{m, n, 0}
+		if tr {
+			geo[i][2] = 1
+		}
+	}
+	eps := p0.Eps
+	if eps == 0 {
+		eps = 1e-7
+	}
+	if !(p0.Mu >= 0 && p0.Mu < 1 && eps > 0) {
+		return fmt.Errorf("%w: muon μ %v, ε %v", ErrConfig, p0.Mu, eps)
+	}
+	return e.dispatch(func(*hostImpl) error {
+		for i, mp := range ps {
+			if err := hostMuonPrep(mp, geo[i], eps); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, func(c *cudaImpl) error {
+		groups, err := mtPlan(muonSizes(geo))
+		if err != nil {
 			return err
 		}
-		return launch.MuonNormalize(c, dtName(mp.X.DType), gridFor(total, 256), block1(256), 0,
-			devPtr(mp.G), devPtr(mp.Buf), scale, devPtr(mp.X), int32(m), int32(n), launch.Bool(tr), mp.Mu, launch.Bool(mp.Nesterov))
+		for _, g := range groups {
+			blocks, count := g.blocks(), g.hi-g.lo
+			if blocks == 0 {
+				continue
+			}
+			part, err := c.Scratch("muon.part", int64(blocks)*4+int64(count)*4)
+			if err != nil {
+				return err
+			}
+			a := &launch.MuonArgs{Start: g.start, Count: int32(count), Mu: p0.Mu, Eps: eps, Nesterov: launch.Bool(p0.Nesterov),
+				Part: part, Inv: part.Add(int64(blocks) * 4)}
+			for i := g.lo; i < g.hi; i++ {
+				mp := ps[i]
+				a.T[i-g.lo] = launch.MuonTensor{G: devPtr(mp.G), Buf: devPtr(mp.Buf), X: devPtr(mp.X),
+					M: int32(geo[i][0]), N: int32(geo[i][1]), Transpose: int32(geo[i][2])}
+			}
+			if err := launch.MuonMomentumMulti(c, grid1(int(blocks)), block1(mtBlock), 0, a); err != nil {
+				return err
+			}
+			if err := launch.MuonScaleMulti(c, grid1((count+31)/32), block1(32), 0, a); err != nil {
+				return err
+			}
+			if err := launch.MuonNormalizeMulti(c, dtName(p0.X.DType), grid1(int(blocks)), block1(mtBlock), 0, a); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
+}
+
+// muonSizes is the element count of each weight of geo (m, n, transposed).
+func muonSizes(geo [][3]int) []int {
+	n := make([]int, len(geo))
+	for i, g := range geo {
+		n[i] = g[0] * g[1]
+	}
+	return n
+}
+
+// hostMuonPrep is one weight's MuonPrep on the host.
+func hostMuonPrep(mp MuonPrep, geo [3]int, eps float32) error {
+	m, n, tr := geo[0], geo[1], geo[2] == 1
+	g, _ := mp.G.F32()
+	buf, _ := mp.Buf.F32()
+	u := make([]float32, len(g))
+	var ss float64
+	for k := range g {
+		buf[k] = mp.Mu*buf[k] + g[k]
+		u[k] = buf[k]
+		if mp.Nesterov {
+			u[k] = g[k] + mp.Mu*buf[k]
+		}
+		ss += float64(u[k]) * float64(u[k])
+	}
+	s := float32(1 / (math.Sqrt(ss) + float64(eps)))
+	out := make([]float32, len(g))
+	for k := range u {
+		o := k
+		if tr {
+			o = (k%n)*m + k/n
+		}
+		out[o] = u[k] * s
+	}
+	return mp.X.WriteFloat32(out)
 }
 
 // MuonApply updates the parameter P ([m, n] f32) from the orthogonalised
@@ -229,39 +284,86 @@ func (e *Engine) MuonPrep(mp MuonPrep) error {
 // that multiplies lr when the update runs (a learning-rate schedule a
 // captured graph follows, as AdamWConfig.LRScale).
 func (e *Engine) MuonApply(p, x, lrScale *tensor.Tensor, lr, scale, decay float32) error {
-	m, n, tr, err := e.muonGeom("muon apply", p, x)
-	if err != nil {
-		return err
+	return e.MuonApplies([]MuonWeight{{P: p, X: x, Scale: scale}}, lrScale, lr, decay)
+}
+
+// MuonWeight is one weight of MuonApplies: the parameter, its
+// orthogonalised update and its step scale.
+type MuonWeight struct {
+	P, X  *tensor.Tensor
+	Scale float32
+}
+
+// MuonApplies is MuonApply for several weights at once, with one
+// learning rate, scale tensor and decay (on a GPU one multi-tensor launch
+// per 32 weights). The X share a dtype (else ErrConfig).
+func (e *Engine) MuonApplies(ws []MuonWeight, lrScale *tensor.Tensor, lr, decay float32) error {
+	if len(ws) == 0 {
+		return nil
+	}
+	geo := make([][3]int, len(ws))
+	for i, w := range ws {
+		m, n, tr, err := e.muonGeom("muon apply", w.P, w.X)
+		if err != nil {
+			return err
+		}
+		if w.X.DType != ws[0].X.DType {
+			return fmt.Errorf("%w: muon apply %d's X is %v, the first's %v", ErrConfig, i, w.X.DType, ws[0].X.DType)
+		}
+		geo[i] = [3]int{m, n, 0}
+		if tr {
+			geo[i][2] = 1
+		}
 	}
 	if lrScale != nil {
 		if err := e.checkView("muon apply lr scale", lrScale, true, f32Only, 1); err != nil {
 			return err
 		}
 	}
-	total := int64(m) * int64(n)
 	return e.dispatch(func(*hostImpl) error {
-		pv, _ := p.F32()
-		xv, err := hostIn(x)
-		if err != nil {
-			return err
-		}
+		l := lr
 		if lrScale != nil {
 			sv, err := hostIn(lrScale)
 			if err != nil {
 				return err
 			}
-			lr *= sv[0]
+			l *= sv[0]
 		}
-		for k := range pv {
-			o := k
-			if tr {
-				o = (k%n)*m + k/n
+		for i, w := range ws {
+			pv, _ := w.P.F32()
+			xv, err := hostIn(w.X)
+			if err != nil {
+				return err
 			}
-			pv[k] = pv[k]*(1-lr*decay) - lr*scale*xv[o]
+			m, n, tr := geo[i][0], geo[i][1], geo[i][2] == 1
+			for k := range pv {
+				o := k
+				if tr {
+					o = (k%n)*m + k/n
+				}
+				pv[k] = pv[k]*(1-l*decay) - l*w.Scale*xv[o]
+			}
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		return launch.MuonApply(c, dtName(x.DType), gridFor(total, 256), block1(256), 0,
-			devPtr(p), devPtr(x), int32(m), int32(n), launch.Bool(tr), lr, scale, decay, devPtr(lrScale))
+		groups, err := mtPlan(muonSizes(geo))
+		if err != nil {
+			return err
+		}
+		for _, g := range groups {
+			if g.blocks() == 0 {
+				continue
+			}
+			a := &launch.MuonArgs{Start: g.start, Count: int32(g.hi - g.lo), Lr: lr, Decay: decay, LrScale: devPtr(lrScale)}
+			for i := g.lo; i < g.hi; i++ {
+				w := ws[i]
+				a.T[i-g.lo] = launch.MuonTensor{P: devPtr(w.P), X: devPtr(w.X), M: int32(geo[i][0]), N: int32(geo[i][1]),
+					Transpose: int32(geo[i][2]), Scale: w.Scale}
+			}
+			if err := launch.MuonApplyMulti(c, dtName(ws[0].X.DType), grid1(int(g.blocks())), block1(mtBlock), 0, a); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }

@@ -71,7 +71,10 @@ func (b Blocking) valid() error {
 // ShampooPrep is the first element-wise step of Shampoo (see
 // Engine.ShampooPrep). G, M, V are [M, N] f32 (M and V optimizer state,
 // updated in place; M unused when Beta1 is 0); GS, GB, GA are blocked f32
-// outputs. T is the step number, from 1.
+// outputs. T is the step number, from 1; or BC, when set, holds the bias
+// corrections on the device ([2] f32: 1−β1ᵗ, 1−β2ᵗ, as Engine.StepCounter
+// leaves them), so that a captured step follows the device's counter, and
+// T is not read.
 type ShampooPrep struct {
 	G, M, V    *tensor.Tensor
 	GS, GB, GA *tensor.Tensor
@@ -80,6 +83,7 @@ type ShampooPrep struct {
 	Beta2      float32
 	Eps        float32
 	T          int
+	BC         *tensor.Tensor
 	AdaGrad    bool
 }
 
@@ -96,72 +100,128 @@ type ShampooPrep struct {
 // GS feeds the statistics, GB the preconditioned direction, GA the graft.
 // Errors wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice
 // or ErrConfig.
-func (e *Engine) ShampooPrep(s ShampooPrep) error {
-	if err := s.Blk.valid(); err != nil {
-		return err
+func (e *Engine) ShampooPrep(s ShampooPrep) error { return e.ShampooPreps([]ShampooPrep{s}) }
+
+// ShampooPreps is ShampooPrep for several parameters at once (one
+// multi-tensor launch per 32 on a GPU: shampoo_prep_multi). They share
+// Beta1, Beta2, Eps, T, BC and AdaGrad (else ErrConfig).
+func (e *Engine) ShampooPreps(ps []ShampooPrep) error {
+	if len(ps) == 0 {
+		return nil
 	}
-	mn := []int{s.Blk.M, s.Blk.N}
-	for _, c := range []struct {
-		what  string
-		t     *tensor.Tensor
-		shape []int
-	}{{"G", s.G, mn}, {"V", s.V, mn}, {"GS", s.GS, s.Blk.Shape()}, {"GB", s.GB, s.Blk.Shape()}, {"GA", s.GA, s.Blk.Shape()}} {
-		if err := e.checkView("shampoo prep "+c.what, c.t, true, f32Only, c.shape...); err != nil {
+	s0 := ps[0]
+	for i, s := range ps {
+		if err := s.Blk.valid(); err != nil {
 			return err
 		}
-	}
-	if s.Beta1 > 0 {
-		if err := e.checkView("shampoo prep M", s.M, true, f32Only, mn...); err != nil {
-			return err
+		mn := []int{s.Blk.M, s.Blk.N}
+		for _, c := range []struct {
+			what  string
+			t     *tensor.Tensor
+			shape []int
+		}{{"G", s.G, mn}, {"V", s.V, mn}, {"GS", s.GS, s.Blk.Shape()}, {"GB", s.GB, s.Blk.Shape()}, {"GA", s.GA, s.Blk.Shape()}} {
+			if err := e.checkView("shampoo prep "+c.what, c.t, true, f32Only, c.shape...); err != nil {
+				return err
+			}
+		}
+		if s.Beta1 > 0 {
+			if err := e.checkView("shampoo prep M", s.M, true, f32Only, mn...); err != nil {
+				return err
+			}
+		}
+		if s.Beta1 != s0.Beta1 || s.Beta2 != s0.Beta2 || s.Eps != s0.Eps || s.T != s0.T || s.BC != s0.BC || s.AdaGrad != s0.AdaGrad {
+			return fmt.Errorf("%w: shampoo prep %d's settings differ from the first's", ErrConfig, i)
 		}
 	}
-	if !(s.Beta1 >= 0 && s.Beta1 < 1 && s.Beta2 > 0 && s.Beta2 <= 1 && s.Eps > 0 && s.T >= 1) {
+	s := s0
+	if !(s.Beta1 >= 0 && s.Beta1 < 1 && s.Beta2 > 0 && s.Beta2 <= 1 && s.Eps > 0 && (s.T >= 1 || s.BC != nil)) {
 		return fmt.Errorf("%w: shampoo prep β1 %v, β2 %v, ε %v, t %d", ErrConfig, s.Beta1, s.Beta2, s.Eps, s.T)
 	}
-	bc1 := float32(1 - math.Pow(float64(s.Beta1), float64(s.T)))
-	bc2 := float32(1 - math.Pow(float64(s.Beta2), float64(s.T)))
+	if s.BC != nil {
+		if err := e.check("shampoo prep BC", s.BC, tensor.F32, 2); err != nil {
+			return err
+		}
+	}
+	var bc1, bc2 float32
+	if s.BC == nil {
+		bc1 = float32(1 - math.Pow(float64(s.Beta1), float64(s.T)))
+		bc2 = float32(1 - math.Pow(float64(s.Beta2), float64(s.T)))
+	}
 	if s.AdaGrad {
 		bc2 = 1
 	}
-	total := int64(s.Blk.Count() * s.Blk.BR * s.Blk.BC)
 	return e.dispatch(func(*hostImpl) error {
-		g, _ := s.G.F32()
-		v, _ := s.V.F32()
-		var m []float32
-		if s.Beta1 > 0 {
-			m, _ = s.M.F32()
-		}
-		gs, _ := s.GS.F32()
-		gb, _ := s.GB.F32()
-		ga, _ := s.GA.F32()
-		clear(gs)
-		clear(gb)
-		clear(ga)
-		for i := 0; i < s.Blk.M; i++ {
-			for j := 0; j < s.Blk.N; j++ {
-				k, b := i*s.Blk.N+j, s.Blk.Blocked(i, j)
-				gv := g[k]
-				mh := gv
-				if s.Beta1 > 0 {
-					m[k] = s.Beta1*m[k] + (1-s.Beta1)*gv
-					mh = m[k] / bc1
-				}
-				if s.AdaGrad {
-					v[k] += gv * gv
-				} else {
-					v[k] = s.Beta2*v[k] + (1-s.Beta2)*gv*gv
-				}
-				gs[b], gb[b] = gv, mh
-				ga[b] = mh / (float32(math.Sqrt(float64(v[k]/bc2))) + s.Eps)
+		if s.BC != nil {
+			bc, _ := s.BC.F32()
+			bc1 = bc[0]
+			if !s.AdaGrad {
+				bc2 = bc[1]
 			}
+		}
+		for _, p := range ps {
+			hostShampooPrep(p, bc1, bc2)
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		geo := s.Blk.geom()
-		return launch.ShampooPrep(c, gridFor(total, 256), block1(256), 0,
-			&geo, devPtr(s.G), devPtr(s.M), devPtr(s.V), devPtr(s.GS), devPtr(s.GB), devPtr(s.GA), total,
-			s.Beta1, s.Beta2, bc1, bc2, s.Eps, launch.Bool(s.AdaGrad))
+		sizes := make([]int, len(ps))
+		for i, p := range ps {
+			sizes[i] = p.Blk.Count() * p.Blk.BR * p.Blk.BC
+		}
+		groups, err := mtPlan(sizes)
+		if err != nil {
+			return err
+		}
+		for _, g := range groups {
+			a := &launch.PcPrepArgs{Start: g.start, Count: int32(g.hi - g.lo), Beta1: s.Beta1, Beta2: s.Beta2,
+				Bc1: bc1, Bc2: bc2, Eps: s.Eps, Bc: devPtr(s.BC), Adagrad: launch.Bool(s.AdaGrad)}
+			for i := g.lo; i < g.hi; i++ {
+				p := ps[i]
+				a.T[i-g.lo] = launch.PcPrepTensor{Geo: p.Blk.geom(), G: devPtr(p.G), M: devPtr(p.M), V: devPtr(p.V),
+					Gs: devPtr(p.GS), Gb: devPtr(p.GB), Ga: devPtr(p.GA), Total: int64(sizes[i])}
+			}
+			if g.blocks() == 0 {
+				continue
+			}
+			if err := launch.ShampooPrepMulti(c, grid1(int(g.blocks())), block1(mtBlock), 0, a); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
+}
+
+// hostShampooPrep is one parameter's ShampooPrep on the host.
+func hostShampooPrep(s ShampooPrep, bc1, bc2 float32) {
+	g, _ := s.G.F32()
+	v, _ := s.V.F32()
+	var m []float32
+	if s.Beta1 > 0 {
+		m, _ = s.M.F32()
+	}
+	gs, _ := s.GS.F32()
+	gb, _ := s.GB.F32()
+	ga, _ := s.GA.F32()
+	clear(gs)
+	clear(gb)
+	clear(ga)
+	for i := 0; i < s.Blk.M; i++ {
+		for j := 0; j < s.Blk.N; j++ {
+			k, b := i*s.Blk.N+j, s.Blk.Blocked(i, j)
+			gv := g[k]
+			mh := gv
+			if s.Beta1 > 0 {
+				m[k] = s.Beta1*m[k] + (1-s.Beta1)*gv
+				mh = m[k] / bc1
+			}
+			if s.AdaGrad {
+				v[k] += gv * gv
+			} else {
+				v[k] = s.Beta2*v[k] + (1-s.Beta2)*gv*gv
+			}
+			gs[b], gb[b] = gv, mh
+			ga[b] = mh / (float32(math.Sqrt(float64(v[k]/bc2))) + s.Eps)
+		}
+	}
 }
 
 // checkBlocks checks that every tensor is a contiguous f32 [k, r, c] of
@@ -228,56 +288,119 @@ type BlockApply struct {
 	P, D, Scale     *tensor.Tensor
 	Blk             Blocking
 	LR, Coef, Decay float32
+	LRScale         *tensor.Tensor // [1] f32 on the device multiplying LR (a schedule), or nil
+	// CoefBC, when set, holds bias corrections on the device ([2] f32:
+	// 1−β1ᵗ, 1−β2ᵗ, as Engine.StepCounter leaves them) and Coef is
+	// multiplied by √(1−β2ᵗ)/(1−β1ᵗ), Adam's step-size correction, so a
+	// captured step follows the counter.
+	CoefBC *tensor.Tensor
 }
 
 // BlockApply updates P ([M, N] f32) in place from the blocked direction D
 // ([Count, BR, BC] f32) and an optional per-block factor Scale ([Count]
 // f32, nil: 1):
 //
-//	p ← p − LR·(Coef·Scale[b]·D[b, r, c] + Decay·p)
+//	p ← p − lr·(coef·Scale[b]·D[b, r, c] + Decay·p),   lr = LR·LRScale[0] (LR without LRScale)
 //
-// for every element (i, j) of P in block b at (r, c): the decoupled weight
+// with coef = Coef, or Coef·√CoefBC[1]/CoefBC[0] with CoefBC, for every
+// element (i, j) of P in block b at (r, c): the decoupled weight
 // decay of Loshchilov & Hutter 2019 with the step of a preconditioned
 // method.
-func (e *Engine) BlockApply(a BlockApply) error {
-	if err := a.Blk.valid(); err != nil {
-		return err
+func (e *Engine) BlockApply(a BlockApply) error { return e.BlockApplies([]BlockApply{a}) }
+
+// BlockApplies is BlockApply for several parameters at once (one
+// multi-tensor launch per 32 on a GPU: block_apply_multi). They share LR,
+// Coef, Decay, LRScale and CoefBC (else ErrConfig).
+func (e *Engine) BlockApplies(as []BlockApply) error {
+	if len(as) == 0 {
+		return nil
 	}
-	if err := e.checkView("block apply P", a.P, true, f32Only, a.Blk.M, a.Blk.N); err != nil {
-		return err
+	a0 := as[0]
+	for i, a := range as {
+		if err := a.Blk.valid(); err != nil {
+			return err
+		}
+		if err := e.checkView("block apply P", a.P, true, f32Only, a.Blk.M, a.Blk.N); err != nil {
+			return err
+		}
+		if err := e.checkView("block apply D", a.D, true, f32Only, a.Blk.Shape()...); err != nil {
+			return err
+		}
+		if a.Scale != nil {
+			if err := e.checkView("block apply Scale", a.Scale, true, f32Only, a.Blk.Count()); err != nil {
+				return err
+			}
+		}
+		if a.LR != a0.LR || a.Coef != a0.Coef || a.Decay != a0.Decay || a.LRScale != a0.LRScale || a.CoefBC != a0.CoefBC {
+			return fmt.Errorf("%w: block apply %d's settings differ from the first's", ErrConfig, i)
+		}
 	}
-	if err := e.checkView("block apply D", a.D, true, f32Only, a.Blk.Shape()...); err != nil {
-		return err
-	}
-	if a.Scale != nil {
-		if err := e.checkView("block apply Scale", a.Scale, true, f32Only, a.Blk.Count()); err != nil {
+	if a0.LRScale != nil {
+		if err := e.check("block apply LRScale", a0.LRScale, tensor.F32, 1); err != nil {
 			return err
 		}
 	}
-	total := int64(a.Blk.M * a.Blk.N)
-	return e.dispatch(func(*hostImpl) error {
-		p, _ := a.P.F32()
-		d, _ := a.D.F32()
-		var sc []float32
-		if a.Scale != nil {
-			sc, _ = a.Scale.F32()
+	if a0.CoefBC != nil {
+		if err := e.check("block apply CoefBC", a0.CoefBC, tensor.F32, 2); err != nil {
+			return err
 		}
-		per := a.Blk.BR * a.Blk.BC
-		for i := 0; i < a.Blk.M; i++ {
-			for j := 0; j < a.Blk.N; j++ {
-				k, b := i*a.Blk.N+j, a.Blk.Blocked(i, j)
-				s := float32(1)
-				if sc != nil {
-					s = sc[b/per]
+	}
+	return e.dispatch(func(*hostImpl) error {
+		lr := a0.LR
+		if a0.LRScale != nil {
+			ls, _ := a0.LRScale.F32()
+			lr *= ls[0]
+		}
+		coef := a0.Coef
+		if a0.CoefBC != nil {
+			bc, _ := a0.CoefBC.F32()
+			coef *= float32(math.Sqrt(float64(bc[1]))) / bc[0]
+		}
+		for _, a := range as {
+			p, _ := a.P.F32()
+			d, _ := a.D.F32()
+			var sc []float32
+			if a.Scale != nil {
+				sc, _ = a.Scale.F32()
+			}
+			per := a.Blk.BR * a.Blk.BC
+			for i := 0; i < a.Blk.M; i++ {
+				for j := 0; j < a.Blk.N; j++ {
+					k, b := i*a.Blk.N+j, a.Blk.Blocked(i, j)
+					s := float32(1)
+					if sc != nil {
+						s = sc[b/per]
+					}
+					p[k] -= lr * (coef*s*d[b] + a.Decay*p[k])
 				}
-				p[k] -= a.LR * (a.Coef*s*d[b] + a.Decay*p[k])
 			}
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		geo := a.Blk.geom()
-		return launch.BlockApply(c, gridFor(total, 256), block1(256), 0,
-			&geo, devPtr(a.P), devPtr(a.D), devPtr(a.Scale), total, a.LR, a.Coef, a.Decay)
+		sizes := make([]int, len(as))
+		for i, a := range as {
+			sizes[i] = a.Blk.M * a.Blk.N
+		}
+		groups, err := mtPlan(sizes)
+		if err != nil {
+			return err
+		}
+		for _, g := range groups {
+			args := &launch.PcApplyArgs{Start: g.start, Count: int32(g.hi - g.lo), Lr: a0.LR, Coef: a0.Coef, Wd: a0.Decay,
+				LrScale: devPtr(a0.LRScale), Bc: devPtr(a0.CoefBC)}
+			for i := g.lo; i < g.hi; i++ {
+				a := as[i]
+				args.T[i-g.lo] = launch.PcApplyTensor{Geo: a.Blk.geom(), P: devPtr(a.P), D: devPtr(a.D), Scale: devPtr(a.Scale),
+					Total: int64(sizes[i])}
+			}
+			if g.blocks() == 0 {
+				continue
+			}
+			if err := launch.BlockApplyMulti(c, grid1(int(g.blocks())), block1(mtBlock), 0, args); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
 
@@ -290,42 +413,88 @@ func (e *Engine) BlockApply(a BlockApply) error {
 // Adam", Algorithm 1: the moment is kept in the original coordinates and
 // rotated into the eigenbasis each step.)
 func (e *Engine) SOAPPrep(g, m, gs, gm *tensor.Tensor, blk Blocking, beta1 float32) error {
-	if err := blk.valid(); err != nil {
-		return err
-	}
-	for _, c := range []struct {
-		what  string
-		t     *tensor.Tensor
-		shape []int
-	}{{"G", g, []int{blk.M, blk.N}}, {"M", m, []int{blk.M, blk.N}}, {"GS", gs, blk.Shape()}, {"GM", gm, blk.Shape()}} {
-		if err := e.checkView("soap prep "+c.what, c.t, true, f32Only, c.shape...); err != nil {
-			return err
-		}
-	}
+	return e.SOAPPreps([]SOAPTensors{{X: g, Y: m, W: gs, Z: gm, Blk: blk}}, beta1)
+}
+
+// SOAPTensors is one parameter's tensors in SOAPPreps (X = G, Y = M, W =
+// GS, Z = GM) or SOAPAdams (X = GR, U = MR, Y = V, W = out), blocked as
+// Blk says.
+type SOAPTensors struct {
+	X, U, Y, W, Z *tensor.Tensor
+	Blk           Blocking
+}
+
+// SOAPPreps is SOAPPrep for several parameters at once (one multi-tensor
+// launch per 32 on a GPU: soap_prep_multi).
+func (e *Engine) SOAPPreps(ts []SOAPTensors, beta1 float32) error {
 	if !(beta1 >= 0 && beta1 < 1) {
 		return fmt.Errorf("%w: soap prep β1 %v", ErrConfig, beta1)
 	}
-	total := int64(blk.Count() * blk.BR * blk.BC)
+	for _, t := range ts {
+		blk := t.Blk
+		if err := blk.valid(); err != nil {
+			return err
+		}
+		for _, c := range []struct {
+			what  string
+			t     *tensor.Tensor
+			shape []int
+		}{{"G", t.X, []int{blk.M, blk.N}}, {"M", t.Y, []int{blk.M, blk.N}}, {"GS", t.W, blk.Shape()}, {"GM", t.Z, blk.Shape()}} {
+			if err := e.checkView("soap prep "+c.what, c.t, true, f32Only, c.shape...); err != nil {
+				return err
+			}
+		}
+	}
+	if len(ts) == 0 {
+		return nil
+	}
 	return e.dispatch(func(*hostImpl) error {
-		gv, _ := g.F32()
-		mv, _ := m.F32()
-		gsv, _ := gs.F32()
-		gmv, _ := gm.F32()
-		clear(gsv)
-		clear(gmv)
-		for i := 0; i < blk.M; i++ {
-			for j := 0; j < blk.N; j++ {
-				k, b := i*blk.N+j, blk.Blocked(i, j)
-				mv[k] = beta1*mv[k] + (1-beta1)*gv[k]
-				gsv[b], gmv[b] = gv[k], mv[k]
+		for _, t := range ts {
+			blk := t.Blk
+			gv, _ := t.X.F32()
+			mv, _ := t.Y.F32()
+			gsv, _ := t.W.F32()
+			gmv, _ := t.Z.F32()
+			clear(gsv)
+			clear(gmv)
+			for i := 0; i < blk.M; i++ {
+				for j := 0; j < blk.N; j++ {
+					k, b := i*blk.N+j, blk.Blocked(i, j)
+					mv[k] = beta1*mv[k] + (1-beta1)*gv[k]
+					gsv[b], gmv[b] = gv[k], mv[k]
+				}
 			}
 		}
 		return nil
-	}, func(c *cudaImpl) error {
-		geo := blk.geom()
-		return launch.SoapPrep(c, gridFor(total, 256), block1(256), 0,
-			&geo, devPtr(g), devPtr(m), devPtr(gs), devPtr(gm), total, beta1)
-	})
+	}, func(c *cudaImpl) error { return c.soapMulti(launch.SoapPrepMulti, ts, beta1, 0) })
+}
+
+// soapMulti launches a soap_*_multi kernel over ts, 32 per launch.
+func (c *cudaImpl) soapMulti(kernel func(launch.Launcher, [3]uint32, [3]uint32, uint32, *launch.PcSoapArgs) error,
+	ts []SOAPTensors, beta, eps float32) error {
+	sizes := make([]int, len(ts))
+	for i, t := range ts {
+		sizes[i] = t.Blk.Count() * t.Blk.BR * t.Blk.BC
+	}
+	groups, err := mtPlan(sizes)
+	if err != nil {
+		return err
+	}
+	for _, g := range groups {
+		a := &launch.PcSoapArgs{Start: g.start, Count: int32(g.hi - g.lo), Beta: beta, Eps: eps}
+		for i := g.lo; i < g.hi; i++ {
+			t := ts[i]
+			a.T[i-g.lo] = launch.PcSoapTensor{Geo: t.Blk.geom(), X: devPtr(t.X), U: devPtr(t.U), Y: devPtr(t.Y),
+				W: devPtr(t.W), Z: devPtr(t.Z), Total: int64(sizes[i])}
+		}
+		if g.blocks() == 0 {
+			continue
+		}
+		if err := kernel(c, grid1(int(g.blocks())), block1(mtBlock), 0, a); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // SOAPAdam is Adam's second moment and step in SOAP's eigenbasis, over
@@ -338,42 +507,51 @@ func (e *Engine) SOAPPrep(g, m, gs, gm *tensor.Tensor, blk Blocking, beta1 float
 // and out = 0 elsewhere (the padded coordinates, which PadDiag puts last in
 // the ascending eigenbasis). Vyas et al. 2024, Algorithm 1.
 func (e *Engine) SOAPAdam(v, gr, mr, out *tensor.Tensor, blk Blocking, beta2, eps float32) error {
-	if err := blk.valid(); err != nil {
-		return err
-	}
-	for _, c := range []struct {
-		what string
-		t    *tensor.Tensor
-	}{{"V", v}, {"GR", gr}, {"MR", mr}, {"out", out}} {
-		if err := e.checkView("soap adam "+c.what, c.t, true, f32Only, blk.Shape()...); err != nil {
-			return err
-		}
-	}
+	return e.SOAPAdams([]SOAPTensors{{X: gr, U: mr, Y: v, W: out, Blk: blk}}, beta2, eps)
+}
+
+// SOAPAdams is SOAPAdam for several parameters at once (one multi-tensor
+// launch per 32 on a GPU: soap_adam_multi).
+func (e *Engine) SOAPAdams(ts []SOAPTensors, beta2, eps float32) error {
 	if !(beta2 >= 0 && beta2 < 1 && eps > 0) {
 		return fmt.Errorf("%w: soap adam β2 %v, ε %v", ErrConfig, beta2, eps)
 	}
-	total := int64(blk.Count() * blk.BR * blk.BC)
-	return e.dispatch(func(*hostImpl) error {
-		vv, _ := v.F32()
-		g, _ := gr.F32()
-		m, _ := mr.F32()
-		o, _ := out.F32()
-		per := blk.BR * blk.BC
-		for i := range o {
-			b, k := i/per, i%per
-			if k/blk.BC >= blk.RealRows(b) || k%blk.BC >= blk.RealCols(b) {
-				o[i] = 0
-				continue
+	for _, t := range ts {
+		if err := t.Blk.valid(); err != nil {
+			return err
+		}
+		for _, c := range []struct {
+			what string
+			t    *tensor.Tensor
+		}{{"V", t.Y}, {"GR", t.X}, {"MR", t.U}, {"out", t.W}} {
+			if err := e.checkView("soap adam "+c.what, c.t, true, f32Only, t.Blk.Shape()...); err != nil {
+				return err
 			}
-			vv[i] = beta2*vv[i] + (1-beta2)*g[i]*g[i]
-			o[i] = m[i] / (float32(math.Sqrt(float64(vv[i]))) + eps)
+		}
+	}
+	if len(ts) == 0 {
+		return nil
+	}
+	return e.dispatch(func(*hostImpl) error {
+		for _, t := range ts {
+			blk := t.Blk
+			vv, _ := t.Y.F32()
+			g, _ := t.X.F32()
+			m, _ := t.U.F32()
+			o, _ := t.W.F32()
+			per := blk.BR * blk.BC
+			for i := range o {
+				b, k := i/per, i%per
+				if k/blk.BC >= blk.RealRows(b) || k%blk.BC >= blk.RealCols(b) {
+					o[i] = 0
+					continue
+				}
+				vv[i] = beta2*vv[i] + (1-beta2)*g[i]*g[i]
+				o[i] = m[i] / (float32(math.Sqrt(float64(vv[i]))) + eps)
+			}
 		}
 		return nil
-	}, func(c *cudaImpl) error {
-		geo := blk.geom()
-		return launch.SoapAdam(c, gridFor(total, 256), block1(256), 0,
-			&geo, devPtr(gr), devPtr(mr), devPtr(v), devPtr(out), total, beta2, eps)
-	})
+	}, func(c *cudaImpl) error { return c.soapMulti(launch.SoapAdamMulti, ts, beta2, eps) })
 }
 
 // PadDiag sets, for each matrix b of s ([count, d, d] f32, positive

@@ -32,6 +32,20 @@ func CanCapture(o Optimizer) bool {
 	return true
 }
 
+// Phaser is implemented by optimizers whose steps may be captured and
+// replayed at some steps only: a step's device work depends on the host's
+// state (a preconditioner refresh's schedule) only through its phase, so
+// the steps of one phase may replay one captured Step (the driver keeps a
+// graph per phase; trainer/internal/driver.Runner.SetPostPhases).
+type Phaser interface {
+	// NextPhase is the phase of the next Step: −1 when it must run
+	// eagerly (host work is due), else an id ≥ 0.
+	NextPhase() int
+	// Replayed advances the host's mirror of the optimizer (its step
+	// count) past a step replayed from a graph instead of calling Step.
+	Replayed()
+}
+
 // Stepper is implemented by optimizers that know how many steps they
 // have taken (the host's mirror of the device's step counter).
 type Stepper interface {
@@ -47,14 +61,16 @@ type counter struct {
 	dev *tensor.Tensor
 }
 
-// next advances the counter and returns the new step number (from 1),
-// writing it to the device counter (queued).
-func (c *counter) next(e *ops.Engine) (int, error) {
+// advance advances the counter and returns the new step number (from 1):
+// on the host's mirror, and on the device (ops.Engine.StepCounter, which
+// also leaves bc ([2] f32, or nil) = {1−β1ᵗ⁻ˡᵃᵍ, 1−β2ᵗ⁻ˡᵃᵍ} there), so
+// that a replayed graph advances the device's counter by itself.
+func (c *counter) advance(e *ops.Engine, bc *tensor.Tensor, beta1, beta2 float32, lag int) (int, error) {
 	if err := c.load(e); err != nil {
 		return 0, err
 	}
 	c.t++
-	return c.t, e.Fill(c.dev, float64(c.t))
+	return c.t, e.StepCounter(c.dev, bc, beta1, beta2, lag)
 }
 
 // load reads the device counter when the host's mirror is unknown.

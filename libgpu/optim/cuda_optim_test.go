@@ -8,6 +8,7 @@ import (
 
 	"gpukit/libgpu/cuda/cudatest"
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/exec"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/ops/opstest"
 	"gpukit/libgpu/optim"
@@ -273,5 +274,133 @@ func soapBasesFed(t *testing.T, p *problem, tol, diagTol float64) {
 	t.Logf("largest error %.3g of the update (tol %g)", worst, tol)
 	if st := o.RootStats(); st.Failures != 0 || st.F64 != 0 {
 		t.Errorf("basis refreshes %+v: failures", st)
+	}
+}
+
+// TestCUDAPhaseGraphs: Shampoo's and SOAP's steps replayed from a CUDA
+// graph per phase (optim.Phaser: the driver's GPUKIT_OPTIM_PHASES=1) leave
+// the parameters bitwise as eager steps do, with synchronous and
+// asynchronous refreshes, and the device's step counter ends where the
+// host's is.
+func TestCUDAPhaseGraphs(t *testing.T) {
+	cudatest.RequireGPU(t)
+	for _, v := range []struct {
+		name string
+		mod  func(*optim.Spec)
+	}{
+		{"shampoo", nil},
+		{"shampoo", func(s *optim.Spec) { s.Async, s.MaxStaleness = true, 2 }},
+		{"soap", nil},
+		{"soap", func(s *optim.Spec) { s.Async, s.MaxStaleness = true, 2 }},
+	} {
+		run := func(graphs bool) ([][]float64, int) {
+			p := gpuProblem(t, ops.PrecTF32, gpuShapes...)
+			gpuNames(p)
+			r := rand.New(rand.NewPCG(91, 92))
+			p.set(draws(r, 1, p.shapes))
+			spec := gpuSpec(t, v.name, v.mod)
+			spec.UpdateFreq = 4
+			o, err := optim.New(p.a, "run", p.params, nil, spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer o.Free()
+			ph := o.(optim.Phaser)
+			seen := map[int]bool{}
+			gs := map[int]*exec.CapturedGraph{}
+			defer func() {
+				for _, g := range gs {
+					g.Close()
+				}
+			}()
+			replays := 0
+			for step := 1; step <= 14; step++ {
+				p.grads(draws(r, 1, p.shapes))
+				n := ph.NextPhase()
+				switch {
+				case !graphs || n < 0 || !seen[n]:
+					seen[n] = true
+					err = o.Step(p.e)
+				case gs[n] == nil:
+					if gs[n], err = p.e.Capture(func() error { return o.Step(p.e) }); err == nil {
+						err = gs[n].Launch()
+					}
+				default:
+					err = gs[n].Launch()
+					ph.Replayed()
+					replays++
+				}
+				if err != nil {
+					t.Fatalf("%s step %d (phase %d): %v", v.name, step, n, err)
+				}
+			}
+			if graphs && replays == 0 {
+				t.Fatalf("%s: no step was replayed", v.name)
+			}
+			b, err := o.(interface{ Counter() *tensor.Tensor }).Counter().Read()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n, host := tensor.BytesAs[int32](b)[0], o.(optim.Stepper).Steps(); int(n) != host {
+				t.Fatalf("%s: device counter %d, host %d", v.name, n, host)
+			}
+			return p.values(), replays
+		}
+		eager, _ := run(false)
+		replayed, n := run(true)
+		t.Logf("%s: %d of 14 steps replayed", v.name, n)
+		sameBits(t, v.name+": phase graphs vs eager", replayed, eager)
+	}
+}
+
+// TestCUDAAsyncRootsWait: the device times the main stream's wait for each
+// asynchronous refresh it puts in use (RootStats.Timed, Waited, WaitMS).
+// With staleness 0 the main stream waits for every refresh (it is put in
+// use in the step that starts it); with staleness equal to the refresh
+// interval and steps whose other work (a 4096³ GEMM standing in for the
+// forward and backward) outlasts a refresh, it waits for none: the
+// steady state the issue asks for.
+func TestCUDAAsyncRootsWait(t *testing.T) {
+	cudatest.RequireGPU(t)
+	for _, stale := range []int{0, 4} {
+		p := gpuProblem(t, ops.PrecTF32, gpuShapes...)
+		gpuNames(p)
+		r := rand.New(rand.NewPCG(93, 94))
+		p.set(draws(r, 1, p.shapes))
+		spec := gpuSpec(t, "shampoo", func(s *optim.Spec) { s.Async, s.MaxStaleness = true, stale })
+		spec.UpdateFreq = 4
+		o, err := optim.New(p.a, "run", p.params, nil, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 4096
+		a := opstest.Empty(t, p.a, tensor.F32, n, n)
+		d := opstest.Empty(t, p.a, tensor.F32, n, n)
+		if err := p.e.Fill(a, 1e-3); err != nil {
+			t.Fatal(err)
+		}
+		for step := 1; step <= 24; step++ {
+			p.grads(draws(r, 1, p.shapes))
+			if err := p.e.Matmul(ops.Matmul{A: a, B: a, D: d}); err != nil {
+				t.Fatal(err)
+			}
+			if err := o.Step(p.e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.e.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		st := o.(interface{ RootStats() optim.RootStats }).RootStats()
+		t.Logf("staleness %d: %+v", stale, st)
+		o.Free()
+		switch {
+		case st.Timed < 3:
+			t.Errorf("staleness %d: %d refreshes timed, want ≥ 3", stale, st.Timed)
+		case stale == 0 && st.Waited != st.Timed:
+			t.Errorf("staleness 0: the main stream waited for %d of %d refreshes, want all", st.Waited, st.Timed)
+		case stale > 0 && st.Waited != 0:
+			t.Errorf("staleness %d: the main stream waited for %d of %d refreshes (%.3f ms), want none", stale, st.Waited, st.Timed, st.WaitMS)
+		}
 	}
 }

@@ -20,10 +20,16 @@
 // eigenbases, inverses) on a schedule (RootOptions): synchronously in the
 // step, or asynchronously on the engine's side stream (ops.Engine.Side)
 // from a snapshot of the statistics, put in use a fixed number of steps
-// later (bounded staleness), so that a step never waits for a root. Their
-// schedules live on the host, so their steps run eagerly (Capturer);
-// Muon, AdamW, SGD, Adam-atan2 and sign-SGD may be captured into a CUDA
-// graph.
+// later (bounded staleness), so that a step never waits for a root (the
+// device times the main stream's wait for each: RootStats). Their
+// schedules live on the host, so their steps are not captured whole
+// (Capturer); Shampoo's and SOAP's are captured per phase instead
+// (Phaser: every step but those where a refresh starts or is put in use
+// queues the same device work — the step counter, bias corrections and
+// learning-rate scale live on the device — and may replay one graph).
+// Shampoo and SOAP batch their GEMMs over the parameters of each block
+// shape (groups.go). Muon, AdamW, SGD, Adam-atan2 and sign-SGD may be
+// captured into a CUDA graph.
 //
 // Spec and New build any of them from a flat, serialisable description
 // (command lines, and the optimizer service's register message:

@@ -322,11 +322,12 @@ func (o *KFAC) OnLinear(e *ops.Engine) func(weight string, x, dy *tensor.Tensor)
 // Step implements Optimizer: factors of layers with static Input and
 // OutGrad (when due), the inverses' schedule, every layer's
 // preconditioned gradient, the KL clipping factor and the momentum
-// updates, then momentum SGD for the other parameters. Queued on e; not
-// capturable.
+// updates, then momentum SGD for the other parameters. Queued on e; steps
+// with no refresh starting or put in use and no first factor update may
+// be captured and replayed (Phaser), at a constant learning rate.
 func (o *KFAC) Step(e *ops.Engine) error {
 	o.e = e
-	t, err := o.step.next(e)
+	t, err := o.step.advance(e, nil, 0, 0, 0) // on the device: a replayed step advances it
 	if err != nil {
 		return err
 	}
@@ -368,6 +369,58 @@ func (o *KFAC) Step(e *ops.Engine) error {
 	return nil
 }
 
+// NextPhase implements Phaser: −1 when the next step refreshes the
+// inverses or puts a refresh in use, updates the factors for the first
+// time (which overwrites them), or is the first after construction; else
+// 0 or 1 (inverses not yet or already in use), plus 2 when the factors of
+// layers with static Input and OutGrad are due.
+func (o *KFAC) NextPhase() int {
+	ph := o.rooted.nextPhase()
+	if ph < 0 {
+		return -1
+	}
+	due, first := o.covDue(o.step.t + 1)
+	switch {
+	case first:
+		return -1
+	case due && o.hasStatic():
+		return ph + 2
+	}
+	return ph
+}
+
+// Replayed implements Phaser.
+func (o *KFAC) Replayed() { o.rooted.replayed() }
+
+// ComputePhase is the phase of the next step's forward and backward when
+// its factors are captured by the OnLinear hook: −1 when that step must
+// run eagerly (the first factor update, which overwrites the factors, or
+// the step count is unknown), 1 when the hook updates the factors, 0 when
+// it does nothing; steps of one phase queue the same work, so a graph per
+// phase can be replayed (trainer's Runner.SetComputePhases).
+func (o *KFAC) ComputePhase() int {
+	if o.step.t < 0 {
+		return -1
+	}
+	due, first := o.covDue(o.step.t + 1)
+	switch {
+	case first:
+		return -1
+	case due:
+		return 1
+	}
+	return 0
+}
+
+func (o *KFAC) hasStatic() bool {
+	for _, l := range o.layers {
+		if l.Input != nil && l.OutGrad != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // Factors returns the current factors A and G of the layer whose weight is
 // named weight (views of the state), or nils.
 func (o *KFAC) Factors(weight string) (a, g *tensor.Tensor) {
@@ -403,4 +456,5 @@ func (o *KFAC) Reset(e *ops.Engine) error {
 var (
 	_ Optimizer = (*KFAC)(nil)
 	_ Capturer  = (*KFAC)(nil)
+	_ Phaser    = (*KFAC)(nil)
 )

@@ -164,31 +164,32 @@ func NewMuon(a device.Allocator, prefix string, params []nn.Param, cfg MuonConfi
 }
 
 // Step implements Optimizer: per shape group (up to transposition), the momentum and
-// normalisation of every weight into one batch, Newton–Schulz on the
-// batch, the updates; then AdamW for the other parameters (which also
+// normalisation of every weight into one batch (ops.MuonPreps, multi-tensor
+// launches), Newton–Schulz on the batch, the updates (ops.MuonApplies); then AdamW for the other parameters (which also
 // advances the step counter). Everything is queued on e with no host state
 // that changes between steps: the step may be captured into a graph (at a
 // constant learning rate).
 func (o *Muon) Step(e *ops.Engine) error {
 	c := o.cfg
 	for _, g := range o.groups {
+		preps := make([]ops.MuonPrep, len(g.p))
+		ws := make([]ops.MuonWeight, len(g.p))
 		for l := range g.p {
 			x, err := g.x.Select(0, l)
 			if err != nil {
 				return err
 			}
-			if err := e.MuonPrep(ops.MuonPrep{G: g.g[l], Buf: g.buf[l], X: x, Mu: c.Momentum, Nesterov: c.Nesterov}); err != nil {
-				return err
-			}
+			preps[l] = ops.MuonPrep{G: g.g[l], Buf: g.buf[l], X: x, Mu: c.Momentum, Nesterov: c.Nesterov}
+			ws[l] = ops.MuonWeight{P: g.p[l], X: x, Scale: g.scale[l]}
+		}
+		if err := e.MuonPreps(preps); err != nil {
+			return err
 		}
 		if err := e.NewtonSchulz(ops.NewtonSchulz{X: g.x, Steps: c.Steps}); err != nil {
 			return err
 		}
-		for l := range g.p {
-			x, _ := g.x.Select(0, l)
-			if err := e.MuonApply(g.p[l], x, c.LRScale, c.LR, g.scale[l], c.WeightDecay); err != nil {
-				return err
-			}
+		if err := e.MuonApplies(ws, c.LRScale, c.LR, c.WeightDecay); err != nil {
+			return err
 		}
 	}
 	return e.AdamW(o.adamP, o.adamG, o.adamM, o.adamV, o.step, o.adamCfg)

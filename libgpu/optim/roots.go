@@ -38,7 +38,18 @@ type RootStats struct {
 	Refreshes int // refreshes started
 	Failures  int // matrices whose root or decomposition failed (kept their previous value, or at the first refresh were recomputed)
 	F64       int // jobs switched to float64 eigendecomposition after a failure
+	// Asynchronous refreshes put in use whose wait the device has timed
+	// (all but the last: timed between two events on the main stream
+	// around its wait for the side stream, read at the next one), those
+	// the main stream waited more than 10 µs for, and the main stream's
+	// total wait (ms). 0 on the host, where side work runs at once.
+	Timed, Waited int
+	WaitMS        float64
 }
+
+// waitThreshold is the main stream's wait for a refresh that counts as
+// one (RootStats.Waited): above the timing events' own resolution.
+const waitThreshold = 0.01 // ms
 
 // rootJob is one piece of preconditioner work: compute reads statistics
 // src and writes results dst (roots, eigenbases; dst holds the previous
@@ -78,6 +89,8 @@ type rootSched struct {
 	start, every int
 	jobs         []*rootJob
 	done         *exec.Event // the side stream's last refresh
+	waitA, waitB *exec.Event // timing events around the main stream's wait at the last publish
+	timing       bool        // waitA and waitB hold an untimed publish
 	pendingT     int         // the async refresh not yet in use (0: none)
 	resumed      bool        // the first step after construction has run
 	stats        RootStats
@@ -227,7 +240,7 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 // publish makes the main stream wait for the side stream's refresh and
 // copies its results into use (the first refresh's verified first).
 func (r *rootSched) publish(e *ops.Engine) error {
-	if err := e.WaitEvent(r.done); err != nil {
+	if err := r.timeWait(e); err != nil {
 		return err
 	}
 	if r.pendingT == r.start {
@@ -250,6 +263,46 @@ func (r *rootSched) publish(e *ops.Engine) error {
 		return r.use(e, t)
 	}
 	return nil
+}
+
+// timeWait makes the main stream wait for the side stream's refresh,
+// between two timing events (on a GPU), and adds the previous publish's
+// wait, long since timed, to the stats.
+func (r *rootSched) timeWait(e *ops.Engine) error {
+	if !e.IsGraphCapable() { // the host: side work has run
+		return e.WaitEvent(r.done)
+	}
+	if r.waitA == nil {
+		var err error
+		if r.waitA, err = e.NewEvent(true); err != nil {
+			return err
+		}
+		if r.waitB, err = e.NewEvent(true); err != nil {
+			return err
+		}
+	}
+	if r.timing {
+		if err := r.waitB.Wait(); err != nil {
+			return err
+		}
+		ms, err := r.waitB.Elapsed(r.waitA)
+		if err != nil {
+			return err
+		}
+		r.stats.Timed++
+		r.stats.WaitMS += float64(ms)
+		if ms > waitThreshold {
+			r.stats.Waited++
+		}
+	}
+	if err := r.waitA.Record(); err != nil {
+		return err
+	}
+	if err := e.WaitEvent(r.done); err != nil {
+		return err
+	}
+	r.timing = true
+	return r.waitB.Record()
 }
 
 // resume reads, at the first step after construction (a fresh start or a
@@ -444,6 +497,13 @@ func (r *rootSched) close(e *ops.Engine) error {
 		errs = append(errs, r.done.Close())
 		r.done = nil
 	}
+	for _, ev := range []**exec.Event{&r.waitA, &r.waitB} {
+		if *ev != nil {
+			errs = append(errs, (*ev).Close())
+			*ev = nil
+		}
+	}
+	r.timing = false
 	return errors.Join(errs...)
 }
 
@@ -483,6 +543,28 @@ func (r *rooted) Counter() *tensor.Tensor { return r.step.dev }
 
 // RootStats says what the preconditioners' refreshes did.
 func (r *rooted) RootStats() RootStats { return r.sched.stats }
+
+// nextPhase is Phaser.NextPhase for an optimizer whose Step queues the
+// same work at every step but those where the schedule acts (a refresh
+// starts, or one is put in use), given whether preconditioners are in use:
+// −1 at those steps and before the host knows the step count, else 1 when
+// the preconditioners are in use and 0 before.
+func (r *rooted) nextPhase() int {
+	if r.step.t < 0 || !r.sched.resumed {
+		return -1
+	}
+	n := r.step.t + 1
+	if r.sched.due(n) || (r.sched.pendingT > 0 && n >= r.sched.pendingT+r.sched.opts.MaxStaleness) {
+		return -1
+	}
+	if r.sched.ready(n) {
+		return 1
+	}
+	return 0
+}
+
+// replayed advances the step count past a replayed step.
+func (r *rooted) replayed() { r.step.t++ }
 
 // Capturable implements Capturer: false (the refresh schedule is the
 // host's).

@@ -119,33 +119,42 @@ func slice(t *tensor.Tensor, off, n int) (*tensor.Tensor, error) { return t.Narr
 
 // shampooParam is one parameter's place in Shampoo.
 type shampooParam struct {
-	p, g        *tensor.Tensor // [M, N] views
-	blk         ops.Blocking
-	m, v        *tensor.Tensor // state: the gradient's EMA (nil when β1 = 0), the graft's moment
-	gb, ga      *tensor.Tensor // work: blocked filtered gradient and graft direction
-	left, right *statClass     // nil: graft only
-	offL, offR  int
+	p, g   *tensor.Tensor // [M, N] views
+	blk    ops.Blocking
+	m, v   *tensor.Tensor // state: the gradient's EMA (nil when β1 = 0), the graft's moment
+	gb, ga *tensor.Tensor // work: views of its group's blocked filtered gradient and graft direction
+}
+
+// shampooGroup is a blockGroup of Shampoo's parameters with its blocked
+// filtered gradient and graft direction.
+type shampooGroup struct {
+	*blockGroup
+	params []*shampooParam
+	gb, ga *tensor.Tensor // work [count, br, bc]
 }
 
 // Shampoo is the optimizer of ShampooConfig.
 type Shampoo struct {
 	rooted
-	cfg    ShampooConfig
-	params []*shampooParam
-	cls    []*statClass
-	gs, t1 *tensor.Tensor // work shared by parameters (sized for the largest)
-	sdir   *tensor.Tensor
-	scale  *tensor.Tensor
+	cfg     ShampooConfig
+	groups  []*shampooGroup
+	cls     []*statClass
+	gs, t1  *tensor.Tensor // work shared by groups (sized for the largest)
+	sdir    *tensor.Tensor
+	scale   *tensor.Tensor
+	bc      *tensor.Tensor // work [2]: the bias corrections of the device's step counter
+	lrScale *tensor.Tensor // the run's device learning-rate scale, or nil
 }
 
 // NewShampoo allocates Shampoo's state for params through a: per
 // parameter "<name>.exp_avg" (β1 > 0) and "<name>.graft_sq"; per block
-// order d "shampoo/<d>.stats" and "shampoo/<d>.roots" ([count, d, d]: the
+// order d "shampoo/d<d>.stats" and "shampoo/d<d>.roots" ([count, d, d]: the
 // blocks' statistics and roots, stacked so one batched root computation
-// serves every parameter; roots start as identities); "step" ([1] i32);
-// with async roots "shampoo/<d>.snap0" (the statistics a refresh in flight
-// reads). Errors wrap ErrParams, ErrConfig or allocation errors; nothing
-// stays allocated on error.
+// serves every parameter — grouped by block shape, in order of the
+// shape's first parameter, then in parameter order; roots start as
+// identities); "step" ([1] i32); with async roots "shampoo/d<d>.snap0"
+// (the statistics a refresh in flight reads). Errors wrap ErrParams,
+// ErrConfig or allocation errors; nothing stays allocated on error.
 func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg ShampooConfig) (o *Shampoo, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -163,8 +172,9 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 	if err := o.s.init(params); err != nil {
 		return o, err
 	}
-	var cs classes
-	maxBlocked := 0
+	var sps []*shampooParam
+	var blks []ops.Blocking
+	var pre []bool
 	for _, p := range params {
 		pv, err := matrix2D(p.Value)
 		if err != nil {
@@ -184,23 +194,38 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 		if sp.v, err = o.s.zeros(a, prefix, p.Name+".graft_sq", tensor.F32, pv.Shape...); err != nil {
 			return o, err
 		}
-		if sp.gb, err = o.s.work(a, prefix, p.Name+".dir", tensor.F32, blk.Shape()...); err != nil {
+		sps, blks = append(sps, sp), append(blks, blk)
+		pre = append(pre, p.Value.Rank() >= 2 && !matches(p.Name, cfg.GraftOnly))
+	}
+	bgs, _ := groupByShape(blks, pre)
+	var cs classes
+	placeGroups(bgs, &cs)
+	maxBlocked, maxBlocks := 0, 0
+	for i, bg := range bgs {
+		g := &shampooGroup{blockGroup: bg}
+		o.groups = append(o.groups, g)
+		maxBlocked = max(maxBlocked, g.count*g.br*g.bc)
+		maxBlocks = max(maxBlocks, g.count)
+		if g.gb, err = o.s.work(a, prefix, fmt.Sprintf("shampoo/group%d.dir", i), tensor.F32, g.shape()...); err != nil {
 			return o, err
 		}
-		if sp.ga, err = o.s.work(a, prefix, p.Name+".graft", tensor.F32, blk.Shape()...); err != nil {
+		if g.ga, err = o.s.work(a, prefix, fmt.Sprintf("shampoo/group%d.graft", i), tensor.F32, g.shape()...); err != nil {
 			return o, err
 		}
-		maxBlocked = max(maxBlocked, blk.Count()*blk.BR*blk.BC)
-		if p.Value.Rank() >= 2 && !matches(p.Name, cfg.GraftOnly) {
-			sp.left, sp.offL = cs.reserve(blk.BR, blk.Count(), blk.RealRows)
-			sp.right, sp.offR = cs.reserve(blk.BC, blk.Count(), blk.RealCols)
+		for k, pi := range g.members {
+			sp := sps[pi]
+			g.params = append(g.params, sp)
+			if sp.gb, err = g.member(g.gb, k); err != nil {
+				return o, err
+			}
+			if sp.ga, err = g.member(g.ga, k); err != nil {
+				return o, err
+			}
 		}
-		o.params = append(o.params, sp)
 	}
 	o.cls = cs.sorted()
-	maxD := 0
 	for _, c := range o.cls {
-		tag := fmt.Sprintf("shampoo/%d", c.d)
+		tag := fmt.Sprintf("shampoo/d%d", c.d) // "d": blocks stacked by shape (a checkpoint of the per-parameter layout does not load)
 		if c.stats, err = o.s.zeros(a, prefix, tag+".stats", tensor.F32, c.count, c.d, c.d); err != nil {
 			return o, err
 		}
@@ -216,7 +241,6 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 		if c.status, err = o.s.work(a, prefix, tag+".root_status", tensor.I32, c.count); err != nil {
 			return o, err
 		}
-		maxD = max(maxD, c.d)
 		c := c
 		c.job = &rootJob{name: tag, src: []*tensor.Tensor{c.stats}, dst: []*tensor.Tensor{c.out},
 			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64, _ bool) (*tensor.Tensor, error) {
@@ -234,6 +258,9 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 	if o.step.dev, err = o.s.zeros(a, prefix, "step", tensor.I32, 1); err != nil {
 		return o, err
 	}
+	if o.bc, err = o.s.work(a, prefix, "shampoo.bias_correction", tensor.F32, 2); err != nil {
+		return o, err
+	}
 	if maxBlocked > 0 {
 		for _, w := range []struct {
 			t **tensor.Tensor
@@ -243,10 +270,6 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 				return o, err
 			}
 		}
-	}
-	maxBlocks := 0
-	for _, sp := range o.params {
-		maxBlocks = max(maxBlocks, sp.blk.Count())
 	}
 	if o.scale, err = o.s.work(a, prefix, "shampoo.scale", tensor.F32, maxBlocks); err != nil {
 		return o, err
@@ -263,16 +286,20 @@ func flat(t *tensor.Tensor, shape ...int) (*tensor.Tensor, error) {
 	return v.View(shape...)
 }
 
-// Step implements Optimizer: for every parameter the graft and filtered
-// gradient (ops.ShampooPrep) and the statistics' update (two batched GEMMs
-// over its blocks); then the roots' schedule (a refresh when due,
-// synchronously or on the side stream); then every parameter's
-// preconditioned, grafted update. Every call is queued on e; the host
-// waits for the device only at the first step after construction (to
-// read the step counter). Not capturable (the schedule lives on the host).
+// Step implements Optimizer: the device's step counter and bias
+// corrections (ops.Engine.StepCounter); per block-shape group, its
+// parameters' graft and filtered gradient (ops.ShampooPreps, one
+// multi-tensor launch) and the statistics' update (two batched GEMMs over
+// the group's blocks); then the roots' schedule (a refresh when due,
+// synchronously or on the side stream); then per group the
+// preconditioning (two batched GEMMs and ops.GraftScale) and its
+// parameters' grafted updates (ops.BlockApplies).
+// Every call is queued on e; the host waits for the device only at the
+// first step after construction (to read the step counter). Steps with no
+// refresh starting or put in use may be captured and replayed (Phaser).
 func (o *Shampoo) Step(e *ops.Engine) error {
 	o.e = e
-	t, err := o.step.next(e)
+	t, err := o.step.advance(e, o.bc, o.cfg.Beta1, o.cfg.GraftBeta2, 0)
 	if err != nil {
 		return err
 	}
@@ -282,24 +309,27 @@ func (o *Shampoo) Step(e *ops.Engine) error {
 	if b2 == 1 {
 		alpha, beta = 1, 1
 	}
-	for _, sp := range o.params {
-		gs, err := flat(o.gs, sp.blk.Shape()...)
+	for _, g := range o.groups {
+		gs, err := g.work(o.gs)
 		if err != nil {
 			return err
 		}
-		if err := e.ShampooPrep(ops.ShampooPrep{G: sp.g, M: sp.m, V: sp.v, GS: gs, GB: sp.gb, GA: sp.ga, Blk: sp.blk,
-			Beta1: c.Beta1, Beta2: c.GraftBeta2, Eps: c.GraftEps, T: t, AdaGrad: c.AdaGradGraft}); err != nil {
+		preps := make([]ops.ShampooPrep, len(g.params))
+		for k, sp := range g.params {
+			gsp, err := g.member(gs, k)
+			if err != nil {
+				return err
+			}
+			preps[k] = ops.ShampooPrep{G: sp.g, M: sp.m, V: sp.v, GS: gsp, GB: sp.gb, GA: sp.ga, Blk: sp.blk,
+				Beta1: c.Beta1, Beta2: c.GraftBeta2, Eps: c.GraftEps, T: t, BC: o.bc, AdaGrad: c.AdaGradGraft}
+		}
+		if err := e.ShampooPreps(preps); err != nil {
 			return err
 		}
-		if sp.left == nil {
+		if !g.pre {
 			continue
 		}
-		k := sp.blk.Count()
-		l, err := slice(sp.left.stats, sp.offL, k)
-		if err != nil {
-			return err
-		}
-		r, err := slice(sp.right.stats, sp.offR, k)
+		l, r, err := g.stats()
 		if err != nil {
 			return err
 		}
@@ -314,47 +344,65 @@ func (o *Shampoo) Step(e *ops.Engine) error {
 		return err
 	}
 	ready := o.sched.ready(t)
-	for _, sp := range o.params {
-		ap := ops.BlockApply{P: sp.p, D: sp.ga, Blk: sp.blk, LR: c.LR, Coef: 1, Decay: c.WeightDecay}
-		if sp.left != nil && ready {
-			k := sp.blk.Count()
-			pl, err := slice(sp.left.out, sp.offL, k)
+	for _, g := range o.groups {
+		var s, scale *tensor.Tensor
+		if g.pre && ready {
+			pl, pr, err := g.outs()
 			if err != nil {
 				return err
 			}
-			pr, err := slice(sp.right.out, sp.offR, k)
+			t1, err := g.work(o.t1)
 			if err != nil {
 				return err
 			}
-			t1, err := flat(o.t1, sp.blk.Shape()...)
-			if err != nil {
+			if s, err = g.work(o.sdir); err != nil {
 				return err
 			}
-			s, err := flat(o.sdir, sp.blk.Shape()...)
-			if err != nil {
+			if scale, err = flat(o.scale, g.count); err != nil {
 				return err
 			}
-			scale, err := flat(o.scale, k)
-			if err != nil {
-				return err
-			}
-			if err := e.Matmul(ops.Matmul{A: pl, B: sp.gb, D: t1}); err != nil {
+			if err := e.Matmul(ops.Matmul{A: pl, B: g.gb, D: t1}); err != nil {
 				return err
 			}
 			if err := e.Matmul(ops.Matmul{A: t1, B: pr, D: s}); err != nil {
 				return err
 			}
-			if err := e.GraftScale(scale, s, sp.ga); err != nil {
+			if err := e.GraftScale(scale, s, g.ga); err != nil {
 				return err
 			}
-			ap.D, ap.Scale = s, scale
 		}
-		if err := e.BlockApply(ap); err != nil {
+		aps := make([]ops.BlockApply, len(g.params))
+		for k, sp := range g.params {
+			ap := ops.BlockApply{P: sp.p, D: sp.ga, Blk: sp.blk, LR: c.LR, Coef: 1, Decay: c.WeightDecay, LRScale: o.lrScale}
+			if s != nil {
+				if ap.D, err = g.member(s, k); err != nil {
+					return err
+				}
+				if ap.Scale, err = g.member(scale, k); err != nil {
+					return err
+				}
+			}
+			aps[k] = ap
+		}
+		if err := e.BlockApplies(aps); err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// SetLRScale makes every later step's learning rate LR·scale[0] (a [1]
+// f32 device tensor the run's schedule writes), so that a captured step
+// follows the schedule; nil goes back to LR alone.
+func (o *Shampoo) SetLRScale(scale *tensor.Tensor) { o.lrScale = scale }
+
+// NextPhase implements Phaser: −1 when the next step starts a refresh, puts
+// one in use or is the first after construction; else 1 once
+// preconditioners are in use, 0 before.
+func (o *Shampoo) NextPhase() int { return o.rooted.nextPhase() }
+
+// Replayed implements Phaser.
+func (o *Shampoo) Replayed() { o.rooted.replayed() }
 
 // State implements Optimizer: per parameter exp_avg (β1 > 0) and
 // graft_sq, then per block order the statistics and roots (and, with
@@ -372,4 +420,5 @@ func (o *Shampoo) Config() ShampooConfig { return o.cfg }
 var (
 	_ Optimizer = (*Shampoo)(nil)
 	_ Capturer  = (*Shampoo)(nil)
+	_ Phaser    = (*Shampoo)(nil)
 )

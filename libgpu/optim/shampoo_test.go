@@ -331,7 +331,7 @@ func TestShampooRootFailure(t *testing.T) {
 	step() // roots computed at step 2
 	// Poison one matrix of a statistics stack (the last block of order 3).
 	for _, s := range o.State() {
-		if s.Name == "shampoo/3.stats" {
+		if s.Name == "shampoo/d3.stats" {
 			v, _ := s.Value.ReadFloat32()
 			v[len(v)-1] = float32(math.NaN())
 			s.Value.WriteFloat32(v)
@@ -352,7 +352,7 @@ func TestShampooRootFailure(t *testing.T) {
 		}
 	}
 	for _, s := range o.State() {
-		if s.Name == "shampoo/3.f64" {
+		if s.Name == "shampoo/d3.f64" {
 			b, _ := s.Value.Read()
 			if b[0] != 1 {
 				t.Errorf("the float64 switch is not in the state: %v", b)

@@ -2,7 +2,7 @@ package optim
 
 import (
 	"fmt"
-	"math"
+	"slices"
 
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/nn"
@@ -95,6 +95,13 @@ type soapParam struct {
 	offL, offR  int
 }
 
+// soapGroup is a blockGroup of SOAP's matrix parameters with its blocked
+// gradient and first moment.
+type soapGroup struct {
+	*blockGroup
+	gs, gm *tensor.Tensor // work [count, br, bc]
+}
+
 // soapPerm is a class's permutations of its bases' rows at the last
 // power-iteration refresh ([count, d] i32, work), by class.
 type soapPerm map[*statClass]*tensor.Tensor
@@ -104,6 +111,7 @@ type SOAP struct {
 	rooted
 	cfg    SOAPConfig
 	params []*soapParam
+	groups []*soapGroup // the matrix parameters by block shape (members index params)
 	cls    []*statClass
 	// work shared by parameters: a product, the rotated gradient (reused
 	// for the step), the rotated moment and the eigenbasis step.
@@ -114,15 +122,20 @@ type SOAP struct {
 	adamStep     *tensor.Tensor
 	adamP, adamG []*tensor.Tensor
 	perm         soapPerm
+	// bc holds the previous step's bias corrections ([2] f32, work: left
+	// by the device's step counter with lag 1), which give the step's
+	// coefficient √(1−β2ᵗ⁻¹)/(1−β1ᵗ⁻¹) on the device (ops.BlockApply.CoefBC).
+	bc      *tensor.Tensor
+	lrScale *tensor.Tensor // the run's device learning-rate scale, or nil
 }
 
 // NewSOAP allocates SOAP's state through a: per matrix parameter
 // "<name>.exp_avg" ([M, N]) and "<name>.exp_avg_sq" (blocked, in the
-// eigenbasis); per block order d "soap/<d>.stats" and "soap/<d>.basis"
+// eigenbasis); per block order d "soap/d<d>.stats" and "soap/d<d>.basis"
 // ([count, d, d], stacked across parameters; bases start as identities),
-// and the work "soap/<d>.perm" ([count, d] i32: the last refresh's
+// and the work "soap/d<d>.perm" ([count, d] i32: the last refresh's
 // permutations); per other parameter "<name>.exp_avg", "<name>.exp_avg_sq" and one
-// "adamw.step" for AdamW; "step"; with async bases "soap/<d>.snap0".
+// "adamw.step" for AdamW; "step"; with async bases "soap/d<d>.snap0".
 func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfig) (o *SOAP, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -144,8 +157,7 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 	if err := o.s.init(params); err != nil {
 		return o, err
 	}
-	var cs classes
-	maxBlocked := 0
+	var blks []ops.Blocking
 	for _, p := range params {
 		if p.Value.Rank() < 2 || matches(p.Name, cfg.AdamOnly) {
 			o.adam = append(o.adam, p)
@@ -167,21 +179,38 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 		if sp.v, err = o.s.zeros(a, prefix, p.Name+".exp_avg_sq", tensor.F32, blk.Shape()...); err != nil {
 			return o, err
 		}
-		if sp.gs, err = o.s.work(a, prefix, p.Name+".grad", tensor.F32, blk.Shape()...); err != nil {
+		o.params, blks = append(o.params, sp), append(blks, blk)
+	}
+	bgs, _ := groupByShape(blks, slices.Repeat([]bool{true}, len(blks)))
+	var cs classes
+	placeGroups(bgs, &cs)
+	maxBlocked := 0
+	for i, bg := range bgs {
+		g := &soapGroup{blockGroup: bg}
+		o.groups = append(o.groups, g)
+		maxBlocked = max(maxBlocked, g.count*g.br*g.bc)
+		if g.gs, err = o.s.work(a, prefix, fmt.Sprintf("soap/group%d.grad", i), tensor.F32, g.shape()...); err != nil {
 			return o, err
 		}
-		if sp.gm, err = o.s.work(a, prefix, p.Name+".moment", tensor.F32, blk.Shape()...); err != nil {
+		if g.gm, err = o.s.work(a, prefix, fmt.Sprintf("soap/group%d.moment", i), tensor.F32, g.shape()...); err != nil {
 			return o, err
 		}
-		sp.left, sp.offL = cs.reserve(blk.BR, blk.Count(), blk.RealRows)
-		sp.right, sp.offR = cs.reserve(blk.BC, blk.Count(), blk.RealCols)
-		maxBlocked = max(maxBlocked, blk.Count()*blk.BR*blk.BC)
-		o.params = append(o.params, sp)
+		for k, pi := range g.members {
+			sp := o.params[pi]
+			if sp.gs, err = g.member(g.gs, k); err != nil {
+				return o, err
+			}
+			if sp.gm, err = g.member(g.gm, k); err != nil {
+				return o, err
+			}
+			sp.left, sp.offL = g.left, g.offL+g.offs[k]
+			sp.right, sp.offR = g.right, g.offR+g.offs[k]
+		}
 	}
 	o.cls = cs.sorted()
 	o.perm = soapPerm{}
 	for _, c := range o.cls {
-		tag := fmt.Sprintf("soap/%d", c.d)
+		tag := fmt.Sprintf("soap/d%d", c.d) // "d": blocks stacked by shape (a checkpoint of the per-parameter layout does not load)
 		if c.stats, err = o.s.zeros(a, prefix, tag+".stats", tensor.F32, c.count, c.d, c.d); err != nil {
 			return o, err
 		}
@@ -255,6 +284,9 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 	if o.step.dev, err = o.s.zeros(a, prefix, "step", tensor.I32, 1); err != nil {
 		return o, err
 	}
+	if o.bc, err = o.s.work(a, prefix, "soap.bias_correction", tensor.F32, 2); err != nil {
+		return o, err
+	}
 	if maxBlocked > 0 {
 		for _, w := range []struct {
 			t **tensor.Tensor
@@ -271,38 +303,45 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 // Step implements Optimizer: the moments' and statistics' updates of every
 // matrix parameter, the bases' schedule (a refresh at t = 1, 1+k, ...,
 // synchronously or on the side stream), the steps in the eigenbasis
-// (six batched GEMMs and ops.SOAPAdam per parameter), and AdamW for the
-// others. Queued on e; not capturable.
+// (eight GEMMs batched over each block shape's parameters, and one
+// multi-tensor ops.SOAPAdams and ops.BlockApplies per shape, the latter's
+// coefficient from the device counter's corrections of t−1), and AdamW
+// for the others. Queued on e; steps with no refresh starting or put in
+// use may be captured and replayed (Phaser).
 func (o *SOAP) Step(e *ops.Engine) error {
 	o.e = e
-	t, err := o.step.next(e)
+	// On the device (checkpointed, and the GPT's dropout keys on it): a
+	// replayed step advances it, and leaves t−1's corrections in o.bc.
+	t, err := o.step.advance(e, o.bc, o.cfg.Beta1, o.cfg.Beta2, 1)
 	if err != nil {
 		return err
 	}
 	c := o.cfg
 	bs := c.ShampooBeta
-	for _, sp := range o.params {
-		if err := e.SOAPPrep(sp.g, sp.m, sp.gs, sp.gm, sp.blk, c.Beta1); err != nil {
+	for _, g := range o.groups {
+		preps := make([]ops.SOAPTensors, len(g.members))
+		for k, pi := range g.members {
+			sp := o.params[pi]
+			preps[k] = ops.SOAPTensors{X: sp.g, Y: sp.m, W: sp.gs, Z: sp.gm, Blk: sp.blk}
+		}
+		if err := e.SOAPPreps(preps, c.Beta1); err != nil {
 			return err
 		}
 		if t == 1 { // step 1 leaves the moment at zero (see SOAPConfig)
-			if err := e.Fill(sp.m, 0); err != nil {
-				return err
+			for _, pi := range g.members {
+				if err := e.Fill(o.params[pi].m, 0); err != nil {
+					return err
+				}
 			}
 		}
-		k := sp.blk.Count()
-		l, err := slice(sp.left.stats, sp.offL, k)
+		l, r, err := g.stats()
 		if err != nil {
 			return err
 		}
-		r, err := slice(sp.right.stats, sp.offR, k)
-		if err != nil {
+		if err := e.Matmul(ops.Matmul{A: g.gs, B: g.gs, D: l, TransB: true, Alpha: 1 - bs, Beta: bs, Accumulate: bs > 0}); err != nil {
 			return err
 		}
-		if err := e.Matmul(ops.Matmul{A: sp.gs, B: sp.gs, D: l, TransB: true, Alpha: 1 - bs, Beta: bs, Accumulate: bs > 0}); err != nil {
-			return err
-		}
-		if err := e.Matmul(ops.Matmul{A: sp.gs, B: sp.gs, D: r, TransA: true, Alpha: 1 - bs, Beta: bs, Accumulate: bs > 0}); err != nil {
+		if err := e.Matmul(ops.Matmul{A: g.gs, B: g.gs, D: r, TransA: true, Alpha: 1 - bs, Beta: bs, Accumulate: bs > 0}); err != nil {
 			return err
 		}
 	}
@@ -312,27 +351,19 @@ func (o *SOAP) Step(e *ops.Engine) error {
 	if t == 1 {
 		return nil // statistics and the first basis only (see SOAPConfig)
 	}
-	tu := float64(t - 1)
-	coef := float32(math.Sqrt(1-math.Pow(float64(c.Beta2), tu)) / (1 - math.Pow(float64(c.Beta1), tu)))
-	for _, sp := range o.params {
-		k := sp.blk.Count()
-		shape := sp.blk.Shape()
-		ql, err := slice(sp.left.out, sp.offL, k)
-		if err != nil {
-			return err
-		}
-		qr, err := slice(sp.right.out, sp.offR, k)
+	for _, g := range o.groups {
+		ql, qr, err := g.outs()
 		if err != nil {
 			return err
 		}
 		var w [4]*tensor.Tensor
 		for i, b := range []*tensor.Tensor{o.t1, o.gr, o.mr, o.nr} {
-			if w[i], err = flat(b, shape...); err != nil {
+			if w[i], err = g.work(b); err != nil {
 				return err
 			}
 		}
 		t1, gr, mr, nr := w[0], w[1], w[2], w[3]
-		for _, in := range []struct{ x, out *tensor.Tensor }{{sp.gs, gr}, {sp.gm, mr}} {
+		for _, in := range []struct{ x, out *tensor.Tensor }{{g.gs, gr}, {g.gm, mr}} {
 			if err := e.Matmul(ops.Matmul{A: ql, B: in.x, D: t1}); err != nil {
 				return err
 			}
@@ -340,7 +371,17 @@ func (o *SOAP) Step(e *ops.Engine) error {
 				return err
 			}
 		}
-		if err := e.SOAPAdam(sp.v, gr, mr, nr, sp.blk, c.Beta2, c.Eps); err != nil {
+		adams := make([]ops.SOAPTensors, len(g.members))
+		for k, pi := range g.members {
+			var v [3]*tensor.Tensor
+			for i, x := range []*tensor.Tensor{gr, mr, nr} {
+				if v[i], err = g.member(x, k); err != nil {
+					return err
+				}
+			}
+			adams[k] = ops.SOAPTensors{X: v[0], U: v[1], Y: o.params[pi].v, W: v[2], Blk: g.blks[k]}
+		}
+		if err := e.SOAPAdams(adams, c.Beta2, c.Eps); err != nil {
 			return err
 		}
 		if err := e.Matmul(ops.Matmul{A: ql, B: nr, D: t1, TransA: true}); err != nil {
@@ -349,16 +390,40 @@ func (o *SOAP) Step(e *ops.Engine) error {
 		if err := e.Matmul(ops.Matmul{A: t1, B: qr, D: gr}); err != nil {
 			return err
 		}
-		if err := e.BlockApply(ops.BlockApply{P: sp.p, D: gr, Blk: sp.blk, LR: c.LR, Coef: coef, Decay: c.WeightDecay}); err != nil {
+		aps := make([]ops.BlockApply, len(g.members))
+		for k, pi := range g.members {
+			d, err := g.member(gr, k)
+			if err != nil {
+				return err
+			}
+			sp := o.params[pi]
+			aps[k] = ops.BlockApply{P: sp.p, D: d, Blk: sp.blk, LR: c.LR, Coef: 1, CoefBC: o.bc, Decay: c.WeightDecay,
+				LRScale: o.lrScale}
+		}
+		if err := e.BlockApplies(aps); err != nil {
 			return err
 		}
 	}
 	if len(o.adam) > 0 {
 		return e.AdamW(o.adamP, o.adamG, o.adamM, o.adamV, o.adamStep,
-			ops.AdamWConfig{LR: c.LR, Beta1: c.Beta1, Beta2: c.Beta2, Eps: c.Eps, WeightDecay: c.WeightDecay})
+			ops.AdamWConfig{LR: c.LR, Beta1: c.Beta1, Beta2: c.Beta2, Eps: c.Eps, WeightDecay: c.WeightDecay, LRScale: o.lrScale})
 	}
 	return nil
 }
+
+// SetLRScale makes every later step's learning rate LR·scale[0] (a [1]
+// f32 device tensor the run's schedule writes), so that a captured step
+// follows the schedule; nil goes back to LR alone.
+func (o *SOAP) SetLRScale(scale *tensor.Tensor) { o.lrScale = scale }
+
+// NextPhase implements Phaser: −1 when the next step starts a refresh
+// (the first step is one), puts one in use or is the first after
+// construction; else 1 (0 before an asynchronous first basis is in use,
+// the same work).
+func (o *SOAP) NextPhase() int { return o.rooted.nextPhase() }
+
+// Replayed implements Phaser.
+func (o *SOAP) Replayed() { o.rooted.replayed() }
 
 // permuteMoments carries every second moment over to the bases of the
 // power-iteration refresh of step t just put in use (sched.use): V's rows
@@ -431,4 +496,5 @@ func (o *SOAP) Config() SOAPConfig { return o.cfg }
 var (
 	_ Optimizer = (*SOAP)(nil)
 	_ Capturer  = (*SOAP)(nil)
+	_ Phaser    = (*SOAP)(nil)
 )

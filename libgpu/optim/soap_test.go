@@ -392,6 +392,14 @@ func TestSOAPMatchesReference(t *testing.T) {
 		soapRun(t, cfg, [][]int{{6, 6}, {4}, {4, 4}}, 7, false)
 		soapRun(t, cfg, [][]int{{7, 5}, {3}}, 7, true)
 	})
+	// Block shapes interleaved across parameters ([6,6] and [3,3] share
+	// 3×3 blocks, stacked in one group; [7,5] and [2,6] give padded blocks
+	// of other shapes in the same classes).
+	t.Run("groups", func(t *testing.T) {
+		cfg := testSOAPConfig()
+		cfg.MaxBlock = 3
+		soapRun(t, cfg, [][]int{{6, 6}, {4}, {7, 5}, {3, 3}, {2, 6}}, 7, true)
+	})
 	t.Run("square/many-refreshes", func(t *testing.T) {
 		cfg := testSOAPConfig()
 		cfg.MaxBlock, cfg.UpdateFreq = 4, 2

@@ -143,7 +143,7 @@ func newClient(conn *ipc.Conn, path string, o Options) (*Client, error) {
 		case errors.Is(err, ipc.ErrMalformed) || errors.Is(err, ipc.ErrTimeout):
 			return nil, fmt.Errorf("%w: %s is not a gpupool socket: %w", ErrProtocol, path, err)
 		case errors.Is(err, ipc.ErrClosed):
-			return nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, path, err)
+			return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, path, err)
 		}
 		return nil, fmt.Errorf("pool: hello to %s: %w", path, err)
 	}

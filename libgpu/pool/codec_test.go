@@ -11,19 +11,8 @@ import (
 
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/ipc"
+	"gpukit/libgpu/ipc/ipctest"
 )
-
-// reflectEncode is what msgpack's reflection encoder (compact integers, as
-// ipc uses it) writes for v.
-func reflectEncode(t testing.TB, v any) []byte {
-	var buf bytes.Buffer
-	e := msgpack.NewEncoder(&buf)
-	e.UseCompactInts(true)
-	if err := e.Encode(v); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
 
 func randInt(r *rand.Rand) int64 {
 	switch r.IntN(4) {
@@ -93,7 +82,7 @@ func TestCodecsMatchReflection(t *testing.T) {
 			FreeReply{Dropped: randUints(r)},
 		}
 		for _, v := range vals {
-			want := reflectEncode(t, v)
+			want := ipctest.ReflectEncode(t, v)
 			got := v.(ipc.BodyAppender).AppendBody(nil)
 			if !bytes.Equal(got, want) {
 				t.Fatalf("%T %+v:\nhand       %x\nreflection %x", v, v, got, want)
@@ -138,7 +127,7 @@ func fuzzBody[T any, P interface {
 	// writes reads back to a value that encodes the same (empty and nil
 	// slices are both omitted).
 	enc := any(hand).(ipc.BodyAppender).AppendBody(nil)
-	if want := reflectEncode(t, hand); !bytes.Equal(enc, want) {
+	if want := ipctest.ReflectEncode(t, hand); !bytes.Equal(enc, want) {
 		t.Fatalf("%+v: AppendBody %x, reflection %x", hand, enc, want)
 	}
 	var back T
@@ -150,7 +139,7 @@ func fuzzBody[T any, P interface {
 func FuzzAllocRequestBody(f *testing.F) {
 	f.Add(AllocRequest{Size: 4096}.AppendBody(nil))
 	f.Add(AllocRequest{Name: "w", Size: 1 << 40, Keep: true, Unsealed: true, Legacy: true, DType: "f32", Shape: []int64{3, -1, 1 << 33}}.AppendBody(nil))
-	f.Add(reflectEncode(f, map[string]any{"size": 1.5, "x": []any{1, "a"}}))
+	f.Add(ipctest.ReflectEncode(f, map[string]any{"size": 1.5, "x": []any{1, "a"}}))
 	f.Fuzz(fuzzBody[AllocRequest])
 }
 
@@ -158,20 +147,20 @@ func FuzzLeaseBody(f *testing.F) {
 	f.Add(Lease{Handle: 7, Slab: 1, SlabSize: 64 << 20, Kind: device.ShareMemfd, Offset: 256, Size: 4096}.AppendBody(nil))
 	f.Add(Lease{Handle: 1 << 40, Name: "n", Slab: 300, SlabSize: 1 << 31, Kind: device.ShareLegacyIPC, Size: 9, FD: true, Legacy: make([]byte, 64),
 		Sealed: true, DType: "bf16", Shape: []int64{2, 2}, Event: make([]byte, 64), Dropped: []uint64{1, 1 << 63}}.AppendBody(nil))
-	f.Add(reflectEncode(f, map[string]any{"handle": -1, "legacy": "str", "dropped": nil}))
+	f.Add(ipctest.ReflectEncode(f, map[string]any{"handle": -1, "legacy": "str", "dropped": nil}))
 	f.Fuzz(fuzzBody[Lease])
 }
 
 func FuzzFreeRequestBody(f *testing.F) {
 	f.Add(FreeRequest{Handle: 3}.AppendBody(nil))
 	f.Add(FreeRequest{Name: "x/y"}.AppendBody(nil))
-	f.Add(reflectEncode(f, map[string]any{"handle": uint64(1 << 63), "name": []byte("b")}))
+	f.Add(ipctest.ReflectEncode(f, map[string]any{"handle": uint64(1 << 63), "name": []byte("b")}))
 	f.Fuzz(fuzzBody[FreeRequest])
 }
 
 func FuzzFreeReplyBody(f *testing.F) {
 	f.Add(FreeReply{}.AppendBody(nil))
 	f.Add(FreeReply{Dropped: []uint64{4, 5, 1 << 50}}.AppendBody(nil))
-	f.Add(reflectEncode(f, map[string]any{"dropped": []any{-1}}))
+	f.Add(ipctest.ReflectEncode(f, map[string]any{"dropped": []any{-1}}))
 	f.Fuzz(fuzzBody[FreeReply])
 }

@@ -621,6 +621,12 @@ inline T __shfl_up_sync(unsigned, T v, unsigned delta) {
   int lane = emu::g.cur->lane;
   return emu::shfl(v, lane >= (int)delta ? lane - (int)delta : lane);
 }
+// __shfl_down_sync: lanes whose source is past lane 31 keep their own value.
+template <typename T>
+inline T __shfl_down_sync(unsigned, T v, unsigned delta) {
+  int lane = emu::g.cur->lane;
+  return emu::shfl(v, lane + (int)delta < 32 ? lane + (int)delta : lane);
+}
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barrier(); }
 inline float __uint_as_float(unsigned u) {
   float f;

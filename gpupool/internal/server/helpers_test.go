@@ -287,8 +287,15 @@ func childServe(path string) error {
 	if tc.RefuseSelf {
 		p.self = math.MaxUint32
 	}
-	srv := &ipc.Server{Handler: p, MaxConns: p.Config().MaxConns}
-	go srv.Serve(l)
+	// The daemon's own account of each connection goes to stderr, which a
+	// failing test prints (childCmd).
+	logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+	srv := &ipc.Server{Handler: p, MaxConns: p.Config().MaxConns, Logf: logf}
+	go func() {
+		if err := srv.Serve(l); err != nil {
+			logf("serve: %v", err)
+		}
+	}()
 	fmt.Println("ready")
 	io.Copy(io.Discard, os.Stdin)
 	srv.Shutdown()

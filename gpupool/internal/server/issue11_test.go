@@ -76,7 +76,7 @@ func TestFDExhaustionChildDaemon(t *testing.T) {
 			c.Close()
 		}
 	}()
-	limited := 0
+	limited, dropped := 0, 0
 	for i := 0; i < 3*nofile; i++ {
 		c, err := pool.Dial(path)
 		switch {
@@ -84,12 +84,21 @@ func TestFDExhaustionChildDaemon(t *testing.T) {
 			flood = append(flood, c)
 		case errors.Is(err, ipc.ErrLimit):
 			limited++
+		case errors.Is(err, pool.ErrUnreachable) && errors.Is(err, ipc.ErrClosed) && unix.Kill(proc.Pid, 0) == nil:
+			// Closed before a word was read, with the daemon alive: the
+			// kernel or Go's runtime could not set the accepted socket up
+			// (once in CI, 2026-11-28). A few are allowed; the daemon's
+			// log (printed if this test fails) says what it saw.
+			t.Logf("connection %d: %v", i, err)
+			if dropped++; dropped > 3 {
+				t.Fatalf("%d connections closed without a reason", dropped)
+			}
 		default:
 			t.Fatalf("connection %d: %v", i, err)
 		}
 	}
 	if limited == 0 || len(flood) >= nofile/4 {
-		t.Fatalf("%d connections served, %d refused for the limit", len(flood), limited)
+		t.Fatalf("%d connections served, %d refused for the limit, %d closed", len(flood), limited, dropped)
 	}
 	// One admitted client asks for buffers larger than a slab until the
 	// daemon says no: a limit, not a crash.

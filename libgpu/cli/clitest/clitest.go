@@ -45,8 +45,11 @@ func size(ts *testscript.TestScript, neg bool, args []string) {
 	if err != nil {
 		ts.Fatalf("size: %v", err)
 	}
-	if (fi.Size() == want) == neg {
-		ts.Fatalf("size: %s holds %d bytes (want %s%d)", args[0], fi.Size(), map[bool]string{true: "not ", false: ""}[neg], want)
+	switch {
+	case neg && fi.Size() == want:
+		ts.Fatalf("size: %s holds %d bytes (want another count)", args[0], want)
+	case !neg && fi.Size() != want:
+		ts.Fatalf("size: %s holds %d bytes (want %d)", args[0], fi.Size(), want)
 	}
 }
 

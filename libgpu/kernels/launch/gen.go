@@ -1436,13 +1436,19 @@ func (g *gen) file(name string) ([]byte, error) {
 }
 
 // nested reports whether a struct other kernels' structs contain is st.
-func (g *gen) nested(st *cstruct) bool {
+func (g *gen) nested(st *cstruct) bool { return g.nestedIn(st, map[*cstruct]bool{}) }
+
+// nestedIn reports whether st is a field, at any depth, of a struct a
+// kernel takes (a geometry inside a multi-tensor launch's per-tensor
+// struct inside its arguments); seen guards against cycles.
+func (g *gen) nestedIn(st *cstruct, seen map[*cstruct]bool) bool {
+	if seen[st] {
+		return false
+	}
+	seen[st] = true
 	for _, o := range g.structs {
-		if !o.used {
-			continue
-		}
 		for _, f := range o.fields {
-			if f.t.st == st {
+			if f.t.st == st && (o.used || g.nestedIn(o, seen)) {
 				return true
 			}
 		}

@@ -8,68 +8,113 @@ import (
 	"gpukit/libgpu/cuda"
 )
 
-// MuonMomentum launches muon_momentum of newtonschulz.cu:
-//
-//	muon_momentum(const float* g, float* buf, float* part, long long n, int chunks, float mu, int nesterov)
-func MuonMomentum(l Launcher, grid, block [3]uint32, smem uint32, g, buf, part cuda.DevicePtr, n int64, chunks int32, mu float32, nesterov int32) error {
-	kn := MuonMomentumKernel
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&g), unsafe.Pointer(&buf), unsafe.Pointer(&part), unsafe.Pointer(&n), unsafe.Pointer(&chunks), unsafe.Pointer(&mu), unsafe.Pointer(&nesterov))
+// MuonArgs is struct muon_args of newtonschulz.cu (1720 bytes, alignment 8).
+type MuonArgs struct {
+	T        [32]MuonTensor // muon_tensor
+	Start    [33]int32      // int
+	Count    int32          // int
+	Mu       float32        // float
+	Eps      float32        // float
+	Nesterov int32          // int
+	Part     cuda.DevicePtr // float*
+	Inv      cuda.DevicePtr // float*
+	Lr       float32        // float
+	Decay    float32        // float
+	LrScale  cuda.DevicePtr // float*
 }
 
-// MuonMomentumKernel is muon_momentum of newtonschulz.cu (MuonMomentum), for Prefetch.
-var MuonMomentumKernel = Kernel{File: "newtonschulz.cu", Name: "muon_momentum"}
+// The Go layout is the C one: a difference does not compile.
+var _ [1720]byte = [unsafe.Sizeof(MuonArgs{})]byte{}
 
-// MuonScale launches muon_scale of newtonschulz.cu:
-//
-//	muon_scale(const float* part, int chunks, float eps, float* out)
-func MuonScale(l Launcher, grid, block [3]uint32, smem uint32, part cuda.DevicePtr, chunks int32, eps float32, out cuda.DevicePtr) error {
-	kn := MuonScaleKernel
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&part), unsafe.Pointer(&chunks), unsafe.Pointer(&eps), unsafe.Pointer(&out))
+// MuonTensor is struct muon_tensor of newtonschulz.cu (48 bytes, alignment 8).
+type MuonTensor struct {
+	G         cuda.DevicePtr // float*
+	Buf       cuda.DevicePtr // float*
+	P         cuda.DevicePtr // float*
+	X         cuda.DevicePtr // void*
+	M         int32          // int
+	N         int32          // int
+	Transpose int32          // int
+	Scale     float32        // float
 }
 
-// MuonScaleKernel is muon_scale of newtonschulz.cu (MuonScale), for Prefetch.
-var MuonScaleKernel = Kernel{File: "newtonschulz.cu", Name: "muon_scale"}
+// The Go layout is the C one: a difference does not compile.
+var _ [48]byte = [unsafe.Sizeof(MuonTensor{})]byte{}
 
-// MuonNormalize launches muon_normalize_<inst> of newtonschulz.cu, inst one of "f32", "bf16":
+// MuonMomentumMulti launches muon_momentum_multi of newtonschulz.cu:
 //
-//	muon_normalize_f32(const float* g, const float* buf, const float* scale, float* x, int m, int n, int transpose, float mu, int nesterov)
-func MuonNormalize(l Launcher, inst string, grid, block [3]uint32, smem uint32, g, buf, scale, x cuda.DevicePtr, m, n, transpose int32, mu float32, nesterov int32) error {
-	kn, kerr := MuonNormalizeKernel(inst)
+//	muon_momentum_multi(const __grid_constant__ muon_args a)
+func MuonMomentumMulti(l Launcher, grid, block [3]uint32, smem uint32, a *MuonArgs) error {
+	kn := MuonMomentumMultiKernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// MuonMomentumMultiKernel is muon_momentum_multi of newtonschulz.cu (MuonMomentumMulti), for Prefetch.
+var MuonMomentumMultiKernel = Kernel{File: "newtonschulz.cu", Name: "muon_momentum_multi"}
+
+// MuonScaleMulti launches muon_scale_multi of newtonschulz.cu:
+//
+//	muon_scale_multi(const __grid_constant__ muon_args a)
+func MuonScaleMulti(l Launcher, grid, block [3]uint32, smem uint32, a *MuonArgs) error {
+	kn := MuonScaleMultiKernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// MuonScaleMultiKernel is muon_scale_multi of newtonschulz.cu (MuonScaleMulti), for Prefetch.
+var MuonScaleMultiKernel = Kernel{File: "newtonschulz.cu", Name: "muon_scale_multi"}
+
+// MuonNormalizeMulti launches muon_normalize_multi_<inst> of newtonschulz.cu, inst one of "f32", "bf16":
+//
+//	muon_normalize_multi_f32(const __grid_constant__ muon_args a)
+func MuonNormalizeMulti(l Launcher, inst string, grid, block [3]uint32, smem uint32, a *MuonArgs) error {
+	kn, kerr := MuonNormalizeMultiKernel(inst)
 	if kerr != nil {
 		return kerr
 	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&g), unsafe.Pointer(&buf), unsafe.Pointer(&scale), unsafe.Pointer(&x), unsafe.Pointer(&m), unsafe.Pointer(&n), unsafe.Pointer(&transpose), unsafe.Pointer(&mu), unsafe.Pointer(&nesterov))
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
 }
 
-// MuonNormalizeKernel is instance inst of muon_normalize_<inst> (MuonNormalize), for Prefetch.
-func MuonNormalizeKernel(inst string) (Kernel, error) {
+// MuonNormalizeMultiKernel is instance inst of muon_normalize_multi_<inst> (MuonNormalizeMulti), for Prefetch.
+func MuonNormalizeMultiKernel(inst string) (Kernel, error) {
 	switch inst {
 	case "f32":
-		return Kernel{File: "newtonschulz.cu", Name: "muon_normalize_f32"}, nil
+		return Kernel{File: "newtonschulz.cu", Name: "muon_normalize_multi_f32"}, nil
 	case "bf16":
-		return Kernel{File: "newtonschulz.cu", Name: "muon_normalize_bf16"}, nil
+		return Kernel{File: "newtonschulz.cu", Name: "muon_normalize_multi_bf16"}, nil
 	}
-	return Kernel{}, errNoInstance("newtonschulz.cu", "muon_normalize_", inst)
+	return Kernel{}, errNoInstance("newtonschulz.cu", "muon_normalize_multi_", inst)
 }
 
-// MuonApply launches muon_apply_<inst> of newtonschulz.cu, inst one of "f32", "bf16":
+// MuonApplyMulti launches muon_apply_multi_<inst> of newtonschulz.cu, inst one of "f32", "bf16":
 //
-//	muon_apply_f32(float* p, const float* x, int m, int n, int transpose, float lr, float scale, float decay, const float* lr_scale)
-func MuonApply(l Launcher, inst string, grid, block [3]uint32, smem uint32, p, x cuda.DevicePtr, m, n, transpose int32, lr, scale, decay float32, lrScale cuda.DevicePtr) error {
-	kn, kerr := MuonApplyKernel(inst)
+//	muon_apply_multi_f32(const __grid_constant__ muon_args a)
+func MuonApplyMulti(l Launcher, inst string, grid, block [3]uint32, smem uint32, a *MuonArgs) error {
+	kn, kerr := MuonApplyMultiKernel(inst)
 	if kerr != nil {
 		return kerr
 	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&p), unsafe.Pointer(&x), unsafe.Pointer(&m), unsafe.Pointer(&n), unsafe.Pointer(&transpose), unsafe.Pointer(&lr), unsafe.Pointer(&scale), unsafe.Pointer(&decay), unsafe.Pointer(&lrScale))
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
 }
 
-// MuonApplyKernel is instance inst of muon_apply_<inst> (MuonApply), for Prefetch.
-func MuonApplyKernel(inst string) (Kernel, error) {
+// MuonApplyMultiKernel is instance inst of muon_apply_multi_<inst> (MuonApplyMulti), for Prefetch.
+func MuonApplyMultiKernel(inst string) (Kernel, error) {
 	switch inst {
 	case "f32":
-		return Kernel{File: "newtonschulz.cu", Name: "muon_apply_f32"}, nil
+		return Kernel{File: "newtonschulz.cu", Name: "muon_apply_multi_f32"}, nil
 	case "bf16":
-		return Kernel{File: "newtonschulz.cu", Name: "muon_apply_bf16"}, nil
+		return Kernel{File: "newtonschulz.cu", Name: "muon_apply_multi_bf16"}, nil
 	}
-	return Kernel{}, errNoInstance("newtonschulz.cu", "muon_apply_", inst)
+	return Kernel{}, errNoInstance("newtonschulz.cu", "muon_apply_multi_", inst)
 }

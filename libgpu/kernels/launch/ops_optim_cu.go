@@ -64,10 +64,10 @@ var _ [32]byte = [unsafe.Sizeof(OpsSgdTensor{})]byte{}
 
 // AdamwStep launches adamw_step of ops_optim.cu:
 //
-//	adamw_step(int* step, float* bc, float b1, float b2)
-func AdamwStep(l Launcher, grid, block [3]uint32, smem uint32, step, bc cuda.DevicePtr, b1, b2 float32) error {
+//	adamw_step(int* step, float* bc, float b1, float b2, int lag)
+func AdamwStep(l Launcher, grid, block [3]uint32, smem uint32, step, bc cuda.DevicePtr, b1, b2 float32, lag int32) error {
 	kn := AdamwStepKernel
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&step), unsafe.Pointer(&bc), unsafe.Pointer(&b1), unsafe.Pointer(&b2))
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&step), unsafe.Pointer(&bc), unsafe.Pointer(&b1), unsafe.Pointer(&b2), unsafe.Pointer(&lag))
 }
 
 // AdamwStepKernel is adamw_step of ops_optim.cu (AdamwStep), for Prefetch.

@@ -8,6 +8,33 @@ import (
 	"gpukit/libgpu/cuda"
 )
 
+// PcApplyArgs is struct pc_apply_args of precond.cu (1960 bytes, alignment 8).
+type PcApplyArgs struct {
+	T       [32]PcApplyTensor // pc_apply_tensor
+	Start   [33]int32         // int
+	Count   int32             // int
+	Lr      float32           // float
+	Coef    float32           // float
+	Wd      float32           // float
+	LrScale cuda.DevicePtr    // float*
+	Bc      cuda.DevicePtr    // float*
+}
+
+// The Go layout is the C one: a difference does not compile.
+var _ [1960]byte = [unsafe.Sizeof(PcApplyArgs{})]byte{}
+
+// PcApplyTensor is struct pc_apply_tensor of precond.cu (56 bytes, alignment 8).
+type PcApplyTensor struct {
+	Geo   PcGeom         // pc_geom
+	P     cuda.DevicePtr // float*
+	D     cuda.DevicePtr // float*
+	Scale cuda.DevicePtr // float*
+	Total int64          // long long
+}
+
+// The Go layout is the C one: a difference does not compile.
+var _ [56]byte = [unsafe.Sizeof(PcApplyTensor{})]byte{}
+
 // PcGeom is struct pc_geom of precond.cu (20 bytes, alignment 4).
 type PcGeom struct {
 	M    int32 // int
@@ -20,19 +47,77 @@ type PcGeom struct {
 // The Go layout is the C one: a difference does not compile.
 var _ [20]byte = [unsafe.Sizeof(PcGeom{})]byte{}
 
-// ShampooPrep launches shampoo_prep of precond.cu:
-//
-//	shampoo_prep(pc_geom geo, const float* g, float* m, float* v, float* gs, float* gb, float* ga, long long total, float beta1, float beta2, float bc1, float bc2, float eps, int adagrad)
-func ShampooPrep(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, g, m, v, gs, gb, ga cuda.DevicePtr, total int64, beta1, beta2, bc1, bc2, eps float32, adagrad int32) error {
-	kn := ShampooPrepKernel
-	if geo == nil {
-		return errNilArgs(kn)
-	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(geo), unsafe.Pointer(&g), unsafe.Pointer(&m), unsafe.Pointer(&v), unsafe.Pointer(&gs), unsafe.Pointer(&gb), unsafe.Pointer(&ga), unsafe.Pointer(&total), unsafe.Pointer(&beta1), unsafe.Pointer(&beta2), unsafe.Pointer(&bc1), unsafe.Pointer(&bc2), unsafe.Pointer(&eps), unsafe.Pointer(&adagrad))
+// PcPrepArgs is struct pc_prep_args of precond.cu (2736 bytes, alignment 8).
+type PcPrepArgs struct {
+	T       [32]PcPrepTensor // pc_prep_tensor
+	Start   [33]int32        // int
+	Count   int32            // int
+	Beta1   float32          // float
+	Beta2   float32          // float
+	Bc1     float32          // float
+	Bc2     float32          // float
+	Eps     float32          // float
+	Bc      cuda.DevicePtr   // float*
+	Adagrad int32            // int
 }
 
-// ShampooPrepKernel is shampoo_prep of precond.cu (ShampooPrep), for Prefetch.
-var ShampooPrepKernel = Kernel{File: "precond.cu", Name: "shampoo_prep"}
+// The Go layout is the C one: a difference does not compile.
+var _ [2736]byte = [unsafe.Sizeof(PcPrepArgs{})]byte{}
+
+// PcPrepTensor is struct pc_prep_tensor of precond.cu (80 bytes, alignment 8).
+type PcPrepTensor struct {
+	Geo   PcGeom         // pc_geom
+	G     cuda.DevicePtr // float*
+	M     cuda.DevicePtr // float*
+	V     cuda.DevicePtr // float*
+	Gs    cuda.DevicePtr // float*
+	Gb    cuda.DevicePtr // float*
+	Ga    cuda.DevicePtr // float*
+	Total int64          // long long
+}
+
+// The Go layout is the C one: a difference does not compile.
+var _ [80]byte = [unsafe.Sizeof(PcPrepTensor{})]byte{}
+
+// PcSoapArgs is struct pc_soap_args of precond.cu (2448 bytes, alignment 8).
+type PcSoapArgs struct {
+	T     [32]PcSoapTensor // pc_soap_tensor
+	Start [33]int32        // int
+	Count int32            // int
+	Beta  float32          // float
+	Eps   float32          // float
+}
+
+// The Go layout is the C one: a difference does not compile.
+var _ [2448]byte = [unsafe.Sizeof(PcSoapArgs{})]byte{}
+
+// PcSoapTensor is struct pc_soap_tensor of precond.cu (72 bytes, alignment 8).
+type PcSoapTensor struct {
+	Geo   PcGeom         // pc_geom
+	X     cuda.DevicePtr // float*
+	U     cuda.DevicePtr // float*
+	Y     cuda.DevicePtr // float*
+	W     cuda.DevicePtr // float*
+	Z     cuda.DevicePtr // float*
+	Total int64          // long long
+}
+
+// The Go layout is the C one: a difference does not compile.
+var _ [72]byte = [unsafe.Sizeof(PcSoapTensor{})]byte{}
+
+// ShampooPrepMulti launches shampoo_prep_multi of precond.cu:
+//
+//	shampoo_prep_multi(const __grid_constant__ pc_prep_args a)
+func ShampooPrepMulti(l Launcher, grid, block [3]uint32, smem uint32, a *PcPrepArgs) error {
+	kn := ShampooPrepMultiKernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// ShampooPrepMultiKernel is shampoo_prep_multi of precond.cu (ShampooPrepMulti), for Prefetch.
+var ShampooPrepMultiKernel = Kernel{File: "precond.cu", Name: "shampoo_prep_multi"}
 
 // PcSumsq launches pc_sumsq of precond.cu:
 //
@@ -56,47 +141,47 @@ func PcGraftScale(l Launcher, grid, block [3]uint32, smem uint32, part cuda.Devi
 // PcGraftScaleKernel is pc_graft_scale of precond.cu (PcGraftScale), for Prefetch.
 var PcGraftScaleKernel = Kernel{File: "precond.cu", Name: "pc_graft_scale"}
 
-// BlockApply launches block_apply of precond.cu:
+// BlockApplyMulti launches block_apply_multi of precond.cu:
 //
-//	block_apply(pc_geom geo, float* p, const float* d, const float* scale, long long total, float lr, float coef, float wd)
-func BlockApply(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, p, d, scale cuda.DevicePtr, total int64, lr, coef, wd float32) error {
-	kn := BlockApplyKernel
-	if geo == nil {
+//	block_apply_multi(const __grid_constant__ pc_apply_args a)
+func BlockApplyMulti(l Launcher, grid, block [3]uint32, smem uint32, a *PcApplyArgs) error {
+	kn := BlockApplyMultiKernel
+	if a == nil {
 		return errNilArgs(kn)
 	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(geo), unsafe.Pointer(&p), unsafe.Pointer(&d), unsafe.Pointer(&scale), unsafe.Pointer(&total), unsafe.Pointer(&lr), unsafe.Pointer(&coef), unsafe.Pointer(&wd))
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
 }
 
-// BlockApplyKernel is block_apply of precond.cu (BlockApply), for Prefetch.
-var BlockApplyKernel = Kernel{File: "precond.cu", Name: "block_apply"}
+// BlockApplyMultiKernel is block_apply_multi of precond.cu (BlockApplyMulti), for Prefetch.
+var BlockApplyMultiKernel = Kernel{File: "precond.cu", Name: "block_apply_multi"}
 
-// SoapPrep launches soap_prep of precond.cu:
+// SoapPrepMulti launches soap_prep_multi of precond.cu:
 //
-//	soap_prep(pc_geom geo, const float* g, float* m, float* gs, float* gm, long long total, float beta1)
-func SoapPrep(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, g, m, gs, gm cuda.DevicePtr, total int64, beta1 float32) error {
-	kn := SoapPrepKernel
-	if geo == nil {
+//	soap_prep_multi(const __grid_constant__ pc_soap_args a)
+func SoapPrepMulti(l Launcher, grid, block [3]uint32, smem uint32, a *PcSoapArgs) error {
+	kn := SoapPrepMultiKernel
+	if a == nil {
 		return errNilArgs(kn)
 	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(geo), unsafe.Pointer(&g), unsafe.Pointer(&m), unsafe.Pointer(&gs), unsafe.Pointer(&gm), unsafe.Pointer(&total), unsafe.Pointer(&beta1))
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
 }
 
-// SoapPrepKernel is soap_prep of precond.cu (SoapPrep), for Prefetch.
-var SoapPrepKernel = Kernel{File: "precond.cu", Name: "soap_prep"}
+// SoapPrepMultiKernel is soap_prep_multi of precond.cu (SoapPrepMulti), for Prefetch.
+var SoapPrepMultiKernel = Kernel{File: "precond.cu", Name: "soap_prep_multi"}
 
-// SoapAdam launches soap_adam of precond.cu:
+// SoapAdamMulti launches soap_adam_multi of precond.cu:
 //
-//	soap_adam(pc_geom geo, const float* gr, const float* mr, float* v, float* out, long long total, float beta2, float eps)
-func SoapAdam(l Launcher, grid, block [3]uint32, smem uint32, geo *PcGeom, gr, mr, v, out cuda.DevicePtr, total int64, beta2, eps float32) error {
-	kn := SoapAdamKernel
-	if geo == nil {
+//	soap_adam_multi(const __grid_constant__ pc_soap_args a)
+func SoapAdamMulti(l Launcher, grid, block [3]uint32, smem uint32, a *PcSoapArgs) error {
+	kn := SoapAdamMultiKernel
+	if a == nil {
 		return errNilArgs(kn)
 	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(geo), unsafe.Pointer(&gr), unsafe.Pointer(&mr), unsafe.Pointer(&v), unsafe.Pointer(&out), unsafe.Pointer(&total), unsafe.Pointer(&beta2), unsafe.Pointer(&eps))
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
 }
 
-// SoapAdamKernel is soap_adam of precond.cu (SoapAdam), for Prefetch.
-var SoapAdamKernel = Kernel{File: "precond.cu", Name: "soap_adam"}
+// SoapAdamMultiKernel is soap_adam_multi of precond.cu (SoapAdamMulti), for Prefetch.
+var SoapAdamMultiKernel = Kernel{File: "precond.cu", Name: "soap_adam_multi"}
 
 // PadDiag launches pad_diag of precond.cu:
 //

@@ -66,6 +66,7 @@ func checkNewtonSchulz(s *Suite) {
 			}
 		}
 	}
+	s.Run("multi", muonMultiCheck)
 	s.Run("validation", nsValidation)
 }
 
@@ -162,6 +163,78 @@ func muonStepCheck(s *Suite, dt tensor.DType, m, n int, nesterov bool) {
 		wp[k] = pv[k]*(1-0.5*lr*decay) - 0.5*lr*float64(scale)*xv[o]
 	}
 	s.Close("P (lr scale)", s.Read(p), wp, nil, s.Tol(tensor.F32))
+}
+
+// muonMultiCheck runs MuonPreps and MuonApplies over 34 weights (two
+// launches on a GPU: 32 per launch) of shapes wide, tall (X transposed)
+// and larger than a block's chunk, each against its float64 reference.
+func muonMultiCheck(s *Suite) {
+	const n, mu, lr, decay, eps = 34, 0.95, 0.02, 0.1, 1e-7
+	shapes := [][2]int{{6, 10}, {10, 6}, {48, 64}}
+	type weight struct {
+		m, n      int
+		g, buf, x *tensor.Tensor
+		p         *tensor.Tensor
+		gv, bv    []float64
+		pv        []float64
+		scale     float32
+	}
+	ws := make([]*weight, n)
+	preps := make([]ops.MuonPrep, n)
+	applies := make([]ops.MuonWeight, n)
+	for i := range ws {
+		sh := shapes[i%len(shapes)]
+		w := &weight{m: sh[0], n: sh[1]}
+		w.g, w.gv = s.Rand(tensor.F32, 1, w.m, w.n)
+		w.buf, w.bv = s.Rand(tensor.F32, 1, w.m, w.n)
+		xs := []int{w.m, w.n}
+		if w.m > w.n {
+			xs = []int{w.n, w.m}
+		}
+		w.x = s.Empty(tensor.F32, xs...)
+		w.p, w.pv = s.Rand(tensor.F32, 1, w.m, w.n)
+		w.scale = float32(math.Sqrt(math.Max(1, float64(w.m)/float64(w.n))))
+		preps[i] = ops.MuonPrep{G: w.g, Buf: w.buf, X: w.x, Mu: mu, Nesterov: i%2 == 0}
+		applies[i] = ops.MuonWeight{P: w.p, X: w.x, Scale: w.scale}
+		ws[i] = w
+	}
+	preps[1].Nesterov = true // differing settings are refused
+	if err := s.E.MuonPreps(preps); !errors.Is(err, ops.ErrConfig) {
+		s.T.Errorf("MuonPreps with differing Nesterov: %v, want %v", err, ops.ErrConfig)
+	}
+	for i := range preps {
+		preps[i].Nesterov = false
+	}
+	s.NoErr("muon preps", s.E.MuonPreps(preps))
+	s.NoErr("muon applies", s.E.MuonApplies(applies, nil, lr, decay))
+	for i, w := range ws {
+		tr := w.m > w.n
+		wb, u := make([]float64, len(w.gv)), make([]float64, len(w.gv))
+		var ss float64
+		for k := range w.gv {
+			wb[k] = mu*w.bv[k] + w.gv[k]
+			u[k] = wb[k]
+			ss += u[k] * u[k]
+		}
+		wx, wp := make([]float64, len(u)), make([]float64, len(u))
+		for k := range u {
+			o := k
+			if tr {
+				o = (k%w.n)*w.m + k/w.n
+			}
+			wx[o] = u[k] / (math.Sqrt(ss) + eps)
+		}
+		for k := range u {
+			o := k
+			if tr {
+				o = (k%w.n)*w.m + k/w.n
+			}
+			wp[k] = w.pv[k]*(1-lr*decay) - lr*float64(w.scale)*wx[o]
+		}
+		s.Close(fmt.Sprintf("weight %d buf", i), s.Read(w.buf), wb, nil, s.Tol(tensor.F32))
+		s.Close(fmt.Sprintf("weight %d X", i), s.Read(w.x), wx, nil, s.Tol(tensor.F32))
+		s.Close(fmt.Sprintf("weight %d P", i), s.Read(w.p), wp, nil, s.Tol(tensor.F32))
+	}
 }
 
 func nsValidation(s *Suite) {

@@ -30,8 +30,80 @@ func checkPrecond(s *Suite) {
 		s.Run("block-apply/"+name, func(s *Suite) { blockApplyCheck(s, sh) })
 		s.Run("soap/"+name, func(s *Suite) { soapCheck(s, sh) })
 	}
+	s.Run("multi", precondMultiCheck)
 	s.Run("pad-diag", padDiagCheck)
 	s.Run("validation", precondValidation)
+}
+
+// precondMultiCheck runs the multi-tensor ops over 35 parameters (two
+// launches on a GPU: 32 per launch) of every shape of precondShapes in
+// turn, with the device's bias corrections (ShampooPrep.BC,
+// BlockApply.CoefBC) and learning-rate scale: each parameter against its
+// float64 reference.
+func precondMultiCheck(s *Suite) {
+	const n, beta1, beta2, eps, lr, coef, decay = 35, 0.9, 0.99, 1e-8, 0.01, 0.5, 0.1
+	const c1, c2, lrs = 0.271, 0.0297, 0.25 // as bias corrections after a few steps
+	bc := s.Const(tensor.F32, []float64{c1, c2}, 2)
+	ls := s.Const(tensor.F32, []float64{lrs}, 1)
+	bcv, lsv := s.Read(bc), s.Read(ls)
+	type par struct {
+		b                   ops.Blocking
+		g, m, v, gs, gb, ga *tensor.Tensor
+		gv, mv, vv          []float64
+		p, d, scale         *tensor.Tensor
+		pv, dv, sv          []float64
+	}
+	ps := make([]*par, n)
+	var preps []ops.ShampooPrep
+	var aps []ops.BlockApply
+	for i := range ps {
+		b := mustBlocking(s, precondShapes[i%len(precondShapes)])
+		x := &par{b: b}
+		x.g, x.gv = s.Rand(tensor.F32, 1, b.M, b.N)
+		x.m, x.mv = s.Rand(tensor.F32, 0.1, b.M, b.N)
+		_, x.vv = s.Rand(tensor.F32, 0.1, b.M, b.N)
+		for k := range x.vv {
+			x.vv[k] = math.Abs(x.vv[k])
+		}
+		x.v = s.Const(tensor.F32, x.vv, b.M, b.N)
+		x.vv = s.Read(x.v)
+		x.gs, x.gb, x.ga = s.Empty(tensor.F32, b.Shape()...), s.Empty(tensor.F32, b.Shape()...), s.Empty(tensor.F32, b.Shape()...)
+		preps = append(preps, ops.ShampooPrep{G: x.g, M: x.m, V: x.v, GS: x.gs, GB: x.gb, GA: x.ga, Blk: b,
+			Beta1: beta1, Beta2: beta2, Eps: eps, BC: bc})
+		x.p, x.pv = s.Rand(tensor.F32, 1, b.M, b.N)
+		x.d, x.dv = s.Rand(tensor.F32, 1, b.Shape()...)
+		x.scale, x.sv = s.Rand(tensor.F32, 1, b.Count())
+		aps = append(aps, ops.BlockApply{P: x.p, D: x.d, Scale: x.scale, Blk: b, LR: lr, Coef: coef, Decay: decay,
+			LRScale: ls, CoefBC: bc})
+		ps[i] = x
+	}
+	s.NoErr("shampoo preps", s.E.ShampooPreps(preps))
+	s.NoErr("block applies", s.E.BlockApplies(aps))
+	b1, b2 := float64(beta1), float64(beta2)
+	tol := s.Tol(tensor.F32)
+	for i, x := range ps {
+		wm, tm, ga, ta := make([]float64, len(x.gv)), make([]float64, len(x.gv)), make([]float64, len(x.gv)), make([]float64, len(x.gv))
+		for k, g := range x.gv {
+			wm[k] = b1*x.mv[k] + (1-b1)*g
+			tm[k] = math.Abs(b1*x.mv[k]) + math.Abs((1-b1)*g)
+			vh := (b2*x.vv[k] + (1-b2)*g*g) / bcv[1]
+			ga[k] = wm[k] / bcv[0] / (math.Sqrt(vh) + eps)
+			ta[k] = tm[k] / bcv[0] / (math.Sqrt(vh) + eps)
+		}
+		s.Close(fmt.Sprintf("tensor %d m", i), s.Read(x.m), wm, tm, tol)
+		s.Close(fmt.Sprintf("tensor %d GA", i), s.Read(x.ga), toBlocked(x.b, ga), toBlocked(x.b, ta), 1e-4)
+		want, terms := make([]float64, len(x.pv)), make([]float64, len(x.pv))
+		per := x.b.BR * x.b.BC
+		l, cf := lr*lsv[0], coef*math.Sqrt(bcv[1])/bcv[0]
+		for r := 0; r < x.b.M; r++ {
+			for c := 0; c < x.b.N; c++ {
+				k, e := r*x.b.N+c, x.b.Blocked(r, c)
+				want[k] = x.pv[k] - l*(cf*x.sv[e/per]*x.dv[e]+decay*x.pv[k])
+				terms[k] = math.Abs(x.pv[k]) + math.Abs(l*cf*x.sv[e/per]*x.dv[e]) + math.Abs(l*decay*x.pv[k])
+			}
+		}
+		s.Close(fmt.Sprintf("tensor %d P", i), s.Read(x.p), want, terms, tol)
+	}
 }
 
 func mustBlocking(s *Suite, sh [3]int) ops.Blocking {
@@ -283,6 +355,9 @@ func precondValidation(s *Suite) {
 		{"graft shapes", s.E.GraftScale(s.Empty(tensor.F32, 6), d, s.Empty(tensor.F32, 6, 3, 2)), tensor.ErrShape},
 		{"soap adam ε", s.E.SOAPAdam(d, d, d, d, b, 0.9, 0), ops.ErrConfig},
 		{"pad diag real", s.E.PadDiag(s.Empty(tensor.F32, 2, 3, 3), s.Empty(tensor.F32, 2)), tensor.ErrDType},
+		{"applies differ", s.E.BlockApplies([]ops.BlockApply{{P: p, D: d, Blk: b, LR: 1}, {P: p, D: d, Blk: b, LR: 2}}), ops.ErrConfig},
+		{"preps differ", s.E.ShampooPreps([]ops.ShampooPrep{{G: p, V: p, GS: d, GB: d, GA: d, Blk: b, Beta2: 0.9, Eps: 1, T: 1},
+			{G: p, V: p, GS: d, GB: d, GA: d, Blk: b, Beta2: 0.9, Eps: 1, T: 2}}), ops.ErrConfig},
 	}
 	for _, c := range cases {
 		if !errors.Is(c.err, c.want) {

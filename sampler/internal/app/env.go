@@ -1,8 +1,11 @@
 package app
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 
 	"github.com/urfave/cli/v2"
@@ -10,6 +13,7 @@ import (
 	kit "gpukit/libgpu/cli"
 	"gpukit/libgpu/cli/devflag"
 	"gpukit/libgpu/device"
+	"gpukit/libgpu/diffusion"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/pool"
 	"gpukit/libgpu/tensor"
@@ -50,14 +54,29 @@ func setup(c *cli.Context) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	ckpt, weights, sock := c.String("ckpt"), c.String("weights"), c.String("pool")
+	ckpt, weights, sock, random := c.String("ckpt"), c.String("weights"), c.String("pool"), c.String("random-init")
+	sources := 0
+	for _, s := range []string{ckpt, weights, random} {
+		if s != "" {
+			sources++
+		}
+	}
 	switch {
-	case ckpt == "" && weights == "":
+	case sources == 0 && hasFlag(c, randomFlag.Name):
+		return nil, kit.Usagef("--ckpt FILE, --pool SOCK --weights PREFIX or --random-init CONFIG.json is required")
+	case sources == 0:
 		return nil, kit.Usagef("--ckpt FILE or --pool SOCK --weights PREFIX is required")
-	case ckpt != "" && weights != "":
-		return nil, kit.Usagef("--ckpt and --weights are two sources of weights; give one")
+	case sources > 1:
+		return nil, kit.Usagef("--ckpt, --weights and --random-init are sources of weights; give one")
 	case weights != "" && sock == "":
 		return nil, kit.Usagef("--weights names a snapshot in the pool: give --pool SOCK too")
+	}
+	var randomCfg diffusion.ModelConfig
+	if random != "" {
+		var err error
+		if randomCfg, err = readModelConfig(random); err != nil {
+			return nil, err
+		}
 	}
 	v := &env{graph: graph}
 	ok := false
@@ -81,9 +100,12 @@ func setup(c *cli.Context) (*env, error) {
 	if prec == ops.PrecBF16 && v.e.IsGraphCapable() {
 		v.cast = tensor.BF16
 	}
-	if weights != "" {
+	switch {
+	case random != "":
+		v.m, err = sample.RandomModel(v.a, randomCfg, c.Uint64("seed"))
+	case weights != "":
 		v.m, err = sample.LoadSnapshot(pc, weights, c.Duration("wait"))
-	} else {
+	default:
 		v.m, err = sample.LoadCheckpoint(v.a, ckpt, c.Bool("raw-weights"))
 	}
 	if err != nil {
@@ -110,4 +132,24 @@ func hasFlag(c *cli.Context, name string) bool {
 		}
 	}
 	return false
+}
+
+// readModelConfig reads --random-init's model configuration (the JSON a
+// checkpoint stores: diffusion.ModelConfig); an unreadable, unknown or
+// invalid one is a usage error naming the file.
+func readModelConfig(path string) (diffusion.ModelConfig, error) {
+	var cfg diffusion.ModelConfig
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, kit.Usagef("--random-init %s: %v", path, err)
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&cfg); err != nil {
+		return cfg, kit.Usagef("--random-init %s: %v (want {\"unet\": {\"channels\": [64, 128, 256], \"in_channels\": 1, \"size\": 32, \"classes\": 10, \"groups\": 32, \"heads\": 4}, \"schedule\": \"linear\", \"timesteps\": 1000})", path, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, kit.Usagef("--random-init %s: %v", path, err)
+	}
+	return cfg, nil
 }

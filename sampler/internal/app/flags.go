@@ -33,6 +33,7 @@ var (
 	seedFlag   = &cli.Uint64Flag{Name: "seed", Value: 1, Usage: "the noise's seed (Philox key)"}
 	noClipFlag = &cli.BoolFlag{Name: "no-clip", Usage: "do not clip the predicted x0 to [-1, 1]"}
 	waitFlag   = &cli.DurationFlag{Name: "wait", Value: 30 * time.Second, Usage: "with --pool: how long to wait for a snapshot being written"}
+	randomFlag = &cli.StringFlag{Name: "random-init", Usage: "instead of --ckpt: a U-Net of random weights (seeded by --seed) with the model configuration in this JSON file (a checkpoint's: {\"unet\": {\"channels\": [...], ...}, \"schedule\", \"timesteps\"}); for speed at a model size with no trained weights: the samples are noise"}
 )
 
 func nonNegative(v float64) bool { return v >= 0 }

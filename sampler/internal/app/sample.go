@@ -25,7 +25,7 @@ func sampleCommand() *cli.Command {
 			"out, source, train_step}. --save FILE.safetensors also writes the raw samples (f32 [n, S, S, 1]\n" +
 			"in [-1, 1]) and labels, e.g. for bench/reference/unet.py compare.",
 		Flags: append(append(modelFlags(), planFlags()...),
-			classFlag,
+			classFlag, randomFlag,
 			kit.IntAtLeast(&cli.IntFlag{Name: "n", Value: 100, Usage: "images"}, 1),
 			kit.IntAtLeast(&cli.IntFlag{Name: "batch", Value: 100, Usage: "images per sampling run"}, 1),
 			kit.IntAtLeast(&cli.IntFlag{Name: "cols", Value: 10, Usage: "images per row of the grid"}, 1),

@@ -25,14 +25,17 @@ func videoCommand() *cli.Command {
 			"--class all morphs through the classes (frame f gets class f·10/frames). Writes an animated GIF\n" +
 			"(--out, played at --fps) and, with --frames-dir, one PNG per frame. JSON lines: one per frame\n" +
 			"{frame, class, gpu_ms, wall_ms} and a summary {frames, frames_per_s, frame_ms (median), out}.\n" +
-			"One image per frame: the latency of a frame is that of a batch-1 guided sampling loop.\n" +
+			"One image per frame: the latency of a frame is that of a batch-1 guided sampling loop; --streams B\n" +
+			"samples B videos together (a batch of B a step, differing by their noise), each output frame their\n" +
+			"frames side by side (2-pixel gaps), and the summary adds images_per_s (B·frames_per_s).\n" +
 			"--raw FILE streams each frame as it is made, as raw 8-bit gray pixels (S·S bytes a frame; - is\n" +
 			"stdout, and the JSON lines then go to stderr), e.g. for ffmpeg:\n" +
 			"  sampler video --ckpt m.safetensors --raw - | ffmpeg -f rawvideo -pix_fmt gray -s 32x32 -r 10 -i - v.mp4\n" +
 			"With --raw, --out is optional.",
 		Flags: append(append(modelFlags(), planFlags()...),
-			classFlag,
+			classFlag, randomFlag,
 			kit.IntAtLeast(&cli.IntFlag{Name: "frames", Value: 40, Usage: "frames"}, 1),
+			kit.IntAtLeast(&cli.IntFlag{Name: "streams", Value: 1, Usage: "videos sampled together, one batch of this many images a step (their frames side by side)"}, 1),
 			kit.FloatWhere(&cli.Float64Flag{Name: "fps", Value: 10, Usage: "GIF frames per second (0 < fps ≤ 100)"},
 				"want 0 < fps ≤ 100", func(v float64) bool { return v > 0 && v <= 100 }),
 			kit.FloatWhere(&cli.Float64Flag{Name: "strength", Value: 0.5, Usage: "noise level each frame restarts from (0 < T ≤ 1)"},
@@ -80,10 +83,10 @@ func videoCommand() *cli.Command {
 			}
 			defer v.Close()
 			cfg := v.m.Config.UNet
-			frames := c.Int("frames")
+			frames, streams := c.Int("frames"), c.Int("streams")
 			// Every frame is kept for the GIF (one byte a pixel) and passes
 			// through f32 once.
-			if err := checkMemory("frames", int64(frames), 5*int64(cfg.Size*cfg.Size*cfg.InChannels)); err != nil {
+			if err := checkMemory("frames", int64(frames), 5*int64(streams)*int64(cfg.Size*cfg.Size*cfg.InChannels)); err != nil {
 				return err
 			}
 			if dir != "" {
@@ -113,10 +116,13 @@ func videoCommand() *cli.Command {
 			anim := sample.NewAnimation(fps)
 			var times []float64
 			start := time.Now()
-			err = sample.Video(v.m, sample.VideoOptions{Engine: v.e, Alloc: v.a, First: first, Next: next, Frames: frames,
+			err = sample.Video(v.m, sample.VideoOptions{Engine: v.e, Alloc: v.a, First: first, Next: next, Frames: frames, Streams: streams,
 				Class: v.class, Seed: c.Uint64("seed"), Graph: v.graph, Autocast: v.cast, OnStep: func() { bar.Add(1) },
 				OnFrame: func(f int, cl int32, img []float32, st sample.BatchStat) error {
 					g := sample.Gray(img, 0, cfg.Size)
+					if streams > 1 {
+						g = sample.Grid(img, streams, cfg.Size, streams)
+					}
 					anim.Add(g)
 					if rawOut != nil {
 						if _, err := rawOut.Write(g.Pix); err != nil {
@@ -145,16 +151,24 @@ func videoCommand() *cli.Command {
 			elapsed := time.Since(start).Seconds()
 			med := median(times)
 			if err := kit.JSONLine(jsonOut, map[string]any{"frames": anim.Frames(), "frames_per_s": round(float64(anim.Frames())/elapsed, 2),
+				"streams": streams, "images_per_s": round(float64(streams*anim.Frames())/elapsed, 2),
 				"frame_ms": round(med, 3), "steps": po.Steps, "strength": next.Strength, "blend": next.Blend, "out": c.String("out"),
 				"source": v.m.Source}); err != nil {
 				return err
 			}
-			wrote := c.String("out")
-			if raw != "" {
-				wrote = strings.TrimPrefix(wrote+" and "+map[bool]string{true: "stdout", false: raw}[raw == "-"]+" (raw)", " and ")
+			var wrote []string
+			if out := c.String("out"); out != "" {
+				wrote = append(wrote, out)
+			}
+			switch raw {
+			case "":
+			case "-":
+				wrote = append(wrote, "stdout (raw)")
+			default:
+				wrote = append(wrote, raw+" (raw)")
 			}
 			fmt.Fprintf(c.App.ErrWriter, "sampler: %d frames (%d steps each after the first; median %.2f ms a frame) on %v; wrote %s\n",
-				anim.Frames(), po.Steps, med, v.a.Device(), wrote)
+				anim.Frames(), po.Steps, med, v.a.Device(), strings.Join(wrote, " and "))
 			return nil
 		},
 	}

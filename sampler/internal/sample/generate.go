@@ -134,22 +134,26 @@ func runSteps(s *diffusion.Sampler, p *diffusion.Plan, r diffusion.RunOptions, o
 
 // VideoOptions configure Video.
 type VideoOptions struct {
-	Engine   *ops.Engine
-	Alloc    device.Allocator
-	First    diffusion.PlanOptions // the first frame, sampled from noise
-	Next     diffusion.PlanOptions // every later frame: Strength and Blend set
-	Frames   int
+	Engine *ops.Engine
+	Alloc  device.Allocator
+	First  diffusion.PlanOptions // the first frame, sampled from noise
+	Next   diffusion.PlanOptions // every later frame: Strength and Blend set
+	Frames int
+	// Streams is how many videos are sampled together, one batch of
+	// Streams images a step (0: one); they differ by their noise.
+	Streams  int
 	Class    int // every frame's class, or −1: morph through the classes (frame f: class ⌊f·classes/frames⌋)
 	Seed     uint64
 	Graph    bool
 	Autocast tensor.DType
-	// OnFrame is called with each frame (f32 [S, S, C]) as it comes.
+	// OnFrame is called with each frame (f32 [Streams, S, S, C]: the
+	// streams' frame f) as it comes.
 	OnFrame func(f int, class int32, img []float32, st BatchStat) error
 	// OnStep is GenOptions.OnStep for the frames' sampling steps.
 	OnStep func()
 }
 
-// Video samples a sequence of single images in which frame f > 0 starts
+// Video samples Streams sequences of images in which frame f > 0 starts
 // from frame f−1 re-noised to Next.Strength and blends x̂0 with it by
 // Next.Blend inside the fused step (the seeds' temporal blending), with
 // its own class and noise (counter f).
@@ -173,7 +177,8 @@ func Video(m *Model, o VideoOptions) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
-	s, err := diffusion.NewSampler(o.Engine, o.Alloc, m.UNet, diffusion.SamplerOptions{N: 1, Guidance: needsTwoPasses(o.Next.Guidance) || needsTwoPasses(o.First.Guidance),
+	streams := max(o.Streams, 1)
+	s, err := diffusion.NewSampler(o.Engine, o.Alloc, m.UNet, diffusion.SamplerOptions{N: streams, Guidance: needsTwoPasses(o.Next.Guidance) || needsTwoPasses(o.First.Guidance),
 		Autocast: o.Autocast, Graph: o.Graph, Seed: o.Seed, Prefix: "sampler",
 		MaxSteps: max(len(first.Rows), len(next.Rows)) - 1})
 	if err != nil {
@@ -185,15 +190,19 @@ func Video(m *Model, o VideoOptions) error {
 		if o.Class < 0 {
 			class = int32(f * c.Classes / o.Frames)
 		}
+		labels := make([]int32, streams)
+		for i := range labels {
+			labels[i] = class
+		}
 		start := time.Now()
 		var ms float32
 		if f == 0 {
-			ms, err = runSteps(s, first, diffusion.RunOptions{Labels: []int32{class}, Run: 0}, o.OnStep)
+			ms, err = runSteps(s, first, diffusion.RunOptions{Labels: labels, Run: 0}, o.OnStep)
 			if err == nil {
 				err = s.SetPrevious()
 			}
 		} else {
-			ms, err = runSteps(s, next, diffusion.RunOptions{Labels: []int32{class}, Run: f, Video: true}, o.OnStep)
+			ms, err = runSteps(s, next, diffusion.RunOptions{Labels: labels, Run: f, Video: true}, o.OnStep)
 		}
 		if err != nil {
 			return fmt.Errorf("frame %d: %w", f, err)
@@ -203,7 +212,7 @@ func Video(m *Model, o VideoOptions) error {
 			return err
 		}
 		if o.OnFrame != nil {
-			st := BatchStat{Batch: f, Images: 1, GPUMS: ms, WallMS: float64(time.Since(start).Microseconds()) / 1000}
+			st := BatchStat{Batch: f, Images: streams, GPUMS: ms, WallMS: float64(time.Since(start).Microseconds()) / 1000}
 			if err := o.OnFrame(f, class, append([]float32(nil), img...), st); err != nil {
 				return err
 			}

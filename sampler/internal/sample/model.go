@@ -74,6 +74,22 @@ func LoadCheckpoint(a device.Allocator, path string, raw bool) (*Model, error) {
 		free: t.Buf.Free}, nil
 }
 
+// RandomModel is a model of cfg with random weights (nn.NewUNet's
+// initialisation, seeded), allocated through a: for measuring speed at a
+// model size no training run has produced; its samples are noise.
+func RandomModel(a device.Allocator, cfg diffusion.ModelConfig, seed uint64) (*Model, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	u, err := nn.NewUNet(a, "sampler/weights", cfg.UNet, nn.UNetOptions{}, seed)
+	if err != nil {
+		return nil, err
+	}
+	_, n := cfg.UNet.Layout()
+	return &Model{Config: cfg, UNet: u, Source: fmt.Sprintf("random initialisation (seed %d, %d parameters; the samples are noise)", seed, n),
+		free: u.Free}, nil
+}
+
 // LoadSnapshot opens a weight snapshot in the pool (diffusion.SnapshotName):
 // weights is a prefix (the newest snapshot under it) or a full name
 // <prefix>@<step>; it waits up to wait for a snapshot being written to be

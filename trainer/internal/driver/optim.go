@@ -2,6 +2,7 @@ package driver
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 
@@ -185,6 +186,26 @@ func BuildOptimizer(e *ops.Engine, a device.Allocator, run string, params []nn.P
 	return set, nil
 }
 
+// PhaseGraphs says whether optimizers whose steps are capturable at some
+// steps only (optim.Phaser: Shampoo, SOAP, K-FAC) replay a captured graph
+// per phase outside refresh steps, and K-FAC's MLP its forward and
+// backward per phase of its factor hooks (GPUKIT_OPTIM_PHASES=1), or step
+// eagerly every step (the default until a GPU machine has compared both).
+var PhaseGraphs = os.Getenv("GPUKIT_OPTIM_PHASES") == "1"
+
+// PostPhases is what Runner.SetPostPhases needs to capture the set's
+// eager step (EagerStep) per phase: nil, nil when the optimizer is no
+// optim.Phaser, PhaseGraphs is off, or the run's learning rate changes
+// and the optimizer takes it from the host (constLR: the model's is
+// constant; else the set must be Scaled).
+func (s *OptimizerSet) PostPhases(constLR bool) (phase func() int, replayed func()) {
+	p, ok := s.Optimizer.(optim.Phaser)
+	if !ok || !PhaseGraphs || !(constLR || s.Scaled) {
+		return nil, nil
+	}
+	return p.NextPhase, p.Replayed
+}
+
 // EagerStep steps an optimizer that runs outside the captured step, as an
 // "optimizer" phase.
 func EagerStep(e *ops.Engine, o optim.Optimizer, gt *trace.GPUTimer) error {
@@ -217,6 +238,11 @@ type RootsLine struct {
 	Refreshes int `json:"refreshes"`
 	Failures  int `json:"failures"`
 	F64       int `json:"f64"`
+	// Asynchronous refreshes timed, those the main stream waited for, and
+	// its total wait (optim.RootStats; a GPU only).
+	Timed  int     `json:"refreshes_timed,omitempty"`
+	Waited int     `json:"refreshes_waited,omitempty"`
+	WaitMS float64 `json:"refresh_wait_ms,omitempty"`
 }
 
 // Roots is o's RootsLine, or nil for an optimizer without roots (or a
@@ -225,7 +251,8 @@ func Roots(o optim.Optimizer) *RootsLine {
 	switch x := o.(type) {
 	case interface{ RootStats() optim.RootStats }:
 		s := x.RootStats()
-		return &RootsLine{Refreshes: s.Refreshes, Failures: s.Failures, F64: s.F64}
+		return &RootsLine{Refreshes: s.Refreshes, Failures: s.Failures, F64: s.F64, Timed: s.Timed, Waited: s.Waited,
+			WaitMS: Round(s.WaitMS, 3)}
 	case *service.Remote:
 		s, err := x.Stats()
 		if err != nil || s.Refreshes == 0 && s.Failures == 0 {

@@ -289,9 +289,19 @@ func Run(ctx context.Context, task Task, o Options) (res Result, err error) {
 		return res, err
 	}
 	defer r.Close()
+	if cp, ok := tr.(ComputePhaser); ok {
+		if phase := cp.ComputePhases(); phase != nil {
+			r.SetComputePhases(phase)
+		}
+	}
 	if ps, ok := tr.(PostStepper); ok {
 		if post := ps.PostStep(); post != nil {
 			r.SetPost(func(gt *trace.GPUTimer) error { return post(cur, gt) })
+			if pp, ok := tr.(PostPhaser); ok {
+				if phase, replayed := pp.PostPhases(); phase != nil {
+					r.SetPostPhases(phase, replayed)
+				}
+			}
 		}
 	}
 	if o.Log != nil {

@@ -40,6 +40,16 @@ type Runner struct {
 	// replayed): work that cannot be captured into a graph (an optimizer
 	// whose step reads the host, optim.CanCapture false).
 	post func(gt *trace.GPUTimer) error
+	// phase and replayed, when set (SetPostPhases), let post be captured:
+	// a graph per phase, replayed in place of post at later steps of
+	// that phase.
+	phase      func() int
+	replayed   func()
+	postGraphs phaseGraphs[int]
+	// cphase, when set (SetComputePhases), makes compute's graphs per
+	// phase: one per slot and phase.
+	cphase  func() int
+	cgraphs phaseGraphs[[2]int]
 
 	n     int // steps run
 	slots [slots]runSlot
@@ -93,6 +103,94 @@ func NewRunner(e *ops.Engine, inputs []*tensor.Tensor, compute func(gt *trace.GP
 // SetPost makes post run eagerly after every step (see Runner).
 func (r *Runner) SetPost(post func(gt *trace.GPUTimer) error) { r.post = post }
 
+// SetPostPhases lets post be captured into CUDA graphs, one per phase
+// (optim.Phaser): before each step phase says how post runs, −1 eagerly,
+// else as phase p — eagerly at p's first step (sizing scratch, choosing
+// GEMM algorithms), captured at its second (the capture runs post's host
+// side, the graph its device work) and replayed at later ones, each replay
+// followed by replayed (the host's mirror of the step). Only with graph
+// replay on; the host ignores it.
+func (r *Runner) SetPostPhases(phase func() int, replayed func()) {
+	r.phase, r.replayed = phase, replayed
+}
+
+// SetComputePhases makes the step's compute captured per phase: before
+// each step phase says how it runs, −1 eagerly (the host decides
+// something inside it), else as phase p — eagerly at p's first step,
+// then from a graph per slot and phase (K-FAC's factor hooks, which run
+// in the backward only at some steps: optim.KFAC.ComputePhase). Only with
+// graph replay on.
+func (r *Runner) SetComputePhases(phase func() int) { r.cphase = phase }
+
+// runPost runs post: eagerly, or from its phase's graph.
+func (r *Runner) runPost() error {
+	ph := -1
+	if r.graph && r.phase != nil {
+		ph = r.phase()
+	}
+	replayed, err := r.postGraphs.run(r, ph, ph, func(gt *trace.GPUTimer) error { return r.post(gt) }, SpanOptimizer, "the optimizer step")
+	if err == nil && replayed {
+		r.replayed()
+	}
+	return err
+}
+
+// phaseGraphs are graphs captured per phase (and key: the phase, or the
+// slot and phase): a phase's first step runs eagerly (sizing scratch,
+// choosing GEMM algorithms), a key's first step after that is captured
+// and launched (the capture runs the host's side, the graph the device's
+// work), later ones replay its graph.
+type phaseGraphs[K comparable] struct {
+	seen   map[int]bool
+	graphs map[K]*exec.CapturedGraph
+}
+
+// run runs a step of phase ph (−1: always eagerly) under key k; work
+// queues it (gt: GPU spans, nil inside a capture). replayed says whether
+// it ran from a graph captured at an earlier step.
+func (pg *phaseGraphs[K]) run(r *Runner, ph int, k K, work func(gt *trace.GPUTimer) error, span, what string) (replayed bool, err error) {
+	if ph < 0 || !pg.seen[ph] {
+		if ph >= 0 {
+			if pg.seen == nil {
+				pg.seen = map[int]bool{}
+			}
+			pg.seen[ph] = true
+		}
+		return false, r.e.Do(func() error { return work(r.gt) })
+	}
+	g := pg.graphs[k]
+	replayed = g != nil
+	if g == nil {
+		p := BeginPhase(nil, SpanCapture)
+		g, err = r.e.Capture(func() error { return work(nil) })
+		p.End()
+		if err != nil {
+			return false, fmt.Errorf("trainer: capturing %s (phase %d) as a CUDA graph: %w", what, ph, err)
+		}
+		if pg.graphs == nil {
+			pg.graphs = map[K]*exec.CapturedGraph{}
+		}
+		pg.graphs[k] = g
+	}
+	p := BeginPhase(r.gt, span)
+	err = g.Launch()
+	p.End()
+	if err != nil {
+		return false, fmt.Errorf("trainer: graph launch (%s): %w", what, err)
+	}
+	return replayed, nil
+}
+
+// close frees the graphs.
+func (pg *phaseGraphs[K]) close() []error {
+	var errs []error
+	for _, g := range pg.graphs {
+		errs = append(errs, g.Close())
+	}
+	pg.graphs = nil
+	return errs
+}
+
 // Engine is the runner's engine.
 func (r *Runner) Engine() *ops.Engine { return r.e }
 
@@ -140,7 +238,15 @@ func (r *Runner) queue(s int, gt *trace.GPUTimer) error {
 func (r *Runner) Run() error {
 	si := r.slot()
 	s := &r.slots[si]
+	ph := 0
+	if r.graph && r.cphase != nil {
+		ph = r.cphase()
+	}
 	switch {
+	case r.cphase != nil && r.graph:
+		if err := r.runPhase(si, ph); err != nil {
+			return err
+		}
 	case !r.graph || r.n == 0:
 		if err := r.queue(si, r.gt); err != nil {
 			return err
@@ -163,7 +269,7 @@ func (r *Runner) Run() error {
 		}
 	}
 	if r.post != nil {
-		if err := r.e.Do(func() error { return r.post(r.gt) }); err != nil {
+		if err := r.runPost(); err != nil {
 			return err
 		}
 	}
@@ -175,6 +281,13 @@ func (r *Runner) Run() error {
 	return nil
 }
 
+// runPhase runs the step's compute of phase ph on slot si: eagerly when
+// ph < 0 or at ph's first step, else from the slot's graph of ph.
+func (r *Runner) runPhase(si, ph int) error {
+	_, err := r.cgraphs.run(r, ph, [2]int{si, ph}, func(gt *trace.GPUTimer) error { return r.queue(si, gt) }, SpanReplay, "the step")
+	return err
+}
+
 // Close waits for the device and frees graphs, events and staging memory.
 func (r *Runner) Close() error {
 	errs := []error{r.e.Sync()}
@@ -184,6 +297,8 @@ func (r *Runner) Close() error {
 		}
 		r.gt = nil
 	}
+	errs = append(errs, r.postGraphs.close()...)
+	errs = append(errs, r.cgraphs.close()...)
 	for i := range r.slots {
 		s := &r.slots[i]
 		if s.g != nil {

@@ -227,6 +227,20 @@ type PostStepper interface {
 	PostStep() func(step int, gt *trace.GPUTimer) error
 }
 
+// PostPhaser is a PostStepper whose post-step work may be captured per
+// phase (its optimizer's, OptimizerSet.PostPhases; Runner.SetPostPhases):
+// PostPhases returns nil, nil when it may not.
+type PostPhaser interface {
+	PostPhases() (phase func() int, replayed func())
+}
+
+// ComputePhaser is a Trainer whose step is capturable at some steps only
+// (K-FAC's factor hooks in the MLP's backward): ComputePhases returns the
+// phase of the next step's compute (Runner.SetComputePhases), or nil.
+type ComputePhaser interface {
+	ComputePhases() func() int
+}
+
 // AfterStepper is a Trainer with host work after each step's line
 // (publishing a weight snapshot); done is the steps done.
 type AfterStepper interface{ AfterStep(done int) error }

@@ -200,8 +200,9 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg Config, prec o
 			return l, err
 		}
 		l.opt, counter, l.hook = l.set.Optimizer, l.set.Counter, name == "kfac"
-		// AdamW and Muon follow the schedule through the device scale (in
-		// a captured step too); the others take it from the host each step.
+		// AdamW, Muon, Shampoo and SOAP follow the schedule through the
+		// device scale (in a captured step too); the others take it from
+		// the host each step.
 		l.hostLR = !l.set.Scaled
 		if counter == nil && cfg.Model.Dropout > 0 {
 			return l, driver.Configf("dropout needs an optimizer with a step counter (--optim %s has none)", name)

@@ -159,6 +159,15 @@ func (r *trainer) Compute(gt *trace.GPUTimer) error { return r.l.compute(r.e, gt
 // factors are due: its steps are not replayed from a graph.
 func (r *trainer) Capturable() bool { return !r.l.hook }
 
+// PostPhases: the optimizer's step, captured per phase where it may be
+// (driver.OptimizerSet.PostPhases).
+func (r *trainer) PostPhases() (func() int, func()) {
+	if r.l.set == nil || !r.l.set.Eager {
+		return nil, nil
+	}
+	return r.l.set.PostPhases(false) // a schedule: only optimizers that read the device's scale
+}
+
 func (r *trainer) PostStep() func(int, *trace.GPUTimer) error {
 	if r.l.set == nil || !r.l.set.Eager {
 		return nil

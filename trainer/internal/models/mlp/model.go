@@ -30,8 +30,9 @@ type model struct {
 	mlp *nn.MLP
 	opt *driver.OptimizerSet
 	// hook: K-FAC reads the layers of an MLP recorded on a graph through
-	// its OnLinear hook (the step is then not captured: the hook decides on
-	// the host whether factors are due).
+	// its OnLinear hook (the hook decides on the host whether factors are
+	// due: the step is captured only per phase of that decision, with
+	// driver.PhaseGraphs).
 	hook    bool
 	setHook func(func(string, *tensor.Tensor, *tensor.Tensor) error)
 	grads   []*tensor.Tensor // every Param.Grad, for clipping

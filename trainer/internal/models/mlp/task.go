@@ -12,6 +12,7 @@ import (
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/dist"
 	"gpukit/libgpu/ops"
+	"gpukit/libgpu/optim"
 	"gpukit/libgpu/tensor"
 	"gpukit/libgpu/trace"
 	"gpukit/trainer/internal/driver"
@@ -137,7 +138,32 @@ func (r *trainer) Fill(step int, in [][]byte) error {
 }
 
 func (r *trainer) Compute(gt *trace.GPUTimer) error { return r.m.compute(r.e, gt) }
-func (r *trainer) Capturable() bool                 { return !r.m.hook }
+
+// Capturable: K-FAC's hook decides on the host, in the backward, whether
+// factors are due; with phase graphs (driver.PhaseGraphs) the step is
+// captured per phase of that decision (ComputePhases).
+func (r *trainer) Capturable() bool { return !r.m.hook || r.ComputePhases() != nil }
+
+// ComputePhases: K-FAC's factor hooks, per phase (optim.KFAC.ComputePhase).
+func (r *trainer) ComputePhases() func() int {
+	if !r.m.hook || !driver.PhaseGraphs || r.m.opt == nil {
+		return nil
+	}
+	k, ok := r.m.opt.Optimizer.(*optim.KFAC)
+	if !ok {
+		return nil
+	}
+	return k.ComputePhase
+}
+
+// PostPhases: the optimizer's step, captured per phase where it may be
+// (driver.OptimizerSet.PostPhases; the MLP's learning rate is constant).
+func (r *trainer) PostPhases() (func() int, func()) {
+	if r.m.opt == nil || !r.m.opt.Eager {
+		return nil, nil
+	}
+	return r.m.opt.PostPhases(true)
+}
 
 func (r *trainer) PostStep() func(int, *trace.GPUTimer) error {
 	if !r.m.opt.Eager {
