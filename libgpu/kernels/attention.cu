@@ -51,13 +51,18 @@
 // (δ = Σ_j P_ij Z_ij dP_ij since O includes the dropout). The masks are
 // recomputed, not stored; 1/(1−p) is applied to O and dV once at the end.
 //
-// The inline PTX sits in a few attn_* wrappers below; with GPUKIT_EMU
-// defined (scripts/cudaemu) they are replaced by a host emulation of the
-// same instructions, so the kernels can be run and checked on a machine
-// without a GPU.
+// The inline PTX sits in the wrappers of mma.cuh and wgmma.cuh (and
+// attn_ex2 below); with GPUKIT_EMU defined (scripts/cudaemu) they are
+// replaced by a host emulation of the same instructions, so the kernels
+// can be run and checked on a machine without a GPU. Each tile loop is
+// written once, from the templates under "tile steps" (and
+// attn_tc_gemm_*, attn_wg_gemm_*): the variants (head dim, dropout,
+// dtype) are template arguments of one kernel template per pass.
 #include "common.cuh"
+#include "mma.cuh"
 #include "philox.cuh"
 #include "vec.cuh"
+#include "wgmma.cuh"
 
 #define ATTN_INF __int_as_float(0x7f800000)
 #define ATTN_LOG2E 1.4426950408889634f
@@ -101,79 +106,29 @@ static_assert(sizeof(attn_args) == 360, "attn_args layout: launch.AttnArgs is ge
 #endif
 
 // ---- PTX wrappers ----
+//
+// mma.sync, ldmatrix and cp.async come from mma.cuh, wgmma from wgmma.cuh
+// (both with their host emulation under GPUKIT_EMU); bf16 packing from
+// vec.cuh.
 
 #ifndef GPUKIT_EMU
-// attn_smem_addr is the 32-bit shared-state-space address of p (a pointer
-// into shared memory); the wrappers below take such addresses.
-__device__ __forceinline__ unsigned attn_smem_addr(const void* p) {
-  unsigned r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+// attn_ex2: 2^x on the multi-function unit (ex2.approx.ftz: relative error
+// about 2^-22, −∞ → +0).
+__device__ __forceinline__ float attn_ex2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
   return r;
 }
-
-// attn_ldsm_x4 loads four 8×8 b16 matrices from shared memory: lane l gives
-// the address of row l%8 of matrix l/8 (16-byte aligned) and receives, in
-// r[i], elements (l/4, 2(l%4)) and (l/4, 2(l%4)+1) of matrix i (low half
-// first) — the layout of mma's A and B fragments.
-__device__ __forceinline__ void attn_ldsm_x4(unsigned r[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// attn_ldsm_x4_t is attn_ldsm_x4 with .trans: r[i] receives elements
-// (2(l%4), l/4) and (2(l%4)+1, l/4) of matrix i.
-__device__ __forceinline__ void attn_ldsm_x4_t(unsigned r[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// attn_mma is c += A·B for a 16×16 bf16 A (row), a 16×8 bf16 B (col) and
-// a 16×8 f32 c (mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32). With
-// g = lane/4 and t = lane%4: a[0] holds A(g, 2t..2t+1), a[1] A(g+8, 2t..),
-// a[2] A(g, 2t+8..), a[3] A(g+8, 2t+8..); b0 holds B(2t..2t+1, g), b1
-// B(2t+8.., g); c[0..1] are C(g, 2t..2t+1), c[2..3] C(g+8, 2t..2t+1).
-__device__ __forceinline__ void attn_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// attn_pack_bf16 rounds lo and hi to bf16 (nearest even) and packs them,
-// lo in the low half (cvt.rn.bf16x2.f32 puts its first source high).
-__device__ __forceinline__ unsigned attn_pack_bf16(float lo, float hi) {
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-// attn_cp16 queues the copy of 16 bytes from global g to shared address s
-// (cp.async.cg), or of 16 zero bytes when !ok (src-size 0: nothing read).
-__device__ __forceinline__ void attn_cp16(unsigned s, const gpukit_bf16* g, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(g), "r"(ok ? 16 : 0) : "memory");
-}
-
-__device__ __forceinline__ void attn_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// attn_cp_wait0 waits until every copy this thread queued has landed.
-__device__ __forceinline__ void attn_cp_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 #else
-__device__ __forceinline__ unsigned attn_smem_addr(const void* p) { return gpukit_emu_smem_addr(p); }
-__device__ __forceinline__ void attn_ldsm_x4(unsigned r[4], unsigned addr) { gpukit_emu_ldsm_x4(r, addr, false); }
-__device__ __forceinline__ void attn_ldsm_x4_t(unsigned r[4], unsigned addr) { gpukit_emu_ldsm_x4(r, addr, true); }
-__device__ __forceinline__ void attn_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
-  gpukit_emu_mma_bf16_16816(c, a, b0, b1);
-}
-__device__ __forceinline__ unsigned attn_pack_bf16(float lo, float hi) {
-  return (unsigned)gpukit_f32_to_bf16(lo) | ((unsigned)gpukit_f32_to_bf16(hi) << 16);
-}
-__device__ __forceinline__ void attn_cp16(unsigned s, const gpukit_bf16* g, bool ok) { gpukit_emu_cp16(s, g, ok); }
-__device__ __forceinline__ void attn_cp_commit() { gpukit_emu_cp_commit(); }
-__device__ __forceinline__ void attn_cp_wait0() { gpukit_emu_cp_wait0(); }
+__device__ __forceinline__ float attn_ex2(float x) { return exp2f(x); }
 #endif
+
+// attn_exp2 is 2^x by the kernel's choice: ex2.approx.ftz (EX2: the wgmma
+// kernels) or exp2f (the mma.sync and CUDA-core kernels).
+template <bool EX2>
+__device__ __forceinline__ float attn_exp2(float x) {
+  return EX2 ? attn_ex2(x) : exp2f(x);
+}
 
 // attn_unpack_lo / attn_unpack_hi widen the halves of a packed bf16 pair.
 __device__ __forceinline__ float attn_unpack_lo(unsigned x) { return __uint_as_float(x << 16); }
@@ -276,6 +231,278 @@ __device__ __forceinline__ unsigned attn_half_mask(unsigned long long b2) {
   return ((b2 & 1) ? 0x0000ffffu : 0u) | ((b2 & 2) ? 0xffff0000u : 0u);
 }
 
+// ---- tile steps shared by the kernels ----
+//
+// An accumulator fragment (mma.sync's 16 × 8·NJ, or a warp's 16 rows of a
+// wgmma 64 × 8·NJ product) is float x[4·NJ]: x[4j+e] is row lane/4 +
+// 8·(e/2), column 8j + 2·(lane%4) + e%2 (float x[NJ][4] is the same
+// memory). Every kernel's tile loop is written from these steps.
+
+// attn_head is row 0 of head h of batch item b of a [B,T,H,D] tensor p
+// with strides st (batch, time, head; elements).
+template <typename T>
+__device__ __forceinline__ T* attn_head(const void* p, const long long st[3], int b, int h) {
+  return (T*)p + b * st[0] + h * st[2];
+}
+
+// attn_store_pair writes two adjacent outputs (4-byte aligned bf16 pair),
+// adding what is there when acc.
+__device__ __forceinline__ void attn_store_pair(gpukit_bf16* p, float x0, float x1, int acc) {
+  unsigned* u = (unsigned*)p;
+  if (acc) {
+    unsigned old = *u;
+    x0 += attn_unpack_lo(old);
+    x1 += attn_unpack_hi(old);
+  }
+  *u = gpukit_pack_bf16x2(x0, x1);
+}
+
+// attn_tile_masked: whether any element of a key tile of BN keys from
+// kbase can be masked for queries from row0 on (keys past Tk; causal: keys
+// after the query); attn_key_masked: whether element e of n-tile j of a
+// fragment of that tile (key kbase + 8j + 2·(lane%4) + e%2, query qrow +
+// 8·(e/2)) is.
+__device__ __forceinline__ bool attn_tile_masked(int kbase, int BN, int row0, const attn_args& a) {
+  return kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
+}
+__device__ __forceinline__ bool attn_key_masked(int kbase, int j, int e, int qrow, const attn_args& a) {
+  const int key = kbase + j * 8 + 2 * (threadIdx.x & 3) + (e & 1), qi = qrow + (e >> 1) * 8;
+  return key >= a.Tk || (a.causal && key > qi);
+}
+
+// attn_qblock is the first query row of this block of BM rows: the blocks
+// along z run in reverse (the longest causal rows start first).
+__device__ __forceinline__ int attn_qblock(int BM) { return (gridDim.z - 1 - blockIdx.z) * BM; }
+
+// attn_key_tiles is how many key tiles of BN the query rows [q0, q0+BM)
+// see: every key, or (causal) the keys up to the block's last row.
+__device__ __forceinline__ int attn_key_tiles(int q0, int BM, int BN, const attn_args& a) {
+  const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
+  return (kend + BN - 1) / BN;
+}
+
+template <int N>
+__device__ __forceinline__ void attn_zero(float* x) {
+#pragma unroll
+  for (int i = 0; i < N; i++) x[i] = 0.0f;
+}
+
+// attn_softmax_frag turns s (this thread's two rows, qrow and qrow + 8, of
+// a 16 × 8·NJ score fragment of key tile kbase) into unnormalised
+// probabilities in place: scaled to base 2, masked (keys past Tk; causal:
+// keys after the query; row0 is the first query row the tile can hold,
+// which decides whether any element needs the test), the running maximum m
+// updated, the row sums l rescaled and added to; alpha[r] is the factor
+// the rows' output accumulators must be multiplied by (attn_rescale).
+template <int NJ, bool EX2>
+__device__ __forceinline__ void attn_softmax_frag(float* s, float m[2], float l[2], float alpha[2], int kbase,
+                                                  int row0, int qrow, const attn_args& a) {
+  const bool mask = attn_tile_masked(kbase, 8 * NJ, row0, a);
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float x = s[4 * j + e] * a.scale_log2;
+      if (mask && attn_key_masked(kbase, j, e, qrow, a)) x = -ATTN_INF;
+      s[4 * j + e] = x;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float mx = -ATTN_INF;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    mx = attn_quad_max(mx);
+    const float mnew = fmaxf(m[r], mx);
+    const float mu = mnew == -ATTN_INF ? 0.0f : mnew;  // a row with every key masked so far
+    alpha[r] = attn_exp2<EX2>(m[r] - mu);
+    float rs = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      const float p0 = attn_exp2<EX2>(s[4 * j + 2 * r] - mu), p1 = attn_exp2<EX2>(s[4 * j + 2 * r + 1] - mu);
+      s[4 * j + 2 * r] = p0;
+      s[4 * j + 2 * r + 1] = p1;
+      rs += p0 + p1;
+    }
+    l[r] = l[r] * alpha[r] + rs;  // this thread's part of the row sum; quads add up at the end
+    m[r] = mnew;
+  }
+}
+
+// attn_rescale multiplies an output fragment's two rows by alpha[0], alpha[1].
+template <int NJ>
+__device__ __forceinline__ void attn_rescale(float* o, const float alpha[2]) {
+#pragma unroll
+  for (int i = 0; i < NJ; i++) {
+    o[4 * i + 0] *= alpha[0];
+    o[4 * i + 1] *= alpha[0];
+    o[4 * i + 2] *= alpha[1];
+    o[4 * i + 3] *= alpha[1];
+  }
+}
+
+// attn_pack_frag rounds a 16 × 8·NJ fragment s to the bf16 A fragments of
+// a product over its columns: k-step kk (columns 16kk..16kk+15) is n-tiles
+// 2kk and 2kk+1.
+template <int NJ>
+__device__ __forceinline__ void attn_pack_frag(unsigned p[][4], const float* s) {
+#pragma unroll
+  for (int kk = 0; kk < NJ / 2; kk++) {
+    p[kk][0] = gpukit_pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
+    p[kk][1] = gpukit_pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+    p[kk][2] = gpukit_pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+    p[kk][3] = gpukit_pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// gpukit_keep_frag_mask is p with the dropped elements of keep mask km (bit
+// 4j+e per element, attn_drop_bits) zeroed, for packed fragments p[NJ/2].
+template <int NJ>
+__device__ __forceinline__ void gpukit_keep_frag_mask(unsigned out[][4], const unsigned p[][4], unsigned long long km) {
+#pragma unroll
+  for (int kk = 0; kk < NJ / 2; kk++) {
+#pragma unroll
+    for (int w = 0; w < 4; w++) out[kk][w] = p[kk][w] & attn_half_mask(km >> (8 * kk + 2 * w));
+  }
+}
+
+// attn_bwd_p: P = exp2(S·scale·log2e − lse·log2e) in place over a score
+// fragment s of queries × keys (rows qrow, qrow + 8; lse2 their lse·log2e),
+// zero where masked (keys past Tk; causal: keys after the query; row0 as
+// in attn_softmax_frag).
+template <int NJ, bool EX2>
+__device__ __forceinline__ void attn_bwd_p(float* s, const float lse2[2], int kbase, int row0, int qrow,
+                                           const attn_args& a) {
+  const bool mask = attn_tile_masked(kbase, 8 * NJ, row0, a);
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float p = attn_exp2<EX2>(s[4 * j + e] * a.scale_log2 - lse2[e >> 1]);
+      if (mask && attn_key_masked(kbase, j, e, qrow, a)) p = 0.0f;
+      s[4 * j + e] = p;
+    }
+  }
+}
+
+// attn_bwd_ds: dS = P ∘ (dP − δ) into dp, over the fragment of attn_bwd_p
+// (dl: the rows' δ). Dropout: dP of dropped elements is 0, of kept ones
+// dP/(1−p) (km as in gpukit_keep_frag_mask).
+template <int NJ, bool DROP>
+__device__ __forceinline__ void attn_bwd_ds(float* dp, const float* p, const float dl[2], unsigned long long km,
+                                            float drop_scale) {
+#pragma unroll
+  for (int i = 0; i < 4 * NJ; i++) {
+    float dpv = dp[i];
+    if (DROP) dpv = ((km >> i) & 1) ? dpv * drop_scale : 0.0f;
+    dp[i] = p[i] * (dpv - dl[(i >> 1) & 1]);
+  }
+}
+
+// attn_bwd_pt: Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e) in place over a
+// transposed score fragment st (keys krow, krow + 8 × queries qbase +
+// column; lt: the tile's lse·log2e by column, +∞ past Tq so P is 0 there),
+// zero where mask (the tile may cross the causal diagonal) and the key is
+// after the query.
+template <int NJ, bool EX2>
+__device__ __forceinline__ void attn_bwd_pt(float* st, const float* lt, int qbase, int krow, bool mask,
+                                            const attn_args& a) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int qc = j * 8 + 2 * t + (e & 1);
+      float p = attn_exp2<EX2>(st[4 * j + e] * a.scale_log2 - lt[qc]);
+      if (mask && krow + (e >> 1) * 8 > qbase + qc) p = 0.0f;
+      st[4 * j + e] = p;
+    }
+  }
+}
+
+// attn_bwd_dst: dSᵀ = Pᵀ ∘ (dPᵀ − δ) into dpt, Pᵀ from its packed bf16
+// copy pp (attn_pack_frag), dt the tile's δ by column; dropout as in
+// attn_bwd_ds.
+template <int NJ, bool DROP>
+__device__ __forceinline__ void attn_bwd_dst(float* dpt, const unsigned pp[][4], const float* dt,
+                                             unsigned long long km, float drop_scale) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const unsigned w = pp[j >> 1][(j & 1) * 2 + (e >> 1)];
+      const float p = (e & 1) ? attn_unpack_hi(w) : attn_unpack_lo(w);
+      float dpv = dpt[4 * j + e];
+      if (DROP) dpv = ((km >> (4 * j + e)) & 1) ? dpv * drop_scale : 0.0f;
+      dpt[4 * j + e] = p * (dpv - dt[j * 8 + 2 * t + (e & 1)]);
+    }
+  }
+}
+
+// attn_store_frag writes the rows row, row + 8 (those < T) of an output
+// fragment x of 8·ND columns, times scale, to the bf16 matrix at base (row
+// stride ld), adding what is there when acc.
+template <int ND>
+__device__ __forceinline__ void attn_store_frag(gpukit_bf16* base, long long ld, int row, int T, const float* x,
+                                                float scale, int acc) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int i = row + r * 8;
+    if (i >= T) continue;
+    gpukit_bf16* p = base + (long long)i * ld;
+#pragma unroll
+    for (int j = 0; j < ND; j++) attn_store_pair(p + j * 8 + 2 * t, x[4 * j + 2 * r] * scale, x[4 * j + 2 * r + 1] * scale, acc);
+  }
+}
+
+// attn_fwd_out is the forward's end: row r of O = o/l·(drop scale) (l
+// summed over the quad here), lse = m + log l (natural log; −∞ for a row
+// with no key).
+template <int ND, bool DROP>
+__device__ __forceinline__ void attn_fwd_out(const float* o, const float m[2], const float l[2], int qrow, int b,
+                                             int h, const attn_args& a) {
+  const int t = threadIdx.x & 3;
+  gpukit_bf16* O = attn_head<gpukit_bf16>(a.o, a.so, b, h);
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float lr = attn_quad_sum(l[r]);
+    const int qi = qrow + r * 8;
+    if (qi >= a.Tq) continue;
+    const float inv = lr > 0.0f ? (DROP ? a.drop_scale : 1.0f) / lr : 0.0f;
+    gpukit_bf16* orow = O + (long long)qi * a.so[1];
+#pragma unroll
+    for (int j = 0; j < ND; j++) attn_store_pair(orow + j * 8 + 2 * t, o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv, 0);
+    if (t == 0 && a.lse) {
+      a.lse[((long long)b * a.H + h) * a.Tq + qi] = lr > 0.0f ? (m[r] + log2f(lr)) * ATTN_LN2 : -ATTN_INF;
+    }
+  }
+}
+
+// attn_row_stats reads the lse·log2e and δ of this thread's query rows
+// qrow, qrow + 8 (0 past Tq).
+__device__ __forceinline__ void attn_row_stats(float lse2[2], float dl[2], int qrow, long long bh, const attn_args& a) {
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = qrow + r * 8;
+    lse2[r] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
+    dl[r] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+  }
+}
+
+// attn_tile_stats fills n entries of a tile's lse·log2e (+∞ past Tq) and δ
+// (0 past Tq) for the queries from qbase (plain shared stores, threads
+// 0..n−1: a barrier orders them before use).
+__device__ __forceinline__ void attn_tile_stats(float* sl, float* sd, int n, int qbase, long long bh,
+                                                const attn_args& a) {
+  if ((int)threadIdx.x < n) {
+    const int qi = qbase + threadIdx.x;
+    sl[threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
+    sd[threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+  }
+}
+
 // ---- tensor-core kernels (bf16, D = 64 or 128) ----
 //
 // Shared tiles are 64 rows of D bf16, rows padded to D+8 elements so that
@@ -297,46 +524,54 @@ __device__ __forceinline__ void attn_tile_load(unsigned s, const gpukit_bf16* g,
     int r = c / CH, col = (c % CH) * 8;
     int row = r0 + r;
     bool ok = row < T;
-    attn_cp16(s + (r * LDS + col) * 2, ok ? g + (long long)row * ld + col : g, ok);
+    gpukit_cp16(s + (r * LDS + col) * 2, ok ? g + (long long)row * ld + col : g, ok);
   }
 }
 
 // Fragment addresses for ldmatrix.x4 on a padded tile (row stride LDS):
-//   attn_a_addr: the A fragment (16 rows from row0, 16 columns from col0):
-//     matrices (rows +0, cols +0), (rows +8, cols +0), (rows +0, cols +8),
-//     (rows +8, cols +8) → a[0..3].
-//   attn_b_addr: B fragments of two n-tiles from a tile stored [n][k]
-//     (rows n0..n0+15, columns k0..k0+15): matrices (n +0, k +0), (n +0,
-//     k +8), (n +8, k +0), (n +8, k +8) → {r0, r1} for n-tile n0, {r2, r3}
-//     for n-tile n0+8 (no transpose).
-//   attn_bt_addr: B fragments of two n-tiles from a tile stored [k][n]
-//     (rows k0..k0+15, columns n0..n0+15), loaded with .trans: matrices
-//     (k +0, n +0), (k +8, n +0), (k +0, n +8), (k +8, n +8) → {r0, r1} for
-//     n-tile n0, {r2, r3} for n-tile n0+8.
-// All three take and return shared addresses (bytes).
+// gpukit_a_addr, gpukit_b_addr and gpukit_bt_addr (mma.cuh).
+
+// attn_tc_mma_nt is one k-step of C += A·Bᵀ over 64 columns: a the A
+// fragment (16 rows × 16 of k), B's 64 rows (n) × 16 columns from column
+// k0 of the tile at s stored [n][k] (row stride LDS); c[8][4].
 template <int LDS>
-__device__ __forceinline__ unsigned attn_a_addr(unsigned s, int row0, int col0, int lane) {
-  return s + ((row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + col0 + (lane >> 4) * 8) * 2;
-}
-template <int LDS>
-__device__ __forceinline__ unsigned attn_b_addr(unsigned s, int n0, int k0, int lane) {
-  return s + ((n0 + (lane & 7) + (lane >> 4) * 8) * LDS + k0 + ((lane >> 3) & 1) * 8) * 2;
-}
-template <int LDS>
-__device__ __forceinline__ unsigned attn_bt_addr(unsigned s, int k0, int n0, int lane) {
-  return s + ((k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8) * 2;
+__device__ __forceinline__ void attn_tc_mma_nt(float c[][4], const unsigned a[4], unsigned s, int k0, int lane) {
+#pragma unroll
+  for (int np = 0; np < 4; np++) {
+    unsigned kb[4];
+    gpukit_ldsm_x4(kb, gpukit_b_addr<LDS>(s, np * 16, k0, lane));
+    gpukit_mma_bf16(c[2 * np], a, kb[0], kb[1]);
+    gpukit_mma_bf16(c[2 * np + 1], a, kb[2], kb[3]);
+  }
 }
 
-// attn_store_pair writes two adjacent outputs (4-byte aligned bf16 pair),
-// adding what is there when acc.
-__device__ __forceinline__ void attn_store_pair(gpukit_bf16* p, float x0, float x1, int acc) {
-  unsigned* u = (unsigned*)p;
-  if (acc) {
-    unsigned old = *u;
-    x0 += attn_unpack_lo(old);
-    x1 += attn_unpack_hi(old);
+// attn_tc_gemm_nt: C (16 × 64) += A·Bᵀ over KD k-steps, A the 16 rows from
+// row a0 of the tile at sa, B the 64 rows of the tile at sb (both [row][k]).
+template <int LDS, int KD>
+__device__ __forceinline__ void attn_tc_gemm_nt(float c[][4], unsigned sa, int a0, unsigned sb, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < KD; kk++) {
+    unsigned af[4];
+    gpukit_ldsm_x4(af, gpukit_a_addr<LDS>(sa, a0, kk * 16, lane));
+    attn_tc_mma_nt<LDS>(c, af, sb, kk * 16, lane);
   }
-  *u = attn_pack_bf16(x0, x1);
+}
+
+// attn_tc_gemm_nn: C (16 × 8·ND) += P·B, P the packed A fragments of a 16
+// × 64 fragment (attn_pack_frag: 4 k-steps), B the 64 × 8·ND tile at sb
+// stored [k][n] (read with .trans).
+template <int LDS, int ND>
+__device__ __forceinline__ void attn_tc_gemm_nn(float c[][4], const unsigned p[][4], unsigned sb, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) {
+#pragma unroll
+    for (int np = 0; np < ND / 2; np++) {
+      unsigned vb[4];
+      gpukit_ldsm_x4_t(vb, gpukit_bt_addr<LDS>(sb, kk * 16, np * 16, lane));
+      gpukit_mma_bf16(c[2 * np], p[kk], vb[0], vb[1]);
+      gpukit_mma_bf16(c[2 * np + 1], p[kk], vb[2], vb[3]);
+    }
+  }
 }
 
 // attn_fwd_tc: grid (H, B, ⌈Tq/64⌉), the query blocks in reverse (the
@@ -347,33 +582,31 @@ template <int D, bool DROP>
 __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
   constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
   ATTN_DYN_SMEM(attn_smem);
-  const unsigned sK = attn_smem_addr(attn_smem);
+  const unsigned sK = gpukit_smem_addr(attn_smem);
   const unsigned sV = sK + 2 * TILE;
   const unsigned sQ = sK + TILE;
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * 64;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
-  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
-  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
-  const int kend = a.causal ? min(a.Tk, q0 + 64) : a.Tk;
-  const int ntiles = (kend + 63) / 64;
+  const int q0 = attn_qblock(64);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+  const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+  const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
+  const int ntiles = attn_key_tiles(q0, 64, 64, a);
 
   attn_tile_load<D>(sQ, Q, a.sq[1], q0, a.Tq);
   attn_tile_load<D>(sK, K, a.sk[1], 0, a.Tk);
   attn_tile_load<D>(sV, V, a.sv[1], 0, a.Tk);
-  attn_cp_commit();
-  attn_cp_wait0();
+  gpukit_cp_commit();
+  gpukit_cp_wait0();
   __syncthreads();
   unsigned qf[KD][4];
 #pragma unroll
-  for (int kk = 0; kk < KD; kk++) attn_ldsm_x4(qf[kk], attn_a_addr<LDS>(sQ, warp * 16, kk * 16, lane));
+  for (int kk = 0; kk < KD; kk++) gpukit_ldsm_x4(qf[kk], gpukit_a_addr<LDS>(sQ, warp * 16, kk * 16, lane));
   __syncthreads();  // the Q tile's space (K buffer 1) is free
 
   float o[ND][4];
-#pragma unroll
-  for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-  float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f};
+  attn_zero<D / 2>(&o[0][0]);
+  float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
   const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
@@ -382,99 +615,28 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
     if (it + 1 < ntiles) {
       attn_tile_load<D>(sK + (buf ^ 1) * TILE, K, a.sk[1], kbase + 64, a.Tk);
       attn_tile_load<D>(sV + (buf ^ 1) * TILE, V, a.sv[1], kbase + 64, a.Tk);
-      attn_cp_commit();
+      gpukit_cp_commit();
     }
     const unsigned ks = sK + buf * TILE, vs = sV + buf * TILE;
 
     // S = Q·Kᵀ: 16 rows × 64 keys per warp, 8 n-tiles of 8 keys.
     float s[8][4];
+    attn_zero<32>(&s[0][0]);
 #pragma unroll
-    for (int j = 0; j < 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-#pragma unroll
-      for (int np = 0; np < 4; np++) {
-        unsigned kb[4];
-        attn_ldsm_x4(kb, attn_b_addr<LDS>(ks, np * 16, kk * 16, lane));
-        attn_mma(s[2 * np], qf[kk], kb[0], kb[1]);
-        attn_mma(s[2 * np + 1], qf[kk], kb[2], kb[3]);
-      }
-    }
-    // Scale to base 2 and mask: keys past Tk, and (causal) keys after the query.
-    const bool mask = kbase + 64 > a.Tk || (a.causal && kbase + 63 > q0);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float x = s[j][e] * a.scale_log2;
-        if (mask) {
-          int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + (e >> 1) * 8;
-          if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
-        }
-        s[j][e] = x;
-      }
-    }
-    // Online softmax, per row r (elements 2r, 2r+1 of each n-tile).
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      float mx = -ATTN_INF;
-#pragma unroll
-      for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      mx = attn_quad_max(mx);
-      const float mnew = fmaxf(m[r], mx);
-      const float mu = mnew == -ATTN_INF ? 0.0f : mnew;  // a row with every key masked so far
-      const float alpha = exp2f(m[r] - mu);
-      float rs = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; j++) {
-        float p0 = exp2f(s[j][2 * r] - mu), p1 = exp2f(s[j][2 * r + 1] - mu);
-        s[j][2 * r] = p0;
-        s[j][2 * r + 1] = p1;
-        rs += p0 + p1;
-      }
-      l[r] = l[r] * alpha + rs;  // this thread's part of the row sum; quads add up at the end
-      m[r] = mnew;
-#pragma unroll
-      for (int j = 0; j < ND; j++) {
-        o[j][2 * r] *= alpha;
-        o[j][2 * r + 1] *= alpha;
-      }
-    }
+    for (int kk = 0; kk < KD; kk++) attn_tc_mma_nt<LDS>(s, qf[kk], ks, kk * 16, lane);
+    attn_softmax_frag<8, false>(&s[0][0], m, l, alpha, kbase, q0, qrow, a);
+    attn_rescale<ND>(&o[0][0], alpha);
     // Dropout: l has the undropped sums; P·V takes the kept elements.
     if (DROP) attn_drop_f<8>(&s[0][0], attn_drop_bits<8>(dc, q0 + warp * 16, kbase, a.Tk, 1));
     // O += P·V: P's accumulator fragments are the A fragments of the
     // product (16 keys per k-step), V is stored [key][d]: .trans.
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-      unsigned pa[4] = {attn_pack_bf16(s[2 * kk][0], s[2 * kk][1]), attn_pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                        attn_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                        attn_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < ND / 2; dp++) {
-        unsigned vb[4];
-        attn_ldsm_x4_t(vb, attn_bt_addr<LDS>(vs, kk * 16, dp * 16, lane));
-        attn_mma(o[2 * dp], pa, vb[0], vb[1]);
-        attn_mma(o[2 * dp + 1], pa, vb[2], vb[3]);
-      }
-    }
-    if (it + 1 < ntiles) attn_cp_wait0();
+    unsigned pa[4][4];
+    attn_pack_frag<8>(pa, &s[0][0]);
+    attn_tc_gemm_nn<LDS, ND>(o, pa, vs, lane);
+    if (it + 1 < ntiles) gpukit_cp_wait0();
     __syncthreads();  // the next tiles have landed; this pair may be overwritten
   }
-
-  gpukit_bf16* O = (gpukit_bf16*)a.o + b * a.so[0] + h * a.so[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const float lr = attn_quad_sum(l[r]);
-    const int qi = qrow + r * 8;
-    if (qi >= a.Tq) continue;
-    const float inv = lr > 0.0f ? (DROP ? a.drop_scale : 1.0f) / lr : 0.0f;
-    gpukit_bf16* orow = O + (long long)qi * a.so[1];
-#pragma unroll
-    for (int j = 0; j < ND; j++) attn_store_pair(orow + j * 8 + 2 * t, o[j][2 * r] * inv, o[j][2 * r + 1] * inv, 0);
-    if (t == 0 && a.lse) {
-      a.lse[((long long)b * a.H + h) * a.Tq + qi] = lr > 0.0f ? (m[r] + log2f(lr)) * ATTN_LN2 : -ATTN_INF;
-    }
-  }
+  attn_fwd_out<ND, DROP>(&o[0][0], m, l, qrow, b, h, a);
 }
 
 // attn_bwd_dq_tc: dQ = scale·dS·K over key tiles, grid (H, B, ⌈Tq/64⌉) in
@@ -484,40 +646,33 @@ template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
   constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
   ATTN_DYN_SMEM(attn_smem);
-  const unsigned sQ = attn_smem_addr(attn_smem);
+  const unsigned sQ = gpukit_smem_addr(attn_smem);
   const unsigned sO = sQ + TILE;  // dO
   const unsigned sK = sQ + 2 * TILE;
   const unsigned sV = sQ + 4 * TILE;
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * 64;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
-  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
-  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
-  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
-  const int kend = a.causal ? min(a.Tk, q0 + 64) : a.Tk;
-  const int ntiles = (kend + 63) / 64;
+  const int q0 = attn_qblock(64);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+  const gpukit_bf16* dO = attn_head<const gpukit_bf16>(a.dout, a.sdo, b, h);
+  const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+  const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
+  const int ntiles = attn_key_tiles(q0, 64, 64, a);
 
   attn_tile_load<D>(sQ, Q, a.sq[1], q0, a.Tq);
   attn_tile_load<D>(sO, dO, a.sdo[1], q0, a.Tq);
   attn_tile_load<D>(sK, K, a.sk[1], 0, a.Tk);
   attn_tile_load<D>(sV, V, a.sv[1], 0, a.Tk);
-  attn_cp_commit();
+  gpukit_cp_commit();
 
   const int qrow = q0 + warp * 16 + g;
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   float lse2[2], dl[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    int qi = qrow + r * 8;
-    lse2[r] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
-    dl[r] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-  }
+  attn_row_stats(lse2, dl, qrow, bh, a);
   float dq[ND][4];
-#pragma unroll
-  for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+  attn_zero<D / 2>(&dq[0][0]);
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
-  attn_cp_wait0();
+  gpukit_cp_wait0();
   __syncthreads();
 
   for (int it = 0; it < ntiles; it++) {
@@ -525,79 +680,28 @@ __device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
     if (it + 1 < ntiles) {
       attn_tile_load<D>(sK + (buf ^ 1) * TILE, K, a.sk[1], kbase + 64, a.Tk);
       attn_tile_load<D>(sV + (buf ^ 1) * TILE, V, a.sv[1], kbase + 64, a.Tk);
-      attn_cp_commit();
+      gpukit_cp_commit();
     }
     const unsigned ks = sK + buf * TILE, vs = sV + buf * TILE;
     // S = Q·Kᵀ and dP = dO·Vᵀ (both 16 × 64 per warp).
     float s[8][4], dp[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-      dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      unsigned qa[4], oa[4];
-      attn_ldsm_x4(qa, attn_a_addr<LDS>(sQ, warp * 16, kk * 16, lane));
-      attn_ldsm_x4(oa, attn_a_addr<LDS>(sO, warp * 16, kk * 16, lane));
-#pragma unroll
-      for (int np = 0; np < 4; np++) {
-        unsigned kb[4], vb[4];
-        attn_ldsm_x4(kb, attn_b_addr<LDS>(ks, np * 16, kk * 16, lane));
-        attn_mma(s[2 * np], qa, kb[0], kb[1]);
-        attn_mma(s[2 * np + 1], qa, kb[2], kb[3]);
-        attn_ldsm_x4(vb, attn_b_addr<LDS>(vs, np * 16, kk * 16, lane));
-        attn_mma(dp[2 * np], oa, vb[0], vb[1]);
-        attn_mma(dp[2 * np + 1], oa, vb[2], vb[3]);
-      }
-    }
+    attn_zero<32>(&s[0][0]);
+    attn_zero<32>(&dp[0][0]);
+    attn_tc_gemm_nt<LDS, KD>(s, sQ, warp * 16, ks, lane);
+    attn_tc_gemm_nt<LDS, KD>(dp, sO, warp * 16, vs, lane);
     // dS = P ∘ (dP − δ), P = exp2(S·scale·log2e − lse·log2e); masked → 0.
     // Dropout: dP of dropped elements is 0, of kept ones dP/(1−p).
-    const bool mask = kbase + 64 > a.Tk || (a.causal && kbase + 63 > q0);
     const unsigned long long km = DROP ? attn_drop_bits<8>(dc, q0 + warp * 16, kbase, a.Tk, 1) : 0ull;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = e >> 1;
-        float p = exp2f(s[j][e] * a.scale_log2 - lse2[r]);
-        if (mask) {
-          int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + r * 8;
-          if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
-        }
-        float dpv = dp[j][e];
-        if (DROP) dpv = ((km >> (4 * j + e)) & 1) ? dpv * a.drop_scale : 0.0f;
-        s[j][e] = p * (dpv - dl[r]);
-      }
-    }
+    attn_bwd_p<8, false>(&s[0][0], lse2, kbase, q0, qrow, a);
+    attn_bwd_ds<8, DROP>(&dp[0][0], &s[0][0], dl, km, a.drop_scale);
     // dQ += dS·K: K is stored [key][d], the k dimension: .trans.
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-      unsigned da[4] = {attn_pack_bf16(s[2 * kk][0], s[2 * kk][1]), attn_pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                        attn_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                        attn_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int np = 0; np < ND / 2; np++) {
-        unsigned kb[4];
-        attn_ldsm_x4_t(kb, attn_bt_addr<LDS>(ks, kk * 16, np * 16, lane));
-        attn_mma(dq[2 * np], da, kb[0], kb[1]);
-        attn_mma(dq[2 * np + 1], da, kb[2], kb[3]);
-      }
-    }
-    if (it + 1 < ntiles) attn_cp_wait0();
+    unsigned da[4][4];
+    attn_pack_frag<8>(da, &dp[0][0]);
+    attn_tc_gemm_nn<LDS, ND>(dq, da, ks, lane);
+    if (it + 1 < ntiles) gpukit_cp_wait0();
     __syncthreads();
   }
-
-  gpukit_bf16* dQ = (gpukit_bf16*)a.dq + b * a.sdq[0] + h * a.sdq[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int qi = qrow + r * 8;
-    if (qi >= a.Tq) continue;
-    gpukit_bf16* row = dQ + (long long)qi * a.sdq[1];
-#pragma unroll
-    for (int j = 0; j < ND; j++)
-      attn_store_pair(row + j * 8 + 2 * t, dq[j][2 * r] * a.scale, dq[j][2 * r + 1] * a.scale, a.acc_q);
-  }
+  attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dq, a.sdq, b, h), a.sdq[1], qrow, a.Tq, &dq[0][0], a.scale, a.acc_q);
 }
 
 // attn_bwd_dkdv_tc: dV = Pᵀ·dO and dK = scale·dSᵀ·Q over query tiles, grid
@@ -609,7 +713,7 @@ template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
   constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
   ATTN_DYN_SMEM(attn_smem);
-  const unsigned sK = attn_smem_addr(attn_smem);
+  const unsigned sK = gpukit_smem_addr(attn_smem);
   const unsigned sV = sK + TILE;
   const unsigned sQ = sK + 2 * TILE;  // [2]
   const unsigned sO = sK + 4 * TILE;  // dO [2]
@@ -617,11 +721,11 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
   float* sD = sL + 128;                 // [2][64] δ
   const int h = blockIdx.x, b = blockIdx.y;
   const int k0 = blockIdx.z * 64;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
-  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
-  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
-  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+  const gpukit_bf16* dO = attn_head<const gpukit_bf16>(a.dout, a.sdo, b, h);
+  const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+  const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   const int qstart = a.causal ? k0 / 64 : 0;  // causal: queries before k0 see none of these keys
   const int qtiles = (a.Tq + 63) / 64;
@@ -631,23 +735,16 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
   if (qstart < qtiles) {
     attn_tile_load<D>(sQ, Q, a.sq[1], qstart * 64, a.Tq);
     attn_tile_load<D>(sO, dO, a.sdo[1], qstart * 64, a.Tq);
-    if (threadIdx.x < 64) {
-      int qi = qstart * 64 + threadIdx.x;
-      sL[threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
-      sD[threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-    }
+    attn_tile_stats(sL, sD, 64, qstart * 64, bh, a);
   }
-  attn_cp_commit();
+  gpukit_cp_commit();
 
   float dk[ND][4], dv[ND][4];
-#pragma unroll
-  for (int j = 0; j < ND; j++) {
-    dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = 0.0f;
-    dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.0f;
-  }
+  attn_zero<D / 2>(&dk[0][0]);
+  attn_zero<D / 2>(&dv[0][0]);
   const int krow = k0 + warp * 16 + g;  // this thread's keys: krow, krow + 8
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
-  attn_cp_wait0();
+  gpukit_cp_wait0();
   __syncthreads();
 
   for (int qt = qstart; qt < qtiles; qt++) {
@@ -655,12 +752,8 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
     if (qt + 1 < qtiles) {
       attn_tile_load<D>(sQ + (buf ^ 1) * TILE, Q, a.sq[1], qbase + 64, a.Tq);
       attn_tile_load<D>(sO + (buf ^ 1) * TILE, dO, a.sdo[1], qbase + 64, a.Tq);
-      attn_cp_commit();
-      if (threadIdx.x < 64) {
-        int qi = qbase + 64 + threadIdx.x;
-        sL[(buf ^ 1) * 64 + threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
-        sD[(buf ^ 1) * 64 + threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-      }
+      gpukit_cp_commit();
+      attn_tile_stats(sL + (buf ^ 1) * 64, sD + (buf ^ 1) * 64, 64, qbase + 64, bh, a);
     }
     const unsigned qs = sQ + buf * TILE, os = sO + buf * TILE;
     const float* lt = sL + buf * 64;
@@ -669,124 +762,39 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
     // Sᵀ = K·Qᵀ (16 keys × 64 queries per warp); Pᵀ = exp2(Sᵀ·scale·log2e −
     // lse·log2e), zero where masked (and past Tq, where lse is +∞).
     float st[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; j++) st[j][0] = st[j][1] = st[j][2] = st[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      unsigned ka[4];
-      attn_ldsm_x4(ka, attn_a_addr<LDS>(sK, warp * 16, kk * 16, lane));
-#pragma unroll
-      for (int np = 0; np < 4; np++) {
-        unsigned qb[4];
-        attn_ldsm_x4(qb, attn_b_addr<LDS>(qs, np * 16, kk * 16, lane));
-        attn_mma(st[2 * np], ka, qb[0], qb[1]);
-        attn_mma(st[2 * np + 1], ka, qb[2], qb[3]);
-      }
-    }
-    const bool mask = a.causal && qbase < k0 + 64;  // the diagonal tile
+    attn_zero<32>(&st[0][0]);
+    attn_tc_gemm_nt<LDS, KD>(st, sK, warp * 16, qs, lane);
+    attn_bwd_pt<8, false>(&st[0][0], lt, qbase, krow, a.causal && qbase < k0 + 64 /* the diagonal tile */, a);
     // Pᵀ packed to bf16: the A fragments of dV += Pᵀ·dO (16 queries per k-step).
     unsigned pp[4][4];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      float pv[4];
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int qc = j * 8 + 2 * t + (e & 1);
-        float p = exp2f(st[j][e] * a.scale_log2 - lt[qc]);
-        if (mask && krow + (e >> 1) * 8 > qbase + qc) p = 0.0f;
-        pv[e] = p;
-      }
-      pp[j >> 1][(j & 1) * 2] = attn_pack_bf16(pv[0], pv[1]);
-      pp[j >> 1][(j & 1) * 2 + 1] = attn_pack_bf16(pv[2], pv[3]);
-    }
+    attn_pack_frag<8>(pp, &st[0][0]);
     // Dropout: the keep mask of Pᵀ (keys × queries: element index
     // base + query·Tk + key); dV takes the kept elements, dS all of P.
     const unsigned long long km = DROP ? attn_drop_bits<8>(dc, k0 + warp * 16, qbase, 1, a.Tk) : 0ull;
     // dV += Pᵀ·dO: dO is stored [query][d], the k dimension: .trans.
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-      unsigned pk[4];
-#pragma unroll
-      for (int w = 0; w < 4; w++) pk[w] = DROP ? pp[kk][w] & attn_half_mask(km >> (8 * kk + 2 * w)) : pp[kk][w];
-#pragma unroll
-      for (int np = 0; np < ND / 2; np++) {
-        unsigned ob[4];
-        attn_ldsm_x4_t(ob, attn_bt_addr<LDS>(os, kk * 16, np * 16, lane));
-        attn_mma(dv[2 * np], pk, ob[0], ob[1]);
-        attn_mma(dv[2 * np + 1], pk, ob[2], ob[3]);
-      }
+    if (DROP) {
+      unsigned pk[4][4];
+      gpukit_keep_frag_mask<8>(pk, pp, km);
+      attn_tc_gemm_nn<LDS, ND>(dv, pk, os, lane);
+    } else {
+      attn_tc_gemm_nn<LDS, ND>(dv, pp, os, lane);
     }
     // dPᵀ = V·dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ − δ) (Pᵀ from its bf16 copy).
     float dpt[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; j++) dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      unsigned va[4];
-      attn_ldsm_x4(va, attn_a_addr<LDS>(sV, warp * 16, kk * 16, lane));
-#pragma unroll
-      for (int np = 0; np < 4; np++) {
-        unsigned ob[4];
-        attn_ldsm_x4(ob, attn_b_addr<LDS>(os, np * 16, kk * 16, lane));
-        attn_mma(dpt[2 * np], va, ob[0], ob[1]);
-        attn_mma(dpt[2 * np + 1], va, ob[2], ob[3]);
-      }
-    }
-    if (DROP) {
-#pragma unroll
-      for (int j = 0; j < 8; j++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) dpt[j][e] = ((km >> (4 * j + e)) & 1) ? dpt[j][e] * a.drop_scale : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const unsigned p01 = pp[j >> 1][(j & 1) * 2], p23 = pp[j >> 1][(j & 1) * 2 + 1];
-      const float d0 = dt[j * 8 + 2 * t], d1 = dt[j * 8 + 2 * t + 1];
-      const float ds0 = attn_unpack_lo(p01) * (dpt[j][0] - d0), ds1 = attn_unpack_hi(p01) * (dpt[j][1] - d1);
-      const float ds2 = attn_unpack_lo(p23) * (dpt[j][2] - d0), ds3 = attn_unpack_hi(p23) * (dpt[j][3] - d1);
-      pp[j >> 1][(j & 1) * 2] = attn_pack_bf16(ds0, ds1);
-      pp[j >> 1][(j & 1) * 2 + 1] = attn_pack_bf16(ds2, ds3);
-    }
+    attn_zero<32>(&dpt[0][0]);
+    attn_tc_gemm_nt<LDS, KD>(dpt, sV, warp * 16, os, lane);
+    attn_bwd_dst<8, DROP>(&dpt[0][0], pp, dt, km, a.drop_scale);
+    attn_pack_frag<8>(pp, &dpt[0][0]);
     // dK += dSᵀ·Q: Q is stored [query][d]: .trans.
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-#pragma unroll
-      for (int np = 0; np < ND / 2; np++) {
-        unsigned qb[4];
-        attn_ldsm_x4_t(qb, attn_bt_addr<LDS>(qs, kk * 16, np * 16, lane));
-        attn_mma(dk[2 * np], pp[kk], qb[0], qb[1]);
-        attn_mma(dk[2 * np + 1], pp[kk], qb[2], qb[3]);
-      }
-    }
-    if (qt + 1 < qtiles) attn_cp_wait0();
+    attn_tc_gemm_nn<LDS, ND>(dk, pp, qs, lane);
+    if (qt + 1 < qtiles) gpukit_cp_wait0();
     __syncthreads();
   }
 
-  gpukit_bf16* dK = (gpukit_bf16*)a.dk + b * a.sdk[0] + h * a.sdk[2];
-  gpukit_bf16* dV = (gpukit_bf16*)a.dv + b * a.sdv[0] + h * a.sdv[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int kj = krow + r * 8;
-    if (kj >= a.Tk) continue;
-    if (a.dk) {
-      gpukit_bf16* row = dK + (long long)kj * a.sdk[1];
-#pragma unroll
-      for (int j = 0; j < ND; j++)
-        attn_store_pair(row + j * 8 + 2 * t, dk[j][2 * r] * a.scale, dk[j][2 * r + 1] * a.scale, a.acc_k);
-    }
-    if (a.dv) {
-      gpukit_bf16* row = dV + (long long)kj * a.sdv[1];
-      if (DROP) {
-#pragma unroll
-        for (int j = 0; j < ND; j++)
-          attn_store_pair(row + j * 8 + 2 * t, dv[j][2 * r] * a.drop_scale, dv[j][2 * r + 1] * a.drop_scale, a.acc_v);
-      } else {
-#pragma unroll
-        for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[j][2 * r], dv[j][2 * r + 1], a.acc_v);
-      }
-    }
-  }
+  if (a.dk) attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dk, a.sdk, b, h), a.sdk[1], krow, a.Tk, &dk[0][0], a.scale, a.acc_k);
+  if (a.dv)
+    attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dv, a.sdv, b, h), a.sdv[1], krow, a.Tk, &dv[0][0],
+                        DROP ? a.drop_scale : 1.0f, a.acc_v);
 }
 
 // Instances: attn_<fwd|bwd_dq|bwd_dkdv>_tc[_drop]_d<D> (_drop: dropout on P).
@@ -846,136 +854,24 @@ ATTN_TC_INSTANCES(_drop, true)
 // 16·warp + lane/4 + 8·(e/2), column 8j + 2·(lane%4) + e%2 of the
 // warpgroup's 64 × N product.
 
-// NVRTC defines __CUDA_ARCH_FEAT_SM90_ALL for sm_90a (CUDA 12.9 and later
-// also __CUDA_ARCH_SPECIFIC__ = 900); for sm_90 and other targets the
-// kernels below are stubs and ops/attention.go does not launch them.
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || (defined(__CUDA_ARCH_SPECIFIC__) && __CUDA_ARCH_SPECIFIC__ == 900) || \
-    defined(GPUKIT_EMU) || defined(GPUKIT_CHECK_SM90)
-#define ATTN_WG 1
-#endif
+// wgmma.cuh defines GPUKIT_WGMMA for sm_90a (NVRTC's
+// __CUDA_ARCH_FEAT_SM90_ALL, or __CUDA_ARCH_SPECIFIC__ = 900 from CUDA
+// 12.9); for sm_90 and other targets the kernels below are stubs and
+// ops/attention.go does not launch them.
 
 #define ATTN_WG_THREADS 256
 #define ATTN_WG_BM 128  // query rows per block
 #define ATTN_WG_BN 128  // keys per tile
 
-#ifdef ATTN_WG
-typedef unsigned long long attn_u64;
-
-// attn_wg_desc is a wgmma shared-memory matrix descriptor with 128-byte
-// swizzling and base offset 0 (PTX ISA, "Matrix Descriptor Format": bits
-// 0-13 start address, 16-29 leading dimension byte offset, 32-45 stride
-// dimension byte offset, each >> 4; 62-63 swizzle mode, 1 = 128-byte).
-__device__ __forceinline__ attn_u64 attn_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-  return (attn_u64)((addr & 0x3ffff) >> 4) | ((attn_u64)((lbo & 0x3ffff) >> 4) << 16) |
-         ((attn_u64)((sbo & 0x3ffff) >> 4) << 32) | (1ull << 62);
+#ifdef GPUKIT_WGMMA
+// attn_wg_landed waits for this thread's cp.async copies, makes them
+// visible to the tensor cores (fence.proxy.async) and meets the block's
+// barrier: every thread's copies are in, every earlier read is done.
+__device__ __forceinline__ void attn_wg_landed() {
+  gpukit_cp_wait0();
+  gpukit_fence_proxy_async();
+  __syncthreads();
 }
-
-#ifndef GPUKIT_EMU
-// attn_wg_mma<N, TB>: wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16,
-// d (N/2 f32 per thread) = A·B + (scale_d ? d : 0). ss: A and B from
-// shared memory (descriptors; A K-major); rs: A from registers (the
-// mma.m16n8k16 A layout, warp w of the warpgroup holding rows 16w..).
-// TB = 1 reads B N-major (imm-trans-b).
-template <int N, int TB>
-struct attn_wg_mma;
-template <int TB>
-struct attn_wg_mma<64, TB> {
-  static __device__ __forceinline__ void ss(float* d, attn_u64 da, attn_u64 db, int scale_d) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %34, 0; "
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, %35; }"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
-  }
-  static __device__ __forceinline__ void rs(float* d, const unsigned a[4], attn_u64 db, int scale_d) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %37, 0; "
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, %38; }"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
-  }
-};
-
-template <int TB>
-struct attn_wg_mma<128, TB> {
-  static __device__ __forceinline__ void ss(float* d, attn_u64 da, attn_u64 db, int scale_d) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %66, 0; "
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1, 0, %67; }"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
-  }
-  static __device__ __forceinline__ void rs(float* d, const unsigned a[4], attn_u64 db, int scale_d) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %69, 0; "
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, %70; }"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
-  }
-};
-
-__device__ __forceinline__ void attn_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void attn_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void attn_wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// attn_fence_proxy_async makes this thread's writes to shared memory
-// (landed cp.async copies) visible to the async proxy the tensor cores
-// read through; a barrier after it makes everyone's visible.
-__device__ __forceinline__ void attn_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// attn_ex2: 2^x on the multi-function unit (ex2.approx.ftz: relative error
-// about 2^-22, −∞ → +0).
-__device__ __forceinline__ float attn_ex2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-// attn_keep_f / attn_keep_u pin register values at this point of the
-// program for the compiler (CUTLASS's warpgroup_fence_operand): reads of
-// wgmma accumulators are not hoisted above the wait that retires them,
-// writes not sunk below the wgmma that reads them.
-template <int N>
-__device__ __forceinline__ void attn_keep_f(float* x) {
-#pragma unroll
-  for (int i = 0; i < N; i++) asm volatile("" : "+f"(x[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void attn_keep_u(unsigned* x) {
-#pragma unroll
-  for (int i = 0; i < N; i++) asm volatile("" : "+r"(x[i])::"memory");
-}
-#else
-template <int N, int TB>
-struct attn_wg_mma {
-  static void ss(float* d, attn_u64 da, attn_u64 db, int scale_d) {
-    gpukit_emu_wgmma(d, N, nullptr, da, db, scale_d, 0, TB);
-  }
-  static void rs(float* d, const unsigned a[4], attn_u64 db, int scale_d) {
-    gpukit_emu_wgmma(d, N, a, 0, db, scale_d, 0, TB);
-  }
-};
-__device__ __forceinline__ void attn_wg_fence() { gpukit_emu_wg_fence(); }
-__device__ __forceinline__ void attn_wg_commit() { gpukit_emu_wg_commit(); }
-template <int N>
-__device__ __forceinline__ void attn_wg_wait() {
-  gpukit_emu_wg_wait(N);
-}
-__device__ __forceinline__ void attn_fence_proxy_async() { gpukit_emu_fence_proxy_async(); }
-__device__ __forceinline__ float attn_ex2(float x) { return exp2f(x); }
-template <int N>
-__device__ __forceinline__ void attn_keep_f(float*) {}
-template <int N>
-__device__ __forceinline__ void attn_keep_u(unsigned*) {}
-#endif
 
 // attn_wg_load queues the cp.async copies of rows [r0, r0+R) of a [T, D]
 // bf16 matrix (row 0 at g, row stride ld) into the swizzled tile at
@@ -988,66 +884,30 @@ __device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, l
     const int c = threadIdx.x + i * ATTN_WG_THREADS;
     const int r = c / CH, ch = c % CH, row = r0 + r;
     const bool ok = row < T;
-    attn_cp16(s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4),
-              ok ? g + (long long)row * ld + ch * 8 : g, ok);
+    gpukit_cp16(s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4),
+                ok ? g + (long long)row * ld + ch * 8 : g, ok);
   }
 }
 
-// attn_wg_softmax turns s (this thread's two rows of a 64 × BN score tile
-// of key tile kbase) into unnormalised probabilities in place: scaled to
-// base 2, masked (keys past Tk; causal: keys after the query), the running
-// maximum m updated, the row sums l rescaled and added to; alpha[r] is the
-// factor the rows' output accumulators must be multiplied by.
-template <int BN>
-__device__ __forceinline__ void attn_wg_softmax(float* s, float m[2], float l[2], float alpha[2], int kbase, int row0,
-                                                int qrow, const attn_args& a) {
-  const int t = threadIdx.x & 3;
-  const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
+// attn_wg_gemm_ss: D (64 × N) = A·Bᵀ over KD k-steps, both operands
+// K-major in swizzled tiles (attn_wg_load): A the warpgroup's 64 rows
+// starting at address a of a tile of AR rows, B the N rows of the tile at
+// b (BR rows). The first k-step overwrites d.
+template <int N, int KD, int AR, int BR>
+__device__ __forceinline__ void attn_wg_gemm_ss(float* d, unsigned a, unsigned b) {
 #pragma unroll
-  for (int j = 0; j < BN / 8; j++) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float x = s[4 * j + e] * a.scale_log2;
-      if (mask) {
-        const int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + (e >> 1) * 8;
-        if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
-      }
-      s[4 * j + e] = x;
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    float mx = -ATTN_INF;
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-    mx = attn_quad_max(mx);
-    const float mnew = fmaxf(m[r], mx);
-    const float mu = mnew == -ATTN_INF ? 0.0f : mnew;  // a row with every key masked so far
-    alpha[r] = attn_ex2(m[r] - mu);
-    float rs = 0.0f;
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-      const float p0 = attn_ex2(s[4 * j + 2 * r] - mu), p1 = attn_ex2(s[4 * j + 2 * r + 1] - mu);
-      s[4 * j + 2 * r] = p0;
-      s[4 * j + 2 * r + 1] = p1;
-      rs += p0 + p1;
-    }
-    l[r] = l[r] * alpha[r] + rs;  // this thread's part of the row sum; quads add up at the end
-    m[r] = mnew;
-  }
+  for (int kk = 0; kk < KD; kk++)
+    gpukit_wg_ss<N, 0, 0>::mma(d, gpukit_wg_desc(a + (kk >> 2) * (AR * 128) + (kk & 3) * 32, 16, 1024),
+                          gpukit_wg_desc(b + (kk >> 2) * (BR * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
 }
 
-// attn_wg_pack rounds probabilities s to the bf16 A fragments of P·V: k
-// step kk (keys 16kk..16kk+15) is n-tiles 2kk and 2kk+1.
-template <int BN>
-__device__ __forceinline__ void attn_wg_pack(unsigned p[][4], const float* s) {
+// attn_wg_gemm_rs: D (64 × N) += P·B, P's KS k-steps from registers
+// (attn_pack_frag), B the 16·KS × N swizzled tile at b read N-major (R
+// rows: the tile's row count).
+template <int N, int KS, int R>
+__device__ __forceinline__ void attn_wg_gemm_rs(float* d, const unsigned p[][4], unsigned b) {
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; kk++) {
-    p[kk][0] = attn_pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-    p[kk][1] = attn_pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-    p[kk][2] = attn_pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-    p[kk][3] = attn_pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-  }
+  for (int kk = 0; kk < KS; kk++) gpukit_wg_rs<N, 1>::mma(d, p[kk], gpukit_wg_desc(b + kk * 2048, R * 128, 1024), 1);
 }
 
 // attn_fwd_wg: grid (H, B, ⌈Tq/128⌉), the query blocks in reverse (the
@@ -1065,17 +925,15 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   constexpr int BM = ATTN_WG_BM, BN = ATTN_WG_BN, KD = D / 16, ND = D / 8;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;  // tile bytes
   ATTN_DYN_SMEM(attn_smem);
-  const unsigned sQ = (attn_smem_addr(attn_smem) + 1023u) & ~1023u;
+  const unsigned sQ = (gpukit_smem_addr(attn_smem) + 1023u) & ~1023u;
   const unsigned sK = sQ + QT, sV = sK + 2 * KT;
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
-            t = lane & 3;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
-  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
-  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
-  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
-  const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
-  const int ntiles = (kend + BN - 1) / BN;
+  const int q0 = attn_qblock(BM);
+  const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+  const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+  const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
+  const int ntiles = attn_key_tiles(q0, BM, BN, a);
   const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query
   const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
   // This warpgroup's Q rows, k-step kk: panel kk/4, 32 bytes per k-step.
@@ -1083,104 +941,64 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
 
   attn_wg_load<D, BM>(sQ, Q, a.sq[1], q0, a.Tq);
   attn_wg_load<D, BN>(sK, K, a.sk[1], 0, a.Tk);
-  attn_cp_commit();
+  gpukit_cp_commit();
 
   float s[BN / 2], o[D / 2];
   unsigned p[BN / 16][4];
-#pragma unroll
-  for (int i = 0; i < BN / 2; i++) s[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+  attn_zero<BN / 2>(s);
+  attn_zero<D / 2>(o);
   float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
   // Tile 0: S_0 alone (no P·V before it).
-  attn_cp_wait0();
-  attn_fence_proxy_async();
-  __syncthreads();
+  attn_wg_landed();
   if (ntiles > 1) attn_wg_load<D, BN>(sK + KT, K, a.sk[1], BN, a.Tk);
   attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
-  attn_cp_commit();
-  attn_keep_f<BN / 2>(s);
-  attn_wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < KD; kk++)
-    attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
-                           attn_wg_desc(sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
-  attn_wg_commit();
-  attn_wg_wait<0>();
-  attn_keep_f<BN / 2>(s);
-  attn_wg_softmax<BN>(s, m, l, alpha, 0, row0, qrow, a);
+  gpukit_cp_commit();
+  gpukit_keep_f<BN / 2>(s);
+  gpukit_wg_fence();
+  attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, sK);
+  gpukit_wg_commit();
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<BN / 2>(s);
+  attn_softmax_frag<BN / 8, true>(s, m, l, alpha, 0, row0, qrow, a);
   if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, 0, a.Tk, 1));  // l is undropped
-  attn_wg_pack<BN>(p, s);
+  attn_pack_frag<BN / 8>(p, s);
 
   for (int j = 1; j < ntiles; j++) {
-    attn_cp_wait0();
-    attn_fence_proxy_async();
-    __syncthreads();
+    attn_wg_landed();
     if (j + 1 < ntiles) attn_wg_load<D, BN>(sK + ((j + 1) & 1) * KT, K, a.sk[1], (j + 1) * BN, a.Tk);
     attn_wg_load<D, BN>(sV + (j & 1) * KT, V, a.sv[1], j * BN, a.Tk);
-    attn_cp_commit();
+    gpukit_cp_commit();
 
-    attn_keep_f<BN / 2>(s);
-    attn_keep_f<D / 2>(o);
-    attn_keep_u<BN / 4>(&p[0][0]);
-    attn_wg_fence();
-    const unsigned kt = sK + (j & 1) * KT, vt = sV + ((j - 1) & 1) * KT;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-      attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
-                             attn_wg_desc(kt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
-    attn_wg_commit();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(o, p[kk], attn_wg_desc(vt + kk * 2048, BN * 128, 1024), 1);
-    attn_wg_commit();
-    attn_wg_wait<1>();
-    attn_keep_f<BN / 2>(s);
-    attn_wg_softmax<BN>(s, m, l, alpha, j * BN, row0, qrow, a);
+    gpukit_keep_f<BN / 2>(s);
+    gpukit_keep_f<D / 2>(o);
+    gpukit_keep_u<BN / 4>(&p[0][0]);
+    gpukit_wg_fence();
+    attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, sK + (j & 1) * KT);
+    gpukit_wg_commit();
+    attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + ((j - 1) & 1) * KT);
+    gpukit_wg_commit();
+    gpukit_wg_wait<1>();
+    gpukit_keep_f<BN / 2>(s);
+    attn_softmax_frag<BN / 8, true>(s, m, l, alpha, j * BN, row0, qrow, a);
     if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, j * BN, a.Tk, 1));
-    attn_wg_wait<0>();
-    attn_keep_f<D / 2>(o);
-    attn_keep_u<BN / 4>(&p[0][0]);
-#pragma unroll
-    for (int i = 0; i < ND; i++) {
-      o[4 * i + 0] *= alpha[0];
-      o[4 * i + 1] *= alpha[0];
-      o[4 * i + 2] *= alpha[1];
-      o[4 * i + 3] *= alpha[1];
-    }
-    attn_wg_pack<BN>(p, s);
+    gpukit_wg_wait<0>();
+    gpukit_keep_f<D / 2>(o);
+    gpukit_keep_u<BN / 4>(&p[0][0]);
+    attn_rescale<ND>(o, alpha);
+    attn_pack_frag<BN / 8>(p, s);
   }
   // The last P·V.
-  attn_cp_wait0();
-  attn_fence_proxy_async();
-  __syncthreads();
-  attn_keep_f<D / 2>(o);
-  attn_keep_u<BN / 4>(&p[0][0]);
-  attn_wg_fence();
-  {
-    const unsigned vt = sV + ((ntiles - 1) & 1) * KT;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(o, p[kk], attn_wg_desc(vt + kk * 2048, BN * 128, 1024), 1);
-  }
-  attn_wg_commit();
-  attn_wg_wait<0>();
-  attn_keep_f<D / 2>(o);
-
-  gpukit_bf16* O = (gpukit_bf16*)a.o + b * a.so[0] + h * a.so[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const float lr = attn_quad_sum(l[r]);
-    const int qi = qrow + r * 8;
-    if (qi >= a.Tq) continue;
-    const float inv = lr > 0.0f ? (DROP ? a.drop_scale : 1.0f) / lr : 0.0f;
-    gpukit_bf16* orow = O + (long long)qi * a.so[1];
-#pragma unroll
-    for (int i = 0; i < ND; i++) attn_store_pair(orow + i * 8 + 2 * t, o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv, 0);
-    if (t == 0 && a.lse) {
-      a.lse[((long long)b * a.H + h) * a.Tq + qi] = lr > 0.0f ? (m[r] + log2f(lr)) * ATTN_LN2 : -ATTN_INF;
-    }
-  }
+  attn_wg_landed();
+  gpukit_keep_f<D / 2>(o);
+  gpukit_keep_u<BN / 4>(&p[0][0]);
+  gpukit_wg_fence();
+  attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + ((ntiles - 1) & 1) * KT);
+  gpukit_wg_commit();
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<D / 2>(o);
+  attn_fwd_out<ND, DROP>(o, m, l, qrow, b, h, a);
 }
 
 
@@ -1205,18 +1023,17 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
   constexpr int BN = 128, BM = 64, KD = D / 16, ND = D / 8;
   constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
   ATTN_DYN_SMEM(attn_smem);
-  const unsigned s0 = attn_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
+  const unsigned s0 = gpukit_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
   const unsigned sK = base, sV = base + KT, sQ = base + 2 * KT, sO = sQ + 3 * QT;  // sQ, sO: [3]
   float* sL = (float*)(attn_smem + (base - s0) + 2 * KT + 6 * QT);  // [3][64] lse·log2e (+∞ past Tq)
   float* sD = sL + 3 * BM;                                          // [3][64] δ
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
-            t = lane & 3;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
   const int h = blockIdx.x, b = blockIdx.y;
   const int k0 = blockIdx.z * BN;
-  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
-  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
-  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
-  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+  const gpukit_bf16* dO = attn_head<const gpukit_bf16>(a.dout, a.sdo, b, h);
+  const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+  const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   const int qstart = a.causal ? k0 / BM : 0;  // causal: queries before k0 see none of these keys
   const int n = max((a.Tq + BM - 1) / BM - qstart, 0);
@@ -1224,157 +1041,92 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
   const int krow = krow0 + g;                  // this thread's keys: krow, krow + 8
   const unsigned ka = sK + wg * 64 * 128, va = sV + wg * 64 * 128;  // this warpgroup's K and V rows
 
-  // stage_lse fills stage st's lse·log2e and δ for the query tile at qbase
-  // (plain shared stores: the barrier before their use orders them).
-  auto stage_lse = [&](int st, int qbase) {
-    if (threadIdx.x < BM) {
-      const int qi = qbase + threadIdx.x;
-      sL[st * BM + threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
-      sD[st * BM + threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-    }
-  };
   attn_wg_load<D, BN>(sK, K, a.sk[1], k0, a.Tk);
   attn_wg_load<D, BN>(sV, V, a.sv[1], k0, a.Tk);
   if (n > 0) {
     attn_wg_load<D, BM>(sQ, Q, a.sq[1], qstart * BM, a.Tq);
     attn_wg_load<D, BM>(sO, dO, a.sdo[1], qstart * BM, a.Tq);
-    stage_lse(0, qstart * BM);
+    attn_tile_stats(sL, sD, BM, qstart * BM, bh, a);
   }
-  attn_cp_commit();
+  gpukit_cp_commit();
 
   float dk[D / 2], dv[D / 2], st[BM / 2], dpt[BM / 2];
   unsigned pp[BM / 16][4], ds[BM / 16][4];
-#pragma unroll
-  for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < BM / 2; i++) st[i] = dpt[i] = 0.0f;
+  attn_zero<D / 2>(dk);
+  attn_zero<D / 2>(dv);
+  attn_zero<BM / 2>(st);
+  attn_zero<BM / 2>(dpt);
 #pragma unroll
   for (int i = 0; i < BM / 16; i++) pp[i][0] = pp[i][1] = pp[i][2] = pp[i][3] = ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
   for (int i = 0; i < n; i++) {
     const int stg = i % 3, qbase = (qstart + i) * BM;
-    attn_cp_wait0();
-    attn_fence_proxy_async();
-    __syncthreads();
+    attn_wg_landed();
     if (i + 1 < n) {
       const int nx = (i + 1) % 3;
       attn_wg_load<D, BM>(sQ + nx * QT, Q, a.sq[1], qbase + BM, a.Tq);
       attn_wg_load<D, BM>(sO + nx * QT, dO, a.sdo[1], qbase + BM, a.Tq);
-      stage_lse(nx, qbase + BM);
+      attn_tile_stats(sL + nx * BM, sD + nx * BM, BM, qbase + BM, bh, a);
     }
-    attn_cp_commit();
+    gpukit_cp_commit();
     const unsigned qt = sQ + stg * QT, ot = sO + stg * QT;
     const float* lt = sL + stg * BM;
     const float* dt = sD + stg * BM;
 
-    attn_keep_f<BM / 2>(st);
-    attn_keep_f<BM / 2>(dpt);
-    attn_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-      attn_wg_mma<BM, 0>::ss(st, attn_wg_desc(ka + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),
-                             attn_wg_desc(qt + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
-    attn_wg_commit();
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-      attn_wg_mma<BM, 0>::ss(dpt, attn_wg_desc(va + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),
-                             attn_wg_desc(ot + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
-    attn_wg_commit();
+    gpukit_keep_f<BM / 2>(st);
+    gpukit_keep_f<BM / 2>(dpt);
+    gpukit_wg_fence();
+    attn_wg_gemm_ss<BM, KD, BN, BM>(st, ka, qt);
+    gpukit_wg_commit();
+    attn_wg_gemm_ss<BM, KD, BN, BM>(dpt, va, ot);
+    gpukit_wg_commit();
     // Dropout: the keep mask of Pᵀ (keys × queries: element index base +
     // query·Tk + key), drawn while Sᵀ and dPᵀ are on the tensor cores.
     const unsigned long long km = DROP ? attn_drop_bits<BM / 8>(dc, krow0, qbase, 1, a.Tk) : 0ull;
-    attn_wg_wait<1>();
-    attn_keep_f<BM / 2>(st);
-    attn_keep_u<BM / 4>(&pp[0][0]);
-    attn_keep_u<BM / 4>(&ds[0][0]);
+    gpukit_wg_wait<1>();
+    gpukit_keep_f<BM / 2>(st);
+    gpukit_keep_u<BM / 4>(&pp[0][0]);
+    gpukit_keep_u<BM / 4>(&ds[0][0]);
 
     // Pᵀ, zero where masked (causal: key after the query) and past Tq (lse +∞).
-    const bool mask = a.causal && qbase < krow0 + 15;
-#pragma unroll
-    for (int j = 0; j < BM / 8; j++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int qc = j * 8 + 2 * t + (e & 1);
-        float p = attn_ex2(st[4 * j + e] * a.scale_log2 - lt[qc]);
-        if (mask && krow + (e >> 1) * 8 > qbase + qc) p = 0.0f;
-        st[4 * j + e] = p;
-      }
-    }
-    attn_wg_pack<BM>(pp, st);
-    attn_keep_u<BM / 4>(&pp[0][0]);
+    attn_bwd_pt<BM / 8, true>(st, lt, qbase, krow, a.causal && qbase < krow0 + 15, a);
+    attn_pack_frag<BM / 8>(pp, st);
+    gpukit_keep_u<BM / 4>(&pp[0][0]);
     if (DROP) {
       // dV's A operand is the kept part of Pᵀ, in ds (free: dK of i−1 has
       // retired); pp keeps all of Pᵀ for dS.
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; kk++) {
-#pragma unroll
-        for (int w = 0; w < 4; w++) ds[kk][w] = pp[kk][w] & attn_half_mask(km >> (8 * kk + 2 * w));
-      }
-      attn_keep_u<BM / 4>(&ds[0][0]);
+      gpukit_keep_frag_mask<BM / 8>(ds, pp, km);
+      gpukit_keep_u<BM / 4>(&ds[0][0]);
     }
-    attn_wg_fence();
+    gpukit_wg_fence();
     // dV += Pᵀ·dO (dO N-major: 16 queries per k-step).
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; kk++)
-      attn_wg_mma<D, 1>::rs(dv, DROP ? ds[kk] : pp[kk], attn_wg_desc(ot + kk * 2048, BM * 128, 1024), 1);
-    attn_wg_commit();
+    attn_wg_gemm_rs<D, BM / 16, BM>(dv, DROP ? ds : pp, ot);
+    gpukit_wg_commit();
     if (DROP) {
-      attn_wg_wait<0>();  // dV has read ds before dS overwrites it
-      attn_keep_u<BM / 4>(&ds[0][0]);
+      gpukit_wg_wait<0>();  // dV has read ds before dS overwrites it
+      gpukit_keep_u<BM / 4>(&ds[0][0]);
     } else {
-      attn_wg_wait<1>();
+      gpukit_wg_wait<1>();
     }
-    attn_keep_f<BM / 2>(dpt);
+    gpukit_keep_f<BM / 2>(dpt);
     // dSᵀ = Pᵀ ∘ (dPᵀ − δ), Pᵀ from its bf16 copy.
-#pragma unroll
-    for (int j = 0; j < BM / 8; j++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const unsigned w = pp[j >> 1][(j & 1) * 2 + (e >> 1)];
-        const float p = (e & 1) ? attn_unpack_hi(w) : attn_unpack_lo(w);
-        float dpv = dpt[4 * j + e];
-        if (DROP) dpv = ((km >> (4 * j + e)) & 1) ? dpv * a.drop_scale : 0.0f;
-        dpt[4 * j + e] = p * (dpv - dt[j * 8 + 2 * t + (e & 1)]);
-      }
-    }
-    attn_wg_pack<BM>(ds, dpt);
-    attn_keep_u<BM / 4>(&ds[0][0]);
-    attn_wg_fence();
+    attn_bwd_dst<BM / 8, DROP>(dpt, pp, dt, km, a.drop_scale);
+    attn_pack_frag<BM / 8>(ds, dpt);
+    gpukit_keep_u<BM / 4>(&ds[0][0]);
+    gpukit_wg_fence();
     // dK += dSᵀ·Q (Q N-major).
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; kk++) attn_wg_mma<D, 1>::rs(dk, ds[kk], attn_wg_desc(qt + kk * 2048, BM * 128, 1024), 1);
-    attn_wg_commit();
+    attn_wg_gemm_rs<D, BM / 16, BM>(dk, ds, qt);
+    gpukit_wg_commit();
   }
-  attn_wg_wait<0>();
-  attn_keep_f<D / 2>(dk);
-  attn_keep_f<D / 2>(dv);
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<D / 2>(dk);
+  gpukit_keep_f<D / 2>(dv);
 
-  gpukit_bf16* dK = (gpukit_bf16*)a.dk + b * a.sdk[0] + h * a.sdk[2];
-  gpukit_bf16* dV = (gpukit_bf16*)a.dv + b * a.sdv[0] + h * a.sdv[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int kj = krow + r * 8;
-    if (kj >= a.Tk) continue;
-    if (a.dk) {
-      gpukit_bf16* row = dK + (long long)kj * a.sdk[1];
-#pragma unroll
-      for (int j = 0; j < ND; j++)
-        attn_store_pair(row + j * 8 + 2 * t, dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale, a.acc_k);
-    }
-    if (a.dv) {
-      gpukit_bf16* row = dV + (long long)kj * a.sdv[1];
-      if (DROP) {
-#pragma unroll
-        for (int j = 0; j < ND; j++)
-          attn_store_pair(row + j * 8 + 2 * t, dv[4 * j + 2 * r] * a.drop_scale, dv[4 * j + 2 * r + 1] * a.drop_scale,
-                          a.acc_v);
-      } else {
-#pragma unroll
-        for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1], a.acc_v);
-      }
-    }
-  }
+  if (a.dk) attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dk, a.sdk, b, h), a.sdk[1], krow, a.Tk, dk, a.scale, a.acc_k);
+  if (a.dv)
+    attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dv, a.sdv, b, h), a.sdv[1], krow, a.Tk, dv,
+                        DROP ? a.drop_scale : 1.0f, a.acc_v);
 }
 
 // attn_bwd_dq_wg: dQ = scale·dS·K over key tiles of 64, grid (H, B,
@@ -1391,18 +1143,16 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   constexpr int BM = 128, BN = 64, KD = D / 16, ND = D / 8;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
   ATTN_DYN_SMEM(attn_smem);
-  const unsigned sQ = (attn_smem_addr(attn_smem) + 1023u) & ~1023u;
+  const unsigned sQ = (gpukit_smem_addr(attn_smem) + 1023u) & ~1023u;
   const unsigned sO = sQ + QT, sK = sQ + 2 * QT, sV = sK + 3 * KT;  // sK, sV: [3]
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
-            t = lane & 3;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
-  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
-  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
-  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
-  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
-  const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
-  const int n = (kend + BN - 1) / BN;
+  const int q0 = attn_qblock(BM);
+  const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+  const gpukit_bf16* dO = attn_head<const gpukit_bf16>(a.dout, a.sdo, b, h);
+  const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+  const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
+  const int n = attn_key_tiles(q0, BM, BN, a);
   const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query
   const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
   const unsigned qa = sQ + wg * 64 * 128, oa = sO + wg * 64 * 128;
@@ -1411,101 +1161,58 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   attn_wg_load<D, BM>(sO, dO, a.sdo[1], q0, a.Tq);
   attn_wg_load<D, BN>(sK, K, a.sk[1], 0, a.Tk);
   attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
-  attn_cp_commit();
+  gpukit_cp_commit();
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   float lse2[2], dl[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int qi = qrow + r * 8;
-    lse2[r] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
-    dl[r] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-  }
+  attn_row_stats(lse2, dl, qrow, bh, a);
   float dq[D / 2], s[BN / 2], dp[BN / 2];
   unsigned ds[BN / 16][4];
-#pragma unroll
-  for (int i = 0; i < D / 2; i++) dq[i] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < BN / 2; i++) s[i] = dp[i] = 0.0f;
+  attn_zero<D / 2>(dq);
+  attn_zero<BN / 2>(s);
+  attn_zero<BN / 2>(dp);
 #pragma unroll
   for (int i = 0; i < BN / 16; i++) ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
   for (int j = 0; j < n; j++) {
     const int stg = j % 3, kbase = j * BN;
-    attn_cp_wait0();
-    attn_fence_proxy_async();
-    __syncthreads();
+    attn_wg_landed();
     if (j + 1 < n) {
       const int nx = (j + 1) % 3;
       attn_wg_load<D, BN>(sK + nx * KT, K, a.sk[1], kbase + BN, a.Tk);
       attn_wg_load<D, BN>(sV + nx * KT, V, a.sv[1], kbase + BN, a.Tk);
     }
-    attn_cp_commit();
+    gpukit_cp_commit();
     const unsigned kt = sK + stg * KT, vt = sV + stg * KT;
 
-    attn_keep_f<BN / 2>(s);
-    attn_keep_f<BN / 2>(dp);
-    attn_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-      attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
-                             attn_wg_desc(kt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
-    attn_wg_commit();
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-      attn_wg_mma<BN, 0>::ss(dp, attn_wg_desc(oa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
-                             attn_wg_desc(vt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
-    attn_wg_commit();
+    gpukit_keep_f<BN / 2>(s);
+    gpukit_keep_f<BN / 2>(dp);
+    gpukit_wg_fence();
+    attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, kt);
+    gpukit_wg_commit();
+    attn_wg_gemm_ss<BN, KD, BM, BN>(dp, oa, vt);
+    gpukit_wg_commit();
     // Dropout: the keep mask, drawn while S and dP are on the tensor cores.
     const unsigned long long km = DROP ? attn_drop_bits<BN / 8>(dc, row0, kbase, a.Tk, 1) : 0ull;
-    attn_wg_wait<1>();
-    attn_keep_f<BN / 2>(s);
+    gpukit_wg_wait<1>();
+    gpukit_keep_f<BN / 2>(s);
     // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
-    const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
-#pragma unroll
-    for (int jn = 0; jn < BN / 8; jn++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = e >> 1;
-        float p = attn_ex2(s[4 * jn + e] * a.scale_log2 - lse2[r]);
-        if (mask) {
-          const int key = kbase + jn * 8 + 2 * t + (e & 1), qi = qrow + r * 8;
-          if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
-        }
-        s[4 * jn + e] = p;
-      }
-    }
-    attn_wg_wait<0>();
-    attn_keep_f<BN / 2>(dp);
-    attn_keep_u<BN / 4>(&ds[0][0]);
-#pragma unroll
-    for (int i = 0; i < BN / 2; i++) {
-      float dpv = dp[i];
-      if (DROP) dpv = ((km >> i) & 1) ? dpv * a.drop_scale : 0.0f;
-      dp[i] = s[i] * (dpv - dl[(i >> 1) & 1]);
-    }
-    attn_wg_pack<BN>(ds, dp);
-    attn_keep_u<BN / 4>(&ds[0][0]);
-    attn_keep_f<D / 2>(dq);
-    attn_wg_fence();
+    attn_bwd_p<BN / 8, true>(s, lse2, kbase, row0, qrow, a);
+    gpukit_wg_wait<0>();
+    gpukit_keep_f<BN / 2>(dp);
+    gpukit_keep_u<BN / 4>(&ds[0][0]);
+    attn_bwd_ds<BN / 8, DROP>(dp, s, dl, km, a.drop_scale);
+    attn_pack_frag<BN / 8>(ds, dp);
+    gpukit_keep_u<BN / 4>(&ds[0][0]);
+    gpukit_keep_f<D / 2>(dq);
+    gpukit_wg_fence();
     // dQ += dS·K (K N-major: 16 keys per k-step).
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(dq, ds[kk], attn_wg_desc(kt + kk * 2048, BN * 128, 1024), 1);
-    attn_wg_commit();
+    attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, kt);
+    gpukit_wg_commit();
   }
-  attn_wg_wait<0>();
-  attn_keep_f<D / 2>(dq);
-
-  gpukit_bf16* dQ = (gpukit_bf16*)a.dq + b * a.sdq[0] + h * a.sdq[2];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int qi = qrow + r * 8;
-    if (qi >= a.Tq) continue;
-    gpukit_bf16* row = dQ + (long long)qi * a.sdq[1];
-#pragma unroll
-    for (int i = 0; i < ND; i++)
-      attn_store_pair(row + i * 8 + 2 * t, dq[4 * i + 2 * r] * a.scale, dq[4 * i + 2 * r + 1] * a.scale, a.acc_q);
-  }
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<D / 2>(dq);
+  attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dq, a.sdq, b, h), a.sdq[1], qrow, a.Tq, dq, a.scale, a.acc_q);
 }
 
 // Instances: attn_<fwd|bwd_dkdv|bwd_dq>_wg[_drop]_d<D> (_drop: dropout on P).
@@ -1588,6 +1295,38 @@ __device__ __forceinline__ void attn_s_store(T* row, const float x[4], int D, in
   }
 }
 
+// attn_s_dot is Σ_d x[d]·y[d] over d < D, in order.
+__device__ __forceinline__ float attn_s_dot(const float* x, const float* y, int D) {
+  float s = 0.0f;
+  for (int d = 0; d < D; d++) s += x[d] * y[d];
+  return s;
+}
+
+// attn_s_axpy adds Σ_j x_j·rows[j·lds + d] to this lane's columns d = lane
+// + 32c (acc[c]) for the ATTN_S_TILE rows of a tile, x_j being lane j's x
+// (broadcast by shuffle), j in order.
+__device__ __forceinline__ void attn_s_axpy(float acc[4], float x, const float* rows, int lds, int D) {
+  const int lane = threadIdx.x & 31;
+  for (int j = 0; j < ATTN_S_TILE; j++) {
+    const float xj = __shfl_sync(0xffffffffu, x, j);
+    const float* r = rows + j * lds;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      int d = lane + 32 * c;
+      if (d < D) acc[c] += xj * r[d];
+    }
+  }
+}
+
+// attn_s_store_scaled is attn_s_store of x·scale.
+template <typename T>
+__device__ __forceinline__ void attn_s_store_scaled(T* row, const float x[4], float scale, int D, int acc) {
+  float y[4];
+#pragma unroll
+  for (int c = 0; c < 4; c++) y[c] = x[c] * scale;
+  attn_s_store(row, y, D, acc);
+}
+
 // attn_fwd_simt: grid (H, B, ⌈Tq/16⌉) in reverse. Shared memory: Q [16][D],
 // K [32][D+1], V [32][D] in f32.
 template <typename T, bool DROP>
@@ -1598,11 +1337,11 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
   float* sK = sQ + ATTN_S_ROWS * D;
   float* sV = sK + ATTN_S_TILE * (D + 1);
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * ATTN_S_ROWS;
+  const int q0 = attn_qblock(ATTN_S_ROWS);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const T* Q = (const T*)a.q + b * a.sq[0] + h * a.sq[2];
-  const T* K = (const T*)a.k + b * a.sk[0] + h * a.sk[2];
-  const T* V = (const T*)a.v + b * a.sv[0] + h * a.sv[2];
+  const T* Q = attn_head<const T>(a.q, a.sq, b, h);
+  const T* K = attn_head<const T>(a.k, a.sk, b, h);
+  const T* V = attn_head<const T>(a.v, a.sv, b, h);
   const int kend = a.causal ? min(a.Tk, q0 + ATTN_S_ROWS) : a.Tk;
 
   attn_s_load(sQ, D, Q, a.sq[1], q0, ATTN_S_ROWS, a.Tq, D);
@@ -1612,8 +1351,8 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
   for (int u = 0; u < 4; u++) {
     m[u] = -ATTN_INF;
     l[u] = 0.0f;
-    acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
   }
+  attn_zero<16>(&acc[0][0]);
   for (int kbase = 0; kbase < kend; kbase += ATTN_S_TILE) {
     __syncthreads();  // the previous tile is used up (and sQ is written)
     attn_s_load(sK, D + 1, K, a.sk[1], kbase, ATTN_S_TILE, a.Tk, D);
@@ -1623,11 +1362,7 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
 #pragma unroll
     for (int u = 0; u < 4; u++) {
       const int row = warp * 4 + u, qi = q0 + row;
-      const float* qr = sQ + row * D;
-      const float* kr = sK + lane * (D + 1);
-      float dot = 0.0f;
-      for (int d = 0; d < D; d++) dot += qr[d] * kr[d];
-      float x = dot * a.scale_log2;
+      float x = attn_s_dot(sQ + row * D, sK + lane * (D + 1), D) * a.scale_log2;
       if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
       const float mnew = fmaxf(m[u], gpukit_warp_max(x));
       const float mu = mnew == -ATTN_INF ? 0.0f : mnew;
@@ -1638,27 +1373,16 @@ __device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
       if (DROP && !attn_keep1(dc, dc.base + (long long)qi * a.Tk + key)) p = 0.0f;  // l is undropped
 #pragma unroll
       for (int c = 0; c < 4; c++) acc[u][c] *= alpha;
-      for (int j = 0; j < ATTN_S_TILE; j++) {
-        const float pj = __shfl_sync(0xffffffffu, p, j);
-        const float* vr = sV + j * D;
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          int d = lane + 32 * c;
-          if (d < D) acc[u][c] += pj * vr[d];
-        }
-      }
+      attn_s_axpy(acc[u], p, sV, D, D);
     }
   }
-  T* O = (T*)a.o + b * a.so[0] + h * a.so[2];
+  T* O = attn_head<T>(a.o, a.so, b, h);
 #pragma unroll
   for (int u = 0; u < 4; u++) {
     const int qi = q0 + warp * 4 + u;
     if (qi >= a.Tq) continue;
     const float inv = l[u] > 0.0f ? (DROP ? a.drop_scale : 1.0f) / l[u] : 0.0f;
-    float x[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) x[c] = acc[u][c] * inv;
-    attn_s_store(O + (long long)qi * a.so[1], x, D, 0);
+    attn_s_store_scaled(O + (long long)qi * a.so[1], acc[u], inv, D, 0);
     if (lane == 0 && a.lse) {
       a.lse[((long long)b * a.H + h) * a.Tq + qi] = l[u] > 0.0f ? (m[u] + log2f(l[u])) * ATTN_LN2 : -ATTN_INF;
     }
@@ -1676,12 +1400,12 @@ __device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
   float* sK = sO + ATTN_S_ROWS * D;
   float* sV = sK + ATTN_S_TILE * (D + 1);
   const int h = blockIdx.x, b = blockIdx.y;
-  const int q0 = (gridDim.z - 1 - blockIdx.z) * ATTN_S_ROWS;
+  const int q0 = attn_qblock(ATTN_S_ROWS);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const T* Q = (const T*)a.q + b * a.sq[0] + h * a.sq[2];
-  const T* dO = (const T*)a.dout + b * a.sdo[0] + h * a.sdo[2];
-  const T* K = (const T*)a.k + b * a.sk[0] + h * a.sk[2];
-  const T* V = (const T*)a.v + b * a.sv[0] + h * a.sv[2];
+  const T* Q = attn_head<const T>(a.q, a.sq, b, h);
+  const T* dO = attn_head<const T>(a.dout, a.sdo, b, h);
+  const T* K = attn_head<const T>(a.k, a.sk, b, h);
+  const T* V = attn_head<const T>(a.v, a.sv, b, h);
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   const int kend = a.causal ? min(a.Tk, q0 + ATTN_S_ROWS) : a.Tk;
 
@@ -1694,8 +1418,8 @@ __device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
     const int qi = q0 + warp * 4 + u;
     lse2[u] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
     dl[u] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-    acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
   }
+  attn_zero<16>(&acc[0][0]);
   for (int kbase = 0; kbase < kend; kbase += ATTN_S_TILE) {
     __syncthreads();
     attn_s_load(sK, D + 1, K, a.sk[1], kbase, ATTN_S_TILE, a.Tk, D);
@@ -1705,39 +1429,19 @@ __device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
 #pragma unroll
     for (int u = 0; u < 4; u++) {
       const int row = warp * 4 + u, qi = q0 + row;
-      const float* qr = sQ + row * D;
-      const float* orow = sO + row * D;
-      const float* kr = sK + lane * (D + 1);
-      const float* vr = sV + lane * (D + 1);
-      float s = 0.0f, dp = 0.0f;
-      for (int d = 0; d < D; d++) {
-        s += qr[d] * kr[d];
-        dp += orow[d] * vr[d];
-      }
+      const float s = attn_s_dot(sQ + row * D, sK + lane * (D + 1), D);
+      float dp = attn_s_dot(sO + row * D, sV + lane * (D + 1), D);
       float p = exp2f(s * a.scale_log2 - lse2[u]);
       if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
       if (DROP) dp = attn_keep1(dc, dc.base + (long long)qi * a.Tk + key) ? dp * a.drop_scale : 0.0f;
-      const float ds = p * (dp - dl[u]);
-      for (int j = 0; j < ATTN_S_TILE; j++) {
-        const float dsj = __shfl_sync(0xffffffffu, ds, j);
-        const float* kj = sK + j * (D + 1);
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          int d = lane + 32 * c;
-          if (d < D) acc[u][c] += dsj * kj[d];
-        }
-      }
+      attn_s_axpy(acc[u], p * (dp - dl[u]), sK, D + 1, D);  // dQ += dS·K
     }
   }
-  T* dQ = (T*)a.dq + b * a.sdq[0] + h * a.sdq[2];
+  T* dQ = attn_head<T>(a.dq, a.sdq, b, h);
 #pragma unroll
   for (int u = 0; u < 4; u++) {
     const int qi = q0 + warp * 4 + u;
-    if (qi >= a.Tq) continue;
-    float x[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) x[c] = acc[u][c] * a.scale;
-    attn_s_store(dQ + (long long)qi * a.sdq[1], x, D, a.acc_q);
+    if (qi < a.Tq) attn_s_store_scaled(dQ + (long long)qi * a.sdq[1], acc[u], a.scale, D, a.acc_q);
   }
 }
 
@@ -1756,10 +1460,10 @@ __device__ __forceinline__ void attn_bwd_dkdv_simt(const attn_args& a) {
   const int h = blockIdx.x, b = blockIdx.y;
   const int k0 = blockIdx.z * ATTN_S_ROWS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const T* Q = (const T*)a.q + b * a.sq[0] + h * a.sq[2];
-  const T* dO = (const T*)a.dout + b * a.sdo[0] + h * a.sdo[2];
-  const T* K = (const T*)a.k + b * a.sk[0] + h * a.sk[2];
-  const T* V = (const T*)a.v + b * a.sv[0] + h * a.sv[2];
+  const T* Q = attn_head<const T>(a.q, a.sq, b, h);
+  const T* dO = attn_head<const T>(a.dout, a.sdo, b, h);
+  const T* K = attn_head<const T>(a.k, a.sk, b, h);
+  const T* V = attn_head<const T>(a.v, a.sv, b, h);
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   // causal: the first query tile holding a query ≥ k0
   const int qstart = a.causal ? (k0 / ATTN_S_TILE) * ATTN_S_TILE : 0;
@@ -1768,34 +1472,20 @@ __device__ __forceinline__ void attn_bwd_dkdv_simt(const attn_args& a) {
   attn_s_load(sV, D, V, a.sv[1], k0, ATTN_S_ROWS, a.Tk, D);
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   float dk[4][4], dv[4][4];
-#pragma unroll
-  for (int u = 0; u < 4; u++) {
-#pragma unroll
-    for (int c = 0; c < 4; c++) dk[u][c] = dv[u][c] = 0.0f;
-  }
+  attn_zero<16>(&dk[0][0]);
+  attn_zero<16>(&dv[0][0]);
   for (int qbase = qstart; qbase < a.Tq; qbase += ATTN_S_TILE) {
     __syncthreads();
     attn_s_load(sQ, D + 1, Q, a.sq[1], qbase, ATTN_S_TILE, a.Tq, D);
     attn_s_load(sO, D + 1, dO, a.sdo[1], qbase, ATTN_S_TILE, a.Tq, D);
-    if (threadIdx.x < ATTN_S_TILE) {
-      const int qi = qbase + threadIdx.x;
-      sL[threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
-      sD[threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
-    }
+    attn_tile_stats(sL, sD, ATTN_S_TILE, qbase, bh, a);
     __syncthreads();
     const int qi = qbase + lane;
 #pragma unroll
     for (int u = 0; u < 4; u++) {
       const int row = warp * 4 + u, kj = k0 + row;
-      const float* kr = sK + row * D;
-      const float* vr = sV + row * D;
-      const float* qr = sQ + lane * (D + 1);
-      const float* orow = sO + lane * (D + 1);
-      float s = 0.0f, dp = 0.0f;
-      for (int d = 0; d < D; d++) {
-        s += kr[d] * qr[d];
-        dp += vr[d] * orow[d];
-      }
+      const float s = attn_s_dot(sK + row * D, sQ + lane * (D + 1), D);
+      float dp = attn_s_dot(sV + row * D, sO + lane * (D + 1), D);
       float p = exp2f(s * a.scale_log2 - sL[lane]);  // 0 past Tq (lse +∞)
       if (a.causal && kj > qi) p = 0.0f;
       float pd = p;  // P∘mask for dV (1/(1−p) at the end)
@@ -1804,42 +1494,18 @@ __device__ __forceinline__ void attn_bwd_dkdv_simt(const attn_args& a) {
         dp = keep ? dp * a.drop_scale : 0.0f;
         pd = keep ? p : 0.0f;
       }
-      const float ds = p * (dp - sD[lane]);
-      for (int i = 0; i < ATTN_S_TILE; i++) {
-        const float pi = __shfl_sync(0xffffffffu, pd, i);
-        const float dsi = __shfl_sync(0xffffffffu, ds, i);
-        const float* qi_ = sQ + i * (D + 1);
-        const float* oi = sO + i * (D + 1);
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          int d = lane + 32 * c;
-          if (d < D) {
-            dv[u][c] += pi * oi[d];
-            dk[u][c] += dsi * qi_[d];
-          }
-        }
-      }
+      attn_s_axpy(dv[u], pd, sO, D + 1, D);                    // dV += P·dO
+      attn_s_axpy(dk[u], p * (dp - sD[lane]), sQ, D + 1, D);  // dK += dS·Q
     }
   }
-  T* dK = (T*)a.dk + b * a.sdk[0] + h * a.sdk[2];
-  T* dV = (T*)a.dv + b * a.sdv[0] + h * a.sdv[2];
+  T* dK = attn_head<T>(a.dk, a.sdk, b, h);
+  T* dV = attn_head<T>(a.dv, a.sdv, b, h);
 #pragma unroll
   for (int u = 0; u < 4; u++) {
     const int kj = k0 + warp * 4 + u;
     if (kj >= a.Tk) continue;
-    float x[4];
-    if (a.dk) {
-#pragma unroll
-      for (int c = 0; c < 4; c++) x[c] = dk[u][c] * a.scale;
-      attn_s_store(dK + (long long)kj * a.sdk[1], x, D, a.acc_k);
-    }
-    if (a.dv) {
-      if (DROP) {
-#pragma unroll
-        for (int c = 0; c < 4; c++) dv[u][c] *= a.drop_scale;
-      }
-      attn_s_store(dV + (long long)kj * a.sdv[1], dv[u], D, a.acc_v);
-    }
+    if (a.dk) attn_s_store_scaled(dK + (long long)kj * a.sdk[1], dk[u], a.scale, D, a.acc_k);
+    if (a.dv) attn_s_store_scaled(dV + (long long)kj * a.sdv[1], dv[u], DROP ? a.drop_scale : 1.0f, D, a.acc_v);
   }
 }
 

@@ -1,13 +1,14 @@
 // mma.cuh: the tensor-core instructions of gpukit's bf16 GEMM-like kernels
-// (conv2d.cu's implicit GEMM), as small wrappers around inline PTX — the
-// same instructions and fragment layouts attention.cu uses (see its
-// attn_* wrappers) — and, with GPUKIT_EMU defined (scripts/cudaemu), a
-// host emulation of them.
+// (conv2d.cu's implicit GEMM, attention.cu's mma.sync kernels), as small
+// wrappers around inline PTX and, with GPUKIT_EMU defined
+// (scripts/cudaemu), a host emulation of them.
 //
 //   gpukit_ldsm_x4:  ldmatrix.sync.aligned.m8n8.x4.shared.b16 — lane l
 //                    gives the address of row l%8 of matrix l/8 and gets,
 //                    in r[i], elements (l/4, 2(l%4)) and (l/4, 2(l%4)+1)
 //                    of matrix i (low half first);
+//   gpukit_ldsm_x4_t: the same with .trans: r[i] gets elements (2(l%4),
+//                    l/4) and (2(l%4)+1, l/4) of matrix i;
 //   gpukit_mma_bf16: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32,
 //                    c += A·B with g = lane/4, t = lane%4: a[0] = A(g,
 //                    2t..2t+1), a[1] = A(g+8, 2t..), a[2] = A(g, 2t+8..),
@@ -34,6 +35,11 @@ __device__ __forceinline__ void gpukit_ldsm_x4(unsigned r[4], unsigned addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+__device__ __forceinline__ void gpukit_ldsm_x4_t(unsigned r[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 __device__ __forceinline__ void gpukit_mma_bf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
@@ -53,6 +59,7 @@ __device__ __forceinline__ void gpukit_cp_wait() {
 #else
 __device__ __forceinline__ unsigned gpukit_smem_addr(const void* p) { return gpukit_emu_smem_addr(p); }
 __device__ __forceinline__ void gpukit_ldsm_x4(unsigned r[4], unsigned addr) { gpukit_emu_ldsm_x4(r, addr, false); }
+__device__ __forceinline__ void gpukit_ldsm_x4_t(unsigned r[4], unsigned addr) { gpukit_emu_ldsm_x4(r, addr, true); }
 __device__ __forceinline__ void gpukit_mma_bf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
   gpukit_emu_mma_bf16_16816(c, a, b0, b1);
 }
@@ -81,4 +88,13 @@ __device__ __forceinline__ unsigned gpukit_a_addr(unsigned s, int row0, int col0
 template <int LDS>
 __device__ __forceinline__ unsigned gpukit_b_addr(unsigned s, int n0, int k0, int lane) {
   return s + ((n0 + (lane & 7) + (lane >> 4) * 8) * LDS + k0 + ((lane >> 3) & 1) * 8) * 2;
+}
+
+// gpukit_bt_addr: the ldmatrix.x4.trans address giving the B fragments of
+// two n-tiles from a tile stored [k][n] (rows k0..k0+15, columns
+// n0..n0+15): matrices (k +0, n +0), (k +8, n +0), (k +0, n +8), (k +8,
+// n +8) → {r0, r1} for n-tile n0, {r2, r3} for n-tile n0+8.
+template <int LDS>
+__device__ __forceinline__ unsigned gpukit_bt_addr(unsigned s, int k0, int n0, int lane) {
+  return s + ((k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8) * 2;
 }

@@ -1,8 +1,7 @@
 // wgmma.cuh: Hopper's warpgroup matrix multiply-accumulate (wgmma.mma_async,
 // sm_90a only) for bf16 operands in shared memory, as small wrappers around
 // inline PTX, and, with GPUKIT_EMU defined (scripts/cudaemu), their host
-// emulation. groupedgemm.cu uses them; attention.cu keeps its own copies
-// (attn_wg_*) from before this header existed.
+// emulation. groupedgemm.cu and attention.cu use them.
 //
 //   gpukit_wg_desc:   a shared-memory matrix descriptor with 128-byte
 //                     swizzling and base offset 0 (PTX ISA, "Matrix
@@ -17,6 +16,9 @@
 //                     else K-major. Accumulator fragments: d[4j+e] is row
 //                     16·(warp%4) + lane/4 + 8·(e/2), column 8j + 2·(lane%4)
 //                     + e%2 of the warpgroup's 64 × N product;
+//   gpukit_wg_rs<N, TB>::mma: the same (N = 64 or 128) with A from
+//                     registers: a[4] in the mma.m16n8k16 A layout, warp w
+//                     of the warpgroup holding rows 16w..16w+15;
 //   gpukit_wg_fence, gpukit_wg_commit, gpukit_wg_wait<N>: wgmma.fence,
 //                     commit_group, wait_group N;
 //   gpukit_fence_proxy_async: fence.proxy.async.shared::cta, which makes
@@ -26,7 +28,8 @@
 //   gpukit_keep_f<N>: pins N registers at this point of the program for the
 //                     compiler (CUTLASS's warpgroup_fence_operand), so
 //                     accumulator reads are not hoisted above the wait that
-//                     retires the wgmma writing them.
+//                     retires the wgmma writing them; gpukit_keep_u<N> the
+//                     same for unsigned registers (packed A operands).
 //
 // The layouts the descriptors name (PTX ISA, "Asynchronous Warpgroup Level
 // Matrix Shared Memory Layout", 128-byte swizzle): a K-major operand is rows
@@ -98,6 +101,32 @@ struct gpukit_wg_ss<256, TA, TB> {
   }
 };
 
+// gpukit_wg_rs<N, TB>: see the top of the file.
+template <int N, int TB>
+struct gpukit_wg_rs;
+template <int TB>
+struct gpukit_wg_rs<64, TB> {
+static __device__ __forceinline__ void mma(float* d, const unsigned a[4], gpukit_u64 db, int scale_d) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %37, 0; "
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+  }};
+template <int TB>
+struct gpukit_wg_rs<128, TB> {
+static __device__ __forceinline__ void mma(float* d, const unsigned a[4], gpukit_u64 db, int scale_d) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %69, 0; "
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, %70; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+  }};
+
 __device__ __forceinline__ void gpukit_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void gpukit_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -110,11 +139,22 @@ __device__ __forceinline__ void gpukit_keep_f(float* x) {
 #pragma unroll
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(x[i])::"memory");
 }
+template <int N>
+__device__ __forceinline__ void gpukit_keep_u(unsigned* x) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+r"(x[i])::"memory");
+}
 #else
 template <int N, int TA, int TB>
 struct gpukit_wg_ss {
   static void mma(float* d, gpukit_u64 da, gpukit_u64 db, int scale_d) {
     gpukit_emu_wgmma(d, N, nullptr, da, db, scale_d, TA, TB);
+  }
+};
+template <int N, int TB>
+struct gpukit_wg_rs {
+  static void mma(float* d, const unsigned a[4], gpukit_u64 db, int scale_d) {
+    gpukit_emu_wgmma(d, N, a, 0, db, scale_d, 0, TB);
   }
 };
 __device__ __forceinline__ void gpukit_wg_fence() { gpukit_emu_wg_fence(); }
@@ -126,5 +166,7 @@ __device__ __forceinline__ void gpukit_wg_wait() {
 __device__ __forceinline__ void gpukit_fence_proxy_async() { gpukit_emu_fence_proxy_async(); }
 template <int N>
 __device__ __forceinline__ void gpukit_keep_f(float*) {}
+template <int N>
+__device__ __forceinline__ void gpukit_keep_u(unsigned*) {}
 #endif
 #endif  // GPUKIT_WGMMA

@@ -12,7 +12,11 @@ inline void sincospif(float x, float* s, float* c) {
   *c = (float)cos(M_PI * (double)x);
 }
 // clang-format off
+#ifdef ATTN_CU_FILE
+#include ATTN_CU_FILE  // attention_compare.sh: an older attention.cu
+#else
 #include "../../libgpu/kernels/attention.cu"
+#endif
 // clang-format on
 
 #include <cstddef>
@@ -86,10 +90,27 @@ static double relerr(const std::vector<double>& got, const std::vector<double>& 
   return den == 0 ? sqrt(num) : sqrt(num / den);
 }
 
+// digest is an FNV-1a hash of the bits of v (ATTN_EMU_DIGEST=1 prints it
+// with every check, so two builds of the kernels can be compared bit for
+// bit: scripts/cudaemu/attention_compare.sh).
+static unsigned long long digest(const std::vector<double>& v) {
+  unsigned long long h = 1469598103934665603ull;
+  for (double x : v) {
+    unsigned long long u;
+    memcpy(&u, &x, 8);
+    for (int i = 0; i < 8; i++) h = (h ^ ((u >> (8 * i)) & 0xff)) * 1099511628211ull;
+  }
+  return h;
+}
+
 static void check(const std::string& what, const std::vector<double>& got, const std::vector<double>& want, double tol) {
   double e = relerr(got, want);
   bool ok = e <= tol;
-  printf("%-4s %-60s relerr %.3g (tol %.3g)\n", ok ? "ok" : "FAIL", what.c_str(), e, tol);
+  static const bool dig = getenv("ATTN_EMU_DIGEST") && *getenv("ATTN_EMU_DIGEST") == '1';
+  if (dig)
+    printf("%-4s %-60s relerr %.3g (tol %.3g) digest %016llx\n", ok ? "ok" : "FAIL", what.c_str(), e, tol, digest(got));
+  else
+    printf("%-4s %-60s relerr %.3g (tol %.3g)\n", ok ? "ok" : "FAIL", what.c_str(), e, tol);
   if (!ok) failures++;
 }
 

@@ -1,0 +1,2071 @@
+// attention.cu: scaled dot-product attention (libgpu/ops/attention.go).
+//
+//   O = softmax(Q·Kᵀ·scale + mask)·V,   lse = log Σ_j exp(Q·Kᵀ·scale + mask)
+//
+// per batch item b and head h, with q [B,Tq,H,D], k and v [B,Tk,H,D], o
+// [B,Tq,H,D] (any strides, the last dimension contiguous) and lse [B,H,Tq]
+// f32. causal masks key j > query i (Tq == Tk). The algorithm is
+// FlashAttention-2's (Dao, "FlashAttention-2: Faster Attention with Better
+// Parallelism and Work Partitioning", 2023): K and V are streamed through
+// shared memory in tiles while each query row keeps a running maximum m, a
+// running sum l and an unnormalised output (the online softmax), so no
+// Tq×Tk matrix is ever stored; lse = m + log l is saved for the backward,
+// which recomputes P = exp(S − lse) tile by tile:
+//
+//   δ_i = Σ_d dO_id·O_id,   dS = P ∘ (dO·Vᵀ − δ),
+//   dV = Pᵀ·dO,   dK = scale·dSᵀ·Q,   dQ = scale·dS·K.
+//
+// The backward is two passes, both deterministic (fixed summation order,
+// no atomics): one over key blocks (dK, dV; loops over query tiles) and
+// one over query blocks (dQ; loops over key tiles). FA2 accumulates dQ
+// with float atomics from the key-block pass instead; the second pass
+// costs two more tile products (S and dP recomputed) but makes the
+// gradients bitwise reproducible, which graph-versus-eager checks need.
+//
+// Two implementations:
+//
+//   - *_tc_d64 / *_tc_d128: bf16 on tensor cores (mma.sync m16n8k16 bf16
+//     with f32 accumulation, fragments loaded with ldmatrix, tiles copied
+//     with cp.async double buffering). 64-row query and key tiles, 4 warps
+//     of 16 rows each. They need 16-byte aligned rows: every base address
+//     and every stride a multiple of 8 elements (ops checks).
+//   - *_simt_{f32,bf16}: plain FMA on CUDA cores, any D ≤ 128, any
+//     alignment: f32 inputs (full f32 accuracy) and the bf16 cases the
+//     tensor-core kernels do not take.
+//
+// Plus attn_bwd_delta (δ), attn_decode (one query against a KV cache up to
+// a position read on the device) and attn_kv_write (a step's k or v into
+// the cache at that position).
+//
+// Dropout on P (nanoGPT's attn_dropout; FlashAttention's dropout, Dao et
+// al. 2022, Algorithm 2): the *_drop kernels (attn_args.drop_p > 0; the
+// plain ones are the p = 0 path, untouched) keep element (i, j) of head h
+// of batch row b with the rule of dropout.cu — Philox4x32-10 under key
+// seed at counter (q low, q high, site, step) for the group q = n/4 of the
+// element index n = ((b0 + b)·H + h)·Tq + i)·Tk + j, word n mod 4, kept
+// when u ≥ p — and scale kept elements by 1/(1−p):
+//
+//   O = (P∘Z)·V (lse the undropped one),   Z = mask/(1−p),
+//   dV = (P∘Z)ᵀ·dO,   dS = P ∘ (Z∘(dO·Vᵀ) − δ),   δ_i = Σ_d dO_id·O_id
+//
+// (δ = Σ_j P_ij Z_ij dP_ij since O includes the dropout). The masks are
+// recomputed, not stored; 1/(1−p) is applied to O and dV once at the end.
+//
+// The inline PTX sits in a few attn_* wrappers below; with GPUKIT_EMU
+// defined (scripts/cudaemu) they are replaced by a host emulation of the
+// same instructions, so the kernels can be run and checked on a machine
+// without a GPU.
+#include "common.cuh"
+#include "philox.cuh"
+#include "vec.cuh"
+
+#define ATTN_INF __int_as_float(0x7f800000)
+#define ATTN_LOG2E 1.4426950408889634f
+#define ATTN_LN2 0.6931471805599453f
+
+// attn_args is the one parameter of every attention kernel except decode
+// and kv_write; ops/attention.go mirrors it field for field (attnArgs).
+// Strides are in elements: [0] batch, [1] time, [2] head.
+struct attn_args {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;        // [B,H,Tq]: written by the forward (may be null), read by the backward
+  const void* dout;  // dO, o's shape
+  void* dq;          // q's shape; null: not wanted
+  void* dk;          // k's shape; null: not wanted
+  void* dv;          // v's shape; null: not wanted
+  float* delta;      // [B,H,Tq] f32: δ, written by attn_bwd_delta
+  long long sq[3], sk[3], sv[3], so[3], sdo[3], sdq[3], sdk[3], sdv[3];
+  int B, H, Tq, Tk;
+  int D, causal;
+  int acc_q, acc_k;  // add into dq / dk instead of overwriting
+  int acc_v, pad;
+  float scale;       // the softmax scale (usually 1/√D)
+  float scale_log2;  // scale·log2(e): scores are kept in base 2
+  // Dropout on P (the *_drop kernels only): the i32 step counter (null:
+  // step 0), the Philox key, the batch index of row 0 in the whole batch
+  // (a data-parallel shard's first row), p and 1/(1−p), the call-site.
+  const int* drop_counter;
+  unsigned long long drop_seed;
+  long long drop_b0;
+  float drop_p, drop_scale;
+  unsigned drop_site;
+  int pad2;
+};
+static_assert(sizeof(attn_args) == 360, "attn_args layout: launch.AttnArgs is generated from it (go generate ./libgpu/kernels/launch)");
+
+#ifndef ATTN_DYN_SMEM
+#define ATTN_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+// ---- PTX wrappers ----
+
+#ifndef GPUKIT_EMU
+// attn_smem_addr is the 32-bit shared-state-space address of p (a pointer
+// into shared memory); the wrappers below take such addresses.
+__device__ __forceinline__ unsigned attn_smem_addr(const void* p) {
+  unsigned r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+// attn_ldsm_x4 loads four 8×8 b16 matrices from shared memory: lane l gives
+// the address of row l%8 of matrix l/8 (16-byte aligned) and receives, in
+// r[i], elements (l/4, 2(l%4)) and (l/4, 2(l%4)+1) of matrix i (low half
+// first) — the layout of mma's A and B fragments.
+__device__ __forceinline__ void attn_ldsm_x4(unsigned r[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// attn_ldsm_x4_t is attn_ldsm_x4 with .trans: r[i] receives elements
+// (2(l%4), l/4) and (2(l%4)+1, l/4) of matrix i.
+__device__ __forceinline__ void attn_ldsm_x4_t(unsigned r[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// attn_mma is c += A·B for a 16×16 bf16 A (row), a 16×8 bf16 B (col) and
+// a 16×8 f32 c (mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32). With
+// g = lane/4 and t = lane%4: a[0] holds A(g, 2t..2t+1), a[1] A(g+8, 2t..),
+// a[2] A(g, 2t+8..), a[3] A(g+8, 2t+8..); b0 holds B(2t..2t+1, g), b1
+// B(2t+8.., g); c[0..1] are C(g, 2t..2t+1), c[2..3] C(g+8, 2t..2t+1).
+__device__ __forceinline__ void attn_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// attn_pack_bf16 rounds lo and hi to bf16 (nearest even) and packs them,
+// lo in the low half (cvt.rn.bf16x2.f32 puts its first source high).
+__device__ __forceinline__ unsigned attn_pack_bf16(float lo, float hi) {
+  unsigned r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// attn_cp16 queues the copy of 16 bytes from global g to shared address s
+// (cp.async.cg), or of 16 zero bytes when !ok (src-size 0: nothing read).
+__device__ __forceinline__ void attn_cp16(unsigned s, const gpukit_bf16* g, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(g), "r"(ok ? 16 : 0) : "memory");
+}
+
+__device__ __forceinline__ void attn_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// attn_cp_wait0 waits until every copy this thread queued has landed.
+__device__ __forceinline__ void attn_cp_wait0() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+#else
+__device__ __forceinline__ unsigned attn_smem_addr(const void* p) { return gpukit_emu_smem_addr(p); }
+__device__ __forceinline__ void attn_ldsm_x4(unsigned r[4], unsigned addr) { gpukit_emu_ldsm_x4(r, addr, false); }
+__device__ __forceinline__ void attn_ldsm_x4_t(unsigned r[4], unsigned addr) { gpukit_emu_ldsm_x4(r, addr, true); }
+__device__ __forceinline__ void attn_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  gpukit_emu_mma_bf16_16816(c, a, b0, b1);
+}
+__device__ __forceinline__ unsigned attn_pack_bf16(float lo, float hi) {
+  return (unsigned)gpukit_f32_to_bf16(lo) | ((unsigned)gpukit_f32_to_bf16(hi) << 16);
+}
+__device__ __forceinline__ void attn_cp16(unsigned s, const gpukit_bf16* g, bool ok) { gpukit_emu_cp16(s, g, ok); }
+__device__ __forceinline__ void attn_cp_commit() { gpukit_emu_cp_commit(); }
+__device__ __forceinline__ void attn_cp_wait0() { gpukit_emu_cp_wait0(); }
+#endif
+
+// attn_unpack_lo / attn_unpack_hi widen the halves of a packed bf16 pair.
+__device__ __forceinline__ float attn_unpack_lo(unsigned x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float attn_unpack_hi(unsigned x) { return __uint_as_float(x & 0xffff0000u); }
+
+// attn_quad_max / attn_quad_sum reduce over the 4 lanes of a quad (lanes
+// that share g = lane/4, i.e. one row of an mma fragment).
+__device__ __forceinline__ float attn_quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float attn_quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// ---- dropout masks ----
+
+// attn_dctx is a kernel's dropout state for one (b, h): the Philox key,
+// site and step, p, and the element index of (query 0, key 0).
+struct attn_dctx {
+  unsigned k0, k1, site, step;
+  float p;
+  long long base;
+};
+
+__device__ __forceinline__ attn_dctx attn_dctx_make(const attn_args& a, int b, int h) {
+  attn_dctx c;
+  c.k0 = (unsigned)a.drop_seed;
+  c.k1 = (unsigned)(a.drop_seed >> 32);
+  c.site = a.drop_site;
+  c.step = a.drop_counter ? (unsigned)*a.drop_counter : 0u;
+  c.p = a.drop_p;
+  c.base = ((a.drop_b0 + b) * a.H + h) * (long long)a.Tq * a.Tk;
+  return c;
+}
+
+// attn_pick is r[w] without indexing a register array at run time.
+__device__ __forceinline__ unsigned attn_pick(const unsigned r[4], int w) {
+  return w == 0 ? r[0] : w == 1 ? r[1] : w == 2 ? r[2] : r[3];
+}
+
+// attn_keep_bit: 1 when the uniform (r >> 8)·2⁻²⁴ is ≥ p (dropout.cu's rule).
+__device__ __forceinline__ unsigned attn_keep_bit(unsigned r, float p) {
+  return (float)(r >> 8) * 5.9604644775390625e-08f >= p ? 1u : 0u;
+}
+
+// attn_keep1 is the keep bit of element n (n ≥ 0).
+__device__ __forceinline__ unsigned attn_keep1(const attn_dctx& c, long long n) {
+  const unsigned long long q = (unsigned long long)n >> 2;
+  unsigned r[4] = {(unsigned)q, (unsigned)(q >> 32), c.site, c.step};
+  gpukit_philox4x32_10(r, c.k0, c.k1);
+  return attn_keep_bit(attn_pick(r, (int)(n & 3)), c.p);
+}
+
+// attn_keep2 is the keep bits of elements n (bit 0) and n + dn (bit 1):
+// one Philox call when both fall in one group of 4.
+__device__ __forceinline__ unsigned attn_keep2(const attn_dctx& c, long long n, long long dn) {
+  const unsigned long long q = (unsigned long long)n >> 2;
+  unsigned r[4] = {(unsigned)q, (unsigned)(q >> 32), c.site, c.step};
+  gpukit_philox4x32_10(r, c.k0, c.k1);
+  const int w = (int)(n & 3);
+  const unsigned k = attn_keep_bit(attn_pick(r, w), c.p);
+  if (dn == 1 && w < 3) return k | attn_keep_bit(attn_pick(r, w + 1), c.p) << 1;
+  return k | attn_keep1(c, n + dn) << 1;
+}
+
+// attn_drop_bits is the keep mask of this thread's elements of an mma
+// accumulator fragment of NJ n-tiles (16 rows from row0 by 8·NJ columns
+// from col0): bit 4j+e for element (j, e), at row row0 + lane/4 + 8(e/2),
+// column col0 + 8j + 2(lane%4) + e%2, whose element index is c.base +
+// row·rs + column·cs (rs = Tk, cs = 1 for rows of queries; rs = 1, cs =
+// Tk for the transposed products, rows of keys).
+template <int NJ>
+__device__ __forceinline__ unsigned long long attn_drop_bits(const attn_dctx& c, int row0, int col0, long long rs,
+                                                             long long cs) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  unsigned long long bits = 0;
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const long long n = c.base + (long long)(row0 + g + 8 * r) * rs + (long long)(col0 + 8 * j + 2 * t) * cs;
+      bits |= (unsigned long long)attn_keep2(c, n, cs) << (4 * j + 2 * r);
+    }
+  }
+  return bits;
+}
+
+// attn_drop_f zeroes the dropped elements of a fragment s[4j+e].
+template <int NJ>
+__device__ __forceinline__ void attn_drop_f(float* s, unsigned long long bits) {
+#pragma unroll
+  for (int i = 0; i < 4 * NJ; i++)
+    if (!((bits >> i) & 1)) s[i] = 0.0f;
+}
+
+// attn_half_mask turns 2 keep bits into the mask of a packed bf16 pair.
+__device__ __forceinline__ unsigned attn_half_mask(unsigned long long b2) {
+  return ((b2 & 1) ? 0x0000ffffu : 0u) | ((b2 & 2) ? 0xffff0000u : 0u);
+}
+
+// ---- tensor-core kernels (bf16, D = 64 or 128) ----
+//
+// Shared tiles are 64 rows of D bf16, rows padded to D+8 elements so that
+// the 8 rows an ldmatrix reads fall in 8 different 16-byte bank groups.
+// Every block has 128 threads: warp w owns rows 16w..16w+15 of its block's
+// 64 queries (forward, dQ) or keys (dK/dV).
+
+#define ATTN_TC_THREADS 128
+
+// attn_tile_load queues the cp.async copies of rows [r0, r0+64) of a
+// [T, D] matrix whose row 0 is at g (row stride ld elements) into the
+// shared tile at address s; rows at or past T are zero-filled.
+template <int D>
+__device__ __forceinline__ void attn_tile_load(unsigned s, const gpukit_bf16* g, long long ld, int r0, int T) {
+  constexpr int LDS = D + 8, CH = D / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int i = 0; i < 64 * CH / ATTN_TC_THREADS; i++) {
+    int c = threadIdx.x + i * ATTN_TC_THREADS;
+    int r = c / CH, col = (c % CH) * 8;
+    int row = r0 + r;
+    bool ok = row < T;
+    attn_cp16(s + (r * LDS + col) * 2, ok ? g + (long long)row * ld + col : g, ok);
+  }
+}
+
+// Fragment addresses for ldmatrix.x4 on a padded tile (row stride LDS):
+//   attn_a_addr: the A fragment (16 rows from row0, 16 columns from col0):
+//     matrices (rows +0, cols +0), (rows +8, cols +0), (rows +0, cols +8),
+//     (rows +8, cols +8) → a[0..3].
+//   attn_b_addr: B fragments of two n-tiles from a tile stored [n][k]
+//     (rows n0..n0+15, columns k0..k0+15): matrices (n +0, k +0), (n +0,
+//     k +8), (n +8, k +0), (n +8, k +8) → {r0, r1} for n-tile n0, {r2, r3}
+//     for n-tile n0+8 (no transpose).
+//   attn_bt_addr: B fragments of two n-tiles from a tile stored [k][n]
+//     (rows k0..k0+15, columns n0..n0+15), loaded with .trans: matrices
+//     (k +0, n +0), (k +8, n +0), (k +0, n +8), (k +8, n +8) → {r0, r1} for
+//     n-tile n0, {r2, r3} for n-tile n0+8.
+// All three take and return shared addresses (bytes).
+template <int LDS>
+__device__ __forceinline__ unsigned attn_a_addr(unsigned s, int row0, int col0, int lane) {
+  return s + ((row0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + col0 + (lane >> 4) * 8) * 2;
+}
+template <int LDS>
+__device__ __forceinline__ unsigned attn_b_addr(unsigned s, int n0, int k0, int lane) {
+  return s + ((n0 + (lane & 7) + (lane >> 4) * 8) * LDS + k0 + ((lane >> 3) & 1) * 8) * 2;
+}
+template <int LDS>
+__device__ __forceinline__ unsigned attn_bt_addr(unsigned s, int k0, int n0, int lane) {
+  return s + ((k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS + n0 + (lane >> 4) * 8) * 2;
+}
+
+// attn_store_pair writes two adjacent outputs (4-byte aligned bf16 pair),
+// adding what is there when acc.
+__device__ __forceinline__ void attn_store_pair(gpukit_bf16* p, float x0, float x1, int acc) {
+  unsigned* u = (unsigned*)p;
+  if (acc) {
+    unsigned old = *u;
+    x0 += attn_unpack_lo(old);
+    x1 += attn_unpack_hi(old);
+  }
+  *u = attn_pack_bf16(x0, x1);
+}
+
+// attn_fwd_tc: grid (H, B, ⌈Tq/64⌉), the query blocks in reverse (the
+// longest causal rows start first). Shared memory: K and V tiles, two of
+// each (the next pair is copied while the current one is used); the Q tile
+// borrows the second K tile until it is in registers. 4·64·(D+8)·2 bytes.
+template <int D, bool DROP>
+__device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
+  constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned sK = attn_smem_addr(attn_smem);
+  const unsigned sV = sK + 2 * TILE;
+  const unsigned sQ = sK + TILE;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * 64;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int kend = a.causal ? min(a.Tk, q0 + 64) : a.Tk;
+  const int ntiles = (kend + 63) / 64;
+
+  attn_tile_load<D>(sQ, Q, a.sq[1], q0, a.Tq);
+  attn_tile_load<D>(sK, K, a.sk[1], 0, a.Tk);
+  attn_tile_load<D>(sV, V, a.sv[1], 0, a.Tk);
+  attn_cp_commit();
+  attn_cp_wait0();
+  __syncthreads();
+  unsigned qf[KD][4];
+#pragma unroll
+  for (int kk = 0; kk < KD; kk++) attn_ldsm_x4(qf[kk], attn_a_addr<LDS>(sQ, warp * 16, kk * 16, lane));
+  __syncthreads();  // the Q tile's space (K buffer 1) is free
+
+  float o[ND][4];
+#pragma unroll
+  for (int j = 0; j < ND; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f};
+  const int qrow = q0 + warp * 16 + g;  // this thread's rows: qrow, qrow + 8
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
+
+  for (int it = 0; it < ntiles; it++) {
+    const int buf = it & 1, kbase = it * 64;
+    if (it + 1 < ntiles) {
+      attn_tile_load<D>(sK + (buf ^ 1) * TILE, K, a.sk[1], kbase + 64, a.Tk);
+      attn_tile_load<D>(sV + (buf ^ 1) * TILE, V, a.sv[1], kbase + 64, a.Tk);
+      attn_cp_commit();
+    }
+    const unsigned ks = sK + buf * TILE, vs = sV + buf * TILE;
+
+    // S = Q·Kᵀ: 16 rows × 64 keys per warp, 8 n-tiles of 8 keys.
+    float s[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        unsigned kb[4];
+        attn_ldsm_x4(kb, attn_b_addr<LDS>(ks, np * 16, kk * 16, lane));
+        attn_mma(s[2 * np], qf[kk], kb[0], kb[1]);
+        attn_mma(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+      }
+    }
+    // Scale to base 2 and mask: keys past Tk, and (causal) keys after the query.
+    const bool mask = kbase + 64 > a.Tk || (a.causal && kbase + 63 > q0);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float x = s[j][e] * a.scale_log2;
+        if (mask) {
+          int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + (e >> 1) * 8;
+          if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
+        }
+        s[j][e] = x;
+      }
+    }
+    // Online softmax, per row r (elements 2r, 2r+1 of each n-tile).
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      float mx = -ATTN_INF;
+#pragma unroll
+      for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      mx = attn_quad_max(mx);
+      const float mnew = fmaxf(m[r], mx);
+      const float mu = mnew == -ATTN_INF ? 0.0f : mnew;  // a row with every key masked so far
+      const float alpha = exp2f(m[r] - mu);
+      float rs = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        float p0 = exp2f(s[j][2 * r] - mu), p1 = exp2f(s[j][2 * r + 1] - mu);
+        s[j][2 * r] = p0;
+        s[j][2 * r + 1] = p1;
+        rs += p0 + p1;
+      }
+      l[r] = l[r] * alpha + rs;  // this thread's part of the row sum; quads add up at the end
+      m[r] = mnew;
+#pragma unroll
+      for (int j = 0; j < ND; j++) {
+        o[j][2 * r] *= alpha;
+        o[j][2 * r + 1] *= alpha;
+      }
+    }
+    // Dropout: l has the undropped sums; P·V takes the kept elements.
+    if (DROP) attn_drop_f<8>(&s[0][0], attn_drop_bits<8>(dc, q0 + warp * 16, kbase, a.Tk, 1));
+    // O += P·V: P's accumulator fragments are the A fragments of the
+    // product (16 keys per k-step), V is stored [key][d]: .trans.
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      unsigned pa[4] = {attn_pack_bf16(s[2 * kk][0], s[2 * kk][1]), attn_pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                        attn_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                        attn_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < ND / 2; dp++) {
+        unsigned vb[4];
+        attn_ldsm_x4_t(vb, attn_bt_addr<LDS>(vs, kk * 16, dp * 16, lane));
+        attn_mma(o[2 * dp], pa, vb[0], vb[1]);
+        attn_mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+      }
+    }
+    if (it + 1 < ntiles) attn_cp_wait0();
+    __syncthreads();  // the next tiles have landed; this pair may be overwritten
+  }
+
+  gpukit_bf16* O = (gpukit_bf16*)a.o + b * a.so[0] + h * a.so[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float lr = attn_quad_sum(l[r]);
+    const int qi = qrow + r * 8;
+    if (qi >= a.Tq) continue;
+    const float inv = lr > 0.0f ? (DROP ? a.drop_scale : 1.0f) / lr : 0.0f;
+    gpukit_bf16* orow = O + (long long)qi * a.so[1];
+#pragma unroll
+    for (int j = 0; j < ND; j++) attn_store_pair(orow + j * 8 + 2 * t, o[j][2 * r] * inv, o[j][2 * r + 1] * inv, 0);
+    if (t == 0 && a.lse) {
+      a.lse[((long long)b * a.H + h) * a.Tq + qi] = lr > 0.0f ? (m[r] + log2f(lr)) * ATTN_LN2 : -ATTN_INF;
+    }
+  }
+}
+
+// attn_bwd_dq_tc: dQ = scale·dS·K over key tiles, grid (H, B, ⌈Tq/64⌉) in
+// reverse like the forward. Shared memory: the Q and dO tiles (resident)
+// and two K and two V tiles: 6·64·(D+8)·2 bytes.
+template <int D, bool DROP>
+__device__ __forceinline__ void attn_bwd_dq_tc(const attn_args& a) {
+  constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned sQ = attn_smem_addr(attn_smem);
+  const unsigned sO = sQ + TILE;  // dO
+  const unsigned sK = sQ + 2 * TILE;
+  const unsigned sV = sQ + 4 * TILE;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * 64;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int kend = a.causal ? min(a.Tk, q0 + 64) : a.Tk;
+  const int ntiles = (kend + 63) / 64;
+
+  attn_tile_load<D>(sQ, Q, a.sq[1], q0, a.Tq);
+  attn_tile_load<D>(sO, dO, a.sdo[1], q0, a.Tq);
+  attn_tile_load<D>(sK, K, a.sk[1], 0, a.Tk);
+  attn_tile_load<D>(sV, V, a.sv[1], 0, a.Tk);
+  attn_cp_commit();
+
+  const int qrow = q0 + warp * 16 + g;
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    int qi = qrow + r * 8;
+    lse2[r] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
+    dl[r] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+  }
+  float dq[ND][4];
+#pragma unroll
+  for (int j = 0; j < ND; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.0f;
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
+  attn_cp_wait0();
+  __syncthreads();
+
+  for (int it = 0; it < ntiles; it++) {
+    const int buf = it & 1, kbase = it * 64;
+    if (it + 1 < ntiles) {
+      attn_tile_load<D>(sK + (buf ^ 1) * TILE, K, a.sk[1], kbase + 64, a.Tk);
+      attn_tile_load<D>(sV + (buf ^ 1) * TILE, V, a.sv[1], kbase + 64, a.Tk);
+      attn_cp_commit();
+    }
+    const unsigned ks = sK + buf * TILE, vs = sV + buf * TILE;
+    // S = Q·Kᵀ and dP = dO·Vᵀ (both 16 × 64 per warp).
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      unsigned qa[4], oa[4];
+      attn_ldsm_x4(qa, attn_a_addr<LDS>(sQ, warp * 16, kk * 16, lane));
+      attn_ldsm_x4(oa, attn_a_addr<LDS>(sO, warp * 16, kk * 16, lane));
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        unsigned kb[4], vb[4];
+        attn_ldsm_x4(kb, attn_b_addr<LDS>(ks, np * 16, kk * 16, lane));
+        attn_mma(s[2 * np], qa, kb[0], kb[1]);
+        attn_mma(s[2 * np + 1], qa, kb[2], kb[3]);
+        attn_ldsm_x4(vb, attn_b_addr<LDS>(vs, np * 16, kk * 16, lane));
+        attn_mma(dp[2 * np], oa, vb[0], vb[1]);
+        attn_mma(dp[2 * np + 1], oa, vb[2], vb[3]);
+      }
+    }
+    // dS = P ∘ (dP − δ), P = exp2(S·scale·log2e − lse·log2e); masked → 0.
+    // Dropout: dP of dropped elements is 0, of kept ones dP/(1−p).
+    const bool mask = kbase + 64 > a.Tk || (a.causal && kbase + 63 > q0);
+    const unsigned long long km = DROP ? attn_drop_bits<8>(dc, q0 + warp * 16, kbase, a.Tk, 1) : 0ull;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = e >> 1;
+        float p = exp2f(s[j][e] * a.scale_log2 - lse2[r]);
+        if (mask) {
+          int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + r * 8;
+          if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
+        }
+        float dpv = dp[j][e];
+        if (DROP) dpv = ((km >> (4 * j + e)) & 1) ? dpv * a.drop_scale : 0.0f;
+        s[j][e] = p * (dpv - dl[r]);
+      }
+    }
+    // dQ += dS·K: K is stored [key][d], the k dimension: .trans.
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      unsigned da[4] = {attn_pack_bf16(s[2 * kk][0], s[2 * kk][1]), attn_pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                        attn_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                        attn_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < ND / 2; np++) {
+        unsigned kb[4];
+        attn_ldsm_x4_t(kb, attn_bt_addr<LDS>(ks, kk * 16, np * 16, lane));
+        attn_mma(dq[2 * np], da, kb[0], kb[1]);
+        attn_mma(dq[2 * np + 1], da, kb[2], kb[3]);
+      }
+    }
+    if (it + 1 < ntiles) attn_cp_wait0();
+    __syncthreads();
+  }
+
+  gpukit_bf16* dQ = (gpukit_bf16*)a.dq + b * a.sdq[0] + h * a.sdq[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = qrow + r * 8;
+    if (qi >= a.Tq) continue;
+    gpukit_bf16* row = dQ + (long long)qi * a.sdq[1];
+#pragma unroll
+    for (int j = 0; j < ND; j++)
+      attn_store_pair(row + j * 8 + 2 * t, dq[j][2 * r] * a.scale, dq[j][2 * r + 1] * a.scale, a.acc_q);
+  }
+}
+
+// attn_bwd_dkdv_tc: dV = Pᵀ·dO and dK = scale·dSᵀ·Q over query tiles, grid
+// (H, B, ⌈Tk/64⌉) (key block 0, which sees every query under causal, first).
+// Each warp works on the transposed products (its 16 keys × 64 queries).
+// Shared memory: the K and V tiles (resident), two Q and two dO tiles, and
+// two tiles each of lse·log2e and δ: 6·64·(D+8)·2 + 4·64·4 bytes.
+template <int D, bool DROP>
+__device__ __forceinline__ void attn_bwd_dkdv_tc(const attn_args& a) {
+  constexpr int LDS = D + 8, TILE = 64 * LDS * 2 /* bytes */, KD = D / 16, ND = D / 8;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned sK = attn_smem_addr(attn_smem);
+  const unsigned sV = sK + TILE;
+  const unsigned sQ = sK + 2 * TILE;  // [2]
+  const unsigned sO = sK + 4 * TILE;  // dO [2]
+  float* sL = (float*)(attn_smem + 6 * TILE);  // [2][64] lse·log2e (+∞ past Tq)
+  float* sD = sL + 128;                 // [2][64] δ
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int k0 = blockIdx.z * 64;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  const int qstart = a.causal ? k0 / 64 : 0;  // causal: queries before k0 see none of these keys
+  const int qtiles = (a.Tq + 63) / 64;
+
+  attn_tile_load<D>(sK, K, a.sk[1], k0, a.Tk);
+  attn_tile_load<D>(sV, V, a.sv[1], k0, a.Tk);
+  if (qstart < qtiles) {
+    attn_tile_load<D>(sQ, Q, a.sq[1], qstart * 64, a.Tq);
+    attn_tile_load<D>(sO, dO, a.sdo[1], qstart * 64, a.Tq);
+    if (threadIdx.x < 64) {
+      int qi = qstart * 64 + threadIdx.x;
+      sL[threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
+      sD[threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+    }
+  }
+  attn_cp_commit();
+
+  float dk[ND][4], dv[ND][4];
+#pragma unroll
+  for (int j = 0; j < ND; j++) {
+    dk[j][0] = dk[j][1] = dk[j][2] = dk[j][3] = 0.0f;
+    dv[j][0] = dv[j][1] = dv[j][2] = dv[j][3] = 0.0f;
+  }
+  const int krow = k0 + warp * 16 + g;  // this thread's keys: krow, krow + 8
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
+  attn_cp_wait0();
+  __syncthreads();
+
+  for (int qt = qstart; qt < qtiles; qt++) {
+    const int buf = (qt - qstart) & 1, qbase = qt * 64;
+    if (qt + 1 < qtiles) {
+      attn_tile_load<D>(sQ + (buf ^ 1) * TILE, Q, a.sq[1], qbase + 64, a.Tq);
+      attn_tile_load<D>(sO + (buf ^ 1) * TILE, dO, a.sdo[1], qbase + 64, a.Tq);
+      attn_cp_commit();
+      if (threadIdx.x < 64) {
+        int qi = qbase + 64 + threadIdx.x;
+        sL[(buf ^ 1) * 64 + threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
+        sD[(buf ^ 1) * 64 + threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+      }
+    }
+    const unsigned qs = sQ + buf * TILE, os = sO + buf * TILE;
+    const float* lt = sL + buf * 64;
+    const float* dt = sD + buf * 64;
+
+    // Sᵀ = K·Qᵀ (16 keys × 64 queries per warp); Pᵀ = exp2(Sᵀ·scale·log2e −
+    // lse·log2e), zero where masked (and past Tq, where lse is +∞).
+    float st[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) st[j][0] = st[j][1] = st[j][2] = st[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      unsigned ka[4];
+      attn_ldsm_x4(ka, attn_a_addr<LDS>(sK, warp * 16, kk * 16, lane));
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        unsigned qb[4];
+        attn_ldsm_x4(qb, attn_b_addr<LDS>(qs, np * 16, kk * 16, lane));
+        attn_mma(st[2 * np], ka, qb[0], qb[1]);
+        attn_mma(st[2 * np + 1], ka, qb[2], qb[3]);
+      }
+    }
+    const bool mask = a.causal && qbase < k0 + 64;  // the diagonal tile
+    // Pᵀ packed to bf16: the A fragments of dV += Pᵀ·dO (16 queries per k-step).
+    unsigned pp[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      float pv[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int qc = j * 8 + 2 * t + (e & 1);
+        float p = exp2f(st[j][e] * a.scale_log2 - lt[qc]);
+        if (mask && krow + (e >> 1) * 8 > qbase + qc) p = 0.0f;
+        pv[e] = p;
+      }
+      pp[j >> 1][(j & 1) * 2] = attn_pack_bf16(pv[0], pv[1]);
+      pp[j >> 1][(j & 1) * 2 + 1] = attn_pack_bf16(pv[2], pv[3]);
+    }
+    // Dropout: the keep mask of Pᵀ (keys × queries: element index
+    // base + query·Tk + key); dV takes the kept elements, dS all of P.
+    const unsigned long long km = DROP ? attn_drop_bits<8>(dc, k0 + warp * 16, qbase, 1, a.Tk) : 0ull;
+    // dV += Pᵀ·dO: dO is stored [query][d], the k dimension: .trans.
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      unsigned pk[4];
+#pragma unroll
+      for (int w = 0; w < 4; w++) pk[w] = DROP ? pp[kk][w] & attn_half_mask(km >> (8 * kk + 2 * w)) : pp[kk][w];
+#pragma unroll
+      for (int np = 0; np < ND / 2; np++) {
+        unsigned ob[4];
+        attn_ldsm_x4_t(ob, attn_bt_addr<LDS>(os, kk * 16, np * 16, lane));
+        attn_mma(dv[2 * np], pk, ob[0], ob[1]);
+        attn_mma(dv[2 * np + 1], pk, ob[2], ob[3]);
+      }
+    }
+    // dPᵀ = V·dOᵀ, then dSᵀ = Pᵀ ∘ (dPᵀ − δ) (Pᵀ from its bf16 copy).
+    float dpt[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      unsigned va[4];
+      attn_ldsm_x4(va, attn_a_addr<LDS>(sV, warp * 16, kk * 16, lane));
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        unsigned ob[4];
+        attn_ldsm_x4(ob, attn_b_addr<LDS>(os, np * 16, kk * 16, lane));
+        attn_mma(dpt[2 * np], va, ob[0], ob[1]);
+        attn_mma(dpt[2 * np + 1], va, ob[2], ob[3]);
+      }
+    }
+    if (DROP) {
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) dpt[j][e] = ((km >> (4 * j + e)) & 1) ? dpt[j][e] * a.drop_scale : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const unsigned p01 = pp[j >> 1][(j & 1) * 2], p23 = pp[j >> 1][(j & 1) * 2 + 1];
+      const float d0 = dt[j * 8 + 2 * t], d1 = dt[j * 8 + 2 * t + 1];
+      const float ds0 = attn_unpack_lo(p01) * (dpt[j][0] - d0), ds1 = attn_unpack_hi(p01) * (dpt[j][1] - d1);
+      const float ds2 = attn_unpack_lo(p23) * (dpt[j][2] - d0), ds3 = attn_unpack_hi(p23) * (dpt[j][3] - d1);
+      pp[j >> 1][(j & 1) * 2] = attn_pack_bf16(ds0, ds1);
+      pp[j >> 1][(j & 1) * 2 + 1] = attn_pack_bf16(ds2, ds3);
+    }
+    // dK += dSᵀ·Q: Q is stored [query][d]: .trans.
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+#pragma unroll
+      for (int np = 0; np < ND / 2; np++) {
+        unsigned qb[4];
+        attn_ldsm_x4_t(qb, attn_bt_addr<LDS>(qs, kk * 16, np * 16, lane));
+        attn_mma(dk[2 * np], pp[kk], qb[0], qb[1]);
+        attn_mma(dk[2 * np + 1], pp[kk], qb[2], qb[3]);
+      }
+    }
+    if (qt + 1 < qtiles) attn_cp_wait0();
+    __syncthreads();
+  }
+
+  gpukit_bf16* dK = (gpukit_bf16*)a.dk + b * a.sdk[0] + h * a.sdk[2];
+  gpukit_bf16* dV = (gpukit_bf16*)a.dv + b * a.sdv[0] + h * a.sdv[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int kj = krow + r * 8;
+    if (kj >= a.Tk) continue;
+    if (a.dk) {
+      gpukit_bf16* row = dK + (long long)kj * a.sdk[1];
+#pragma unroll
+      for (int j = 0; j < ND; j++)
+        attn_store_pair(row + j * 8 + 2 * t, dk[j][2 * r] * a.scale, dk[j][2 * r + 1] * a.scale, a.acc_k);
+    }
+    if (a.dv) {
+      gpukit_bf16* row = dV + (long long)kj * a.sdv[1];
+      if (DROP) {
+#pragma unroll
+        for (int j = 0; j < ND; j++)
+          attn_store_pair(row + j * 8 + 2 * t, dv[j][2 * r] * a.drop_scale, dv[j][2 * r + 1] * a.drop_scale, a.acc_v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[j][2 * r], dv[j][2 * r + 1], a.acc_v);
+      }
+    }
+  }
+}
+
+// Instances: attn_<fwd|bwd_dq|bwd_dkdv>_tc[_drop]_d<D> (_drop: dropout on P).
+#define ATTN_TC_INSTANCES(DROPSUF, DROP)                                                                              \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_fwd_tc##DROPSUF##_d64(const attn_args a) {       \
+    if constexpr (GPUKIT_KEEP(attn_fwd_tc##DROPSUF##_d64)) attn_fwd_tc<64, DROP>(a);                                  \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_fwd_tc##DROPSUF##_d128(const attn_args a) {      \
+    if constexpr (GPUKIT_KEEP(attn_fwd_tc##DROPSUF##_d128)) attn_fwd_tc<128, DROP>(a);                                \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dq_tc##DROPSUF##_d64(const attn_args a) {    \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_tc##DROPSUF##_d64)) attn_bwd_dq_tc<64, DROP>(a);                            \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dq_tc##DROPSUF##_d128(const attn_args a) {   \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_tc##DROPSUF##_d128)) attn_bwd_dq_tc<128, DROP>(a);                          \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc##DROPSUF##_d64(const attn_args a) {  \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_tc##DROPSUF##_d64)) attn_bwd_dkdv_tc<64, DROP>(a);                        \
+  }                                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(ATTN_TC_THREADS) attn_bwd_dkdv_tc##DROPSUF##_d128(const attn_args a) { \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_tc##DROPSUF##_d128)) attn_bwd_dkdv_tc<128, DROP>(a);                      \
+  }
+ATTN_TC_INSTANCES(, false)
+ATTN_TC_INSTANCES(_drop, true)
+
+// ---- Hopper kernels (sm_90a): wgmma ----
+//
+// The forward on warpgroup MMA (wgmma.mma_async, sm_90a only): the
+// algorithm of the kernels above with FlashAttention-3's structure for one
+// consumer warpgroup per 64 query rows (Shah et al., "FlashAttention-3:
+// Fast and Accurate Attention with Asynchrony and Low-precision", 2024):
+// S = Q·Kᵀ with Q and K in shared memory, O += P·V with P from registers
+// (the S accumulators, rounded to bf16, are the A fragments as they are)
+// and V in shared memory read N-major (no transpose copy), and the
+// intra-warpgroup overlap: the S product of key tile j and the P·V product
+// of tile j−1 are issued together, and the softmax of tile j (exp2 on the
+// multi-function unit) runs while the tensor cores do P·V. Tiles arrive by
+// cp.async (all threads, double buffered, one tile ahead), made visible to
+// the tensor cores' async proxy by fence.proxy.async before the barrier.
+// No TMA and no producer warps (a later step).
+//
+// Shared tiles are 128-byte swizzled, the layout wgmma's descriptors name
+// with swizzle mode 1: a tile of R rows × D bf16 is D/64 panels of R rows ×
+// 128 bytes (64 columns), panel p at p·R·128; 16-byte chunk c of row r of a
+// panel sits at r·128 + ((c ^ (r%8))·16); every tile starts on a 1024-byte
+// boundary. K-major operands (Q, K: rows are M or N, 16 elements of K per
+// wgmma) use start = panel + row offset + 32·(k-step % 4), stride byte
+// offset (8-row groups) 1024; the N-major V (rows are keys = K of P·V)
+// uses start = tile + 2048·k-step, leading byte offset (64-column panels)
+// R·128 and stride byte offset (8-key groups) 1024. The PTX ISA's
+// "Asynchronous Warpgroup Level Matrix Shared Memory Layout" defines these;
+// scripts/cudaemu emulates wgmma on exactly these layouts.
+//
+// Block: 256 threads (two warpgroups), 128 query rows (warpgroup w owns
+// rows 64w..64w+63, warp w' of it rows 16w'.. as in the mma.sync kernels),
+// key tiles of 128. Accumulator fragments: s[4j+e] (and o[4j+e]) is row
+// 16·warp + lane/4 + 8·(e/2), column 8j + 2·(lane%4) + e%2 of the
+// warpgroup's 64 × N product.
+
+// NVRTC defines __CUDA_ARCH_FEAT_SM90_ALL for sm_90a (CUDA 12.9 and later
+// also __CUDA_ARCH_SPECIFIC__ = 900); for sm_90 and other targets the
+// kernels below are stubs and ops/attention.go does not launch them.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || (defined(__CUDA_ARCH_SPECIFIC__) && __CUDA_ARCH_SPECIFIC__ == 900) || \
+    defined(GPUKIT_EMU) || defined(GPUKIT_CHECK_SM90)
+#define ATTN_WG 1
+#endif
+
+#define ATTN_WG_THREADS 256
+#define ATTN_WG_BM 128  // query rows per block
+#define ATTN_WG_BN 128  // keys per tile
+
+#ifdef ATTN_WG
+typedef unsigned long long attn_u64;
+
+// attn_wg_desc is a wgmma shared-memory matrix descriptor with 128-byte
+// swizzling and base offset 0 (PTX ISA, "Matrix Descriptor Format": bits
+// 0-13 start address, 16-29 leading dimension byte offset, 32-45 stride
+// dimension byte offset, each >> 4; 62-63 swizzle mode, 1 = 128-byte).
+__device__ __forceinline__ attn_u64 attn_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return (attn_u64)((addr & 0x3ffff) >> 4) | ((attn_u64)((lbo & 0x3ffff) >> 4) << 16) |
+         ((attn_u64)((sbo & 0x3ffff) >> 4) << 32) | (1ull << 62);
+}
+
+#ifndef GPUKIT_EMU
+// attn_wg_mma<N, TB>: wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16,
+// d (N/2 f32 per thread) = A·B + (scale_d ? d : 0). ss: A and B from
+// shared memory (descriptors; A K-major); rs: A from registers (the
+// mma.m16n8k16 A layout, warp w of the warpgroup holding rows 16w..).
+// TB = 1 reads B N-major (imm-trans-b).
+template <int N, int TB>
+struct attn_wg_mma;
+template <int TB>
+struct attn_wg_mma<64, TB> {
+  static __device__ __forceinline__ void ss(float* d, attn_u64 da, attn_u64 db, int scale_d) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %34, 0; "
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, %35; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+  }
+  static __device__ __forceinline__ void rs(float* d, const unsigned a[4], attn_u64 db, int scale_d) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %37, 0; "
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+  }
+};
+
+template <int TB>
+struct attn_wg_mma<128, TB> {
+  static __device__ __forceinline__ void ss(float* d, attn_u64 da, attn_u64 db, int scale_d) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %66, 0; "
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, %67; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+  }
+  static __device__ __forceinline__ void rs(float* d, const unsigned a[4], attn_u64 db, int scale_d) {
+    asm volatile(
+        "{ .reg .pred p; setp.ne.b32 p, %69, 0; "
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, %70; }"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+  }
+};
+
+__device__ __forceinline__ void attn_wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void attn_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void attn_wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// attn_fence_proxy_async makes this thread's writes to shared memory
+// (landed cp.async copies) visible to the async proxy the tensor cores
+// read through; a barrier after it makes everyone's visible.
+__device__ __forceinline__ void attn_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// attn_ex2: 2^x on the multi-function unit (ex2.approx.ftz: relative error
+// about 2^-22, −∞ → +0).
+__device__ __forceinline__ float attn_ex2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+// attn_keep_f / attn_keep_u pin register values at this point of the
+// program for the compiler (CUTLASS's warpgroup_fence_operand): reads of
+// wgmma accumulators are not hoisted above the wait that retires them,
+// writes not sunk below the wgmma that reads them.
+template <int N>
+__device__ __forceinline__ void attn_keep_f(float* x) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(x[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void attn_keep_u(unsigned* x) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+r"(x[i])::"memory");
+}
+#else
+template <int N, int TB>
+struct attn_wg_mma {
+  static void ss(float* d, attn_u64 da, attn_u64 db, int scale_d) {
+    gpukit_emu_wgmma(d, N, nullptr, da, db, scale_d, 0, TB);
+  }
+  static void rs(float* d, const unsigned a[4], attn_u64 db, int scale_d) {
+    gpukit_emu_wgmma(d, N, a, 0, db, scale_d, 0, TB);
+  }
+};
+__device__ __forceinline__ void attn_wg_fence() { gpukit_emu_wg_fence(); }
+__device__ __forceinline__ void attn_wg_commit() { gpukit_emu_wg_commit(); }
+template <int N>
+__device__ __forceinline__ void attn_wg_wait() {
+  gpukit_emu_wg_wait(N);
+}
+__device__ __forceinline__ void attn_fence_proxy_async() { gpukit_emu_fence_proxy_async(); }
+__device__ __forceinline__ float attn_ex2(float x) { return exp2f(x); }
+template <int N>
+__device__ __forceinline__ void attn_keep_f(float*) {}
+template <int N>
+__device__ __forceinline__ void attn_keep_u(unsigned*) {}
+#endif
+
+// attn_wg_load queues the cp.async copies of rows [r0, r0+R) of a [T, D]
+// bf16 matrix (row 0 at g, row stride ld) into the swizzled tile at
+// shared address s; rows at or past T are zero-filled.
+template <int D, int R>
+__device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, long long ld, int r0, int T) {
+  constexpr int CH = D / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int i = 0; i < R * CH / ATTN_WG_THREADS; i++) {
+    const int c = threadIdx.x + i * ATTN_WG_THREADS;
+    const int r = c / CH, ch = c % CH, row = r0 + r;
+    const bool ok = row < T;
+    attn_cp16(s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4),
+              ok ? g + (long long)row * ld + ch * 8 : g, ok);
+  }
+}
+
+// attn_wg_softmax turns s (this thread's two rows of a 64 × BN score tile
+// of key tile kbase) into unnormalised probabilities in place: scaled to
+// base 2, masked (keys past Tk; causal: keys after the query), the running
+// maximum m updated, the row sums l rescaled and added to; alpha[r] is the
+// factor the rows' output accumulators must be multiplied by.
+template <int BN>
+__device__ __forceinline__ void attn_wg_softmax(float* s, float m[2], float l[2], float alpha[2], int kbase, int row0,
+                                                int qrow, const attn_args& a) {
+  const int t = threadIdx.x & 3;
+  const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float x = s[4 * j + e] * a.scale_log2;
+      if (mask) {
+        const int key = kbase + j * 8 + 2 * t + (e & 1), qi = qrow + (e >> 1) * 8;
+        if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
+      }
+      s[4 * j + e] = x;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float mx = -ATTN_INF;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    mx = attn_quad_max(mx);
+    const float mnew = fmaxf(m[r], mx);
+    const float mu = mnew == -ATTN_INF ? 0.0f : mnew;  // a row with every key masked so far
+    alpha[r] = attn_ex2(m[r] - mu);
+    float rs = 0.0f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+      const float p0 = attn_ex2(s[4 * j + 2 * r] - mu), p1 = attn_ex2(s[4 * j + 2 * r + 1] - mu);
+      s[4 * j + 2 * r] = p0;
+      s[4 * j + 2 * r + 1] = p1;
+      rs += p0 + p1;
+    }
+    l[r] = l[r] * alpha[r] + rs;  // this thread's part of the row sum; quads add up at the end
+    m[r] = mnew;
+  }
+}
+
+// attn_wg_pack rounds probabilities s to the bf16 A fragments of P·V: k
+// step kk (keys 16kk..16kk+15) is n-tiles 2kk and 2kk+1.
+template <int BN>
+__device__ __forceinline__ void attn_wg_pack(unsigned p[][4], const float* s) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++) {
+    p[kk][0] = attn_pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+    p[kk][1] = attn_pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+    p[kk][2] = attn_pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+    p[kk][3] = attn_pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// attn_fwd_wg: grid (H, B, ⌈Tq/128⌉), the query blocks in reverse (the
+// longest causal rows start first). Shared memory (from the first 1024-byte
+// boundary of the dynamic block, 1 KiB of slack requested): Q [128][D],
+// two K and two V tiles [128][D]: 160 KiB for D = 128, 80 KiB for D = 64.
+// Iteration j: (1) wait for this thread's copies, fence.proxy.async,
+// barrier: K_j and V_{j−1} are in, and every warpgroup is done with K_{j−1}
+// and V_{j−2}; (2) queue K_{j+1} and V_j into those buffers; (3) issue
+// S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1}; wait for S_j; softmax; wait for
+// P·V; rescale O; P_j = bf16(S_j). Tile 0 is peeled off (no P·V), so the
+// loop issues and waits for the same wgmma groups every time.
+template <int D, bool DROP>
+__device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
+  constexpr int BM = ATTN_WG_BM, BN = ATTN_WG_BN, KD = D / 16, ND = D / 8;
+  constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;  // tile bytes
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned sQ = (attn_smem_addr(attn_smem) + 1023u) & ~1023u;
+  const unsigned sK = sQ + QT, sV = sK + 2 * KT;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+            t = lane & 3;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
+  const int ntiles = (kend + BN - 1) / BN;
+  const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query
+  const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
+  // This warpgroup's Q rows, k-step kk: panel kk/4, 32 bytes per k-step.
+  const unsigned qa = sQ + wg * 64 * 128;
+
+  attn_wg_load<D, BM>(sQ, Q, a.sq[1], q0, a.Tq);
+  attn_wg_load<D, BN>(sK, K, a.sk[1], 0, a.Tk);
+  attn_cp_commit();
+
+  float s[BN / 2], o[D / 2];
+  unsigned p[BN / 16][4];
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) s[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+  float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
+
+  // Tile 0: S_0 alone (no P·V before it).
+  attn_cp_wait0();
+  attn_fence_proxy_async();
+  __syncthreads();
+  if (ntiles > 1) attn_wg_load<D, BN>(sK + KT, K, a.sk[1], BN, a.Tk);
+  attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
+  attn_cp_commit();
+  attn_keep_f<BN / 2>(s);
+  attn_wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < KD; kk++)
+    attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
+                           attn_wg_desc(sK + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+  attn_wg_commit();
+  attn_wg_wait<0>();
+  attn_keep_f<BN / 2>(s);
+  attn_wg_softmax<BN>(s, m, l, alpha, 0, row0, qrow, a);
+  if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, 0, a.Tk, 1));  // l is undropped
+  attn_wg_pack<BN>(p, s);
+
+  for (int j = 1; j < ntiles; j++) {
+    attn_cp_wait0();
+    attn_fence_proxy_async();
+    __syncthreads();
+    if (j + 1 < ntiles) attn_wg_load<D, BN>(sK + ((j + 1) & 1) * KT, K, a.sk[1], (j + 1) * BN, a.Tk);
+    attn_wg_load<D, BN>(sV + (j & 1) * KT, V, a.sv[1], j * BN, a.Tk);
+    attn_cp_commit();
+
+    attn_keep_f<BN / 2>(s);
+    attn_keep_f<D / 2>(o);
+    attn_keep_u<BN / 4>(&p[0][0]);
+    attn_wg_fence();
+    const unsigned kt = sK + (j & 1) * KT, vt = sV + ((j - 1) & 1) * KT;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(kt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(o, p[kk], attn_wg_desc(vt + kk * 2048, BN * 128, 1024), 1);
+    attn_wg_commit();
+    attn_wg_wait<1>();
+    attn_keep_f<BN / 2>(s);
+    attn_wg_softmax<BN>(s, m, l, alpha, j * BN, row0, qrow, a);
+    if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, j * BN, a.Tk, 1));
+    attn_wg_wait<0>();
+    attn_keep_f<D / 2>(o);
+    attn_keep_u<BN / 4>(&p[0][0]);
+#pragma unroll
+    for (int i = 0; i < ND; i++) {
+      o[4 * i + 0] *= alpha[0];
+      o[4 * i + 1] *= alpha[0];
+      o[4 * i + 2] *= alpha[1];
+      o[4 * i + 3] *= alpha[1];
+    }
+    attn_wg_pack<BN>(p, s);
+  }
+  // The last P·V.
+  attn_cp_wait0();
+  attn_fence_proxy_async();
+  __syncthreads();
+  attn_keep_f<D / 2>(o);
+  attn_keep_u<BN / 4>(&p[0][0]);
+  attn_wg_fence();
+  {
+    const unsigned vt = sV + ((ntiles - 1) & 1) * KT;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(o, p[kk], attn_wg_desc(vt + kk * 2048, BN * 128, 1024), 1);
+  }
+  attn_wg_commit();
+  attn_wg_wait<0>();
+  attn_keep_f<D / 2>(o);
+
+  gpukit_bf16* O = (gpukit_bf16*)a.o + b * a.so[0] + h * a.so[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float lr = attn_quad_sum(l[r]);
+    const int qi = qrow + r * 8;
+    if (qi >= a.Tq) continue;
+    const float inv = lr > 0.0f ? (DROP ? a.drop_scale : 1.0f) / lr : 0.0f;
+    gpukit_bf16* orow = O + (long long)qi * a.so[1];
+#pragma unroll
+    for (int i = 0; i < ND; i++) attn_store_pair(orow + i * 8 + 2 * t, o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv, 0);
+    if (t == 0 && a.lse) {
+      a.lse[((long long)b * a.H + h) * a.Tq + qi] = lr > 0.0f ? (m[r] + log2f(lr)) * ATTN_LN2 : -ATTN_INF;
+    }
+  }
+}
+
+
+// attn_bwd_dkdv_wg: dV = Pᵀ·dO and dK = scale·dSᵀ·Q over query tiles of 64,
+// grid (H, B, ⌈Tk/128⌉) (key block 0, which sees every query under causal,
+// first). 256 threads: warpgroup w owns keys 64w..64w+63 of the block and
+// works on the transposed products (keys × queries) so that Pᵀ and dSᵀ are
+// the A operands of dV and dK straight from their accumulators:
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ (m64n64k16, both operands in shared memory),
+//   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), dSᵀ = Pᵀ ∘ (dPᵀ − δ),
+//   dV += Pᵀ·dO, dK += dSᵀ·Q (m64nDk16, A from registers, dO and Q N-major).
+// Shared memory (from a 1024-byte boundary): K and V [128][D] resident,
+// three stages of Q and dO [64][D] and of lse·log2e and δ [64] f32. Query
+// tile i: (1) wait, fence.proxy.async, barrier; (2) queue tile i+1 (its
+// stage held tile i−2, whose last reader, dK of i−2, retired during i−1);
+// (3) issue Sᵀ and dPᵀ; wait for Sᵀ (this also retires dV and dK of i−1);
+// Pᵀ; issue dV; wait for dPᵀ; dSᵀ; issue dK — so the exponentials run
+// while dPᵀ is on the tensor cores, dSᵀ while dV is, and dK overlaps the
+// next tile's start.
+template <int D, bool DROP>
+__device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
+  constexpr int BN = 128, BM = 64, KD = D / 16, ND = D / 8;
+  constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned s0 = attn_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
+  const unsigned sK = base, sV = base + KT, sQ = base + 2 * KT, sO = sQ + 3 * QT;  // sQ, sO: [3]
+  float* sL = (float*)(attn_smem + (base - s0) + 2 * KT + 6 * QT);  // [3][64] lse·log2e (+∞ past Tq)
+  float* sD = sL + 3 * BM;                                          // [3][64] δ
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+            t = lane & 3;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int k0 = blockIdx.z * BN;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  const int qstart = a.causal ? k0 / BM : 0;  // causal: queries before k0 see none of these keys
+  const int n = max((a.Tq + BM - 1) / BM - qstart, 0);
+  const int krow0 = k0 + wg * 64 + warp * 16;  // this warp's first key
+  const int krow = krow0 + g;                  // this thread's keys: krow, krow + 8
+  const unsigned ka = sK + wg * 64 * 128, va = sV + wg * 64 * 128;  // this warpgroup's K and V rows
+
+  // stage_lse fills stage st's lse·log2e and δ for the query tile at qbase
+  // (plain shared stores: the barrier before their use orders them).
+  auto stage_lse = [&](int st, int qbase) {
+    if (threadIdx.x < BM) {
+      const int qi = qbase + threadIdx.x;
+      sL[st * BM + threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
+      sD[st * BM + threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+    }
+  };
+  attn_wg_load<D, BN>(sK, K, a.sk[1], k0, a.Tk);
+  attn_wg_load<D, BN>(sV, V, a.sv[1], k0, a.Tk);
+  if (n > 0) {
+    attn_wg_load<D, BM>(sQ, Q, a.sq[1], qstart * BM, a.Tq);
+    attn_wg_load<D, BM>(sO, dO, a.sdo[1], qstart * BM, a.Tq);
+    stage_lse(0, qstart * BM);
+  }
+  attn_cp_commit();
+
+  float dk[D / 2], dv[D / 2], st[BM / 2], dpt[BM / 2];
+  unsigned pp[BM / 16][4], ds[BM / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BM / 2; i++) st[i] = dpt[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BM / 16; i++) pp[i][0] = pp[i][1] = pp[i][2] = pp[i][3] = ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
+
+  for (int i = 0; i < n; i++) {
+    const int stg = i % 3, qbase = (qstart + i) * BM;
+    attn_cp_wait0();
+    attn_fence_proxy_async();
+    __syncthreads();
+    if (i + 1 < n) {
+      const int nx = (i + 1) % 3;
+      attn_wg_load<D, BM>(sQ + nx * QT, Q, a.sq[1], qbase + BM, a.Tq);
+      attn_wg_load<D, BM>(sO + nx * QT, dO, a.sdo[1], qbase + BM, a.Tq);
+      stage_lse(nx, qbase + BM);
+    }
+    attn_cp_commit();
+    const unsigned qt = sQ + stg * QT, ot = sO + stg * QT;
+    const float* lt = sL + stg * BM;
+    const float* dt = sD + stg * BM;
+
+    attn_keep_f<BM / 2>(st);
+    attn_keep_f<BM / 2>(dpt);
+    attn_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BM, 0>::ss(st, attn_wg_desc(ka + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(qt + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BM, 0>::ss(dpt, attn_wg_desc(va + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(ot + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+    // Dropout: the keep mask of Pᵀ (keys × queries: element index base +
+    // query·Tk + key), drawn while Sᵀ and dPᵀ are on the tensor cores.
+    const unsigned long long km = DROP ? attn_drop_bits<BM / 8>(dc, krow0, qbase, 1, a.Tk) : 0ull;
+    attn_wg_wait<1>();
+    attn_keep_f<BM / 2>(st);
+    attn_keep_u<BM / 4>(&pp[0][0]);
+    attn_keep_u<BM / 4>(&ds[0][0]);
+
+    // Pᵀ, zero where masked (causal: key after the query) and past Tq (lse +∞).
+    const bool mask = a.causal && qbase < krow0 + 15;
+#pragma unroll
+    for (int j = 0; j < BM / 8; j++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int qc = j * 8 + 2 * t + (e & 1);
+        float p = attn_ex2(st[4 * j + e] * a.scale_log2 - lt[qc]);
+        if (mask && krow + (e >> 1) * 8 > qbase + qc) p = 0.0f;
+        st[4 * j + e] = p;
+      }
+    }
+    attn_wg_pack<BM>(pp, st);
+    attn_keep_u<BM / 4>(&pp[0][0]);
+    if (DROP) {
+      // dV's A operand is the kept part of Pᵀ, in ds (free: dK of i−1 has
+      // retired); pp keeps all of Pᵀ for dS.
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; kk++) {
+#pragma unroll
+        for (int w = 0; w < 4; w++) ds[kk][w] = pp[kk][w] & attn_half_mask(km >> (8 * kk + 2 * w));
+      }
+      attn_keep_u<BM / 4>(&ds[0][0]);
+    }
+    attn_wg_fence();
+    // dV += Pᵀ·dO (dO N-major: 16 queries per k-step).
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; kk++)
+      attn_wg_mma<D, 1>::rs(dv, DROP ? ds[kk] : pp[kk], attn_wg_desc(ot + kk * 2048, BM * 128, 1024), 1);
+    attn_wg_commit();
+    if (DROP) {
+      attn_wg_wait<0>();  // dV has read ds before dS overwrites it
+      attn_keep_u<BM / 4>(&ds[0][0]);
+    } else {
+      attn_wg_wait<1>();
+    }
+    attn_keep_f<BM / 2>(dpt);
+    // dSᵀ = Pᵀ ∘ (dPᵀ − δ), Pᵀ from its bf16 copy.
+#pragma unroll
+    for (int j = 0; j < BM / 8; j++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const unsigned w = pp[j >> 1][(j & 1) * 2 + (e >> 1)];
+        const float p = (e & 1) ? attn_unpack_hi(w) : attn_unpack_lo(w);
+        float dpv = dpt[4 * j + e];
+        if (DROP) dpv = ((km >> (4 * j + e)) & 1) ? dpv * a.drop_scale : 0.0f;
+        dpt[4 * j + e] = p * (dpv - dt[j * 8 + 2 * t + (e & 1)]);
+      }
+    }
+    attn_wg_pack<BM>(ds, dpt);
+    attn_keep_u<BM / 4>(&ds[0][0]);
+    attn_wg_fence();
+    // dK += dSᵀ·Q (Q N-major).
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; kk++) attn_wg_mma<D, 1>::rs(dk, ds[kk], attn_wg_desc(qt + kk * 2048, BM * 128, 1024), 1);
+    attn_wg_commit();
+  }
+  attn_wg_wait<0>();
+  attn_keep_f<D / 2>(dk);
+  attn_keep_f<D / 2>(dv);
+
+  gpukit_bf16* dK = (gpukit_bf16*)a.dk + b * a.sdk[0] + h * a.sdk[2];
+  gpukit_bf16* dV = (gpukit_bf16*)a.dv + b * a.sdv[0] + h * a.sdv[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int kj = krow + r * 8;
+    if (kj >= a.Tk) continue;
+    if (a.dk) {
+      gpukit_bf16* row = dK + (long long)kj * a.sdk[1];
+#pragma unroll
+      for (int j = 0; j < ND; j++)
+        attn_store_pair(row + j * 8 + 2 * t, dk[4 * j + 2 * r] * a.scale, dk[4 * j + 2 * r + 1] * a.scale, a.acc_k);
+    }
+    if (a.dv) {
+      gpukit_bf16* row = dV + (long long)kj * a.sdv[1];
+      if (DROP) {
+#pragma unroll
+        for (int j = 0; j < ND; j++)
+          attn_store_pair(row + j * 8 + 2 * t, dv[4 * j + 2 * r] * a.drop_scale, dv[4 * j + 2 * r + 1] * a.drop_scale,
+                          a.acc_v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < ND; j++) attn_store_pair(row + j * 8 + 2 * t, dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1], a.acc_v);
+      }
+    }
+  }
+}
+
+// attn_bwd_dq_wg: dQ = scale·dS·K over key tiles of 64, grid (H, B,
+// ⌈Tq/128⌉) in reverse like the forward. 256 threads, warpgroup w owns
+// queries 64w..64w+63: S = Q·Kᵀ and dP = dO·Vᵀ (m64n64k16, Q and dO
+// resident in shared memory), dS = P ∘ (dP − δ), dQ += dS·K (m64nDk16, A
+// from registers, K N-major). Shared memory (from a 1024-byte boundary): Q
+// and dO [128][D], three stages of K and V [64][D]. Key tile j: (1) wait,
+// fence.proxy.async, barrier; (2) queue tile j+1 (its stage held tile j−2,
+// whose K was last read by dQ of j−2, retired during j−1); (3) issue S and
+// dP; wait for S (retiring dQ of j−1); P; wait for dP; dS; issue dQ.
+template <int D, bool DROP>
+__device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
+  constexpr int BM = 128, BN = 64, KD = D / 16, ND = D / 8;
+  constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned sQ = (attn_smem_addr(attn_smem) + 1023u) & ~1023u;
+  const unsigned sO = sQ + QT, sK = sQ + 2 * QT, sV = sK + 3 * KT;  // sK, sV: [3]
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+            t = lane & 3;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * BM;
+  const gpukit_bf16* Q = (const gpukit_bf16*)a.q + b * a.sq[0] + h * a.sq[2];
+  const gpukit_bf16* dO = (const gpukit_bf16*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const gpukit_bf16* K = (const gpukit_bf16*)a.k + b * a.sk[0] + h * a.sk[2];
+  const gpukit_bf16* V = (const gpukit_bf16*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int kend = a.causal ? min(a.Tk, q0 + BM) : a.Tk;
+  const int n = (kend + BN - 1) / BN;
+  const int row0 = q0 + wg * 64 + warp * 16;  // this warp's first query
+  const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
+  const unsigned qa = sQ + wg * 64 * 128, oa = sO + wg * 64 * 128;
+
+  attn_wg_load<D, BM>(sQ, Q, a.sq[1], q0, a.Tq);
+  attn_wg_load<D, BM>(sO, dO, a.sdo[1], q0, a.Tq);
+  attn_wg_load<D, BN>(sK, K, a.sk[1], 0, a.Tk);
+  attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
+  attn_cp_commit();
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = qrow + r * 8;
+    lse2[r] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
+    dl[r] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+  }
+  float dq[D / 2], s[BN / 2], dp[BN / 2];
+  unsigned ds[BN / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) dq[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) s[i] = dp[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BN / 16; i++) ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
+
+  for (int j = 0; j < n; j++) {
+    const int stg = j % 3, kbase = j * BN;
+    attn_cp_wait0();
+    attn_fence_proxy_async();
+    __syncthreads();
+    if (j + 1 < n) {
+      const int nx = (j + 1) % 3;
+      attn_wg_load<D, BN>(sK + nx * KT, K, a.sk[1], kbase + BN, a.Tk);
+      attn_wg_load<D, BN>(sV + nx * KT, V, a.sv[1], kbase + BN, a.Tk);
+    }
+    attn_cp_commit();
+    const unsigned kt = sK + stg * KT, vt = sV + stg * KT;
+
+    attn_keep_f<BN / 2>(s);
+    attn_keep_f<BN / 2>(dp);
+    attn_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BN, 0>::ss(s, attn_wg_desc(qa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(kt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+      attn_wg_mma<BN, 0>::ss(dp, attn_wg_desc(oa + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024),
+                             attn_wg_desc(vt + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    attn_wg_commit();
+    // Dropout: the keep mask, drawn while S and dP are on the tensor cores.
+    const unsigned long long km = DROP ? attn_drop_bits<BN / 8>(dc, row0, kbase, a.Tk, 1) : 0ull;
+    attn_wg_wait<1>();
+    attn_keep_f<BN / 2>(s);
+    // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
+    const bool mask = kbase + BN > a.Tk || (a.causal && kbase + BN - 1 > row0);
+#pragma unroll
+    for (int jn = 0; jn < BN / 8; jn++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = e >> 1;
+        float p = attn_ex2(s[4 * jn + e] * a.scale_log2 - lse2[r]);
+        if (mask) {
+          const int key = kbase + jn * 8 + 2 * t + (e & 1), qi = qrow + r * 8;
+          if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
+        }
+        s[4 * jn + e] = p;
+      }
+    }
+    attn_wg_wait<0>();
+    attn_keep_f<BN / 2>(dp);
+    attn_keep_u<BN / 4>(&ds[0][0]);
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) {
+      float dpv = dp[i];
+      if (DROP) dpv = ((km >> i) & 1) ? dpv * a.drop_scale : 0.0f;
+      dp[i] = s[i] * (dpv - dl[(i >> 1) & 1]);
+    }
+    attn_wg_pack<BN>(ds, dp);
+    attn_keep_u<BN / 4>(&ds[0][0]);
+    attn_keep_f<D / 2>(dq);
+    attn_wg_fence();
+    // dQ += dS·K (K N-major: 16 keys per k-step).
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) attn_wg_mma<D, 1>::rs(dq, ds[kk], attn_wg_desc(kt + kk * 2048, BN * 128, 1024), 1);
+    attn_wg_commit();
+  }
+  attn_wg_wait<0>();
+  attn_keep_f<D / 2>(dq);
+
+  gpukit_bf16* dQ = (gpukit_bf16*)a.dq + b * a.sdq[0] + h * a.sdq[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = qrow + r * 8;
+    if (qi >= a.Tq) continue;
+    gpukit_bf16* row = dQ + (long long)qi * a.sdq[1];
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+      attn_store_pair(row + i * 8 + 2 * t, dq[4 * i + 2 * r] * a.scale, dq[4 * i + 2 * r + 1] * a.scale, a.acc_q);
+  }
+}
+
+// Instances: attn_<fwd|bwd_dkdv|bwd_dq>_wg[_drop]_d<D> (_drop: dropout on P).
+#define ATTN_WG_INSTANCES(DROPSUF, DROP)                                                                                 \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg##DROPSUF##_d64(const attn_args a) {       \
+    if constexpr (GPUKIT_KEEP(attn_fwd_wg##DROPSUF##_d64)) attn_fwd_wg<64, DROP>(a);                                     \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg##DROPSUF##_d128(const attn_args a) {      \
+    if constexpr (GPUKIT_KEEP(attn_fwd_wg##DROPSUF##_d128)) attn_fwd_wg<128, DROP>(a);                                   \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg##DROPSUF##_d64(const attn_args a) {  \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_wg##DROPSUF##_d64)) attn_bwd_dkdv_wg<64, DROP>(a);                           \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dkdv_wg##DROPSUF##_d128(const attn_args a) { \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_wg##DROPSUF##_d128)) attn_bwd_dkdv_wg<128, DROP>(a);                         \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg##DROPSUF##_d64(const attn_args a) {    \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_wg##DROPSUF##_d64)) attn_bwd_dq_wg<64, DROP>(a);                               \
+  }                                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_bwd_dq_wg##DROPSUF##_d128(const attn_args a) {   \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_wg##DROPSUF##_d128)) attn_bwd_dq_wg<128, DROP>(a);                             \
+  }
+ATTN_WG_INSTANCES(, false)
+ATTN_WG_INSTANCES(_drop, true)
+#else
+// Not sm_90a: the symbols exist (one module for every GPU) but are never
+// launched (ops/attention.go launches them only on sm_90a, and only when
+// this marker is absent).
+extern "C" __global__ void attn_wg_unavailable() {}
+extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_wg_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_wg_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_wg_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_wg_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_wg_drop_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_wg_drop_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_wg_drop_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_wg_drop_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_wg_drop_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_wg_drop_d128(const attn_args) { asm volatile("trap;"); }
+#endif
+
+// ---- CUDA-core kernels (f32 or bf16, any D ≤ 128) ----
+//
+// 128 threads (4 warps). Each warp owns 4 rows of its block's 16 (queries
+// for the forward and dQ, keys for dK/dV) and streams tiles of 32 rows of
+// the other side through shared memory (f32), one lane per streamed row
+// for the dot products (tiles padded to D+1 columns so those reads are
+// free of bank conflicts) and one lane per output column (d = lane + 32c)
+// for the accumulations.
+
+#define ATTN_S_THREADS 128
+#define ATTN_S_ROWS 16  // owned rows per block
+#define ATTN_S_TILE 32  // streamed rows per tile
+
+// attn_s_load fills n rows × D columns of shared f32 (row stride lds) from
+// rows [r0, r0+n) of a [T, D] matrix at g (row stride ld); zeros past T.
+template <typename T>
+__device__ __forceinline__ void attn_s_load(float* s, int lds, const T* g, long long ld, int r0, int n, int T_, int D) {
+  for (int i = threadIdx.x; i < n * D; i += ATTN_S_THREADS) {
+    int r = i / D, c = i % D, row = r0 + r;
+    s[r * lds + c] = row < T_ ? gpukit_ld(g + (long long)row * ld + c) : 0.0f;
+  }
+}
+
+// attn_s_store writes out[c] = x (or out[c] + x when acc) for this lane's
+// columns of a row.
+template <typename T>
+__device__ __forceinline__ void attn_s_store(T* row, const float x[4], int D, int acc) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < 4; c++) {
+    int d = lane + 32 * c;
+    if (d < D) {
+      float v = x[c];
+      if (acc) v += gpukit_ld(row + d);
+      gpukit_st(row + d, v);
+    }
+  }
+}
+
+// attn_fwd_simt: grid (H, B, ⌈Tq/16⌉) in reverse. Shared memory: Q [16][D],
+// K [32][D+1], V [32][D] in f32.
+template <typename T, bool DROP>
+__device__ __forceinline__ void attn_fwd_simt(const attn_args& a) {
+  ATTN_DYN_SMEM(attn_smem);
+  const int D = a.D;
+  float* sQ = (float*)attn_smem;
+  float* sK = sQ + ATTN_S_ROWS * D;
+  float* sV = sK + ATTN_S_TILE * (D + 1);
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * ATTN_S_ROWS;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const T* Q = (const T*)a.q + b * a.sq[0] + h * a.sq[2];
+  const T* K = (const T*)a.k + b * a.sk[0] + h * a.sk[2];
+  const T* V = (const T*)a.v + b * a.sv[0] + h * a.sv[2];
+  const int kend = a.causal ? min(a.Tk, q0 + ATTN_S_ROWS) : a.Tk;
+
+  attn_s_load(sQ, D, Q, a.sq[1], q0, ATTN_S_ROWS, a.Tq, D);
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
+  float m[4], l[4], acc[4][4];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    m[u] = -ATTN_INF;
+    l[u] = 0.0f;
+    acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
+  }
+  for (int kbase = 0; kbase < kend; kbase += ATTN_S_TILE) {
+    __syncthreads();  // the previous tile is used up (and sQ is written)
+    attn_s_load(sK, D + 1, K, a.sk[1], kbase, ATTN_S_TILE, a.Tk, D);
+    attn_s_load(sV, D, V, a.sv[1], kbase, ATTN_S_TILE, a.Tk, D);
+    __syncthreads();
+    const int key = kbase + lane;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int row = warp * 4 + u, qi = q0 + row;
+      const float* qr = sQ + row * D;
+      const float* kr = sK + lane * (D + 1);
+      float dot = 0.0f;
+      for (int d = 0; d < D; d++) dot += qr[d] * kr[d];
+      float x = dot * a.scale_log2;
+      if (key >= a.Tk || (a.causal && key > qi)) x = -ATTN_INF;
+      const float mnew = fmaxf(m[u], gpukit_warp_max(x));
+      const float mu = mnew == -ATTN_INF ? 0.0f : mnew;
+      const float alpha = exp2f(m[u] - mu);
+      float p = exp2f(x - mu);
+      l[u] = l[u] * alpha + gpukit_warp_sum(p);
+      m[u] = mnew;
+      if (DROP && !attn_keep1(dc, dc.base + (long long)qi * a.Tk + key)) p = 0.0f;  // l is undropped
+#pragma unroll
+      for (int c = 0; c < 4; c++) acc[u][c] *= alpha;
+      for (int j = 0; j < ATTN_S_TILE; j++) {
+        const float pj = __shfl_sync(0xffffffffu, p, j);
+        const float* vr = sV + j * D;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          int d = lane + 32 * c;
+          if (d < D) acc[u][c] += pj * vr[d];
+        }
+      }
+    }
+  }
+  T* O = (T*)a.o + b * a.so[0] + h * a.so[2];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int qi = q0 + warp * 4 + u;
+    if (qi >= a.Tq) continue;
+    const float inv = l[u] > 0.0f ? (DROP ? a.drop_scale : 1.0f) / l[u] : 0.0f;
+    float x[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) x[c] = acc[u][c] * inv;
+    attn_s_store(O + (long long)qi * a.so[1], x, D, 0);
+    if (lane == 0 && a.lse) {
+      a.lse[((long long)b * a.H + h) * a.Tq + qi] = l[u] > 0.0f ? (m[u] + log2f(l[u])) * ATTN_LN2 : -ATTN_INF;
+    }
+  }
+}
+
+// attn_bwd_dq_simt: grid (H, B, ⌈Tq/16⌉) in reverse. Shared memory: Q and
+// dO [16][D], K and V [32][D+1] in f32.
+template <typename T, bool DROP>
+__device__ __forceinline__ void attn_bwd_dq_simt(const attn_args& a) {
+  ATTN_DYN_SMEM(attn_smem);
+  const int D = a.D;
+  float* sQ = (float*)attn_smem;
+  float* sO = sQ + ATTN_S_ROWS * D;
+  float* sK = sO + ATTN_S_ROWS * D;
+  float* sV = sK + ATTN_S_TILE * (D + 1);
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * ATTN_S_ROWS;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const T* Q = (const T*)a.q + b * a.sq[0] + h * a.sq[2];
+  const T* dO = (const T*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const T* K = (const T*)a.k + b * a.sk[0] + h * a.sk[2];
+  const T* V = (const T*)a.v + b * a.sv[0] + h * a.sv[2];
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  const int kend = a.causal ? min(a.Tk, q0 + ATTN_S_ROWS) : a.Tk;
+
+  attn_s_load(sQ, D, Q, a.sq[1], q0, ATTN_S_ROWS, a.Tq, D);
+  attn_s_load(sO, D, dO, a.sdo[1], q0, ATTN_S_ROWS, a.Tq, D);
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
+  float lse2[4], dl[4], acc[4][4];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int qi = q0 + warp * 4 + u;
+    lse2[u] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : 0.0f;
+    dl[u] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+    acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
+  }
+  for (int kbase = 0; kbase < kend; kbase += ATTN_S_TILE) {
+    __syncthreads();
+    attn_s_load(sK, D + 1, K, a.sk[1], kbase, ATTN_S_TILE, a.Tk, D);
+    attn_s_load(sV, D + 1, V, a.sv[1], kbase, ATTN_S_TILE, a.Tk, D);
+    __syncthreads();
+    const int key = kbase + lane;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int row = warp * 4 + u, qi = q0 + row;
+      const float* qr = sQ + row * D;
+      const float* orow = sO + row * D;
+      const float* kr = sK + lane * (D + 1);
+      const float* vr = sV + lane * (D + 1);
+      float s = 0.0f, dp = 0.0f;
+      for (int d = 0; d < D; d++) {
+        s += qr[d] * kr[d];
+        dp += orow[d] * vr[d];
+      }
+      float p = exp2f(s * a.scale_log2 - lse2[u]);
+      if (key >= a.Tk || (a.causal && key > qi)) p = 0.0f;
+      if (DROP) dp = attn_keep1(dc, dc.base + (long long)qi * a.Tk + key) ? dp * a.drop_scale : 0.0f;
+      const float ds = p * (dp - dl[u]);
+      for (int j = 0; j < ATTN_S_TILE; j++) {
+        const float dsj = __shfl_sync(0xffffffffu, ds, j);
+        const float* kj = sK + j * (D + 1);
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          int d = lane + 32 * c;
+          if (d < D) acc[u][c] += dsj * kj[d];
+        }
+      }
+    }
+  }
+  T* dQ = (T*)a.dq + b * a.sdq[0] + h * a.sdq[2];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int qi = q0 + warp * 4 + u;
+    if (qi >= a.Tq) continue;
+    float x[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) x[c] = acc[u][c] * a.scale;
+    attn_s_store(dQ + (long long)qi * a.sdq[1], x, D, a.acc_q);
+  }
+}
+
+// attn_bwd_dkdv_simt: grid (H, B, ⌈Tk/16⌉). Shared memory: K and V [16][D]
+// (resident), Q and dO [32][D+1], lse·log2e and δ [32] in f32.
+template <typename T, bool DROP>
+__device__ __forceinline__ void attn_bwd_dkdv_simt(const attn_args& a) {
+  ATTN_DYN_SMEM(attn_smem);
+  const int D = a.D;
+  float* sK = (float*)attn_smem;
+  float* sV = sK + ATTN_S_ROWS * D;
+  float* sQ = sV + ATTN_S_ROWS * D;
+  float* sO = sQ + ATTN_S_TILE * (D + 1);
+  float* sL = sO + ATTN_S_TILE * (D + 1);
+  float* sD = sL + ATTN_S_TILE;
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int k0 = blockIdx.z * ATTN_S_ROWS;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const T* Q = (const T*)a.q + b * a.sq[0] + h * a.sq[2];
+  const T* dO = (const T*)a.dout + b * a.sdo[0] + h * a.sdo[2];
+  const T* K = (const T*)a.k + b * a.sk[0] + h * a.sk[2];
+  const T* V = (const T*)a.v + b * a.sv[0] + h * a.sv[2];
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  // causal: the first query tile holding a query ≥ k0
+  const int qstart = a.causal ? (k0 / ATTN_S_TILE) * ATTN_S_TILE : 0;
+
+  attn_s_load(sK, D, K, a.sk[1], k0, ATTN_S_ROWS, a.Tk, D);
+  attn_s_load(sV, D, V, a.sv[1], k0, ATTN_S_ROWS, a.Tk, D);
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
+  float dk[4][4], dv[4][4];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+#pragma unroll
+    for (int c = 0; c < 4; c++) dk[u][c] = dv[u][c] = 0.0f;
+  }
+  for (int qbase = qstart; qbase < a.Tq; qbase += ATTN_S_TILE) {
+    __syncthreads();
+    attn_s_load(sQ, D + 1, Q, a.sq[1], qbase, ATTN_S_TILE, a.Tq, D);
+    attn_s_load(sO, D + 1, dO, a.sdo[1], qbase, ATTN_S_TILE, a.Tq, D);
+    if (threadIdx.x < ATTN_S_TILE) {
+      const int qi = qbase + threadIdx.x;
+      sL[threadIdx.x] = qi < a.Tq ? a.lse[bh + qi] * ATTN_LOG2E : ATTN_INF;
+      sD[threadIdx.x] = qi < a.Tq ? a.delta[bh + qi] : 0.0f;
+    }
+    __syncthreads();
+    const int qi = qbase + lane;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int row = warp * 4 + u, kj = k0 + row;
+      const float* kr = sK + row * D;
+      const float* vr = sV + row * D;
+      const float* qr = sQ + lane * (D + 1);
+      const float* orow = sO + lane * (D + 1);
+      float s = 0.0f, dp = 0.0f;
+      for (int d = 0; d < D; d++) {
+        s += kr[d] * qr[d];
+        dp += vr[d] * orow[d];
+      }
+      float p = exp2f(s * a.scale_log2 - sL[lane]);  // 0 past Tq (lse +∞)
+      if (a.causal && kj > qi) p = 0.0f;
+      float pd = p;  // P∘mask for dV (1/(1−p) at the end)
+      if (DROP) {
+        const bool keep = attn_keep1(dc, dc.base + (long long)qi * a.Tk + kj);
+        dp = keep ? dp * a.drop_scale : 0.0f;
+        pd = keep ? p : 0.0f;
+      }
+      const float ds = p * (dp - sD[lane]);
+      for (int i = 0; i < ATTN_S_TILE; i++) {
+        const float pi = __shfl_sync(0xffffffffu, pd, i);
+        const float dsi = __shfl_sync(0xffffffffu, ds, i);
+        const float* qi_ = sQ + i * (D + 1);
+        const float* oi = sO + i * (D + 1);
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          int d = lane + 32 * c;
+          if (d < D) {
+            dv[u][c] += pi * oi[d];
+            dk[u][c] += dsi * qi_[d];
+          }
+        }
+      }
+    }
+  }
+  T* dK = (T*)a.dk + b * a.sdk[0] + h * a.sdk[2];
+  T* dV = (T*)a.dv + b * a.sdv[0] + h * a.sdv[2];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const int kj = k0 + warp * 4 + u;
+    if (kj >= a.Tk) continue;
+    float x[4];
+    if (a.dk) {
+#pragma unroll
+      for (int c = 0; c < 4; c++) x[c] = dk[u][c] * a.scale;
+      attn_s_store(dK + (long long)kj * a.sdk[1], x, D, a.acc_k);
+    }
+    if (a.dv) {
+      if (DROP) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) dv[u][c] *= a.drop_scale;
+      }
+      attn_s_store(dV + (long long)kj * a.sdv[1], dv[u], D, a.acc_v);
+    }
+  }
+}
+
+// attn_bwd_delta: δ[b,h,i] = Σ_d dO[b,i,h,d]·O[b,i,h,d] in f32, one warp
+// per row (grid-stride over the B·Tq·H rows, 4 warps per block).
+template <typename T>
+__device__ __forceinline__ void attn_bwd_delta(const attn_args& a) {
+  const int lane = threadIdx.x & 31;
+  const long long rows = (long long)a.B * a.Tq * a.H;
+  for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows;
+       r += ((long long)gridDim.x * blockDim.x) >> 5) {
+    const int h = (int)(r % a.H);
+    const long long bi = r / a.H;
+    const int i = (int)(bi % a.Tq), b = (int)(bi / a.Tq);
+    const T* o = (const T*)a.o + b * a.so[0] + (long long)i * a.so[1] + h * a.so[2];
+    const T* g = (const T*)a.dout + b * a.sdo[0] + (long long)i * a.sdo[1] + h * a.sdo[2];
+    float s = 0.0f;
+    for (int d = lane; d < a.D; d += 32) s += gpukit_ld(o + d) * gpukit_ld(g + d);
+    s = gpukit_warp_sum(s);
+    if (lane == 0) a.delta[((long long)b * a.H + h) * a.Tq + i] = s;
+  }
+}
+
+// attn_bwd_delta_v: attn_bwd_delta at memory bandwidth. A row of D
+// elements is read as L = D/V 16-byte vectors (V = 16/sizeof(T)) by L
+// consecutive lanes (L a power of two ≤ 32, so a row's lanes sit in one
+// warp), which add their 8-element dot products with log₂ L shuffles.
+// Rows are taken in (b, i, h) order, so a warp reads 32/L consecutive heads
+// of one token: contiguous memory in the usual [B,T,H,D] layouts. Each
+// thread takes two rows' vectors per round (four 16-byte loads in flight
+// before the first use). Needs every base address and stride a multiple of
+// V elements and B·Tq·H·L < 2³¹ (ops checks; attn_bwd_delta otherwise).
+__device__ __forceinline__ float attn_dot16(const float* o, const float* g) {
+  const gpukit_u32x4 u = *reinterpret_cast<const gpukit_u32x4*>(o), w = *reinterpret_cast<const gpukit_u32x4*>(g);
+  float s = __uint_as_float(u.a) * __uint_as_float(w.a);
+  s = fmaf(__uint_as_float(u.b), __uint_as_float(w.b), s);
+  s = fmaf(__uint_as_float(u.c), __uint_as_float(w.c), s);
+  return fmaf(__uint_as_float(u.d), __uint_as_float(w.d), s);
+}
+__device__ __forceinline__ float attn_dot16(const gpukit_bf16* o, const gpukit_bf16* g) {
+  const gpukit_u32x4 u = *reinterpret_cast<const gpukit_u32x4*>(o), w = *reinterpret_cast<const gpukit_u32x4*>(g);
+  const unsigned int uu[4] = {u.a, u.b, u.c, u.d}, ww[4] = {w.a, w.b, w.c, w.d};
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    s = fmaf(__uint_as_float(uu[k] << 16), __uint_as_float(ww[k] << 16), s);
+    s = fmaf(__uint_as_float(uu[k] & 0xffff0000u), __uint_as_float(ww[k] & 0xffff0000u), s);
+  }
+  return s;
+}
+
+template <typename T>
+__device__ __forceinline__ void attn_bwd_delta_v(const attn_args& a) {
+  constexpr int V = 16 / sizeof(T);
+  const int L = a.D / V, lg = __ffs(L) - 1;
+  const int lane = threadIdx.x & 31, sub = lane & (L - 1);
+  const unsigned int total = (unsigned int)a.B * a.Tq * a.H * L;
+  const unsigned int G = gridDim.x * blockDim.x;
+  const unsigned int q0 = blockIdx.x * blockDim.x + threadIdx.x;
+  // Loop bounds are uniform over a warp (G is a multiple of 32), so every
+  // lane reaches the shuffles.
+  for (unsigned int base = q0 - lane; base < total; base += 2 * G) {
+    float s[2];
+    long long out[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      const unsigned int q = base + lane + u * G;
+      s[u] = 0.0f;
+      out[u] = -1;
+      if (q < total) {
+        const unsigned int r = q >> lg, h = r % a.H, bi = r / a.H, i = bi % a.Tq, b = bi / a.Tq;
+        const T* o = (const T*)a.o + b * a.so[0] + (long long)i * a.so[1] + h * a.so[2] + sub * V;
+        const T* g = (const T*)a.dout + b * a.sdo[0] + (long long)i * a.sdo[1] + h * a.sdo[2] + sub * V;
+        s[u] = attn_dot16(o, g);
+        out[u] = ((long long)b * a.H + h) * a.Tq + i;
+      }
+    }
+    for (int o = L >> 1; o > 0; o >>= 1) {
+      s[0] += __shfl_xor_sync(0xffffffffu, s[0], o);
+      s[1] += __shfl_xor_sync(0xffffffffu, s[1], o);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      if (out[u] >= 0 && sub == 0) a.delta[out[u]] = s[u];
+    }
+  }
+}
+
+// Instances: attn_<fwd|bwd_dq|bwd_dkdv>_simt[_drop]_<dt> (_drop: dropout on P).
+#define ATTN_SIMT_INSTANCES(DROPSUF, DROP)                                                                             \
+  extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_fwd_simt##DROPSUF##_f32(const attn_args a) {       \
+    if constexpr (GPUKIT_KEEP(attn_fwd_simt##DROPSUF##_f32)) attn_fwd_simt<float, DROP>(a);                            \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_fwd_simt##DROPSUF##_bf16(const attn_args a) {      \
+    if constexpr (GPUKIT_KEEP(attn_fwd_simt##DROPSUF##_bf16)) attn_fwd_simt<gpukit_bf16, DROP>(a);                     \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dq_simt##DROPSUF##_f32(const attn_args a) {    \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_simt##DROPSUF##_f32)) attn_bwd_dq_simt<float, DROP>(a);                      \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dq_simt##DROPSUF##_bf16(const attn_args a) {   \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_simt##DROPSUF##_bf16)) attn_bwd_dq_simt<gpukit_bf16, DROP>(a);               \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dkdv_simt##DROPSUF##_f32(const attn_args a) {  \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_simt##DROPSUF##_f32)) attn_bwd_dkdv_simt<float, DROP>(a);                  \
+  }                                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(ATTN_S_THREADS) attn_bwd_dkdv_simt##DROPSUF##_bf16(const attn_args a) { \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_simt##DROPSUF##_bf16)) attn_bwd_dkdv_simt<gpukit_bf16, DROP>(a);           \
+  }
+ATTN_SIMT_INSTANCES(, false)
+ATTN_SIMT_INSTANCES(_drop, true)
+extern "C" __global__ void attn_bwd_delta_f32(const attn_args a) { if constexpr (GPUKIT_KEEP(attn_bwd_delta_f32)) attn_bwd_delta<float>(a); }
+extern "C" __global__ void attn_bwd_delta_bf16(const attn_args a) { if constexpr (GPUKIT_KEEP(attn_bwd_delta_bf16)) attn_bwd_delta<gpukit_bf16>(a); }
+extern "C" __global__ void attn_bwd_delta_v_f32(const attn_args a) { if constexpr (GPUKIT_KEEP(attn_bwd_delta_v_f32)) attn_bwd_delta_v<float>(a); }
+extern "C" __global__ void attn_bwd_delta_v_bf16(const attn_args a) { if constexpr (GPUKIT_KEEP(attn_bwd_delta_v_bf16)) attn_bwd_delta_v<gpukit_bf16>(a); }
+
+// ---- decoding with a KV cache ----
+
+#define ATTN_DEC_WARPS 4
+
+// attn_decode: o[b,0,h,:] = softmax(q·Kᵀ·scale)·V over keys 0..pos of the
+// caches k, v [B,Tmax,H,D] (pos read on the device, clamped to
+// [0, Tmax−1]). Grid (H, B), 4 warps: warp w takes keys w, w+4, ... with
+// its own online softmax (lane owns d = lane + 32c); the warps' partial
+// results are merged in a fixed order. Strides as in attn_args: q, k, v, o
+// each [3] (batch, time, head).
+template <typename T>
+__device__ __forceinline__ void attn_decode(T* o, const T* q, const T* k, const T* v, const int* pos,
+                                            const long long* st, int Tmax, int D, float scale_log2) {
+  __shared__ float sm[ATTN_DEC_WARPS], sl[ATTN_DEC_WARPS], sacc[ATTN_DEC_WARPS][128];
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n = min(max(*pos, 0), Tmax - 1) + 1;
+  const T* qr = q + b * st[0] + h * st[2];
+  const T* kb = k + b * st[3] + h * st[5];
+  const T* vb = v + b * st[6] + h * st[8];
+  float qv[4], acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int c = 0; c < 4; c++) {
+    int d = lane + 32 * c;
+    qv[c] = d < D ? gpukit_ld(qr + d) : 0.0f;
+  }
+  float m = -ATTN_INF, l = 0.0f;
+  for (int j = warp; j < n; j += ATTN_DEC_WARPS) {
+    const T* kr = kb + (long long)j * st[4];
+    const T* vr = vb + (long long)j * st[7];
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      int d = lane + 32 * c;
+      if (d < D) s += qv[c] * gpukit_ld(kr + d);
+    }
+    s = gpukit_warp_sum(s) * scale_log2;
+    const float mnew = fmaxf(m, s);
+    const float alpha = exp2f(m - mnew), p = exp2f(s - mnew);
+    l = l * alpha + p;
+    m = mnew;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      int d = lane + 32 * c;
+      acc[c] = acc[c] * alpha + (d < D ? p * gpukit_ld(vr + d) : 0.0f);
+    }
+  }
+  if (lane == 0) {
+    sm[warp] = m;
+    sl[warp] = l;
+  }
+#pragma unroll
+  for (int c = 0; c < 4; c++) sacc[warp][lane + 32 * c] = acc[c];
+  __syncthreads();
+  if (warp != 0) return;
+  float M = -ATTN_INF;
+  for (int w = 0; w < ATTN_DEC_WARPS; w++) M = fmaxf(M, sm[w]);
+  float L = 0.0f, out[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int w = 0; w < ATTN_DEC_WARPS; w++) {
+    const float f = sm[w] == -ATTN_INF ? 0.0f : exp2f(sm[w] - M);
+    L += f * sl[w];
+#pragma unroll
+    for (int c = 0; c < 4; c++) out[c] += f * sacc[w][lane + 32 * c];
+  }
+  T* orow = o + b * st[9] + h * st[11];
+#pragma unroll
+  for (int c = 0; c < 4; c++) {
+    int d = lane + 32 * c;
+    if (d < D) gpukit_st(orow + d, out[c] / L);
+  }
+}
+
+// st: q's batch/time/head strides, then k's, v's and o's (12 values).
+struct attn_dec_strides {
+  long long s[12];
+};
+
+extern "C" __global__ void attn_decode_f32(float* o, const float* q, const float* k, const float* v,
+                                           const int* pos, const attn_dec_strides st, int Tmax, int D,
+                                           float scale_log2) {
+  if constexpr (GPUKIT_KEEP(attn_decode_f32)) attn_decode<float>(o, q, k, v, pos, st.s, Tmax, D, scale_log2);
+}
+extern "C" __global__ void attn_decode_bf16(gpukit_bf16* o, const gpukit_bf16* q, const gpukit_bf16* k,
+                                            const gpukit_bf16* v, const int* pos, const attn_dec_strides st,
+                                            int Tmax, int D, float scale_log2) {
+  if constexpr (GPUKIT_KEEP(attn_decode_bf16)) attn_decode<gpukit_bf16>(o, q, k, v, pos, st.s, Tmax, D, scale_log2);
+}
+
+// attn_kv_write: cache[b, pos, h, d] = x[b, 0, h, d] for every b, h and
+// d < D, pos read on the device; nothing is written when pos is outside
+// [0, Tmax). Strides: cache (batch, time, head), x (batch, head).
+template <typename T>
+__device__ __forceinline__ void attn_kv_write(T* cache, const T* x, const int* pos, int B, int H, int D, int Tmax,
+                                              long long cb, long long ct, long long ch, long long xb, long long xh) {
+  const int p = *pos;
+  if (p < 0 || p >= Tmax) return;
+  GPUKIT_GRID_STRIDE(i, (long long)B * H * D) {
+    const int d = (int)(i % D);
+    const long long bh = (long long)(i / D);
+    const int h = (int)(bh % H), b = (int)(bh / H);
+    cache[b * cb + (long long)p * ct + h * ch + d] = x[b * xb + h * xh + d];
+  }
+}
+
+extern "C" __global__ void attn_kv_write_f32(float* cache, const float* x, const int* pos, int B, int H, int D,
+                                             int Tmax, long long cb, long long ct, long long ch, long long xb,
+                                             long long xh) {
+  if constexpr (GPUKIT_KEEP(attn_kv_write_f32)) attn_kv_write<float>(cache, x, pos, B, H, D, Tmax, cb, ct, ch, xb, xh);
+}
+extern "C" __global__ void attn_kv_write_bf16(gpukit_bf16* cache, const gpukit_bf16* x, const int* pos, int B, int H,
+                                              int D, int Tmax, long long cb, long long ct, long long ch, long long xb,
+                                              long long xh) {
+  if constexpr (GPUKIT_KEEP(attn_kv_write_bf16)) attn_kv_write<gpukit_bf16>(cache, x, pos, B, H, D, Tmax, cb, ct, ch, xb, xh);
+}
