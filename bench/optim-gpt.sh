@@ -40,10 +40,9 @@
 #   OPTIMIZER_SOCKET=SOCK POOL=SOCK          run the second-order optimizers in
 #                                            `optimizer serve` (the service's
 #                                            overhead on the real step)
-#   GPUKIT_OPTIM_PHASES=1                    replay Shampoo's and SOAP's steps from a
-#                                            CUDA graph per phase outside refresh
-#                                            steps (issue 26; off by default until
-#                                            a GPU machine has compared both)
+#   GPUKIT_OPTIM_PHASES=0                    step Shampoo and SOAP eagerly every step
+#                                            instead of replaying a CUDA graph per
+#                                            phase outside refresh steps
 # Needs trainer and gpukit-optimplot in $GPUKIT_BIN (default ./bin; make
 # build; the plot tool: cd bench && go build -o ../bin/gpukit-optimplot
 # ./cmd/gpukit-optimplot, or the GPU bundle's bench/).

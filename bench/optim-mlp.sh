@@ -11,8 +11,8 @@
 #
 # usage: bench/optim-mlp.sh [DATA_DIR]     (default: the Debian package's)
 #   EPOCHS=5  ADAMW_FLAGS="..."  KFAC_FLAGS="..."  DEVICE=auto
-#   GPUKIT_OPTIM_PHASES=1: K-FAC's step and the MLP's forward and backward
-#   replayed from CUDA graphs per phase (issue 26; off by default)
+#   GPUKIT_OPTIM_PHASES=0: K-FAC's step and the MLP's forward and backward
+#   eager every step instead of replayed from CUDA graphs per phase
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)

@@ -6,7 +6,7 @@ import (
 	"gpukit/libgpu/cuda/cudatest"
 )
 
-// TestGPUPhaseGraphsEqualEager: with GPUKIT_OPTIM_PHASES=1 the
+// TestGPUPhaseGraphsEqualEager: with phase graphs (the default) the
 // second-order optimizers' steps are replayed from a CUDA graph per phase
 // (Shampoo, SOAP and Muon's GPT; K-FAC's MLP, its forward and backward
 // per phase of its factor hooks too) and the run logs bitwise the losses

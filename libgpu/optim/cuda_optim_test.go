@@ -278,7 +278,7 @@ func soapBasesFed(t *testing.T, p *problem, tol, diagTol float64) {
 }
 
 // TestCUDAPhaseGraphs: Shampoo's and SOAP's steps replayed from a CUDA
-// graph per phase (optim.Phaser: the driver's GPUKIT_OPTIM_PHASES=1) leave
+// graph per phase (optim.Phaser: the driver's default) leave
 // the parameters bitwise as eager steps do, with synchronous and
 // asynchronous refreshes, and the device's step counter ends where the
 // host's is.
