@@ -140,7 +140,10 @@ func TestCUDAUNetShapes(t *testing.T) {
 				w.near(name+" dw", dwg, dwh, c.tol)
 				w.near(name+" db", dbg, dbh, 1e-4)
 			}
-			for _, s := range []struct{ n, hw, ch, g int }{{4, 1024, 64, 32}, {4, 1024, 192, 32}, {4, 256, 384, 32}, {4, 64, 512, 32}, {4, 64, 256, 32}} {
+			for _, s := range []struct{ n, hw, ch, g int }{{4, 1024, 64, 32}, {4, 1024, 192, 32}, {4, 256, 384, 32}, {4, 64, 512, 32}, {4, 64, 256, 32},
+				// Split over positions (gn_stats, gn_norm): the video U-Net's
+				// batch 2 at 64×64, and rows no chunk divides.
+				{2, 4096, 640, 32}, {2, 1000, 320, 32}} {
 				for _, silu := range []bool{false, true} {
 					name := fmt.Sprintf("groupnorm %dx%dx%d/%d silu=%v", s.n, s.hw, s.ch, s.g, silu)
 					xg, xh := w.pair(c.dt, 2, s.n, s.hw, s.ch)

@@ -346,12 +346,46 @@ func (p gnPlan) check() error {
 	return nil
 }
 
+// gnSplitRows is the fewest rows of positions a block of the split
+// forward (gn_stats, gn_norm) takes; tests lower it to split small maps.
+var gnSplitRows = 64
+
+// gnChunks is the split forward's rows per block (chunk) and blocks per
+// sample (k) for N samples of S positions on sms multiprocessors, by rows
+// of threads a block: k = 1 (one block per sample, gn_fwd) when N blocks
+// fill two waves or a sample has too few rows to split, else enough blocks
+// for two waves, each at least max(gnSplitRows, by) rows.
+func gnChunks(n, s, sms, by int) (chunk, k int) {
+	k = 1
+	if want := (2*sms + n - 1) / n; want > 1 {
+		k = min(want, max(1, s/max(gnSplitRows, by)))
+	}
+	chunk = (s + k - 1) / k
+	return chunk, (s + chunk - 1) / chunk
+}
+
 func (c *cudaImpl) groupNorm(s *gnShape, y, mean, rstd, x, w, b *tensor.Tensor, eps float32, silu bool) error {
 	p := gnPlanFor(s, rwVecOK([]*tensor.Tensor{x, y, w, b}))
 	if err := p.check(); err != nil {
 		return err
 	}
-	return launch.GnFwd(c, p.inst+"_"+dtName(x.DType), grid1(s.n), [3]uint32{uint32(p.bx), uint32(p.by), 1}, p.smem,
+	inst := p.inst + "_" + dtName(x.DType)
+	block := [3]uint32{uint32(p.bx), uint32(p.by), 1}
+	if chunk, k := gnChunks(s.n, s.s, c.SMCount(), p.by); k > 1 {
+		// Split over positions: per-block moments, then every block merges
+		// its sample's and normalises its rows.
+		part, err := c.Scratch("groupnorm.moments", 2*int64(s.n)*int64(k)*int64(s.g)*4)
+		if err != nil {
+			return err
+		}
+		grid := [3]uint32{uint32(s.n), uint32(k), 1}
+		if err := launch.GnStats(c, inst, grid, block, p.smem, part, devPtr(x), int32(s.s), int32(s.c), int32(s.g), int32(chunk)); err != nil {
+			return err
+		}
+		return launch.GnNorm(c, inst, grid, block, uint32(2*s.g*4), devPtr(y), devPtr(mean), devPtr(rstd), part, devPtr(x),
+			devPtr(w), devPtr(b), int32(s.s), int32(s.c), int32(s.g), eps, launch.Bool(silu), int32(chunk))
+	}
+	return launch.GnFwd(c, inst, grid1(s.n), block, p.smem,
 		devPtr(y), devPtr(mean), devPtr(rstd), devPtr(x), devPtr(w), devPtr(b), int32(s.s), int32(s.c), int32(s.g), eps, launch.Bool(silu))
 }
 

@@ -415,6 +415,29 @@ static void groupnorm(bool bf, int N, int S, int C, int G, bool silu, bool vec) 
   check(name + " y", y.read(), wy, bf ? 1e-2 : 1e-5);
   check(name + " mean", mean.read(), wm, 1e-5);
   check(name + " rstd", rstd.read(), wr, 1e-5);
+  // The forward split over positions (gn_stats, gn_norm) in K = 3 chunks
+  // (the last one short when 3 does not divide S).
+  if (S >= 3) {
+    const int chunk = (S + 2) / 3, K = (S + chunk - 1) / chunk;
+    Buf y2(N * S * C, bf), mean2(N * G, false), rstd2(N * G, false), mom(2 * N * K * G, false);
+    emu::launch({(unsigned)N, (unsigned)K, 1}, {(unsigned)bx, (unsigned)by, 1}, (by + 2) * C * 4, seed++, [&] {
+      if (bf)
+        vec ? gn_stats_v_bf16(mom.f(), x.h(), S, C, G, chunk) : gn_stats_s_bf16(mom.f(), x.h(), S, C, G, chunk);
+      else
+        vec ? gn_stats_v_f32(mom.f(), x.f(), S, C, G, chunk) : gn_stats_s_f32(mom.f(), x.f(), S, C, G, chunk);
+    });
+    emu::launch({(unsigned)N, (unsigned)K, 1}, {(unsigned)bx, (unsigned)by, 1}, 2 * G * 4, seed++, [&] {
+      if (bf)
+        vec ? gn_norm_v_bf16(y2.h(), mean2.f(), rstd2.f(), mom.f(), x.h(), w.f(), b.f(), S, C, G, (float)eps, silu, chunk)
+            : gn_norm_s_bf16(y2.h(), mean2.f(), rstd2.f(), mom.f(), x.h(), w.f(), b.f(), S, C, G, (float)eps, silu, chunk);
+      else
+        vec ? gn_norm_v_f32(y2.f(), mean2.f(), rstd2.f(), mom.f(), x.f(), w.f(), b.f(), S, C, G, (float)eps, silu, chunk)
+            : gn_norm_s_f32(y2.f(), mean2.f(), rstd2.f(), mom.f(), x.f(), w.f(), b.f(), S, C, G, (float)eps, silu, chunk);
+    });
+    check(name + " split y", y2.read(), wy, bf ? 1e-2 : 1e-5);
+    check(name + " split mean", mean2.read(), wm, 1e-5);
+    check(name + " split rstd", rstd2.read(), wr, 1e-5);
+  }
   if (bf) {
     // gn_affine: the same normalisation as scale, shift [N, C] (z = x·scale + shift).
     Buf sc(N * C, false), sh(N * C, false);

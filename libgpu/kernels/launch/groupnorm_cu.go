@@ -92,3 +92,55 @@ func GnBwdKernel(inst string) (Kernel, error) {
 	}
 	return Kernel{}, errNoInstance("groupnorm.cu", "gn_bwd_", inst)
 }
+
+// GnStats launches gn_stats_<inst> of groupnorm.cu, inst one of "s_f32", "v_f32", "s_bf16", "v_bf16":
+//
+//	gn_stats_s_f32(float* part, const float* x, int S, int C, int G, int chunk)
+func GnStats(l Launcher, inst string, grid, block [3]uint32, smem uint32, part, x cuda.DevicePtr, s, c, g, chunk int32) error {
+	kn, kerr := GnStatsKernel(inst)
+	if kerr != nil {
+		return kerr
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&part), unsafe.Pointer(&x), unsafe.Pointer(&s), unsafe.Pointer(&c), unsafe.Pointer(&g), unsafe.Pointer(&chunk))
+}
+
+// GnStatsKernel is instance inst of gn_stats_<inst> (GnStats), for Prefetch.
+func GnStatsKernel(inst string) (Kernel, error) {
+	switch inst {
+	case "s_f32":
+		return Kernel{File: "groupnorm.cu", Name: "gn_stats_s_f32"}, nil
+	case "v_f32":
+		return Kernel{File: "groupnorm.cu", Name: "gn_stats_v_f32"}, nil
+	case "s_bf16":
+		return Kernel{File: "groupnorm.cu", Name: "gn_stats_s_bf16"}, nil
+	case "v_bf16":
+		return Kernel{File: "groupnorm.cu", Name: "gn_stats_v_bf16"}, nil
+	}
+	return Kernel{}, errNoInstance("groupnorm.cu", "gn_stats_", inst)
+}
+
+// GnNorm launches gn_norm_<inst> of groupnorm.cu, inst one of "s_f32", "v_f32", "s_bf16", "v_bf16":
+//
+//	gn_norm_s_f32(float* y, float* mean, float* rstd, const float* part, const float* x, const float* w, const float* b, int S, int C, int G, float eps, int silu, int chunk)
+func GnNorm(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, mean, rstd, part, x, w, b cuda.DevicePtr, s, c, g int32, eps float32, silu, chunk int32) error {
+	kn, kerr := GnNormKernel(inst)
+	if kerr != nil {
+		return kerr
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&y), unsafe.Pointer(&mean), unsafe.Pointer(&rstd), unsafe.Pointer(&part), unsafe.Pointer(&x), unsafe.Pointer(&w), unsafe.Pointer(&b), unsafe.Pointer(&s), unsafe.Pointer(&c), unsafe.Pointer(&g), unsafe.Pointer(&eps), unsafe.Pointer(&silu), unsafe.Pointer(&chunk))
+}
+
+// GnNormKernel is instance inst of gn_norm_<inst> (GnNorm), for Prefetch.
+func GnNormKernel(inst string) (Kernel, error) {
+	switch inst {
+	case "s_f32":
+		return Kernel{File: "groupnorm.cu", Name: "gn_norm_s_f32"}, nil
+	case "v_f32":
+		return Kernel{File: "groupnorm.cu", Name: "gn_norm_v_f32"}, nil
+	case "s_bf16":
+		return Kernel{File: "groupnorm.cu", Name: "gn_norm_s_bf16"}, nil
+	case "v_bf16":
+		return Kernel{File: "groupnorm.cu", Name: "gn_norm_v_bf16"}, nil
+	}
+	return Kernel{}, errNoInstance("groupnorm.cu", "gn_norm_", inst)
+}
