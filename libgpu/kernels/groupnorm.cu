@@ -77,6 +77,57 @@ __device__ __forceinline__ void gn_write(T* yn, const T* xn, int s0, int s1, int
   }
 }
 
+// gn_moments: the per-group mean (gm[g]) and sum of squared deviations
+// from it (gq[g]) of rows [s0, s1) of one sample's positions, in two passes
+// (thread row ty reads rows s0 + ty, s0 + ty + by, ...); mu gets this
+// thread's V channels' means. pr: [blockDim.y][C] shared scratch. Ends
+// synchronised.
+template <typename T, int V>
+__device__ __forceinline__ void gn_moments(const T* xn, int s0, int s1, int C, int G, float* pr, float* gm, float* gq,
+                                           float* mu) {
+  const int tx = threadIdx.x, ty = threadIdx.y, by = blockDim.y;
+  const int c0 = tx * V, cg = C / G;
+  const float cnt = (float)(s1 - s0) * (float)cg;
+  float a[V];
+#pragma unroll
+  for (int k = 0; k < V; k++) a[k] = 0.0f;
+  for (int s = s0 + ty; s < s1; s += by) {
+    float u[V];
+    gpukit_ldv<V>(xn + (long long)s * C + c0, u);
+#pragma unroll
+    for (int k = 0; k < V; k++) a[k] += u[k];
+  }
+#pragma unroll
+  for (int k = 0; k < V; k++) pr[ty * C + c0 + k] = a[k];
+  __syncthreads();
+  gn_group_sums(gm, pr, by, C, G);
+  __syncthreads();
+  {
+    const int tid = ty * blockDim.x + tx, nt = blockDim.x * by;
+    for (int g = tid; g < G; g += nt) gm[g] /= cnt;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < V; k++) {
+    mu[k] = gm[(c0 + k) / cg];
+    a[k] = 0.0f;
+  }
+  for (int s = s0 + ty; s < s1; s += by) {
+    float u[V];
+    gpukit_ldv<V>(xn + (long long)s * C + c0, u);
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      const float d = u[k] - mu[k];
+      a[k] += d * d;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < V; k++) pr[ty * C + c0 + k] = a[k];
+  __syncthreads();
+  gn_group_sums(gq, pr, by, C, G);
+  __syncthreads();
+}
+
 // gn_fwd writes y (AFFINE false), or with AFFINE the normalisation as a
 // per-channel affine map of each sample instead of y: scale[n·C + c] = r·w
 // and shift[n·C + c] = b − μ·r·w, so z = x·scale + shift (the prologue of
@@ -95,46 +146,8 @@ __device__ void gn_fwd(T* y, float* mean, float* rstd, const T* x, const float* 
   float* grstd = gmean + C;       // [G]
   const float cnt = (float)S * (float)cg;
 
-  float a[V];
-#pragma unroll
-  for (int k = 0; k < V; k++) a[k] = 0.0f;
-  for (int s = ty; s < S; s += by) {
-    float u[V];
-    gpukit_ldv<V>(xn + (long long)s * C + c0, u);
-#pragma unroll
-    for (int k = 0; k < V; k++) a[k] += u[k];
-  }
-#pragma unroll
-  for (int k = 0; k < V; k++) part[ty * C + c0 + k] = a[k];
-  __syncthreads();
-  gn_group_sums(gmean, part, by, C, G);
-  __syncthreads();
-  {
-    const int tid = ty * blockDim.x + tx, nt = blockDim.x * by;
-    for (int g = tid; g < G; g += nt) gmean[g] /= cnt;
-  }
-  __syncthreads();
-
   float mu[V];
-#pragma unroll
-  for (int k = 0; k < V; k++) {
-    mu[k] = gmean[(c0 + k) / cg];
-    a[k] = 0.0f;
-  }
-  for (int s = ty; s < S; s += by) {
-    float u[V];
-    gpukit_ldv<V>(xn + (long long)s * C + c0, u);
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-      const float d = u[k] - mu[k];
-      a[k] += d * d;
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < V; k++) part[ty * C + c0 + k] = a[k];
-  __syncthreads();
-  gn_group_sums(grstd, part, by, C, G);
-  __syncthreads();
+  gn_moments<T, V>(xn, 0, S, C, G, part, gmean, grstd, mu);
   {
     const int tid = ty * blockDim.x + tx, nt = blockDim.x * by;
     for (int g = tid; g < G; g += nt) {
@@ -174,7 +187,6 @@ template <typename T, int V>
 __device__ void gn_stats(float* part, const T* x, int S, int C, int G, int chunk) {
   GN_DYN_SMEM(gn_sm);
   const int tx = threadIdx.x, ty = threadIdx.y, by = blockDim.y;
-  const int c0 = tx * V, cg = C / G;
   const long long n = blockIdx.x;
   const int k = blockIdx.y, K = gridDim.y;
   const int s0 = k * chunk, s1 = min(S, s0 + chunk);
@@ -182,45 +194,9 @@ __device__ void gn_stats(float* part, const T* x, int S, int C, int G, int chunk
   float* pr = gn_sm;              // [by][C]
   float* gm = gn_sm + by * C;     // [G]
   float* gq = gm + C;             // [G]
-  const float cnt = (float)(s1 - s0) * (float)cg;
   const int tid = ty * blockDim.x + tx, nt = blockDim.x * by;
-
-  float a[V];
-#pragma unroll
-  for (int j = 0; j < V; j++) a[j] = 0.0f;
-  for (int s = s0 + ty; s < s1; s += by) {
-    float u[V];
-    gpukit_ldv<V>(xn + (long long)s * C + c0, u);
-#pragma unroll
-    for (int j = 0; j < V; j++) a[j] += u[j];
-  }
-#pragma unroll
-  for (int j = 0; j < V; j++) pr[ty * C + c0 + j] = a[j];
-  __syncthreads();
-  gn_group_sums(gm, pr, by, C, G);
-  __syncthreads();
-  for (int g = tid; g < G; g += nt) gm[g] /= cnt;
-  __syncthreads();
   float mu[V];
-#pragma unroll
-  for (int j = 0; j < V; j++) {
-    mu[j] = gm[(c0 + j) / cg];
-    a[j] = 0.0f;
-  }
-  for (int s = s0 + ty; s < s1; s += by) {
-    float u[V];
-    gpukit_ldv<V>(xn + (long long)s * C + c0, u);
-#pragma unroll
-    for (int j = 0; j < V; j++) {
-      const float d = u[j] - mu[j];
-      a[j] += d * d;
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < V; j++) pr[ty * C + c0 + j] = a[j];
-  __syncthreads();
-  gn_group_sums(gq, pr, by, C, G);
-  __syncthreads();
+  gn_moments<T, V>(xn, s0, s1, C, G, pr, gm, gq, mu);
   for (int g = tid; g < G; g += nt) {
     float* o = part + ((n * K + k) * G + g) * 2;
     o[0] = gm[g];
