@@ -411,6 +411,28 @@ func (c *cudaImpl) scratchTensor(e *Engine, name string, dt tensor.DType, shape 
 // benchmark of a whole tool); another value leaves the default.
 var convPath = convPathFromEnv(os.Getenv("GPUKIT_CONV_PATH"))
 
+// convBwdPath chooses the kernels of the backward (input and weight
+// gradients) as convPath does the forward's. By default it is convMMA: on
+// an H200 (2026-11-28, bench/conv.sh) the mma.sync backward took 9.50 ms
+// in sum over the eight U-Net shapes against wgmma's 10.39 (wgmma ahead
+// at three shapes, behind by up to 27% at the others), while wgmma's
+// forward was 1.4–2.3× faster everywhere. GPUKIT_CONV_BWD=mma|wg|im2col
+// sets it; with GPUKIT_CONV_PATH set and GPUKIT_CONV_BWD not, it follows
+// GPUKIT_CONV_PATH.
+var convBwdPath = convBwdPathFromEnv(os.Getenv("GPUKIT_CONV_PATH"), os.Getenv("GPUKIT_CONV_BWD"))
+
+// convBwdPathFromEnv is convBwdPath for GPUKIT_CONV_PATH's and
+// GPUKIT_CONV_BWD's values.
+func convBwdPathFromEnv(path, bwd string) int {
+	switch {
+	case bwd == "mma" || bwd == "wg" || bwd == "im2col":
+		return convPathFromEnv(bwd)
+	case path == "mma" || path == "wg" || path == "im2col":
+		return convPathFromEnv(path)
+	}
+	return convMMA
+}
+
 // convPathFromEnv is convPath for the value of GPUKIT_CONV_PATH.
 func convPathFromEnv(v string) int {
 	switch v {
@@ -649,7 +671,7 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 		}
 		return nil
 	}
-	if dw != nil && dw.DType == tensor.F32 && igemmOK(convPath, s.cin, s.cout, x, dy) && c.wgOK(convPath, s.cin, s.cout) {
+	if dw != nil && dw.DType == tensor.F32 && igemmOK(convBwdPath, s.cin, s.cout, x, dy) && c.wgOK(convBwdPath, s.cin, s.cout) {
 		if err := c.convWgDW(e, dw, dy, x, s, acc[1]); err != nil {
 			return err
 		}
@@ -687,7 +709,7 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 	if dx == nil {
 		return nil
 	}
-	if s.stride == 1 && s.kh == s.kw && igemmOK(convPath, s.cout, s.cin, dy, w, dx) {
+	if s.stride == 1 && s.kh == s.kw && igemmOK(convBwdPath, s.cout, s.cin, dy, w, dx) {
 		// dx = conv(dy, flip(w)) with padding KH−1−pad: the forward kernel
 		// on the filters rotated by 180° with in and out channels swapped.
 		wf, err := c.scratchTensor(e, "conv2d.wflip", w.DType, s.cin, s.kh, s.kw, s.cout)
@@ -698,7 +720,7 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 			devPtr(wf), devPtr(w), int32(s.cout), int32(s.kh), int32(s.kw), int32(s.cin)); err != nil {
 			return err
 		}
-		return c.convIgemm(convPath, dy, wf, nil, dx, s.n, s.ho, s.wo, s.cout, s.h, s.w, s.cin, s.kh, s.kw, 1, s.kh-1-s.pad, acc[0])
+		return c.convIgemm(convBwdPath, dy, wf, nil, dx, s.n, s.ho, s.wo, s.cout, s.h, s.w, s.cin, s.kh, s.kw, 1, s.kh-1-s.pad, acc[0])
 	}
 	dcol, err := c.scratchTensor(e, "conv2d.dcol", x.DType, nc*s.outPerImg, s.k)
 	if err != nil {

@@ -17,13 +17,13 @@ func SetConvImplicit(on bool) (restore func()) {
 	return SetConvPath(ConvIm2col)
 }
 
-// SetConvPath chooses the kernels of bf16 CUDA convolutions from now on
-// (ConvMMA, ConvWG, ConvIm2col) and returns a func that restores the
-// previous choice.
+// SetConvPath chooses the kernels of bf16 CUDA convolutions, forward and
+// backward, from now on (ConvMMA, ConvWG, ConvIm2col) and returns a func
+// that restores the previous choice.
 func SetConvPath(p int) (restore func()) {
-	old := convPath
-	convPath = p
-	return func() { convPath = old }
+	old, oldBwd := convPath, convBwdPath
+	convPath, convBwdPath = p, p
+	return func() { convPath, convBwdPath = old, oldBwd }
 }
 
 // ConvHopper reports whether e's CUDA backend runs conv_wg_fwd.

@@ -13,7 +13,7 @@ package ops
 // machine takes the same path and runs stay bitwise reproducible across
 // processes, as the GEMM algorithms do. A forward first met during stream
 // capture runs convPath's own choice (and is tuned at its next eager run,
-// as gemmtune does). The backward keeps convPath's choice.
+// as gemmtune does). The backward runs convBwdPath's choice.
 //
 // On by default since it ran on a GPU machine (an H200, 2026-11-28:
 // TestCUDAConvTuned passes; the guided sampling step at batch 256 7.36 ms
