@@ -7,6 +7,8 @@
 #     bench/      the benchmark driver, bench/run.sh and bench/reference/*.py
 #     run.sh      runs every GPU test with GPUKIT_REQUIRE_GPU=1 and ends with
 #                 one line "N passed, N failed"
+#     par.sh      the same as parallel shards sharing the GPU (pass/fail
+#                 only, not timings: scripts/gpu-par.sh)
 #   build/gpu/run.sh   unpacks the archive into a temp dir and runs it
 # A GPU test is a Test function whose body calls RequireGPU (libgpu/cuda/cudatest).
 # BUNDLE_PKGS=REGEX keeps only the test packages whose directory matches
@@ -107,6 +109,7 @@ echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
 RUN
 chmod +x "$stage/run.sh"
+cp scripts/gpu-par.sh "$stage/par.sh"
 
 tar -C "$stage" -cf - . | xz -T0 -9 >"$out/gpukit-gpu.tar.xz"
 cat >"$out/run.sh" <<'RUN'

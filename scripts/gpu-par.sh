@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# scripts/gpu-par.sh — runs a GPU bundle's tests in parallel on a GPU
-# machine: every test binary's list (tests/NAME.d/TESTS, or GPUKIT_TEST_RUN's
+# scripts/gpu-par.sh (par.sh in the GPU bundle) — runs the bundle's GPU
+# tests in parallel on a GPU machine: every test binary's list (tests/NAME.d/TESTS, or GPUKIT_TEST_RUN's
 # names for every binary) split round-robin into shards of at most
 # GPUKIT_PAR_SIZE tests (default 6), each shard one process, all at once,
 # sharing the kernel cache (writes are atomic renames). The GPU is shared,
 # so this is for pass/fail, never for timings. Each shard's log goes to
 # LOGDIR/NAME.SHARD.log; the last line is "N passed, N failed".
 #
-# usage: scripts/gpu-par.sh BUNDLE.tar.xz LOGDIR
+# usage: bash build/gpu/run.sh par.sh [LOGDIR]   (default: logs/ in the bundle)
 #   GPUKIT_PAR_TIMEOUT  seconds before every shard still running is killed
 #                       (default 480; a killed shard counts as one failure)
 set -uo pipefail
-[ $# = 2 ] || { echo "usage: $0 BUNDLE.tar.xz LOGDIR" >&2; exit 2; }
-dest=$(mktemp -d)
-tar -C "$dest" -xJf "$1" || exit 1
-logdir=$2
+[ $# -le 1 ] || { echo "usage: par.sh [LOGDIR]" >&2; exit 2; }
+dest=$(cd "$(dirname "$0")" && pwd)
+[ -d "$dest/tests" ] || { echo "par.sh: no tests/ beside it (run it inside the GPU bundle: build/gpu/run.sh par.sh)" >&2; exit 2; }
+logdir=${1:-$dest/logs}
 mkdir -p "$logdir"
 export GPUKIT_REQUIRE_GPU=1 PATH="$dest/bin:$PATH" GPUKIT_BIN="$dest/bin"
 export GPUKIT_CACHE_DIR=${GPUKIT_CACHE_DIR:-$(mktemp -d)}
