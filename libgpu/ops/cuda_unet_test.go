@@ -85,7 +85,8 @@ func (w *twin) near(what string, g, h *tensor.Tensor, tol float64) {
 // the GPU in f32 (PrecF32: full f32 GEMMs) and bf16, against the host
 // backend on the same inputs: the vector paths, im2col chunking and the
 // block geometry of the norms at sizes the family checks do not reach.
-// bf16 runs every convolution path: the default (mma.sync), wgmma on
+// bf16 runs every convolution path: the default (on sm_90a the wgmma
+// forward, tuned per shape, and mma.sync gradients), wgmma throughout on
 // sm_90a (forward and input-gradient tiles of 64, 128 and 256 channels,
 // the last at 18 × 32² × 64 → 512; weight gradients split over the pixels
 // and reduced) and im2col + cuBLASLt.
