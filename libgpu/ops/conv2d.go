@@ -402,13 +402,13 @@ func (c *cudaImpl) scratchTensor(e *Engine, name string, dt tensor.DType, shape 
 // shape conv_igemm_fwd takes (igemmOK) as that implicit GEMM on mma.sync,
 // else im2col + cuBLASLt; at stride 1 the input gradient runs the same
 // kernel on the flipped filters. convWG, the default, runs the shapes
-// conv2d_wg.cu's kernels take (wgOK: sm_90a) on wgmma instead, the weight
-// gradient included, and the rest as convMMA (on an H200, 2026-11-28,
-// bench/conv.sh: wgmma's forward 1.4–2.1× mma.sync's on every U-Net shape
-// measured, the backward within ±15%; the guided sampling step at batch
-// 256 6.31 ms against 8.50). convIm2col runs every shape as im2col +
-// cuBLASLt. GPUKIT_CONV_PATH=mma|wg|im2col sets it for a process (a
-// benchmark of a whole tool); another value leaves the default.
+// conv2d_wg.cu's kernels take (wgOK: sm_90a) on wgmma instead, and the rest
+// as convMMA (on an H200, 2026-11-28, bench/conv.sh: wgmma's forward
+// 1.4–2.3× mma.sync's at every U-Net shape measured; the guided sampling
+// step at batch 256 6.31 ms against 8.50). convIm2col runs every shape as
+// im2col + cuBLASLt. The backward's kernels are convBwdPath's choice.
+// GPUKIT_CONV_PATH=mma|wg|im2col sets it for a process (a benchmark of a
+// whole tool); another value leaves the default.
 var convPath = convPathFromEnv(os.Getenv("GPUKIT_CONV_PATH"))
 
 // convBwdPath chooses the kernels of the backward (input and weight

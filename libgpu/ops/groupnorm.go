@@ -347,8 +347,8 @@ func (p gnPlan) check() error {
 }
 
 // gnSplitRows is the fewest rows of positions a block of the split
-// forward (gn_stats, gn_norm) takes; tests lower it to split small maps.
-var gnSplitRows = 64
+// forward (gn_stats, gn_norm) takes.
+const gnSplitRows = 64
 
 // gnChunks is the split forward's rows per block (chunk) and blocks per
 // sample (k) for N samples of S positions on sms multiprocessors, by rows
