@@ -236,25 +236,15 @@ func hostSignSGD(params, grads []*tensor.Tensor, cfg SignSGDConfig) error {
 // fields.
 func (c *cudaImpl) aa2Multi(kernel func(launch.Launcher, [3]uint32, [3]uint32, uint32, *launch.Aa2Args) error,
 	params []*tensor.Tensor, base launch.Aa2Args, fill func(i int, t *launch.Aa2Tensor)) error {
-	groups, err := mtPlan(numels(params))
-	if err != nil {
-		return err
-	}
-	for _, g := range groups {
-		if g.blocks() == 0 {
-			continue
-		}
+	return mtEach(numels(params), func(g mtGroup) error {
 		a := base
 		a.Start, a.Count = g.start, int32(g.hi-g.lo)
 		for i := g.lo; i < g.hi; i++ {
 			a.T[i-g.lo] = launch.Aa2Tensor{P: devPtr(params[i]), N: int64(params[i].Numel())}
 			fill(i, &a.T[i-g.lo])
 		}
-		if err := kernel(c, grid1(int(g.blocks())), block1(mtBlock), 0, &a); err != nil {
-			return err
-		}
-	}
-	return nil
+		return kernel(c, grid1(int(g.blocks())), block1(mtBlock), 0, &a)
+	})
 }
 
 func (c *cudaImpl) adamATan2(params, grads, m, v []*tensor.Tensor, step *tensor.Tensor, cfg AdamATan2Config) error {

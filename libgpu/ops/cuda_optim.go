@@ -50,6 +50,24 @@ type mtGroup struct {
 
 func (g mtGroup) blocks() uint32 { return uint32(g.start[g.hi-g.lo]) }
 
+// mtEach calls launch for each launch of mtPlan(sizes) that has blocks, in
+// order, stopping at the first error.
+func mtEach(sizes []int, launch func(g mtGroup) error) error {
+	groups, err := mtPlan(sizes)
+	if err != nil {
+		return err
+	}
+	for _, g := range groups {
+		if g.blocks() == 0 {
+			continue
+		}
+		if err := launch(g); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func numels(ts []*tensor.Tensor) []int {
 	n := make([]int, len(ts))
 	for i, t := range ts {
@@ -101,22 +119,12 @@ func (c *cudaImpl) adamW(params, grads, m, v []*tensor.Tensor, step *tensor.Tens
 
 // sgd is Engine.SGD with sgd_multi, one launch per mtMax tensors.
 func (c *cudaImpl) sgd(params, grads, mom []*tensor.Tensor, cfg SGDConfig) error {
-	groups, err := mtPlan(numels(params))
-	if err != nil {
-		return err
-	}
-	for _, g := range groups {
-		if g.blocks() == 0 {
-			continue
-		}
+	return mtEach(numels(params), func(g mtGroup) error {
 		a := &launch.OpsSgdArgs{Start: g.start, Count: int32(g.hi - g.lo), Lr: cfg.LR, Mu: cfg.Momentum, Wd: cfg.WeightDecay}
 		for i := g.lo; i < g.hi; i++ {
 			a.T[i-g.lo] = launch.OpsSgdTensor{P: devPtr(params[i]), G: devPtr(grads[i]), Buf: devPtr(mom[i]),
 				N: int64(params[i].Numel())}
 		}
-		if err := launch.SgdMulti(c, [3]uint32{g.blocks(), 1, 1}, [3]uint32{mtBlock, 1, 1}, 0, a); err != nil {
-			return err
-		}
-	}
-	return nil
+		return launch.SgdMulti(c, [3]uint32{g.blocks(), 1, 1}, [3]uint32{mtBlock, 1, 1}, 0, a)
+	})
 }

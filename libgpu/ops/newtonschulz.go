@@ -204,15 +204,8 @@ func (e *Engine) MuonPreps(ps []MuonPrep) error {
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		groups, err := mtPlan(muonSizes(geo))
-		if err != nil {
-			return err
-		}
-		for _, g := range groups {
+		return mtEach(muonSizes(geo), func(g mtGroup) error {
 			blocks, count := g.blocks(), g.hi-g.lo
-			if blocks == 0 {
-				continue
-			}
 			part, err := c.Scratch("muon.part", int64(blocks)*4+int64(count)*4)
 			if err != nil {
 				return err
@@ -230,11 +223,8 @@ func (e *Engine) MuonPreps(ps []MuonPrep) error {
 			if err := launch.MuonScaleMulti(c, grid1((count+31)/32), block1(32), 0, a); err != nil {
 				return err
 			}
-			if err := launch.MuonNormalizeMulti(c, dtName(p0.X.DType), grid1(int(blocks)), block1(mtBlock), 0, a); err != nil {
-				return err
-			}
-		}
-		return nil
+			return launch.MuonNormalizeMulti(c, dtName(p0.X.DType), grid1(int(blocks)), block1(mtBlock), 0, a)
+		})
 	})
 }
 
@@ -346,24 +336,14 @@ func (e *Engine) MuonApplies(ws []MuonWeight, lrScale *tensor.Tensor, lr, decay 
 		}
 		return nil
 	}, func(c *cudaImpl) error {
-		groups, err := mtPlan(muonSizes(geo))
-		if err != nil {
-			return err
-		}
-		for _, g := range groups {
-			if g.blocks() == 0 {
-				continue
-			}
+		return mtEach(muonSizes(geo), func(g mtGroup) error {
 			a := &launch.MuonArgs{Start: g.start, Count: int32(g.hi - g.lo), Lr: lr, Decay: decay, LrScale: devPtr(lrScale)}
 			for i := g.lo; i < g.hi; i++ {
 				w := ws[i]
 				a.T[i-g.lo] = launch.MuonTensor{P: devPtr(w.P), X: devPtr(w.X), M: int32(geo[i][0]), N: int32(geo[i][1]),
 					Transpose: int32(geo[i][2]), Scale: w.Scale}
 			}
-			if err := launch.MuonApplyMulti(c, dtName(ws[0].X.DType), grid1(int(g.blocks())), block1(mtBlock), 0, a); err != nil {
-				return err
-			}
-		}
-		return nil
+			return launch.MuonApplyMulti(c, dtName(ws[0].X.DType), grid1(int(g.blocks())), block1(mtBlock), 0, a)
+		})
 	})
 }

@@ -167,11 +167,7 @@ func (e *Engine) ShampooPreps(ps []ShampooPrep) error {
 		for i, p := range ps {
 			sizes[i] = p.Blk.Count() * p.Blk.BR * p.Blk.BC
 		}
-		groups, err := mtPlan(sizes)
-		if err != nil {
-			return err
-		}
-		for _, g := range groups {
+		return mtEach(sizes, func(g mtGroup) error {
 			a := &launch.PcPrepArgs{Start: g.start, Count: int32(g.hi - g.lo), Beta1: s.Beta1, Beta2: s.Beta2,
 				Bc1: bc1, Bc2: bc2, Eps: s.Eps, Bc: devPtr(s.BC), Adagrad: launch.Bool(s.AdaGrad)}
 			for i := g.lo; i < g.hi; i++ {
@@ -179,14 +175,8 @@ func (e *Engine) ShampooPreps(ps []ShampooPrep) error {
 				a.T[i-g.lo] = launch.PcPrepTensor{Geo: p.Blk.geom(), G: devPtr(p.G), M: devPtr(p.M), V: devPtr(p.V),
 					Gs: devPtr(p.GS), Gb: devPtr(p.GB), Ga: devPtr(p.GA), Total: int64(sizes[i])}
 			}
-			if g.blocks() == 0 {
-				continue
-			}
-			if err := launch.ShampooPrepMulti(c, grid1(int(g.blocks())), block1(mtBlock), 0, a); err != nil {
-				return err
-			}
-		}
-		return nil
+			return launch.ShampooPrepMulti(c, grid1(int(g.blocks())), block1(mtBlock), 0, a)
+		})
 	})
 }
 
@@ -381,11 +371,7 @@ func (e *Engine) BlockApplies(as []BlockApply) error {
 		for i, a := range as {
 			sizes[i] = a.Blk.M * a.Blk.N
 		}
-		groups, err := mtPlan(sizes)
-		if err != nil {
-			return err
-		}
-		for _, g := range groups {
+		return mtEach(sizes, func(g mtGroup) error {
 			args := &launch.PcApplyArgs{Start: g.start, Count: int32(g.hi - g.lo), Lr: a0.LR, Coef: a0.Coef, Wd: a0.Decay,
 				LrScale: devPtr(a0.LRScale), Bc: devPtr(a0.CoefBC)}
 			for i := g.lo; i < g.hi; i++ {
@@ -393,14 +379,8 @@ func (e *Engine) BlockApplies(as []BlockApply) error {
 				args.T[i-g.lo] = launch.PcApplyTensor{Geo: a.Blk.geom(), P: devPtr(a.P), D: devPtr(a.D), Scale: devPtr(a.Scale),
 					Total: int64(sizes[i])}
 			}
-			if g.blocks() == 0 {
-				continue
-			}
-			if err := launch.BlockApplyMulti(c, grid1(int(g.blocks())), block1(mtBlock), 0, args); err != nil {
-				return err
-			}
-		}
-		return nil
+			return launch.BlockApplyMulti(c, grid1(int(g.blocks())), block1(mtBlock), 0, args)
+		})
 	})
 }
 
@@ -476,25 +456,15 @@ func (c *cudaImpl) soapMulti(kernel func(launch.Launcher, [3]uint32, [3]uint32, 
 	for i, t := range ts {
 		sizes[i] = t.Blk.Count() * t.Blk.BR * t.Blk.BC
 	}
-	groups, err := mtPlan(sizes)
-	if err != nil {
-		return err
-	}
-	for _, g := range groups {
+	return mtEach(sizes, func(g mtGroup) error {
 		a := &launch.PcSoapArgs{Start: g.start, Count: int32(g.hi - g.lo), Beta: beta, Eps: eps}
 		for i := g.lo; i < g.hi; i++ {
 			t := ts[i]
 			a.T[i-g.lo] = launch.PcSoapTensor{Geo: t.Blk.geom(), X: devPtr(t.X), U: devPtr(t.U), Y: devPtr(t.Y),
 				W: devPtr(t.W), Z: devPtr(t.Z), Total: int64(sizes[i])}
 		}
-		if g.blocks() == 0 {
-			continue
-		}
-		if err := kernel(c, grid1(int(g.blocks())), block1(mtBlock), 0, a); err != nil {
-			return err
-		}
-	}
-	return nil
+		return kernel(c, grid1(int(g.blocks())), block1(mtBlock), 0, a)
+	})
 }
 
 // SOAPAdam is Adam's second moment and step in SOAP's eigenbasis, over
