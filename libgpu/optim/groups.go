@@ -25,9 +25,8 @@ type blockGroup struct {
 }
 
 // groupByShape groups parameters by block shape and treatment, in order of
-// each group's first member; it returns the groups and, per parameter,
-// its group and its place among the members.
-func groupByShape(blks []ops.Blocking, pre []bool) (groups []*blockGroup, at [][2]int) {
+// each group's first member.
+func groupByShape(blks []ops.Blocking, pre []bool) (groups []*blockGroup) {
 	type key struct {
 		br, bc int
 		pre    bool
@@ -42,13 +41,12 @@ func groupByShape(blks []ops.Blocking, pre []bool) (groups []*blockGroup, at [][
 			groups = append(groups, &blockGroup{br: b.BR, bc: b.BC, pre: pre[i]})
 		}
 		g := groups[gi]
-		at = append(at, [2]int{gi, len(g.members)})
 		g.members = append(g.members, i)
 		g.blks = append(g.blks, b)
 		g.offs = append(g.offs, g.count)
 		g.count += b.Count()
 	}
-	return groups, at
+	return groups
 }
 
 // place reserves the blocks of every preconditioned group, member by

@@ -139,6 +139,13 @@ func (r *rootSched) add(s *state, a device.Allocator, prefix string, j *rootJob,
 	return nil
 }
 
+// publishDue reports whether step t puts the asynchronous refresh in
+// flight in use (its staleness bound reached).
+func (r *rootSched) publishDue(t int) bool {
+	return r.pendingT > 0 && t >= r.pendingT+r.opts.MaxStaleness
+}
+
+// due reports whether step t starts a refresh.
 func (r *rootSched) due(t int) bool { return t >= r.start && (t-r.start)%r.every == 0 }
 
 // ready reports whether preconditioners are in use at step t (the first
@@ -162,7 +169,7 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 			return err
 		}
 	}
-	if r.pendingT > 0 && t >= r.pendingT+r.opts.MaxStaleness {
+	if r.publishDue(t) {
 		if err := r.publish(e); err != nil {
 			return err
 		}
@@ -554,7 +561,7 @@ func (r *rooted) nextPhase() int {
 		return -1
 	}
 	n := r.step.t + 1
-	if r.sched.due(n) || (r.sched.pendingT > 0 && n >= r.sched.pendingT+r.sched.opts.MaxStaleness) {
+	if r.sched.due(n) || r.sched.publishDue(n) {
 		return -1
 	}
 	if r.sched.ready(n) {

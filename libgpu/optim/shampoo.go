@@ -197,7 +197,7 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 		sps, blks = append(sps, sp), append(blks, blk)
 		pre = append(pre, p.Value.Rank() >= 2 && !matches(p.Name, cfg.GraftOnly))
 	}
-	bgs, _ := groupByShape(blks, pre)
+	bgs := groupByShape(blks, pre)
 	var cs classes
 	placeGroups(bgs, &cs)
 	maxBlocked, maxBlocks := 0, 0

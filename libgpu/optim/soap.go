@@ -181,7 +181,7 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 		}
 		o.params, blks = append(o.params, sp), append(blks, blk)
 	}
-	bgs, _ := groupByShape(blks, slices.Repeat([]bool{true}, len(blks)))
+	bgs := groupByShape(blks, slices.Repeat([]bool{true}, len(blks)))
 	var cs classes
 	placeGroups(bgs, &cs)
 	maxBlocked := 0
