@@ -238,13 +238,12 @@ func (r *Runner) queue(s int, gt *trace.GPUTimer) error {
 func (r *Runner) Run() error {
 	si := r.slot()
 	s := &r.slots[si]
-	ph := 0
-	if r.graph && r.cphase != nil {
-		ph = r.cphase()
-	}
 	switch {
 	case r.cphase != nil && r.graph:
-		if err := r.runPhase(si, ph); err != nil {
+		// Eagerly when the phase is −1 or new, else from the slot's graph
+		// of the phase.
+		ph := r.cphase()
+		if _, err := r.cgraphs.run(r, ph, [2]int{si, ph}, func(gt *trace.GPUTimer) error { return r.queue(si, gt) }, SpanReplay, "the step"); err != nil {
 			return err
 		}
 	case !r.graph || r.n == 0:
@@ -279,13 +278,6 @@ func (r *Runner) Run() error {
 	s.used = true
 	r.n++
 	return nil
-}
-
-// runPhase runs the step's compute of phase ph on slot si: eagerly when
-// ph < 0 or at ph's first step, else from the slot's graph of ph.
-func (r *Runner) runPhase(si, ph int) error {
-	_, err := r.cgraphs.run(r, ph, [2]int{si, ph}, func(gt *trace.GPUTimer) error { return r.queue(si, gt) }, SpanReplay, "the step")
-	return err
 }
 
 // Close waits for the device and frees graphs, events and staging memory.
