@@ -62,7 +62,8 @@
 # (500), RUN_TIMEOUT (150 s per trainer run), DDP_TIMEOUT (200 s per
 # torchrun), TORCH (1; 0 skips PyTorch), TORCH_NPROCS (the sizes PyTorch
 # runs at; default NPROCS), TRACE (1), TRACE_NPROCS (the sizes traced;
-# default NPROCS, 1 excluded), SHARD (auto; 0 skips), BENCH_OUT (its
+# default NPROCS, 1 excluded; a 1 named here traces one GPU at PER_GPU, the
+# phases' GPU times without NCCL beside them), SHARD (auto; 0 skips), BENCH_OUT (its
 # raw/ keeps each run's stdout and stderr). NCCL_NVLS_ENABLE=0 stays set
 # throughout. Runs inside the GPU
 # bundle (bin/trainer, bin/tracer, bench/gpukit-allreduce) or a source tree
@@ -125,6 +126,14 @@ for n in ns:
         f(d.get("max_mem_reserved_GiB"), "{:.1f}"), f(zt.get("max_mem_reserved_GiB"), "{:.1f}"),
         f(s / d["tokens_per_s"] if s and d else None, "{:.2f}"),
         f(lossdiff((batch, n, False)), "{:.1e}"), f(lossdiff((batch, n, True)), "{:.1e}")]) + " |")
+tn = sorted(k[0] for k in tr if not k[1])
+if tn:
+    print(f"\nTraced (--graph off), {per} sequences per GPU: GPU ms per step (median over ranks of each rank's median)")
+    print("| GPUs | forward | backward | all-reduce tail | optimizer |")
+    print("| --- | --- | --- | --- | --- |")
+    for n in tn:
+        t = tr[(n, False)]
+        print("| " + " | ".join([str(n)] + [f(t.get(k), "{:.2f}") for k in ("forward_ms", "backward_ms", "all_reduce_ms", "optimizer_ms")]) + " |")
 zt = tr.get((max(ns), True)) if ns else None
 if zt:
     print(f'\nZeRO-1 traced on {max(ns)} GPUs: reduce-scatter tail {zt["all_reduce_ms"]:.2f} ms, optimizer (AdamW on the shard + all-gather) {zt.get("optimizer_ms", 0):.2f} ms per step')
@@ -337,7 +346,7 @@ for name in ("all-reduce", "backward", "optimizer", "forward"):
     per = [statistics.median(v[5:]) for (k, pid), v in spans.items() if k == name and len(v) > 5]
     if per:
         r[name.replace("-", "_") + "_ms"] = statistics.median(per)
-if "all_reduce_ms" not in r:
+if "all_reduce_ms" not in r and int(n) > 1:
     r["error"] = f"exit {rc}: no GPU spans of the all-reduce phase"
 print(json.dumps(r))
 PY
@@ -392,7 +401,7 @@ if [ "${TORCH:-1}" = 1 ]; then
 fi
 if [ "${TRACE:-1}" = 1 ]; then
 	for n in "${nprocs[@]}"; do
-		[ "$n" -gt 1 ] || continue
+		[ "$n" -gt 1 ] || [ -n "${TRACE_NPROCS:-}" ] || continue # 1 GPU only when named: the backward without NCCL beside it
 		within "$n" "${TRACE_NPROCS:-${nprocs[*]}}" || continue
 		if [ "$(left)" -lt 60 ]; then note "traced $n GPUs skipped (budget)"; continue; fi
 		note "traced (--graph off): $n GPUs, batch $((per * n))"

@@ -48,14 +48,15 @@ func moeSteps(t *testing.T, stdout string) [][3]float64 {
 // the same initial weights (trainer init) on the same batches and
 // learning rates (--batches-out), dropout 0, clipping and weight decay
 // on, and requires the cross-entropy within tol and the load-balancing
-// and z-losses within tolAux (relative) at every step. With twin, moe.py
-// runs a second time with its router reading the bf16 activations instead
-// of autocast's f32 LayerNorm output (--router-input compute: one
-// rounding changed), and the bounds are opstest.DriftBound's floors: the trainer
+// and z-losses within tolAux (relative) while PyTorch agrees with its twin. moe.py
+// runs a second time, the twin, one rounding apart: in bf16 its router reads the
+// bf16 activations instead of autocast's f32 LayerNorm output
+// (--router-input compute), in f32 every initial weight is moved by one
+// rounding (--perturb 6e-8); the bounds are opstest.DriftBound's floors: the trainer
 // may drift from PyTorch as far as opstest.DriftFactor × PyTorch's drift from its
 // twin; a failure logs the three runs around the step. It returns the
 // trainer's run directory.
-func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, twin bool, extra ...string) string {
+func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, extra ...string) string {
 	text := gptText(t)
 	work := t.TempDir()
 	seed := strconv.FormatUint(1+uint64(os.Getpid()%1000), 10)
@@ -91,54 +92,49 @@ func moeParity(t *testing.T, precision string, steps int, tol, tolAux float64, t
 	}
 	names := []string{"cross-entropy", "load-balancing loss", "z-loss"}
 	rel := func(a, b [][3]float64, i, j int) float64 { return math.Abs(a[i][j]-b[i][j]) / math.Abs(b[i][j]) }
-	if twin {
-		other := moeSteps(t, refScript(t, moeScript, append(py, "--router-input", "compute")...))
-		if len(other) != steps {
-			t.Fatalf("PyTorch's twin wrote %d steps", len(other))
-		}
-		ds := []opstest.DriftBound{{Floor: tol}, {Floor: tolAux}, {Floor: tolAux}}
-		for i := range got {
-			for j := range ds {
-				if bound, ok := ds[j].Step(rel(got, want, i, j), rel(other, want, i, j)); !ok {
-					for k := max(i-10, 0); k < min(i+11, steps); k++ {
-						t.Logf("step %d: here %.5f %.4f %.4f, PyTorch %.5f %.4f %.4f, its twin %.5f %.4f %.4f", k+1,
-							got[k][0], got[k][1], got[k][2], want[k][0], want[k][1], want[k][2], other[k][0], other[k][1], other[k][2])
-					}
-					t.Fatalf("%s step %d: %s %.7g here, %.7g in PyTorch (%.7g in its twin): %s > %.2g", precision, i+1, names[j],
-						got[i][j], want[i][j], other[i][j], &ds[j], bound)
-				}
-			}
-		}
-		t.Logf("%s, %d steps: %s %s; %s %s; %s %s; loss %.4f → %.4f", precision, steps, names[0], &ds[0], names[1], &ds[1],
-			names[2], &ds[2], got[0][0], got[steps-1][0])
-		return out
+	// The twin: one rounding changed (bf16: the router reads the
+	// compute-dtype activations; f32: every initial weight moved by
+	// one rounding).
+	twinArgs := []string{"--router-input", "compute"}
+	if precision == "f32" {
+		twinArgs = []string{"--perturb", "6e-8"}
 	}
-	var worst [3]float64
+	other := moeSteps(t, refScript(t, moeScript, append(py, twinArgs...)...))
+	if len(other) != steps {
+		t.Fatalf("PyTorch's twin wrote %d steps", len(other))
+	}
+	ds := []opstest.DriftBound{{Floor: tol}, {Floor: tolAux}, {Floor: tolAux}}
 	for i := range got {
-		for j, bound := range []float64{tol, tolAux, tolAux} {
-			r := rel(got, want, i, j)
-			worst[j] = max(worst[j], r)
-			if !(r <= bound) {
-				t.Errorf("%s step %d: %s %.7g here, %.7g in PyTorch (relative %.2g > %.0e)", precision, i+1, names[j], got[i][j], want[i][j], r, bound)
+		for j := range ds {
+			if bound, ok := ds[j].Step(rel(got, want, i, j), rel(other, want, i, j)); !ok {
+				for k := max(i-10, 0); k < min(i+11, steps); k++ {
+					t.Logf("step %d: here %.5f %.4f %.4f, PyTorch %.5f %.4f %.4f, its twin %.5f %.4f %.4f", k+1,
+						got[k][0], got[k][1], got[k][2], want[k][0], want[k][1], want[k][2], other[k][0], other[k][1], other[k][2])
+				}
+				t.Fatalf("%s step %d: %s %.7g here, %.7g in PyTorch (%.7g in its twin): %s > %.2g", precision, i+1, names[j],
+					got[i][j], want[i][j], other[i][j], &ds[j], bound)
 			}
 		}
 	}
-	t.Logf("%s, %d steps: largest relative differences: cross-entropy %.2g, load-balancing %.2g, z %.2g; loss %.4f → %.4f",
-		precision, steps, worst[0], worst[1], worst[2], got[0][0], got[steps-1][0])
+	t.Logf("%s, %d steps: %s %s; %s %s; %s %s; loss %.4f → %.4f", precision, steps, names[0], &ds[0], names[1], &ds[1],
+		names[2], &ds[2], got[0][0], got[steps-1][0])
 	return out
 }
 
 // TestGPUMoEParityF32: 100 steps in f32 (no TF32 on either side), biases
 // on (the experts' [E, W] biases: no weight decay on either side): the
-// cross-entropy agrees within 1e-4 relative at every step, the
-// auxiliary losses within 1e-3 (libgpu/nn's parity bound: a token whose
-// k-th and (k+1)-th router logits differ by rounding can be routed
-// differently, which moves the load-balancing count by 1/T); moe.py loads
+// cross-entropy agrees within 1e-4 relative, the auxiliary losses within
+// 1e-3 (libgpu/nn's parity bound: a token whose k-th and (k+1)-th router
+// logits differ by rounding can be routed differently, which moves the
+// load-balancing count by 1/T), and within opstest.DriftFactor × PyTorch's
+// drift from its f32 twin after (a GPU machine, 2026-11-28, seed 213: the
+// cross-entropy 1.9e-4 from PyTorch at step 98 of 100, past a fixed 1e-4,
+// once routing choices had flipped); moe.py loads
 // the trained model.safetensors with load_state_dict(strict=True) and
 // reproduces the trainer's validation loss within 1e-3.
 func TestGPUMoEParityF32(t *testing.T) {
 	cudatest.RequireGPU(t)
-	out := moeParity(t, "f32", 100, 1e-4, 1e-3, false, "--bias")
+	out := moeParity(t, "f32", 100, 1e-4, 1e-3, "--bias")
 	ck := filepath.Join(out, "model.safetensors")
 	text := gptText(t)
 	vb := filepath.Join(t.TempDir(), "val.safetensors")
@@ -177,7 +173,7 @@ func TestGPUMoEParityF32(t *testing.T) {
 // yet.
 func TestGPUMoEParityBF16(t *testing.T) {
 	cudatest.RequireGPU(t)
-	moeParity(t, "bf16", 200, 2e-2, 5e-2, true)
+	moeParity(t, "bf16", 200, 2e-2, 5e-2)
 }
 
 // TestGPUMoEGraphEqualsEager: a --model moe run with its step replayed

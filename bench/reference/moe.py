@@ -30,7 +30,7 @@ aux_loss, z_loss); missing MoE keys take nanoMoE's defaults. Weight decay
 applies to parameters of rank ≥ 2 except biases (expert biases are [E, W]).
 
   moe.py parity --init INIT --batches BATCHES [--dtype f32|bf16] [--device cuda|cpu] [--loop]
-                [--router-input f32|compute]
+                [--router-input f32|compute] [--perturb EPS]
       As gpt.py parity (INIT: initial weights as safetensors; BATCHES:
       i32 "x", "y" [steps, batch, block], f32 "lr" [steps], the run's
       config as JSON in the metadata key "config"): one step per batch,
@@ -39,7 +39,10 @@ applies to parameters of rank ≥ 2 except biases (expert biases are [E, W]).
       of the batch before its update. --loop multiplies experts one by one
       instead of through torch._grouped_mm. --router-input compute rounds
       the router's input to bf16 under autocast (a twin run: how far two
-      bf16 runs drift apart when one rounding differs).
+      bf16 runs drift apart when one rounding differs). --perturb EPS
+      multiplies every initial weight by 1 ± EPS (signs from a fixed seed):
+      the f32 twin, measuring how far training amplifies a rounding-sized
+      difference (a near-tie in the router flips a token's expert).
 
   moe.py eval --ckpt MODEL --batches BATCHES [--dtype f32|bf16]
       Loads the checkpoint with load_state_dict(strict=True) into the
@@ -290,6 +293,12 @@ def cmd_parity(a):
     missing, unexpected = model.load_state_dict(load_file(a.init), strict=False)
     if [k for k in missing if k != "lm_head.weight"] or unexpected:
         sys.exit(f"moe.py: init mismatch: missing {missing}, unexpected {unexpected}")
+    if a.perturb:
+        g = torch.Generator(device="cpu").manual_seed(12345)
+        with torch.no_grad():
+            for p in model.parameters():
+                sign = torch.randint(0, 2, p.shape, generator=g).to(p) * 2 - 1
+                p.mul_(1 + a.perturb * sign)
     opt = optimizer(model, cfg, a.device)
     x, y, lrs = b["x"].long().to(a.device), b["y"].long().to(a.device), b["lr"]
     for s in range(x.shape[0]):
@@ -447,6 +456,7 @@ def main():
     q.add_argument("--device", default=dev)
     q.add_argument("--loop", action="store_true")
     q.add_argument("--router-input", default="f32", choices=["f32", "compute"])
+    q.add_argument("--perturb", type=float, default=0.0)
     q.set_defaults(f=cmd_parity)
     q = sub.add_parser("eval")
     q.add_argument("--ckpt", required=True)
