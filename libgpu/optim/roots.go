@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/exec"
@@ -45,6 +46,14 @@ type RootStats struct {
 	// total wait (ms). 0 on the host, where side work runs at once.
 	Timed, Waited int
 	WaitMS        float64
+	// The host's side of the refreshes (wall-clock ms, summed over
+	// refreshes started): CheckMS waiting to read the previous refresh's
+	// statuses (checkFailures: its status copy must have run, so a refresh
+	// that outlasts the interval shows here), QueueMS queueing the refresh
+	// (snapshots, and the jobs' work on the side stream: a library call
+	// that blocks the calling thread shows here). Either one stalls the
+	// host, and the main stream runs dry behind it.
+	CheckMS, QueueMS float64
 }
 
 // waitThreshold is the main stream's wait for a refresh that counts as
@@ -177,9 +186,13 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 	if !r.due(t) {
 		return nil
 	}
+	t0 := time.Now()
 	if err := r.checkFailures(e); err != nil {
 		return err
 	}
+	t1 := time.Now()
+	r.stats.CheckMS += msSince(t0, t1)
+	defer func() { r.stats.QueueMS += msSince(t1, time.Now()) }()
 	r.stats.Refreshes++
 	if !r.opts.Async {
 		for _, j := range r.jobs {
@@ -243,6 +256,9 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 	}
 	return nil
 }
+
+// msSince is b − a in milliseconds.
+func msSince(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1e3 }
 
 // publish makes the main stream wait for the side stream's refresh and
 // copies its results into use (the first refresh's verified first).

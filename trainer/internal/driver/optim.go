@@ -246,6 +246,10 @@ type RootsLine struct {
 	Timed  int     `json:"refreshes_timed,omitempty"`
 	Waited int     `json:"refreshes_waited,omitempty"`
 	WaitMS float64 `json:"refresh_wait_ms,omitempty"`
+	// The host's wall-clock ms waiting for the previous refresh's
+	// statuses and queueing refreshes (optim.RootStats.CheckMS, QueueMS).
+	CheckMS float64 `json:"refresh_check_ms,omitempty"`
+	QueueMS float64 `json:"refresh_queue_ms,omitempty"`
 }
 
 // Roots is o's RootsLine, or nil for an optimizer without roots (or a
@@ -255,7 +259,7 @@ func Roots(o optim.Optimizer) *RootsLine {
 	case interface{ RootStats() optim.RootStats }:
 		s := x.RootStats()
 		return &RootsLine{Refreshes: s.Refreshes, Failures: s.Failures, F64: s.F64, Timed: s.Timed, Waited: s.Waited,
-			WaitMS: Round(s.WaitMS, 3)}
+			WaitMS: Round(s.WaitMS, 3), CheckMS: Round(s.CheckMS, 3), QueueMS: Round(s.QueueMS, 3)}
 	case *service.Remote:
 		s, err := x.Stats()
 		if err != nil || s.Refreshes == 0 && s.Failures == 0 {
