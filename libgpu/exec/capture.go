@@ -19,7 +19,8 @@ type CapturedGraph struct {
 	exec  cuda.GraphExec
 }
 
-// Capture records everything f queues on the engine into a graph without
+// Capture records everything f queues on the engine (on the stream work is
+// queued on now: inside Side, the side stream) into a graph without
 // running it (CUDA stream capture in thread-local mode, on one pinned
 // thread). The work must have run once eagerly with the same shapes first,
 // so that scratch buffers, kernels and GEMM algorithms exist: allocation
@@ -60,8 +61,10 @@ func (e *Engine) Capture(f func() error) (*CapturedGraph, error) {
 	return g, nil
 }
 
-// Launch replays the graph on the engine's stream (queued; Sync or an
-// event waits for it).
+// Launch replays the graph on the stream work is queued on now: the
+// engine's, or inside Side the side stream (queued; Sync or an event waits
+// for it). A graph captured inside Side (its ops on the side stream, with
+// its scratch and workspace) is replayed inside Side.
 func (g *CapturedGraph) Launch() error {
 	if g.exec == 0 {
 		if g.f == nil {
@@ -84,4 +87,21 @@ func (g *CapturedGraph) Close() error {
 	})
 	g.exec, g.graph = 0, 0
 	return err
+}
+
+// Capturing reports whether the stream work is queued on now (the main
+// stream, or Side's inside Side) is being captured, by Capture or by a
+// capture this one is part of; false on the host.
+func (e *Engine) Capturing() (bool, error) {
+	c := e.cuda
+	if c == nil {
+		return false, nil
+	}
+	var on bool
+	err := c.Do(func() error {
+		var err error
+		on, err = c.stream.IsCapturing()
+		return err
+	})
+	return on, err
 }

@@ -401,6 +401,8 @@ func TestCUDAAsyncRootsWait(t *testing.T) {
 			t.Errorf("staleness 0: the main stream waited for %d of %d refreshes, want all", st.Waited, st.Timed)
 		case stale > 0 && st.Waited != 0:
 			t.Errorf("staleness %d: the main stream waited for %d of %d refreshes (%.3f ms), want none", stale, st.Waited, st.Timed, st.WaitMS)
+		case st.Uncaptured != 0 || st.Replayed == 0:
+			t.Errorf("staleness %d: %d job refreshes replayed from graphs, %d jobs not capturable; want Newton's roots replayed", stale, st.Replayed, st.Uncaptured)
 		}
 	}
 }

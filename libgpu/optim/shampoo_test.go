@@ -271,7 +271,12 @@ func TestShampooNewtonMatchesEigen(t *testing.T) {
 
 // TestShampooAsyncZeroIsSync: asynchronous roots with staleness 0 give
 // bitwise the parameters of synchronous roots.
+//
+// Refreshes after the second of each job replay its captured side-stream
+// work (on the host the "graph" is the function itself): at 9 steps with
+// refreshes at 2, 4, 6 and 8, the last two are replays.
 func TestShampooAsyncZeroIsSync(t *testing.T) {
+	var last *optim.Shampoo
 	mk := func(async bool) maker {
 		return func(t testing.TB, p *problem) optim.Optimizer {
 			cfg := testShampooConfig()
@@ -280,10 +285,15 @@ func TestShampooAsyncZeroIsSync(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			last = o
 			return o
 		}
 	}
-	sameBits(t, "sync vs async", runSteps(t, shampooShapes, 7, 7, mk(false)), runSteps(t, shampooShapes, 7, 7, mk(true)))
+	sameBits(t, "sync vs async", runSteps(t, shampooShapes, 7, 9, mk(false)), runSteps(t, shampooShapes, 7, 9, mk(true)))
+	st := last.RootStats()
+	if st.Refreshes != 4 || st.Replayed == 0 || st.Replayed%2 != 0 || st.Uncaptured != 0 {
+		t.Errorf("roots %+v: want 4 refreshes, the last 2 replayed for every job", st)
+	}
 }
 
 // TestShampooResume: exact resume, also with an asynchronous refresh in

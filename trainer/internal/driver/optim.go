@@ -250,6 +250,10 @@ type RootsLine struct {
 	// statuses and queueing refreshes (optim.RootStats.CheckMS, QueueMS).
 	CheckMS float64 `json:"refresh_check_ms,omitempty"`
 	QueueMS float64 `json:"refresh_queue_ms,omitempty"`
+	// Job refreshes replayed from captured graphs, and jobs that could not
+	// be captured (optim.RootStats.Replayed, Uncaptured).
+	Replayed   int `json:"refresh_graphs,omitempty"`
+	Uncaptured int `json:"refreshes_uncaptured,omitempty"`
 }
 
 // Roots is o's RootsLine, or nil for an optimizer without roots (or a
@@ -259,7 +263,8 @@ func Roots(o optim.Optimizer) *RootsLine {
 	case interface{ RootStats() optim.RootStats }:
 		s := x.RootStats()
 		return &RootsLine{Refreshes: s.Refreshes, Failures: s.Failures, F64: s.F64, Timed: s.Timed, Waited: s.Waited,
-			WaitMS: Round(s.WaitMS, 3), CheckMS: Round(s.CheckMS, 3), QueueMS: Round(s.QueueMS, 3)}
+			WaitMS: Round(s.WaitMS, 3), CheckMS: Round(s.CheckMS, 3), QueueMS: Round(s.QueueMS, 3),
+			Replayed: s.Replayed, Uncaptured: s.Uncaptured}
 	case *service.Remote:
 		s, err := x.Stats()
 		if err != nil || s.Refreshes == 0 && s.Failures == 0 {
