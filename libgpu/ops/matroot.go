@@ -253,8 +253,9 @@ func rootGeom(what string, t *tensor.Tensor) (batch, n int, err error) {
 var f32Only = []tensor.DType{tensor.F32}
 
 // Eigh decomposes a batch of symmetric matrices (see the type). Errors
-// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice, or
-// the solver's error (cuSOLVER missing: cuda.ErrNoLibrary).
+// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice,
+// exec.ErrCapture (on CUDA inside a capture: see eighSolve), or the
+// solver's error (cuSOLVER missing: cuda.ErrNoLibrary).
 func (e *Engine) Eigh(d Eigh) error {
 	if err := e.checkView("eigh A", d.A, true, f32Only); err != nil {
 		return err
@@ -906,7 +907,19 @@ type eighState struct{ noBatched bool }
 // into wv, statuses into info): with cuSOLVER's batched solver
 // (cusolverDnXsyevBatched, CUDA 12.6+) in as few calls as its size limit
 // allows, else one syevd per matrix.
+//
+// Not inside a capture (exec.ErrCapture): both solvers take a host
+// workspace and do part of the decomposition on the host, so a graph
+// would keep what the host computed at capture time (on a GPU machine,
+// 2026-11-28, Shampoo's refreshes replayed from graphs holding syevd gave
+// other losses than the same refreshes run eagerly).
 func (c *cudaImpl) eighSolve(dt cuda.DataType, size int64, batch, n int, work, wv, info cuda.DevicePtr) error {
+	if on, err := c.Stream().IsCapturing(); err != nil || on {
+		if err == nil {
+			err = errors.New("cuSOLVER's eigensolvers work partly on the host and cannot be captured")
+		}
+		return fmt.Errorf("ops: eigh: %w: %w", exec.ErrCapture, err)
+	}
 	solver, err := c.Solver()
 	if err != nil {
 		return fmt.Errorf("ops: eigh: %w", err)
