@@ -22,6 +22,10 @@
 #   OPTIMS="adamw shampoo soap muon"        which runs (adamw first: the baseline)
 #   STEPS=5000                               steps of every run (the schedule's length)
 #   EVAL_EVERY=250 EVAL_BATCHES=200          validation interval and size
+#   LOG_EVERY=50                             the loss lines' interval: each line's step_ms is
+#                                            its interval's mean, so at 1 the step table's
+#                                            median is the per-step median (refresh steps
+#                                            are then outliers, not averaged in)
 #   <NAME>_FLAGS="..."                       extra trainer flags for one run
 #                                            (ADAMW_FLAGS, SHAMPOO_FLAGS, SOAP_FLAGS, MUON_FLAGS)
 #   <NAME>_TIMEOUT=S, RUN_TIMEOUT=S          a wall-clock limit per run (0: none): the
@@ -62,7 +66,7 @@ emit() { tee -a "$out/optim-gpt.jsonl"; }
 # nanoGPT's shakespeare-char recipe (config/train_shakespeare_char.py).
 recipe=(--model gpt --data "$text" --layers 6 --heads 6 --d-model 384 --block 256 --batch 64 --precision bf16
 	--dropout 0.2 --steps "$steps" --warmup 100 --weight-decay 0.1 --clip 1
-	--eval-every "${EVAL_EVERY:-250}" --eval-batches "${EVAL_BATCHES:-200}" --log-every 50)
+	--eval-every "${EVAL_EVERY:-250}" --eval-batches "${EVAL_BATCHES:-200}" --log-every "${LOG_EVERY:-50}")
 if [ "${SMOKE:-0}" = 1 ]; then
 	recipe=(--model gpt --data "$text" --layers 1 --heads 2 --d-model 32 --block 16 --batch 4 --dropout 0.2
 		--steps "${STEPS:-30}" --warmup 3 --weight-decay 0.1 --clip 1 --eval-every 10 --eval-batches 2 --log-every 5
