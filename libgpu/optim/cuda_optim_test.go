@@ -361,8 +361,9 @@ func TestCUDAPhaseGraphs(t *testing.T) {
 // did on a GPU machine); with staleness equal to the refresh
 // interval and steps whose other work (a 4096³ GEMM standing in for the
 // forward and backward) outlasts a refresh, it waits for none: the
-// steady state the issue asks for. Newton's roots (GEMMs and kernels) are
-// replayed from captured graphs after their second refresh.
+// steady state the issue asks for. The roots are Newton's (GEMMs and
+// kernels), replayed from captured graphs after their second refresh
+// (eigendecompositions cannot be captured: ops.Eigh).
 func TestCUDAAsyncRootsWait(t *testing.T) {
 	cudatest.RequireGPU(t)
 	for _, stale := range []int{0, 4} {
@@ -370,7 +371,7 @@ func TestCUDAAsyncRootsWait(t *testing.T) {
 		gpuNames(p)
 		r := rand.New(rand.NewPCG(93, 94))
 		p.set(draws(r, 1, p.shapes))
-		spec := gpuSpec(t, "shampoo", func(s *optim.Spec) { s.Async, s.MaxStaleness = true, stale })
+		spec := gpuSpec(t, "shampoo", func(s *optim.Spec) { s.Async, s.MaxStaleness, s.Root = true, stale, "newton" })
 		spec.UpdateFreq = 4
 		o, err := optim.New(p.a, "run", p.params, nil, spec)
 		if err != nil {
