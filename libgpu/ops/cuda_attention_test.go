@@ -297,10 +297,13 @@ func attnNear(t *testing.T, what string, got, want []float64, tol float64, d int
 // The benchmark shapes of issue 10: nanoGPT's shakespeare-char attention
 // (B 64, H 6, T 256, D 64) and a long one (B 8, H 16, T 2048, D 128),
 // causal bf16. PyTorch SDPA on an H100: 0.033 / 0.185 ms and 0.263 / 1.40
-// ms (forward / forward+backward).
+// ms (forward / forward+backward). And the 12-layer GPT's (B 32, H 12, T
+// 1024, D 64), where PyTorch DDP with torch.compile outran the trainer at
+// 1 and 2 GPUs (issue 27).
 var attnBenchShapes = []attnLarge{
 	{64, 6, 256, 64, true, tensor.BF16},
 	{8, 16, 2048, 128, true, tensor.BF16},
+	{32, 12, 1024, 64, true, tensor.BF16}, // the 12-layer GPT's at batch 32 (bench/scale.sh's strong runs)
 }
 
 // attnFlops is the forward's FLOP count of the two products (4·B·H·T²·D,
