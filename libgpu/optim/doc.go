@@ -21,7 +21,12 @@
 // step, or asynchronously on the engine's side stream (ops.Engine.Side)
 // from a snapshot of the statistics, put in use a fixed number of steps
 // later (bounded staleness), so that a step never waits for a root (the
-// device times the main stream's wait for each: RootStats). Their
+// device times the main stream's wait for each: RootStats). An
+// asynchronous refresh after the first two of each job replays that job's
+// side-stream work from a graph captured once (the host then spends a
+// launch, not the hundreds of ops and library calls of a refresh);
+// cuSOLVER eigendecompositions, which work partly on the host, cannot be
+// captured and stay eager (ops.Eigh). Their
 // schedules live on the host, so their steps are not captured whole
 // (Capturer); Shampoo's and SOAP's are captured per phase instead
 // (Phaser: every step but those where a refresh starts or is put in use
