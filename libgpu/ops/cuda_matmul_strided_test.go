@@ -10,11 +10,11 @@ import (
 // TestCUDAMatmulStridedRowsSkinny: the product HRM's halting decides from
 // (its q head: A = z_H[:, 0], B rows of H strided T·H apart in
 // z_H [B, T, H]; Bᵀ = W [2, H]; a bias; D [B, 2]) on the GPU against the
-// host backend at f32 and bf16, the rows of A distinct. On a GPU machine
-// (an H200, 2026-11-28) HRM's bf16 evaluation with a random q head halted
-// every sequence at its first segment, where the host engine (f32, and
-// bf16 tensors) halted the same model's sequences at 2 to 6 segments:
-// this checks the q head's product alone.
+// host backend at f32 and bf16, the rows of A distinct: the q head's
+// product alone, a strided row view times a two-row weight. (Written when
+// HRM's evaluation halted every sequence at its first segment on a GPU
+// machine; it passed there, and nn's TestHRMGPUSegmentsMatchHost found the
+// host engine halting the same way for that Q head.)
 func TestCUDAMatmulStridedRowsSkinny(t *testing.T) {
 	for _, c := range []struct {
 		name string

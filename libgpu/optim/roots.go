@@ -251,13 +251,9 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 		}
 	}
 	first := t == r.start
-	capturing, err := e.Capturing()
-	if err != nil {
-		return err
-	}
-	err = e.Side(func() error {
+	err := e.Side(func() error {
 		for _, j := range r.jobs {
-			if err := r.sideRefresh(e, j, first, !capturing); err != nil {
+			if err := r.sideRefresh(e, j, first); err != nil {
 				return err
 			}
 		}
@@ -275,15 +271,16 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 
 // sideRefresh queues job j's asynchronous refresh; inside Side. The
 // refresh's work is a fixed sequence on fixed tensors for a given
-// precision, so after one eager run (graphs allowed: the engine is not
-// itself being captured) it is captured once as a graph and replayed:
-// the host's cost of a refresh becomes one launch instead of the jobs'
-// hundreds of queued ops and library calls (a GPU machine, 2026-11-28:
-// 160–180 ms of host time per refresh of the shakespeare-char GPT's
-// Shampoo and SOAP, the main stream idle behind it). Work that cannot be
-// captured stays eager. On the host the "graph" is the function itself
-// (exec.Capture), so the host tests run this path too.
-func (r *rootSched) sideRefresh(e *ops.Engine, j *rootJob, first, graphs bool) error {
+// precision, so after one eager run it is captured once as a graph (on the
+// side stream) and replayed: the host's cost of a refresh becomes one
+// launch instead of the jobs' hundreds of queued ops and library calls (a
+// GPU machine, 2026-11-28: 160–180 ms of host time per refresh of the
+// shakespeare-char GPT's Shampoo and SOAP, the main stream idle behind
+// it). Work that cannot be captured stays eager; so does a refresh queued
+// while the engine is itself being captured (no nested capture), or on
+// another engine than the graphs'. On the host the "graph" is the function
+// itself (exec.Capture), so the host tests run this path too.
+func (r *rootSched) sideRefresh(e *ops.Engine, j *rootJob, first bool) error {
 	k := 0
 	if j.f64 {
 		k = 1
@@ -295,34 +292,39 @@ func (r *rootSched) sideRefresh(e *ops.Engine, j *rootJob, first, graphs bool) e
 		}
 		return r.copyStatus(e, j, st)
 	}
-	if r.graphE != nil && r.graphE != e {
-		graphs = false // captured on another engine's streams
+	mine := r.graphE == nil || r.graphE == e // no graphs yet, or this engine's
+	var g *exec.CapturedGraph
+	if mine {
+		g = j.graphs[k]
 	}
-	if first || !graphs || j.eager[k] || !j.warm[k] {
+	if g == nil && mine && !first && j.warm[k] && !j.eager[k] {
+		capturing, err := e.Capturing()
+		if err != nil {
+			return err
+		}
+		if !capturing {
+			if g, err = e.Capture(run); err != nil {
+				g = nil
+				r.stats.Uncaptured++
+				j.eager[k] = true
+			} else {
+				j.graphs[k], r.graphE = g, e
+			}
+		}
+	}
+	if g != nil {
+		if err := g.Launch(); err != nil {
+			return err
+		}
+		r.stats.Replayed++
+	} else {
 		if !first {
 			j.warm[k] = true
 		}
 		if err := run(); err != nil {
 			return err
 		}
-		return r.recordStatus(e, j)
 	}
-	if j.graphs[k] == nil {
-		g, err := e.Capture(run)
-		if err != nil {
-			r.stats.Uncaptured++
-			j.eager[k] = true
-			if err := run(); err != nil {
-				return err
-			}
-			return r.recordStatus(e, j)
-		}
-		j.graphs[k], r.graphE = g, e
-	}
-	if err := j.graphs[k].Launch(); err != nil {
-		return err
-	}
-	r.stats.Replayed++
 	return r.recordStatus(e, j)
 }
 
