@@ -26,6 +26,9 @@
 #                                            its interval's mean, so at 1 the step table's
 #                                            median is the per-step median (refresh steps
 #                                            are then outliers, not averaged in)
+#   MODEL=gpt12                              the 12-layer GPT (d 768, 12 heads, block 1024,
+#                                            batch 16: GPT-2 small's shape, on characters)
+#                                            instead of nanoGPT's 6-layer one
 #   <NAME>_FLAGS="..."                       extra trainer flags for one run
 #                                            (ADAMW_FLAGS, SHAMPOO_FLAGS, SOAP_FLAGS, MUON_FLAGS)
 #   <NAME>_TIMEOUT=S, RUN_TIMEOUT=S          a wall-clock limit per run (0: none): the
@@ -67,6 +70,12 @@ emit() { tee -a "$out/optim-gpt.jsonl"; }
 recipe=(--model gpt --data "$text" --layers 6 --heads 6 --d-model 384 --block 256 --batch 64 --precision bf16
 	--dropout 0.2 --steps "$steps" --warmup 100 --weight-decay 0.1 --clip 1
 	--eval-every "${EVAL_EVERY:-250}" --eval-batches "${EVAL_BATCHES:-200}" --log-every "${LOG_EVERY:-50}")
+if [ "${MODEL:-}" = gpt12 ]; then
+	recipe+=(--layers 12 --heads 12 --d-model 768 --block 1024 --batch 16)
+elif [ -n "${MODEL:-}" ]; then
+	echo "optim-gpt.sh: MODEL=$MODEL: want gpt12 or nothing" >&2
+	exit 2
+fi
 if [ "${SMOKE:-0}" = 1 ]; then
 	recipe=(--model gpt --data "$text" --layers 1 --heads 2 --d-model 32 --block 16 --batch 4 --dropout 0.2
 		--steps "${STEPS:-30}" --warmup 3 --weight-decay 0.1 --clip 1 --eval-every 10 --eval-batches 2 --log-every 5

@@ -48,6 +48,8 @@ type CUDA struct {
 	highComm bool
 	// while is Engine.While's condition kernel and body streams (while.go).
 	while whileState
+	// lanes are Lanes' streams per origin stream (lanes.go).
+	lanes laneState
 
 	mu      sync.Mutex
 	scratch map[string]scratchBuf
@@ -68,7 +70,7 @@ type scratchBuf struct {
 }
 
 func newCUDA(dev device.CUDADevice, opts Options) (*CUDA, error) {
-	c := &CUDA{dev: dev, scratch: map[string]scratchBuf{}, highComm: opts.HighPriorityComm}
+	c := &CUDA{dev: dev, scratch: map[string]scratchBuf{}, highComm: opts.HighPriorityComm, lanes: laneState{cur: -1}}
 	err := dev.Do(func() error {
 		var err error
 		if c.stream, err = cuda.StreamCreate(true); err != nil {
@@ -102,11 +104,16 @@ func (c *CUDA) Lt() *cuda.LtHandle { return c.lt }
 
 // Workspace is the cuBLASLt workspace of the current stream
 // (WorkspaceSize bytes): a GEMM on a side stream uses that stream's own.
+// Inside Lanes there is none: it is 0 (and InLane true), and a GEMM
+// must not be queued.
 func (c *CUDA) Workspace() cuda.DevicePtr { return c.ws }
 
-// Solver is the cuSOLVER handle, made on first use and destroyed by Close.
-// Inside Do.
+// Solver is the cuSOLVER handle, made on first use and destroyed by Close;
+// inside Lanes, the lane's own. Inside Do.
 func (c *CUDA) Solver() (*cuda.SolverHandle, error) {
+	if c.lanes.set != nil {
+		return c.laneSolver()
+	}
 	if c.solver == nil {
 		h, err := cuda.SolverCreate()
 		if err != nil {
@@ -144,6 +151,7 @@ func (c *CUDA) close() error {
 				c.stream, c.ws = s.main, s.mainWS
 			}
 		}
+		c.lanesClose(keep)
 		c.sideClose(keep)
 		c.whileClose(keep)
 		if c.stream != 0 {

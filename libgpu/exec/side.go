@@ -242,6 +242,9 @@ func (c *CUDA) sideClose(keep func(error)) {
 // the side and communication streams' scratch is their own, so no two
 // streams share a scratch buffer.
 func (c *CUDA) sideScratch(name string) string {
+	if c.lanes.set != nil {
+		name = fmt.Sprintf("lane%d/%s", c.lanes.cur, name)
+	}
 	switch {
 	case c.side.on:
 		return "side/" + name

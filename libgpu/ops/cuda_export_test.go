@@ -18,3 +18,12 @@ func CUDARejectedEpilogues(e *Engine) map[cuda.GemmSpec]error {
 	}
 	return nil
 }
+
+// SetQRLanes sets how many streams QR and Eigh spread their matrices over
+// on CUDA
+// and returns a func that restores the previous count.
+func SetQRLanes(n int) (restore func()) {
+	old := solverLaneCount
+	solverLaneCount = n
+	return func() { solverLaneCount = old }
+}

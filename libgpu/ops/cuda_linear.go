@@ -102,6 +102,9 @@ func (c *cudaImpl) gemm(spec cuda.GemmSpec, args cuda.GemmArgs) error {
 	default:
 		spec.AType, spec.BType, spec.Compute = cuda.R32F, cuda.R32F, cuda.Compute32F
 	}
+	if c.InLane() {
+		return fmt.Errorf("%w: a GEMM inside exec.CUDA.Lanes (no cuBLASLt workspace there)", exec.ErrSide)
+	}
 	args.Alpha, args.Beta = 1, 0
 	args.Workspace, args.WorkspaceSize = c.Workspace(), exec.WorkspaceSize
 	return c.Lt().Matmul(spec, args, c.Stream())

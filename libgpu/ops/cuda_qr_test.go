@@ -167,3 +167,142 @@ func TestCUDASOAPBasisLarge(t *testing.T) {
 		})
 	}
 }
+
+// qrLanesInput is a batch of well-conditioned matrices (2·I + G/(2√n)),
+// seeded.
+func qrLanesInput(t testing.TB, batch, n int, seed uint64) []float32 {
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 11))
+	av := make([]float32, batch*n*n)
+	for i := range av {
+		av[i] = float32(r.NormFloat64() / (2 * math.Sqrt(float64(n))))
+	}
+	for b := 0; b < batch; b++ {
+		for i := 0; i < n; i++ {
+			av[(b*n+i)*n+i] += 2
+		}
+	}
+	return av
+}
+
+// TestCUDAQRLanes: QR spreads its matrices over streams (exec's Lanes);
+// the factors do not depend on how: one lane, eight lanes, eight lanes
+// captured from the side stream inside a graph and replayed into a
+// poisoned output, and the same from the main stream, all give bitwise
+// the same Q (each matrix is factorised by the same calls, only on
+// another stream), and it agrees with the host's float64 QR to 1e-4.
+func TestCUDAQRLanes(t *testing.T) {
+	d := gpu(t)
+	a := device.Local{Dev: d}
+	const batch, n = 11, 384
+	av := qrLanesInput(t, batch, n, 5)
+	hd := device.NewHost()
+	host, err := ops.NewEngine(hd, ops.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hq := opstest.Upload(t, device.Local{Dev: hd}, av, batch, n, n)
+	if err := host.QR(ops.QR{A: hq, Q: hq}); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := hq.ReadFloat32()
+	e := cudaEngine(t, d, ops.PrecF32)
+	at := opstest.Upload(t, a, av, batch, n, n)
+	run := func(lanes int, side, capture bool) []float32 {
+		t.Helper()
+		defer ops.SetQRLanes(lanes)()
+		q := opstest.Upload(t, a, make([]float32, batch*n*n), batch, n, n)
+		if err := e.Fill(q, math.NaN()); err != nil {
+			t.Fatal(err)
+		}
+		op := func() error {
+			if side {
+				if err := e.Side(func() error { return e.QR(ops.QR{A: at, Q: q}) }); err != nil {
+					return err
+				}
+				return e.Join()
+			}
+			return e.QR(ops.QR{A: at, Q: q})
+		}
+		if capture {
+			if err := op(); err != nil { // the eager run makes the lanes' scratch
+				t.Fatal(err)
+			}
+			g, err := e.Capture(op)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			if err := e.Fill(q, math.NaN()); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.Launch(); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := op(); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		v, _ := q.ReadFloat32()
+		return v
+	}
+	one := run(1, false, false)
+	if e := opstest.TermsErr(opstest.F64(one), opstest.F64(want), nil); !(e < 1e-4) {
+		t.Errorf("CUDA (1 lane) vs host QR: relative error %.3g", e)
+	}
+	for _, c := range []struct {
+		name          string
+		lanes         int
+		side, capture bool
+	}{{"8 lanes", 8, false, false}, {"8 lanes, side stream, graph", 8, true, true}, {"8 lanes, main stream, graph", 8, false, true}, {"3 lanes", 3, false, false}} {
+		got := run(c.lanes, c.side, c.capture)
+		diff := 0
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(one[i]) {
+				diff++
+			}
+		}
+		if diff > 0 {
+			t.Errorf("%s: %d of %d elements differ from one lane's", c.name, diff, len(got))
+		}
+	}
+}
+
+// BenchmarkCUDAQR times QR on a batch of 32 matrices at SOAP's block
+// orders with the matrices spread over 1 to 16 streams: ms per batch,
+// eager, synchronised per batch.
+func BenchmarkCUDAQR(b *testing.B) {
+	d := gpu(b)
+	a := device.Local{Dev: d}
+	e := cudaEngine(b, d, ops.PrecF32)
+	const batch = 32
+	for _, n := range []int{384, 768} {
+		at := opstest.Upload(b, a, qrLanesInput(b, batch, n, uint64(n)), batch, n, n)
+		q := opstest.Empty(b, a, tensor.F32, batch, n, n)
+		for _, lanes := range []int{1, 4, 8, 16} {
+			b.Run(fmt.Sprintf("n=%d/lanes=%d", n, lanes), func(b *testing.B) {
+				defer ops.SetQRLanes(lanes)()
+				for i := 0; i < 2; i++ { // warm: handles, scratch
+					if err := e.QR(ops.QR{A: at, Q: q}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := e.Sync(); err != nil {
+					b.Fatal(err)
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if err := e.QR(ops.QR{A: at, Q: q}); err != nil {
+						b.Fatal(err)
+					}
+					if err := e.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(b.N), "ms/batch")
+			})
+		}
+	}
+}

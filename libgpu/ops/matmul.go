@@ -359,6 +359,9 @@ func (c *cudaImpl) matmul(m *Matmul, s *mmShape) error {
 	if m.A.DType == tensor.F32 && c.prec != PrecF32 && !m.FullF32 {
 		spec.Compute = cuda.Compute32FFastTF32
 	}
+	if c.InLane() {
+		return fmt.Errorf("%w: a GEMM inside exec.CUDA.Lanes (no cuBLASLt workspace there)", exec.ErrSide)
+	}
 	alpha, beta := m.scales()
 	args := cuda.GemmArgs{A: devPtr(s.b), B: devPtr(s.a), D: devPtr(s.d), Alpha: alpha,
 		Workspace: c.Workspace(), WorkspaceSize: exec.WorkspaceSize}

@@ -953,15 +953,10 @@ func (c *cudaImpl) eighSolve(dt cuda.DataType, size int64, batch, n int, work, w
 	if err != nil {
 		return fmt.Errorf("ops: eigh: %w", err)
 	}
-	ws, err := c.Scratch("eigh.ws", int64(max(lwork, 1))*size)
-	if err != nil {
-		return err
-	}
-	for b := 0; b < batch; b++ {
-		if err := solver.Syevd(c.Stream(), dt, n, n, work.Add(int64(b)*nn*size), wv.Add(int64(b)*int64(n)*size),
-			ws, lwork, info.Add(int64(b)*4)); err != nil {
-			return fmt.Errorf("ops: eigh of matrix %d (n = %d): %w", b, n, err)
-		}
+	if err := c.solverLanes("eigh.ws", batch, int64(max(lwork, 1))*size, func(solver *cuda.SolverHandle, b int64, ws cuda.DevicePtr) error {
+		return solver.Syevd(c.Stream(), dt, n, n, work.Add(b*nn*size), wv.Add(b*int64(n)*size), ws, lwork, info.Add(b*4))
+	}); err != nil {
+		return fmt.Errorf("ops: eigh (n = %d): %w", n, err)
 	}
 	return nil
 }

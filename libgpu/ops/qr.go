@@ -170,15 +170,11 @@ func (c *cudaImpl) qr(d QR, batch, n int) error {
 		return fmt.Errorf("ops: qr: %w", err)
 	}
 	lwork := max(l1, l2, 1)
-	ws, err := c.Scratch("qr.ws", int64(lwork)*size)
-	if err != nil {
-		return err
-	}
-	for b := int64(0); b < int64(batch); b++ {
-		if err := solver.Geqrf(c.Stream(), dt, n, n, n, work.Add(b*nn*size), tau.Add(b*int64(n)*size), ws, lwork,
-			info.Add(b*8)); err != nil {
-			return fmt.Errorf("ops: qr of matrix %d (n = %d): %w", b, n, err)
-		}
+	if err := c.solverLanes("qr.ws", batch, int64(lwork)*size, func(solver *cuda.SolverHandle, b int64, ws cuda.DevicePtr) error {
+		return solver.Geqrf(c.Stream(), dt, n, n, n, work.Add(b*nn*size), tau.Add(b*int64(n)*size), ws, lwork,
+			info.Add(b*8))
+	}); err != nil {
+		return fmt.Errorf("ops: qr (n = %d): %w", n, err)
 	}
 	inst := "f32" // the instance of the factors' dtype (qr_signs_f32, qr_apply_f64, ...)
 	if d.F64 {
@@ -189,11 +185,11 @@ func (c *cudaImpl) qr(d QR, batch, n int) error {
 		work, sgn, int32(n), cnt); err != nil {
 		return err
 	}
-	for b := int64(0); b < int64(batch); b++ {
-		if err := solver.Orgqr(c.Stream(), dt, n, n, n, n, work.Add(b*nn*size), tau.Add(b*int64(n)*size), ws, lwork,
-			info.Add(b*8+4)); err != nil {
-			return fmt.Errorf("ops: qr of matrix %d (n = %d): %w", b, n, err)
-		}
+	if err := c.solverLanes("qr.ws", batch, int64(lwork)*size, func(solver *cuda.SolverHandle, b int64, ws cuda.DevicePtr) error {
+		return solver.Orgqr(c.Stream(), dt, n, n, n, n, work.Add(b*nn*size), tau.Add(b*int64(n)*size), ws, lwork,
+			info.Add(b*8+4))
+	}); err != nil {
+		return fmt.Errorf("ops: qr (n = %d): %w", n, err)
 	}
 	qf, err := c.Scratch("qr.qf", total*4)
 	if err != nil {
