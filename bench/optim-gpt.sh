@@ -6,8 +6,8 @@
 # baseline), Shampoo, SOAP and Muon, and:
 #
 #   - per optimizer, the step (and the seconds) at which its validation loss
-#     first reaches AdamW's final one, and the ratio to AdamW's (target
-#     ≤ 0.7 for the second-order methods);
+#     first reaches AdamW's best one, and the ratio to the step (seconds)
+#     at which AdamW reached it (target ≤ 0.7 for Muon and SOAP);
 #   - per optimizer, the median step time over AdamW's (target ≤ 1.10 for
 #     Shampoo and SOAP at update frequency 10 with asynchronous roots (Shampoo's
 #     by Newton iterations, 2 steps stale; SOAP's eigenbases 5 steps stale),
@@ -164,8 +164,9 @@ PY
 done
 [ ${#runs[@]} -gt 0 ] || { echo "optim-gpt.sh: no run produced metrics" >&2; exit 1; }
 
-# Steps and seconds to AdamW's final validation loss (the first run's: if
-# its line above says "cut", its last one), and the plot.
+# Steps and seconds to AdamW's best validation loss (the first run's, over
+# what it evaluated: if its line above says "cut", up to there), and the
+# plot.
 "$plot" -o "$out/optim-gpt.png" "${runs[@]}" | emit
 
 # Median step time (the loss lines' step_ms, after the first interval:

@@ -39,6 +39,9 @@ type RootStats struct {
 	Refreshes int // refreshes started
 	Failures  int // matrices whose root or decomposition failed (kept their previous value, or at the first refresh were recomputed)
 	F64       int // jobs switched to float64 eigendecomposition after a failure
+	// Retried counts jobs returned from float64 to their own method after
+	// f64Hold refreshes (a switch is not for ever: see f64Hold).
+	Retried int
 	// Asynchronous refreshes put in use whose wait the device has timed
 	// (all but the last: timed between two events on the main stream
 	// around its wait for the side stream, read at the next one), those
@@ -59,6 +62,19 @@ type RootStats struct {
 	// be captured and stays eager.
 	Replayed, Uncaptured int
 }
+
+// f64Hold is how many refreshes a job switched to float64
+// eigendecomposition stays there before its own method (Newton's roots,
+// f32 decompositions) is tried again; a failure then switches it back.
+// The switch is mostly made at the first refresh, from statistics of one
+// gradient — rank-deficient for every block with more rows than the
+// gradient has (a 576×384 block's 576×576 statistics have rank 384), so
+// the ridge alone sets their condition (1/RelEps) and f32 Newton fails —
+// and a later refresh's statistics, summed over tens of gradients, are
+// full rank. cuSOLVER's float64 eigensolver works partly on the host: on a
+// GPU machine (2026-11-28) Shampoo's three such jobs of the
+// shakespeare-char GPT held the host 141 ms a refresh, for the whole run.
+const f64Hold = 10
 
 // waitThreshold is the main stream's wait for a refresh that counts as
 // one (RootStats.Waited): above the timing events' own resolution.
@@ -87,9 +103,10 @@ type rootJob struct {
 
 	snap, pend []*tensor.Tensor // Async: state copies of src, work copies of dst
 	f64        bool
+	f64At      int // the step of the refresh that switched it to float64
 
 	status *tensor.Tensor // state: the last refresh's status (allocated at its first refresh's shape)
-	f64s   *tensor.Tensor // state [1] i32: 1 once the job runs in float64
+	f64s   *tensor.Tensor // state [1] i32: f64At while the job runs in float64, else 0
 	ev     *exec.Event    // recorded after the status copy, in this process
 	stage  *exec.Staging  // host copy of status, queued behind it (read without a device-wide sync)
 
@@ -203,7 +220,10 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 		return nil
 	}
 	t0 := time.Now()
-	if err := r.checkFailures(e); err != nil {
+	if err := r.retry(e, t); err != nil {
+		return err
+	}
+	if err := r.checkFailures(e, t); err != nil {
 		return err
 	}
 	t1 := time.Now()
@@ -412,7 +432,8 @@ func (r *rootSched) resume(e *ops.Engine, t int) error {
 		if err != nil {
 			return err
 		}
-		j.f64 = tensor.BytesAs[int32](b)[0] != 0
+		j.f64At = int(tensor.BytesAs[int32](b)[0])
+		j.f64 = j.f64At != 0
 	}
 	if !r.opts.Async || r.opts.MaxStaleness == 0 || t <= r.start {
 		return nil
@@ -544,9 +565,7 @@ func (r *rootSched) verifyFirst(e *ops.Engine, j *rootJob, src, dst []*tensor.Te
 		return err
 	}
 	r.stats.Failures += failed
-	j.f64 = true
-	r.stats.F64++
-	if err := e.Fill(j.f64s, 1); err != nil {
+	if err := r.toF64(e, j, r.start); err != nil {
 		return err
 	}
 	st, err := j.compute(e, src, dst, true, true)
@@ -561,13 +580,38 @@ func (r *rootSched) verifyFirst(e *ops.Engine, j *rootJob, src, dst []*tensor.Te
 	return err
 }
 
+// toF64 switches job j to float64 eigendecomposition at the refresh of
+// step t, recording the switch (and t) in its state.
+func (r *rootSched) toF64(e *ops.Engine, j *rootJob, t int) error {
+	j.f64, j.f64At = true, t
+	r.stats.F64++
+	return e.Fill(j.f64s, float64(t))
+}
+
+// retry returns the jobs that have run in float64 for f64Hold refreshes
+// to their own method at the refresh of step t (see f64Hold); their
+// status is read at the next refresh as any other's.
+func (r *rootSched) retry(e *ops.Engine, t int) error {
+	for _, j := range r.jobs {
+		if !j.f64 || t-j.f64At < f64Hold*r.every {
+			continue
+		}
+		j.f64, j.f64At = false, 0
+		r.stats.Retried++
+		if err := e.Fill(j.f64s, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // checkFailures reads the last refresh's statuses (waiting, on a GPU, for
 // that refresh's status copy to the host, which a refresh interval has
 // normally long completed: no device-wide synchronisation, so the host
 // keeps queueing the step ahead of the device) and switches jobs with
-// failed matrices to float64
-// eigendecomposition, recording the switch in their state.
-func (r *rootSched) checkFailures(e *ops.Engine) error {
+// failed matrices to float64 eigendecomposition at step t's refresh,
+// recording the switch in their state.
+func (r *rootSched) checkFailures(e *ops.Engine, t int) error {
 	for _, j := range r.jobs {
 		if j.f64 {
 			continue
@@ -578,9 +622,7 @@ func (r *rootSched) checkFailures(e *ops.Engine) error {
 		}
 		r.stats.Failures += failed
 		if failed > 0 {
-			j.f64 = true
-			r.stats.F64++
-			if err := e.Fill(j.f64s, 1); err != nil {
+			if err := r.toF64(e, j, t); err != nil {
 				return err
 			}
 		}

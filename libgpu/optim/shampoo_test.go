@@ -8,6 +8,7 @@ import (
 
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/optim"
+	"gpukit/libgpu/tensor"
 )
 
 // refShampoo is Shampoo's published update (Gupta et al. 2018, Anil et
@@ -318,7 +319,8 @@ func TestShampooResume(t *testing.T) {
 // root refresh: the block keeps its previous root (the parameters stay
 // finite), the failure is read at the next refresh and the job switches to
 // float64 eigendecomposition, a switch kept in the state (a resumed run
-// reads it back).
+// reads it back). Once the statistics are sound again, the job returns to
+// Newton's roots after f64Hold refreshes in float64, and stays there.
 func TestShampooRootFailure(t *testing.T) {
 	cfg := testShampooConfig()
 	cfg.Roots.Method = ops.RootNewton
@@ -340,9 +342,11 @@ func TestShampooRootFailure(t *testing.T) {
 	step()
 	step() // roots computed at step 2
 	// Poison one matrix of a statistics stack (the last block of order 3).
+	var sound []float32
 	for _, s := range o.State() {
 		if s.Name == "shampoo/d3.stats" {
 			v, _ := s.Value.ReadFloat32()
+			sound = append([]float32(nil), v...)
 			v[len(v)-1] = float32(math.NaN())
 			s.Value.WriteFloat32(v)
 		}
@@ -361,13 +365,39 @@ func TestShampooRootFailure(t *testing.T) {
 			}
 		}
 	}
-	for _, s := range o.State() {
-		if s.Name == "shampoo/d3.f64" {
-			b, _ := s.Value.Read()
-			if b[0] != 1 {
-				t.Errorf("the float64 switch is not in the state: %v", b)
+	f64State := func() int32 {
+		for _, s := range o.State() {
+			if s.Name == "shampoo/d3.f64" {
+				b, _ := s.Value.Read()
+				return tensor.BytesAs[int32](b)[0]
 			}
 		}
+		t.Fatal("no shampoo/d3.f64 in the state")
+		return 0
+	}
+	if v := f64State(); v != 6 {
+		t.Errorf("the float64 switch is not in the state: %d, want the refresh's step 6", v)
+	}
+	// Sound statistics again; the switch holds for f64Hold refreshes (10,
+	// every 2 steps: until step 26), then Newton's roots come back and
+	// succeed (no new failure, no second switch).
+	for _, s := range o.State() {
+		if s.Name == "shampoo/d3.stats" {
+			s.Value.WriteFloat32(sound)
+		}
+	}
+	for i := 0; i < 18; i++ { // to step 25
+		step()
+	}
+	if st := o.RootStats(); st.Retried != 0 || f64State() != 6 {
+		t.Errorf("root stats %+v, switch %d: retried before f64Hold refreshes", st, f64State())
+	}
+	for i := 0; i < 6; i++ { // to step 31: the retry at 26, its status read at 28
+		step()
+	}
+	st2 := o.RootStats()
+	if st2.Retried != 1 || st2.F64 != 1 || st2.Failures != st.Failures || f64State() != 0 {
+		t.Errorf("root stats %+v (before %+v), switch %d: want one retry, no new failure or switch", st2, st, f64State())
 	}
 }
 

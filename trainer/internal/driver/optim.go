@@ -241,6 +241,8 @@ type RootsLine struct {
 	Refreshes int `json:"refreshes"`
 	Failures  int `json:"failures"`
 	F64       int `json:"f64"`
+	// Jobs returned from float64 to their own method (optim.RootStats.Retried).
+	Retried int `json:"f64_retried,omitempty"`
 	// Asynchronous refreshes timed, those the main stream waited for, and
 	// its total wait (optim.RootStats; a GPU only).
 	Timed  int     `json:"refreshes_timed,omitempty"`
@@ -262,7 +264,7 @@ func Roots(o optim.Optimizer) *RootsLine {
 	switch x := o.(type) {
 	case interface{ RootStats() optim.RootStats }:
 		s := x.RootStats()
-		return &RootsLine{Refreshes: s.Refreshes, Failures: s.Failures, F64: s.F64, Timed: s.Timed, Waited: s.Waited,
+		return &RootsLine{Refreshes: s.Refreshes, Failures: s.Failures, F64: s.F64, Retried: s.Retried, Timed: s.Timed, Waited: s.Waited,
 			WaitMS: Round(s.WaitMS, 3), CheckMS: Round(s.CheckMS, 3), QueueMS: Round(s.QueueMS, 3),
 			Replayed: s.Replayed, Uncaptured: s.Uncaptured}
 	case *service.Remote:
