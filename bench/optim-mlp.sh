@@ -10,7 +10,10 @@
 # stdout and in $BENCH_OUT/optim-mlp.jsonl.
 #
 # usage: bench/optim-mlp.sh [DATA_DIR]     (default: the Debian package's)
-#   EPOCHS=5  ADAMW_FLAGS="..."  KFAC_FLAGS="..."  DEVICE=auto
+#   EPOCHS=5  ADAMW_FLAGS="..."  KFAC_FLAGS="..." (e.g. "... --cov-every 10")  DEVICE=auto
+#   LOG_EVERY=100: the loss lines' interval; each line's step_ms is its
+#   interval's mean, and the summary gives their median after the first
+#   (compilation, capture) over AdamW's: at 1, the per-step median
 #   GPUKIT_OPTIM_PHASES=0: K-FAC's step and the MLP's forward and backward
 #   eager every step instead of replayed from CUDA graphs per phase
 set -euo pipefail
@@ -27,7 +30,7 @@ read -r -a kfac <<<"${KFAC_FLAGS:---optim kfac --lr 0.05 --momentum 0.9 --update
 for run in adamw kfac; do
 	declare -n f=$run
 	start=$(date +%s.%N)
-	"$bin/trainer" run --data "$data" --epochs "$epochs" --device "${DEVICE:-auto}" --log-every 100 "${f[@]}" \
+	"$bin/trainer" run --data "$data" --epochs "$epochs" --device "${DEVICE:-auto}" --log-every "${LOG_EVERY:-100}" "${f[@]}" \
 		--out "$out/$run" --force >"$out/$run.jsonl" 2>"$out/$run.err" || { cat "$out/$run.err" >&2; exit 1; }
 	end=$(date +%s.%N)
 	python3 - "$run" "$out/$run.jsonl" "$start" "$end" <<'PY' | emit
@@ -38,12 +41,18 @@ print(json.dumps({"workload": "optim-mlp", "optimizer": sys.argv[1], "test_accur
 PY
 done
 python3 - "$out/adamw.jsonl" "$out/kfac.jsonl" <<'PY' | emit
-import json, sys
+import json, statistics, sys
 acc = lambda p: [json.loads(l)["test_accuracy"] for l in open(p) if '"test_accuracy"' in l]
 a, k = acc(sys.argv[1]), acc(sys.argv[2])
 target = a[-1]
 hit = next((i + 1 for i, x in enumerate(k) if x >= target), None)
+def med(p):
+    ms = [json.loads(l)["step_ms"] for l in open(p) if '"step_ms"' in l][1:]
+    return statistics.median(ms) if ms else None
+ma, mk = med(sys.argv[1]), med(sys.argv[2])
 print(json.dumps({"workload": "optim-mlp-summary", "adamw_final_accuracy": target, "adamw_epochs": len(a),
-                  "kfac_epochs_to_adamw": hit, "ratio": None if hit is None else hit / len(a)}))
+                  "kfac_epochs_to_adamw": hit, "ratio": None if hit is None else hit / len(a),
+                  "adamw_step_ms": ma, "kfac_step_ms": mk,
+                  "kfac_over_adamw": round(mk / ma, 4) if ma and mk else None}))
 PY
 echo "optim-mlp.sh: results in $out/optim-mlp.jsonl" >&2

@@ -34,6 +34,7 @@ type OptimConfig struct {
 	RelEps       float32 `json:"rel_eps,omitempty"`       // Shampoo: the roots' relative ridge
 	Damping      float32 `json:"damping,omitempty"`       // K-FAC: λ
 	KLClip       float32 `json:"kl_clip,omitempty"`       // K-FAC: κ
+	CovEvery     int     `json:"cov_every,omitempty"`     // K-FAC: steps between factor updates
 }
 
 // OptimFlags are the flags of the optimizers (libgpu/optim) for a model
@@ -52,18 +53,20 @@ func OptimFlags(def, note string) []cli.Flag {
 		&cli.Float64Flag{Name: "rel-eps", DefaultText: "1e-06", Usage: "shampoo: the roots' ridge relative to each statistic's Frobenius norm (--root newton runs its products in TF32 from 2e-3, in f32 below)"},
 		&cli.Float64Flag{Name: "damping", DefaultText: "0.1", Usage: "kfac: Tikhonov damping λ, split between the factors by π"},
 		&cli.Float64Flag{Name: "kl-clip", DefaultText: "0.001", Usage: "kfac: κ, the bound on each step's predicted KL divergence"},
+		&cli.IntFlag{Name: "cov-every", DefaultText: "1", Usage: "kfac: steps between updates of the Kronecker factors (kfac-pytorch's factor_update_steps)"},
 	}
 }
 
 // OptimFixed are the names of OptimFlags that a resumed run may not
 // change (all but --optimizer-socket, which says where, not what).
-var OptimFixed = []string{"optim", "update-freq", "max-block", "root", "async-roots", "max-staleness", "adam-lr", "rel-eps", "damping", "kl-clip"}
+var OptimFixed = []string{"optim", "update-freq", "max-block", "root", "async-roots", "max-staleness", "adam-lr", "rel-eps", "damping", "kl-clip", "cov-every"}
 
 // OptimFromFlags reads the second-order optimizers' flags (OptimFlags).
 func OptimFromFlags(c *cli.Context) OptimConfig {
 	return OptimConfig{UpdateFreq: c.Int("update-freq"), MaxBlock: c.Int("max-block"), Root: c.String("root"),
 		Async: c.Bool("async-roots"), MaxStaleness: c.Int("max-staleness"), AdamLR: float32(c.Float64("adam-lr")),
-		RelEps: float32(c.Float64("rel-eps")), Damping: float32(c.Float64("damping")), KLClip: float32(c.Float64("kl-clip"))}
+		RelEps: float32(c.Float64("rel-eps")), Damping: float32(c.Float64("damping")), KLClip: float32(c.Float64("kl-clip")),
+		CovEvery: c.Int("cov-every")}
 }
 
 // Spec is the optim.Spec of --optim name with a run's hyper-parameters.
@@ -103,6 +106,9 @@ func (x OptimConfig) Spec(name string, lr, wd, momentum, beta1, beta2 float32) (
 	}
 	if x.KLClip > 0 {
 		s.KLClip = x.KLClip
+	}
+	if x.CovEvery > 0 {
+		s.CovEvery = x.CovEvery
 	}
 	s.Async, s.MaxStaleness = x.Async, x.MaxStaleness
 	return s, nil
