@@ -88,8 +88,9 @@ const waitThreshold = 0.01 // ms
 // [count] i32 statuses — a failure is non-zero). The scheduler keeps the
 // last refresh's status as state and reads it at the next refresh, a
 // refresh interval later (when it is long computed), to switch a failing
-// job to float64 eigendecomposition: a fixed point of the schedule, so
-// runs and resumed runs decide alike. A failed matrix keeps its previous
+// job to float64 eigendecomposition (for f64Hold refreshes, then its own
+// method is tried again): a fixed point of the schedule, so runs and
+// resumed runs decide alike. A failed matrix keeps its previous
 // result meanwhile — except at the first refresh, where there is none
 // (dst holds the identities it starts with, which would silently turn
 // the preconditioned step into another one): the first refresh's status

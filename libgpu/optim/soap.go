@@ -22,6 +22,10 @@ import (
 //	    iteration and QR (ops.SOAPBasis), V permuted to follow (below)
 //	M ← β1·M + (1−β1)·G                        (in the original coordinates)
 //	G' = Q_L·G·Q_Rᵀ,  M' = Q_L·M·Q_Rᵀ           (into the eigenbasis)
+//	    (M' is kept: M' ← β1·M' + (1−β1)·G' while the basis stays, and
+//	    rotated from M only when a basis is put in use, as NVIDIA's
+//	    Emerging-Optimizers' update_eigenbasis_and_momentum keeps the
+//	    momentum in the eigenbasis: two GEMMs a block fewer per step)
 //	V ← β2·V + (1−β2)·G'²                      (in the eigenbasis)
 //	N = Q_Lᵀ·(M'/(√V + ε))·Q_R                 (back)
 //	W ← W − LR·(√(1−β2ᵗ)/(1−β1ᵗ)·N + WeightDecay·W)
@@ -100,6 +104,11 @@ type soapParam struct {
 type soapGroup struct {
 	*blockGroup
 	gs, gm *tensor.Tensor // work [count, br, bc]
+	// mr is the first moment in the eigenbasis, Q_L·M·Q_Rᵀ (state
+	// [count, br, bc], zero until step 2): computed from M when a basis
+	// is put in use after step 1, else updated as M is, from the rotated
+	// gradient.
+	mr *tensor.Tensor
 }
 
 // soapPerm is a class's permutations of its bases' rows at the last
@@ -114,8 +123,11 @@ type SOAP struct {
 	groups []*soapGroup // the matrix parameters by block shape (members index params)
 	cls    []*statClass
 	// work shared by parameters: a product, the rotated gradient (reused
-	// for the step), the rotated moment and the eigenbasis step.
-	t1, gr, mr, nr *tensor.Tensor
+	// for the step) and the eigenbasis step.
+	t1, gr, nr *tensor.Tensor
+	// rotStale: a basis was put in use at this step (sched.use), so the
+	// rotated moments are computed from M.
+	rotStale bool
 	// AdamW for the other parameters.
 	adam         []nn.Param
 	adamM, adamV []*tensor.Tensor
@@ -131,7 +143,8 @@ type SOAP struct {
 
 // NewSOAP allocates SOAP's state through a: per matrix parameter
 // "<name>.exp_avg" ([M, N]) and "<name>.exp_avg_sq" (blocked, in the
-// eigenbasis); per block order d "soap/d<d>.stats" and "soap/d<d>.basis"
+// eigenbasis); per block shape i "soap/group<i>.exp_avg_rotated" (the
+// first moments of its blocks in the eigenbasis, stacked); per block order d "soap/d<d>.stats" and "soap/d<d>.basis"
 // ([count, d, d], stacked across parameters; bases start as identities),
 // and the work "soap/d<d>.perm" ([count, d] i32: the last refresh's
 // permutations); per other parameter "<name>.exp_avg", "<name>.exp_avg_sq" and one
@@ -193,6 +206,9 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 			return o, err
 		}
 		if g.gm, err = o.s.work(a, prefix, fmt.Sprintf("soap/group%d.moment", i), tensor.F32, g.shape()...); err != nil {
+			return o, err
+		}
+		if g.mr, err = o.s.zeros(a, prefix, fmt.Sprintf("soap/group%d.exp_avg_rotated", i), tensor.F32, g.shape()...); err != nil {
 			return o, err
 		}
 		for k, pi := range g.members {
@@ -261,9 +277,7 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 			return o, err
 		}
 	}
-	if !cfg.EighRefresh {
-		o.sched.use = o.permuteMoments
-	}
+	o.sched.use = o.useBases
 	for _, p := range o.adam {
 		m, err := o.s.zeros(a, prefix, p.Name+".exp_avg", tensor.F32, p.Value.Shape...)
 		if err != nil {
@@ -291,7 +305,7 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 		for _, w := range []struct {
 			t **tensor.Tensor
 			n string
-		}{{&o.t1, "soap.tmp"}, {&o.gr, "soap.rotated_grad"}, {&o.mr, "soap.rotated_moment"}, {&o.nr, "soap.rotated_step"}} {
+		}{{&o.t1, "soap.tmp"}, {&o.gr, "soap.rotated_grad"}, {&o.nr, "soap.rotated_step"}} {
 			if *w.t, err = o.s.work(a, prefix, w.n, tensor.F32, maxBlocked); err != nil {
 				return o, err
 			}
@@ -303,7 +317,8 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 // Step implements Optimizer: the moments' and statistics' updates of every
 // matrix parameter, the bases' schedule (a refresh at t = 1, 1+k, ...,
 // synchronously or on the side stream), the steps in the eigenbasis
-// (eight GEMMs batched over each block shape's parameters, and one
+// (six GEMMs batched over each block shape's parameters — eight where a
+// basis was just put in use — the rotated moment's update, and one
 // multi-tensor ops.SOAPAdams and ops.BlockApplies per shape, the latter's
 // coefficient from the device counter's corrections of t−1), and AdamW
 // for the others. Queued on e; steps with no refresh starting or put in
@@ -349,25 +364,38 @@ func (o *SOAP) Step(e *ops.Engine) error {
 		return err
 	}
 	if t == 1 {
-		return nil // statistics and the first basis only (see SOAPConfig)
+		o.rotStale = false // M and M' are zero: any basis holds them
+		return nil         // statistics and the first basis only (see SOAPConfig)
 	}
 	for _, g := range o.groups {
 		ql, qr, err := g.outs()
 		if err != nil {
 			return err
 		}
-		var w [4]*tensor.Tensor
-		for i, b := range []*tensor.Tensor{o.t1, o.gr, o.mr, o.nr} {
+		var w [3]*tensor.Tensor
+		for i, b := range []*tensor.Tensor{o.t1, o.gr, o.nr} {
 			if w[i], err = g.work(b); err != nil {
 				return err
 			}
 		}
-		t1, gr, mr, nr := w[0], w[1], w[2], w[3]
-		for _, in := range []struct{ x, out *tensor.Tensor }{{g.gs, gr}, {g.gm, mr}} {
+		t1, gr, nr, mr := w[0], w[1], w[2], g.mr
+		rotate := []struct{ x, out *tensor.Tensor }{{g.gs, gr}}
+		if o.rotStale {
+			rotate = append(rotate, struct{ x, out *tensor.Tensor }{g.gm, mr})
+		}
+		for _, in := range rotate {
 			if err := e.Matmul(ops.Matmul{A: ql, B: in.x, D: t1}); err != nil {
 				return err
 			}
 			if err := e.Matmul(ops.Matmul{A: t1, B: qr, D: in.out, TransB: true}); err != nil {
+				return err
+			}
+		}
+		if len(rotate) == 1 { // M' ← β1·M' + (1−β1)·G', as M is
+			if err := e.Scale(mr, mr, c.Beta1, false); err != nil {
+				return err
+			}
+			if err := e.Scale(mr, gr, 1-c.Beta1, true); err != nil {
 				return err
 			}
 		}
@@ -404,6 +432,7 @@ func (o *SOAP) Step(e *ops.Engine) error {
 			return err
 		}
 	}
+	o.rotStale = false
 	if len(o.adam) > 0 {
 		return e.AdamW(o.adamP, o.adamG, o.adamM, o.adamV, o.adamStep,
 			ops.AdamWConfig{LR: c.LR, Beta1: c.Beta1, Beta2: c.Beta2, Eps: c.Eps, WeightDecay: c.WeightDecay, LRScale: o.lrScale})
@@ -424,6 +453,19 @@ func (o *SOAP) NextPhase() int { return o.rooted.nextPhase() }
 
 // Replayed implements Phaser.
 func (o *SOAP) Replayed() { o.rooted.replayed() }
+
+// useBases runs when the bases of step t's refresh are put in use
+// (sched.use): the rotated first moments are recomputed from M at this
+// step, and the second moments follow the bases' permutations
+// (permuteMoments; not with EighRefresh, whose bases are decomposed
+// afresh).
+func (o *SOAP) useBases(e *ops.Engine, t int) error {
+	o.rotStale = true
+	if o.cfg.EighRefresh {
+		return nil
+	}
+	return o.permuteMoments(e, t)
+}
 
 // permuteMoments carries every second moment over to the bases of the
 // power-iteration refresh of step t just put in use (sched.use): V's rows
