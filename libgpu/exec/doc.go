@@ -17,7 +17,10 @@
 //   - events (event.go): in-queue events and the one inter-process CUDA
 //     event type (IPCEvent) of the pool client and the optimizer service;
 //   - staging memory and copies queued in order (staging.go), scratch
-//     buffers (scratch.go), side and communication streams (side.go);
+//     buffers (scratch.go), side and communication streams (side.go),
+//     and lanes (lanes.go): one op's independent library calls fanned
+//     out over streams and joined back (QR's and Eigh's per-matrix
+//     cuSOLVER calls);
 //   - per-backend state of the op families (state.go: StateOf), so a
 //     family keeps what it caches without the runtime knowing it.
 //

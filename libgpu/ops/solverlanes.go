@@ -12,8 +12,9 @@ import (
 // orders of Shampoo's and SOAP's blocks (its batched syevj stops at 32),
 // and one call of order 256–1024 keeps a few multiprocessors busy, so
 // matrices factorised side by side fill the GPU. 16 (MaxLanes): the fastest
-// of 1, 4, 8 and 16 at orders 384 and 768 (BENCHMARKS.md, issue 26;
-// BenchmarkCUDAQR).
+// of 1, 4, 8 and 16 at orders 384 and 768, three times one lane's speed
+// (BENCHMARKS.md, issue 26; BenchmarkCUDAQR). syevd gains nothing
+// measurable: its calls wait on the host for part of their work.
 var solverLaneCount = 16
 
 // solverLanes calls f(solver, b, ws) for every matrix b of a batch,
