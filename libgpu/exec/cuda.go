@@ -102,11 +102,16 @@ func (c *CUDA) Stream() cuda.Stream { return c.stream }
 // Lt is the cuBLASLt handle.
 func (c *CUDA) Lt() *cuda.LtHandle { return c.lt }
 
-// Workspace is the cuBLASLt workspace of the current stream
+// Workspace is the cuBLASLt workspace of the current stream and its size
 // (WorkspaceSize bytes): a GEMM on a side stream uses that stream's own.
-// Inside Lanes there is none: it is 0 (and InLane true), and a GEMM
-// must not be queued.
-func (c *CUDA) Workspace() cuda.DevicePtr { return c.ws }
+// Inside Lanes there is none, and it fails with ErrSide: a GEMM must not
+// be queued there.
+func (c *CUDA) Workspace() (cuda.DevicePtr, int64, error) {
+	if c.lanes.set != nil {
+		return 0, 0, fmt.Errorf("%w: a GEMM inside Lanes (no cuBLASLt workspace there)", ErrSide)
+	}
+	return c.ws, WorkspaceSize, nil
+}
 
 // Solver is the cuSOLVER handle, made on first use and destroyed by Close;
 // inside Lanes, the lane's own. Inside Do.

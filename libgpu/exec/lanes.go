@@ -14,7 +14,7 @@ package exec
 // stream) has lanes of its own, so that one stream's lanes never queue
 // behind another's work. A lane has its own cuSOLVER handle (bound to the
 // lane's stream) and its own scratch namespace, and no cuBLASLt workspace:
-// GEMMs are refused there (Workspace is 0, InLane is true).
+// GEMMs are refused there (Workspace fails with ErrSide).
 
 import (
 	"fmt"
@@ -40,9 +40,6 @@ type laneState struct {
 	cur  int
 	set  *laneSet
 }
-
-// InLane reports whether ops are being queued on one of Lanes' streams.
-func (c *CUDA) InLane() bool { return c.lanes.set != nil }
 
 // Lanes runs fn(0), …, fn(n−1) with the current stream replaced by lane
 // i's stream (n ≤ MaxLanes; n < 1 is an error), each lane after

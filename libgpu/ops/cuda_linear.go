@@ -102,11 +102,11 @@ func (c *cudaImpl) gemm(spec cuda.GemmSpec, args cuda.GemmArgs) error {
 	default:
 		spec.AType, spec.BType, spec.Compute = cuda.R32F, cuda.R32F, cuda.Compute32F
 	}
-	if c.InLane() {
-		return fmt.Errorf("%w: a GEMM inside exec.CUDA.Lanes (no cuBLASLt workspace there)", exec.ErrSide)
+	var err error
+	if args.Workspace, args.WorkspaceSize, err = c.Workspace(); err != nil {
+		return err
 	}
 	args.Alpha, args.Beta = 1, 0
-	args.Workspace, args.WorkspaceSize = c.Workspace(), exec.WorkspaceSize
 	return c.Lt().Matmul(spec, args, c.Stream())
 }
 

@@ -14,7 +14,6 @@ import (
 	"gonum.org/v1/gonum/blas"
 
 	"gpukit/libgpu/cuda"
-	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
 )
@@ -359,12 +358,13 @@ func (c *cudaImpl) matmul(m *Matmul, s *mmShape) error {
 	if m.A.DType == tensor.F32 && c.prec != PrecF32 && !m.FullF32 {
 		spec.Compute = cuda.Compute32FFastTF32
 	}
-	if c.InLane() {
-		return fmt.Errorf("%w: a GEMM inside exec.CUDA.Lanes (no cuBLASLt workspace there)", exec.ErrSide)
+	ws, wsSize, err := c.Workspace()
+	if err != nil {
+		return err
 	}
 	alpha, beta := m.scales()
 	args := cuda.GemmArgs{A: devPtr(s.b), B: devPtr(s.a), D: devPtr(s.d), Alpha: alpha,
-		Workspace: c.Workspace(), WorkspaceSize: exec.WorkspaceSize}
+		Workspace: ws, WorkspaceSize: wsSize}
 	if m.Accumulate {
 		args.C, args.Beta = args.D, beta
 	}

@@ -103,8 +103,9 @@ type rootJob struct {
 	compute func(e *ops.Engine, src, dst []*tensor.Tensor, f64, first bool) (*tensor.Tensor, error)
 
 	snap, pend []*tensor.Tensor // Async: state copies of src, work copies of dst
-	f64        bool
-	f64At      int // the step of the refresh that switched it to float64
+	// f64At is the step of the refresh that switched the job to float64
+	// eigendecomposition (≥ start ≥ 1), 0 while it runs its own method.
+	f64At int
 
 	status *tensor.Tensor // state: the last refresh's status (allocated at its first refresh's shape)
 	f64s   *tensor.Tensor // state [1] i32: f64At while the job runs in float64, else 0
@@ -121,6 +122,9 @@ type rootJob struct {
 	warm   [2]bool
 	eager  [2]bool
 }
+
+// inF64 reports whether the job runs in float64 eigendecomposition.
+func (j *rootJob) inF64() bool { return j.f64At != 0 }
 
 // rootSched runs an optimizer's rootJobs on a fixed schedule: at steps t ≥
 // start with (t − start) % every = 0, synchronously, or asynchronously
@@ -233,7 +237,7 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 	r.stats.Refreshes++
 	if !r.opts.Async {
 		for _, j := range r.jobs {
-			st, err := j.compute(e, j.src, j.dst, j.f64, t == r.start)
+			st, err := j.compute(e, j.src, j.dst, j.inF64(), t == r.start)
 			if err != nil {
 				return fmt.Errorf("optim: %s: %w", j.name, err)
 			}
@@ -303,11 +307,11 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 // itself (exec.Capture), so the host tests run this path too.
 func (r *rootSched) sideRefresh(e *ops.Engine, j *rootJob, first bool) error {
 	k := 0
-	if j.f64 {
+	if j.inF64() {
 		k = 1
 	}
 	run := func() error {
-		st, err := j.compute(e, j.snap, j.pend, j.f64, first)
+		st, err := j.compute(e, j.snap, j.pend, j.inF64(), first)
 		if err != nil {
 			return fmt.Errorf("optim: %s: %w", j.name, err)
 		}
@@ -434,7 +438,6 @@ func (r *rootSched) resume(e *ops.Engine, t int) error {
 			return err
 		}
 		j.f64At = int(tensor.BytesAs[int32](b)[0])
-		j.f64 = j.f64At != 0
 	}
 	if !r.opts.Async || r.opts.MaxStaleness == 0 || t <= r.start {
 		return nil
@@ -451,7 +454,7 @@ func (r *rootSched) resume(e *ops.Engine, t int) error {
 				return err
 			}
 		}
-		st, err := j.compute(e, j.snap, j.pend, j.f64, last == r.start)
+		st, err := j.compute(e, j.snap, j.pend, j.inF64(), last == r.start)
 		if err != nil {
 			return fmt.Errorf("optim: %s (resumed): %w", j.name, err)
 		}
@@ -558,7 +561,7 @@ func (r *rootSched) failures(j *rootJob) (int, error) {
 // Matrices that fail in float64 too keep the identity; both counts go to
 // RootStats.Failures.
 func (r *rootSched) verifyFirst(e *ops.Engine, j *rootJob, src, dst []*tensor.Tensor) error {
-	if j.f64 {
+	if j.inF64() {
 		return nil
 	}
 	failed, err := r.failures(j)
@@ -584,7 +587,7 @@ func (r *rootSched) verifyFirst(e *ops.Engine, j *rootJob, src, dst []*tensor.Te
 // toF64 switches job j to float64 eigendecomposition at the refresh of
 // step t, recording the switch (and t) in its state.
 func (r *rootSched) toF64(e *ops.Engine, j *rootJob, t int) error {
-	j.f64, j.f64At = true, t
+	j.f64At = t
 	r.stats.F64++
 	return e.Fill(j.f64s, float64(t))
 }
@@ -594,10 +597,10 @@ func (r *rootSched) toF64(e *ops.Engine, j *rootJob, t int) error {
 // status is read at the next refresh as any other's.
 func (r *rootSched) retry(e *ops.Engine, t int) error {
 	for _, j := range r.jobs {
-		if !j.f64 || t-j.f64At < f64Hold*r.every {
+		if !j.inF64() || t-j.f64At < f64Hold*r.every {
 			continue
 		}
-		j.f64, j.f64At = false, 0
+		j.f64At = 0
 		r.stats.Retried++
 		if err := e.Fill(j.f64s, 0); err != nil {
 			return err
@@ -614,7 +617,7 @@ func (r *rootSched) retry(e *ops.Engine, t int) error {
 // recording the switch in their state.
 func (r *rootSched) checkFailures(e *ops.Engine, t int) error {
 	for _, j := range r.jobs {
-		if j.f64 {
+		if j.inF64() {
 			continue
 		}
 		failed, err := r.failures(j)

@@ -379,19 +379,20 @@ func (o *SOAP) Step(e *ops.Engine) error {
 			}
 		}
 		t1, gr, nr, mr := w[0], w[1], w[2], g.mr
-		rotate := []struct{ x, out *tensor.Tensor }{{g.gs, gr}}
-		if o.rotStale {
-			rotate = append(rotate, struct{ x, out *tensor.Tensor }{g.gm, mr})
-		}
-		for _, in := range rotate {
-			if err := e.Matmul(ops.Matmul{A: ql, B: in.x, D: t1}); err != nil {
+		rotate := func(x, out *tensor.Tensor) error { // out = Q_L·x·Q_Rᵀ
+			if err := e.Matmul(ops.Matmul{A: ql, B: x, D: t1}); err != nil {
 				return err
 			}
-			if err := e.Matmul(ops.Matmul{A: t1, B: qr, D: in.out, TransB: true}); err != nil {
+			return e.Matmul(ops.Matmul{A: t1, B: qr, D: out, TransB: true})
+		}
+		if err := rotate(g.gs, gr); err != nil {
+			return err
+		}
+		if o.rotStale { // a new basis: M' from M
+			if err := rotate(g.gm, mr); err != nil {
 				return err
 			}
-		}
-		if len(rotate) == 1 { // M' ← β1·M' + (1−β1)·G', as M is
+		} else { // M' ← β1·M' + (1−β1)·G', as M is
 			if err := e.Scale(mr, mr, c.Beta1, false); err != nil {
 				return err
 			}
