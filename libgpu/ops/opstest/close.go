@@ -62,6 +62,18 @@ func (s *Suite) Close(what string, got, want, terms []float64, tol float64) {
 	Close(s.T, what, got, want, terms, tol)
 }
 
+// CloseAcc checks an output accumulated into: got = old + want, with the
+// error relative to the sum's terms, |old| + |want| (or |old| + terms
+// when terms are given), not to the sum alone, which an old value and an
+// increment of opposite signs can cancel, failing the check by chance.
+func (s *Suite) CloseAcc(what string, got, old, want, terms []float64, tol float64) {
+	s.T.Helper()
+	if terms == nil {
+		terms = want
+	}
+	s.Close(what, got, lnSum(old, want), Sum(old, terms), tol)
+}
+
 // Abs is |v| element-wise (nil stays nil).
 func Abs(v []float64) []float64 {
 	if v == nil {

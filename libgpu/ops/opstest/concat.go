@@ -42,7 +42,9 @@ func checkConcat(s *Suite) {
 				// Accumulate into one, write the other; then only one wanted.
 				da0, da0v := s.Rand(dt, 1, rows, ca)
 				s.NoErr("split (acc a)", s.E.SplitChannels(da0, db, dy, true, false))
-				s.Close("concat(da, db) (acc a)", RefConcat(s.Read(da0), s.Read(db), ca, cb), RefConcat(lnSum(da0v, s.Read(da)), s.Read(db), ca, cb), nil, s.Tol(dt))
+				dav, dbv := s.Read(da), s.Read(db)
+				s.Close("concat(da, db) (acc a)", RefConcat(s.Read(da0), dbv, ca, cb), RefConcat(lnSum(da0v, dav), dbv, ca, cb),
+					RefConcat(Sum(da0v, dav), Abs(dbv), ca, cb), s.Tol(dt)) // relative to the sum's terms
 				db1 := s.Empty(dt, rows, cb)
 				s.NoErr("split (b only)", s.E.SplitChannels(nil, db1, dy, false, false))
 				s.Close("db alone", s.Read(db1), s.Read(db), nil, 0)

@@ -35,7 +35,7 @@ func checkMSE(s *Suite) {
 				s.Close("dpred", s.Read(dp), wg, nil, s.Tol(dt))
 				dp0, dp0v := s.Rand(dt, 1, n)
 				s.NoErr("mse (acc)", s.E.MSELoss(loss, dp0, p, y, true))
-				s.Close("dpred (acc)", s.Read(dp0), lnSum(dp0v, wg), nil, s.Tol(dt))
+				s.CloseAcc("dpred (acc)", s.Read(dp0), dp0v, wg, nil, s.Tol(dt))
 				s.NoErr("mse (no gradient)", s.E.MSELoss(loss, nil, p, y, false))
 				s.Close("loss (no gradient)", s.Read(loss), []float64{wl}, nil, 1e-5)
 			})
