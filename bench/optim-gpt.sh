@@ -47,6 +47,13 @@
 #   OPTIMIZER_SOCKET=SOCK POOL=SOCK          run the second-order optimizers in
 #                                            `optimizer serve` (the service's
 #                                            overhead on the real step)
+#   NPROC=N                                  data-parallel on N GPUs (trainer launch --nproc N),
+#                                            the same global batch; the second-order runs
+#                                            share their refreshes over the ranks unless
+#                                            GPUKIT_SHARE_ROOTS=0 (each rank all of them).
+#                                            The step lines add the mean step time and the
+#                                            refreshes' GPU time per step (rank 0's side
+#                                            stream: roots.refresh_gpu_ms over the steps)
 #   GPUKIT_OPTIM_PHASES=0                    step Shampoo and SOAP eagerly every step
 #                                            instead of replaying a CUDA graph per
 #                                            phase outside refresh steps
@@ -134,7 +141,9 @@ for o in $optims; do
 	[ "$limit" != 0 ] && lim=(timeout -s INT -k 30 "$limit")
 	echo "optim-gpt.sh: $o: trainer run ${base[*]} ${extra[*]:-} (limit ${limit}s)" >&2
 	t0=$(date +%s.%N)
-	"${lim[@]}" "$bin/trainer" run "${recipe[@]}" "${base[@]}" "${extra[@]}" "${service[@]}" --out "$dir" \
+	cmd=(run)
+	[ "${NPROC:-1}" -gt 1 ] && cmd=(launch --nproc "$NPROC" -- run)
+	"${lim[@]}" "$bin/trainer" "${cmd[@]}" "${recipe[@]}" "${base[@]}" "${extra[@]}" "${service[@]}" --out "$dir" \
 		>"$dir.jsonl" 2>"$dir.err"
 	rc=$?
 	t1=$(date +%s.%N)
@@ -174,15 +183,24 @@ done
 python3 - "$out" "${done_optims[@]}" <<'PY' | emit
 import json, statistics, sys
 out, names = sys.argv[1], sys.argv[2:]
-med = {}
+med, mean, refresh = {}, {}, {}
 for n in names:
-    ls = [json.loads(l) for l in open(f"{out}/{n}/metrics.jsonl") if '"step_ms"' in l][1:]
+    lines = [json.loads(l) for l in open(f"{out}/{n}/metrics.jsonl")]
+    ls = [l for l in lines if "step_ms" in l][1:]
     if ls:
         med[n] = statistics.median(l["step_ms"] for l in ls)
+        mean[n] = statistics.mean(l["step_ms"] for l in ls)
+    roots = [l["roots"] for l in lines if l.get("roots")]
+    if roots and roots[-1].get("refreshes_gpu_timed"):
+        r = roots[-1]
+        refresh[n] = {"refresh_gpu_ms": round(r["refresh_gpu_ms"] / r["refreshes_gpu_timed"], 3),
+                      "refresh_gpu_ms_per_step": round(r["refresh_gpu_ms"] / max(1, lines[-1].get("step", 1)), 3),
+                      "refresh_blocks": r.get("refresh_blocks")}
 base = med.get(names[0])
 for n in names:
     if n in med:
-        print(json.dumps({"workload": "optim-gpt-step", "optimizer": n, "step_ms": round(med[n], 3),
-                          "over_adamw": round(med[n] / base, 4) if base else None}))
+        print(json.dumps({"workload": "optim-gpt-step", "optimizer": n, "nproc": int(__import__("os").environ.get("NPROC", "1")),
+                          "step_ms": round(med[n], 3), "mean_step_ms": round(mean[n], 3),
+                          "over_adamw": round(med[n] / base, 4) if base else None, **refresh.get(n, {})}))
 PY
 echo "optim-gpt.sh: results in $out (optim-gpt.jsonl, optim-gpt.png)" >&2

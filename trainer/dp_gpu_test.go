@@ -395,3 +395,60 @@ func TestMultiGPUDataParallelTrace(t *testing.T) {
 		}
 	}
 }
+
+// lastRoots is the roots object of the last evaluation line of stdout
+// (nil when none).
+func lastRoots(t *testing.T, stdout string) map[string]float64 {
+	t.Helper()
+	var roots map[string]float64
+	for _, text := range jsonLines(stdout) {
+		var l struct {
+			Roots map[string]float64 `json:"roots"`
+		}
+		if err := json.Unmarshal([]byte(text), &l); err != nil {
+			t.Fatalf("not a JSON line: %q", text)
+		}
+		if l.Roots != nil {
+			roots = l.Roots
+		}
+	}
+	return roots
+}
+
+// TestMultiGPUDataParallelSharedRoots: Shampoo (Newton roots) and SOAP
+// with asynchronous refreshes on 2 ranks that share them (optim.ShareRoots,
+// the default: each rank computes its half of the blocks of every refresh
+// on its side stream, and the halves are broadcast when the refresh is put
+// in use) against 2 ranks that each compute all of them
+// (GPUKIT_SHARE_ROOTS=0): 60 f32 steps, 6 refreshes, losses within 1e-5
+// relative at every step — the shared run computes each block in a batch
+// of half the blocks, which a batched GEMM may sum in another order, so
+// not bit for bit — and rank 0 computed about half of the matrices (at
+// most 60% of them: a class of an odd number of blocks gives it one more).
+func TestMultiGPUDataParallelSharedRoots(t *testing.T) {
+	nccltest.NeedGPUs(t, 2)
+	for _, c := range []struct{ name, flags string }{
+		{"shampoo", "--optim shampoo --root newton --update-freq 10 --async-roots --max-staleness 2 --max-block 64"},
+		{"soap", "--optim soap --update-freq 10 --async-roots --max-staleness 5 --max-block 64"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			nccltest.NeedGPUs(t, 2)
+			model := append(dpModel(t, "f32", 0, "13"), strings.Fields(c.flags)...)
+			each, shared := t.TempDir(), t.TempDir()
+			args := func(out string) []string {
+				return append([]string{"--out", out, "--steps", "60", "--eval-every", "30"}, model...)
+			}
+			re := two(args(each)...)
+			re.env = []string{"GPUKIT_SHARE_ROOTS=0"}
+			r1 := runTrainers(t, re)
+			r2 := runTrainers(t, two(args(shared)...))
+			compareDP(t, c.name+" shared refreshes", r2, r1, 1, 60, 1e-5, 0)
+			b1, b2 := lastRoots(t, r1.stdout), lastRoots(t, r2.stdout)
+			if b1 == nil || b2 == nil || !(b2["refresh_blocks"] > 0 && b2["refresh_blocks"] <= 0.6*b1["refresh_blocks"]) {
+				t.Fatalf("rank 0's refreshes: %v shared, %v each rank all", b2, b1)
+			}
+			t.Logf("rank 0 computed %v of %v matrices; refresh GPU time %v ms over %v refreshes (each rank all: %v ms over %v)",
+				b2["refresh_blocks"], b1["refresh_blocks"], b2["refresh_gpu_ms"], b2["refreshes_gpu_timed"], b1["refresh_gpu_ms"], b1["refreshes_gpu_timed"])
+		})
+	}
+}

@@ -216,7 +216,7 @@ func NewKFAC(a device.Allocator, prefix string, params []nn.Param, layers []KFAC
 			return o, err
 		}
 		job := &rootJob{name: "kfac/" + n, src: []*tensor.Tensor{l.a, l.g}, dst: []*tensor.Tensor{l.ainv, l.ginv},
-			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64, _ bool) (*tensor.Tensor, error) {
+			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, _ span, f64, _ bool) (*tensor.Tensor, error) {
 				if err := e.KFACDamping(l.ridgeA, l.ridgeG, src[0], src[1], cfg.Damping); err != nil {
 					return nil, err
 				}

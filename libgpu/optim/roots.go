@@ -1,9 +1,11 @@
 package optim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"gpukit/libgpu/device"
@@ -61,6 +63,17 @@ type RootStats struct {
 	// (rootSched.sideRefresh), Uncaptured the jobs whose refresh could not
 	// be captured and stays eager.
 	Replayed, Uncaptured int
+	// Blocks counts the matrices this process computed at its refreshes
+	// (blocks of Shampoo's and SOAP's stacked statistics, K-FAC layers),
+	// summed over refreshes: with the refreshes shared over data-parallel
+	// ranks (ShareRoots) each rank computes its share of them.
+	Blocks int
+	// RefreshesTimed asynchronous refreshes took RefreshMS of GPU time on
+	// the side stream, from its first kernel's start to its last one's end
+	// (read at the next refresh; a GPU only): what a refresh costs the
+	// device, which ShareRoots divides among the ranks.
+	RefreshesTimed int
+	RefreshMS      float64
 }
 
 // f64Hold is how many refreshes a job switched to float64
@@ -96,11 +109,24 @@ const waitThreshold = 0.01 // ms
 // the preconditioned step into another one): the first refresh's status
 // is read at once (one host wait per run) and a failing job is recomputed
 // in float64 before its results are used (rootSched.verifyFirst).
+//
+// A stacked job's src, dst and status all stack the same number of blocks
+// along their first dimension, each block computed on its own, so a
+// refresh may compute any range of them (a span): compute is given src and
+// dst narrowed to the span and narrows its own scratch and status alike.
+// Other jobs are computed whole (the span all).
 type rootJob struct {
 	name    string
 	src     []*tensor.Tensor
 	dst     []*tensor.Tensor
-	compute func(e *ops.Engine, src, dst []*tensor.Tensor, f64, first bool) (*tensor.Tensor, error)
+	compute func(e *ops.Engine, src, dst []*tensor.Tensor, part span, f64, first bool) (*tensor.Tensor, error)
+	stacked bool
+
+	// own is the part this process computes at a refresh (all unless the
+	// refreshes are shared, when it may be empty); parts[q] is rank q's
+	// (nil: not shared).
+	own   span
+	parts []span
 
 	snap, pend []*tensor.Tensor // Async: state copies of src, work copies of dst
 	// f64At is the step of the refresh that switched the job to float64
@@ -126,6 +152,68 @@ type rootJob struct {
 // inF64 reports whether the job runs in float64 eigendecomposition.
 func (j *rootJob) inF64() bool { return j.f64At != 0 }
 
+// span is the blocks [lo, lo+n) of a stacked job; all (n < 0) is a whole
+// job, stacked or not.
+type span struct{ lo, n int }
+
+var all = span{n: -1}
+
+// empty reports a span of no block (a shared job's part on a rank that
+// computes none of it).
+func (s span) empty() bool { return s.n == 0 }
+
+// blocks is the number of matrices the span computes of job j (a whole
+// job that is not stacked counts as one).
+func (s span) blocks(j *rootJob) int {
+	switch {
+	case s.n >= 0:
+		return s.n
+	case j.stacked:
+		return j.src[0].Shape[0]
+	}
+	return 1
+}
+
+// of is t narrowed to the span along its first dimension (t itself for
+// all).
+func (s span) of(t *tensor.Tensor) (*tensor.Tensor, error) {
+	if s.n < 0 {
+		return t, nil
+	}
+	return t.Narrow(0, s.lo, s.n)
+}
+
+// ofAll is of over ts.
+func (s span) ofAll(ts []*tensor.Tensor) ([]*tensor.Tensor, error) {
+	out := make([]*tensor.Tensor, len(ts))
+	for i, t := range ts {
+		v, err := s.of(t)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+// run computes part of job j from src into dst (whole tensors, narrowed
+// here) and returns the part's status.
+func (j *rootJob) run(e *ops.Engine, src, dst []*tensor.Tensor, part span, f64, first bool) (*tensor.Tensor, error) {
+	s, err := part.ofAll(src)
+	if err != nil {
+		return nil, err
+	}
+	d, err := part.ofAll(dst)
+	if err != nil {
+		return nil, err
+	}
+	st, err := j.compute(e, s, d, part, f64, first)
+	if err != nil {
+		return nil, fmt.Errorf("optim: %s: %w", j.name, err)
+	}
+	return st, nil
+}
+
 // rootSched runs an optimizer's rootJobs on a fixed schedule: at steps t ≥
 // start with (t − start) % every = 0, synchronously, or asynchronously
 // with results put in use at t + staleness.
@@ -146,12 +234,135 @@ type rootSched struct {
 	use func(e *ops.Engine, t int) error
 	// graphE is the engine the jobs' refresh graphs were captured on.
 	graphE *ops.Engine
+	// comm shares the refreshes over data-parallel ranks (share; nil:
+	// this process computes every job).
+	comm RootComm
+	// sideA, recorded on the side stream before an asynchronous refresh,
+	// times it against done (a GPU only); refreshTiming: the last refresh
+	// is not yet in the stats.
+	sideA         *exec.Event
+	refreshTiming bool
+}
+
+// RootComm is what refreshes shared over data-parallel ranks need of
+// their communicator (ShareRoots): a *nccl.Comm, or nccltest's in-process
+// stand-in on the host. Broadcast queues dst = root's dst on every rank
+// (src nil: in place) on the engine's stream; Group launches the
+// collectives fn queues together.
+type RootComm interface {
+	Rank() int
+	Size() int
+	Broadcast(e *ops.Engine, dst, src *tensor.Tensor, root int) error
+	Group(e *ops.Engine, fn func() error) error
+}
+
+// ShareRoots splits o's preconditioner refreshes over the data-parallel
+// ranks of c, as Distributed Shampoo distributes its preconditioners
+// (Shi et al., "A Distributed Data-Parallel PyTorch Implementation of the
+// Distributed Shampoo Optimizer", arXiv 2309.06497, §3.1): each rank
+// computes its part of every refresh and the parts are broadcast from
+// their ranks when the refresh is put in use, so a refresh's device time
+// falls with the ranks while every rank ends with the same
+// preconditioners. Shampoo's and SOAP's stacked blocks of each order are
+// cut into one contiguous range a rank, the ranges' sizes differing by
+// one at most and the larger ones given to the ranks with the least work
+// so far; K-FAC's layers go whole, the largest first (by the cube of their
+// factors' orders), each to the rank with the least work so far. Every
+// rank must call it with its own communicator of the same ranks, before
+// o's first step; the steps then exchange over c in the same order on
+// every rank (the same step on every rank, as data parallelism has it).
+// It reports false, and changes nothing, for an optimizer without
+// refreshes or a communicator of one rank. Checkpoints are unchanged.
+func ShareRoots(o Optimizer, c RootComm) (bool, error) {
+	s, ok := o.(interface{ shareRoots(RootComm) error })
+	if !ok || c == nil || c.Size() <= 1 {
+		return false, nil
+	}
+	return true, s.shareRoots(c)
+}
+
+// shareRoots implements ShareRoots for Shampoo, SOAP and K-FAC.
+func (r *rooted) shareRoots(c RootComm) error {
+	if r.step.t >= 0 || r.sched.resumed {
+		return fmt.Errorf("%w: refreshes shared after the first step", ErrConfig)
+	}
+	return r.sched.share(c.Rank(), c.Size(), c)
+}
+
+// share plans each job's parts over n ranks (ShareRoots) and sets this
+// rank's.
+func (r *rootSched) share(rank, n int, c RootComm) error {
+	if rank < 0 || rank >= n {
+		return fmt.Errorf("%w: rank %d of %d", ErrConfig, rank, n)
+	}
+	load := make([]float64, n)
+	least := func(qs []int) { // qs: ranks, least loaded first (lowest rank on ties)
+		slices.SortStableFunc(qs, func(a, b int) int { return cmp.Compare(load[a], load[b]) })
+	}
+	var whole []*rootJob
+	for _, j := range r.jobs {
+		if !j.stacked {
+			whole = append(whole, j)
+			continue
+		}
+		count := j.src[0].Shape[0]
+		per := rootCost(j) / float64(count)
+		size := make([]int, n)
+		qs := make([]int, n)
+		for q := range n {
+			size[q], qs[q] = count/n, q
+		}
+		least(qs)
+		for _, q := range qs[:count%n] {
+			size[q]++
+		}
+		j.parts = make([]span, n)
+		lo := 0
+		for q := range n {
+			j.parts[q] = span{lo, size[q]}
+			lo += size[q]
+			load[q] += per * float64(size[q])
+		}
+	}
+	slices.SortStableFunc(whole, func(a, b *rootJob) int { return cmp.Compare(rootCost(b), rootCost(a)) })
+	for _, j := range whole {
+		qs := make([]int, n)
+		for q := range n {
+			qs[q] = q
+		}
+		least(qs)
+		j.parts = make([]span, n) // empty but for the owner's
+		j.parts[qs[0]] = all
+		load[qs[0]] += rootCost(j)
+	}
+	for _, j := range r.jobs {
+		j.own = j.parts[rank]
+	}
+	r.comm = c
+	return nil
+}
+
+// rootCost is the work of refreshing job j, counted as the cube of each
+// statistic's order times the matrices stacked (an eigendecomposition's
+// or Newton iteration's flops are a multiple of it).
+func rootCost(j *rootJob) float64 {
+	c := 0.0
+	for _, t := range j.src {
+		d := float64(t.Shape[len(t.Shape)-1])
+		m := 1.0
+		for _, x := range t.Shape[:len(t.Shape)-2] {
+			m *= float64(x)
+		}
+		c += m * d * d * d
+	}
+	return c
 }
 
 // add registers a job. With Async, snapshots of src (state, named
 // <name>.snap<i>: checkpointed so that a resumed run recomputes a refresh
 // that was in flight) and pending copies of dst (work) are allocated.
 func (r *rootSched) add(s *state, a device.Allocator, prefix string, j *rootJob, status *tensor.Tensor) error {
+	j.own = all
 	var err error
 	if j.status, err = s.zeros(a, prefix, j.name+".status", status.DType, status.Shape...); err != nil {
 		return err
@@ -235,16 +446,29 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 	r.stats.CheckMS += msSince(t0, t1)
 	defer func() { r.stats.QueueMS += msSince(t1, time.Now()) }()
 	r.stats.Refreshes++
+	first := t == r.start
 	if !r.opts.Async {
 		for _, j := range r.jobs {
-			st, err := j.compute(e, j.src, j.dst, j.inF64(), t == r.start)
-			if err != nil {
-				return fmt.Errorf("optim: %s: %w", j.name, err)
+			if j.own.empty() {
+				continue
 			}
-			if err := r.stageStatus(e, j, st); err != nil {
+			r.stats.Blocks += j.own.blocks(j)
+			st, err := j.run(e, j.src, j.dst, j.own, j.inF64(), first)
+			if err != nil {
 				return err
 			}
-			if t == r.start {
+			if err := r.copyStatus(e, j, j.own, st); err != nil {
+				return err
+			}
+		}
+		if err := r.exchange(e, func(j *rootJob) []*tensor.Tensor { return j.dst }); err != nil {
+			return err
+		}
+		for _, j := range r.jobs {
+			if err := r.recordStatus(e, j); err != nil {
+				return err
+			}
+			if first {
 				if err := r.verifyFirst(e, j, j.src, j.dst); err != nil {
 					return err
 				}
@@ -269,15 +493,20 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 			}
 		}
 	}
-	if r.done == nil {
-		var err error
-		if r.done, err = e.NewEvent(false); err != nil {
-			return err
-		}
+	if err := r.timeRefresh(e); err != nil {
+		return err
 	}
-	first := t == r.start
 	err := e.Side(func() error {
+		if r.sideA != nil {
+			if err := r.sideA.Record(); err != nil {
+				return err
+			}
+		}
 		for _, j := range r.jobs {
+			if j.own.empty() {
+				continue
+			}
+			r.stats.Blocks += j.own.blocks(j)
 			if err := r.sideRefresh(e, j, first); err != nil {
 				return err
 			}
@@ -287,11 +516,78 @@ func (r *rootSched) step(e *ops.Engine, t int) error {
 	if err != nil {
 		return err
 	}
+	r.refreshTiming = r.sideA != nil
 	r.pendingT = t
 	if r.opts.MaxStaleness == 0 {
 		return r.publish(e)
 	}
 	return nil
+}
+
+// timeRefresh makes the events of an asynchronous refresh (done; on a GPU
+// sideA, which times it) and adds the last refresh's GPU time, long since
+// finished (it was put in use), to the stats.
+func (r *rootSched) timeRefresh(e *ops.Engine) error {
+	if r.done == nil {
+		timing := e.IsGraphCapable()
+		var err error
+		if r.done, err = e.NewEvent(timing); err != nil {
+			return err
+		}
+		if timing {
+			if r.sideA, err = e.NewEvent(true); err != nil {
+				return err
+			}
+		}
+	}
+	if !r.refreshTiming {
+		return nil
+	}
+	r.refreshTiming = false
+	if err := r.done.Wait(); err != nil {
+		return err
+	}
+	ms, err := r.done.Elapsed(r.sideA)
+	if err != nil {
+		return err
+	}
+	r.stats.RefreshesTimed++
+	r.stats.RefreshMS += float64(ms)
+	return nil
+}
+
+// exchange gives every rank the parts of a shared refresh the other ranks
+// computed: for each job, each rank's part of its results (dsts: dst, or
+// the pending copies) and of its status, broadcast from that rank, all in
+// one group on the engine's stream (the main stream, so the exchange is
+// ordered with the step's gradient all-reduces on the same communicator:
+// NCCL wants one order of a communicator's collectives on every rank, and
+// two streams would let a refresh's broadcast wait on one rank behind its
+// peer's all-reduce). Nothing when the refreshes are not shared.
+func (r *rootSched) exchange(e *ops.Engine, dsts func(j *rootJob) []*tensor.Tensor) error {
+	if r.comm == nil {
+		return nil
+	}
+	return r.comm.Group(e, func() error {
+		for _, j := range r.jobs {
+			for q, p := range j.parts {
+				if p.empty() {
+					continue
+				}
+				ts := dsts(j)
+				for _, t := range append(ts[:len(ts):len(ts)], j.status) {
+					v, err := p.of(t)
+					if err != nil {
+						return err
+					}
+					if err := r.comm.Broadcast(e, v, nil, q); err != nil {
+						return fmt.Errorf("optim: %s: sharing rank %d's refresh: %w", j.name, q, err)
+					}
+				}
+			}
+		}
+		return nil
+	})
 }
 
 // sideRefresh queues job j's asynchronous refresh; inside Side. The
@@ -311,11 +607,11 @@ func (r *rootSched) sideRefresh(e *ops.Engine, j *rootJob, first bool) error {
 		k = 1
 	}
 	run := func() error {
-		st, err := j.compute(e, j.snap, j.pend, j.inF64(), first)
+		st, err := j.run(e, j.snap, j.pend, j.own, j.inF64(), first)
 		if err != nil {
-			return fmt.Errorf("optim: %s: %w", j.name, err)
+			return err
 		}
-		return r.copyStatus(e, j, st)
+		return r.copyStatus(e, j, j.own, st)
 	}
 	mine := r.graphE == nil || r.graphE == e // no graphs yet, or this engine's
 	var g *exec.CapturedGraph
@@ -350,6 +646,9 @@ func (r *rootSched) sideRefresh(e *ops.Engine, j *rootJob, first bool) error {
 			return err
 		}
 	}
+	if r.comm != nil {
+		return nil // recorded after the exchange (publish)
+	}
 	return r.recordStatus(e, j)
 }
 
@@ -359,7 +658,21 @@ func msSince(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) /
 // publish makes the main stream wait for the side stream's refresh and
 // copies its results into use (the first refresh's verified first).
 func (r *rootSched) publish(e *ops.Engine) error {
-	if err := r.timeWait(e); err != nil {
+	err := r.timeWait(e, func() error {
+		if r.comm == nil {
+			return nil
+		}
+		if err := r.exchange(e, func(j *rootJob) []*tensor.Tensor { return j.pend }); err != nil {
+			return err
+		}
+		for _, j := range r.jobs {
+			if err := r.recordStatus(e, j); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 	if r.pendingT == r.start {
@@ -384,12 +697,17 @@ func (r *rootSched) publish(e *ops.Engine) error {
 	return nil
 }
 
-// timeWait makes the main stream wait for the side stream's refresh,
-// between two timing events (on a GPU), and adds the previous publish's
-// wait, long since timed, to the stats.
-func (r *rootSched) timeWait(e *ops.Engine) error {
+// timeWait makes the main stream wait for the side stream's refresh and
+// then queues after (a shared refresh's exchange), between two timing
+// events (on a GPU): the wait timed is the main stream's for this rank's
+// refresh and, shared, for every rank's part of it. It adds the previous
+// publish's wait, long since timed, to the stats.
+func (r *rootSched) timeWait(e *ops.Engine, after func() error) error {
 	if !e.IsGraphCapable() { // the host: side work has run
-		return e.WaitEvent(r.done)
+		if err := e.WaitEvent(r.done); err != nil {
+			return err
+		}
+		return after()
 	}
 	if r.waitA == nil {
 		var err error
@@ -418,6 +736,9 @@ func (r *rootSched) timeWait(e *ops.Engine) error {
 		return err
 	}
 	if err := e.WaitEvent(r.done); err != nil {
+		return err
+	}
+	if err := after(); err != nil {
 		return err
 	}
 	r.timing = true
@@ -454,59 +775,51 @@ func (r *rootSched) resume(e *ops.Engine, t int) error {
 				return err
 			}
 		}
-		st, err := j.compute(e, j.snap, j.pend, j.inF64(), last == r.start)
+		st, err := j.run(e, j.snap, j.pend, all, j.inF64(), last == r.start)
 		if err != nil {
-			return fmt.Errorf("optim: %s (resumed): %w", j.name, err)
+			return fmt.Errorf("resuming: %w", err)
 		}
 		if err := r.stageStatus(e, j, st); err != nil {
 			return err
 		}
 	}
-	if r.done == nil {
-		var err error
-		if r.done, err = e.NewEvent(false); err != nil {
-			return err
-		}
+	if err := r.timeRefresh(e); err != nil {
+		return err
 	}
 	r.pendingT = last
 	return r.done.Record()
 }
 
-// stageStatus copies a job's status into its state, on the stream that
-// computed it, queues a copy of it to the host (pinned staging memory on a
-// GPU) and records the job's event behind both.
+// stageStatus copies a whole job's status into its state and stages it
+// (recordStatus), on the stream that computed it.
 func (r *rootSched) stageStatus(e *ops.Engine, j *rootJob, st *tensor.Tensor) error {
-	if st == nil {
-		return nil
-	}
-	if err := r.copyStatus(e, j, st); err != nil {
+	if err := r.copyStatus(e, j, all, st); err != nil {
 		return err
 	}
 	return r.recordStatus(e, j)
 }
 
-// copyStatus queues stageStatus's copies (none for a nil status).
-func (r *rootSched) copyStatus(e *ops.Engine, j *rootJob, st *tensor.Tensor) error {
-	if st == nil {
-		return nil
+// copyStatus copies the status st of part of job j into that part of its
+// state.
+func (r *rootSched) copyStatus(e *ops.Engine, j *rootJob, part span, st *tensor.Tensor) error {
+	dst, err := part.of(j.status)
+	if err != nil {
+		return err
 	}
+	return e.Copy(dst, st)
+}
+
+// recordStatus queues a copy of j's status (state) to the host (pinned
+// staging memory on a GPU) and records j's event behind it.
+func (r *rootSched) recordStatus(e *ops.Engine, j *rootJob) error {
 	if j.stage == nil {
 		var err error
 		if j.stage, err = e.NewStaging(j.status.Bytes()); err != nil {
 			return err
 		}
 	}
-	if err := e.Copy(j.status, st); err != nil {
+	if err := e.CopyOut(j.stage, 0, j.status); err != nil {
 		return err
-	}
-	return e.CopyOut(j.stage, 0, j.status)
-}
-
-// recordStatus records j's event behind its status copies (once it has
-// a staging copy: a job without a status has none).
-func (r *rootSched) recordStatus(e *ops.Engine, j *rootJob) error {
-	if j.stage == nil {
-		return nil
 	}
 	if j.ev == nil {
 		var err error
@@ -572,9 +885,9 @@ func (r *rootSched) verifyFirst(e *ops.Engine, j *rootJob, src, dst []*tensor.Te
 	if err := r.toF64(e, j, r.start); err != nil {
 		return err
 	}
-	st, err := j.compute(e, src, dst, true, true)
+	st, err := j.run(e, src, dst, all, true, true)
 	if err != nil {
-		return fmt.Errorf("optim: %s (float64 retry): %w", j.name, err)
+		return fmt.Errorf("float64 retry: %w", err)
 	}
 	if err := r.stageStatus(e, j, st); err != nil {
 		return err
@@ -660,13 +973,13 @@ func (r *rootSched) close(e *ops.Engine) error {
 		errs = append(errs, r.done.Close())
 		r.done = nil
 	}
-	for _, ev := range []**exec.Event{&r.waitA, &r.waitB} {
+	for _, ev := range []**exec.Event{&r.waitA, &r.waitB, &r.sideA} {
 		if *ev != nil {
 			errs = append(errs, (*ev).Close())
 			*ev = nil
 		}
 	}
-	r.timing, r.graphE = false, nil
+	r.timing, r.refreshTiming, r.graphE = false, false, nil
 	return errors.Join(errs...)
 }
 

@@ -242,14 +242,18 @@ func NewShampoo(a device.Allocator, prefix string, params []nn.Param, cfg Shampo
 			return o, err
 		}
 		c := c
-		c.job = &rootJob{name: tag, src: []*tensor.Tensor{c.stats}, dst: []*tensor.Tensor{c.out},
-			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64, _ bool) (*tensor.Tensor, error) {
+		c.job = &rootJob{name: tag, src: []*tensor.Tensor{c.stats}, dst: []*tensor.Tensor{c.out}, stacked: true,
+			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, part span, f64, _ bool) (*tensor.Tensor, error) {
+				scratch, err := part.ofAll([]*tensor.Tensor{c.resid, c.status})
+				if err != nil {
+					return nil, err
+				}
 				r := ops.InverseRoot{A: src[0], X: dst[0], P: 4, Eps: cfg.MatrixEps, RelEps: cfg.MatrixRelEps,
-					Method: cfg.Roots.Method, Iters: cfg.Roots.NewtonIters, F64: f64, Err: c.resid, Status: c.status}
+					Method: cfg.Roots.Method, Iters: cfg.Roots.NewtonIters, F64: f64, Err: scratch[0], Status: scratch[1]}
 				if f64 {
 					r.Method = ops.RootEigen
 				}
-				return c.status, e.InverseRoot(r)
+				return scratch[1], e.InverseRoot(r)
 			}}
 		if err := o.sched.add(&o.s, a, prefix, c.job, c.status); err != nil {
 			return o, err

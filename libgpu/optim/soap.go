@@ -260,8 +260,13 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 		}
 		o.perm[c] = perm
 		c := c
-		c.job = &rootJob{name: tag, src: []*tensor.Tensor{c.stats}, dst: []*tensor.Tensor{c.out, perm},
-			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, f64, first bool) (*tensor.Tensor, error) {
+		c.job = &rootJob{name: tag, src: []*tensor.Tensor{c.stats}, dst: []*tensor.Tensor{c.out, perm}, stacked: true,
+			compute: func(e *ops.Engine, src, dst []*tensor.Tensor, part span, f64, first bool) (*tensor.Tensor, error) {
+				s, err := part.ofAll([]*tensor.Tensor{eig, real, vals, c.status})
+				if err != nil {
+					return nil, err
+				}
+				eig, real, vals, status := s[0], s[1], s[2], s[3]
 				if err := e.Copy(eig, src[0]); err != nil {
 					return nil, err
 				}
@@ -269,9 +274,9 @@ func NewSOAP(a device.Allocator, prefix string, params []nn.Param, cfg SOAPConfi
 					return nil, err
 				}
 				if first || cfg.EighRefresh {
-					return c.status, e.Eigh(ops.Eigh{A: eig, Q: dst[0], W: vals, F64: f64, Status: c.status})
+					return status, e.Eigh(ops.Eigh{A: eig, Q: dst[0], W: vals, F64: f64, Status: status})
 				}
-				return c.status, e.SOAPBasis(ops.SOAPBasis{L: eig, Q: dst[0], Perm: dst[1], F64: f64, Status: c.status})
+				return status, e.SOAPBasis(ops.SOAPBasis{L: eig, Q: dst[0], Perm: dst[1], F64: f64, Status: status})
 			}}
 		if err := o.sched.add(&o.s, a, prefix, c.job, c.status); err != nil {
 			return o, err

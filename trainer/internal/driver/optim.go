@@ -156,8 +156,12 @@ type OptimizerSet struct {
 // named through book, the state mapped through mem; see ServiceAlloc).
 // lrScale, when set, is the run's device learning-rate scale, which
 // optimizers that can read it (AdamW, Muon) follow. layers are K-FAC's.
+//
+// With several data-parallel ranks (dp), an optimizer in process shares its
+// preconditioner refreshes over them (optim.ShareRoots: each rank computes
+// its part of every refresh and broadcasts it) unless ShareRoots is off.
 func BuildOptimizer(e *ops.Engine, a device.Allocator, run string, params []nn.Param, layers []optim.KFACLayer,
-	spec optim.Spec, socket string, book *service.NameBook, mem service.Opener, lrScale *tensor.Tensor) (*OptimizerSet, error) {
+	spec optim.Spec, socket string, book *service.NameBook, mem service.Opener, lrScale *tensor.Tensor, dp *DP) (*OptimizerSet, error) {
 	var o optim.Optimizer
 	scaled := false
 	if socket != "" {
@@ -184,6 +188,12 @@ func BuildOptimizer(e *ops.Engine, a device.Allocator, run string, params []nn.P
 			sc.SetLRScale(lrScale)
 			scaled = true
 		}
+		if dp != nil && ShareRoots {
+			if _, err := optim.ShareRoots(o, dp.Comm); err != nil {
+				o.Free()
+				return nil, err
+			}
+		}
 	}
 	set := &OptimizerSet{Optimizer: o, Eager: !optim.CanCapture(o), Scaled: scaled}
 	if c, ok := o.(interface{ Counter() *tensor.Tensor }); ok {
@@ -201,6 +211,11 @@ func BuildOptimizer(e *ops.Engine, a device.Allocator, run string, params []nn.P
 // graphs against 20.0 eager, SOAP's 23.2 either way; the losses are
 // bitwise the eager run's (TestGPUPhaseGraphsEqualEager).
 var PhaseGraphs = os.Getenv("GPUKIT_OPTIM_PHASES") != "0"
+
+// ShareRoots says whether data-parallel ranks share the preconditioner
+// refreshes of Shampoo, SOAP and K-FAC (optim.ShareRoots; the default),
+// or each rank computes all of them (GPUKIT_SHARE_ROOTS=0, as before).
+var ShareRoots = os.Getenv("GPUKIT_SHARE_ROOTS") != "0"
 
 // PostPhases is what Runner.SetPostPhases needs to capture the set's
 // eager step (EagerStep) per phase: nil, nil when the optimizer is no
@@ -262,6 +277,13 @@ type RootsLine struct {
 	// be captured (optim.RootStats.Replayed, Uncaptured).
 	Replayed   int `json:"refresh_graphs,omitempty"`
 	Uncaptured int `json:"refreshes_uncaptured,omitempty"`
+	// The matrices this rank computed at its refreshes (all of them, or
+	// its share with several ranks: optim.RootStats.Blocks), and the
+	// asynchronous refreshes' GPU time on the side stream
+	// (RootStats.RefreshesTimed, RefreshMS; a GPU only).
+	Blocks         int     `json:"refresh_blocks,omitempty"`
+	RefreshesTimed int     `json:"refreshes_gpu_timed,omitempty"`
+	RefreshMS      float64 `json:"refresh_gpu_ms,omitempty"`
 }
 
 // Roots is o's RootsLine, or nil for an optimizer without roots (or a
@@ -272,7 +294,8 @@ func Roots(o optim.Optimizer) *RootsLine {
 		s := x.RootStats()
 		return &RootsLine{Refreshes: s.Refreshes, Failures: s.Failures, F64: s.F64, Retried: s.Retried, Timed: s.Timed, Waited: s.Waited,
 			WaitMS: Round(s.WaitMS, 3), CheckMS: Round(s.CheckMS, 3), QueueMS: Round(s.QueueMS, 3),
-			Replayed: s.Replayed, Uncaptured: s.Uncaptured}
+			Replayed: s.Replayed, Uncaptured: s.Uncaptured, Blocks: s.Blocks, RefreshesTimed: s.RefreshesTimed,
+			RefreshMS: Round(s.RefreshMS, 3)}
 	case *service.Remote:
 		s, err := x.Stats()
 		if err != nil || s.Refreshes == 0 && s.Failures == 0 {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -112,7 +113,7 @@ func checkpointTensors(t *testing.T, dir string) map[string][]byte {
 // stripTimes drops the fields of a JSON line that depend on the clock.
 func stripTimes(l string) string {
 	var kept []string
-	for _, f := range strings.Split(strings.Trim(l, "{}"), ",") {
+	for _, f := range strings.Split(strings.TrimSuffix(strings.TrimPrefix(l, "{"), "}"), ",") {
 		switch strings.SplitN(f, ":", 2)[0] {
 		case `"tokens_per_s"`, `"step_ms"`, `"mfu"`, `"elapsed_s"`:
 			continue
@@ -571,5 +572,58 @@ func TestLMResumeChangesGradComm(t *testing.T) {
 		}
 		got, _ := lmHostRanks(t, corpus, cfg, 2, LMOptions{Out: out, Resume: r, GradComm: c[1]}, nil)
 		closeLinesVal(t, fmt.Sprintf("%v, then %v", c[0], c[1]), parseLMLines(t, got), want[7:], 1e-2, 1e-2)
+	}
+}
+
+// TestLMRanksShareRoots: Shampoo and SOAP on 2 ranks that share
+// their preconditioner refreshes (optim.ShareRoots, the default) write
+// the lines of 2 ranks that each compute every refresh (driver.ShareRoots
+// off) exactly — the broadcast parts are the same matrices — while rank 0
+// computes fewer of the matrices than one process does. (Two ranks' losses
+// are not held to one process's here: their averaged gradients round
+// apart, and SOAP's first eigenbases of rank-deficient statistics turn
+// that into differences of 1e-3.)
+func TestLMRanksShareRoots(t *testing.T) {
+	corpus := testCorpus(t)
+	blocks := func(lines []string) int {
+		t.Helper()
+		n := -1
+		for _, s := range lines {
+			var l struct {
+				Roots *driver.RootsLine `json:"roots"`
+			}
+			if err := json.Unmarshal([]byte("{"+s+"}"), &l); err != nil {
+				t.Fatalf("%q: %v", s, err)
+			}
+			if l.Roots != nil {
+				n = l.Roots.Blocks
+			}
+		}
+		return n
+	}
+	for _, name := range []string{"shampoo", "soap"} {
+		t.Run(name, func(t *testing.T) {
+			cfg := lmTestConfig()
+			cfg.Optim = name
+			cfg.Precond = driver.OptimConfig{UpdateFreq: 3, Async: true, MaxStaleness: 1, MaxBlock: 16}
+			one, _ := lmHostRanks(t, corpus, cfg, 1, LMOptions{Out: t.TempDir()}, nil)
+			shared, _ := lmHostRanks(t, corpus, cfg, 2, LMOptions{Out: t.TempDir()}, nil)
+			driver.ShareRoots = false
+			each, _ := lmHostRanks(t, corpus, cfg, 2, LMOptions{Out: t.TempDir()}, nil)
+			driver.ShareRoots = true
+			// The same losses, gradient norms and validation losses, bit
+			// for bit (the roots lines differ in their counts and times).
+			if ls, le := parseLMLines(t, shared), parseLMLines(t, each); !slices.EqualFunc(ls, le, func(a, b lmLine) bool {
+				same := func(x, y *float64) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
+				return a.Step == b.Step && same(a.Loss, b.Loss) && same(a.GradNorm, b.GradNorm) && same(a.ValLoss, b.ValLoss)
+			}) {
+				t.Fatalf("shared refreshes:\n%s\nevery rank computing every refresh:\n%s", strings.Join(shared, "\n"), strings.Join(each, "\n"))
+			}
+			b1, bs, be := blocks(one), blocks(shared), blocks(each)
+			if !(b1 > 0 && be == b1 && bs > 0 && bs < b1) {
+				t.Fatalf("matrices computed by rank 0: %d shared, %d each rank all, %d one process", bs, be, b1)
+			}
+			t.Logf("rank 0 computed %d of %d matrices", bs, b1)
+		})
 	}
 }

@@ -196,7 +196,7 @@ func newLMWith(e *ops.Engine, a device.Allocator, run string, cfg Config, prec o
 		if err != nil {
 			return l, err
 		}
-		if l.set, err = driver.BuildOptimizer(e, a, run, l.m.Params(), nil, spec, socket, book, mem, l.lr); err != nil {
+		if l.set, err = driver.BuildOptimizer(e, a, run, l.m.Params(), nil, spec, socket, book, mem, l.lr, dp); err != nil {
 			return l, err
 		}
 		l.opt, counter, l.hook = l.set.Optimizer, l.set.Counter, name == "kfac"

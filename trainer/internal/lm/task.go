@@ -50,8 +50,11 @@ func (t *task) Load(w dist.World) error {
 				len(corpus.Train), len(corpus.Val), t.cfg.Model.Block)
 		}
 	}
-	if w.Distributed() && t.cfg.optimName() != "adamw" {
-		return driver.Configf("--optim %s with %d ranks: data-parallel runs use adamw", t.cfg.optimName(), w.Size)
+	if w.Distributed() && t.cfg.optimName() == "kfac" {
+		// The other optimizers read only the averaged gradients, so every
+		// rank's step is the same; K-FAC's factors come from each rank's
+		// own activations and output gradients, which nothing averages.
+		return driver.Configf("--optim kfac with %d ranks: K-FAC's factors would be each rank's own (not averaged across ranks); use another --optim for data-parallel runs", w.Size)
 	}
 	if t.batchesOut != "" && w.IsMain() {
 		if err := WriteBatches(t.batchesOut, t.cfg, corpus, t.cfg.Steps); err != nil {

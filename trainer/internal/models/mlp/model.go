@@ -167,7 +167,7 @@ func (m *model) buildOptimizer(e *ops.Engine, a device.Allocator, run, socket st
 			layers = append(layers, optim.KFACLayer{Weight: l.Weight, Bias: l.Bias, Input: l.Input, OutGrad: l.OutGrad})
 		}
 	}
-	return driver.BuildOptimizer(e, a, run, m.mlp.Params(), layers, spec, socket, book, mem, nil)
+	return driver.BuildOptimizer(e, a, run, m.mlp.Params(), layers, spec, socket, book, mem, nil, nil)
 }
 
 // tensors lists what a checkpoint holds: parameters, then (withOptim) the
