@@ -126,10 +126,20 @@ func (e *Engine) rope(op string, y, x, cos, sin *tensor.Tensor, rot int, bwd, ac
 		return hostRoPE(a, y, x, cos, sin, rot, bwd, acc)
 	}, func(c *cudaImpl) error {
 		k := launch.RopeArgs{Y: devPtr(y), X: devPtr(x), Cos: devPtr(cos), Sin: devPtr(sin), N: int64(n),
-			T: int32(a.t), H: int32(a.h), Half: int32(a.d / 2), Rot: int32(rot), Bwd: lnBool(bwd), Acc: lnBool(acc)}
+			T: int32(a.t), H: int32(a.h), Half: int32(a.d / 2), Rot: int32(rot), Bwd: lnBool(bwd), Acc: lnBool(acc), Vec: 1}
 		k.Xs0, k.Xs1, k.Xs2 = int64(x.Strides[0]), int64(x.Strides[1]), int64(x.Strides[2])
 		k.Ys0, k.Ys1, k.Ys2 = int64(y.Strides[0]), int64(y.Strides[1]), int64(y.Strides[2])
-		return launch.Rope(c, dtName(x.DType), gridFor(int64(n), 256), block1(256), 0, &k)
+		// Four pairs a thread where every vector the kernel loads is
+		// aligned: both halves of a head vector (half % 4), each row of x
+		// and y (their strides), and the tables' rows (D = 2·half).
+		if a.d/2%4 == 0 && embedAligned(x, 4, x.Strides[:3]...) && embedAligned(y, 4, y.Strides[:3]...) &&
+			embedAligned(cos, 4) && embedAligned(sin, 4) {
+			k.Vec = 4
+		}
+		items := int64(n) / int64(k.Vec)
+		grid := gridFor(items, 256)
+		k.Narrow = lnBool(items+int64(grid[0])*256 < 1<<31)
+		return launch.Rope(c, dtName(x.DType), grid, block1(256), 0, &k)
 	})
 }
 

@@ -8,29 +8,31 @@ import (
 	"gpukit/libgpu/cuda"
 )
 
-// RopeArgs is struct rope_args of rope.cu (112 bytes, alignment 8).
+// RopeArgs is struct rope_args of rope.cu (120 bytes, alignment 8).
 type RopeArgs struct {
-	Y    cuda.DevicePtr // void*
-	X    cuda.DevicePtr // void*
-	Cos  cuda.DevicePtr // float*
-	Sin  cuda.DevicePtr // float*
-	N    int64          // long long
-	Xs0  int64          // long long
-	Xs1  int64          // long long
-	Xs2  int64          // long long
-	Ys0  int64          // long long
-	Ys1  int64          // long long
-	Ys2  int64          // long long
-	T    int32          // int
-	H    int32          // int
-	Half int32          // int
-	Rot  int32          // int
-	Bwd  int32          // int
-	Acc  int32          // int
+	Y      cuda.DevicePtr // void*
+	X      cuda.DevicePtr // void*
+	Cos    cuda.DevicePtr // float*
+	Sin    cuda.DevicePtr // float*
+	N      int64          // long long
+	Xs0    int64          // long long
+	Xs1    int64          // long long
+	Xs2    int64          // long long
+	Ys0    int64          // long long
+	Ys1    int64          // long long
+	Ys2    int64          // long long
+	T      int32          // int
+	H      int32          // int
+	Half   int32          // int
+	Rot    int32          // int
+	Bwd    int32          // int
+	Acc    int32          // int
+	Vec    int32          // int
+	Narrow int32          // int
 }
 
 // The Go layout is the C one: a difference does not compile.
-var _ [112]byte = [unsafe.Sizeof(RopeArgs{})]byte{}
+var _ [120]byte = [unsafe.Sizeof(RopeArgs{})]byte{}
 
 // Rope launches rope_<inst> of rope.cu, inst one of "f32", "bf16":
 //
