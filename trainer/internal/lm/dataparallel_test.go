@@ -192,6 +192,12 @@ func TestLMWorldChecks(t *testing.T) {
 		t.Fatalf("batch 5 over 2 ranks: %v", err)
 	}
 	cfg.Batch = 4
+	cfg.Optim = "kfac"
+	_, err = RunLM(context.Background(), cfg, o)
+	if !errors.Is(err, driver.ErrConfig) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "--optim kfac with 2 ranks") {
+		t.Fatalf("K-FAC over 2 ranks: %v", err)
+	}
+	cfg.Optim = ""
 	w.Rank = 0
 	o.World = w
 	_, err = RunLM(context.Background(), cfg, o)
