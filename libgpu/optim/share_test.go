@@ -32,18 +32,6 @@ func shareCases() []struct {
 			return o
 		}
 	}
-	soap := func(mod func(c *optim.SOAPConfig)) maker {
-		return func(t testing.TB, p *problem) optim.Optimizer {
-			cfg := testSOAPConfig()
-			cfg.MaxBlock = 3
-			mod(&cfg)
-			o, err := optim.NewSOAP(p.a, "run", p.params, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return o
-		}
-	}
 	return []struct {
 		name   string
 		shapes [][]int
@@ -54,10 +42,10 @@ func shareCases() []struct {
 			c.Roots.Method, c.Roots.Async, c.Roots.MaxStaleness = ops.RootNewton, true, 1
 		})},
 		{"shampoo/async-stale0", groupShapes, shampoo(func(c *optim.ShampooConfig) { c.Roots.Async = true })},
-		{"soap/async-stale2", [][]int{{6, 6}, {4}, {7, 5}, {3, 3}, {2, 6}}, soap(func(c *optim.SOAPConfig) {
+		{"soap/async-stale2", [][]int{{6, 6}, {4}, {7, 5}, {3, 3}, {2, 6}}, soapMaker(func(c *optim.SOAPConfig) {
 			c.Roots.Async, c.Roots.MaxStaleness = true, 2
 		})},
-		{"soap/sync", [][]int{{6, 6}, {4}, {7, 5}, {3, 3}, {2, 6}}, soap(func(*optim.SOAPConfig) {})},
+		{"soap/sync", [][]int{{6, 6}, {4}, {7, 5}, {3, 3}, {2, 6}}, soapMaker(func(*optim.SOAPConfig) {})},
 		{"kfac/async-stale1", kfacShapes, kfacMaker(func(c *optim.KFACConfig) { c.Roots.Async, c.Roots.MaxStaleness = true, 1 })},
 		{"kfac/sync", kfacShapes, kfacMaker(func(*optim.KFACConfig) {})},
 	}
