@@ -633,3 +633,17 @@ func TestLMRanksShareRoots(t *testing.T) {
 		})
 	}
 }
+
+// TestLMRanksOtherOptimizers: optimizers that read only the averaged
+// gradients (Muon, AdamATan2) train on 2 host ranks with the losses of one
+// process (within 1e-5): data-parallel runs take them as they take AdamW.
+func TestLMRanksOtherOptimizers(t *testing.T) {
+	corpus := testCorpus(t)
+	for _, name := range []string{"muon", "adamatan2"} {
+		cfg := lmTestConfig()
+		cfg.Optim = name
+		one, _ := lmHostRanks(t, corpus, cfg, 1, LMOptions{Out: t.TempDir()}, nil)
+		two, _ := lmHostRanks(t, corpus, cfg, 2, LMOptions{Out: t.TempDir()}, nil)
+		closeLines(t, name+", 2 ranks against 1", parseLMLines(t, two), parseLMLines(t, one), 1e-5)
+	}
+}
