@@ -149,26 +149,12 @@ func checkIndices(op string, ix []int32, v int) error {
 
 // ---- CUDA ----
 
-// embedAligned reports whether the address of t's element 0 and every row
-// stride in lds are multiples of vec elements of t's dtype.
-func embedAligned(t *tensor.Tensor, vec int, lds ...int) bool {
-	if uint64(t.Ptr())%uint64(vec*t.DType.Size()) != 0 {
-		return false
-	}
-	for _, ld := range lds {
-		if ld%vec != 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // embedFwd launches embed_fwd_<table>_<y>: blocks of (32, 8), a warp per
 // row, 4-element vectors where C, the row stride and both base addresses
 // allow.
 func (c *cudaImpl) embedFwd(y, table, idx *tensor.Tensor, n, cols, v int) error {
 	vec := 1
-	if cols%4 == 0 && embedAligned(y, 4, ldOf(y)) && embedAligned(table, 4) {
+	if cols%4 == 0 && vecAligned(y, 4, ldOf(y)) && vecAligned(table, 4) {
 		vec = 4
 	}
 	return launch.EmbedFwd(c, dtName(table.DType)+dtSuffix(y.DType), grid1((n+7)/8), [3]uint32{32, 8, 1}, 0,
@@ -242,7 +228,7 @@ func (c *cudaImpl) embedBwd(dtable, dy, idx *tensor.Tensor, n, cols, v int, acc 
 		cur = 1 - cur
 	}
 	vec := 1
-	if cols%4 == 0 && embedAligned(dy, 4, ldOf(dy)) && embedAligned(dtable, 4) {
+	if cols%4 == 0 && vecAligned(dy, 4, ldOf(dy)) && vecAligned(dtable, 4) {
 		vec = 4
 	}
 	threads := min((cols/vec+31)/32*32, 256)

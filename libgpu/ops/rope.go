@@ -132,8 +132,8 @@ func (e *Engine) rope(op string, y, x, cos, sin *tensor.Tensor, rot int, bwd, ac
 		// Four pairs a thread where every vector the kernel loads is
 		// aligned: both halves of a head vector (half % 4), each row of x
 		// and y (their strides), and the tables' rows (D = 2·half).
-		if a.d/2%4 == 0 && embedAligned(x, 4, x.Strides[:3]...) && embedAligned(y, 4, y.Strides[:3]...) &&
-			embedAligned(cos, 4) && embedAligned(sin, 4) {
+		if a.d/2%4 == 0 && vecAligned(x, 4, x.Strides[:3]...) && vecAligned(y, 4, y.Strides[:3]...) &&
+			vecAligned(cos, 4) && vecAligned(sin, 4) {
 			k.Vec = 4
 		}
 		items := int64(n) / int64(k.Vec)
