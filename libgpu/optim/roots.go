@@ -544,16 +544,23 @@ func (r *rootSched) timeRefresh(e *ops.Engine) error {
 		return nil
 	}
 	r.refreshTiming = false
-	if err := r.done.Wait(); err != nil {
-		return err
-	}
-	ms, err := r.done.Elapsed(r.sideA)
+	ms, err := waitElapsed(r.sideA, r.done)
 	if err != nil {
 		return err
 	}
 	r.stats.RefreshesTimed++
-	r.stats.RefreshMS += float64(ms)
+	r.stats.RefreshMS += ms
 	return nil
+}
+
+// waitElapsed waits on the host for end and returns the milliseconds from
+// start's record to end's (timing events of one stream).
+func waitElapsed(start, end *exec.Event) (float64, error) {
+	if err := end.Wait(); err != nil {
+		return 0, err
+	}
+	ms, err := end.Elapsed(start)
+	return float64(ms), err
 }
 
 // exchange gives every rank the parts of a shared refresh the other ranks
@@ -719,15 +726,12 @@ func (r *rootSched) timeWait(e *ops.Engine, after func() error) error {
 		}
 	}
 	if r.timing {
-		if err := r.waitB.Wait(); err != nil {
-			return err
-		}
-		ms, err := r.waitB.Elapsed(r.waitA)
+		ms, err := waitElapsed(r.waitA, r.waitB)
 		if err != nil {
 			return err
 		}
 		r.stats.Timed++
-		r.stats.WaitMS += float64(ms)
+		r.stats.WaitMS += ms
 		if ms > waitThreshold {
 			r.stats.Waited++
 		}
