@@ -32,8 +32,9 @@ AdamW groups and schedule.
       --eval-batches batches every --eval-every steps; prints eval lines and
       the end-to-end wall time (start-up and compilation included).
 
-  gpt.py attention [--shape B,H,T,D ...]
-      Times causal bf16 SDPA forward and forward+backward.
+  gpt.py attention [--shape B,H,T,D[,noncausal] ...]
+      Times bf16 SDPA forward and forward+backward (causal unless the shape
+      ends in ",noncausal").
 
   torchrun --nproc-per-node N gpt.py ddp [--layers 12 --heads 12 --d-model 768 --block 1024
                                           --batch 16 --vocab 65 --mode compile --bucket-mb 25
@@ -310,19 +311,22 @@ def cmd_bench(a):
 
 def cmd_attention(a):
     for shape in a.shape:
-        B, H, T, D = (int(v) for v in shape.split(","))
+        parts = shape.split(",")
+        B, H, T, D = (int(v) for v in parts[:4])
+        causal = parts[4:] != ["noncausal"]
         g = torch.Generator(device="cuda").manual_seed(2)
         q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_() for _ in range(3))
         do = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), 10, 50)
+        fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), 10, 50)
 
         def fb():
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             o.backward(do)
         both = timed(fb, 10, 50)
-        flops = 4 * B * H * T * T * D / 2
-        print(json.dumps({"workload": "attention", "impl": "torch-sdpa", "shape": [B, H, T, D], "fwd_ms": fwd,
-                          "fwd_bwd_ms": both, "fwd_tflops": flops / fwd / 1e9}), flush=True)
+        flops = 4 * B * H * T * T * D / (2 if causal else 1)
+        print(json.dumps({"workload": "attention", "impl": "torch-sdpa", "shape": [B, H, T, D], "causal": causal,
+                          "fwd_ms": fwd, "fwd_bwd_ms": both, "fwd_tflops": flops / fwd / 1e9,
+                          "bwd_tflops": 2.5 * flops / (both - fwd) / 1e9}), flush=True)
 
 
 def nccl_version():

@@ -654,7 +654,28 @@ func (a *attnArgs) setDropout(d AttnDropout) {
 
 func newAttnArgs(s attnShape, causal bool, scale float32) attnArgs {
 	return attnArgs{B: int32(s.b), H: int32(s.h), Tq: int32(s.tq), Tk: int32(s.tk), D: int32(s.d),
-		Causal: attnBool(causal), Scale: scale, ScaleLog2: float32(float64(scale) * math.Log2E)}
+		Causal: attnBool(causal), Scale: scale, ScaleLog2: float32(float64(scale) * math.Log2E),
+		Group: attnGroup(s)}
+}
+
+// attnL2Budget is the bytes of L2 that one group of heads' streamed
+// operands may take (attention.cu's attn_block): K and V for the forward
+// and dQ, Q and dO for dK/dV. A quarter to a third of an H100's or H200's
+// 50 MiB L2, so that the group's tiles stay while the blocks of the next
+// group start; 0 keeps the order without groups (the benchmarks' "before").
+var attnL2Budget = 16 << 20
+
+// attnGroup is the heads per group of the blocks' launch order: as many
+// as keep their two streamed [T, D] bf16 operands within attnL2Budget,
+// at least one; 0 (one group, no index arithmetic) without a budget or
+// where every head's operands fit in twice the budget (at (64, 6, 256,
+// 64) groups cost 6% of the forward+backward, one H200).
+func attnGroup(s attnShape) int32 {
+	perHead := 2 * max(s.tq, s.tk) * s.d * 2
+	if attnL2Budget <= 0 || int64(s.b)*int64(s.h)*int64(perHead) <= 2*int64(attnL2Budget) {
+		return 0
+	}
+	return int32(min(max(attnL2Budget/max(perHead, 1), 1), math.MaxInt32))
 }
 
 func (a *attnArgs) setQKV(q, k, v *tensor.Tensor) {

@@ -9,6 +9,14 @@ func SetAttentionWGMMA(mode int) (restore func()) {
 	return func() { attnWGMode = old }
 }
 
+// SetAttentionL2Budget sets the L2 bytes per group of heads in the
+// attention kernels' launch order (0: no groups, the order before them).
+func SetAttentionL2Budget(bytes int) (restore func()) {
+	old := attnL2Budget
+	attnL2Budget = bytes
+	return func() { attnL2Budget = old }
+}
+
 // AttentionHopper reports whether e runs attention's wgmma kernels (a CUDA
 // engine on an sm_90a device whose attention.cu has its wgmma code).
 func AttentionHopper(e *Engine) bool { return e.c != nil && e.c.attnHopper() }

@@ -304,6 +304,13 @@ var attnBenchShapes = []attnLarge{
 	{64, 6, 256, 64, true, tensor.BF16},
 	{8, 16, 2048, 128, true, tensor.BF16},
 	{32, 12, 1024, 64, true, tensor.BF16}, // the 12-layer GPT's at batch 32 (bench/scale.sh's strong runs)
+	// issue 25's table: the rest of its shapes, causal and not
+	{8, 32, 2048, 64, true, tensor.BF16},
+	{2, 16, 8192, 128, true, tensor.BF16},
+	{64, 6, 256, 64, false, tensor.BF16},
+	{8, 16, 2048, 128, false, tensor.BF16},
+	{8, 32, 2048, 64, false, tensor.BF16},
+	{2, 16, 8192, 128, false, tensor.BF16},
 }
 
 // attnFlops is the forward's FLOP count of the two products (4·B·H·T²·D,
@@ -317,10 +324,13 @@ func attnFlops(c attnLarge) float64 {
 	return f
 }
 
-// attnPath is a choice of forward kernels (ops.SetAttentionWGMMA's mode).
+// attnPath is a choice of kernels (ops.SetAttentionWGMMA's mode; -1:
+// the default) and of the blocks' launch order (ops.SetAttentionL2Budget's
+// bytes; -1: the default).
 type attnPath struct {
 	name string
 	mode int
+	l2   int
 }
 
 // benchAttention times pass (forward, backward or both) the way
@@ -350,7 +360,7 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 	}
 	b.Cleanup(func() { ev0.Close(); ev1.Close() })
 	if len(paths) == 0 {
-		paths = []attnPath{{"", -1}}
+		paths = []attnPath{{"", -1, -1}}
 	} else if !ops.AttentionHopper(e) {
 		b.Log("not sm_90a (or attention.cu lacks its wgmma code): the wgmma paths run mma.sync")
 	}
@@ -379,11 +389,18 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 			"backward dK,dV": 2, "backward dQ": 1.5}[pass] * attnFlops(c)
 		for _, p := range paths {
 			name := fmt.Sprintf("B%d,H%d,T%d,D%d", c.b, c.h, c.t, c.d)
+			if !c.causal {
+				name += ",noncausal"
+			}
 			if p.name != "" {
 				name = p.name + "/" + name
 			}
+			restore := []func(){}
 			if p.mode >= 0 {
-				defer ops.SetAttentionWGMMA(p.mode)() // restored last-in first-out: the original at the end
+				restore = append(restore, ops.SetAttentionWGMMA(p.mode))
+			}
+			if p.l2 >= 0 {
+				restore = append(restore, ops.SetAttentionL2Budget(p.l2))
 			}
 			if err := at.forward(e, c); err != nil { // compiles, and gives backward its inputs
 				b.Fatal(err)
@@ -413,6 +430,9 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 				b.ReportMetric(med, "ms/call")
 				b.ReportMetric(flops/(med*1e-3)/1e12, "TFLOP/s")
 			})
+			for _, f := range restore {
+				f()
+			}
 		}
 	}
 }
@@ -429,7 +449,7 @@ func BenchmarkAttentionForwardBackward(b *testing.B) { benchAttention(b, "forwar
 
 // attnPaths are the kernel families: mma.sync (sm_80 and later) and wgmma
 // (sm_90a) for D = 128 and D = 64.
-var attnPaths = []attnPath{{"mma.sync", 0}, {"wgmma", 2}}
+var attnPaths = []attnPath{{"mma.sync", 0, -1}, {"wgmma", 2, -1}}
 
 // BenchmarkAttentionForwardPaths: the forward on each kernel family at
 // both shapes.
@@ -441,6 +461,13 @@ func BenchmarkAttentionBackwardPaths(b *testing.B) { benchAttention(b, "backward
 // BenchmarkAttentionForwardBackwardPaths: forward+backward on each family.
 func BenchmarkAttentionForwardBackwardPaths(b *testing.B) {
 	benchAttention(b, "forward+backward", attnPaths...)
+}
+
+// BenchmarkAttentionL2Order: forward+backward on the default kernels with
+// the blocks launched in groups of heads whose operands fit in L2 (the
+// default) and without (every head's row blocks apart: the order before).
+func BenchmarkAttentionL2Order(b *testing.B) {
+	benchAttention(b, "forward+backward", attnPath{"l2-groups", -1, -1}, attnPath{"no-groups", -1, 0})
 }
 
 // BenchmarkAttentionBackwardDKDV: δ and the dK/dV pass alone (no dq asked
@@ -486,7 +513,7 @@ func TestCUDAAttentionDropout(t *testing.T) {
 		})
 	}
 	if ops.AttentionHopper(e) {
-		for _, p := range []attnPath{{"mma.sync", 0}, {"wgmma", 2}} {
+		for _, p := range []attnPath{{"mma.sync", 0, -1}, {"wgmma", 2, -1}} {
 			for _, c := range cases[:4] {
 				t.Run(p.name+"/"+c.String(), func(t *testing.T) {
 					cudatest.RequireGPU(t)
@@ -542,12 +569,12 @@ func TestCUDAAttentionPaths(t *testing.T) {
 		path  attnPath
 		cases []attnLarge
 	}{
-		{attnPath{"mma.sync", 0}, []attnLarge{
+		{attnPath{"mma.sync", 0, -1}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},
 			{1, 2, 1, 128, true, tensor.BF16},
 		}},
-		{attnPath{"wgmma", 2}, []attnLarge{
+		{attnPath{"wgmma", 2, -1}, []attnLarge{
 			{64, 6, 256, 64, true, tensor.BF16},
 			{4, 6, 1000, 64, true, tensor.BF16},
 			{2, 4, 777, 64, false, tensor.BF16},

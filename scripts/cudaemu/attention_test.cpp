@@ -323,6 +323,10 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   a.Tk = Tk;
   a.D = D;
   a.causal = causal;
+  // The launch order's groups of heads (attn_block): 0 (one group), or 1-5
+  // heads a group, the last group short where B·H is not a multiple (B2 H3
+  // in groups of 4 or 5).
+  a.group = (int)(seed % 6);
   a.acc_q = a.acc_k = a.acc_v = acc;
   a.scale = (float)scale;
   a.scale_log2 = (float)(scale * 1.4426950408889634);

@@ -37,7 +37,7 @@ type AttnArgs struct {
 	AccQ        int32          // int
 	AccK        int32          // int
 	AccV        int32          // int
-	Pad         int32          // int
+	Group       int32          // int
 	Scale       float32        // float
 	ScaleLog2   float32        // float
 	DropCounter cuda.DevicePtr // int*
