@@ -744,7 +744,7 @@ func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 // where attnWG says so, else attn_fwd_tc_d{64,128} (mma.sync) with 4 K/V
 // tiles of shared memory.
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
-	if c.attnWG(s.d) {
+	if c.attnWG(s) {
 		return launch.AttnFwdWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows),
 			block1(attnWGThreads), attnWGSmem(s.d), a.k())
 	}
@@ -765,10 +765,15 @@ func attnWGSmem(d int) uint32 { return uint32(5*attnWGRows*d*2 + 1024) }
 
 // attnWGMode says which head dimensions take the wgmma kernels (forward
 // and backward) on sm_90a:
-// 0 none (mma.sync everywhere), 1 D = 128 (the default: at D = 64 the
-// short sequences of the GPT workload favour the mma.sync kernel's smaller
-// blocks), 2 both. Tests and benchmarks change it to compare the paths.
+// 0 none (mma.sync everywhere), 1 D = 128, and D = 64 from attnWG64MinT
+// positions on (the default: short sequences favour the mma.sync kernel's
+// smaller blocks), 2 both everywhere. Tests and benchmarks change it to
+// compare the paths.
 var attnWGMode = 1
+
+// attnWG64MinT is the sequence length (the longer of Tq and Tk) from
+// which D = 64 takes the wgmma kernels in mode 1.
+const attnWG64MinT = 1024
 
 // attnWGState caches whether the device runs the wgmma kernels.
 type attnWGState struct{ wgModule }
@@ -783,12 +788,15 @@ func (c *cudaImpl) attnHopper() bool {
 // without its wgmma code.
 var attnWGMarker = launch.AttnWgUnavailableKernel
 
-// attnWGOn reports whether attnWGMode gives head dimension d the wgmma
-// kernels (on a device that has them).
-func attnWGOn(d int) bool { return (d == 128 && attnWGMode >= 1) || (d == 64 && attnWGMode >= 2) }
+// attnWGOn reports whether attnWGMode gives head dimension d at sequence
+// length t (the longer of Tq and Tk) the wgmma kernels (on a device that
+// has them).
+func attnWGOn(d, t int) bool {
+	return (d == 128 && attnWGMode >= 1) || (d == 64 && (attnWGMode >= 2 || attnWGMode == 1 && t >= attnWG64MinT))
+}
 
-// attnWG reports whether the forward at head dimension d runs on wgmma.
-func (c *cudaImpl) attnWG(d int) bool { return attnWGOn(d) && c.attnHopper() }
+// attnWG reports whether attention of shape s runs on wgmma.
+func (c *cudaImpl) attnWG(s attnShape) bool { return attnWGOn(s.d, max(s.tq, s.tk)) && c.attnHopper() }
 
 // inst is the instance of a's kernel template for tail (the head
 // dimension "d64", or the dtype "f32"): with "drop_" before it when a
@@ -848,9 +856,10 @@ func attnKernels(dt tensor.DType, d int, drop, wg, backward bool) []launch.Kerne
 	return ks
 }
 
-// prefetchAttention queues attnKernels on the CUDA backend (prefetch.go),
-// the backward's too in a training graph.
-func (g *Graph) prefetchAttention(dt tensor.DType, d int, drop bool) {
+// prefetchAttention queues attnKernels for head dimension d and sequence
+// length t on the CUDA backend (prefetch.go), the backward's too in a
+// training graph.
+func (g *Graph) prefetchAttention(dt tensor.DType, d, t int, drop bool) {
 	c := g.e.c
 	if c == nil || g.shared.err != nil {
 		return
@@ -859,7 +868,7 @@ func (g *Graph) prefetchAttention(dt tensor.DType, d int, drop bool) {
 	if err != nil {
 		return
 	}
-	for _, k := range attnKernels(dt, d, drop, attnWGOn(d) && kc.Arch() == "sm_90a", g.opts.Train) {
+	for _, k := range attnKernels(dt, d, drop, attnWGOn(d, t) && kc.Arch() == "sm_90a", g.opts.Train) {
 		kc.Prefetch(k.File, k.Name)
 	}
 }
@@ -916,7 +925,7 @@ func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
 // where attnWG says so, else attn_bwd_dkdv_tc_d{64,128} (mma.sync: K, V, 2
 // Q and 2 dO tiles, and 2 × 64 lse and δ values).
 func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
-	if c.attnWG(s.d) {
+	if c.attnWG(s) {
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 6*64*4 + 1024)
 		return launch.AttnBwdDkdvWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tk, attnWGRows),
 			block1(attnWGThreads), smem, a.k())
@@ -929,7 +938,7 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 // dO, 3 stages of 64-key K and V tiles) where attnWG says so, else
 // attn_bwd_dq_tc_d{64,128} (mma.sync: Q, dO, 2 K and 2 V tiles).
 func (c *cudaImpl) attnBwdDQTC(a *attnArgs, s attnShape) error {
-	if c.attnWG(s.d) {
+	if c.attnWG(s) {
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 1024)
 		return launch.AttnBwdDqWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows),
 			block1(attnWGThreads), smem, a.k())
@@ -1040,7 +1049,7 @@ func (g *Graph) SelfAttention(qkv *Var, heads int, causal bool, dropout float32)
 		drop = AttnDropout{P: dropout, Seed: g.opts.Seed, Site: g.nextSite(), Counter: g.opts.Counter,
 			B0: int64(g.opts.Shard) * int64(b)}
 	}
-	g.prefetchAttention(x.DType, d, drop.P > 0)
+	g.prefetchAttention(x.DType, d, t, drop.P > 0)
 	e := g.e
 	g.Record("attention", []*Var{qkv}, []*Var{y, lse}, func(*Grads) error {
 		return e.AttentionForward(y4, lse.Value, q, k, v, causal, scale, drop)
