@@ -23,20 +23,12 @@
 #   trainings run one after the other on GPU_GO), and, to check the script
 #   on a CPU, DEVICE=cpu with ARCH="--hidden 32 ..." (both sides' flags).
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/.." && pwd)
-bin=${GPUKIT_BIN:-$root/bin}
-out=${BENCH_OUT:-$(mktemp -d)}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-ref=$root/bench/reference/hrm.py
-work=$(mktemp -d)
+. "$(dirname "$0")/hrm-common.sh"
 steps=${STEPS:-4500} batch=${BATCH:-768} every=${EVAL_EVERY:-500} qevaln=${QEVAL_N:-1000} evaln=${EVAL_N:-10000}
-warmup=${WARMUP:-$((steps / 10))} limit=${LIMIT:-480} device=${DEVICE:-cuda}
+warmup=${WARMUP:-$((steps / 10))} limit=${LIMIT:-480}
 ggo=${GPU_GO:-0} gto=${GPU_TORCH-1}
-read -r -a arch <<<"${ARCH:-}"
-gdev=(--device cuda --precision bf16 --graph on) pdev=(--device cuda --dtype bf16) pcomp=(--compile)
-if [ "$device" = cpu ]; then gdev=(--device host) pdev=(--device cpu --dtype f32) pcomp=(); fi
+pcomp=(--compile)
+[ "$device" = cpu ] && pcomp=()
 log() { echo "bench/hrm-quality.sh: $*" >&2; }
 data=${1:?usage: bench/hrm-quality.sh SUDOKU_DIR}
 for f in train.safetensors test.safetensors; do
@@ -44,29 +36,17 @@ for f in train.safetensors test.safetensors; do
 done
 python3 -c 'import torch, safetensors' || { log "python3 with torch and safetensors is required"; exit 1; }
 : >"$out/hrm-quality.jsonl"
-# tag PART: adds "part" to every JSON line of stdin, passing others to stderr.
-tag() {
-	python3 -c '
-import json, sys
-for l in sys.stdin:
-    try:
-        d = json.loads(l)
-    except ValueError:
-        sys.stderr.write(l)
-        continue
-    print(json.dumps(dict(part=sys.argv[1], **d)), flush=True)' "$1" >>"$out/hrm-quality.jsonl"
-}
 common=(--steps "$steps" --batch "$batch" --warmup "$warmup" --num-aug 1000 --eval-every "$every" --eval-n "$qevaln" --log-every 100)
 log "STEPS=$steps WARMUP=$warmup BATCH=$batch EVAL_EVERY=$every QEVAL_N=$qevaln LIMIT=${limit}s GPU_GO=$ggo GPU_TORCH=${gto:-(sequential)}"
 
 go_train() {
 	CUDA_VISIBLE_DEVICES=$ggo timeout --kill-after=5 "$limit" "$bin/trainer" run --model hrm --data "$data" --out "$work/go" \
-		"${gdev[@]}" "${common[@]}" --save-every 100000 "${arch[@]}" 2>"$work/go.err" | tag train-gpukit ||
+		"${gdev[@]}" "${common[@]}" --save-every 100000 "${arch[@]}" 2>"$work/go.err" | tag train-gpukit "$out/hrm-quality.jsonl" >/dev/null ||
 		log "trainer run: exit $? ($(tail -1 "$work/go.err"))"
 }
 torch_train() {
 	CUDA_VISIBLE_DEVICES=${gto:-$ggo} timeout --kill-after=5 "$limit" python3 "$ref" train --data "$data" "${common[@]}" \
-		"${pdev[@]}" "${pcomp[@]}" "${arch[@]}" --out "$work/torch.safetensors" 2>"$work/torch.err" | tag train-torch ||
+		"${pdev[@]}" "${pcomp[@]}" "${arch[@]}" --out "$work/torch.safetensors" 2>"$work/torch.err" | tag train-torch "$out/hrm-quality.jsonl" >/dev/null ||
 		log "hrm.py train: exit $? ($(tail -1 "$work/torch.err"))"
 }
 ckpt=$work/go/model.safetensors
@@ -77,10 +57,10 @@ evals() {
 	fi
 	for h in "" --no-halt; do
 		CUDA_VISIBLE_DEVICES=$ggo timeout 60 "$bin/trainer" eval --ckpt "$ckpt" --data "$data" --n "$evaln" --batch "$batch" \
-			"${gdev[@]}" $h 2>>"$work/eval.err" | tag eval-gpukit || log "trainer eval $h: exit $? ($(tail -1 "$work/eval.err"))"
+			"${gdev[@]}" $h 2>>"$work/eval.err" | tag eval-gpukit "$out/hrm-quality.jsonl" >/dev/null || log "trainer eval $h: exit $? ($(tail -1 "$work/eval.err"))"
 	done
 	CUDA_VISIBLE_DEVICES=$ggo timeout 90 python3 "$ref" eval --ckpt "$ckpt" --test "$data/test.safetensors" --n "$evaln" \
-		--batch "$batch" "${pdev[@]}" | tag eval-torch || log "hrm.py eval: exit $?"
+		--batch "$batch" "${pdev[@]}" | tag eval-torch "$out/hrm-quality.jsonl" >/dev/null || log "hrm.py eval: exit $?"
 }
 if [ -n "$gto" ]; then
 	# Two GPUs: the evaluations run on GPU_GO while hrm.py still trains.

@@ -44,19 +44,9 @@
 # Runs inside the GPU bundle (bin/trainer, bench/reference/hrm.py) or a
 # source tree with ./bin built.
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/.." && pwd)
-bin=${GPUKIT_BIN:-$root/bin}
-out=${BENCH_OUT:-$(mktemp -d)}
-mkdir -p "$out"
-export PYTHONUNBUFFERED=1
-ref=$root/bench/reference/hrm.py
-work=$(mktemp -d)
+. "$(dirname "$0")/hrm-common.sh"
 steps=${STEPS:-60} warmup=${WARMUP:-10} batch=${BATCH:-768} evaln=${EVAL_N:-10000} qevaln=${QEVAL_N:-1000}
-budget=${BUDGET:-360} device=${DEVICE:-cuda}
-read -r -a arch <<<"${ARCH:-}"
-gdev=(--device cuda --precision bf16 --graph on) pdev=(--device cuda --dtype bf16)
-if [ "$device" = cpu ]; then gdev=(--device host) pdev=(--device cpu --dtype f32); fi
+budget=${BUDGET:-360}
 start=$SECONDS
 log() { echo "bench/hrm.sh: $*" >&2; }
 left() { echo $((budget - (SECONDS - start))); }
@@ -72,18 +62,6 @@ within() {
 		return 124
 	fi
 	timeout --signal=TERM --kill-after=5 "$lim" "$@"
-}
-# tag PART: adds "part" to every JSON line of stdin, passing others to stderr.
-tag() {
-	python3 -c '
-import json, sys
-for l in sys.stdin:
-    try:
-        d = json.loads(l)
-    except ValueError:
-        sys.stderr.write(l)
-        continue
-    print(json.dumps(dict(part=sys.argv[1], **d)), flush=True)' "$1" | tee -a "$out/hrm.jsonl"
 }
 
 data=${1:-}
@@ -102,7 +80,7 @@ common=(--steps "$steps" --batch "$batch" --warmup "$warmup" --num-aug 1000 --ev
 # train: the trainer's run (step time, mfu, quality after STEPS).
 t0=$SECONDS
 within 50 "$bin/trainer" run --model hrm --data "$data" --out "$work/go" "${gdev[@]}" "${common[@]}" --save-every 100000 \
-	"${arch[@]}" 2>"$work/go.err" | tag train || log "trainer run: exit $? ($(tail -1 "$work/go.err"))"
+	"${arch[@]}" 2>"$work/go.err" | tag train "$out/hrm.jsonl" || log "trainer run: exit $? ($(tail -1 "$work/go.err"))"
 echo "{\"part\": \"train\", \"impl\": \"gpukit\", \"wall_s\": $((SECONDS - t0))}" | tee -a "$out/hrm.jsonl"
 
 # compile: hrm.py's segment step under torch.compile.
@@ -110,7 +88,7 @@ if [ "$device" = cuda ]; then
 	# torch.compile of the segment step took more than 70 s on an H100
 	# (2026-11-28: cut at 70 s, done within 200 s).
 	within 180 python3 "$ref" bench --modes compile --no-eval --batch "$batch" --warmup 3 --iters 10 "${pdev[@]}" "${arch[@]}" |
-		tag compile || log "hrm.py bench --modes compile: exit $?"
+		tag compile "$out/hrm.jsonl" || log "hrm.py bench --modes compile: exit $?"
 fi
 
 # eval: the captured evaluation against hrm.py's host loop, on the run's checkpoint.
@@ -118,17 +96,17 @@ ckpt=$work/go/model.safetensors
 if [ -f "$ckpt" ]; then
 	for h in "" --no-halt; do
 		within 30 "$bin/trainer" eval --ckpt "$ckpt" --data "$data" --n "$evaln" --batch "$batch" "${gdev[@]}" $h 2>>"$work/eval.err" |
-			tag eval || log "trainer eval $h: exit $? ($(tail -1 "$work/eval.err"))"
+			tag eval "$out/hrm.jsonl" || log "trainer eval $h: exit $? ($(tail -1 "$work/eval.err"))"
 	done
 	within 40 python3 "$ref" eval --ckpt "$ckpt" --test "$data/test.safetensors" --n "$evaln" --batch "$batch" "${pdev[@]}" |
-		tag eval-torch || log "hrm.py eval: exit $?"
+		tag eval-torch "$out/hrm.jsonl" || log "hrm.py eval: exit $?"
 else
 	log "no checkpoint of the trainer's run: eval skipped"
 fi
 
 # quality: hrm.py train (eager) on the same data and settings.
 t0=$SECONDS
-within 60 python3 "$ref" train --data "$data" "${common[@]}" "${pdev[@]}" "${arch[@]}" | tag quality-torch ||
+within 60 python3 "$ref" train --data "$data" "${common[@]}" "${pdev[@]}" "${arch[@]}" | tag quality-torch "$out/hrm.jsonl" ||
 	log "hrm.py train: exit $? (cut by the budget: its lines so far are kept)"
 echo "{\"part\": \"quality-torch\", \"impl\": \"torch-eager\", \"wall_s\": $((SECONDS - t0))}" | tee -a "$out/hrm.jsonl"
 
@@ -137,7 +115,7 @@ echo "{\"part\": \"quality-torch\", \"impl\": \"torch-eager\", \"wall_s\": $((SE
 # flag read per segment): what the conditional node saves by itself.
 if [ -f "$ckpt" ] && [ "$device" = cuda ]; then
 	within 25 "$bin/trainer" eval --ckpt "$ckpt" --data "$data" --n "$evaln" --batch "$batch" --device cuda --precision bf16 \
-		--graph off 2>>"$work/eval.err" | tag eval-nograph || log "trainer eval --graph off: exit $?"
+		--graph off 2>>"$work/eval.err" | tag eval-nograph "$out/hrm.jsonl" || log "trainer eval --graph off: exit $?"
 fi
 
 # The table.
