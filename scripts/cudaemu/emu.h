@@ -44,6 +44,20 @@
 //     such bytes fails (HOPPER.md: the tensor cores read through the async
 //     proxy).
 //
+//   - bar.sync / bar.arrive with a barrier id and a thread count (named
+//     barriers: one warpgroup signalling another);
+//   - mbarrier.init, arrive and try_wait.parity (the mbarrier object is
+//     the 8 bytes at its shared address, modelled beside them: pending
+//     arrivals and completed phases; no transaction bytes: TMA is not
+//     emulated), and
+//     cp.async.mbarrier.arrive.noinc: the thread's cp.async copies issued
+//     so far land, and then count as one arrival, at a random later
+//     scheduling round (never before), so a consumer that reads a tile
+//     without waiting on its barrier, or a producer that refills a buffer
+//     a consumer has not released, shows up. Bytes landed that way count
+//     as fenced by a thread that saw the phase complete (try_wait) and
+//     then ran fence.proxy.async.
+//
 // Checks: dynamic shared memory is poisoned (0xff: NaN) at every block
 // start; ldmatrix and cp.async addresses must be 16-byte aligned and
 // inside the dynamic shared memory; cp.async sources inside a buffer
@@ -139,6 +153,23 @@ struct Global {
   std::vector<uint16_t> owner;  // per shared byte: 1 + the thread whose cp.async wrote it, not yet fenced
   long progress = 0;
   std::vector<std::pair<const unsigned char*, size_t>> tracked;
+  // named barriers (bar.sync / bar.arrive id, count)
+  long bar_gen[16] = {};
+  int bar_count[16] = {};
+  // mbarriers by shared address
+  struct MBar {
+    int expected = 0, pending = 0;
+    unsigned phase = 0;               // completed phases
+    std::vector<unsigned> landed[2];  // offsets landed by deferred copies in the phase of each parity
+  };
+  std::vector<std::pair<unsigned, MBar>> mbars;
+  struct Deferred {  // cp.async.mbarrier.arrive.noinc: copies to land, then an arrival
+    int thread;
+    std::vector<Thread::Copy> copies;
+    unsigned mbar;
+    std::vector<unsigned> early;  // the thread's copies that had landed already, unfenced
+  };
+  std::vector<Deferred> deferred;
 };
 inline Global g;
 
@@ -200,6 +231,51 @@ inline void entry() {
   swapcontext(&g.cur->ctx, &g.sched);
 }
 
+inline Global::MBar& mbar(unsigned addr) {
+  for (auto& m : g.mbars)
+    if (m.first == addr) return m.second;
+  fail("mbarrier used before mbarrier.init");
+}
+
+// mbar_arrive counts one arrival on the mbarrier at addr; the last one of
+// a phase completes it.
+inline void mbar_arrive(unsigned addr) {
+  Global::MBar& m = mbar(addr);
+  if (m.pending <= 0) fail("mbarrier arrival beyond its count");
+  g.progress++;
+  if (--m.pending == 0) {
+    m.phase++;
+    m.pending = m.expected;
+    m.landed[m.phase & 1].clear();  // the phase now starting
+  }
+}
+
+// land_deferred performs cp.async.mbarrier.arrive.noinc's work, in issue
+// order: each pending entry's copies land and its arrival counts, each with
+// probability 1/2 a round (all of them when nothing else progressed).
+inline void land_deferred(bool all) {
+  std::vector<Global::Deferred> keep;
+  for (auto& d : g.deferred) {
+    if (!all && (g.rng() & 1)) {
+      keep.push_back(d);
+      continue;
+    }
+    Global::MBar& m = mbar(d.mbar);
+    for (unsigned off : d.early) m.landed[m.phase & 1].push_back(off);
+    for (auto& c : d.copies) {
+      if (c.zero)
+        memset(c.dst, 0, 16);
+      else
+        memcpy(c.dst, c.src, 16);
+      unsigned off = (unsigned)(c.dst - g.smem.data());
+      for (int i = 0; i < 16; i++) g.owner[off + i] = 0xffff;  // unfenced, landed through an mbarrier
+      m.landed[m.phase & 1].push_back(off);
+    }
+    mbar_arrive(d.mbar);
+  }
+  g.deferred.swap(keep);
+}
+
 // launch runs kernel over grid × block with smem bytes of dynamic shared
 // memory; seed picks the scheduling orders and cp.async timings.
 inline void launch(emu_dim3 grid, emu_dim3 block, size_t smem, uint64_t seed, std::function<void()> kernel) {
@@ -228,6 +304,10 @@ inline void launch(emu_dim3 grid, emu_dim3 block, size_t smem, uint64_t seed, st
         std::fill(g.warp_count.begin(), g.warp_count.end(), 0);
         std::fill(g.wg_gen.begin(), g.wg_gen.end(), 0);
         std::fill(g.wg_count.begin(), g.wg_count.end(), 0);
+        std::fill(g.bar_gen, g.bar_gen + 16, 0);
+        std::fill(g.bar_count, g.bar_count + 16, 0);
+        g.mbars.clear();
+        g.deferred.clear();
         for (int i = 0; i < nt; i++) {
           Thread& t = g.threads[i];
           t.done = false;
@@ -272,6 +352,7 @@ inline void launch(emu_dim3 grid, emu_dim3 block, size_t smem, uint64_t seed, st
               }
             }
           }
+          land_deferred(g.progress == before);
           for (auto& t : g.threads) live = live || !t.done;
           if (!live) {
             for (auto& t : g.threads)
@@ -413,15 +494,84 @@ inline void cp_wait(int n) {
 }
 
 // fence_proxy_async (fence.proxy.async.shared::cta): the copies this
-// thread has landed so far become visible to the async proxy (wgmma).
+// thread has landed so far, and those landed through an mbarrier phase it
+// has seen complete, become visible to the async proxy (wgmma).
 inline void fence_proxy_async() {
   uint16_t me = (uint16_t)(g.cur->index + 1);
   for (unsigned off : g.cur->fresh)
     for (int i = 0; i < 16; i++)
-      if (g.owner[off + i] == me) g.owner[off + i] = 0;
+      if (g.owner[off + i] == me || g.owner[off + i] == 0xffff) g.owner[off + i] = 0;
   g.cur->fresh.clear();
   g.progress++;
   yield();
+}
+
+// bar_sync / bar_arrive: named barrier id (0-15) of count threads (a
+// multiple of 32): bar.sync arrives and waits for the count to be reached,
+// bar.arrive only arrives.
+inline void bar_arrive_n(int id, int count, bool wait) {
+  if (id < 0 || id > 15 || count <= 0 || count % 32 || count > (int)g.threads.size()) fail("named barrier id or count");
+  long gen = g.bar_gen[id];
+  g.progress++;
+  if (++g.bar_count[id] == count) {
+    g.bar_count[id] = 0;
+    g.bar_gen[id]++;
+    return;
+  }
+  if (!wait) return;
+  while (g.bar_gen[id] == gen) yield();
+}
+
+// mbar_init (mbarrier.init.shared::cta.b64): count arrivals a phase.
+inline void mbar_init(unsigned addr, int count) {
+  if (addr % 8 || (size_t)addr + 8 > g.smem.size()) fail("mbarrier address unaligned or outside shared memory");
+  if (count <= 0) fail("mbarrier count");
+  for (auto& m : g.mbars)
+    if (m.first == addr) {
+      m.second = Global::MBar{};
+      m.second.expected = m.second.pending = count;
+      return;
+    }
+  Global::MBar m;
+  m.expected = m.pending = count;
+  g.mbars.push_back({addr, m});
+}
+
+// mbar_try_wait (mbarrier.try_wait.parity): whether the phase of that
+// parity has completed; when it has, the bytes landed in it through
+// cp.async.mbarrier.arrive.noinc join this thread's unfenced copies.
+inline bool mbar_try_wait(unsigned addr, unsigned parity) {
+  Global::MBar& m = mbar(addr);
+  if ((m.phase & 1) == (parity & 1)) {
+    yield();
+    return false;
+  }
+  for (unsigned off : m.landed[parity & 1]) g.cur->fresh.push_back(off);
+  g.progress++;
+  return true;
+}
+
+// cp_mbar_arrive (cp.async.mbarrier.arrive.noinc.shared::cta.b64): this
+// thread's cp.async copies issued so far land, then count as one arrival
+// on the mbarrier at addr, later (land_deferred).
+inline void cp_mbar_arrive(unsigned addr) {
+  mbar(addr);
+  Global::Deferred d{g.cur->index, {}, addr, {}};
+  d.copies.swap(g.cur->pending);
+  // Copies that landed at their issue are seen through the barrier too.
+  uint16_t me = (uint16_t)(g.cur->index + 1);
+  std::vector<unsigned> rest;
+  for (unsigned off : g.cur->fresh) {
+    if (g.owner[off] == me) {
+      for (int i = 0; i < 16; i++) g.owner[off + i] = 0xffff;
+      d.early.push_back(off);
+    } else {
+      rest.push_back(off);
+    }
+  }
+  g.cur->fresh.swap(rest);
+  g.deferred.push_back(d);
+  g.progress++;
 }
 
 // shfl exchanges values of up to 32 bytes (a double, as __shfl_sync's
@@ -686,5 +836,10 @@ inline void gpukit_emu_wgmma(float* d, int N, const unsigned* areg, uint64_t da,
   emu::wgmma(d, N, areg, da, db, scale_d, trans_a, trans_b);
 }
 inline void gpukit_emu_wg_fence() { emu::wg_fence(); }
+inline void gpukit_emu_bar(int id, int count, bool wait) { emu::bar_arrive_n(id, count, wait); }
+inline void gpukit_emu_mbar_init(unsigned addr, int count) { emu::mbar_init(addr, count); }
+inline void gpukit_emu_mbar_arrive(unsigned addr) { emu::mbar_arrive(addr); }
+inline bool gpukit_emu_mbar_try_wait(unsigned addr, unsigned parity) { return emu::mbar_try_wait(addr, parity); }
+inline void gpukit_emu_cp_mbar_arrive(unsigned addr) { emu::cp_mbar_arrive(addr); }
 inline void gpukit_emu_wg_commit() { emu::wg_commit(); }
 inline void gpukit_emu_wg_wait(int n) { emu::wg_wait(n); }
