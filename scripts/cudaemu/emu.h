@@ -164,7 +164,6 @@ struct Global {
   };
   std::vector<std::pair<unsigned, MBar>> mbars;
   struct Deferred {  // cp.async.mbarrier.arrive.noinc: copies to land, then an arrival
-    int thread;
     std::vector<Thread::Copy> copies;
     unsigned mbar;
     std::vector<unsigned> early;  // the thread's copies that had landed already, unfenced
@@ -556,7 +555,7 @@ inline bool mbar_try_wait(unsigned addr, unsigned parity) {
 // on the mbarrier at addr, later (land_deferred).
 inline void cp_mbar_arrive(unsigned addr) {
   mbar(addr);
-  Global::Deferred d{g.cur->index, {}, addr, {}};
+  Global::Deferred d{{}, addr, {}};
   d.copies.swap(g.cur->pending);
   // Copies that landed at their issue are seen through the barrier too.
   uint16_t me = (uint16_t)(g.cur->index + 1);
