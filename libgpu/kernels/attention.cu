@@ -334,14 +334,23 @@ __device__ __forceinline__ void attn_zero(float* x) {
 // if-converted by ptxas, so every tile paid the test and a select on all
 // its elements (the wgmma forward's loop: 149 ISETP and 66 FSEL of 1,159
 // instructions, sm_90a SASS).
-template <int NJ, bool EX2, bool MASK>
+//
+// RAW (the wgmma forward) takes the maximum over the raw scores and folds
+// the scale into the exponent, p = 2^(s·c − m) as one FFMA before ex2
+// (FlashAttention-2's softmax_scale_log2), which saves a multiply per
+// score; it needs c = scale·log2 e ≥ 0, so the kernel negates Q when the
+// scale is negative (attn_wg_negate) and passes |c|. Masked scores are
+// −∞ for the maximum and 0 after the exponent (c = 0 would make −∞·c NaN).
+// m is in the scaled (base-2) domain either way; c is a.scale_log2 when
+// !RAW.
+template <int NJ, bool EX2, bool MASK, bool RAW>
 __device__ __forceinline__ void attn_softmax_frag_m(float* s, float m[2], float l[2], float alpha[2], int kbase,
-                                                    int qrow, const attn_args& a) {
+                                                    int qrow, float c, const attn_args& a) {
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      float x = s[4 * j + e] * a.scale_log2;
+      float x = RAW ? s[4 * j + e] : s[4 * j + e] * c;
       if (MASK && attn_key_masked(kbase, j, e, qrow, a)) x = -ATTN_INF;
       s[4 * j + e] = x;
     }
@@ -352,28 +361,34 @@ __device__ __forceinline__ void attn_softmax_frag_m(float* s, float m[2], float 
 #pragma unroll
     for (int j = 0; j < NJ; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
     mx = attn_quad_max(mx);
+    if (RAW) mx = mx == -ATTN_INF ? -ATTN_INF : mx * c;
     const float mnew = fmaxf(m[r], mx);
     const float mu = mnew == -ATTN_INF ? 0.0f : mnew;  // a row with every key masked so far
     alpha[r] = attn_exp2<EX2>(m[r] - mu);
     float rs = 0.0f;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-      const float p0 = attn_exp2<EX2>(s[4 * j + 2 * r] - mu), p1 = attn_exp2<EX2>(s[4 * j + 2 * r + 1] - mu);
-      s[4 * j + 2 * r] = p0;
-      s[4 * j + 2 * r + 1] = p1;
-      rs += p0 + p1;
+      float p[2];
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const float x = s[4 * j + 2 * r + e];
+        p[e] = attn_exp2<EX2>(RAW ? fmaf(x, c, -mu) : x - mu);
+        if (RAW && MASK && x == -ATTN_INF) p[e] = 0.0f;
+        s[4 * j + 2 * r + e] = p[e];
+      }
+      rs += p[0] + p[1];
     }
     l[r] = l[r] * alpha[r] + rs;  // this thread's part of the row sum; quads add up at the end
     m[r] = mnew;
   }
 }
-template <int NJ, bool EX2>
+template <int NJ, bool EX2, bool RAW = false>
 __device__ __forceinline__ void attn_softmax_frag(float* s, float m[2], float l[2], float alpha[2], int kbase,
-                                                  int row0, int qrow, const attn_args& a) {
+                                                  int row0, int qrow, float c, const attn_args& a) {
   if (attn_tile_masked(kbase, 8 * NJ, row0, a))
-    attn_softmax_frag_m<NJ, EX2, true>(s, m, l, alpha, kbase, qrow, a);
+    attn_softmax_frag_m<NJ, EX2, true, RAW>(s, m, l, alpha, kbase, qrow, c, a);
   else
-    attn_softmax_frag_m<NJ, EX2, false>(s, m, l, alpha, kbase, qrow, a);
+    attn_softmax_frag_m<NJ, EX2, false, RAW>(s, m, l, alpha, kbase, qrow, c, a);
 }
 
 // attn_rescale multiplies an output fragment's two rows by alpha[0], alpha[1].
@@ -686,7 +701,7 @@ __device__ __forceinline__ void attn_fwd_tc(const attn_args& a) {
     attn_zero<32>(&s[0][0]);
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) attn_tc_mma_nt<LDS>(s, qf[kk], ks, kk * 16, lane);
-    attn_softmax_frag<8, false>(&s[0][0], m, l, alpha, kbase, q0, qrow, a);
+    attn_softmax_frag<8, false>(&s[0][0], m, l, alpha, kbase, q0, qrow, a.scale_log2, a);
     attn_rescale<ND>(&o[0][0], alpha);
     // Dropout: l has the undropped sums; P·V takes the kept elements.
     if (DROP) attn_drop_f<8>(&s[0][0], attn_drop_bits<8>(dc, q0 + warp * 16, kbase, a.Tk, 1));
@@ -939,17 +954,47 @@ __device__ __forceinline__ void attn_wg_landed() {
 
 // attn_wg_load queues the cp.async copies of rows [r0, r0+R) of a [T, D]
 // bf16 matrix (row 0 at g, row stride ld) into the swizzled tile at
-// shared address s; rows at or past T are zero-filled.
+// shared address s; rows at or past T are zero-filled. Thread t copies
+// chunk t%CH (CH = D/8 chunks of 16 bytes a row) of rows t/CH + i·RS (RS =
+// 256/CH, a multiple of 8, so the swizzle term is the same for every i):
+// its shared addresses step by RS·128 bytes and its global ones by RS
+// rows, and only a tile that crosses T tests rows. (Written as c =
+// t + 256·i, r = c/CH per copy, the addressing took ~300 of the forward
+// loop's ~900 instructions a tile, sm_90a SASS.)
 template <int D, int R>
 __device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, long long ld, int r0, int T) {
-  constexpr int CH = D / 8;  // 16-byte chunks per row
+  constexpr int CH = D / 8, RS = ATTN_WG_THREADS / CH, N = R / RS;
+  static_assert(RS % 8 == 0 && R % RS == 0, "attn_wg_load: tile shape");
+  const int t = threadIdx.x, r = t / CH, ch = t % CH;
+  const unsigned so = s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+  const gpukit_bf16* p = g + (long long)(r0 + r) * ld + ch * 8;
+  const long long step = (long long)RS * ld;
+  if (r0 + R <= T) {
 #pragma unroll
-  for (int i = 0; i < R * CH / ATTN_WG_THREADS; i++) {
-    const int c = threadIdx.x + i * ATTN_WG_THREADS;
-    const int r = c / CH, ch = c % CH, row = r0 + r;
-    const bool ok = row < T;
-    gpukit_cp16(s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4),
-                ok ? g + (long long)row * ld + ch * 8 : g, ok);
+    for (int i = 0; i < N; i++) gpukit_cp16(so + i * (RS * 128), p + i * step, true);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+      const bool ok = r0 + r + i * RS < T;
+      gpukit_cp16(so + i * (RS * 128), ok ? p + i * step : g, ok);
+    }
+  }
+}
+
+// attn_wg_negate flips the sign of the elements this thread copied into
+// the tile of R rows at shared address s with attn_wg_load (base: the
+// dynamic block, at shared address sbase), between its wait for them and
+// the fence and barrier that hand the tile to the tensor cores.
+template <int D, int R>
+__device__ __forceinline__ void attn_wg_negate(unsigned char* base, unsigned sbase, unsigned s) {
+  constexpr int CH = D / 8, RS = ATTN_WG_THREADS / CH, N = R / RS;
+  const int t = threadIdx.x, r = t / CH, ch = t % CH;
+  const unsigned so = s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4) - sbase;
+#pragma unroll
+  for (int i = 0; i < N; i++) {
+    unsigned* x = (unsigned*)(base + so + i * (RS * 128));
+#pragma unroll
+    for (int w = 0; w < 4; w++) x[w] ^= 0x80008000u;  // the sign bits of 8 bf16
   }
 }
 
@@ -1014,9 +1059,13 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   attn_zero<D / 2>(o);
   float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
+  const float c = fabsf(a.scale_log2);  // attn_softmax_frag's RAW form; Q negated below when scale < 0
 
   // Tile 0: S_0 alone (no P·V before it).
-  attn_wg_landed();
+  gpukit_cp_wait0();
+  if (a.scale_log2 < 0.0f) attn_wg_negate<D, BM>(attn_smem, gpukit_smem_addr(attn_smem), sQ);
+  gpukit_fence_proxy_async();
+  __syncthreads();
   if (ntiles > 1) attn_wg_load<D, BN>(sK + KT, K, a.sk[1], BN, a.Tk);
   attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
   gpukit_cp_commit();
@@ -1026,7 +1075,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   gpukit_wg_commit();
   gpukit_wg_wait<0>();
   gpukit_keep_f<BN / 2>(s);
-  attn_softmax_frag<BN / 8, true>(s, m, l, alpha, 0, row0, qrow, a);
+  attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, 0, row0, qrow, c, a);
   if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, 0, a.Tk, 1));  // l is undropped
   attn_pack_frag<BN / 8>(p, s);
 
@@ -1046,7 +1095,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
     gpukit_wg_commit();
     gpukit_wg_wait<1>();
     gpukit_keep_f<BN / 2>(s);
-    attn_softmax_frag<BN / 8, true>(s, m, l, alpha, j * BN, row0, qrow, a);
+    attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, j * BN, row0, qrow, c, a);
     if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, j * BN, a.Tk, 1));
     gpukit_wg_wait<0>();
     gpukit_keep_f<D / 2>(o);
@@ -1263,6 +1312,11 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
     const unsigned long long km = DROP ? attn_drop_bits<BN / 8>(dc, row0, kbase, a.Tk, 1) : 0ull;
     gpukit_wg_wait<1>();
     gpukit_keep_f<BN / 2>(s);
+    // ds live while dP is in flight, so ptxas cannot give dS's packed
+    // fragments dP's accumulator registers: it did, packed each k-step's
+    // A operand into the registers the k-step before was still reading,
+    // and serialized every wgmma of the kernel (C7515).
+    gpukit_keep_u<BN / 4>(&ds[0][0]);
     // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
     attn_bwd_p<BN / 8, true>(s, lse2, kbase, row0, qrow, a);
     gpukit_wg_wait<0>();

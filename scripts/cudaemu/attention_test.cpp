@@ -249,11 +249,15 @@ enum Mode { SIMT, TC, WG };
 
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
 // when Tq == Tk, separate padded tensors otherwise.
-static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mode mode, bool acc, float pdrop = 0) {
+// smul multiplies the usual scale 1/√D (negative and zero scales: the
+// wgmma forward negates Q and takes |scale| for its folded exponent).
+static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mode mode, bool acc, float pdrop = 0,
+                double smul = 1) {
   const bool tc = mode != SIMT;
   char name[160];
-  snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g", B, Tq, Tk, H, D, causal,
-           bf16 ? "bf16" : "f32", mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop);
+  snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g%s", B, Tq, Tk, H, D, causal,
+           bf16 ? "bf16" : "f32", mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
+           smul == 1 ? "" : smul < 0 ? " scale<0" : " scale=0");
   emu::untrack();
   Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab;
   View q, k, v, o, dout, dq, dk, dv;
@@ -295,7 +299,7 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   fill(k, 1);
   fill(v, 1);
   fill(dout, 1);
-  double scale = 1 / sqrt((double)D);
+  double scale = smul / sqrt((double)D);
 
   attn_args a;
   memset(&a, 0, sizeof a);
@@ -607,6 +611,8 @@ int main(int argc, char** argv) {
       run(1, 17, 17, 2, D, true, true, mode, false);
       run(1, 17, 17, 1, D, false, true, mode, true);
       run(1, 5, 70, 1, D, false, true, mode, false);
+      run(1, 130, 130, 1, D, true, true, mode, false, 0, -1);
+      run(1, 17, 17, 1, D, true, true, mode, false, 0, 0);
       if (!quick) {
         run(2, 130, 130, 1, D, true, true, mode, true);
         run(1, 129, 129, 1, D, false, true, mode, false);
