@@ -65,6 +65,7 @@
 #include "wgmma.cuh"
 
 #define ATTN_INF __int_as_float(0x7f800000)
+#define ATTN_LAZY 8.0f  // attn_softmax_frag's lazy rescale threshold, log2 units
 #define ATTN_LOG2E 1.4426950408889634f
 #define ATTN_LN2 0.6931471805599453f
 
@@ -343,8 +344,16 @@ __device__ __forceinline__ void attn_zero(float* x) {
 // −∞ for the maximum and 0 after the exponent (c = 0 would make −∞·c NaN).
 // m is in the scaled (base-2) domain either way; c is a.scale_log2 when
 // !RAW.
+//
+// RAW also rescales lazily (FlashAttention-4's conditional rescaling): the
+// running maximum m a row's probabilities are taken against moves only when
+// the tile's maximum exceeds it by more than ATTN_LAZY = 8 (so P ≤ 2^8 and
+// the sums stay far from overflow) in some row of the warp; otherwise alpha
+// is 1 and the function returns false, and the caller skips multiplying
+// the output accumulators. O/l and lse = m + log2 l are the same
+// quantities against any m, so only rounding differs.
 template <int NJ, bool EX2, bool MASK, bool RAW>
-__device__ __forceinline__ void attn_softmax_frag_m(float* s, float m[2], float l[2], float alpha[2], int kbase,
+__device__ __forceinline__ bool attn_softmax_frag_m(float* s, float m[2], float l[2], float alpha[2], int kbase,
                                                     int qrow, float c, const attn_args& a) {
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
@@ -355,16 +364,23 @@ __device__ __forceinline__ void attn_softmax_frag_m(float* s, float m[2], float 
       s[4 * j + e] = x;
     }
   }
+  float mx[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    float mx = -ATTN_INF;
+    mx[r] = -ATTN_INF;
 #pragma unroll
-    for (int j = 0; j < NJ; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-    mx = attn_quad_max(mx);
-    if (RAW) mx = mx == -ATTN_INF ? -ATTN_INF : mx * c;
-    const float mnew = fmaxf(m[r], mx);
+    for (int j = 0; j < NJ; j++) mx[r] = fmaxf(mx[r], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    mx[r] = attn_quad_max(mx[r]);
+    if (RAW) mx[r] = mx[r] == -ATTN_INF ? -ATTN_INF : mx[r] * c;
+  }
+  // RAW: the maximum moves only when some row of the warp grew by more than
+  // ATTN_LAZY (log2 units), else the stale one stays and no rescale is due.
+  const bool upd = !RAW || __any_sync(0xffffffffu, mx[0] > m[0] + ATTN_LAZY || mx[1] > m[1] + ATTN_LAZY);
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float mnew = upd ? fmaxf(m[r], mx[r]) : m[r];
     const float mu = mnew == -ATTN_INF ? 0.0f : mnew;  // a row with every key masked so far
-    alpha[r] = attn_exp2<EX2>(m[r] - mu);
+    alpha[r] = upd ? attn_exp2<EX2>(m[r] - mu) : 1.0f;
     float rs = 0.0f;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
@@ -378,17 +394,17 @@ __device__ __forceinline__ void attn_softmax_frag_m(float* s, float m[2], float 
       }
       rs += p[0] + p[1];
     }
-    l[r] = l[r] * alpha[r] + rs;  // this thread's part of the row sum; quads add up at the end
+    l[r] = (upd ? l[r] * alpha[r] : l[r]) + rs;  // this thread's part of the row sum; quads add up at the end
     m[r] = mnew;
   }
+  return upd;
 }
 template <int NJ, bool EX2, bool RAW = false>
-__device__ __forceinline__ void attn_softmax_frag(float* s, float m[2], float l[2], float alpha[2], int kbase,
+__device__ __forceinline__ bool attn_softmax_frag(float* s, float m[2], float l[2], float alpha[2], int kbase,
                                                   int row0, int qrow, float c, const attn_args& a) {
   if (attn_tile_masked(kbase, 8 * NJ, row0, a))
-    attn_softmax_frag_m<NJ, EX2, true, RAW>(s, m, l, alpha, kbase, qrow, c, a);
-  else
-    attn_softmax_frag_m<NJ, EX2, false, RAW>(s, m, l, alpha, kbase, qrow, c, a);
+    return attn_softmax_frag_m<NJ, EX2, true, RAW>(s, m, l, alpha, kbase, qrow, c, a);
+  return attn_softmax_frag_m<NJ, EX2, false, RAW>(s, m, l, alpha, kbase, qrow, c, a);
 }
 
 // attn_rescale multiplies an output fragment's two rows by alpha[0], alpha[1].
@@ -1095,12 +1111,12 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
     gpukit_wg_commit();
     gpukit_wg_wait<1>();
     gpukit_keep_f<BN / 2>(s);
-    attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, j * BN, row0, qrow, c, a);
+    const bool resc = attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, j * BN, row0, qrow, c, a);
     if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, j * BN, a.Tk, 1));
     gpukit_wg_wait<0>();
     gpukit_keep_f<D / 2>(o);
     gpukit_keep_u<BN / 4>(&p[0][0]);
-    attn_rescale<ND>(o, alpha);
+    if (resc) attn_rescale<ND>(o, alpha);
     attn_pack_frag<BN / 8>(p, s);
   }
   // The last P·V.
@@ -1251,8 +1267,13 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
 // from registers, K N-major). Shared memory (from a 1024-byte boundary): Q
 // and dO [128][D], three stages of K and V [64][D]. Key tile j: (1) wait,
 // fence.proxy.async, barrier; (2) queue tile j+1 (its stage held tile j−2,
-// whose K was last read by dQ of j−2, retired during j−1); (3) issue S and
-// dP; wait for S (retiring dQ of j−1); P; wait for dP; dS; issue dQ.
+// whose K was last read by dQ of j−2, retired during j−1); (3) issue S_j,
+// dP_j and dQ += dS_{j−1}·K_{j−1}; wait for S_j; P; wait for the rest; dS_j
+// into ds. The last tile's dQ follows the loop. dQ of tile j−1 goes to the
+// tensor cores behind S_j and dP_j, as dK/dV's dV does behind dPᵀ: issued
+// after dS (the loop's first order), ptxas gave the packed dS the
+// registers of dP's accumulators, rewrote them under each in-flight k-step
+// and serialized every wgmma of the kernel (C7515, sm_90a SASS).
 template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   constexpr int BM = 128, BN = 64, KD = D / 16, ND = D / 8;
@@ -1303,32 +1324,34 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
 
     gpukit_keep_f<BN / 2>(s);
     gpukit_keep_f<BN / 2>(dp);
+    gpukit_keep_f<D / 2>(dq);
+    gpukit_keep_u<BN / 4>(&ds[0][0]);
     gpukit_wg_fence();
     attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, kt);
     gpukit_wg_commit();
     attn_wg_gemm_ss<BN, KD, BM, BN>(dp, oa, vt);
     gpukit_wg_commit();
+    // dQ += dS_{j−1}·K_{j−1} (K N-major: 16 keys per k-step).
+    if (j > 0) attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, sK + ((j + 2) % 3) * KT);
+    gpukit_wg_commit();
     // Dropout: the keep mask, drawn while S and dP are on the tensor cores.
     const unsigned long long km = DROP ? attn_drop_bits<BN / 8>(dc, row0, kbase, a.Tk, 1) : 0ull;
-    gpukit_wg_wait<1>();
+    gpukit_wg_wait<2>();
     gpukit_keep_f<BN / 2>(s);
-    // ds live while dP is in flight, so ptxas cannot give dS's packed
-    // fragments dP's accumulator registers: it did, packed each k-step's
-    // A operand into the registers the k-step before was still reading,
-    // and serialized every wgmma of the kernel (C7515).
-    gpukit_keep_u<BN / 4>(&ds[0][0]);
     // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
     attn_bwd_p<BN / 8, true>(s, lse2, kbase, row0, qrow, a);
     gpukit_wg_wait<0>();
     gpukit_keep_f<BN / 2>(dp);
+    gpukit_keep_f<D / 2>(dq);
     gpukit_keep_u<BN / 4>(&ds[0][0]);
     attn_bwd_ds<BN / 8, DROP>(dp, s, dl, km, a.drop_scale);
     attn_pack_frag<BN / 8>(ds, dp);
+  }
+  if (n > 0) {
     gpukit_keep_u<BN / 4>(&ds[0][0]);
     gpukit_keep_f<D / 2>(dq);
     gpukit_wg_fence();
-    // dQ += dS·K (K N-major: 16 keys per k-step).
-    attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, kt);
+    attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, sK + ((n - 1) % 3) * KT);
     gpukit_wg_commit();
   }
   gpukit_wg_wait<0>();

@@ -250,14 +250,16 @@ enum Mode { SIMT, TC, WG };
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
 // when Tq == Tk, separate padded tensors otherwise.
 // smul multiplies the usual scale 1/√D (negative and zero scales: the
-// wgmma forward negates Q and takes |scale| for its folded exponent).
+// wgmma forward negates Q and takes |scale| for its folded exponent); kramp
+// multiplies key t by 1 + kramp·t/Tk, so a row's maximum grows from tile to
+// tile by more than the wgmma forward's lazy-rescale threshold.
 static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mode mode, bool acc, float pdrop = 0,
-                double smul = 1) {
+                double smul = 1, double kramp = 0) {
   const bool tc = mode != SIMT;
   char name[160];
-  snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g%s", B, Tq, Tk, H, D, causal,
+  snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g%s%s", B, Tq, Tk, H, D, causal,
            bf16 ? "bf16" : "f32", mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
-           smul == 1 ? "" : smul < 0 ? " scale<0" : " scale=0");
+           smul == 1 ? "" : smul < 0 ? " scale<0" : " scale=0", kramp ? " kramp" : "");
   emu::untrack();
   Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab;
   View q, k, v, o, dout, dq, dk, dv;
@@ -297,6 +299,10 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
     if (!b->mem.empty()) track(*b);
   fill(q, 1);
   fill(k, 1);
+  for (int b = 0; kramp && b < B; b++)
+    for (int t = 0; t < Tk; t++)
+      for (int h = 0; h < H; h++)
+        for (int d = 0; d < D; d++) k.set(b, t, h, d, k.get(b, t, h, d) * (1 + kramp * t / Tk));
   fill(v, 1);
   fill(dout, 1);
   double scale = smul / sqrt((double)D);
@@ -613,6 +619,8 @@ int main(int argc, char** argv) {
       run(1, 5, 70, 1, D, false, true, mode, false);
       run(1, 130, 130, 1, D, true, true, mode, false, 0, -1);
       run(1, 17, 17, 1, D, true, true, mode, false, 0, 0);
+      run(1, 300, 300, 1, D, true, true, mode, false, 0, 1, 8);
+      run(1, 100, 300, 1, D, false, true, mode, true, 0, 1, 8);
       if (!quick) {
         run(2, 130, 130, 1, D, true, true, mode, true);
         run(1, 129, 129, 1, D, false, true, mode, false);

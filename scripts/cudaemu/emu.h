@@ -764,6 +764,13 @@ template <typename T>
 inline T __shfl_sync(unsigned, T v, int src) {
   return emu::shfl(v, src);
 }
+// __any_sync: whether the predicate holds in some lane (a butterfly of
+// shuffles, so the warp meets as for __shfl_sync).
+inline bool __any_sync(unsigned, bool p) {
+  int v = p;
+  for (int m = 1; m < 32; m <<= 1) v |= emu::shfl(v, (emu::g.cur->lane ^ m) & 31);
+  return v != 0;
+}
 // __shfl_up_sync: lanes below delta keep their own value.
 template <typename T>
 inline T __shfl_up_sync(unsigned, T v, unsigned delta) {
