@@ -63,6 +63,7 @@
 #include "philox.cuh"
 #include "vec.cuh"
 #include "wgmma.cuh"
+#include "mbarrier.cuh"
 
 #define ATTN_INF __int_as_float(0x7f800000)
 #define ATTN_LAZY 8.0f  // attn_softmax_frag's lazy rescale threshold, log2 units
@@ -977,9 +978,11 @@ __device__ __forceinline__ void attn_wg_landed() {
 // rows, and only a tile that crosses T tests rows. (Written as c =
 // t + 256·i, r = c/CH per copy, the addressing took ~300 of the forward
 // loop's ~900 instructions a tile, sm_90a SASS.)
-template <int D, int R>
+// NT threads copy (threadIdx.x < NT): 256 in the kernels whose two
+// warpgroups load their own tiles, 128 for a producer warpgroup.
+template <int D, int R, int NT = ATTN_WG_THREADS>
 __device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, long long ld, int r0, int T) {
-  constexpr int CH = D / 8, RS = ATTN_WG_THREADS / CH, N = R / RS;
+  constexpr int CH = D / 8, RS = NT / CH, N = R / RS;
   static_assert(RS % 8 == 0 && R % RS == 0, "attn_wg_load: tile shape");
   const int t = threadIdx.x, r = t / CH, ch = t % CH;
   const unsigned so = s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
@@ -1001,9 +1004,9 @@ __device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, l
 // the tile of R rows at shared address s with attn_wg_load (base: the
 // dynamic block, at shared address sbase), between its wait for them and
 // the fence and barrier that hand the tile to the tensor cores.
-template <int D, int R>
+template <int D, int R, int NT = ATTN_WG_THREADS>
 __device__ __forceinline__ void attn_wg_negate(unsigned char* base, unsigned sbase, unsigned s) {
-  constexpr int CH = D / 8, RS = ATTN_WG_THREADS / CH, N = R / RS;
+  constexpr int CH = D / 8, RS = NT / CH, N = R / RS;
   const int t = threadIdx.x, r = t / CH, ch = t % CH;
   const unsigned so = s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4) - sbase;
 #pragma unroll
@@ -1359,6 +1362,148 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dq, a.sdq, b, h), a.sdq[1], qrow, a.Tq, dq, a.scale, a.acc_q);
 }
 
+// attn_fwd_ws: the forward warp-specialised (FlashAttention-3, Shah et al.
+// 2024, §3.1-3.2), grid and tiles as attn_fwd_wg, no dropout. 384 threads:
+// warpgroup 0 is the producer, which keeps 40 registers (setmaxnreg) and
+// only copies: Q once, then K_j and V_j into a ring of two stages, each
+// completing its stage's "full" mbarrier through cp.async (every producer
+// thread arrives once its own copies have landed), and refilling a stage
+// when the consumers have arrived on its "empty" one. Warpgroups 1 and 2
+// are the consumers (232 registers), 64 query rows each, with no block
+// barrier between them: a consumer waits for K_j, issues S_j = Q·K_jᵀ and
+// O += P_{j−1}·V_{j−1}, releases K_j's stage when S_j is done and V_{j−1}'s
+// when P·V is, and the two take turns to issue their products through two
+// named barriers (ping-pong: one warpgroup's softmax runs while the
+// other's products are on the tensor cores). Shared memory as attn_fwd_wg
+// (Q, two K and two V tiles from a 1024-byte boundary) plus 9 mbarriers.
+// A negative scale: the producer negates its own copies of Q before it
+// arrives on Q's barrier (attn_softmax_frag's RAW form needs c ≥ 0).
+#define ATTN_WS_THREADS 384
+template <int D>
+__device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
+  constexpr int BM = ATTN_WG_BM, BN = ATTN_WG_BN, KD = D / 16, ND = D / 8, PT = 128;
+  constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned s0 = gpukit_smem_addr(attn_smem);
+  const unsigned sQ = (s0 + 1023u) & ~1023u;
+  const unsigned sK = sQ + QT, sV = sK + 2 * KT;  // [2] each
+  const unsigned qfull = sV + 2 * KT, kfull = qfull + 8, vfull = kfull + 16, kempty = vfull + 16, vempty = kempty + 16;
+  const attn_pos pos = attn_block(a);
+  const int h = pos.h, b = pos.b;
+  const int q0 = attn_qblock(BM, pos);
+  const int n = attn_key_tiles(q0, BM, BN, a);
+  const int wg = threadIdx.x >> 7;
+  if (threadIdx.x == 0) {
+    gpukit_mbar_init(qfull, PT);
+    for (int st = 0; st < 2; st++) {
+      gpukit_mbar_init(kfull + 8 * st, PT);
+      gpukit_mbar_init(vfull + 8 * st, PT);
+      gpukit_mbar_init(kempty + 8 * st, 2 * 128);
+      gpukit_mbar_init(vempty + 8 * st, 2 * 128);
+    }
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // the producer
+    gpukit_setmaxnreg_dec<40>();
+    const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+    const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+    const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
+    attn_wg_load<D, BM, PT>(sQ, Q, a.sq[1], q0, a.Tq);
+    gpukit_cp_commit();
+    gpukit_cp_wait0();
+    if (a.scale_log2 < 0.0f) attn_wg_negate<D, BM, PT>(attn_smem, s0, sQ);
+    gpukit_fence_proxy_async();
+    gpukit_mbar_arrive(qfull);
+    for (int j = 0; j < n; j++) {
+      const int st = j & 1;
+      const unsigned par = ((j >> 1) & 1) ^ 1;  // the phase that released this stage's last tile, j − 2
+      if (j >= 2) gpukit_mbar_wait(kempty + 8 * st, par);
+      attn_wg_load<D, BN, PT>(sK + st * KT, K, a.sk[1], j * BN, a.Tk);
+      gpukit_cp_mbar_arrive(kfull + 8 * st);
+      if (j >= 2) gpukit_mbar_wait(vempty + 8 * st, par);
+      attn_wg_load<D, BN, PT>(sV + st * KT, V, a.sv[1], j * BN, a.Tk);
+      gpukit_cp_mbar_arrive(vfull + 8 * st);
+    }
+    gpukit_cp_wait0();  // nothing in flight at exit
+    return;
+  }
+
+  gpukit_setmaxnreg_inc<232>();
+  const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
+  const int row0 = q0 + cw * 64 + warp * 16;  // this warp's first query
+  const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
+  const unsigned qa = sQ + cw * 64 * 128;
+  const float c = fabsf(a.scale_log2);
+  float s[BN / 2], o[D / 2];
+  unsigned p[BN / 16][4];
+  attn_zero<BN / 2>(s);
+  attn_zero<D / 2>(o);
+  float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+
+  gpukit_mbar_wait(qfull, 0);
+  gpukit_mbar_wait(kfull, 0);
+  gpukit_fence_proxy_async();
+  gpukit_keep_f<BN / 2>(s);
+  gpukit_wg_fence();
+  attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, sK);
+  gpukit_wg_commit();
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<BN / 2>(s);
+  gpukit_mbar_arrive(kempty);
+  attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, 0, row0, qrow, c, a);
+  attn_pack_frag<BN / 8>(p, s);
+  // Ping-pong: consumer cw issues its products after bar.sync on barrier
+  // 1 + cw and lets the other go with bar.arrive on 2 − cw; consumer 1
+  // opens the first turn for consumer 0, and the last turn is not handed on.
+  if (cw == 1 && n > 1) gpukit_bar_arrive(1, 256);
+
+  for (int j = 1; j < n; j++) {
+    const int st = j & 1, pst = (j - 1) & 1;
+    gpukit_mbar_wait(kfull + 8 * st, (j >> 1) & 1);
+    gpukit_mbar_wait(vfull + 8 * pst, ((j - 1) >> 1) & 1);
+    gpukit_fence_proxy_async();
+    gpukit_bar_sync(1 + cw, 256);
+    gpukit_keep_f<BN / 2>(s);
+    gpukit_keep_f<D / 2>(o);
+    gpukit_keep_u<BN / 4>(&p[0][0]);
+    gpukit_wg_fence();
+    attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, sK + st * KT);
+    gpukit_wg_commit();
+    attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + pst * KT);
+    gpukit_wg_commit();
+    if (cw == 0 || j + 1 < n) gpukit_bar_arrive(2 - cw, 256);
+    gpukit_wg_wait<1>();
+    gpukit_keep_f<BN / 2>(s);
+    gpukit_mbar_arrive(kempty + 8 * st);
+    const bool resc = attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, j * BN, row0, qrow, c, a);
+    gpukit_wg_wait<0>();
+    gpukit_keep_f<D / 2>(o);
+    gpukit_keep_u<BN / 4>(&p[0][0]);
+    gpukit_mbar_arrive(vempty + 8 * pst);
+    if (resc) attn_rescale<ND>(o, alpha);
+    attn_pack_frag<BN / 8>(p, s);
+  }
+  // The last P·V.
+  const int lst = (n - 1) & 1;
+  gpukit_mbar_wait(vfull + 8 * lst, ((n - 1) >> 1) & 1);
+  gpukit_fence_proxy_async();
+  gpukit_keep_f<D / 2>(o);
+  gpukit_keep_u<BN / 4>(&p[0][0]);
+  gpukit_wg_fence();
+  attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + lst * KT);
+  gpukit_wg_commit();
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<D / 2>(o);
+  attn_fwd_out<ND, false>(o, m, l, qrow, b, h, a);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_WS_THREADS, 1) attn_fwd_ws_d64(const attn_args a) {
+  if constexpr (GPUKIT_KEEP(attn_fwd_ws_d64)) attn_fwd_ws<64>(a);
+}
+extern "C" __global__ void __launch_bounds__(ATTN_WS_THREADS, 1) attn_fwd_ws_d128(const attn_args a) {
+  if constexpr (GPUKIT_KEEP(attn_fwd_ws_d128)) attn_fwd_ws<128>(a);
+}
+
 // Instances: attn_<fwd|bwd_dkdv|bwd_dq>_wg[_drop]_d<D> (_drop: dropout on P).
 #define ATTN_WG_INSTANCES(DROPSUF, DROP)                                                                                 \
   extern "C" __global__ void __launch_bounds__(ATTN_WG_THREADS, 1) attn_fwd_wg##DROPSUF##_d64(const attn_args a) {       \
@@ -1386,6 +1531,8 @@ ATTN_WG_INSTANCES(_drop, true)
 // launched (ops/attention.go launches them only on sm_90a, and only when
 // this marker is absent).
 extern "C" __global__ void attn_wg_unavailable() {}
+extern "C" __global__ void attn_fwd_ws_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_ws_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile("trap;"); }

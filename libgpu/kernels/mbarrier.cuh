@@ -30,7 +30,8 @@
 //                             elsewhere and in the emulator.
 //
 // scripts/cudaemu/mbarrier_test.cpp checks a producer/consumer ring on
-// them in the emulator. Not yet used by a kernel (nor run on a GPU).
+// them in the emulator. attention.cu's attn_fwd_ws uses them (not yet run
+// on a GPU, and not a default: ops/attention.go's attnWGMode 3).
 #pragma once
 #include "common.cuh"
 

@@ -745,6 +745,13 @@ func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 // tiles of shared memory.
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
+		if attnWSOn(a.DropP > 0) {
+			f := launch.AttnFwdWsD128
+			if s.d == 64 {
+				f = launch.AttnFwdWsD64
+			}
+			return f(c, attnGrid(s, s.tq, attnWGRows), block1(attnWSThreads), attnWSSmem(s.d), a.k())
+		}
 		return launch.AttnFwdWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows),
 			block1(attnWGThreads), attnWGSmem(s.d), a.k())
 	}
@@ -763,12 +770,27 @@ const (
 
 func attnWGSmem(d int) uint32 { return uint32(5*attnWGRows*d*2 + 1024) }
 
+// The warp-specialised Hopper forward, attn_fwd_ws_d{64,128}: a producer
+// warpgroup copying Q and a two-stage ring of K and V tiles (mbarrier
+// completion) and two consumer warpgroups of 64 query rows taking turns;
+// shared memory as attn_fwd_wg's plus its 9 mbarriers (72 bytes, 128
+// reserved).
+const attnWSThreads = 384
+
+func attnWSSmem(d int) uint32 { return attnWGSmem(d) + 128 }
+
+// attnWSOn reports whether the forward takes attn_fwd_ws where it runs on
+// wgmma: attnWGMode 3, and no dropout (the kernel has no dropout variant).
+func attnWSOn(drop bool) bool { return attnWGMode >= 3 && !drop }
+
 // attnWGMode says which head dimensions take the wgmma kernels (forward
 // and backward) on sm_90a:
 // 0 none (mma.sync everywhere), 1 D = 128, and D = 64 from attnWG64MinT
 // positions on (the default: short sequences favour the mma.sync kernel's
-// smaller blocks), 2 both everywhere. Tests and benchmarks change it to
-// compare the paths.
+// smaller blocks), 2 both everywhere, 3 as 2 with the warp-specialised
+// forward (attn_fwd_ws) where there is no dropout — not the default: not
+// yet run on a GPU (2026-11-29). Tests and benchmarks change it to compare
+// the paths.
 var attnWGMode = 1
 
 // attnWG64MinT is the sequence length (the longer of Tq and Tk) from
@@ -829,6 +851,14 @@ func attnKernels(dt tensor.DType, d int, drop, wg, backward bool) []launch.Kerne
 	switch {
 	case tc && wg:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdWgKernel, launch.AttnBwdDkdvWgKernel, launch.AttnBwdDqWgKernel}, a.inst(attnD(d))
+		if attnWSOn(drop) {
+			named[0] = func(string) (launch.Kernel, error) {
+				if d == 64 {
+					return launch.AttnFwdWsD64Kernel, nil
+				}
+				return launch.AttnFwdWsD128Kernel, nil
+			}
+		}
 	case tc:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdTcKernel, launch.AttnBwdDkdvTcKernel, launch.AttnBwdDqTcKernel}, a.inst(attnD(d))
 	}

@@ -452,8 +452,10 @@ func BenchmarkAttentionForwardBackward(b *testing.B) { benchAttention(b, "forwar
 var attnPaths = []attnPath{{"mma.sync", 0, -1}, {"wgmma", 2, -1}}
 
 // BenchmarkAttentionForwardPaths: the forward on each kernel family at
-// both shapes.
-func BenchmarkAttentionForwardPaths(b *testing.B) { benchAttention(b, "forward", attnPaths...) }
+// both shapes, and on the warp-specialised wgmma forward (mode 3).
+func BenchmarkAttentionForwardPaths(b *testing.B) {
+	benchAttention(b, "forward", append(attnPaths[:len(attnPaths):len(attnPaths)], attnPath{"ws", 3, -1})...)
+}
 
 // BenchmarkAttentionBackwardPaths: the backward on each kernel family.
 func BenchmarkAttentionBackwardPaths(b *testing.B) { benchAttention(b, "backward", attnPaths...) }
@@ -555,7 +557,8 @@ func TestCUDAAttentionDropout(t *testing.T) {
 // does not take on this GPU against the reference, like
 // TestCUDAAttentionLarge: on sm_90a the mma.sync forward at D = 128 and
 // the wgmma forward at D = 64 (the default takes wgmma for D = 128 and
-// mma.sync for D = 64). On an sm_90a device the wgmma kernels must be
+// mma.sync for D = 64), and the warp-specialised forward (mode 3, not a
+// default yet) at both. On an sm_90a device the wgmma kernels must be
 // there: a module compiled without them (the sm_90a guard off) fails.
 func TestCUDAAttentionPaths(t *testing.T) {
 	d := gpu(t)
@@ -580,6 +583,13 @@ func TestCUDAAttentionPaths(t *testing.T) {
 			{2, 4, 777, 64, false, tensor.BF16},
 			{1, 2, 1, 64, true, tensor.BF16},
 			{3, 5, 130, 128, true, tensor.BF16},
+		}},
+		{attnPath{"ws", 3, -1}, []attnLarge{
+			{8, 16, 2048, 128, true, tensor.BF16},
+			{2, 4, 777, 128, false, tensor.BF16},
+			{1, 2, 1, 128, true, tensor.BF16},
+			{4, 6, 1000, 64, true, tensor.BF16},
+			{2, 4, 777, 64, false, tensor.BF16},
 		}},
 	} {
 		for _, c := range p.cases {

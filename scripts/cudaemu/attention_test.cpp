@@ -3,7 +3,7 @@
 // checks every kernel against a float64 naive attention (softmax(QKᵀ·scale
 // + mask)·V and its gradients), the *_drop instances against it with the
 // same dropout mask on P (an independent Philox). Usage:
-// scripts/cuda-emu.sh attention [quick|wg|drop]
+// scripts/cuda-emu.sh attention [quick|wg|drop|ws]
 #include "emu.h"
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 // philox.cuh (included by attention.cu) also holds a normal draw that needs it.
@@ -244,8 +244,9 @@ static void strides(attn_args& a, int which, const View& x) {
 
 static void track(Buf& b) { emu::track(b.mem.data(), b.mem.size()); }
 
-// The kernels: CUDA cores, mma.sync (tc), wgmma (wg, sm_90a).
-enum Mode { SIMT, TC, WG };
+// The kernels: CUDA cores, mma.sync (tc), wgmma (wg, sm_90a), and the
+// warp-specialised wgmma forward (ws; its backward is wg's).
+enum Mode { SIMT, TC, WG, WS };
 
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
 // when Tq == Tk, separate padded tensors otherwise.
@@ -258,7 +259,7 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   const bool tc = mode != SIMT;
   char name[160];
   snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g%s%s", B, Tq, Tk, H, D, causal,
-           bf16 ? "bf16" : "f32", mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
+           bf16 ? "bf16" : "f32", mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
            smul == 1 ? "" : smul < 0 ? " scale<0" : " scale=0", kramp ? " kramp" : "");
   emu::untrack();
   Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab;
@@ -358,7 +359,15 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   }
 
   // forward
-  if (mode == WG) {
+  if (mode == WS && !DR) {
+    size_t smem = 5 * 128 * D * 2 + 1024 + 128;  // ops/attention.go attnWSSmem
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
+      if (D == 64)
+        attn_fwd_ws_d64(a);
+      else
+        attn_fwd_ws_d128(a);
+    });
+  } else if (mode >= WG) {
     size_t smem = 5 * 128 * D * 2 + 1024;  // ops/attention.go attnWGSmem
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
       if (D == 64)
@@ -435,7 +444,7 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
         }
     check(std::string(name) + (L > 0 ? " delta (v)" : " delta"), got, want, 1e-5);
   }
-  if (mode == WG) {
+  if (mode >= WG) {
     size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024;  // ops/attention.go
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
       if (D == 64)
@@ -574,10 +583,29 @@ static void run_decode(int B, int Tmax, int H, int D, int pos, bool bf16) {
   check(std::string(name) + " kv_write", kw, kx, 0);
 }
 
+// run_ws: the warp-specialised forward (its backward is wg's).
+static void run_ws() {
+  for (int D : {64, 128}) {
+    run(1, 17, 17, 2, D, true, true, WS, false);
+    run(1, 5, 70, 1, D, false, true, WS, true);
+    run(1, 1, 1, 1, D, true, true, WS, false);
+    run(2, 130, 130, 1, D, true, true, WS, true);
+    run(1, 130, 130, 1, D, true, true, WS, false, 0, -1);
+    run(1, 300, 300, 1, D, true, true, WS, false, 0, 1, 8);
+    run(1, 100, 300, 1, D, false, true, WS, true, 0, 1, 8);
+    run(1, 450, 450, 1, D, true, true, WS, true);  // the two stages turn over twice
+  }
+}
+
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::string(argv[1]) == "quick";
   bool wgonly = argc > 1 && std::string(argv[1]) == "wg";
   bool droponly = argc > 1 && std::string(argv[1]) == "drop";
+  if (argc > 1 && std::string(argv[1]) == "ws") {  // the warp-specialised forward alone
+    run_ws();
+    printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
+    return failures ? 1 : 0;
+  }
   // Dropout on P (p = 0.2; 0.5 once): every kernel family.
   for (bool bf16 : {false, true}) {
     run(2, 17, 17, 3, 16, true, bf16, SIMT, false, 0.2f);
@@ -630,6 +658,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (!quick) run_ws();
   for (bool bf16 : {false, true}) {
     if (wgonly) break;
     run_decode(2, 20, 3, 24, 0, bf16);

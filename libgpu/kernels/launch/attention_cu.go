@@ -147,6 +147,34 @@ func AttnBwdDkdvTcKernel(inst string) (Kernel, error) {
 	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dkdv_tc_", inst)
 }
 
+// AttnFwdWsD64 launches attn_fwd_ws_d64 of attention.cu:
+//
+//	attn_fwd_ws_d64(const attn_args a)
+func AttnFwdWsD64(l Launcher, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
+	kn := AttnFwdWsD64Kernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// AttnFwdWsD64Kernel is attn_fwd_ws_d64 of attention.cu (AttnFwdWsD64), for Prefetch.
+var AttnFwdWsD64Kernel = Kernel{File: "attention.cu", Name: "attn_fwd_ws_d64"}
+
+// AttnFwdWsD128 launches attn_fwd_ws_d128 of attention.cu:
+//
+//	attn_fwd_ws_d128(const attn_args a)
+func AttnFwdWsD128(l Launcher, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
+	kn := AttnFwdWsD128Kernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// AttnFwdWsD128Kernel is attn_fwd_ws_d128 of attention.cu (AttnFwdWsD128), for Prefetch.
+var AttnFwdWsD128Kernel = Kernel{File: "attention.cu", Name: "attn_fwd_ws_d128"}
+
 // AttnFwdWg launches attn_fwd_wg_<inst> of attention.cu, inst one of "d64", "d128", "drop_d64", "drop_d128":
 //
 //	attn_fwd_wg_d64(const attn_args a)
