@@ -971,15 +971,15 @@ __device__ __forceinline__ void attn_wg_landed() {
 
 // attn_wg_load queues the cp.async copies of rows [r0, r0+R) of a [T, D]
 // bf16 matrix (row 0 at g, row stride ld) into the swizzled tile at
-// shared address s; rows at or past T are zero-filled. Thread t copies
-// chunk t%CH (CH = D/8 chunks of 16 bytes a row) of rows t/CH + i·RS (RS =
-// 256/CH, a multiple of 8, so the swizzle term is the same for every i):
-// its shared addresses step by RS·128 bytes and its global ones by RS
-// rows, and only a tile that crosses T tests rows. (Written as c =
-// t + 256·i, r = c/CH per copy, the addressing took ~300 of the forward
-// loop's ~900 instructions a tile, sm_90a SASS.)
-// NT threads copy (threadIdx.x < NT): 256 in the kernels whose two
-// warpgroups load their own tiles, 128 for a producer warpgroup.
+// shared address s; rows at or past T are zero-filled. NT threads copy
+// (threadIdx.x < NT: 256 in the kernels whose two warpgroups load their
+// own tiles, 128 for a producer warpgroup); thread t copies chunk t%CH
+// (CH = D/8 chunks of 16 bytes a row) of rows t/CH + i·RS (RS = NT/CH, a
+// multiple of 8, so the swizzle term is the same for every i): its shared
+// addresses step by RS·128 bytes and its global ones by RS rows, and only
+// a tile that crosses T tests rows. (Written as c = t + 256·i, r = c/CH
+// per copy, the addressing took ~300 of the forward loop's ~900
+// instructions a tile, sm_90a SASS.)
 template <int D, int R, int NT = ATTN_WG_THREADS>
 __device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, long long ld, int r0, int T) {
   constexpr int CH = D / 8, RS = NT / CH, N = R / RS;
