@@ -103,6 +103,7 @@ struct Thread {
   emu_dim3 tid;
   int lane = 0, warp = 0, index = 0;
   bool done = false;
+  bool parked = false;      // sits out the rest of this scheduling round (mbar_arrive)
   bool at_barrier = false;  // waiting in __syncthreads for generation barrier_gen to pass
   long barrier_gen = 0;
   struct Copy {
@@ -247,6 +248,15 @@ inline void mbar_arrive(unsigned addr) {
     m.pending = m.expected;
     m.landed[m.phase & 1].clear();  // the phase now starting
   }
+  // The arriving thread sits out the rest of the scheduling round, so the
+  // other warps (a producer waiting on this barrier) run and deferred
+  // copies may land before it goes on: an arrival made before the reads it
+  // releases are done (a wgmma still in flight) then shows up as the
+  // buffer changing under that wgmma, which its wait reports.
+  if (g.cur) {
+    g.cur->parked = true;
+    yield();
+  }
 }
 
 // land_deferred performs cp.async.mbarrier.arrive.noinc's work, in issue
@@ -311,6 +321,7 @@ inline void launch(emu_dim3 grid, emu_dim3 block, size_t smem, uint64_t seed, st
           Thread& t = g.threads[i];
           t.done = false;
           t.at_barrier = false;
+          t.parked = false;
           t.pending.clear();
           t.fresh.clear();
           t.wg.clear();
@@ -342,7 +353,7 @@ inline void launch(emu_dim3 grid, emu_dim3 block, size_t smem, uint64_t seed, st
               std::shuffle(lanes.begin(), lanes.end(), g.rng);
               for (int ln : lanes) {
                 Thread& t = g.threads[w * 32 + ln];
-                if (t.done || (t.at_barrier && t.barrier_gen == g.blk_gen)) continue;
+                if (t.done || t.parked || (t.at_barrier && t.barrier_gen == g.blk_gen)) continue;
                 g.cur = &t;
                 long p0 = g.progress;
                 swapcontext(&g.sched, &t.ctx);
@@ -351,6 +362,7 @@ inline void launch(emu_dim3 grid, emu_dim3 block, size_t smem, uint64_t seed, st
               }
             }
           }
+          for (auto& t : g.threads) t.parked = false;
           land_deferred(g.progress == before);
           for (auto& t : g.threads) live = live || !t.done;
           if (!live) {
