@@ -209,6 +209,20 @@ __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
   const long long pbeg = (long long)blockIdx.z * a.chunk, pend = P < pbeg + a.chunk ? P : pbeg + a.chunk;
   const int nk = pend > pbeg ? (int)((pend - pbeg + CW_BK - 1) / CW_BK) : 0;
   float d[BN / 2];
+  // The gathered rows this thread copies: pixels pbeg + CW_BK·ks + tid/CPR
+  // + RPP·i, kept as (image, output row, output column) and stepped by
+  // CW_BK pixels a k-step; a 64-bit division (conv_pixel) per copy per
+  // k-step was most of this kernel's address work.
+  constexpr int CPR = BN / 8, RPP = CW_THREADS / CPR, NR = CW_BK / RPP;
+  const int c = tid % CPR, sy = CW_BK / a.wo, sx = CW_BK - sy * a.wo;
+  int img[NR], oy[NR], ox[NR];
+#pragma unroll
+  for (int i = 0; i < NR; i++) {
+    const conv_pix q = conv_pixel(a, pbeg + tid / CPR + RPP * i);
+    img[i] = q.img;
+    oy[i] = (q.ih0 + a.pad) / a.stride;
+    ox[i] = (q.iw0 + a.pad) / a.stride;
+  }
   // k-step ks: 64 pixels × 128 output channels of dY (16 chunks a row, two
   // panels of 64) and × BN gathered input channels (BN/64 panels).
   cw_mainloop<BN, STAGES, 1, 1>(
@@ -225,14 +239,31 @@ __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
         gpukit_cp16(st + (c >> 3) * (CW_BK * 128) + cw_swz(r, c & 7), ok ? a.dy + p * a.cout + co : a.dy, ok);
       }
     }
-    constexpr int CPR = BN / 8, RPP = CW_THREADS / CPR;
-    const int c = tid % CPR;
 #pragma unroll
-    for (int i = 0; i < CW_BK / RPP; i++) {
+    for (int i = 0; i < NR; i++) {
       const int r = tid / CPR + RPP * i;
-      const long long p = pk + r;
-      const gpukit_bf16* src = p < pend ? conv_src(a, conv_pixel(a, p), dh, dw, ci0 + 8 * c) : nullptr;
+      const gpukit_bf16* src = nullptr;
+      if (pk + r < pend) {
+        conv_pix q;
+        q.ok = true;
+        q.img = img[i];
+        q.base = (long long)img[i] * a.h * a.w_;
+        q.ih0 = oy[i] * a.stride - a.pad;
+        q.iw0 = ox[i] * a.stride - a.pad;
+        src = conv_src(a, q, dh, dw, ci0 + 8 * c);
+      }
       gpukit_cp16(st + AT + (c >> 3) * (CW_BK * 128) + cw_swz(r, c & 7), src ? src : a.x, src != nullptr);
+      // The row's pixel CW_BK on, for the next k-step (load runs for ks = 0, 1, ... in order).
+      ox[i] += sx;
+      oy[i] += sy;
+      if (ox[i] >= a.wo) {
+        ox[i] -= a.wo;
+        oy[i]++;
+      }
+      while (oy[i] >= a.ho) {
+        oy[i] -= a.ho;
+        img[i]++;
+      }
     }
       },
       [](int, unsigned) {});

@@ -756,6 +756,7 @@ int main(int argc, char** argv) {
       igemm(1, 5, 3, 32, 3, 3, 1, 1);    // an odd Cout
       igemm(2, 5, 6, 64, 136, 3, 1, 1);  // wgmma: partial channel blocks (128 + 8, or 136 of 256)
       igemm(1, 10, 10, 64, 16, 3, 1, 1); // wgmma dw: 100 pixels, a second split of 36
+      igemm(6, 4, 4, 64, 8, 3, 1, 1);    // wgmma dw: 16-pixel images, a k-step crosses four of them
       if (!quick) {
         igemm(3, 8, 8, 32, 72, 3, 1, 1);  // 192 rows (two row blocks), two channel blocks
         igemm(1, 6, 6, 96, 64, 3, 1, 0);  // no padding
