@@ -340,9 +340,10 @@ __device__ __forceinline__ void attn_zero(float* x) {
 // RAW (the wgmma forward) takes the maximum over the raw scores and folds
 // the scale into the exponent, p = 2^(s·c − m) as one FFMA before ex2
 // (FlashAttention-2's softmax_scale_log2), which saves a multiply per
-// score; it needs c = scale·log2 e ≥ 0, so the kernel negates Q when the
-// scale is negative (attn_wg_negate) and passes |c|. Masked scores are
-// −∞ for the maximum and 0 after the exponent (c = 0 would make −∞·c NaN).
+// score; it needs c = scale·log2 e > 0 (so that −∞·c = −∞ for masked
+// scores), so the kernel negates Q when the scale is negative
+// (attn_wg_negate) and passes attn_raw_c(a): |c|, and the smallest normal
+// float for a zero scale (every finite s·c then rounds to 0, as it should).
 // m is in the scaled (base-2) domain either way; c is a.scale_log2 when
 // !RAW.
 //
@@ -372,7 +373,7 @@ __device__ __forceinline__ bool attn_softmax_frag_m(float* s, float m[2], float 
 #pragma unroll
     for (int j = 0; j < NJ; j++) mx[r] = fmaxf(mx[r], fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
     mx[r] = attn_quad_max(mx[r]);
-    if (RAW) mx[r] = mx[r] == -ATTN_INF ? -ATTN_INF : mx[r] * c;
+    if (RAW) mx[r] *= c;
   }
   // RAW: the maximum moves only when some row of the warp grew by more than
   // ATTN_LAZY (log2 units), else the stale one stays and no rescale is due.
@@ -390,7 +391,6 @@ __device__ __forceinline__ bool attn_softmax_frag_m(float* s, float m[2], float 
       for (int e = 0; e < 2; e++) {
         const float x = s[4 * j + 2 * r + e];
         p[e] = attn_exp2<EX2>(RAW ? fmaf(x, c, -mu) : x - mu);
-        if (RAW && MASK && x == -ATTN_INF) p[e] = 0.0f;
         s[4 * j + 2 * r + e] = p[e];
       }
       rs += p[0] + p[1];
@@ -407,6 +407,9 @@ __device__ __forceinline__ bool attn_softmax_frag(float* s, float m[2], float l[
     return attn_softmax_frag_m<NJ, EX2, true, RAW>(s, m, l, alpha, kbase, qrow, c, a);
   return attn_softmax_frag_m<NJ, EX2, false, RAW>(s, m, l, alpha, kbase, qrow, c, a);
 }
+
+// attn_raw_c is attn_softmax_frag's c for RAW (see there).
+__device__ __forceinline__ float attn_raw_c(const attn_args& a) { return fmaxf(fabsf(a.scale_log2), 1.17549435e-38f); }
 
 // attn_rescale multiplies an output fragment's two rows by alpha[0], alpha[1].
 template <int NJ>
@@ -980,13 +983,27 @@ __device__ __forceinline__ void attn_wg_landed() {
 // a tile that crosses T tests rows. (Written as c = t + 256·i, r = c/CH
 // per copy, the addressing took ~300 of the forward loop's ~900
 // instructions a tile, sm_90a SASS.)
+//
+// attn_wg_chunk is this thread's first chunk of such a tile: its shared
+// byte offset in the tile (so), its row (r) and column chunk (ch); its
+// i-th chunk is RS rows (RS·128 bytes) further.
+template <int D, int R, int NT>
+struct attn_wg_chunk {
+  static constexpr int CH = D / 8, RS = NT / CH, N = R / RS;
+  static_assert(RS % 8 == 0 && R % RS == 0, "attn_wg_chunk: tile shape");
+  int r, ch;
+  unsigned so;
+  __device__ __forceinline__ attn_wg_chunk()
+      : r(threadIdx.x / CH), ch(threadIdx.x % CH), so((ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) {}
+};
 template <int D, int R, int NT = ATTN_WG_THREADS>
 __device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, long long ld, int r0, int T) {
-  constexpr int CH = D / 8, RS = NT / CH, N = R / RS;
-  static_assert(RS % 8 == 0 && R % RS == 0, "attn_wg_load: tile shape");
-  const int t = threadIdx.x, r = t / CH, ch = t % CH;
-  const unsigned so = s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
-  const gpukit_bf16* p = g + (long long)(r0 + r) * ld + ch * 8;
+  using C = attn_wg_chunk<D, R, NT>;
+  constexpr int RS = C::RS, N = C::N;
+  const C k;
+  const int r = k.r;
+  const unsigned so = s + k.so;
+  const gpukit_bf16* p = g + (long long)(r0 + r) * ld + k.ch * 8;
   const long long step = (long long)RS * ld;
   if (r0 + R <= T) {
 #pragma unroll
@@ -1006,12 +1023,11 @@ __device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, l
 // the fence and barrier that hand the tile to the tensor cores.
 template <int D, int R, int NT = ATTN_WG_THREADS>
 __device__ __forceinline__ void attn_wg_negate(unsigned char* base, unsigned sbase, unsigned s) {
-  constexpr int CH = D / 8, RS = NT / CH, N = R / RS;
-  const int t = threadIdx.x, r = t / CH, ch = t % CH;
-  const unsigned so = s + (ch >> 3) * (R * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4) - sbase;
+  using C = attn_wg_chunk<D, R, NT>;
+  const unsigned so = s - sbase + C().so;
 #pragma unroll
-  for (int i = 0; i < N; i++) {
-    unsigned* x = (unsigned*)(base + so + i * (RS * 128));
+  for (int i = 0; i < C::N; i++) {
+    unsigned* x = (unsigned*)(base + so + i * (C::RS * 128));
 #pragma unroll
     for (int w = 0; w < 4; w++) x[w] ^= 0x80008000u;  // the sign bits of 8 bf16
   }
@@ -1027,6 +1043,18 @@ __device__ __forceinline__ void attn_wg_gemm_ss(float* d, unsigned a, unsigned b
   for (int kk = 0; kk < KD; kk++)
     gpukit_wg_ss<N, 0, 0>::mma(d, gpukit_wg_desc(a + (kk >> 2) * (AR * 128) + (kk & 3) * 32, 16, 1024),
                           gpukit_wg_desc(b + (kk >> 2) * (BR * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+}
+
+// attn_wg_scores_now: S = Q·Kᵀ (attn_wg_gemm_ss) issued alone and waited
+// for: a forward's first key tile, with no P·V to overlap.
+template <int BN, int KD, int AR>
+__device__ __forceinline__ void attn_wg_scores_now(float* s, unsigned qa, unsigned kt) {
+  gpukit_keep_f<BN / 2>(s);
+  gpukit_wg_fence();
+  attn_wg_gemm_ss<BN, KD, AR, BN>(s, qa, kt);
+  gpukit_wg_commit();
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<BN / 2>(s);
 }
 
 // attn_wg_gemm_rs: D (64 × N) += P·B, P's KS k-steps from registers
@@ -1078,7 +1106,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   attn_zero<D / 2>(o);
   float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
-  const float c = fabsf(a.scale_log2);  // attn_softmax_frag's RAW form; Q negated below when scale < 0
+  const float c = attn_raw_c(a);  // attn_softmax_frag's RAW form; Q negated below when scale < 0
 
   // Tile 0: S_0 alone (no P·V before it).
   gpukit_cp_wait0();
@@ -1088,12 +1116,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
   if (ntiles > 1) attn_wg_load<D, BN>(sK + KT, K, a.sk[1], BN, a.Tk);
   attn_wg_load<D, BN>(sV, V, a.sv[1], 0, a.Tk);
   gpukit_cp_commit();
-  gpukit_keep_f<BN / 2>(s);
-  gpukit_wg_fence();
-  attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, sK);
-  gpukit_wg_commit();
-  gpukit_wg_wait<0>();
-  gpukit_keep_f<BN / 2>(s);
+  attn_wg_scores_now<BN, KD, BM>(s, qa, sK);
   attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, 0, row0, qrow, c, a);
   if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, 0, a.Tk, 1));  // l is undropped
   attn_pack_frag<BN / 8>(p, s);
@@ -1434,7 +1457,7 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   const int row0 = q0 + cw * 64 + warp * 16;  // this warp's first query
   const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
   const unsigned qa = sQ + cw * 64 * 128;
-  const float c = fabsf(a.scale_log2);
+  const float c = attn_raw_c(a);
   float s[BN / 2], o[D / 2];
   unsigned p[BN / 16][4];
   attn_zero<BN / 2>(s);
@@ -1444,12 +1467,7 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   gpukit_mbar_wait(qfull, 0);
   gpukit_mbar_wait(kfull, 0);
   gpukit_fence_proxy_async();
-  gpukit_keep_f<BN / 2>(s);
-  gpukit_wg_fence();
-  attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, sK);
-  gpukit_wg_commit();
-  gpukit_wg_wait<0>();
-  gpukit_keep_f<BN / 2>(s);
+  attn_wg_scores_now<BN, KD, BM>(s, qa, sK);
   gpukit_mbar_arrive(kempty);
   attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, 0, row0, qrow, c, a);
   attn_pack_frag<BN / 8>(p, s);
@@ -1497,12 +1515,13 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   gpukit_keep_f<D / 2>(o);
   attn_fwd_out<ND, false>(o, m, l, qrow, b, h, a);
 }
-extern "C" __global__ void __launch_bounds__(ATTN_WS_THREADS, 1) attn_fwd_ws_d64(const attn_args a) {
-  if constexpr (GPUKIT_KEEP(attn_fwd_ws_d64)) attn_fwd_ws<64>(a);
-}
-extern "C" __global__ void __launch_bounds__(ATTN_WS_THREADS, 1) attn_fwd_ws_d128(const attn_args a) {
-  if constexpr (GPUKIT_KEEP(attn_fwd_ws_d128)) attn_fwd_ws<128>(a);
-}
+// Instances: attn_fwd_ws_d<D>.
+#define ATTN_WS_INSTANCE(INST, D)                                                                        \
+  extern "C" __global__ void __launch_bounds__(ATTN_WS_THREADS, 1) attn_fwd_ws_##INST(const attn_args a) { \
+    if constexpr (GPUKIT_KEEP(attn_fwd_ws_##INST)) attn_fwd_ws<D>(a);                                     \
+  }
+ATTN_WS_INSTANCE(d64, 64)
+ATTN_WS_INSTANCE(d128, 128)
 
 // Instances: attn_<fwd|bwd_dkdv|bwd_dq>_wg[_drop]_d<D> (_drop: dropout on P).
 #define ATTN_WG_INSTANCES(DROPSUF, DROP)                                                                                 \

@@ -746,11 +746,7 @@ func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
 		if attnWSOn(a.DropP > 0) {
-			f := launch.AttnFwdWsD128
-			if s.d == 64 {
-				f = launch.AttnFwdWsD64
-			}
-			return f(c, attnGrid(s, s.tq, attnWGRows), block1(attnWSThreads), attnWSSmem(s.d), a.k())
+			return launch.AttnFwdWs(c, attnD(s.d), attnGrid(s, s.tq, attnWGRows), block1(attnWSThreads), attnWSSmem(s.d), a.k())
 		}
 		return launch.AttnFwdWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows),
 			block1(attnWGThreads), attnWGSmem(s.d), a.k())
@@ -852,12 +848,7 @@ func attnKernels(dt tensor.DType, d int, drop, wg, backward bool) []launch.Kerne
 	case tc && wg:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdWgKernel, launch.AttnBwdDkdvWgKernel, launch.AttnBwdDqWgKernel}, a.inst(attnD(d))
 		if attnWSOn(drop) {
-			named[0] = func(string) (launch.Kernel, error) {
-				if d == 64 {
-					return launch.AttnFwdWsD64Kernel, nil
-				}
-				return launch.AttnFwdWsD128Kernel, nil
-			}
+			named[0] = launch.AttnFwdWsKernel // no dropout: inst is "d<D>"
 		}
 	case tc:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdTcKernel, launch.AttnBwdDkdvTcKernel, launch.AttnBwdDqTcKernel}, a.inst(attnD(d))

@@ -147,33 +147,30 @@ func AttnBwdDkdvTcKernel(inst string) (Kernel, error) {
 	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dkdv_tc_", inst)
 }
 
-// AttnFwdWsD64 launches attn_fwd_ws_d64 of attention.cu:
+// AttnFwdWs launches attn_fwd_ws_<inst> of attention.cu, inst one of "d64", "d128":
 //
 //	attn_fwd_ws_d64(const attn_args a)
-func AttnFwdWsD64(l Launcher, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
-	kn := AttnFwdWsD64Kernel
+func AttnFwdWs(l Launcher, inst string, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
+	kn, kerr := AttnFwdWsKernel(inst)
+	if kerr != nil {
+		return kerr
+	}
 	if a == nil {
 		return errNilArgs(kn)
 	}
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
 }
 
-// AttnFwdWsD64Kernel is attn_fwd_ws_d64 of attention.cu (AttnFwdWsD64), for Prefetch.
-var AttnFwdWsD64Kernel = Kernel{File: "attention.cu", Name: "attn_fwd_ws_d64"}
-
-// AttnFwdWsD128 launches attn_fwd_ws_d128 of attention.cu:
-//
-//	attn_fwd_ws_d128(const attn_args a)
-func AttnFwdWsD128(l Launcher, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
-	kn := AttnFwdWsD128Kernel
-	if a == nil {
-		return errNilArgs(kn)
+// AttnFwdWsKernel is instance inst of attn_fwd_ws_<inst> (AttnFwdWs), for Prefetch.
+func AttnFwdWsKernel(inst string) (Kernel, error) {
+	switch inst {
+	case "d64":
+		return Kernel{File: "attention.cu", Name: "attn_fwd_ws_d64"}, nil
+	case "d128":
+		return Kernel{File: "attention.cu", Name: "attn_fwd_ws_d128"}, nil
 	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+	return Kernel{}, errNoInstance("attention.cu", "attn_fwd_ws_", inst)
 }
-
-// AttnFwdWsD128Kernel is attn_fwd_ws_d128 of attention.cu (AttnFwdWsD128), for Prefetch.
-var AttnFwdWsD128Kernel = Kernel{File: "attention.cu", Name: "attn_fwd_ws_d128"}
 
 // AttnFwdWg launches attn_fwd_wg_<inst> of attention.cu, inst one of "d64", "d128", "drop_d64", "drop_d128":
 //
