@@ -30,8 +30,8 @@
 //                             elsewhere and in the emulator.
 //
 // scripts/cudaemu/mbarrier_test.cpp checks a producer/consumer ring on
-// them in the emulator. attention.cu's attn_fwd_ws uses them (not yet run
-// on a GPU, and not a default: ops/attention.go's attnWGMode 3).
+// them in the emulator. attention.cu's attn_fwd_ws uses them (the default
+// wgmma forward without dropout since it ran on a GPU machine, 2026-11-29).
 #pragma once
 #include "common.cuh"
 

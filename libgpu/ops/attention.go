@@ -740,8 +740,8 @@ func attnGrid(s attnShape, rows, per int) [3]uint32 {
 // attnTCTile is the bytes of one padded 64-row bf16 tile.
 func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 
-// attnFwdTC launches the tensor-core forward: attn_fwd_wg_d{64,128} (wgmma)
-// where attnWG says so, else attn_fwd_tc_d{64,128} (mma.sync) with 4 K/V
+// attnFwdTC launches the tensor-core forward: where attnWG says so, on
+// wgmma, attn_fwd_ws_d{64,128} (attnWSOn) or attn_fwd_wg[_drop]_d{64,128}, else attn_fwd_tc_d{64,128} (mma.sync) with 4 K/V
 // tiles of shared memory.
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
@@ -776,17 +776,21 @@ const attnWSThreads = 384
 func attnWSSmem(d int) uint32 { return attnWGSmem(d) + 128 }
 
 // attnWSOn reports whether the forward takes attn_fwd_ws where it runs on
-// wgmma: attnWGMode 3, and no dropout (the kernel has no dropout variant).
-func attnWSOn(drop bool) bool { return attnWGMode >= 3 && !drop }
+// wgmma: attnWGMode 1 (the default) or 3, and no dropout (the kernel has no
+// dropout variant; a dropping forward takes attn_fwd_wg).
+func attnWSOn(drop bool) bool { return (attnWGMode == 1 || attnWGMode == 3) && !drop }
 
 // attnWGMode says which head dimensions take the wgmma kernels (forward
-// and backward) on sm_90a:
-// 0 none (mma.sync everywhere), 1 D = 128, and D = 64 from attnWG64MinT
-// positions on (the default: short sequences favour the mma.sync kernel's
-// smaller blocks), 2 both everywhere, 3 as 2 with the warp-specialised
-// forward (attn_fwd_ws) where there is no dropout — not the default: not
-// yet run on a GPU (2026-11-29). Tests and benchmarks change it to compare
-// the paths.
+// and backward) on sm_90a, and which wgmma forward runs:
+// 0 none (mma.sync everywhere);
+// 1 D = 128, and D = 64 from attnWG64MinT positions on (short sequences
+// favour the mma.sync kernel's smaller blocks), the forward on
+// attn_fwd_ws where there is no dropout — the default (one H200,
+// 2026-11-29: attn_fwd_ws 0.87× the time of attn_fwd_wg (as of bdfc5f8) at causal
+// (8,16,2048,128), 0.82× at (2,16,8192,128), 0.87–0.94× at D = 64);
+// 2 both everywhere, the forward on attn_fwd_wg;
+// 3 both everywhere, the forward on attn_fwd_ws where there is no dropout.
+// Tests and benchmarks change it to compare the paths.
 var attnWGMode = 1
 
 // attnWG64MinT is the sequence length (the longer of Tq and Tk) from

@@ -1,8 +1,9 @@
 package ops
 
 // SetAttentionWGMMA sets which head dimensions take the sm_90a wgmma
-// attention forward (0 none, 1 D = 128, 2 D = 64 and 128, 3 as 2 with the
-// warp-specialised forward where there is no dropout) and returns a
+// attention kernels and which wgmma forward runs (attnWGMode: 0 none, 1
+// the default, 2 D = 64 and 128 on attn_fwd_wg, 3 D = 64 and 128 on
+// attn_fwd_ws where there is no dropout) and returns a
 // func that restores the previous setting. Read at every call.
 func SetAttentionWGMMA(mode int) (restore func()) {
 	old := attnWGMode

@@ -412,12 +412,14 @@ func (c *cudaImpl) scratchTensor(e *Engine, name string, dt tensor.DType, shape 
 var convPath = convPathFromEnv(os.Getenv("GPUKIT_CONV_PATH"))
 
 // convBwdPath chooses the kernels of the backward (input and weight
-// gradients) as convPath does the forward's. By default it is convMMA: on
-// an H200 (2026-11-28, bench/conv.sh) the mma.sync backward took 9.50 ms
-// in sum over the eight U-Net shapes against wgmma's 10.39 (wgmma ahead
-// at three shapes, behind by up to 27% at the others), while wgmma's
-// forward was 1.4–2.3× faster everywhere. GPUKIT_CONV_BWD=mma|wg|im2col
-// sets it; with GPUKIT_CONV_PATH set and GPUKIT_CONV_BWD not, it follows
+// gradients) as convPath does the forward's. By default it is convWG
+// (which runs mma.sync and im2col where wgOK does not hold): on an H200
+// (2026-11-29, BenchmarkConv2D) once conv_wg_dw stepped its rows instead
+// of dividing per copy (5531490), the wgmma backward took 7.73 ms in sum
+// over the eight U-Net shapes against mma.sync's 9.47 — ahead at seven,
+// 7% behind at 16×64²×320. (Before that, 2026-11-28: 10.39 against 9.50,
+// and mma.sync was the default.) GPUKIT_CONV_BWD=mma|wg|im2col sets it;
+// with GPUKIT_CONV_PATH set and GPUKIT_CONV_BWD not, it follows
 // GPUKIT_CONV_PATH.
 var convBwdPath = convBwdPathFromEnv(os.Getenv("GPUKIT_CONV_PATH"), os.Getenv("GPUKIT_CONV_BWD"))
 
@@ -430,7 +432,7 @@ func convBwdPathFromEnv(path, bwd string) int {
 	case path == "mma" || path == "wg" || path == "im2col":
 		return convPathFromEnv(path)
 	}
-	return convMMA
+	return convWG
 }
 
 // convPathFromEnv is convPath for the value of GPUKIT_CONV_PATH.

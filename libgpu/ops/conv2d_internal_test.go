@@ -10,12 +10,12 @@ func TestConvPathFromEnv(t *testing.T) {
 			t.Errorf("GPUKIT_CONV_PATH=%q: path %d, want %d", v, got, want)
 		}
 	}
-	// The backward: mma.sync unless GPUKIT_CONV_BWD, or else
+	// The backward: wgmma unless GPUKIT_CONV_BWD, or else
 	// GPUKIT_CONV_PATH, names a path.
 	for _, c := range []struct {
 		path, bwd string
 		want      int
-	}{{"", "", convMMA}, {"wg", "", convWG}, {"im2col", "", convIm2col}, {"", "wg", convWG}, {"wg", "mma", convMMA}, {"x", "y", convMMA}} {
+	}{{"", "", convWG}, {"mma", "", convMMA}, {"im2col", "", convIm2col}, {"", "mma", convMMA}, {"wg", "mma", convMMA}, {"mma", "wg", convWG}, {"x", "y", convWG}} {
 		if got := convBwdPathFromEnv(c.path, c.bwd); got != c.want {
 			t.Errorf("GPUKIT_CONV_PATH=%q GPUKIT_CONV_BWD=%q: backward path %d, want %d", c.path, c.bwd, got, c.want)
 		}

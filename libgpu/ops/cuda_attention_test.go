@@ -556,9 +556,9 @@ func TestCUDAAttentionDropout(t *testing.T) {
 // TestCUDAAttentionPaths checks the kernel families the default dispatch
 // does not take on this GPU against the reference, like
 // TestCUDAAttentionLarge: on sm_90a the mma.sync forward at D = 128 and
-// the wgmma forward at D = 64 (the default takes wgmma for D = 128 and
-// mma.sync for D = 64), and the warp-specialised forward (mode 3, not a
-// default yet) at both. On an sm_90a device the wgmma kernels must be
+// attn_fwd_wg (the default's forward takes attn_fwd_ws without dropout,
+// attn_fwd_wg with it) at D = 64 and 128, and attn_fwd_ws (mode 3) at
+// D = 64 below attnWG64MinT, where the default takes mma.sync. On an sm_90a device the wgmma kernels must be
 // there: a module compiled without them (the sm_90a guard off) fails.
 func TestCUDAAttentionPaths(t *testing.T) {
 	d := gpu(t)
