@@ -1402,7 +1402,30 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
 // A negative scale: the producer negates its own copies of Q before it
 // arrives on Q's barrier (attn_softmax_frag's RAW form needs c ≥ 0).
 #define ATTN_WS_THREADS 384
-template <int D>
+
+// attn_ws_tile is the work of tile i of the persistent attn_fwd_ws (PERSIST):
+// attn_block's launch order walked by index instead of by blockIdx, for a
+// logical grid of (H, B, nz) blocks. (attn_block_in could be this with i
+// from blockIdx; it is left as it is until a GPU run shows the default
+// kernels unchanged by that.)
+__device__ __forceinline__ attn_pos attn_ws_tile(const attn_args& a, long long i, int nz) {
+  const long long X = a.H, bh = (long long)a.B * a.H;
+  const long long G = a.group <= 0 || a.group >= bh ? bh : a.group;
+  const long long first = i / (G * nz) * G, gs = min(G, bh - first), r = i - first * nz, hb = first + r % gs;
+  return attn_pos{(int)(hb / X), (int)(hb % X), (int)(r / gs)};
+}
+
+// PERSIST (FlashAttention-3's persistent kernel, §3.1): the grid is at most
+// one block per multiprocessor and each block walks tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ... of attn_block's order (longest causal rows
+// first), so that the producer copies the next tile's Q, K_0 and V_0 while
+// the consumers finish the last P·V and store O. The K/V ring's stages and
+// phases run on across tiles (gj counts K/V tiles since the block began);
+// a tenth mbarrier, qempty, hands Q back to the producer once both
+// consumers' last S of a tile has retired, and the consumers release the
+// last V stage too. Without PERSIST the tile loop runs once: the code is
+// the non-persistent kernel's.
+template <int D, bool PERSIST = false>
 __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   constexpr int BM = ATTN_WG_BM, BN = ATTN_WG_BN, KD = D / 16, ND = D / 8, PT = 128;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
@@ -1411,13 +1434,13 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   const unsigned sQ = (s0 + 1023u) & ~1023u;
   const unsigned sK = sQ + QT, sV = sK + 2 * KT;  // [2] each
   const unsigned qfull = sV + 2 * KT, kfull = qfull + 8, vfull = kfull + 16, kempty = vfull + 16, vempty = kempty + 16;
-  const attn_pos pos = attn_block(a);
-  const int h = pos.h, b = pos.b;
-  const int q0 = attn_qblock(BM, pos);
-  const int n = attn_key_tiles(q0, BM, BN, a);
+  const unsigned qempty = vempty + 16;  // PERSIST only
+  const int nz = PERSIST ? (a.Tq + BM - 1) / BM : 1;
+  const long long ntile = PERSIST ? (long long)a.B * a.H * nz : 1, tstep = PERSIST ? gridDim.x : 1;
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
     gpukit_mbar_init(qfull, PT);
+    if (PERSIST) gpukit_mbar_init(qempty, 2 * 128);
     for (int st = 0; st < 2; st++) {
       gpukit_mbar_init(kfull + 8 * st, PT);
       gpukit_mbar_init(vfull + 8 * st, PT);
@@ -1429,24 +1452,32 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
 
   if (wg == 0) {  // the producer
     gpukit_setmaxnreg_dec<40>();
-    const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
-    const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
-    const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
-    attn_wg_load<D, BM, PT>(sQ, Q, a.sq[1], q0, a.Tq);
-    gpukit_cp_commit();
-    gpukit_cp_wait0();
-    if (a.scale_log2 < 0.0f) attn_wg_negate<D, BM, PT>(attn_smem, s0, sQ);
-    gpukit_fence_proxy_async();
-    gpukit_mbar_arrive(qfull);
-    for (int j = 0; j < n; j++) {
-      const int st = j & 1;
-      const unsigned par = ((j >> 1) & 1) ^ 1;  // the phase that released this stage's last tile, j − 2
-      if (j >= 2) gpukit_mbar_wait(kempty + 8 * st, par);
-      attn_wg_load<D, BN, PT>(sK + st * KT, K, a.sk[1], j * BN, a.Tk);
-      gpukit_cp_mbar_arrive(kfull + 8 * st);
-      if (j >= 2) gpukit_mbar_wait(vempty + 8 * st, par);
-      attn_wg_load<D, BN, PT>(sV + st * KT, V, a.sv[1], j * BN, a.Tk);
-      gpukit_cp_mbar_arrive(vfull + 8 * st);
+    unsigned gj = 0;  // K/V tiles copied so far
+    long long it = 0;
+    for (long long t = PERSIST ? blockIdx.x : 0; t < ntile; t += tstep, it++) {
+      const attn_pos pos = PERSIST ? attn_ws_tile(a, t, nz) : attn_block(a);
+      const int q0 = PERSIST ? (nz - 1 - pos.z) * BM : attn_qblock(BM, pos);
+      const int n = attn_key_tiles(q0, BM, BN, a);
+      const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, pos.b, pos.h);
+      const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, pos.b, pos.h);
+      const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, pos.b, pos.h);
+      if (PERSIST && it > 0) gpukit_mbar_wait(qempty, (unsigned)((it - 1) & 1));  // the last tile's S are done with Q
+      attn_wg_load<D, BM, PT>(sQ, Q, a.sq[1], q0, a.Tq);
+      gpukit_cp_commit();
+      gpukit_cp_wait0();
+      if (a.scale_log2 < 0.0f) attn_wg_negate<D, BM, PT>(attn_smem, s0, sQ);
+      gpukit_fence_proxy_async();
+      gpukit_mbar_arrive(qfull);
+      for (int j = 0; j < n; j++, gj++) {
+        const int st = gj & 1;
+        const unsigned par = ((gj >> 1) & 1) ^ 1;  // the phase that released this stage's last tile, gj − 2
+        if (gj >= 2) gpukit_mbar_wait(kempty + 8 * st, par);
+        attn_wg_load<D, BN, PT>(sK + st * KT, K, a.sk[1], j * BN, a.Tk);
+        gpukit_cp_mbar_arrive(kfull + 8 * st);
+        if (gj >= 2) gpukit_mbar_wait(vempty + 8 * st, par);
+        attn_wg_load<D, BN, PT>(sV + st * KT, V, a.sv[1], j * BN, a.Tk);
+        gpukit_cp_mbar_arrive(vfull + 8 * st);
+      }
     }
     gpukit_cp_wait0();  // nothing in flight at exit
     return;
@@ -1454,74 +1485,91 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
 
   gpukit_setmaxnreg_inc<232>();
   const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
-  const int row0 = q0 + cw * 64 + warp * 16;  // this warp's first query
-  const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
   const unsigned qa = sQ + cw * 64 * 128;
   const float c = attn_raw_c(a);
-  float s[BN / 2], o[D / 2];
-  unsigned p[BN / 16][4];
-  attn_zero<BN / 2>(s);
-  attn_zero<D / 2>(o);
-  float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+  unsigned gj = 0;  // K/V tiles consumed so far
+  long long it = 0;
+  for (long long t = PERSIST ? blockIdx.x : 0; t < ntile; t += tstep, it++) {
+    const attn_pos pos = PERSIST ? attn_ws_tile(a, t, nz) : attn_block(a);
+    const int q0 = PERSIST ? (nz - 1 - pos.z) * BM : attn_qblock(BM, pos);
+    const int n = attn_key_tiles(q0, BM, BN, a);
+    const int row0 = q0 + cw * 64 + warp * 16;  // this warp's first query
+    const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
+    float s[BN / 2], o[D / 2];
+    unsigned p[BN / 16][4];
+    attn_zero<BN / 2>(s);
+    attn_zero<D / 2>(o);
+    float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
 
-  gpukit_mbar_wait(qfull, 0);
-  gpukit_mbar_wait(kfull, 0);
-  gpukit_fence_proxy_async();
-  attn_wg_scores_now<BN, KD, BM>(s, qa, sK);
-  gpukit_mbar_arrive(kempty);
-  attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, 0, row0, qrow, c, a);
-  attn_pack_frag<BN / 8>(p, s);
-  // Ping-pong: consumer cw issues its products after bar.sync on barrier
-  // 1 + cw and lets the other go with bar.arrive on 2 − cw; consumer 1
-  // opens the first turn for consumer 0, and the last turn is not handed on.
-  if (cw == 1 && n > 1) gpukit_bar_arrive(1, 256);
-
-  for (int j = 1; j < n; j++) {
-    const int st = j & 1, pst = (j - 1) & 1;
-    gpukit_mbar_wait(kfull + 8 * st, (j >> 1) & 1);
-    gpukit_mbar_wait(vfull + 8 * pst, ((j - 1) >> 1) & 1);
+    const int st0 = gj & 1;
+    gpukit_mbar_wait(qfull, (unsigned)(it & 1));
+    gpukit_mbar_wait(kfull + 8 * st0, (gj >> 1) & 1);
     gpukit_fence_proxy_async();
-    gpukit_bar_sync(1 + cw, 256);
-    gpukit_keep_f<BN / 2>(s);
+    attn_wg_scores_now<BN, KD, BM>(s, qa, sK + st0 * KT);
+    gpukit_mbar_arrive(kempty + 8 * st0);
+    if (PERSIST && n == 1) gpukit_mbar_arrive(qempty);
+    attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, 0, row0, qrow, c, a);
+    attn_pack_frag<BN / 8>(p, s);
+    // Ping-pong: consumer cw issues its products after bar.sync on barrier
+    // 1 + cw and lets the other go with bar.arrive on 2 − cw; consumer 1
+    // opens the first turn of a tile for consumer 0, and the last turn is
+    // not handed on (so each tile's arrivals and waits balance).
+    if (cw == 1 && n > 1) gpukit_bar_arrive(1, 256);
+
+    for (int j = 1; j < n; j++) {
+      const unsigned gk = gj + j;
+      const int st = gk & 1, pst = (gk - 1) & 1;
+      gpukit_mbar_wait(kfull + 8 * st, (gk >> 1) & 1);
+      gpukit_mbar_wait(vfull + 8 * pst, ((gk - 1) >> 1) & 1);
+      gpukit_fence_proxy_async();
+      gpukit_bar_sync(1 + cw, 256);
+      gpukit_keep_f<BN / 2>(s);
+      gpukit_keep_f<D / 2>(o);
+      gpukit_keep_u<BN / 4>(&p[0][0]);
+      gpukit_wg_fence();
+      attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, sK + st * KT);
+      gpukit_wg_commit();
+      attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + pst * KT);
+      gpukit_wg_commit();
+      if (cw == 0 || j + 1 < n) gpukit_bar_arrive(2 - cw, 256);
+      gpukit_wg_wait<1>();
+      gpukit_keep_f<BN / 2>(s);
+      gpukit_mbar_arrive(kempty + 8 * st);
+      if (PERSIST && j + 1 == n) gpukit_mbar_arrive(qempty);  // this tile's last S has retired
+      const bool resc = attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, j * BN, row0, qrow, c, a);
+      gpukit_wg_wait<0>();
+      gpukit_keep_f<D / 2>(o);
+      gpukit_keep_u<BN / 4>(&p[0][0]);
+      gpukit_mbar_arrive(vempty + 8 * pst);
+      if (resc) attn_rescale<ND>(o, alpha);
+      attn_pack_frag<BN / 8>(p, s);
+    }
+    // The last P·V.
+    const unsigned gl = gj + n - 1;
+    const int lst = gl & 1;
+    gpukit_mbar_wait(vfull + 8 * lst, (gl >> 1) & 1);
+    gpukit_fence_proxy_async();
     gpukit_keep_f<D / 2>(o);
     gpukit_keep_u<BN / 4>(&p[0][0]);
     gpukit_wg_fence();
-    attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, sK + st * KT);
+    attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + lst * KT);
     gpukit_wg_commit();
-    attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + pst * KT);
-    gpukit_wg_commit();
-    if (cw == 0 || j + 1 < n) gpukit_bar_arrive(2 - cw, 256);
-    gpukit_wg_wait<1>();
-    gpukit_keep_f<BN / 2>(s);
-    gpukit_mbar_arrive(kempty + 8 * st);
-    const bool resc = attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, j * BN, row0, qrow, c, a);
     gpukit_wg_wait<0>();
     gpukit_keep_f<D / 2>(o);
-    gpukit_keep_u<BN / 4>(&p[0][0]);
-    gpukit_mbar_arrive(vempty + 8 * pst);
-    if (resc) attn_rescale<ND>(o, alpha);
-    attn_pack_frag<BN / 8>(p, s);
+    if (PERSIST) gpukit_mbar_arrive(vempty + 8 * lst);  // the producer refills it for a later tile
+    gj += n;
+    attn_fwd_out<ND, false>(o, m, l, qrow, pos.b, pos.h, a);
   }
-  // The last P·V.
-  const int lst = (n - 1) & 1;
-  gpukit_mbar_wait(vfull + 8 * lst, ((n - 1) >> 1) & 1);
-  gpukit_fence_proxy_async();
-  gpukit_keep_f<D / 2>(o);
-  gpukit_keep_u<BN / 4>(&p[0][0]);
-  gpukit_wg_fence();
-  attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + lst * KT);
-  gpukit_wg_commit();
-  gpukit_wg_wait<0>();
-  gpukit_keep_f<D / 2>(o);
-  attn_fwd_out<ND, false>(o, m, l, qrow, b, h, a);
 }
-// Instances: attn_fwd_ws_d<D>.
-#define ATTN_WS_INSTANCE(INST, D)                                                                        \
+// Instances: attn_fwd_ws_d<D>, and attn_fwd_ws_pers_d<D> (PERSIST).
+#define ATTN_WS_INSTANCE(INST, D, PERSIST)                                                               \
   extern "C" __global__ void __launch_bounds__(ATTN_WS_THREADS, 1) attn_fwd_ws_##INST(const attn_args a) { \
-    if constexpr (GPUKIT_KEEP(attn_fwd_ws_##INST)) attn_fwd_ws<D>(a);                                     \
+    if constexpr (GPUKIT_KEEP(attn_fwd_ws_##INST)) attn_fwd_ws<D, PERSIST>(a);                            \
   }
-ATTN_WS_INSTANCE(d64, 64)
-ATTN_WS_INSTANCE(d128, 128)
+ATTN_WS_INSTANCE(d64, 64, false)
+ATTN_WS_INSTANCE(d128, 128, false)
+ATTN_WS_INSTANCE(pers_d64, 64, true)
+ATTN_WS_INSTANCE(pers_d128, 128, true)
 
 // Instances: attn_<fwd|bwd_dkdv|bwd_dq>_wg[_drop]_d<D> (_drop: dropout on P).
 #define ATTN_WG_INSTANCES(DROPSUF, DROP)                                                                                 \
@@ -1552,6 +1600,8 @@ ATTN_WG_INSTANCES(_drop, true)
 extern "C" __global__ void attn_wg_unavailable() {}
 extern "C" __global__ void attn_fwd_ws_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_ws_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_ws_pers_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_ws_pers_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile("trap;"); }

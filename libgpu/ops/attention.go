@@ -746,6 +746,10 @@ func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
 		if attnWSOn(a.DropP > 0) {
+			if attnWSPersistent() {
+				return launch.AttnFwdWs(c, "pers_"+attnD(s.d), attnPersistentGrid(attnGrid(s, s.tq, attnWGRows), c.SMCount()),
+					block1(attnWSThreads), attnWSSmem(s.d), a.k())
+			}
 			return launch.AttnFwdWs(c, attnD(s.d), attnGrid(s, s.tq, attnWGRows), block1(attnWSThreads), attnWSSmem(s.d), a.k())
 		}
 		return launch.AttnFwdWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows),
@@ -776,9 +780,24 @@ const attnWSThreads = 384
 func attnWSSmem(d int) uint32 { return attnWGSmem(d) + 128 }
 
 // attnWSOn reports whether the forward takes attn_fwd_ws where it runs on
-// wgmma: attnWGMode 1 (the default) or 3, and no dropout (the kernel has no
+// wgmma: attnWGMode 1 (the default), 3 or 4, and no dropout (the kernel has no
 // dropout variant; a dropping forward takes attn_fwd_wg).
-func attnWSOn(drop bool) bool { return (attnWGMode == 1 || attnWGMode == 3) && !drop }
+func attnWSOn(drop bool) bool {
+	return (attnWGMode == 1 || attnWGMode == 3 || attnWGMode == 4) && !drop
+}
+
+// attnWSPersistent reports whether attn_fwd_ws runs persistent
+// (attn_fwd_ws_pers_d*: attnWGMode 4, not the default: not yet run on a
+// GPU, 2026-11-29).
+func attnWSPersistent() bool { return attnWGMode == 4 }
+
+// attnPersistentGrid is the grid of a persistent kernel for the logical
+// grid g: one block per multiprocessor (sms), fewer when there are fewer
+// tiles; the kernel walks the tiles itself (attn_ws_tile).
+func attnPersistentGrid(g [3]uint32, sms int) [3]uint32 {
+	n := uint64(g[0]) * uint64(g[1]) * uint64(g[2])
+	return [3]uint32{uint32(min(n, uint64(max(sms, 1)))), 1, 1}
+}
 
 // attnWGMode says which head dimensions take the wgmma kernels (forward
 // and backward) on sm_90a, and which wgmma forward runs:
@@ -789,7 +808,8 @@ func attnWSOn(drop bool) bool { return (attnWGMode == 1 || attnWGMode == 3) && !
 // 2026-11-29: attn_fwd_ws 0.87× the time of attn_fwd_wg (as of bdfc5f8) at causal
 // (8,16,2048,128), 0.82× at (2,16,8192,128), 0.87–0.94× at D = 64);
 // 2 both everywhere, the forward on attn_fwd_wg;
-// 3 both everywhere, the forward on attn_fwd_ws where there is no dropout.
+// 3 both everywhere, the forward on attn_fwd_ws where there is no dropout;
+// 4 as 3 with attn_fwd_ws persistent (attnWSPersistent).
 // Tests and benchmarks change it to compare the paths.
 var attnWGMode = 1
 
@@ -853,6 +873,9 @@ func attnKernels(dt tensor.DType, d int, drop, wg, backward bool) []launch.Kerne
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdWgKernel, launch.AttnBwdDkdvWgKernel, launch.AttnBwdDqWgKernel}, a.inst(attnD(d))
 		if attnWSOn(drop) {
 			named[0] = launch.AttnFwdWsKernel // no dropout: inst is "d<D>"
+			if attnWSPersistent() {
+				named[0] = func(inst string) (launch.Kernel, error) { return launch.AttnFwdWsKernel("pers_" + inst) }
+			}
 		}
 	case tc:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdTcKernel, launch.AttnBwdDkdvTcKernel, launch.AttnBwdDqTcKernel}, a.inst(attnD(d))

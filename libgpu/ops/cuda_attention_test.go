@@ -452,9 +452,10 @@ func BenchmarkAttentionForwardBackward(b *testing.B) { benchAttention(b, "forwar
 var attnPaths = []attnPath{{"mma.sync", 0, -1}, {"wgmma", 2, -1}}
 
 // BenchmarkAttentionForwardPaths: the forward on each kernel family at
-// both shapes, and on the warp-specialised wgmma forward (mode 3).
+// both shapes, and on the warp-specialised wgmma forward (mode 3) and its
+// persistent form (mode 4).
 func BenchmarkAttentionForwardPaths(b *testing.B) {
-	benchAttention(b, "forward", append(attnPaths[:len(attnPaths):len(attnPaths)], attnPath{"ws", 3, -1})...)
+	benchAttention(b, "forward", append(attnPaths[:len(attnPaths):len(attnPaths)], attnPath{"ws", 3, -1}, attnPath{"ws-persistent", 4, -1})...)
 }
 
 // BenchmarkAttentionBackwardPaths: the backward on each kernel family.
@@ -557,8 +558,10 @@ func TestCUDAAttentionDropout(t *testing.T) {
 // does not take on this GPU against the reference, like
 // TestCUDAAttentionLarge: on sm_90a the mma.sync forward at D = 128 and
 // attn_fwd_wg (the default's forward takes attn_fwd_ws without dropout,
-// attn_fwd_wg with it) at D = 64 and 128, and attn_fwd_ws (mode 3) at
-// D = 64 below attnWG64MinT, where the default takes mma.sync. On an sm_90a device the wgmma kernels must be
+// attn_fwd_wg with it) at D = 64 and 128, attn_fwd_ws (mode 3) at
+// D = 64 below attnWG64MinT, where the default takes mma.sync, and the
+// persistent attn_fwd_ws (mode 4, not a default) with more tiles than
+// blocks. On an sm_90a device the wgmma kernels must be
 // there: a module compiled without them (the sm_90a guard off) fails.
 func TestCUDAAttentionPaths(t *testing.T) {
 	d := gpu(t)
@@ -590,6 +593,13 @@ func TestCUDAAttentionPaths(t *testing.T) {
 			{1, 2, 1, 128, true, tensor.BF16},
 			{4, 6, 1000, 64, true, tensor.BF16},
 			{2, 4, 777, 64, false, tensor.BF16},
+		}},
+		{attnPath{"ws-persistent", 4, -1}, []attnLarge{
+			{8, 16, 2048, 128, true, tensor.BF16},
+			{2, 4, 777, 128, false, tensor.BF16},
+			{1, 2, 1, 128, true, tensor.BF16},
+			{4, 6, 1000, 64, true, tensor.BF16},
+			{32, 12, 1024, 64, true, tensor.BF16},
 		}},
 	} {
 		for _, c := range p.cases {

@@ -245,8 +245,10 @@ static void strides(attn_args& a, int which, const View& x) {
 static void track(Buf& b) { emu::track(b.mem.data(), b.mem.size()); }
 
 // The kernels: CUDA cores, mma.sync (tc), wgmma (wg, sm_90a), and the
-// warp-specialised wgmma forward (ws; its backward is wg's).
-enum Mode { SIMT, TC, WG, WS };
+// warp-specialised wgmma forward (ws; its backward is wg's), also
+// persistent (wsp: wsp_blocks blocks walk the tiles).
+enum Mode { SIMT, TC, WG, WS, WSP };
+static unsigned wsp_blocks = 1;
 
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
 // when Tq == Tk, separate padded tensors otherwise.
@@ -259,7 +261,7 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   const bool tc = mode != SIMT;
   char name[160];
   snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g%s%s", B, Tq, Tk, H, D, causal,
-           bf16 ? "bf16" : "f32", mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
+           bf16 ? "bf16" : "f32", mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
            smul == 1 ? "" : smul < 0 ? " scale<0" : " scale=0", kramp ? " kramp" : "");
   emu::untrack();
   Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab;
@@ -366,6 +368,14 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
         attn_fwd_ws_d64(a);
       else
         attn_fwd_ws_d128(a);
+    });
+  } else if (mode == WSP && !DR) {
+    size_t smem = 5 * 128 * D * 2 + 1024 + 128;
+    emu::launch({wsp_blocks, 1, 1}, {384, 1, 1}, smem, seed++, [&] {
+      if (D == 64)
+        attn_fwd_ws_pers_d64(a);
+      else
+        attn_fwd_ws_pers_d128(a);
     });
   } else if (mode >= WG) {
     size_t smem = 5 * 128 * D * 2 + 1024;  // ops/attention.go attnWGSmem
@@ -594,6 +604,21 @@ static void run_ws() {
     run(1, 300, 300, 1, D, true, true, WS, false, 0, 1, 8);
     run(1, 100, 300, 1, D, false, true, WS, true, 0, 1, 8);
     run(1, 450, 450, 1, D, true, true, WS, true);  // the two stages turn over twice
+  }
+  // Persistent: blocks walk several tiles each (tiles of 1 to 3 key tiles,
+  // the ring's phases carried across them; an odd count of key tiles a
+  // block, so a stage's parity differs from one tile to the next).
+  for (int D : {64, 128}) {
+    for (unsigned nb : {1u, 2u, 5u}) {
+      wsp_blocks = nb;
+      run(2, 300, 300, 2, D, true, true, WSP, false);
+      run(1, 130, 300, 3, D, false, true, WSP, true, 0, 1, 8);
+    }
+    wsp_blocks = 3;
+    run(1, 260, 260, 2, D, true, true, WSP, false, 0, -1);
+    run(3, 1, 1, 2, D, true, true, WSP, false);
+    wsp_blocks = 64;  // more blocks than tiles
+    run(1, 200, 200, 1, D, true, true, WSP, false);
   }
 }
 

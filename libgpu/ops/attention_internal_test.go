@@ -1,0 +1,38 @@
+package ops
+
+import "testing"
+
+// TestAttnPersistentGrid: the persistent forward's grid is one block per
+// multiprocessor, or one per tile when there are fewer tiles, and at least
+// one block.
+func TestAttnPersistentGrid(t *testing.T) {
+	for _, c := range []struct {
+		g    [3]uint32
+		sms  int
+		want uint32
+	}{
+		{[3]uint32{16, 8, 16}, 132, 132},
+		{[3]uint32{2, 1, 3}, 132, 6},
+		{[3]uint32{1, 1, 1}, 132, 1},
+		{[3]uint32{65535, 65535, 64}, 132, 132}, // the tile count overflows 32 bits
+		{[3]uint32{4, 4, 4}, 0, 1},
+	} {
+		if got := attnPersistentGrid(c.g, c.sms); got != [3]uint32{c.want, 1, 1} {
+			t.Errorf("grid %v on %d SMs: %v, want [%d 1 1]", c.g, c.sms, got, c.want)
+		}
+	}
+	// Mode 4 is the persistent warp-specialised forward, and only there.
+	for mode, want := range map[int]bool{0: false, 1: false, 2: false, 3: false, 4: true} {
+		restore := SetAttentionWGMMA(mode)
+		if got := attnWSPersistent(); got != want {
+			t.Errorf("attnWGMode %d: persistent %v, want %v", mode, got, want)
+		}
+		if got := attnWSOn(false); got != (mode == 1 || mode >= 3) {
+			t.Errorf("attnWGMode %d: attn_fwd_ws %v without dropout", mode, got)
+		}
+		if attnWSOn(true) {
+			t.Errorf("attnWGMode %d: attn_fwd_ws with dropout", mode)
+		}
+		restore()
+	}
+}
