@@ -1415,6 +1415,19 @@ __device__ __forceinline__ attn_pos attn_ws_tile(const attn_args& a, long long i
   return attn_pos{(int)(hb / X), (int)(hb % X), (int)(r / gs)};
 }
 
+// attn_ws_work is tile t's work in attn_fwd_ws: its place, first query row
+// and key tile count (PERSIST: tile t of nz row blocks a head; else this
+// block's, from blockIdx).
+template <bool PERSIST>
+struct attn_ws_work {
+  attn_pos pos;
+  int q0, n;
+  __device__ __forceinline__ attn_ws_work(const attn_args& a, long long t, int nz)
+      : pos(PERSIST ? attn_ws_tile(a, t, nz) : attn_block(a)),
+        q0(PERSIST ? (nz - 1 - pos.z) * ATTN_WG_BM : attn_qblock(ATTN_WG_BM, pos)),
+        n(attn_key_tiles(q0, ATTN_WG_BM, ATTN_WG_BN, a)) {}
+};
+
 // PERSIST (FlashAttention-3's persistent kernel, §3.1): the grid is at most
 // one block per multiprocessor and each block walks tiles blockIdx.x,
 // blockIdx.x + gridDim.x, ... of attn_block's order (longest causal rows
@@ -1455,9 +1468,9 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
     unsigned gj = 0;  // K/V tiles copied so far
     long long it = 0;
     for (long long t = PERSIST ? blockIdx.x : 0; t < ntile; t += tstep, it++) {
-      const attn_pos pos = PERSIST ? attn_ws_tile(a, t, nz) : attn_block(a);
-      const int q0 = PERSIST ? (nz - 1 - pos.z) * BM : attn_qblock(BM, pos);
-      const int n = attn_key_tiles(q0, BM, BN, a);
+      const attn_ws_work<PERSIST> w(a, t, nz);
+      const attn_pos pos = w.pos;
+      const int q0 = w.q0, n = w.n;
       const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, pos.b, pos.h);
       const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, pos.b, pos.h);
       const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, pos.b, pos.h);
@@ -1490,9 +1503,9 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   unsigned gj = 0;  // K/V tiles consumed so far
   long long it = 0;
   for (long long t = PERSIST ? blockIdx.x : 0; t < ntile; t += tstep, it++) {
-    const attn_pos pos = PERSIST ? attn_ws_tile(a, t, nz) : attn_block(a);
-    const int q0 = PERSIST ? (nz - 1 - pos.z) * BM : attn_qblock(BM, pos);
-    const int n = attn_key_tiles(q0, BM, BN, a);
+    const attn_ws_work<PERSIST> w(a, t, nz);
+    const attn_pos pos = w.pos;
+    const int q0 = w.q0, n = w.n;
     const int row0 = q0 + cw * 64 + warp * 16;  // this warp's first query
     const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
     float s[BN / 2], o[D / 2];
