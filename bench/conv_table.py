@@ -32,15 +32,15 @@ def go():
 
 
 def table():
-    rows, impls = {}, ["gpukit-mma", "gpukit-wg", "gpukit-im2col", "cudnn"]
+    rows, impls = {}, ["gpukit-mma", "gpukit-wg", "gpukit-ws", "gpukit-im2col", "cudnn"]
     for l in sys.stdin:
         d = json.loads(l)
         rows.setdefault((d["shape"], d["pass"]), {})[d["impl"]] = d["TFLOP/s"]
-    print("| shape (N×H×W×Cin→Cout, 3×3) | pass | " + " | ".join(impls) + " | mma / cuDNN | wg / cuDNN |")
-    print("| --- | --- |" + " ---: |" * (len(impls) + 2))
+    print("| shape (N×H×W×Cin→Cout, 3×3) | pass | " + " | ".join(impls) + " | mma / cuDNN | wg / cuDNN | ws / cuDNN |")
+    print("| --- | --- |" + " ---: |" * (len(impls) + 3))
     for (shape, p), r in rows.items():
         cells = [f"{r[i]:.1f}" if i in r else "–" for i in impls]
-        ratios = [f"{r[i] / r['cudnn']:.2f}" if i in r and r.get("cudnn") else "–" for i in ("gpukit-mma", "gpukit-wg")]
+        ratios = [f"{r[i] / r['cudnn']:.2f}" if i in r and r.get("cudnn") else "–" for i in ("gpukit-mma", "gpukit-wg", "gpukit-ws")]
         print(f"| {shape} | {p} | " + " | ".join(cells + ratios) + " |")
 
 

@@ -7,6 +7,7 @@
 // (convHopper).
 #include "common.cuh"
 #include "conv2d.cuh"
+#include "mbarrier.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
 
@@ -94,66 +95,153 @@ __device__ __forceinline__ void cw_mainloop(float* d, int nk, unsigned s0, Load 
   gpukit_cp_wait0();  // the empty groups queued past the end
 }
 
+// cw_mainloop_ws is cw_mainloop warp-specialised (CUTLASS 3.x's SM90
+// "warpspecialized" collectives, FlashAttention-3 §3.1): 384 threads with
+// no block barrier in the loop. Warpgroup 0 is the producer (152
+// registers, setmaxnreg): its 128 threads run load(ks, st) for k-step ks
+// into stage st = ks mod STAGES once the consumers have released it, and
+// complete the stage's "full" mbarrier through cp.async (or, with pro_on,
+// wait for their copies, run pro(ks, st) on them and arrive). Warpgroups 1
+// and 2 (176 registers) each wait for "full", issue their 64 rows' MMAs,
+// keep one wgmma group outstanding and, once the group that read a stage
+// has retired, arrive on its "empty" mbarrier. The barriers follow the
+// ring: full[s] at s0 + STAGES·ST + 8s, empty[s] 8·STAGES bytes further
+// (ops/conv2d.go adds 128 bytes of shared memory). load runs in the
+// producer only, for ks = 0, 1, ... in order, with threadIdx.x < 128.
+// Returns false in the producer (d unset), true in a consumer with d its
+// warpgroup's 64 × BN product (rows 64·(warpgroup − 1)).
+template <int BN, int STAGES, int TA, int TB, typename Load, typename Pro>
+__device__ __forceinline__ bool cw_mainloop_ws(float* d, int nk, unsigned s0, bool pro_on, Load load, Pro pro) {
+  constexpr unsigned AT = CW_BM * CW_BK * 2, ST = AT + BN * CW_BK * 2;
+  const unsigned full = s0 + STAGES * ST, empty = full + 8 * STAGES;
+  const int wg = threadIdx.x >> 7;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; s++) {
+      gpukit_mbar_init(full + 8 * s, 128);
+      gpukit_mbar_init(empty + 8 * s, 256);
+    }
+  }
+  __syncthreads();
+  if (wg == 0) {
+    gpukit_setmaxnreg_dec<152>();
+#pragma unroll 1
+    for (int ks = 0; ks < nk; ks++) {
+      const int s = ks % STAGES;
+      const unsigned st = s0 + s * ST;
+      if (ks >= STAGES) gpukit_mbar_wait(empty + 8 * s, ((ks / STAGES) - 1) & 1);  // released its last k-step
+      load(ks, st);
+      if (pro_on) {
+        gpukit_cp_commit();
+        gpukit_cp_wait0();
+        pro(ks, st);
+        gpukit_fence_proxy_async();
+        gpukit_mbar_arrive(full + 8 * s);
+      } else {
+        gpukit_cp_mbar_arrive(full + 8 * s);
+      }
+    }
+    gpukit_cp_wait0();  // nothing in flight at exit
+    return false;
+  }
+  gpukit_setmaxnreg_inc<176>();
+  const int cw = wg - 1;
+#pragma unroll
+  for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+#pragma unroll 1
+  for (int ks = 0; ks < nk; ks++) {
+    const int s = ks % STAGES;
+    const unsigned st = s0 + s * ST;
+    gpukit_mbar_wait(full + 8 * s, (ks / STAGES) & 1);
+    gpukit_fence_proxy_async();
+    gpukit_keep_f<BN / 2>(d);
+    gpukit_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < CW_BK / 16; kk++) {
+      const gpukit_u64 da = TA ? gpukit_wg_desc(st + cw * (CW_BK * 128) + kk * 2048, CW_BK * 128, 1024)
+                               : gpukit_wg_desc(st + cw * 64 * 128 + kk * 32, 16, 1024);
+      const gpukit_u64 db = TB ? gpukit_wg_desc(st + AT + kk * 2048, CW_BK * 128, 1024)
+                               : gpukit_wg_desc(st + AT + kk * 32, 16, 1024);
+      gpukit_wg_ss<BN, TA, TB>::mma(d, da, db, 1);
+    }
+    gpukit_wg_commit();
+    gpukit_wg_wait<1>();
+    gpukit_keep_f<BN / 2>(d);
+    if (ks > 0) gpukit_mbar_arrive(empty + 8 * ((ks - 1) % STAGES));  // k-step ks − 1's MMAs have retired
+  }
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<BN / 2>(d);
+  return true;
+}
+
 // cw_swz is the byte offset of 16-byte chunk c of row r of a 128-byte-row
 // tile in 128-byte swizzle (wgmma.cuh).
 __device__ __forceinline__ unsigned cw_swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
-template <int BN, int STAGES>
+// WS: on cw_mainloop_ws (conv_wg_fwd_ws_<BN>, 384 threads): the
+// producer's 128 threads copy (each CW_BM/16 A rows and BN/16 W rows) and
+// the consumers store rows 64·(warpgroup − 1).
+template <int BN, int STAGES, bool WS = false>
 __device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
   static_assert(BN % 32 == 0, "conv_wg_fwd tile");
   constexpr unsigned AT = CW_BM * CW_BK * 2;
+  constexpr int RS = (WS ? 128 : CW_THREADS) / 8;  // rows one pass of the copying threads covers
   CONV_DYN_SMEM(conv_smem);
   const unsigned s0 = (gpukit_smem_addr(conv_smem) + 1023u) & ~1023u;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int ct = WS ? tid & 127 : tid;  // this thread's place among the copying threads
+  const int mw = WS ? wg - 1 : wg;      // the warpgroup's 64 rows (WS: warpgroup 0 copies)
   const long long P = (long long)a.n * a.ho * a.wo;
   const long long p0 = (long long)blockIdx.x * CW_BM;
   const int co0 = blockIdx.y * BN;
   const int K = a.kh * a.kw * a.cin, cpt = a.cin / CW_BK;
-  const int cc = tid & 7;  // this thread's 16-byte chunk of a 128-byte tile row
+  const int cc = ct & 7;  // this thread's 16-byte chunk of a 128-byte tile row
 
   // The A rows (output pixels) and W rows (output channels) this thread
-  // copies, fixed for the block: rows tid/8 + 32·i.
-  conv_pix arow[CW_BM / 32];
+  // copies, fixed for the block: rows ct/8 + RS·i.
+  conv_pix arow[CW_BM / RS];
 #pragma unroll
-  for (int i = 0; i < CW_BM / 32; i++) arow[i] = conv_pixel(a, p0 + (tid >> 3) + 32 * i);
-  bool brow[BN / 32];
-  const gpukit_bf16* wrow[BN / 32];
+  for (int i = 0; i < CW_BM / RS; i++) arow[i] = conv_pixel(a, p0 + (ct >> 3) + RS * i);
+  bool brow[BN / RS];
+  const gpukit_bf16* wrow[BN / RS];
 #pragma unroll
-  for (int i = 0; i < BN / 32; i++) {
-    const int co = co0 + (tid >> 3) + 32 * i;
+  for (int i = 0; i < BN / RS; i++) {
+    const int co = co0 + (ct >> 3) + RS * i;
     brow[i] = co < a.cout;
     wrow[i] = a.w + (long long)(brow[i] ? co : 0) * K + 8 * cc;
   }
   float d[BN / 2];
   const unsigned sbase = gpukit_smem_addr(conv_smem);
-  cw_mainloop<BN, STAGES, 0, 0>(
-      d, K / CW_BK, s0,
-      [&](int ks, unsigned st) {
-        const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
-        const int dh = tap / a.kw, dw = tap - dh * a.kw;
+  auto load = [&](int ks, unsigned st) {
+    const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
+    const int dh = tap / a.kw, dw = tap - dh * a.kw;
 #pragma unroll
-        for (int i = 0; i < CW_BM / 32; i++) {
-          const gpukit_bf16* src = conv_src(a, arow[i], dh, dw, ci0 + 8 * cc);
-          gpukit_cp16(st + cw_swz((tid >> 3) + 32 * i, cc), src ? src : a.x, src != nullptr);
-        }
+    for (int i = 0; i < CW_BM / RS; i++) {
+      const gpukit_bf16* src = conv_src(a, arow[i], dh, dw, ci0 + 8 * cc);
+      gpukit_cp16(st + cw_swz((ct >> 3) + RS * i, cc), src ? src : a.x, src != nullptr);
+    }
 #pragma unroll
-        for (int i = 0; i < BN / 32; i++) {
-          gpukit_cp16(st + AT + cw_swz((tid >> 3) + 32 * i, cc), brow[i] ? wrow[i] + (long long)ks * CW_BK : a.w, brow[i]);
-        }
-      },
-      [&](int ks, unsigned st) {  // the fused input map on this thread's landed A chunks in the image
-        if (!a.pro_scale) return;
-        const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
-        const int dh = tap / a.kw, dw = tap - dh * a.kw;
+    for (int i = 0; i < BN / RS; i++) {
+      gpukit_cp16(st + AT + cw_swz((ct >> 3) + RS * i, cc), brow[i] ? wrow[i] + (long long)ks * CW_BK : a.w, brow[i]);
+    }
+  };
+  auto pro = [&](int ks, unsigned st) {  // the fused input map on this thread's landed A chunks in the image
+    if (!a.pro_scale) return;
+    const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
+    const int dh = tap / a.kw, dw = tap - dh * a.kw;
 #pragma unroll
-        for (int i = 0; i < CW_BM / 32; i++) {
-          if (conv_src(a, arow[i], dh, dw, ci0 + 8 * cc))
-            conv_prologue(conv_smem + (st - sbase) + cw_swz((tid >> 3) + 32 * i, cc), a, arow[i].img, ci0 + 8 * cc);
-        }
-      });
+    for (int i = 0; i < CW_BM / RS; i++) {
+      if (conv_src(a, arow[i], dh, dw, ci0 + 8 * cc))
+        conv_prologue(conv_smem + (st - sbase) + cw_swz((ct >> 3) + RS * i, cc), a, arow[i].img, ci0 + 8 * cc);
+    }
+  };
+  if constexpr (WS) {
+    if (!cw_mainloop_ws<BN, STAGES, 0, 0>(d, K / CW_BK, s0, a.pro_scale != nullptr, load, pro)) return;  // the producer
+  } else {
+    cw_mainloop<BN, STAGES, 0, 0>(d, K / CW_BK, s0, load, pro);
+  }
 
-  // Epilogue: rows 64·wg + 16·warp + lane/4 (+8), channels 8j + 2·(lane%4).
-  const long long rbase = p0 + wg * 64 + warp * 16 + (lane >> 2);
+  // Epilogue: rows 64·mw + 16·warp + lane/4 (+8), channels 8j + 2·(lane%4).
+  const long long rbase = p0 + mw * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
   for (int j = 0; j < BN / 8; j++) {
     const int n = co0 + 8 * j + 2 * (lane & 3);
@@ -292,6 +380,12 @@ extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_dw_128(const
 extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_64(const conv_igemm_args a) { conv_wg_fwd<64, 4>(a); }
 extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_128(const conv_igemm_args a) { conv_wg_fwd<128, 4>(a); }
 extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_256(const conv_igemm_args a) { conv_wg_fwd<256, 4>(a); }
+// The warp-specialised forward (cw_mainloop_ws): not the default
+// (ops/conv2d.go's convWS).
+#define CW_WS_THREADS 384
+extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_ws_64(const conv_igemm_args a) { conv_wg_fwd<64, 4, true>(a); }
+extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_ws_128(const conv_igemm_args a) { conv_wg_fwd<128, 4, true>(a); }
+extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_ws_256(const conv_igemm_args a) { conv_wg_fwd<256, 4, true>(a); }
 #else
 // Compiled for a target without wgmma: ops/conv2d.go finds this marker and
 // launches conv_igemm_fwd instead.

@@ -411,6 +411,14 @@ func (c *cudaImpl) scratchTensor(e *Engine, name string, dt tensor.DType, shape 
 // whole tool); another value leaves the default.
 var convPath = convPathFromEnv(os.Getenv("GPUKIT_CONV_PATH"))
 
+// convWS runs the wgmma forward (and the input gradient, which is a
+// forward) warp-specialised: conv_wg_fwd_ws_<BN>, a producer warpgroup
+// copying into the stage ring and two consumer warpgroups on mbarriers,
+// no block barrier (conv2d_wg.cu's cw_mainloop_ws). Not the default: not
+// yet run on a GPU (2026-11-29). GPUKIT_CONV_WS=1 turns it on for a
+// process.
+var convWS = os.Getenv("GPUKIT_CONV_WS") == "1"
+
 // convBwdPath chooses the kernels of the backward (input and weight
 // gradients) as convPath does the forward's. By default it is convWG
 // (which runs mma.sync and im2col where wgOK does not hold): on an H200
@@ -493,7 +501,7 @@ func (c *cudaImpl) convHopper() bool {
 // convIgemm launches the implicit GEMM y (+)= conv(x, w) + bias over n
 // images of h×w×cin into ho×wo×cout (igemmOK holds for path):
 // conv_wg_fwd_<BN> (256 threads, 128 pixels × BN channels a block, 4
-// stages) where wgOK holds, BN = 256 when Cout is a multiple of 256 and that still gives
+// stages; conv_wg_fwd_ws_<BN>, 384 threads, with convWS) where wgOK holds, BN = 256 when Cout is a multiple of 256 and that still gives
 // every multiprocessor two blocks, else 128 above 64 channels, else 64;
 // conv_igemm_fwd (128 threads, 128 × 64) otherwise. The tile choice is a
 // rule, not yet timed per shape.
@@ -526,6 +534,16 @@ func (c *cudaImpl) convIgemmLaunch(path int, a *launch.ConvIgemmArgs) error {
 		}
 		grid := [3]uint32{rowBlocks, uint32((int64(cout) + bn - 1) / bn), 1}
 		smem := uint32(stages*(128+bn)*128 + 1024)
+		if convWS {
+			smem += 128 // its 2·stages mbarriers
+			switch bn {
+			case 256:
+				return launch.ConvWgFwdWs256(c, grid, block1(384), smem, a)
+			case 128:
+				return launch.ConvWgFwdWs128(c, grid, block1(384), smem, a)
+			}
+			return launch.ConvWgFwdWs64(c, grid, block1(384), smem, a)
+		}
 		switch bn {
 		case 256:
 			return launch.ConvWgFwd256(c, grid, block1(256), smem, a)

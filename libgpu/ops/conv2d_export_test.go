@@ -46,3 +46,11 @@ func SetConvFuseKernels(on bool) (restore func()) {
 	convFuseKernels = on
 	return func() { convFuseKernels = old }
 }
+
+// SetConvWS turns the warp-specialised wgmma forward (convWS) on or off
+// and returns a func that restores the previous setting.
+func SetConvWS(on bool) (restore func()) {
+	old := convWS
+	convWS = on
+	return func() { convWS = old }
+}

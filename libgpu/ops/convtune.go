@@ -60,10 +60,14 @@ func (c *cudaImpl) convFwdCandidates(y, x, w, b *tensor.Tensor, s *convShape) []
 }
 
 // convTuneKey names the forward of s on this device for dtype dt under
-// convPath.
+// convPath (and convWS, which changes what the wgmma path runs).
 func (c *cudaImpl) convTuneKey(dt tensor.DType, s *convShape) string {
-	return fmt.Sprintf("conv|%s|fwd|%v|n%d h%d w%d cin%d cout%d k%dx%d s%d p%d|policy%d", c.Device(), dt,
+	k := fmt.Sprintf("conv|%s|fwd|%v|n%d h%d w%d cin%d cout%d k%dx%d s%d p%d|policy%d", c.Device(), dt,
 		s.n, s.h, s.w, s.cin, s.cout, s.kh, s.kw, s.stride, s.pad, convPath)
+	if convWS {
+		k += "|ws"
+	}
+	return k
 }
 
 // convFwdPath is the path of the forward of s: convPath's choice, or with

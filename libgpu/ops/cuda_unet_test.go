@@ -265,7 +265,7 @@ func TestCUDAUNetDeterminism(t *testing.T) {
 
 // benchConv times Conv2D forward (and backward) at a U-Net shape in bf16
 // and reports TFLOP/s of the useful 2·P·K·Cout products, on the kernel
-// path (ops.ConvMMA, the default; ops.ConvWG: wgmma on sm_90a;
+// path (ops.ConvMMA; ops.ConvWG: wgmma on sm_90a, the default;
 // ops.ConvIm2col).
 func benchConv(b *testing.B, n, hw, cin, cout, k int, backward bool, path int) {
 	defer ops.SetConvPath(path)()
@@ -344,8 +344,9 @@ func timeGPU(b *testing.B, e *ops.Engine, f func() error) float64 {
 // The U-Net's heaviest convolutions at a guided batch of 256 (512
 // images), and issue 24's larger U-Net shapes (16×64²×320, 16×32²×640,
 // 64×32²×256, 128×32²×128; 3×3, stride 1, Cin = Cout), each on the
-// mma.sync implicit GEMM (the default), wgmma (sm_90a) and im2col +
-// cuBLASLt; bench/conv.sh runs them beside PyTorch's cuDNN.
+// mma.sync implicit GEMM, wgmma (sm_90a; the default), wgmma with the
+// warp-specialised forward (ws) and im2col + cuBLASLt; bench/conv.sh runs
+// them beside PyTorch's cuDNN.
 func BenchmarkConv2D(b *testing.B) {
 	for _, s := range []struct{ n, hw, cin, cout int }{
 		{512, 32, 64, 64}, {512, 32, 192, 64}, {512, 16, 384, 128}, {512, 8, 256, 256},
@@ -354,13 +355,15 @@ func BenchmarkConv2D(b *testing.B) {
 		for _, p := range []struct {
 			name string
 			path int
-		}{{"mma", ops.ConvMMA}, {"wg", ops.ConvWG}, {"im2col", ops.ConvIm2col}} {
+			ws   bool
+		}{{"mma", ops.ConvMMA, false}, {"wg", ops.ConvWG, false}, {"ws", ops.ConvWG, true}, {"im2col", ops.ConvIm2col, false}} {
 			for _, bwd := range []bool{false, true} {
 				pass := "fwd"
 				if bwd {
 					pass = "bwd"
 				}
 				b.Run(fmt.Sprintf("%dx%dx%dx%dto%d/%s/%s", s.n, s.hw, s.hw, s.cin, s.cout, pass, p.name), func(b *testing.B) {
+					defer ops.SetConvWS(p.ws)()
 					benchConv(b, s.n, s.hw, s.cin, s.cout, 3, bwd, p.path)
 				})
 			}
@@ -392,7 +395,8 @@ func BenchmarkGroupNormSiLU_512x32x32x64(b *testing.B) {
 // TestCUDAConvKernelPaths runs the conv2d family's checks (float64
 // references with their terms, the fused op, the two graphs, gradients by
 // finite differences) on each bf16 kernel path with the fused kernels on:
-// mma.sync and, on sm_90a, wgmma (forward, input and weight gradients);
+// mma.sync and, on sm_90a, wgmma (forward, input and weight gradients),
+// and wgmma with the warp-specialised forward (ws, not a default);
 // every precision, as TestCUDAFamilies runs the default path.
 func TestCUDAConvKernelPaths(t *testing.T) {
 	d := gpu(t)
@@ -400,11 +404,13 @@ func TestCUDAConvKernelPaths(t *testing.T) {
 	for _, path := range []struct {
 		name string
 		path int
-	}{{"mma", ops.ConvMMA}, {"wg", ops.ConvWG}} {
+		ws   bool
+	}{{"mma", ops.ConvMMA, false}, {"wg", ops.ConvWG, false}, {"ws", ops.ConvWG, true}} {
 		for _, p := range precs {
 			t.Run(path.name+"/"+p.name, func(t *testing.T) {
 				cudatest.RequireGPU(t)
 				defer ops.SetConvPath(path.path)()
+				defer ops.SetConvWS(path.ws)()
 				opstest.CheckFamily(t, "conv2d", d, ops.Options{Precision: p.prec}, func(t *testing.T) { cudatest.RequireGPU(t) })
 			})
 		}

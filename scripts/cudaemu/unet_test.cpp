@@ -206,6 +206,7 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
   // path 0 is conv_igemm_fwd, 64, 128 and 256 conv_wg_fwd_<BN> (sm_90a's
   // wgmma), each with ops/conv2d.go's geometry.
   int path = 0;
+  bool ws = false;  // conv_wg_fwd_ws_<BN> (the warp-specialised forward) instead
   auto launch = [&](const gpukit_bf16* in, const gpukit_bf16* wt, const gpukit_bf16* bias, gpukit_bf16* out, int h, int wd,
                     int cin, int oh, int ow, int cout, int stride, int pad, int acc) {
     conv_igemm_args a{in, wt, bias, out, N, h, wd, cin, oh, ow, cout, K, K, stride, pad, acc};
@@ -221,6 +222,12 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
     if (path == 0) {
       emu::launch({(unsigned)((p + 127) / 128), (unsigned)((cout + 63) / 64), 1}, {128, 1, 1}, 2 * (128 + 64) * 40 * 2, seed++,
                   [&] { conv_igemm_fwd(a); });
+      return;
+    }
+    if (ws) {
+      emu::launch({(unsigned)((p + 127) / 128), (unsigned)((cout + path - 1) / path), 1}, {CW_WS_THREADS, 1, 1},
+                  4 * (128 + path) * 128 + 1024 + 128, seed++,
+                  [&] { path == 64 ? conv_wg_fwd_ws_64(a) : path == 128 ? conv_wg_fwd_ws_128(a) : conv_wg_fwd_ws_256(a); });
       return;
     }
     emu::launch({(unsigned)((p + 127) / 128), (unsigned)((cout + path - 1) / path), 1}, {CW_THREADS, 1, 1},
@@ -285,11 +292,13 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
       }
     }
   }
-  for (int pth : {0, 64, 128, 256}) {
+  for (int pv : {0, 64, 128, 256, -64, -128, -256}) {  // negative: warp-specialised
+    const int pth = pv < 0 ? -pv : pv;
     // conv_wg_fwd needs Cin a multiple of 64 and Cout of 8 (ops/conv2d.go's wgOK).
     if (pth && (C % 64 || Co % 8)) continue;
     path = pth;
-    std::string pname = name + (pth == 0 ? "" : " wg" + std::to_string(pth));
+    ws = pv < 0;
+    std::string pname = name + (pth == 0 ? "" : (ws ? " ws" : " wg") + std::to_string(pth));
     Buf y(rows * Co, true);
     launch(x.h(), w.h(), b.h(), y.h(), H, W, C, Ho, Wo, Co, S, P, 0);
     check(pname + " y", y.read(), want, 1e-2);

@@ -100,6 +100,48 @@ func ConvWgFwd256(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemmAr
 // ConvWgFwd256Kernel is conv_wg_fwd_256 of conv2d_wg.cu (ConvWgFwd256), for Prefetch.
 var ConvWgFwd256Kernel = Kernel{File: "conv2d_wg.cu", Name: "conv_wg_fwd_256"}
 
+// ConvWgFwdWs64 launches conv_wg_fwd_ws_64 of conv2d_wg.cu:
+//
+//	conv_wg_fwd_ws_64(const conv_igemm_args a)
+func ConvWgFwdWs64(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemmArgs) error {
+	kn := ConvWgFwdWs64Kernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// ConvWgFwdWs64Kernel is conv_wg_fwd_ws_64 of conv2d_wg.cu (ConvWgFwdWs64), for Prefetch.
+var ConvWgFwdWs64Kernel = Kernel{File: "conv2d_wg.cu", Name: "conv_wg_fwd_ws_64"}
+
+// ConvWgFwdWs128 launches conv_wg_fwd_ws_128 of conv2d_wg.cu:
+//
+//	conv_wg_fwd_ws_128(const conv_igemm_args a)
+func ConvWgFwdWs128(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemmArgs) error {
+	kn := ConvWgFwdWs128Kernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// ConvWgFwdWs128Kernel is conv_wg_fwd_ws_128 of conv2d_wg.cu (ConvWgFwdWs128), for Prefetch.
+var ConvWgFwdWs128Kernel = Kernel{File: "conv2d_wg.cu", Name: "conv_wg_fwd_ws_128"}
+
+// ConvWgFwdWs256 launches conv_wg_fwd_ws_256 of conv2d_wg.cu:
+//
+//	conv_wg_fwd_ws_256(const conv_igemm_args a)
+func ConvWgFwdWs256(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemmArgs) error {
+	kn := ConvWgFwdWs256Kernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// ConvWgFwdWs256Kernel is conv_wg_fwd_ws_256 of conv2d_wg.cu (ConvWgFwdWs256), for Prefetch.
+var ConvWgFwdWs256Kernel = Kernel{File: "conv2d_wg.cu", Name: "conv_wg_fwd_ws_256"}
+
 // ConvDwReduce launches conv_dw_reduce of conv2d_wg.cu:
 //
 //	conv_dw_reduce(float* __restrict__ dw, const float* __restrict__ part, long long n, int splits, int acc)
