@@ -2,7 +2,7 @@
 # bench/conv.sh — issue 24's convolution table on a GPU machine: gpukit's
 # bf16 3×3 convolutions (Go benchmark BenchmarkConv2D in libgpu/ops: the
 # mma.sync implicit GEMM, the wgmma kernels of conv2d_wg.cu on sm_90a —
-# the default —, the same with the warp-specialised forward (ws) and
+# the default —, the same warp-specialised (ws) and
 # im2col + cuBLASLt; forward with bias, and
 # backward: input and weight gradients)
 # beside PyTorch's cuDNN at the same shapes (bench/reference/conv.py,

@@ -283,13 +283,19 @@ struct conv_wg_dw_args {
 };
 static_assert(sizeof(conv_wg_dw_args) == 72, "conv_wg_dw_args layout: launch.ConvWgDwArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
-template <int BN, int STAGES>
+// WS: on cw_mainloop_ws (conv_wg_dw_ws_<BN>, 384 threads): the producer's
+// 128 threads copy, the consumers store output channel rows
+// 64·(warpgroup − 1).
+template <int BN, int STAGES, bool WS = false>
 __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
   static_assert(BN % 64 == 0, "conv_wg_dw tile");
   constexpr unsigned AT = CW_BK * CW_BM * 2;
   CONV_DYN_SMEM(conv_smem);
   const unsigned s0 = (gpukit_smem_addr(conv_smem) + 1023u) & ~1023u;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  constexpr int NT = WS ? 128 : CW_THREADS;  // the threads that copy
+  const int ct = WS ? tid & 127 : tid;       // this thread's place among them
+  const int mw = WS ? wg - 1 : wg;           // the warpgroup's 64 rows (WS: warpgroup 0 copies)
   const long long P = (long long)a.n * a.ho * a.wo;
   const int K = a.kh * a.kw * a.cin;
   const int m0 = blockIdx.x * CW_BM, n0 = blockIdx.y * BN;
@@ -297,31 +303,29 @@ __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
   const long long pbeg = (long long)blockIdx.z * a.chunk, pend = P < pbeg + a.chunk ? P : pbeg + a.chunk;
   const int nk = pend > pbeg ? (int)((pend - pbeg + CW_BK - 1) / CW_BK) : 0;
   float d[BN / 2];
-  // The gathered rows this thread copies: pixels pbeg + CW_BK·ks + tid/CPR
+  // The gathered rows this thread copies: pixels pbeg + CW_BK·ks + ct/CPR
   // + RPP·i, kept as (image, output row, output column) and stepped by
   // CW_BK pixels a k-step; a 64-bit division (conv_pixel) per copy per
   // k-step was most of this kernel's address work.
-  constexpr int CPR = BN / 8, RPP = CW_THREADS / CPR, NR = CW_BK / RPP;
-  const int c = tid % CPR, sy = CW_BK / a.wo, sx = CW_BK - sy * a.wo;
+  constexpr int CPR = BN / 8, RPP = NT / CPR, NR = CW_BK / RPP;
+  const int c = ct % CPR, sy = CW_BK / a.wo, sx = CW_BK - sy * a.wo;
   int img[NR], oy[NR], ox[NR];
 #pragma unroll
   for (int i = 0; i < NR; i++) {
-    const conv_pix q = conv_pixel(a, pbeg + tid / CPR + RPP * i);
+    const conv_pix q = conv_pixel(a, pbeg + ct / CPR + RPP * i);
     img[i] = q.img;
     oy[i] = (q.ih0 + a.pad) / a.stride;
     ox[i] = (q.iw0 + a.pad) / a.stride;
   }
   // k-step ks: 64 pixels × 128 output channels of dY (16 chunks a row, two
   // panels of 64) and × BN gathered input channels (BN/64 panels).
-  cw_mainloop<BN, STAGES, 1, 1>(
-      d, nk, s0,
-      [&](int ks, unsigned st) {
+  auto load = [&](int ks, unsigned st) {
     const long long pk = pbeg + (long long)ks * CW_BK;
     {
-      const int c = tid & 15;
+      const int c = ct & 15;
 #pragma unroll
-      for (int i = 0; i < CW_BK / 16; i++) {
-        const int r = (tid >> 4) + 16 * i, co = m0 + 8 * c;
+      for (int i = 0; i < CW_BK / (NT / 16); i++) {
+        const int r = (ct >> 4) + (NT / 16) * i, co = m0 + 8 * c;
         const long long p = pk + r;
         const bool ok = p < pend && co < a.cout;
         gpukit_cp16(st + (c >> 3) * (CW_BK * 128) + cw_swz(r, c & 7), ok ? a.dy + p * a.cout + co : a.dy, ok);
@@ -329,7 +333,7 @@ __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
     }
 #pragma unroll
     for (int i = 0; i < NR; i++) {
-      const int r = tid / CPR + RPP * i;
+      const int r = ct / CPR + RPP * i;
       const gpukit_bf16* src = nullptr;
       if (pk + r < pend) {
         conv_pix q;
@@ -353,13 +357,17 @@ __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
         img[i]++;
       }
     }
-      },
-      [](int, unsigned) {});
+  };
+  if constexpr (WS) {
+    if (!cw_mainloop_ws<BN, STAGES, 1, 1>(d, nk, s0, false, load, [](int, unsigned) {})) return;  // the producer
+  } else {
+    cw_mainloop<BN, STAGES, 1, 1>(d, nk, s0, load, [](int, unsigned) {});
+  }
 
-  // Epilogue: output channel rows 64·wg + 16·warp + lane/4 (+8), columns
+  // Epilogue: output channel rows 64·mw + 16·warp + lane/4 (+8), columns
   // n0 + 8j + 2·(lane%4) of K; a split with no pixels writes zeros.
   float* part = a.part + (long long)blockIdx.z * a.cout * K;
-  const int rbase = m0 + wg * 64 + warp * 16 + (lane >> 2);
+  const int rbase = m0 + mw * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
   for (int j = 0; j < BN / 8; j++) {
     const int n = n0 + 8 * j + 2 * (lane & 3);
@@ -386,6 +394,8 @@ extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_256(cons
 extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_ws_64(const conv_igemm_args a) { conv_wg_fwd<64, 4, true>(a); }
 extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_ws_128(const conv_igemm_args a) { conv_wg_fwd<128, 4, true>(a); }
 extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_ws_256(const conv_igemm_args a) { conv_wg_fwd<256, 4, true>(a); }
+extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_dw_ws_64(const conv_wg_dw_args a) { conv_wg_dw<64, 4, true>(a); }
+extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_dw_ws_128(const conv_wg_dw_args a) { conv_wg_dw<128, 4, true>(a); }
 #else
 // Compiled for a target without wgmma: ops/conv2d.go finds this marker and
 // launches conv_igemm_fwd instead.

@@ -411,10 +411,11 @@ func (c *cudaImpl) scratchTensor(e *Engine, name string, dt tensor.DType, shape 
 // whole tool); another value leaves the default.
 var convPath = convPathFromEnv(os.Getenv("GPUKIT_CONV_PATH"))
 
-// convWS runs the wgmma forward (and the input gradient, which is a
-// forward) warp-specialised: conv_wg_fwd_ws_<BN>, a producer warpgroup
-// copying into the stage ring and two consumer warpgroups on mbarriers,
-// no block barrier (conv2d_wg.cu's cw_mainloop_ws). Not the default: not
+// convWS runs the wgmma kernels warp-specialised — the forward (and the
+// input gradient, which is a forward), conv_wg_fwd_ws_<BN>, and the weight
+// gradient, conv_wg_dw_ws_<BN>: a producer warpgroup copying into the
+// stage ring and two consumer warpgroups on mbarriers, no block barrier
+// (conv2d_wg.cu's cw_mainloop_ws). Not the default: not
 // yet run on a GPU (2026-11-29). GPUKIT_CONV_WS=1 turns it on for a
 // process.
 var convWS = os.Getenv("GPUKIT_CONV_WS") == "1"
@@ -589,9 +590,14 @@ func (c *cudaImpl) convWgDW(e *Engine, dw, dy, x *tensor.Tensor, s *convShape, a
 	grid := [3]uint32{uint32((s.cout + 127) / 128), uint32(s.k / bn), uint32(splits)}
 	smem := uint32(4*(128+bn)*128 + 1024)
 	var err error
-	if bn == 128 {
+	switch {
+	case convWS && bn == 128:
+		err = launch.ConvWgDwWs128(c, grid, block1(384), smem+128, &a) // + its 2·stages mbarriers
+	case convWS:
+		err = launch.ConvWgDwWs64(c, grid, block1(384), smem+128, &a)
+	case bn == 128:
 		err = launch.ConvWgDw128(c, grid, block1(256), smem, &a)
-	} else {
+	default:
 		err = launch.ConvWgDw64(c, grid, block1(256), smem, &a)
 	}
 	if err != nil || direct {

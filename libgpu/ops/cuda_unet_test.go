@@ -344,8 +344,8 @@ func timeGPU(b *testing.B, e *ops.Engine, f func() error) float64 {
 // The U-Net's heaviest convolutions at a guided batch of 256 (512
 // images), and issue 24's larger U-Net shapes (16×64²×320, 16×32²×640,
 // 64×32²×256, 128×32²×128; 3×3, stride 1, Cin = Cout), each on the
-// mma.sync implicit GEMM, wgmma (sm_90a; the default), wgmma with the
-// warp-specialised forward (ws) and im2col + cuBLASLt; bench/conv.sh runs
+// mma.sync implicit GEMM, wgmma (sm_90a; the default), wgmma
+// warp-specialised (ws) and im2col + cuBLASLt; bench/conv.sh runs
 // them beside PyTorch's cuDNN.
 func BenchmarkConv2D(b *testing.B) {
 	for _, s := range []struct{ n, hw, cin, cout int }{
@@ -396,7 +396,7 @@ func BenchmarkGroupNormSiLU_512x32x32x64(b *testing.B) {
 // references with their terms, the fused op, the two graphs, gradients by
 // finite differences) on each bf16 kernel path with the fused kernels on:
 // mma.sync and, on sm_90a, wgmma (forward, input and weight gradients),
-// and wgmma with the warp-specialised forward (ws, not a default);
+// and wgmma warp-specialised (ws: all three; not a default);
 // every precision, as TestCUDAFamilies runs the default path.
 func TestCUDAConvKernelPaths(t *testing.T) {
 	d := gpu(t)

@@ -278,16 +278,23 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
         emu::untrack();
         emu::track(x.h(), (size_t)N * H * W * C * 2);
         emu::track(dy.h(), (size_t)rows * Co * 2);
-        emu::launch({(unsigned)((Co + 127) / 128), (unsigned)(Kk / bn), (unsigned)splits}, {CW_THREADS, 1, 1},
-                    4 * (128 + bn) * 128 + 1024, seed++, [&] { bn == 64 ? conv_wg_dw_64(da) : conv_wg_dw_128(da); });
-        std::string dname = name + " wg dw" + std::to_string(bn) + " " + std::to_string(splits) + " split(s)";
-        long long n = (long long)Co * Kk;
-        for (int acc : {0, 1}) {
-          auto prev = acc ? dw.read() : std::vector<double>();
-          emu::launch({blocks(n, 256), 1, 1}, {256, 1, 1}, 0, seed++, [&] { conv_dw_reduce(dw.f(), part.f(), n, splits, acc); });
-          auto want = wdw;
-          for (size_t i = 0; acc && i < want.size(); i++) want[i] += prev[i];
-          check(dname + (acc ? " (acc)" : ""), dw.read(), want, 1e-5);
+        for (bool dws : {false, true}) {  // conv_wg_dw_ws_<BN>: warp-specialised
+          std::fill(part.mem.begin(), part.mem.end(), 0xff);  // NaN: every partial sum must be written
+          if (dws)
+            emu::launch({(unsigned)((Co + 127) / 128), (unsigned)(Kk / bn), (unsigned)splits}, {CW_WS_THREADS, 1, 1},
+                        4 * (128 + bn) * 128 + 1024 + 128, seed++, [&] { bn == 64 ? conv_wg_dw_ws_64(da) : conv_wg_dw_ws_128(da); });
+          else
+            emu::launch({(unsigned)((Co + 127) / 128), (unsigned)(Kk / bn), (unsigned)splits}, {CW_THREADS, 1, 1},
+                        4 * (128 + bn) * 128 + 1024, seed++, [&] { bn == 64 ? conv_wg_dw_64(da) : conv_wg_dw_128(da); });
+          std::string dname = name + (dws ? " ws dw" : " wg dw") + std::to_string(bn) + " " + std::to_string(splits) + " split(s)";
+          long long n = (long long)Co * Kk;
+          for (int acc : {0, 1}) {
+            auto prev = acc ? dw.read() : std::vector<double>();
+            emu::launch({blocks(n, 256), 1, 1}, {256, 1, 1}, 0, seed++, [&] { conv_dw_reduce(dw.f(), part.f(), n, splits, acc); });
+            auto want = wdw;
+            for (size_t i = 0; acc && i < want.size(); i++) want[i] += prev[i];
+            check(dname + (acc ? " (acc)" : ""), dw.read(), want, 1e-5);
+          }
         }
       }
     }

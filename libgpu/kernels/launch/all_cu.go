@@ -119,6 +119,8 @@ var all = []Kernel{
 	{File: "conv2d_wg.cu", Name: "conv_wg_fwd_ws_64"},
 	{File: "conv2d_wg.cu", Name: "conv_wg_fwd_ws_128"},
 	{File: "conv2d_wg.cu", Name: "conv_wg_fwd_ws_256"},
+	{File: "conv2d_wg.cu", Name: "conv_wg_dw_ws_64"},
+	{File: "conv2d_wg.cu", Name: "conv_wg_dw_ws_128"},
 	{File: "conv2d_wg.cu", Name: "conv_dw_reduce"},
 	{File: "conv2d_wg.cu", Name: "conv_wg_unavailable"},
 	{File: "countabove.cu", Name: "count_above_f32"},

@@ -142,6 +142,34 @@ func ConvWgFwdWs256(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemm
 // ConvWgFwdWs256Kernel is conv_wg_fwd_ws_256 of conv2d_wg.cu (ConvWgFwdWs256), for Prefetch.
 var ConvWgFwdWs256Kernel = Kernel{File: "conv2d_wg.cu", Name: "conv_wg_fwd_ws_256"}
 
+// ConvWgDwWs64 launches conv_wg_dw_ws_64 of conv2d_wg.cu:
+//
+//	conv_wg_dw_ws_64(const conv_wg_dw_args a)
+func ConvWgDwWs64(l Launcher, grid, block [3]uint32, smem uint32, a *ConvWgDwArgs) error {
+	kn := ConvWgDwWs64Kernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// ConvWgDwWs64Kernel is conv_wg_dw_ws_64 of conv2d_wg.cu (ConvWgDwWs64), for Prefetch.
+var ConvWgDwWs64Kernel = Kernel{File: "conv2d_wg.cu", Name: "conv_wg_dw_ws_64"}
+
+// ConvWgDwWs128 launches conv_wg_dw_ws_128 of conv2d_wg.cu:
+//
+//	conv_wg_dw_ws_128(const conv_wg_dw_args a)
+func ConvWgDwWs128(l Launcher, grid, block [3]uint32, smem uint32, a *ConvWgDwArgs) error {
+	kn := ConvWgDwWs128Kernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// ConvWgDwWs128Kernel is conv_wg_dw_ws_128 of conv2d_wg.cu (ConvWgDwWs128), for Prefetch.
+var ConvWgDwWs128Kernel = Kernel{File: "conv2d_wg.cu", Name: "conv_wg_dw_ws_128"}
+
 // ConvDwReduce launches conv_dw_reduce of conv2d_wg.cu:
 //
 //	conv_dw_reduce(float* __restrict__ dw, const float* __restrict__ part, long long n, int splits, int acc)
