@@ -741,8 +741,9 @@ func attnGrid(s attnShape, rows, per int) [3]uint32 {
 func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 
 // attnFwdTC launches the tensor-core forward: where attnWG says so, on
-// wgmma, attn_fwd_ws_d{64,128} (attnWSOn) or attn_fwd_wg[_drop]_d{64,128}, else attn_fwd_tc_d{64,128} (mma.sync) with 4 K/V
-// tiles of shared memory.
+// wgmma, attn_fwd_ws[_pers]_d{64,128} (attnWSOn, attnWSPersistent) or
+// attn_fwd_wg[_drop]_d{64,128}; else attn_fwd_tc[_drop]_d{64,128}
+// (mma.sync) with 4 K/V tiles of shared memory.
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
 		if attnWSOn(a.DropP > 0) {
@@ -780,8 +781,8 @@ const attnWSThreads = 384
 func attnWSSmem(d int) uint32 { return attnWGSmem(d) + 128 }
 
 // attnWSOn reports whether the forward takes attn_fwd_ws where it runs on
-// wgmma: attnWGMode 1 (the default), 3 or 4, and no dropout (the kernel has no
-// dropout variant; a dropping forward takes attn_fwd_wg).
+// wgmma: attnWGMode 1 (the default), 3 or 4, and no dropout (the kernel
+// has no dropout variant; a dropping forward takes attn_fwd_wg).
 func attnWSOn(drop bool) bool {
 	return (attnWGMode == 1 || attnWGMode == 3 || attnWGMode == 4) && !drop
 }
@@ -805,8 +806,9 @@ func attnPersistentGrid(g [3]uint32, sms int) [3]uint32 {
 // 1 D = 128, and D = 64 from attnWG64MinT positions on (short sequences
 // favour the mma.sync kernel's smaller blocks), the forward on
 // attn_fwd_ws where there is no dropout — the default (one H200,
-// 2026-11-29: attn_fwd_ws 0.87× the time of attn_fwd_wg (as of bdfc5f8) at causal
-// (8,16,2048,128), 0.82× at (2,16,8192,128), 0.87–0.94× at D = 64);
+// 2026-11-29: attn_fwd_ws 0.87× the time of attn_fwd_wg as of bdfc5f8
+// at causal (8,16,2048,128), 0.82× at (2,16,8192,128), 0.87–0.94× at
+// D = 64);
 // 2 both everywhere, the forward on attn_fwd_wg;
 // 3 both everywhere, the forward on attn_fwd_ws where there is no dropout;
 // 4 as 3 with attn_fwd_ws persistent (attnWSPersistent).

@@ -415,9 +415,8 @@ var convPath = convPathFromEnv(os.Getenv("GPUKIT_CONV_PATH"))
 // input gradient, which is a forward), conv_wg_fwd_ws_<BN>, and the weight
 // gradient, conv_wg_dw_ws_<BN>: a producer warpgroup copying into the
 // stage ring and two consumer warpgroups on mbarriers, no block barrier
-// (conv2d_wg.cu's cw_mainloop_ws). Not the default: not
-// yet run on a GPU (2026-11-29). GPUKIT_CONV_WS=1 turns it on for a
-// process.
+// (conv2d_wg.cu's cw_mainloop_ws). Not the default: not yet run on a GPU
+// (2026-11-29). GPUKIT_CONV_WS=1 turns it on for a process.
 var convWS = os.Getenv("GPUKIT_CONV_WS") == "1"
 
 // convBwdPath chooses the kernels of the backward (input and weight
@@ -502,7 +501,8 @@ func (c *cudaImpl) convHopper() bool {
 // convIgemm launches the implicit GEMM y (+)= conv(x, w) + bias over n
 // images of h×w×cin into ho×wo×cout (igemmOK holds for path):
 // conv_wg_fwd_<BN> (256 threads, 128 pixels × BN channels a block, 4
-// stages; conv_wg_fwd_ws_<BN>, 384 threads, with convWS) where wgOK holds, BN = 256 when Cout is a multiple of 256 and that still gives
+// stages; conv_wg_fwd_ws_<BN>, 384 threads, with convWS) where wgOK
+// holds, BN = 256 when Cout is a multiple of 256 and that still gives
 // every multiprocessor two blocks, else 128 above 64 channels, else 64;
 // conv_igemm_fwd (128 threads, 128 × 64) otherwise. The tile choice is a
 // rule, not yet timed per shape.
