@@ -41,6 +41,28 @@
 #define CW_BK 64
 #define CW_THREADS 256
 
+// cw_mma_step issues warpgroup w's MMAs of the k-step in stage st (its 64
+// rows of A, CW_BK deep, against the stage's B: K-major for T = 0,
+// MN-major panels for T = 1) into d, and waits until at most this group
+// is outstanding (the group before it has retired).
+template <int BN, int TA, int TB>
+__device__ __forceinline__ void cw_mma_step(float* d, unsigned st, int w) {
+  constexpr unsigned AT = CW_BM * CW_BK * 2;
+  gpukit_keep_f<BN / 2>(d);
+  gpukit_wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < CW_BK / 16; kk++) {
+    const gpukit_u64 da = TA ? gpukit_wg_desc(st + w * (CW_BK * 128) + kk * 2048, CW_BK * 128, 1024)
+                             : gpukit_wg_desc(st + w * 64 * 128 + kk * 32, 16, 1024);
+    const gpukit_u64 db = TB ? gpukit_wg_desc(st + AT + kk * 2048, CW_BK * 128, 1024)
+                             : gpukit_wg_desc(st + AT + kk * 32, 16, 1024);
+    gpukit_wg_ss<BN, TA, TB>::mma(d, da, db, 1);
+  }
+  gpukit_wg_commit();
+  gpukit_wg_wait<1>();
+  gpukit_keep_f<BN / 2>(d);
+}
+
 // cw_mainloop runs a kernel's k-steps 0..nk−1 into the accumulators d (the
 // warpgroup's 64 × BN product, wgmma.cuh's fragment layout): load(ks, st)
 // queues the cp.async copies of k-step ks into stage st (A, CW_BM × CW_BK,
@@ -76,19 +98,7 @@ __device__ __forceinline__ void cw_mainloop(float* d, int nk, unsigned s0, Load 
     gpukit_fence_proxy_async();
     __syncthreads();
     produce();
-    gpukit_keep_f<BN / 2>(d);
-    gpukit_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < CW_BK / 16; kk++) {
-      const gpukit_u64 da = TA ? gpukit_wg_desc(st + wg * (CW_BK * 128) + kk * 2048, CW_BK * 128, 1024)
-                               : gpukit_wg_desc(st + wg * 64 * 128 + kk * 32, 16, 1024);
-      const gpukit_u64 db = TB ? gpukit_wg_desc(st + AT + kk * 2048, CW_BK * 128, 1024)
-                               : gpukit_wg_desc(st + AT + kk * 32, 16, 1024);
-      gpukit_wg_ss<BN, TA, TB>::mma(d, da, db, 1);
-    }
-    gpukit_wg_commit();
-    gpukit_wg_wait<1>();
-    gpukit_keep_f<BN / 2>(d);
+    cw_mma_step<BN, TA, TB>(d, st, wg);
   }
   gpukit_wg_wait<0>();
   gpukit_keep_f<BN / 2>(d);
@@ -153,19 +163,7 @@ __device__ __forceinline__ bool cw_mainloop_ws(float* d, int nk, unsigned s0, bo
     const unsigned st = s0 + s * ST;
     gpukit_mbar_wait(full + 8 * s, (ks / STAGES) & 1);
     gpukit_fence_proxy_async();
-    gpukit_keep_f<BN / 2>(d);
-    gpukit_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < CW_BK / 16; kk++) {
-      const gpukit_u64 da = TA ? gpukit_wg_desc(st + cw * (CW_BK * 128) + kk * 2048, CW_BK * 128, 1024)
-                               : gpukit_wg_desc(st + cw * 64 * 128 + kk * 32, 16, 1024);
-      const gpukit_u64 db = TB ? gpukit_wg_desc(st + AT + kk * 2048, CW_BK * 128, 1024)
-                               : gpukit_wg_desc(st + AT + kk * 32, 16, 1024);
-      gpukit_wg_ss<BN, TA, TB>::mma(d, da, db, 1);
-    }
-    gpukit_wg_commit();
-    gpukit_wg_wait<1>();
-    gpukit_keep_f<BN / 2>(d);
+    cw_mma_step<BN, TA, TB>(d, st, cw);
     if (ks > 0) gpukit_mbar_arrive(empty + 8 * ((ks - 1) % STAGES));  // k-step ks − 1's MMAs have retired
   }
   gpukit_wg_wait<0>();

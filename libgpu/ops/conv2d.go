@@ -535,23 +535,17 @@ func (c *cudaImpl) convIgemmLaunch(path int, a *launch.ConvIgemmArgs) error {
 		}
 		grid := [3]uint32{rowBlocks, uint32((int64(cout) + bn - 1) / bn), 1}
 		smem := uint32(stages*(128+bn)*128 + 1024)
-		if convWS {
-			smem += 128 // its 2·stages mbarriers
-			switch bn {
-			case 256:
-				return launch.ConvWgFwdWs256(c, grid, block1(384), smem, a)
-			case 128:
-				return launch.ConvWgFwdWs128(c, grid, block1(384), smem, a)
-			}
-			return launch.ConvWgFwdWs64(c, grid, block1(384), smem, a)
-		}
+		f, fws := launch.ConvWgFwd64, launch.ConvWgFwdWs64
 		switch bn {
 		case 256:
-			return launch.ConvWgFwd256(c, grid, block1(256), smem, a)
+			f, fws = launch.ConvWgFwd256, launch.ConvWgFwdWs256
 		case 128:
-			return launch.ConvWgFwd128(c, grid, block1(256), smem, a)
+			f, fws = launch.ConvWgFwd128, launch.ConvWgFwdWs128
 		}
-		return launch.ConvWgFwd64(c, grid, block1(256), smem, a)
+		if convWS {
+			return fws(c, grid, block1(384), smem+128, a) // + its 2·stages mbarriers
+		}
+		return f(c, grid, block1(256), smem, a)
 	}
 	grid := [3]uint32{rowBlocks, uint32((cout + 63) / 64), 1}
 	return launch.ConvIgemmFwd(c, grid, block1(128), 2*(128+64)*40*2, a)
