@@ -1386,7 +1386,8 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
 }
 
 // attn_fwd_ws: the forward warp-specialised (FlashAttention-3, Shah et al.
-// 2024, §3.1-3.2), grid and tiles as attn_fwd_wg, no dropout. 384 threads:
+// 2024, §3.1-3.2), grid and tiles as attn_fwd_wg; DROP: dropout on P as
+// attn_fwd_wg's (the keep mask drawn by the consumers after each softmax). 384 threads:
 // warpgroup 0 is the producer, which keeps 40 registers (setmaxnreg) and
 // only copies: Q once, then K_j and V_j into a ring of two stages, each
 // completing its stage's "full" mbarrier through cp.async (every producer
@@ -1438,7 +1439,7 @@ struct attn_ws_work {
 // consumers' last S of a tile has retired, and the consumers release the
 // last V stage too. Without PERSIST the tile loop runs once: the code is
 // the non-persistent kernel's.
-template <int D, bool PERSIST = false>
+template <int D, bool PERSIST = false, bool DROP = false>
 __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   constexpr int BM = ATTN_WG_BM, BN = ATTN_WG_BN, KD = D / 16, ND = D / 8, PT = 128;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
@@ -1513,6 +1514,7 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
     attn_zero<BN / 2>(s);
     attn_zero<D / 2>(o);
     float m[2] = {-ATTN_INF, -ATTN_INF}, l[2] = {0.0f, 0.0f}, alpha[2];
+    const attn_dctx dc = DROP ? attn_dctx_make(a, pos.b, pos.h) : attn_dctx{};
 
     const int st0 = gj & 1;
     gpukit_mbar_wait(qfull, (unsigned)(it & 1));
@@ -1522,6 +1524,7 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
     gpukit_mbar_arrive(kempty + 8 * st0);
     if (PERSIST && n == 1) gpukit_mbar_arrive(qempty);
     attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, 0, row0, qrow, c, a);
+    if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, 0, a.Tk, 1));  // l is undropped
     attn_pack_frag<BN / 8>(p, s);
     // Ping-pong: consumer cw issues its products after bar.sync on barrier
     // 1 + cw and lets the other go with bar.arrive on 2 − cw; consumer 1
@@ -1550,6 +1553,7 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
       gpukit_mbar_arrive(kempty + 8 * st);
       if (PERSIST && j + 1 == n) gpukit_mbar_arrive(qempty);  // this tile's last S has retired
       const bool resc = attn_softmax_frag<BN / 8, true, true>(s, m, l, alpha, j * BN, row0, qrow, c, a);
+      if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, j * BN, a.Tk, 1));
       gpukit_wg_wait<0>();
       gpukit_keep_f<D / 2>(o);
       gpukit_keep_u<BN / 4>(&p[0][0]);
@@ -1571,18 +1575,21 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
     gpukit_keep_f<D / 2>(o);
     if (PERSIST) gpukit_mbar_arrive(vempty + 8 * lst);  // the producer refills it for a later tile
     gj += n;
-    attn_fwd_out<ND, false>(o, m, l, qrow, pos.b, pos.h, a);
+    attn_fwd_out<ND, DROP>(o, m, l, qrow, pos.b, pos.h, a);
   }
 }
-// Instances: attn_fwd_ws_d<D>, and attn_fwd_ws_pers_d<D> (PERSIST).
-#define ATTN_WS_INSTANCE(INST, D, PERSIST)                                                               \
+// Instances: attn_fwd_ws_d<D>, attn_fwd_ws_pers_d<D> (PERSIST) and
+// attn_fwd_ws_drop_d<D> (dropout on P, as attn_fwd_wg_drop).
+#define ATTN_WS_INSTANCE(INST, D, PERSIST, DROP)                                                         \
   extern "C" __global__ void __launch_bounds__(ATTN_WS_THREADS, 1) attn_fwd_ws_##INST(const attn_args a) { \
-    if constexpr (GPUKIT_KEEP(attn_fwd_ws_##INST)) attn_fwd_ws<D, PERSIST>(a);                            \
+    if constexpr (GPUKIT_KEEP(attn_fwd_ws_##INST)) attn_fwd_ws<D, PERSIST, DROP>(a);                      \
   }
-ATTN_WS_INSTANCE(d64, 64, false)
-ATTN_WS_INSTANCE(d128, 128, false)
-ATTN_WS_INSTANCE(pers_d64, 64, true)
-ATTN_WS_INSTANCE(pers_d128, 128, true)
+ATTN_WS_INSTANCE(d64, 64, false, false)
+ATTN_WS_INSTANCE(d128, 128, false, false)
+ATTN_WS_INSTANCE(pers_d64, 64, true, false)
+ATTN_WS_INSTANCE(pers_d128, 128, true, false)
+ATTN_WS_INSTANCE(drop_d64, 64, false, true)
+ATTN_WS_INSTANCE(drop_d128, 128, false, true)
 
 // Instances: attn_<fwd|bwd_dkdv|bwd_dq>_wg[_drop]_d<D> (_drop: dropout on P).
 #define ATTN_WG_INSTANCES(DROPSUF, DROP)                                                                                 \
@@ -1615,6 +1622,8 @@ extern "C" __global__ void attn_fwd_ws_d64(const attn_args) { asm volatile("trap
 extern "C" __global__ void attn_fwd_ws_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_ws_pers_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_ws_pers_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_ws_drop_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile("trap;"); }

@@ -751,7 +751,7 @@ func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 				return launch.AttnFwdWs(c, "pers_"+attnD(s.d), attnPersistentGrid(attnGrid(s, s.tq, attnWGRows), c.SMCount()),
 					block1(attnWSThreads), attnWSSmem(s.d), a.k())
 			}
-			return launch.AttnFwdWs(c, attnD(s.d), attnGrid(s, s.tq, attnWGRows), block1(attnWSThreads), attnWSSmem(s.d), a.k())
+			return launch.AttnFwdWs(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows), block1(attnWSThreads), attnWSSmem(s.d), a.k())
 		}
 		return launch.AttnFwdWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows),
 			block1(attnWGThreads), attnWGSmem(s.d), a.k())
@@ -781,10 +781,11 @@ const attnWSThreads = 384
 func attnWSSmem(d int) uint32 { return attnWGSmem(d) + 128 }
 
 // attnWSOn reports whether the forward takes attn_fwd_ws where it runs on
-// wgmma: attnWGMode 1 (the default), 3 or 4, and no dropout (the kernel
-// has no dropout variant; a dropping forward takes attn_fwd_wg).
+// wgmma: attnWGMode 1 (the default) and 4 without dropout, and 3 (with
+// dropout too: attn_fwd_ws_drop_d*, not yet run on a GPU, 2026-11-29; the
+// default's dropping forward stays attn_fwd_wg_drop_d*).
 func attnWSOn(drop bool) bool {
-	return (attnWGMode == 1 || attnWGMode == 3 || attnWGMode == 4) && !drop
+	return attnWGMode == 3 || (attnWGMode == 1 || attnWGMode == 4) && !drop
 }
 
 // attnWSPersistent reports whether attn_fwd_ws runs persistent
@@ -810,8 +811,9 @@ func attnPersistentGrid(g [3]uint32, sms int) [3]uint32 {
 // at causal (8,16,2048,128), 0.82× at (2,16,8192,128), 0.87–0.94× at
 // D = 64);
 // 2 both everywhere, the forward on attn_fwd_wg;
-// 3 both everywhere, the forward on attn_fwd_ws where there is no dropout;
-// 4 as 3 with attn_fwd_ws persistent (attnWSPersistent).
+// 3 both everywhere, the forward on attn_fwd_ws, with dropout too;
+// 4 both everywhere, the forward on attn_fwd_ws persistent where there is
+// no dropout (attnWSPersistent).
 // Tests and benchmarks change it to compare the paths.
 var attnWGMode = 1
 
@@ -874,7 +876,7 @@ func attnKernels(dt tensor.DType, d int, drop, wg, backward bool) []launch.Kerne
 	case tc && wg:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdWgKernel, launch.AttnBwdDkdvWgKernel, launch.AttnBwdDqWgKernel}, a.inst(attnD(d))
 		if attnWSOn(drop) {
-			named[0] = launch.AttnFwdWsKernel // no dropout: inst is "d<D>"
+			named[0] = launch.AttnFwdWsKernel // inst: "d<D>" or "drop_d<D>"
 			if attnWSPersistent() {
 				named[0] = func(inst string) (launch.Kernel, error) { return launch.AttnFwdWsKernel("pers_" + inst) }
 			}

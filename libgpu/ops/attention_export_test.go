@@ -3,7 +3,8 @@ package ops
 // SetAttentionWGMMA sets which head dimensions take the sm_90a wgmma
 // attention kernels and which wgmma forward runs (attnWGMode: 0 none, 1
 // the default, 2 D = 64 and 128 on attn_fwd_wg, 3 D = 64 and 128 on
-// attn_fwd_ws where there is no dropout) and returns a
+// attn_fwd_ws, dropping too, 4 as 3 persistent without dropout) and
+// returns a
 // func that restores the previous setting. Read at every call.
 func SetAttentionWGMMA(mode int) (restore func()) {
 	old := attnWGMode

@@ -21,7 +21,8 @@ func TestAttnPersistentGrid(t *testing.T) {
 			t.Errorf("grid %v on %d SMs: %v, want [%d 1 1]", c.g, c.sms, got, c.want)
 		}
 	}
-	// Mode 4 is the persistent warp-specialised forward, and only there.
+	// Mode 4 is the persistent warp-specialised forward, and only there;
+	// dropout takes attn_fwd_ws in mode 3 only.
 	for mode, want := range map[int]bool{0: false, 1: false, 2: false, 3: false, 4: true} {
 		restore := SetAttentionWGMMA(mode)
 		if got := attnWSPersistent(); got != want {
@@ -30,8 +31,8 @@ func TestAttnPersistentGrid(t *testing.T) {
 		if got := attnWSOn(false); got != (mode == 1 || mode >= 3) {
 			t.Errorf("attnWGMode %d: attn_fwd_ws %v without dropout", mode, got)
 		}
-		if attnWSOn(true) {
-			t.Errorf("attnWGMode %d: attn_fwd_ws with dropout", mode)
+		if got := attnWSOn(true); got != (mode == 3) {
+			t.Errorf("attnWGMode %d: attn_fwd_ws %v with dropout", mode, got)
 		}
 		restore()
 	}

@@ -487,7 +487,8 @@ func BenchmarkAttentionBackwardDQ(b *testing.B) { benchAttention(b, "backward dQ
 // the default dispatch (mma.sync; wgmma for D = 128 on sm_90a), causal and
 // not, T not a multiple of any tile, D = 80 (CUDA cores, bf16) — forward
 // and backward; two eager runs and a graph replay bitwise equal
-// (attnLargeCheckDrop); and on sm_90a the other tensor-core family too.
+// (attnLargeCheckDrop); and on sm_90a the other tensor-core family too,
+// and the warp-specialised forward with dropout (mode 3, not a default).
 // Then the step counter moving changes o, and moving back restores it.
 func TestCUDAAttentionDropout(t *testing.T) {
 	d := gpu(t)
@@ -516,7 +517,7 @@ func TestCUDAAttentionDropout(t *testing.T) {
 		})
 	}
 	if ops.AttentionHopper(e) {
-		for _, p := range []attnPath{{"mma.sync", 0, -1}, {"wgmma", 2, -1}} {
+		for _, p := range []attnPath{{"mma.sync", 0, -1}, {"wgmma", 2, -1}, {"ws", 3, -1}} {
 			for _, c := range cases[:4] {
 				t.Run(p.name+"/"+c.String(), func(t *testing.T) {
 					cudatest.RequireGPU(t)

@@ -361,13 +361,13 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   }
 
   // forward
-  if (mode == WS && !DR) {
+  if (mode == WS) {
     size_t smem = 5 * 128 * D * 2 + 1024 + 128;  // ops/attention.go attnWSSmem
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
       if (D == 64)
-        attn_fwd_ws_d64(a);
+        DR ? attn_fwd_ws_drop_d64(a) : attn_fwd_ws_d64(a);
       else
-        attn_fwd_ws_d128(a);
+        DR ? attn_fwd_ws_drop_d128(a) : attn_fwd_ws_d128(a);
     });
   } else if (mode == WSP && !DR) {
     size_t smem = 5 * 128 * D * 2 + 1024 + 128;
@@ -604,6 +604,8 @@ static void run_ws() {
     run(1, 300, 300, 1, D, true, true, WS, false, 0, 1, 8);
     run(1, 100, 300, 1, D, false, true, WS, true, 0, 1, 8);
     run(1, 450, 450, 1, D, true, true, WS, true);  // the two stages turn over twice
+    run(2, 200, 200, 2, D, true, true, WS, false, 0.2f);  // dropout on P (attn_fwd_ws_drop)
+    run(1, 70, 300, 1, D, false, true, WS, true, 0.5f);
   }
   // Persistent: blocks walk several tiles each (tiles of 1 to 3 key tiles,
   // the ring's phases carried across them; an odd count of key tiles a
