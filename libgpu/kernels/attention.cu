@@ -1387,21 +1387,22 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
 
 // attn_fwd_ws: the forward warp-specialised (FlashAttention-3, Shah et al.
 // 2024, §3.1-3.2), grid and tiles as attn_fwd_wg; DROP: dropout on P as
-// attn_fwd_wg's (the keep mask drawn by the consumers after each softmax). 384 threads:
-// warpgroup 0 is the producer, which keeps 40 registers (setmaxnreg) and
-// only copies: Q once, then K_j and V_j into a ring of two stages, each
-// completing its stage's "full" mbarrier through cp.async (every producer
-// thread arrives once its own copies have landed), and refilling a stage
-// when the consumers have arrived on its "empty" one. Warpgroups 1 and 2
-// are the consumers (232 registers), 64 query rows each, with no block
-// barrier between them: a consumer waits for K_j, issues S_j = Q·K_jᵀ and
-// O += P_{j−1}·V_{j−1}, releases K_j's stage when S_j is done and V_{j−1}'s
-// when P·V is, and the two take turns to issue their products through two
-// named barriers (ping-pong: one warpgroup's softmax runs while the
-// other's products are on the tensor cores). Shared memory as attn_fwd_wg
-// (Q, two K and two V tiles from a 1024-byte boundary) plus 9 mbarriers.
-// A negative scale: the producer negates its own copies of Q before it
-// arrives on Q's barrier (attn_softmax_frag's RAW form needs c ≥ 0).
+// attn_fwd_wg's (the keep mask drawn by the consumers after each softmax).
+// 384 threads: warpgroup 0 is the producer, which keeps 40 registers
+// (setmaxnreg; 56 persistent) and only copies: Q once, then K_j and V_j into
+// a ring of two stages, each completing its stage's "full" mbarrier through
+// cp.async (every producer thread arrives once its own copies have landed),
+// and refilling a stage when the consumers have arrived on its "empty" one.
+// Warpgroups 1 and 2 are the consumers (232 registers; 224 persistent), 64
+// query rows each, with no block barrier between them: a consumer waits for
+// K_j, issues S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1}, releases K_j's stage
+// when S_j is done and V_{j−1}'s when P·V is, and the two take turns to
+// issue their products through two named barriers (ping-pong: one
+// warpgroup's softmax runs while the other's products are on the tensor
+// cores). Shared memory as attn_fwd_wg (Q, two K and two V tiles from a
+// 1024-byte boundary) plus 9 mbarriers. A negative scale: the producer
+// negates its own copies of Q before it arrives on Q's barrier
+// (attn_softmax_frag's RAW form needs c ≥ 0).
 #define ATTN_WS_THREADS 384
 
 // attn_ws_tile is the work of tile i of the persistent attn_fwd_ws (PERSIST):
@@ -1464,8 +1465,12 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   }
   __syncthreads();
 
+  // Registers (setmaxnreg; 168 at launch, 128·P + 256·C = 384·168): the
+  // producer P = 40, the consumers C = 232; persistent, the producer keeps
+  // the tile walk too: 56 and 224.
+  constexpr int PREG = PERSIST ? 56 : 40, CREG = PERSIST ? 224 : 232;
   if (wg == 0) {  // the producer
-    gpukit_setmaxnreg_dec<40>();
+    gpukit_setmaxnreg_dec<PREG>();
     unsigned gj = 0;  // K/V tiles copied so far
     long long it = 0;
     for (long long t = PERSIST ? blockIdx.x : 0; t < ntile; t += tstep, it++) {
@@ -1497,7 +1502,7 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
     return;
   }
 
-  gpukit_setmaxnreg_inc<232>();
+  gpukit_setmaxnreg_inc<CREG>();
   const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
   const unsigned qa = sQ + cw * 64 * 128;
   const float c = attn_raw_c(a);
