@@ -746,15 +746,14 @@ func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 // (mma.sync) with 4 K/V tiles of shared memory.
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
-		if attnWSOn(a.DropP > 0) {
+		grid := attnGrid(s, s.tq, attnWGRows)
+		if drop := a.DropP > 0; attnWSOn(drop) {
 			if attnWSPersistent() {
-				return launch.AttnFwdWs(c, "pers_"+attnD(s.d), attnPersistentGrid(attnGrid(s, s.tq, attnWGRows), c.SMCount()),
-					block1(attnWSThreads), attnWSSmem(s.d), a.k())
+				grid = attnPersistentGrid(grid, c.SMCount())
 			}
-			return launch.AttnFwdWs(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows), block1(attnWSThreads), attnWSSmem(s.d), a.k())
+			return launch.AttnFwdWs(c, attnWSInst(drop, s.d), grid, block1(attnWSThreads), attnWSSmem(s.d), a.k())
 		}
-		return launch.AttnFwdWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows),
-			block1(attnWGThreads), attnWGSmem(s.d), a.k())
+		return launch.AttnFwdWg(c, a.inst(attnD(s.d)), grid, block1(attnWGThreads), attnWGSmem(s.d), a.k())
 	}
 	return launch.AttnFwdTc(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnTCRows),
 		block1(attnThreads), 4*attnTCTile(s.d), a.k())
@@ -792,6 +791,19 @@ func attnWSOn(drop bool) bool {
 // (attn_fwd_ws_pers_d*: attnWGMode 4, not the default: not yet run on a
 // GPU, 2026-11-29).
 func attnWSPersistent() bool { return attnWGMode == 4 }
+
+// attnWSInst is the instance of attn_fwd_ws the forward at head dimension
+// d runs where attnWSOn(drop): "pers_d<D>" (attnWSPersistent), "drop_d<D>"
+// or "d<D>".
+func attnWSInst(drop bool, d int) string {
+	switch {
+	case attnWSPersistent():
+		return "pers_" + attnD(d)
+	case drop:
+		return "drop_" + attnD(d)
+	}
+	return attnD(d)
+}
 
 // attnPersistentGrid is the grid of a persistent kernel for the logical
 // grid g: one block per multiprocessor (sms), fewer when there are fewer
@@ -876,10 +888,7 @@ func attnKernels(dt tensor.DType, d int, drop, wg, backward bool) []launch.Kerne
 	case tc && wg:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdWgKernel, launch.AttnBwdDkdvWgKernel, launch.AttnBwdDqWgKernel}, a.inst(attnD(d))
 		if attnWSOn(drop) {
-			named[0] = launch.AttnFwdWsKernel // inst: "d<D>" or "drop_d<D>"
-			if attnWSPersistent() {
-				named[0] = func(inst string) (launch.Kernel, error) { return launch.AttnFwdWsKernel("pers_" + inst) }
-			}
+			named[0] = func(string) (launch.Kernel, error) { return launch.AttnFwdWsKernel(attnWSInst(drop, d)) }
 		}
 	case tc:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdTcKernel, launch.AttnBwdDkdvTcKernel, launch.AttnBwdDqTcKernel}, a.inst(attnD(d))

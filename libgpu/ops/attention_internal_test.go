@@ -1,10 +1,15 @@
 package ops
 
-import "testing"
+import (
+	"testing"
+
+	"gpukit/libgpu/kernels/launch"
+)
 
 // TestAttnPersistentGrid: the persistent forward's grid is one block per
 // multiprocessor, or one per tile when there are fewer tiles, and at least
-// one block.
+// one block; each mode takes attn_fwd_ws where it should, and the instance
+// attnWSInst names exists.
 func TestAttnPersistentGrid(t *testing.T) {
 	for _, c := range []struct {
 		g    [3]uint32
@@ -33,6 +38,17 @@ func TestAttnPersistentGrid(t *testing.T) {
 		}
 		if got := attnWSOn(true); got != (mode == 3) {
 			t.Errorf("attnWGMode %d: attn_fwd_ws %v with dropout", mode, got)
+		}
+		// The instance launched is one attention.cu defines.
+		for _, drop := range []bool{false, true} {
+			if !attnWSOn(drop) {
+				continue
+			}
+			for _, d := range []int{64, 128} {
+				if _, err := launch.AttnFwdWsKernel(attnWSInst(drop, d)); err != nil {
+					t.Errorf("attnWGMode %d, dropout %v, D %d: %v", mode, drop, d, err)
+				}
+			}
 		}
 		restore()
 	}
