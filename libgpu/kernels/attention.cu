@@ -1476,18 +1476,17 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
     for (long long t = PERSIST ? blockIdx.x : 0; t < ntile; t += tstep, it++) {
       const attn_ws_work<PERSIST> w(a, t, nz);
       const attn_pos pos = w.pos;
-      const int q0 = w.q0, n = w.n;
       const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, pos.b, pos.h);
       const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, pos.b, pos.h);
       const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, pos.b, pos.h);
       if (PERSIST && it > 0) gpukit_mbar_wait(qempty, (unsigned)((it - 1) & 1));  // the last tile's S are done with Q
-      attn_wg_load<D, BM, PT>(sQ, Q, a.sq[1], q0, a.Tq);
+      attn_wg_load<D, BM, PT>(sQ, Q, a.sq[1], w.q0, a.Tq);
       gpukit_cp_commit();
       gpukit_cp_wait0();
       if (a.scale_log2 < 0.0f) attn_wg_negate<D, BM, PT>(attn_smem, s0, sQ);
       gpukit_fence_proxy_async();
       gpukit_mbar_arrive(qfull);
-      for (int j = 0; j < n; j++, gj++) {
+      for (int j = 0; j < w.n; j++, gj++) {
         const int st = gj & 1;
         const unsigned par = ((gj >> 1) & 1) ^ 1;  // the phase that released this stage's last tile, gj − 2
         if (gj >= 2) gpukit_mbar_wait(kempty + 8 * st, par);
@@ -1511,8 +1510,8 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   for (long long t = PERSIST ? blockIdx.x : 0; t < ntile; t += tstep, it++) {
     const attn_ws_work<PERSIST> w(a, t, nz);
     const attn_pos pos = w.pos;
-    const int q0 = w.q0, n = w.n;
-    const int row0 = q0 + cw * 64 + warp * 16;  // this warp's first query
+    const int n = w.n;
+    const int row0 = w.q0 + cw * 64 + warp * 16;  // this warp's first query
     const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
     float s[BN / 2], o[D / 2];
     unsigned p[BN / 16][4];

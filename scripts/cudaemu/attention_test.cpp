@@ -361,21 +361,18 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   }
 
   // forward
-  if (mode == WS) {
+  if (mode == WS || mode == WSP) {
     size_t smem = 5 * 128 * D * 2 + 1024 + 128;  // ops/attention.go attnWSSmem
-    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
-      if (D == 64)
+    emu_dim3 grid = {(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)};
+    if (mode == WSP) grid = {wsp_blocks, 1, 1};  // the persistent kernel has no dropout instance
+    if (mode == WSP && DR) abort();
+    emu::launch(grid, {384, 1, 1}, smem, seed++, [&] {
+      if (mode == WSP)
+        D == 64 ? attn_fwd_ws_pers_d64(a) : attn_fwd_ws_pers_d128(a);
+      else if (D == 64)
         DR ? attn_fwd_ws_drop_d64(a) : attn_fwd_ws_d64(a);
       else
         DR ? attn_fwd_ws_drop_d128(a) : attn_fwd_ws_d128(a);
-    });
-  } else if (mode == WSP && !DR) {
-    size_t smem = 5 * 128 * D * 2 + 1024 + 128;
-    emu::launch({wsp_blocks, 1, 1}, {384, 1, 1}, smem, seed++, [&] {
-      if (D == 64)
-        attn_fwd_ws_pers_d64(a);
-      else
-        attn_fwd_ws_pers_d128(a);
     });
   } else if (mode >= WG) {
     size_t smem = 5 * 128 * D * 2 + 1024;  // ops/attention.go attnWGSmem
