@@ -273,6 +273,40 @@ func TestEmbeddedSources(t *testing.T) {
 	}
 }
 
+func TestSourceDirReplaces(t *testing.T) {
+	// $GPUKIT_KERNEL_SRC replaces the embedded files it holds, the others
+	// stay embedded, and the compile key changes with the replaced text.
+	dir := t.TempDir()
+	code := []byte("// replaced\n")
+	if err := os.WriteFile(filepath.Join(dir, "selftest.cu"), code, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "common.cuh"), []byte("// hdr\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	orig, err := Embedded("selftest.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(SourceDirEnv, dir)
+	s, err := Embedded("selftest.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(s.Code, code) || s.Headers["common.cuh"] != "// hdr\n" {
+		t.Fatalf("replacement not read: %q, common.cuh %q", s.Code, s.Headers["common.cuh"])
+	}
+	if s.Headers["mma.cuh"] != orig.Headers["mma.cuh"] || s.Headers["mma.cuh"] == "" {
+		t.Error("a header absent from the directory did not come from the embedded set")
+	}
+	if KeySource(s, nil, "13.0", "sm_90") == KeySource(orig, nil, "13.0", "sm_90") {
+		t.Error("replaced source has the embedded one's compile key")
+	}
+	if _, err := Embedded("nope.cu"); !errors.Is(err, ErrNoSource) {
+		t.Errorf("Embedded(nope.cu) with a source dir: %v", err)
+	}
+}
+
 func FuzzDecodePayload(f *testing.F) {
 	f.Add(encodePayload([]byte("img"), map[string]string{"k<float>": "_Z1kIfEvPT_"}, "warn"))
 	f.Add(encodePayload(nil, nil, ""))

@@ -4,10 +4,35 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 )
+
+// SourceDirEnv names a directory whose *.cu and *.cuh files replace the
+// embedded ones of the same name (a kernel developer's knob: a changed
+// kernel is timed without rebuilding the Go binary, as long as its
+// arguments are unchanged). Files not found there come from the embedded
+// set. The compiled images are cached by content, so a replaced source
+// never reuses the embedded one's image.
+const SourceDirEnv = "GPUKIT_KERNEL_SRC"
+
+// readSource reads the kernel source name from $GPUKIT_KERNEL_SRC when it
+// holds one, else from the embedded set.
+func readSource(name string) ([]byte, error) {
+	if dir := os.Getenv(SourceDirEnv); dir != "" {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err == nil {
+			return b, nil
+		}
+		if !os.IsNotExist(err) {
+			return nil, fmt.Errorf("kernels: %s=%s: %w", SourceDirEnv, dir, err)
+		}
+	}
+	return embedded.ReadFile(name)
+}
 
 // embedded holds every kernel source of this directory. The pattern needs at
 // least one match of each: common.cuh and selftest.cu guarantee that.
@@ -30,14 +55,19 @@ func Sources() []string {
 
 // Embedded returns the embedded source named name ("selftest.cu") with every
 // embedded header (*.cuh) attached, ready for Compiler.Compile. It fails with
-// ErrNoSource when no such .cu file is embedded.
+// ErrNoSource when no such .cu file is embedded. A file of that name in
+// $GPUKIT_KERNEL_SRC (SourceDirEnv) replaces the embedded one, and so do
+// the headers there.
 func Embedded(name string) (Source, error) {
 	if path.Ext(name) != ".cu" || strings.Contains(name, "/") {
 		return Source{}, fmt.Errorf("%w: %q", ErrNoSource, name)
 	}
-	b, err := embedded.ReadFile(name)
-	if err != nil {
+	if _, err := embedded.ReadFile(name); err != nil {
 		return Source{}, fmt.Errorf("%w: %q", ErrNoSource, name)
+	}
+	b, err := readSource(name)
+	if err != nil {
+		return Source{}, err
 	}
 	return Source{Name: name, Code: b, Headers: EmbeddedHeaders()}, nil
 }
@@ -51,7 +81,7 @@ func EmbeddedHeaders() map[string]string {
 		if e.IsDir() || path.Ext(e.Name()) != ".cuh" {
 			continue
 		}
-		b, err := embedded.ReadFile(e.Name())
+		b, err := readSource(e.Name())
 		if err == nil {
 			h[e.Name()] = string(b)
 		}
