@@ -748,7 +748,7 @@ func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
 		grid := attnGrid(s, s.tq, attnWGRows)
 		if drop := a.DropP > 0; attnWSOn(drop) {
-			if attnWSPersistent() {
+			if attnWSPersistent(drop, s.d) {
 				grid = attnPersistentGrid(grid, c.SMCount())
 			}
 			return launch.AttnFwdWs(c, attnWSInst(drop, s.d), grid, block1(attnWSThreads), attnWSSmem(s.d), a.k())
@@ -788,16 +788,22 @@ func attnWSOn(drop bool) bool {
 }
 
 // attnWSPersistent reports whether attn_fwd_ws runs persistent
-// (attn_fwd_ws_pers_d*: attnWGMode 4, not the default: not yet run on a
-// GPU, 2026-11-29).
-func attnWSPersistent() bool { return attnWGMode == 4 }
+// (attn_fwd_ws_pers_d*, never with dropout) at head dimension d: in
+// attnWGMode 1 (the default) at D = 64, in mode 4 at both. One H200,
+// 2026-11-29: at D = 64 the persistent forward took 0.93–0.95× the time of
+// the non-persistent one at causal T = 1024 and 2048 (the same at
+// non-causal); at D = 128 it took 1.17× at causal (8,16,2048,128) and 1.38×
+// at (2,16,8192,128).
+func attnWSPersistent(drop bool, d int) bool {
+	return !drop && (attnWGMode == 4 || attnWGMode == 1 && d == 64)
+}
 
 // attnWSInst is the instance of attn_fwd_ws the forward at head dimension
 // d runs where attnWSOn(drop): "pers_d<D>" (attnWSPersistent), "drop_d<D>"
 // or "d<D>".
 func attnWSInst(drop bool, d int) string {
 	switch {
-	case attnWSPersistent():
+	case attnWSPersistent(drop, d):
 		return "pers_" + attnD(d)
 	case drop:
 		return "drop_" + attnD(d)
@@ -818,7 +824,8 @@ func attnPersistentGrid(g [3]uint32, sms int) [3]uint32 {
 // 0 none (mma.sync everywhere);
 // 1 D = 128, and D = 64 from attnWG64MinT positions on (short sequences
 // favour the mma.sync kernel's smaller blocks), the forward on
-// attn_fwd_ws where there is no dropout — the default (one H200,
+// attn_fwd_ws where there is no dropout, persistent at D = 64
+// (attnWSPersistent) — the default (one H200,
 // 2026-11-29: attn_fwd_ws 0.87× the time of attn_fwd_wg as of bdfc5f8
 // at causal (8,16,2048,128), 0.82× at (2,16,8192,128), 0.87–0.94× at
 // D = 64);

@@ -26,12 +26,18 @@ func TestAttnPersistentGrid(t *testing.T) {
 			t.Errorf("grid %v on %d SMs: %v, want [%d 1 1]", c.g, c.sms, got, c.want)
 		}
 	}
-	// Mode 4 is the persistent warp-specialised forward, and only there;
-	// dropout takes attn_fwd_ws in mode 3 only.
-	for mode, want := range map[int]bool{0: false, 1: false, 2: false, 3: false, 4: true} {
+	// Mode 4 is the persistent warp-specialised forward at both head
+	// dimensions, the default (1) at D = 64, never with dropout; dropout
+	// takes attn_fwd_ws in mode 3 only.
+	for mode, want := range map[int][2]bool{0: {}, 1: {true, false}, 2: {}, 3: {}, 4: {true, true}} {
 		restore := SetAttentionWGMMA(mode)
-		if got := attnWSPersistent(); got != want {
-			t.Errorf("attnWGMode %d: persistent %v, want %v", mode, got, want)
+		for i, d := range []int{64, 128} {
+			if got := attnWSPersistent(false, d); got != want[i] {
+				t.Errorf("attnWGMode %d, D %d: persistent %v, want %v", mode, d, got, want[i])
+			}
+			if attnWSPersistent(true, d) {
+				t.Errorf("attnWGMode %d, D %d: persistent with dropout", mode, d)
+			}
 		}
 		if got := attnWSOn(false); got != (mode == 1 || mode >= 3) {
 			t.Errorf("attnWGMode %d: attn_fwd_ws %v without dropout", mode, got)

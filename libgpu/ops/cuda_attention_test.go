@@ -331,6 +331,7 @@ type attnPath struct {
 	name string
 	mode int
 	l2   int
+	drop float32 // dropout probability on P (0: none)
 }
 
 // benchAttention times pass (forward, backward or both) the way
@@ -360,11 +361,12 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 	}
 	b.Cleanup(func() { ev0.Close(); ev1.Close() })
 	if len(paths) == 0 {
-		paths = []attnPath{{"", -1, -1}}
+		paths = []attnPath{{"", -1, -1, 0}}
 	} else if !ops.AttentionHopper(e) {
 		b.Log("not sm_90a (or attention.cu lacks its wgmma code): the wgmma paths run mma.sync")
 	}
 	r := rand.New(rand.NewPCG(1, 2))
+	ctr := opstest.UploadI32(b, device.Local{Dev: d}, []int32{1}, 1) // the dropout step counter
 	for _, c := range attnBenchShapes {
 		at := newAttnTensors(b, device.Local{Dev: d}, r, c)
 		scale := float32(1 / math.Sqrt(float64(c.d)))
@@ -401,6 +403,10 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 			}
 			if p.l2 >= 0 {
 				restore = append(restore, ops.SetAttentionL2Budget(p.l2))
+			}
+			at.drop = ops.AttnDropout{}
+			if p.drop > 0 {
+				at.drop = ops.AttnDropout{P: p.drop, Seed: 0x9e3779b97f4a7c15, Counter: ctr}
 			}
 			if err := at.forward(e, c); err != nil { // compiles, and gives backward its inputs
 				b.Fatal(err)
@@ -449,13 +455,20 @@ func BenchmarkAttentionForwardBackward(b *testing.B) { benchAttention(b, "forwar
 
 // attnPaths are the kernel families: mma.sync (sm_80 and later) and wgmma
 // (sm_90a) for D = 128 and D = 64.
-var attnPaths = []attnPath{{"mma.sync", 0, -1}, {"wgmma", 2, -1}}
+var attnPaths = []attnPath{{"mma.sync", 0, -1, 0}, {"wgmma", 2, -1, 0}}
 
 // BenchmarkAttentionForwardPaths: the forward on each kernel family at
 // both shapes, and on the warp-specialised wgmma forward (mode 3) and its
 // persistent form (mode 4).
 func BenchmarkAttentionForwardPaths(b *testing.B) {
-	benchAttention(b, "forward", append(attnPaths[:len(attnPaths):len(attnPaths)], attnPath{"ws", 3, -1}, attnPath{"ws-persistent", 4, -1})...)
+	benchAttention(b, "forward", append(attnPaths[:len(attnPaths):len(attnPaths)], attnPath{"ws", 3, -1, 0}, attnPath{"ws-persistent", 4, -1, 0})...)
+}
+
+// BenchmarkAttentionForwardDropout: the forward with dropout on P
+// (p = 0.1) on its default kernel, the wgmma kernel (mode 2) and the
+// warp-specialised one (mode 3).
+func BenchmarkAttentionForwardDropout(b *testing.B) {
+	benchAttention(b, "forward", attnPath{"default", -1, -1, 0.1}, attnPath{"wgmma", 2, -1, 0.1}, attnPath{"ws", 3, -1, 0.1})
 }
 
 // BenchmarkAttentionBackwardPaths: the backward on each kernel family.
@@ -470,7 +483,7 @@ func BenchmarkAttentionForwardBackwardPaths(b *testing.B) {
 // the blocks launched in groups of heads whose operands fit in L2 (the
 // default) and without (every head's row blocks apart: the order before).
 func BenchmarkAttentionL2Order(b *testing.B) {
-	benchAttention(b, "forward+backward", attnPath{"l2-groups", -1, -1}, attnPath{"no-groups", -1, 0})
+	benchAttention(b, "forward+backward", attnPath{"l2-groups", -1, -1, 0}, attnPath{"no-groups", -1, 0, 0})
 }
 
 // BenchmarkAttentionBackwardDKDV: δ and the dK/dV pass alone (no dq asked
@@ -517,7 +530,7 @@ func TestCUDAAttentionDropout(t *testing.T) {
 		})
 	}
 	if ops.AttentionHopper(e) {
-		for _, p := range []attnPath{{"mma.sync", 0, -1}, {"wgmma", 2, -1}, {"ws", 3, -1}} {
+		for _, p := range []attnPath{{"mma.sync", 0, -1, 0}, {"wgmma", 2, -1, 0}, {"ws", 3, -1, 0}} {
 			for _, c := range cases[:4] {
 				t.Run(p.name+"/"+c.String(), func(t *testing.T) {
 					cudatest.RequireGPU(t)
@@ -576,26 +589,26 @@ func TestCUDAAttentionPaths(t *testing.T) {
 		path  attnPath
 		cases []attnLarge
 	}{
-		{attnPath{"mma.sync", 0, -1}, []attnLarge{
+		{attnPath{"mma.sync", 0, -1, 0}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},
 			{1, 2, 1, 128, true, tensor.BF16},
 		}},
-		{attnPath{"wgmma", 2, -1}, []attnLarge{
+		{attnPath{"wgmma", 2, -1, 0}, []attnLarge{
 			{64, 6, 256, 64, true, tensor.BF16},
 			{4, 6, 1000, 64, true, tensor.BF16},
 			{2, 4, 777, 64, false, tensor.BF16},
 			{1, 2, 1, 64, true, tensor.BF16},
 			{3, 5, 130, 128, true, tensor.BF16},
 		}},
-		{attnPath{"ws", 3, -1}, []attnLarge{
+		{attnPath{"ws", 3, -1, 0}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},
 			{1, 2, 1, 128, true, tensor.BF16},
 			{4, 6, 1000, 64, true, tensor.BF16},
 			{2, 4, 777, 64, false, tensor.BF16},
 		}},
-		{attnPath{"ws-persistent", 4, -1}, []attnLarge{
+		{attnPath{"ws-persistent", 4, -1, 0}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},
 			{1, 2, 1, 128, true, tensor.BF16},
