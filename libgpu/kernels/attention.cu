@@ -199,18 +199,74 @@ __device__ __forceinline__ unsigned attn_keep2(const attn_dctx& c, long long n, 
   return k | attn_keep1(c, n + dn) << 1;
 }
 
+// attn_keep4 is the keep bits of the aligned group of four elements n .. n+3
+// (n % 4 == 0): bit i for element n + i, from one Philox call (the four
+// words attn_keep1 would draw one at a time).
+__device__ __forceinline__ unsigned attn_keep4(const attn_dctx& c, long long n) {
+  const unsigned long long q = (unsigned long long)n >> 2;
+  unsigned r[4] = {(unsigned)q, (unsigned)(q >> 32), c.site, c.step};
+  gpukit_philox4x32_10(r, c.k0, c.k1);
+  return attn_keep_bit(r[0], c.p) | attn_keep_bit(r[1], c.p) << 1 | attn_keep_bit(r[2], c.p) << 2 |
+         attn_keep_bit(r[3], c.p) << 3;
+}
+
 // attn_drop_bits is the keep mask of this thread's elements of an mma
 // accumulator fragment of NJ n-tiles (16 rows from row0 by 8·NJ columns
 // from col0): bit 4j+e for element (j, e), at row row0 + lane/4 + 8(e/2),
 // column col0 + 8j + 2(lane%4) + e%2, whose element index is c.base +
 // row·rs + column·cs (rs = Tk, cs = 1 for rows of queries; rs = 1, cs =
-// Tk for the transposed products, rows of keys).
+// Tk for the transposed products, rows of keys). Called by whole warps.
+//
+// Each Philox call gives the keep bits of an aligned group of 4 elements
+// (attn_keep4), and a group's elements lie in 2 lanes (rows of queries:
+// lanes t, t^1 of a row) or 4 (rows of keys: the 4 lanes of one column
+// whose rows g share g/4). When the groups are aligned to the fragment
+// (Tk and the first element a multiple of 4), each lane draws one group
+// per n-tile and the lanes swap them by shuffles: one Philox call per 8
+// elements of a warp's tile instead of one per 2 (rows of queries) or per
+// element (rows of keys). The mask is the same element for element.
 template <int NJ>
 __device__ __forceinline__ unsigned long long attn_drop_bits(const attn_dctx& c, int row0, int col0, long long rs,
                                                              long long cs) {
-  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-  unsigned long long bits = 0;
+  static_assert(NJ <= 16, "attn_drop_bits: 4 bits per n-tile in 64");
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const long long n00 = c.base + (long long)row0 * rs + (long long)col0 * cs;
+  constexpr unsigned long long ONES = ~0ull >> (64 - 4 * NJ);  // a 1 in every nibble's 4 bits
+  constexpr unsigned long long B0 = ONES / 15;                 // bit 0 of every nibble
+  if (((n00 | (cs == 1 ? rs : cs)) & 3) == 0) {
+    unsigned long long mine = 0;  // nibble j: the keep bits of this lane's group of n-tile j
+    if (cs == 1) {
+      // Rows of queries: lane t draws row g + 8(t&1)'s group of columns
+      // 8j + 4(t/2) .. +3; its own columns are 2(t&1), 2(t&1)+1 of the
+      // group, and its partner t^1 drew the other row's group.
+      const int h = t & 1;
 #pragma unroll
+      for (int j = 0; j < NJ; j++)
+        mine |= (unsigned long long)attn_keep4(c, n00 + (long long)(g + 8 * h) * rs + 8 * j + 4 * (t >> 1)) << (4 * j);
+      const unsigned long long other = __shfl_xor_sync(0xffffffffu, mine, 1);
+      const unsigned long long a = (mine >> (2 * h)) & (3 * B0), b = (other >> (2 * h)) & (3 * B0);
+      return h == 0 ? a | b << 2 : b | a << 2;
+    }
+    // Rows of keys: lane q = g&3 of a column's quad draws the group of
+    // rows 4(g/4) + 8r .. +3 at column 8j + 2t + e, (r, e) = (q/2, q&1);
+    // it needs bit q of each of the quad's 4 groups.
+    const int q = g & 3;
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+      mine |= (unsigned long long)attn_keep4(c, n00 + 4 * (g >> 2) + 8 * (q >> 1) + (long long)(8 * j + 2 * t + (q & 1)) * cs)
+              << (4 * j);
+    unsigned long long bits = 0;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const unsigned long long w = __shfl_sync(0xffffffffu, mine, (lane & ~12) | (e << 2));
+      bits |= ((w >> q) & B0) << e;
+    }
+    return bits;
+  }
+  // Unaligned (Tk not a multiple of 4): two elements per call where they
+  // share a group (attn_keep2).
+  unsigned long long bits = 0;
+#pragma unroll 1
   for (int j = 0; j < NJ; j++) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {

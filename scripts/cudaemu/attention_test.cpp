@@ -603,6 +603,7 @@ static void run_ws() {
     run(1, 450, 450, 1, D, true, true, WS, true);  // the two stages turn over twice
     run(2, 200, 200, 2, D, true, true, WS, false, 0.2f);  // dropout on P (attn_fwd_ws_drop)
     run(1, 70, 300, 1, D, false, true, WS, true, 0.5f);
+    run(1, 70, 130, 1, D, false, true, WS, false, 0.2f);  // Tk not a multiple of 4
   }
   // Persistent: blocks walk several tiles each (tiles of 1 to 3 key tiles,
   // the ring's phases carried across them; an odd count of key tiles a
@@ -642,6 +643,10 @@ int main(int argc, char** argv) {
       run(1, 5, 70, 1, D, false, true, mode, true, 0.2f);
       run(2, 130, 130, 1, D, true, true, mode, false, 0.2f);
       if (D == 64) run(1, 129, 129, 1, D, false, true, mode, false, 0.5f);
+      // Tk a multiple of 4: attn_drop_bits' shuffled groups (rows of
+      // queries forward and dQ, rows of keys dK/dV).
+      run(2, 132, 132, 2, D, true, true, mode, false, 0.2f);
+      run(1, 36, 200, 1, D, false, true, mode, true, 0.5f);
     }
   }
   if (droponly) {
