@@ -471,6 +471,13 @@ func BenchmarkAttentionForwardDropout(b *testing.B) {
 	benchAttention(b, "forward", attnPath{"default", -1, -1, 0.1}, attnPath{"wgmma", 2, -1, 0.1}, attnPath{"ws", 3, -1, 0.1})
 }
 
+// BenchmarkAttentionForwardBackwardDropout: forward then backward with
+// dropout on P (p = 0.1) on the default kernels, the keep mask drawn in
+// the forward and again in both backward passes.
+func BenchmarkAttentionForwardBackwardDropout(b *testing.B) {
+	benchAttention(b, "forward+backward", attnPath{"default", -1, -1, 0.1})
+}
+
 // BenchmarkAttentionBackwardPaths: the backward on each kernel family.
 func BenchmarkAttentionBackwardPaths(b *testing.B) { benchAttention(b, "backward", attnPaths...) }
 
