@@ -30,8 +30,9 @@
 //                             elsewhere and in the emulator.
 //
 // scripts/cudaemu/mbarrier_test.cpp checks a producer/consumer ring on
-// them in the emulator. attention.cu's attn_fwd_ws uses them (the default
-// wgmma forward without dropout since it ran on a GPU machine, 2026-11-29).
+// them in the emulator. attention.cu's attn_fwd_ws (the default wgmma
+// forward since it ran on a GPU machine, 2026-11-29) and conv2d_wg.cu's
+// cw_mainloop_ws use them.
 #pragma once
 #include "common.cuh"
 

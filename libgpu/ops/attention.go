@@ -780,11 +780,12 @@ const attnWSThreads = 384
 func attnWSSmem(d int) uint32 { return attnWGSmem(d) + 128 }
 
 // attnWSOn reports whether the forward takes attn_fwd_ws where it runs on
-// wgmma: attnWGMode 1 (the default) and 4 without dropout, and 3 (with
-// dropout too: attn_fwd_ws_drop_d*, not yet run on a GPU, 2026-11-29; the
-// default's dropping forward stays attn_fwd_wg_drop_d*).
+// wgmma: attnWGMode 1 (the default) and 3, with dropout or without
+// (attn_fwd_ws_drop_d*: one H200, 2026-11-29, 0.88–0.92× the time of
+// attn_fwd_wg_drop at D = 128, 0.93–0.97× at D = 64 from T = 1024), and 4
+// without.
 func attnWSOn(drop bool) bool {
-	return attnWGMode == 3 || (attnWGMode == 1 || attnWGMode == 4) && !drop
+	return attnWGMode == 1 || attnWGMode == 3 || attnWGMode == 4 && !drop
 }
 
 // attnWSPersistent reports whether attn_fwd_ws runs persistent
@@ -824,13 +825,13 @@ func attnPersistentGrid(g [3]uint32, sms int) [3]uint32 {
 // 0 none (mma.sync everywhere);
 // 1 D = 128, and D = 64 from attnWG64MinT positions on (short sequences
 // favour the mma.sync kernel's smaller blocks), the forward on
-// attn_fwd_ws where there is no dropout, persistent at D = 64
-// (attnWSPersistent) — the default (one H200,
+// attn_fwd_ws, persistent at D = 64 without dropout (attnWSPersistent) —
+// the default (one H200,
 // 2026-11-29: attn_fwd_ws 0.87× the time of attn_fwd_wg as of bdfc5f8
 // at causal (8,16,2048,128), 0.82× at (2,16,8192,128), 0.87–0.94× at
 // D = 64);
 // 2 both everywhere, the forward on attn_fwd_wg;
-// 3 both everywhere, the forward on attn_fwd_ws, with dropout too;
+// 3 both everywhere, the forward on attn_fwd_ws, never persistent;
 // 4 both everywhere, the forward on attn_fwd_ws persistent where there is
 // no dropout (attnWSPersistent).
 // Tests and benchmarks change it to compare the paths.

@@ -415,8 +415,13 @@ var convPath = convPathFromEnv(os.Getenv("GPUKIT_CONV_PATH"))
 // input gradient, which is a forward), conv_wg_fwd_ws_<BN>, and the weight
 // gradient, conv_wg_dw_ws_<BN>: a producer warpgroup copying into the
 // stage ring and two consumer warpgroups on mbarriers, no block barrier
-// (conv2d_wg.cu's cw_mainloop_ws). Not the default: not yet run on a GPU
-// (2026-11-29). GPUKIT_CONV_WS=1 turns it on for a process.
+// (conv2d_wg.cu's cw_mainloop_ws). Not the default: on an H200
+// (2026-11-29, bench/conv.sh) it was slower than the wgmma kernels at
+// every shape of the conv table (forward 0.58–1.0×, backward 0.67–0.92×
+// their TFLOP/s): its 128 producer threads compute every gathered row's
+// address and issue every cp.async, where the wgmma kernels spread that
+// over 256; TMA's im2col loads (one thread per stage) are what would
+// free them. GPUKIT_CONV_WS=1 turns it on for a process.
 var convWS = os.Getenv("GPUKIT_CONV_WS") == "1"
 
 // convBwdPath chooses the kernels of the backward (input and weight
@@ -691,45 +696,97 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 		}
 		return nil
 	}
-	if dw != nil && dw.DType == tensor.F32 && igemmOK(convBwdPath, s.cin, s.cout, x, dy) && c.wgOK(convBwdPath, s.cin, s.cout) {
-		if err := c.convWgDW(e, dw, dy, x, s, acc[1]); err != nil {
-			return err
-		}
-		dw = nil
-	}
-	nc := convChunk(s, x.DType.Size())
 	if dw != nil {
-		dw2, err := dw.View(s.cout, s.k)
+		p, err := c.convTunedPath(c.convTuneKey(x.DType, s, "bwd-dw", convBwdPath), c.convDWCandidates(dw, dy, x, s), !acc[1],
+			func(p int) error { return c.convBwdDW(e, p, dw, dy, x, s, false) })
 		if err != nil {
 			return err
 		}
-		col, err := c.scratchTensor(e, "conv2d.col", x.DType, nc*s.outPerImg, s.k)
-		if err != nil {
+		if err := c.convBwdDW(e, p, dw, dy, x, s, acc[1]); err != nil {
 			return err
-		}
-		for n0 := 0; n0 < s.n; n0 += nc {
-			m := min(nc, s.n-n0)
-			rows := m * s.outPerImg
-			if err := c.im2col(col, x, s, n0, m); err != nil {
-				return err
-			}
-			a, err := dy2.Rows(n0*s.outPerImg, n0*s.outPerImg+rows)
-			if err != nil {
-				return err
-			}
-			bm, err := col.Rows(0, rows)
-			if err != nil {
-				return err
-			}
-			if err := e.Matmul(Matmul{A: a, B: bm, D: dw2, TransA: true, Accumulate: acc[1] || n0 > 0}); err != nil {
-				return err
-			}
 		}
 	}
 	if dx == nil {
 		return nil
 	}
-	if s.stride == 1 && s.kh == s.kw && igemmOK(convBwdPath, s.cout, s.cin, dy, w, dx) {
+	p, err := c.convTunedPath(c.convTuneKey(x.DType, s, "bwd-dx", convBwdPath), c.convDXCandidates(dx, dy, w, s), !acc[0],
+		func(p int) error { return c.convBwdDX(e, p, dx, dy, w, s, false) })
+	if err != nil {
+		return err
+	}
+	return c.convBwdDX(e, p, dx, dy, w, s, acc[0])
+}
+
+// convDWCandidates lists the paths of the weight gradient of s under
+// convBwdPath, its own choice first: conv_wg_dw (wgmma, into an f32 dw)
+// where wgOK, and the GEMM dyᵀ·columns over im2col chunks (every shape).
+func (c *cudaImpl) convDWCandidates(dw, dy, x *tensor.Tensor, s *convShape) []int {
+	if dw.DType == tensor.F32 && igemmOK(convBwdPath, s.cin, s.cout, x, dy) && c.wgOK(convBwdPath, s.cin, s.cout) {
+		return []int{convWG, convIm2col}
+	}
+	return []int{convIm2col}
+}
+
+// convBwdDW writes (acc: adds) the weight gradient of s into dw on path p
+// (one of convDWCandidates).
+func (c *cudaImpl) convBwdDW(e *Engine, p int, dw, dy, x *tensor.Tensor, s *convShape, acc bool) error {
+	if p == convWG {
+		return c.convWgDW(e, dw, dy, x, s, acc)
+	}
+	dy2, err := dy.View(s.n*s.outPerImg, s.cout)
+	if err != nil {
+		return err
+	}
+	dw2, err := dw.View(s.cout, s.k)
+	if err != nil {
+		return err
+	}
+	nc := convChunk(s, x.DType.Size())
+	col, err := c.scratchTensor(e, "conv2d.col", x.DType, nc*s.outPerImg, s.k)
+	if err != nil {
+		return err
+	}
+	for n0 := 0; n0 < s.n; n0 += nc {
+		m := min(nc, s.n-n0)
+		rows := m * s.outPerImg
+		if err := c.im2col(col, x, s, n0, m); err != nil {
+			return err
+		}
+		a, err := dy2.Rows(n0*s.outPerImg, n0*s.outPerImg+rows)
+		if err != nil {
+			return err
+		}
+		bm, err := col.Rows(0, rows)
+		if err != nil {
+			return err
+		}
+		if err := e.Matmul(Matmul{A: a, B: bm, D: dw2, TransA: true, Accumulate: acc || n0 > 0}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// convDXCandidates lists the paths of the input gradient of s under
+// convBwdPath, its own choice first: at stride 1 with square filters the
+// forward's implicit GEMM on dy and the flipped filters, on wgmma where
+// wgOK and on mma.sync; and the GEMM dy·w into column gradients folded
+// back by col2im (every shape).
+func (c *cudaImpl) convDXCandidates(dx, dy, w *tensor.Tensor, s *convShape) []int {
+	if s.stride != 1 || s.kh != s.kw || !igemmOK(convBwdPath, s.cout, s.cin, dy, w, dx) {
+		return []int{convIm2col}
+	}
+	var ps []int
+	if c.wgOK(convBwdPath, s.cout, s.cin) {
+		ps = append(ps, convWG)
+	}
+	return append(ps, convMMA, convIm2col)
+}
+
+// convBwdDX writes (acc: adds) the input gradient of s into dx on path p
+// (one of convDXCandidates).
+func (c *cudaImpl) convBwdDX(e *Engine, p int, dx, dy, w *tensor.Tensor, s *convShape, acc bool) error {
+	if p != convIm2col {
 		// dx = conv(dy, flip(w)) with padding KH−1−pad: the forward kernel
 		// on the filters rotated by 180° with in and out channels swapped.
 		wf, err := c.scratchTensor(e, "conv2d.wflip", w.DType, s.cin, s.kh, s.kw, s.cout)
@@ -740,9 +797,18 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 			devPtr(wf), devPtr(w), int32(s.cout), int32(s.kh), int32(s.kw), int32(s.cin)); err != nil {
 			return err
 		}
-		return c.convIgemm(convBwdPath, dy, wf, nil, dx, s.n, s.ho, s.wo, s.cout, s.h, s.w, s.cin, s.kh, s.kw, 1, s.kh-1-s.pad, acc[0])
+		return c.convIgemm(p, dy, wf, nil, dx, s.n, s.ho, s.wo, s.cout, s.h, s.w, s.cin, s.kh, s.kw, 1, s.kh-1-s.pad, acc)
 	}
-	dcol, err := c.scratchTensor(e, "conv2d.dcol", x.DType, nc*s.outPerImg, s.k)
+	dy2, err := dy.View(s.n*s.outPerImg, s.cout)
+	if err != nil {
+		return err
+	}
+	w2, err := w.View(s.cout, s.k)
+	if err != nil {
+		return err
+	}
+	nc := convChunk(s, dy.DType.Size())
+	dcol, err := c.scratchTensor(e, "conv2d.dcol", dy.DType, nc*s.outPerImg, s.k)
 	if err != nil {
 		return err
 	}
@@ -760,7 +826,7 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 		if err := e.Matmul(Matmul{A: a, B: w2, D: d}); err != nil {
 			return err
 		}
-		if err := c.col2im(dx, dcol, s, n0, m, acc[0]); err != nil {
+		if err := c.col2im(dx, dcol, s, n0, m, acc); err != nil {
 			return err
 		}
 	}

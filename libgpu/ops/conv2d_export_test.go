@@ -31,8 +31,8 @@ func ConvHopper(e *Engine) bool {
 	return e.c != nil && e.c.convHopper()
 }
 
-// SetConvTune turns the per-shape timing of convolution forward paths on or
-// off from now on and returns a func that restores the previous setting.
+// SetConvTune turns the per-shape timing of convolution paths (forward and
+// both backward passes) on or off from now on and returns a func that restores the previous setting.
 func SetConvTune(on bool) (restore func()) {
 	old := convTune
 	convTune = on

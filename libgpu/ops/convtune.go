@@ -13,7 +13,14 @@ package ops
 // machine takes the same path and runs stay bitwise reproducible across
 // processes, as the GEMM algorithms do. A forward first met during stream
 // capture runs convPath's own choice (and is tuned at its next eager run,
-// as gemmtune does). The backward runs convBwdPath's choice.
+// as gemmtune does). The backward's two passes are chosen the same way
+// under convBwdPath, each on its own: the input gradient among wgmma,
+// mma.sync and im2col (col2im), the weight gradient between wgmma and
+// the im2col GEMM; a pass that adds into its gradient (acc) is not timed
+// (running it again would add again): it runs the policy's own choice
+// until a run that overwrites tunes it. (An H200, 2026-11-29, conv table:
+// the backward's best path was wgmma at six of eight shapes, im2col at
+// 16×32²×640 (1.27×), mma.sync at 16×64²×320 (1.07×).)
 //
 // On by default since it ran on a GPU machine (an H200, 2026-11-28:
 // TestCUDAConvTuned passes; the guided sampling step at batch 256 7.36 ms
@@ -59,11 +66,12 @@ func (c *cudaImpl) convFwdCandidates(y, x, w, b *tensor.Tensor, s *convShape) []
 	return append(ps, convIm2col)
 }
 
-// convTuneKey names the forward of s on this device for dtype dt under
-// convPath (and convWS, which changes what the wgmma path runs).
-func (c *cudaImpl) convTuneKey(dt tensor.DType, s *convShape) string {
-	k := fmt.Sprintf("conv|%s|fwd|%v|n%d h%d w%d cin%d cout%d k%dx%d s%d p%d|policy%d", c.Device(), dt,
-		s.n, s.h, s.w, s.cin, s.cout, s.kh, s.kw, s.stride, s.pad, convPath)
+// convTuneKey names pass ("fwd", "bwd-dx", "bwd-dw") of s on this device
+// for dtype dt under policy (convPath for the forward, convBwdPath for
+// the backward) and convWS, which changes what the wgmma path runs.
+func (c *cudaImpl) convTuneKey(dt tensor.DType, s *convShape, pass string, policy int) string {
+	k := fmt.Sprintf("conv|%s|%s|%v|n%d h%d w%d cin%d cout%d k%dx%d s%d p%d|policy%d", c.Device(), pass, dt,
+		s.n, s.h, s.w, s.cin, s.cout, s.kh, s.kw, s.stride, s.pad, policy)
 	if convWS {
 		k += "|ws"
 	}
@@ -73,7 +81,18 @@ func (c *cudaImpl) convTuneKey(dt tensor.DType, s *convShape) string {
 // convFwdPath is the path of the forward of s: convPath's choice, or with
 // convTune the fastest candidate (see the file comment).
 func (c *cudaImpl) convFwdPath(e *Engine, y, x, w, b *tensor.Tensor, s *convShape) (int, error) {
-	cands := c.convFwdCandidates(y, x, w, b, s)
+	return c.convTunedPath(c.convTuneKey(x.DType, s, "fwd", convPath), c.convFwdCandidates(y, x, w, b, s), true,
+		func(p int) error { return c.conv2dOn(e, p, y, x, w, b, s) })
+}
+
+// convTunedPath is the path of the pass named key among cands (the
+// policy's own choice first): cands[0] without convTune; else the choice
+// this engine or the table (gemm-algos.json) holds; else, when the pass
+// may be timed (canTime: it overwrites its output, so that running it
+// again leaves no trace) and the stream is not capturing, the fastest of
+// run(p) over cands, which is kept in both. A pass that may not be timed
+// yet runs cands[0] and is tuned at a later run that may.
+func (c *cudaImpl) convTunedPath(key string, cands []int, canTime bool, run func(p int) error) (int, error) {
 	if len(cands) < 2 || !convTune {
 		return cands[0], nil
 	}
@@ -81,7 +100,6 @@ func (c *cudaImpl) convFwdPath(e *Engine, y, x, w, b *tensor.Tensor, s *convShap
 	if t.choice == nil {
 		t.choice = map[string]int{}
 	}
-	key := c.convTuneKey(x.DType, s)
 	if p, ok := t.choice[key]; ok {
 		return p, nil
 	}
@@ -89,10 +107,13 @@ func (c *cudaImpl) convFwdPath(e *Engine, y, x, w, b *tensor.Tensor, s *convShap
 		t.choice[key] = p
 		return p, nil
 	}
+	if !canTime {
+		return cands[0], nil
+	}
 	if capturing, err := c.Stream().IsCapturing(); err != nil || capturing {
 		return cands[0], nil // tuned at the next eager run
 	}
-	best, err := c.timeConvPaths(e, y, x, w, b, s, cands)
+	best, err := c.timeConvPaths(cands, run)
 	if err != nil {
 		return 0, err
 	}
@@ -103,10 +124,9 @@ func (c *cudaImpl) convFwdPath(e *Engine, y, x, w, b *tensor.Tensor, s *convShap
 	return best, nil
 }
 
-// timeConvPaths runs the forward of s on each candidate path into y, once
-// to warm up and convTuneReps times between CUDA events, and returns the
-// fastest path (the caller then runs it into y).
-func (c *cudaImpl) timeConvPaths(e *Engine, y, x, w, b *tensor.Tensor, s *convShape, cands []int) (int, error) {
+// timeConvPaths runs each candidate path (run), once to warm up and
+// convTuneReps times between CUDA events, and returns the fastest.
+func (c *cudaImpl) timeConvPaths(cands []int, run func(p int) error) (int, error) {
 	start, err := cuda.EventCreate(cuda.EventDefault)
 	if err != nil {
 		return 0, err
@@ -119,7 +139,7 @@ func (c *cudaImpl) timeConvPaths(e *Engine, y, x, w, b *tensor.Tensor, s *convSh
 	defer end.Destroy()
 	best, bestMS := cands[0], math.Inf(1)
 	for _, p := range cands {
-		if err := c.conv2dOn(e, p, y, x, w, b, s); err != nil { // warm-up: compiles, tunes its GEMMs
+		if err := run(p); err != nil { // warm-up: compiles, tunes its GEMMs
 			return 0, err
 		}
 		ms := math.Inf(1)
@@ -127,7 +147,7 @@ func (c *cudaImpl) timeConvPaths(e *Engine, y, x, w, b *tensor.Tensor, s *convSh
 			if err := start.Record(c.Stream()); err != nil {
 				return 0, err
 			}
-			if err := c.conv2dOn(e, p, y, x, w, b, s); err != nil {
+			if err := run(p); err != nil {
 				return 0, err
 			}
 			if err := end.Record(c.Stream()); err != nil {

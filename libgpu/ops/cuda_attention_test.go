@@ -508,7 +508,8 @@ func BenchmarkAttentionBackwardDQ(b *testing.B) { benchAttention(b, "backward dQ
 // not, T not a multiple of any tile, D = 80 (CUDA cores, bf16) — forward
 // and backward; two eager runs and a graph replay bitwise equal
 // (attnLargeCheckDrop); and on sm_90a the other tensor-core family too,
-// and the warp-specialised forward with dropout (mode 3, not a default).
+// attn_fwd_wg_drop (mode 2) and the warp-specialised forward with dropout
+// (mode 3; the default's on wgmma).
 // Then the step counter moving changes o, and moving back restores it.
 func TestCUDAAttentionDropout(t *testing.T) {
 	d := gpu(t)
@@ -578,10 +579,10 @@ func TestCUDAAttentionDropout(t *testing.T) {
 // TestCUDAAttentionPaths checks the kernel families the default dispatch
 // does not take on this GPU against the reference, like
 // TestCUDAAttentionLarge: on sm_90a the mma.sync forward at D = 128 and
-// attn_fwd_wg (the default's forward takes attn_fwd_ws without dropout,
-// attn_fwd_wg with it) at D = 64 and 128, attn_fwd_ws (mode 3) at
-// D = 64 below attnWG64MinT, where the default takes mma.sync, and the
-// persistent attn_fwd_ws (mode 4, not a default) with more tiles than
+// attn_fwd_wg (mode 2; the default's forward takes attn_fwd_ws) at D = 64
+// and 128, attn_fwd_ws (mode 3) at D = 64 below attnWG64MinT, where the
+// default takes mma.sync, and the persistent attn_fwd_ws at both head
+// dimensions (mode 4; the default's at D = 64) with more tiles than
 // blocks. On an sm_90a device the wgmma kernels must be
 // there: a module compiled without them (the sm_90a guard off) fails.
 func TestCUDAAttentionPaths(t *testing.T) {

@@ -396,16 +396,19 @@ func BenchmarkGroupNormSiLU_512x32x32x64(b *testing.B) {
 // references with their terms, the fused op, the two graphs, gradients by
 // finite differences) on each bf16 kernel path with the fused kernels on:
 // mma.sync and, on sm_90a, wgmma (forward, input and weight gradients),
-// and wgmma warp-specialised (ws: all three; not a default);
-// every precision, as TestCUDAFamilies runs the default path.
+// wgmma warp-specialised (ws: all three; not a default) and im2col +
+// cuBLASLt; every precision, as TestCUDAFamilies runs the default path.
+// The per-shape timing (convtune.go) is off, so that each path runs its
+// own kernels.
 func TestCUDAConvKernelPaths(t *testing.T) {
 	d := gpu(t)
 	defer ops.SetConvFuseKernels(true)()
+	defer ops.SetConvTune(false)()
 	for _, path := range []struct {
 		name string
 		path int
 		ws   bool
-	}{{"mma", ops.ConvMMA, false}, {"wg", ops.ConvWG, false}, {"ws", ops.ConvWG, true}} {
+	}{{"mma", ops.ConvMMA, false}, {"wg", ops.ConvWG, false}, {"ws", ops.ConvWG, true}, {"im2col", ops.ConvIm2col, false}} {
 		for _, p := range precs {
 			t.Run(path.name+"/"+p.name, func(t *testing.T) {
 				cudatest.RequireGPU(t)
