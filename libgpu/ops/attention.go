@@ -791,10 +791,10 @@ func attnWSOn(drop bool) bool {
 // attnWSPersistent reports whether attn_fwd_ws runs persistent
 // (attn_fwd_ws_pers_d*, never with dropout) at head dimension d: in
 // attnWGMode 1 (the default) at D = 64, in mode 4 at both. One H200,
-// 2026-11-29: at D = 64 the persistent forward took 0.93–0.95× the time of
-// the non-persistent one at causal T = 1024 and 2048 (the same at
-// non-causal); at D = 128 it took 1.17× at causal (8,16,2048,128) and 1.38×
-// at (2,16,8192,128).
+// 2026-11-29: at D = 64 the persistent forward took 0.91–0.97× the time of
+// the non-persistent one at causal T = 1024 and 2048 (0.98–1.0× at
+// non-causal); at D = 128 it took 1.17× at causal (8,16,2048,128) and
+// 1.35–1.38× at (2,16,8192,128).
 func attnWSPersistent(drop bool, d int) bool {
 	return !drop && (attnWGMode == 4 || attnWGMode == 1 && d == 64)
 }
