@@ -1444,22 +1444,21 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
 // attn_fwd_ws: the forward warp-specialised (FlashAttention-3, Shah et al.
 // 2024, §3.1-3.2), grid and tiles as attn_fwd_wg; DROP: dropout on P as
 // attn_fwd_wg's (the keep mask drawn by the consumers after each softmax).
-// 384 threads: warpgroup 0 is the producer, which keeps 40 registers
-// (setmaxnreg; 56 persistent) and only copies: Q once, then K_j and V_j into
-// a ring of two stages, each completing its stage's "full" mbarrier through
-// cp.async (every producer thread arrives once its own copies have landed),
-// and refilling a stage when the consumers have arrived on its "empty" one.
-// Warpgroups 1 and 2 are the consumers (232 registers; 224 persistent), 64
-// query rows each, with no block barrier between them: a consumer waits for
-// K_j, issues S_j = Q·K_jᵀ and O += P_{j−1}·V_{j−1}, releases K_j's stage
-// when S_j is done and V_{j−1}'s when P·V is, and the two take turns to
-// issue their products through two named barriers (ping-pong: one
-// warpgroup's softmax runs while the other's products are on the tensor
-// cores). Shared memory as attn_fwd_wg (Q, two K and two V tiles from a
-// 1024-byte boundary) plus 9 mbarriers. A negative scale: the producer
-// negates its own copies of Q before it arrives on Q's barrier
-// (attn_softmax_frag's RAW form needs c ≥ 0).
-#define ATTN_WS_THREADS 384
+// 384 threads (512 with three consumers, NC below): warpgroup 0 is the
+// producer, which keeps few registers (setmaxnreg: see the split below)
+// and only copies: Q once, then K_j and V_j into a ring of two stages, each
+// completing its stage's "full" mbarrier through cp.async (every producer
+// thread arrives once its own copies have landed), and refilling a stage
+// when the consumers have arrived on its "empty" one. The other
+// warpgroups are the consumers, 64 query rows each, with no block barrier
+// between them: a consumer waits for K_j, issues S_j = Q·K_jᵀ and O +=
+// P_{j−1}·V_{j−1}, releases K_j's stage when S_j is done and V_{j−1}'s when
+// P·V is, and the consumers take turns to issue their products through
+// named barriers (ping-pong: one warpgroup's softmax runs while another's
+// products are on the tensor cores). Shared memory: Q's tile, two K and
+// two V tiles from a 1024-byte boundary, then 10 mbarriers. A negative
+// scale: the producer negates its own copies of Q before it arrives on
+// Q's barrier (attn_softmax_frag's RAW form needs c ≥ 0).
 
 // attn_ws_tile is the work of tile i of the persistent attn_fwd_ws (PERSIST):
 // attn_block's launch order walked by index instead of by blockIdx, for a
@@ -1473,17 +1472,17 @@ __device__ __forceinline__ attn_pos attn_ws_tile(const attn_args& a, long long i
   return attn_pos{(int)(hb / X), (int)(hb % X), (int)(r / gs)};
 }
 
-// attn_ws_work is tile t's work in attn_fwd_ws: its place, first query row
-// and key tile count (PERSIST: tile t of nz row blocks a head; else this
-// block's, from blockIdx).
-template <bool PERSIST>
+// attn_ws_work is tile t's work in attn_fwd_ws, blocks of BM query rows:
+// its place, first query row and key tile count (PERSIST: tile t of nz row
+// blocks a head; else this block's, from blockIdx).
+template <bool PERSIST, int BM>
 struct attn_ws_work {
   attn_pos pos;
   int q0, n;
   __device__ __forceinline__ attn_ws_work(const attn_args& a, long long t, int nz)
       : pos(PERSIST ? attn_ws_tile(a, t, nz) : attn_block(a)),
-        q0(PERSIST ? (nz - 1 - pos.z) * ATTN_WG_BM : attn_qblock(ATTN_WG_BM, pos)),
-        n(attn_key_tiles(q0, ATTN_WG_BM, ATTN_WG_BN, a)) {}
+        q0(PERSIST ? (nz - 1 - pos.z) * BM : attn_qblock(BM, pos)),
+        n(attn_key_tiles(q0, BM, ATTN_WG_BN, a)) {}
 };
 
 // PERSIST (FlashAttention-3's persistent kernel, §3.1): the grid is at most
@@ -1496,9 +1495,16 @@ struct attn_ws_work {
 // consumers' last S of a tile has retired, and the consumers release the
 // last V stage too. Without PERSIST the tile loop runs once: the code is
 // the non-persistent kernel's.
-template <int D, bool PERSIST = false, bool DROP = false>
+//
+// NC is the number of consumer warpgroups (128·(NC+1) threads, 64·NC query
+// rows a block): 2, or 3 at D = 64 (FlashAttention-3's 192-row block for
+// head dimension 64: a K/V tile serves 192 queries, and with 3 consumers
+// taking turns two are in their softmax while one issues products). The
+// turn passes 0 → 1 → … → NC−1 → 0 through named barriers 1..NC.
+template <int D, bool PERSIST = false, bool DROP = false, int NC = 2>
 __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
-  constexpr int BM = ATTN_WG_BM, BN = ATTN_WG_BN, KD = D / 16, ND = D / 8, PT = 128;
+  static_assert(NC == 2 || (NC == 3 && D == 64), "attn_fwd_ws: 2 consumers, or 3 at D = 64");
+  constexpr int BM = 64 * NC, BN = ATTN_WG_BN, KD = D / 16, ND = D / 8, PT = 128;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned s0 = gpukit_smem_addr(attn_smem);
@@ -1511,26 +1517,30 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
     gpukit_mbar_init(qfull, PT);
-    if (PERSIST) gpukit_mbar_init(qempty, 2 * 128);
+    if (PERSIST) gpukit_mbar_init(qempty, NC * 128);
     for (int st = 0; st < 2; st++) {
       gpukit_mbar_init(kfull + 8 * st, PT);
       gpukit_mbar_init(vfull + 8 * st, PT);
-      gpukit_mbar_init(kempty + 8 * st, 2 * 128);
-      gpukit_mbar_init(vempty + 8 * st, 2 * 128);
+      gpukit_mbar_init(kempty + 8 * st, NC * 128);
+      gpukit_mbar_init(vempty + 8 * st, NC * 128);
     }
   }
   __syncthreads();
 
-  // Registers (setmaxnreg; 168 at launch, 128·P + 256·C = 384·168): the
-  // producer P = 40, the consumers C = 232; persistent, the producer keeps
-  // the tile walk too: 56 and 224.
-  constexpr int PREG = PERSIST ? 56 : 40, CREG = PERSIST ? 224 : 232;
+  // Registers (setmaxnreg; L at launch, 128·P + 128·NC·C = 128·(NC+1)·L):
+  // two consumers (L = 168): the producer P = 40, the consumers C = 232;
+  // persistent, the producer keeps the tile walk too: 56 and 224. Three
+  // (L = 128): 32 and 160 (FlashAttention-3's split), persistent 56 and
+  // 152.
+  constexpr int LREG = NC == 2 ? 168 : 128;
+  constexpr int PREG = PERSIST ? 56 : NC == 2 ? 40 : 32, CREG = ((NC + 1) * LREG - PREG) / NC;
+  static_assert(CREG % 8 == 0 && PREG + NC * CREG <= (NC + 1) * LREG, "attn_fwd_ws: register split");
   if (wg == 0) {  // the producer
     gpukit_setmaxnreg_dec<PREG>();
     unsigned gj = 0;  // K/V tiles copied so far
     long long it = 0;
     for (long long t = PERSIST ? blockIdx.x : 0; t < ntile; t += tstep, it++) {
-      const attn_ws_work<PERSIST> w(a, t, nz);
+      const attn_ws_work<PERSIST, BM> w(a, t, nz);
       const attn_pos pos = w.pos;
       const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, pos.b, pos.h);
       const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, pos.b, pos.h);
@@ -1564,7 +1574,7 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   unsigned gj = 0;  // K/V tiles consumed so far
   long long it = 0;
   for (long long t = PERSIST ? blockIdx.x : 0; t < ntile; t += tstep, it++) {
-    const attn_ws_work<PERSIST> w(a, t, nz);
+    const attn_ws_work<PERSIST, BM> w(a, t, nz);
     const attn_pos pos = w.pos;
     const int n = w.n;
     const int row0 = w.q0 + cw * 64 + warp * 16;  // this warp's first query
@@ -1587,10 +1597,12 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
     if (DROP) attn_drop_f<BN / 8>(s, attn_drop_bits<BN / 8>(dc, row0, 0, a.Tk, 1));  // l is undropped
     attn_pack_frag<BN / 8>(p, s);
     // Ping-pong: consumer cw issues its products after bar.sync on barrier
-    // 1 + cw and lets the other go with bar.arrive on 2 − cw; consumer 1
-    // opens the first turn of a tile for consumer 0, and the last turn is
-    // not handed on (so each tile's arrivals and waits balance).
-    if (cw == 1 && n > 1) gpukit_bar_arrive(1, 256);
+    // 1 + cw and lets the next (cw + 1 mod NC) go with bar.arrive on its
+    // barrier; the last consumer opens the first turn of a tile for
+    // consumer 0, and its last turn is not handed on (so each tile's
+    // arrivals and waits balance).
+    const int nextbar = 1 + (cw + 1) % NC;
+    if (cw == NC - 1 && n > 1) gpukit_bar_arrive(1, 256);
 
     for (int j = 1; j < n; j++) {
       const unsigned gk = gj + j;
@@ -1607,7 +1619,7 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
       gpukit_wg_commit();
       attn_wg_gemm_rs<D, BN / 16, BN>(o, p, sV + pst * KT);
       gpukit_wg_commit();
-      if (cw == 0 || j + 1 < n) gpukit_bar_arrive(2 - cw, 256);
+      if (cw < NC - 1 || j + 1 < n) gpukit_bar_arrive(nextbar, 256);
       gpukit_wg_wait<1>();
       gpukit_keep_f<BN / 2>(s);
       gpukit_mbar_arrive(kempty + 8 * st);
@@ -1638,18 +1650,21 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
     attn_fwd_out<ND, DROP>(o, m, l, qrow, pos.b, pos.h, a);
   }
 }
-// Instances: attn_fwd_ws_d<D>, attn_fwd_ws_pers_d<D> (PERSIST) and
-// attn_fwd_ws_drop_d<D> (dropout on P, as attn_fwd_wg_drop).
-#define ATTN_WS_INSTANCE(INST, D, PERSIST, DROP)                                                         \
-  extern "C" __global__ void __launch_bounds__(ATTN_WS_THREADS, 1) attn_fwd_ws_##INST(const attn_args a) { \
-    if constexpr (GPUKIT_KEEP(attn_fwd_ws_##INST)) attn_fwd_ws<D, PERSIST, DROP>(a);                      \
+// Instances: attn_fwd_ws_d<D>, attn_fwd_ws_pers_d<D> (PERSIST),
+// attn_fwd_ws_drop_d<D> (dropout on P, as attn_fwd_wg_drop), and
+// attn_fwd_ws_c3[_pers]_d64 (three consumer warpgroups, 512 threads).
+#define ATTN_WS_INSTANCE(INST, D, PERSIST, DROP, NC)                                                            \
+  extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) attn_fwd_ws_##INST(const attn_args a) { \
+    if constexpr (GPUKIT_KEEP(attn_fwd_ws_##INST)) attn_fwd_ws<D, PERSIST, DROP, NC>(a);                     \
   }
-ATTN_WS_INSTANCE(d64, 64, false, false)
-ATTN_WS_INSTANCE(d128, 128, false, false)
-ATTN_WS_INSTANCE(pers_d64, 64, true, false)
-ATTN_WS_INSTANCE(pers_d128, 128, true, false)
-ATTN_WS_INSTANCE(drop_d64, 64, false, true)
-ATTN_WS_INSTANCE(drop_d128, 128, false, true)
+ATTN_WS_INSTANCE(d64, 64, false, false, 2)
+ATTN_WS_INSTANCE(d128, 128, false, false, 2)
+ATTN_WS_INSTANCE(pers_d64, 64, true, false, 2)
+ATTN_WS_INSTANCE(pers_d128, 128, true, false, 2)
+ATTN_WS_INSTANCE(drop_d64, 64, false, true, 2)
+ATTN_WS_INSTANCE(drop_d128, 128, false, true, 2)
+ATTN_WS_INSTANCE(c3_d64, 64, false, false, 3)
+ATTN_WS_INSTANCE(c3_pers_d64, 64, true, false, 3)
 
 // Instances: attn_<fwd|bwd_dkdv|bwd_dq>_wg[_drop]_d<D> (_drop: dropout on P).
 #define ATTN_WG_INSTANCES(DROPSUF, DROP)                                                                                 \
@@ -1684,6 +1699,8 @@ extern "C" __global__ void attn_fwd_ws_pers_d64(const attn_args) { asm volatile(
 extern "C" __global__ void attn_fwd_ws_pers_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_ws_drop_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_ws_c3_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_ws_c3_pers_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile("trap;"); }

@@ -741,19 +741,20 @@ func attnGrid(s attnShape, rows, per int) [3]uint32 {
 func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 
 // attnFwdTC launches the tensor-core forward: where attnWG says so, on
-// wgmma, attn_fwd_ws[_pers]_d{64,128} (attnWSOn, attnWSPersistent) or
+// wgmma, attn_fwd_ws_* (attnWSOn, attnWSFor) or
 // attn_fwd_wg[_drop]_d{64,128}; else attn_fwd_tc[_drop]_d{64,128}
 // (mma.sync) with 4 K/V tiles of shared memory.
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
-		grid := attnGrid(s, s.tq, attnWGRows)
 		if drop := a.DropP > 0; attnWSOn(drop) {
-			if attnWSPersistent(drop, s.d) {
+			w := attnWSFor(drop, s.d)
+			grid := attnGrid(s, s.tq, w.rows())
+			if w.persist {
 				grid = attnPersistentGrid(grid, c.SMCount())
 			}
-			return launch.AttnFwdWs(c, attnWSInst(drop, s.d), grid, block1(attnWSThreads), attnWSSmem(s.d), a.k())
+			return launch.AttnFwdWs(c, w.inst(), grid, block1(w.threads()), w.smem(), a.k())
 		}
-		return launch.AttnFwdWg(c, a.inst(attnD(s.d)), grid, block1(attnWGThreads), attnWGSmem(s.d), a.k())
+		return launch.AttnFwdWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows), block1(attnWGThreads), attnWGSmem(s.d), a.k())
 	}
 	return launch.AttnFwdTc(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnTCRows),
 		block1(attnThreads), 4*attnTCTile(s.d), a.k())
@@ -770,47 +771,66 @@ const (
 
 func attnWGSmem(d int) uint32 { return uint32(5*attnWGRows*d*2 + 1024) }
 
-// The warp-specialised Hopper forward, attn_fwd_ws_d{64,128}: a producer
-// warpgroup copying Q and a two-stage ring of K and V tiles (mbarrier
-// completion) and two consumer warpgroups of 64 query rows taking turns;
-// shared memory as attn_fwd_wg's plus its 9 mbarriers (72 bytes, 128
-// reserved).
-const attnWSThreads = 384
-
-func attnWSSmem(d int) uint32 { return attnWGSmem(d) + 128 }
+// attnWS is an instance of the warp-specialised Hopper forward,
+// attn_fwd_ws_*: a producer warpgroup copying Q and a two-stage ring of K
+// and V tiles (mbarrier completion) and nc consumer warpgroups of 64
+// query rows taking turns (2; 3 at D = 64: attn_fwd_ws_c3*), persistent
+// or not, dropping or not.
+type attnWS struct {
+	d, nc         int
+	persist, drop bool
+}
 
 // attnWSOn reports whether the forward takes attn_fwd_ws where it runs on
-// wgmma: attnWGMode 1 (the default) and 3, with dropout or without
+// wgmma: attnWGMode 1 (the default), 3, 5 and 6, with dropout or without
 // (attn_fwd_ws_drop_d*: one H200, 2026-11-29, 0.88–0.92× the time of
 // attn_fwd_wg_drop at D = 128, 0.93–0.97× at D = 64 from T = 1024), and 4
 // without.
 func attnWSOn(drop bool) bool {
-	return attnWGMode == 1 || attnWGMode == 3 || attnWGMode == 4 && !drop
+	return attnWGMode == 1 || attnWGMode == 3 || attnWGMode >= 5 || attnWGMode == 4 && !drop
 }
 
-// attnWSPersistent reports whether attn_fwd_ws runs persistent
-// (attn_fwd_ws_pers_d*, never with dropout) at head dimension d: in
-// attnWGMode 1 (the default) at D = 64, in mode 4 at both. One H200,
-// 2026-11-29: at D = 64 the persistent forward took 0.91–0.97× the time of
-// the non-persistent one at causal T = 1024 and 2048 (0.98–1.0× at
-// non-causal); at D = 128 it took 1.17× at causal (8,16,2048,128) and
-// 1.35–1.38× at (2,16,8192,128).
-func attnWSPersistent(drop bool, d int) bool {
-	return !drop && (attnWGMode == 4 || attnWGMode == 1 && d == 64)
-}
-
-// attnWSInst is the instance of attn_fwd_ws the forward at head dimension
-// d runs where attnWSOn(drop): "pers_d<D>" (attnWSPersistent), "drop_d<D>"
-// or "d<D>".
-func attnWSInst(drop bool, d int) string {
-	switch {
-	case attnWSPersistent(drop, d):
-		return "pers_" + attnD(d)
-	case drop:
-		return "drop_" + attnD(d)
+// attnWSFor is the attn_fwd_ws instance the forward at head dimension d
+// runs where attnWSOn(drop). Persistent (never with dropout): in
+// attnWGMode 1 (the default) at D = 64, in mode 4 at both, in mode 6 at
+// D = 64 (one H200, 2026-11-29: at D = 64 the persistent forward took
+// 0.91–0.97× the time of the non-persistent one at causal T = 1024 and
+// 2048, 0.98–1.0× at non-causal; at D = 128 1.17× at causal
+// (8,16,2048,128) and 1.35–1.38× at (2,16,8192,128)). Three consumers
+// (D = 64 without dropout): modes 5 and 6 (not yet run on a GPU).
+func attnWSFor(drop bool, d int) attnWS {
+	c3 := !drop && d == 64 && attnWGMode >= 5
+	w := attnWS{d: d, nc: 2, drop: drop}
+	if c3 {
+		w.nc = 3
 	}
-	return attnD(d)
+	w.persist = !drop && (attnWGMode == 4 || attnWGMode == 1 && d == 64 || attnWGMode == 6 && c3)
+	return w
 }
+
+// inst is w's instance name: "[c3_][pers_|drop_]d<D>".
+func (w attnWS) inst() string {
+	n := attnD(w.d)
+	switch {
+	case w.persist:
+		n = "pers_" + n
+	case w.drop:
+		n = "drop_" + n
+	}
+	if w.nc == 3 {
+		n = "c3_" + n
+	}
+	return n
+}
+
+// rows is the query rows of one of w's tiles; threads its block size.
+func (w attnWS) rows() int    { return 64 * w.nc }
+func (w attnWS) threads() int { return 128 * (w.nc + 1) }
+
+// smem is w's dynamic shared memory: Q's tile and two K and two V tiles of
+// attnWGRows keys from a 1024-byte boundary (1 KiB of slack), then its 10
+// mbarriers (80 bytes, 128 reserved).
+func (w attnWS) smem() uint32 { return uint32((w.rows()+4*attnWGRows)*w.d*2 + 1024 + 128) }
 
 // attnPersistentGrid is the grid of a persistent kernel for the logical
 // grid g: one block per multiprocessor (sms), fewer when there are fewer
@@ -825,7 +845,7 @@ func attnPersistentGrid(g [3]uint32, sms int) [3]uint32 {
 // 0 none (mma.sync everywhere);
 // 1 D = 128, and D = 64 from attnWG64MinT positions on (short sequences
 // favour the mma.sync kernel's smaller blocks), the forward on
-// attn_fwd_ws, persistent at D = 64 without dropout (attnWSPersistent) —
+// attn_fwd_ws, persistent at D = 64 without dropout (attnWSFor) —
 // the default (one H200,
 // 2026-11-29: attn_fwd_ws 0.87× the time of attn_fwd_wg as of bdfc5f8
 // at causal (8,16,2048,128), 0.82× at (2,16,8192,128), 0.87–0.94× at
@@ -833,7 +853,10 @@ func attnPersistentGrid(g [3]uint32, sms int) [3]uint32 {
 // 2 both everywhere, the forward on attn_fwd_wg;
 // 3 both everywhere, the forward on attn_fwd_ws, never persistent;
 // 4 both everywhere, the forward on attn_fwd_ws persistent where there is
-// no dropout (attnWSPersistent).
+// no dropout (attnWSFor);
+// 5 both everywhere, the forward on attn_fwd_ws with three consumer
+// warpgroups at D = 64 without dropout (attn_fwd_ws_c3_d64);
+// 6 as 5, persistent at D = 64 (attn_fwd_ws_c3_pers_d64).
 // Tests and benchmarks change it to compare the paths.
 var attnWGMode = 1
 
@@ -896,7 +919,7 @@ func attnKernels(dt tensor.DType, d int, drop, wg, backward bool) []launch.Kerne
 	case tc && wg:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdWgKernel, launch.AttnBwdDkdvWgKernel, launch.AttnBwdDqWgKernel}, a.inst(attnD(d))
 		if attnWSOn(drop) {
-			named[0] = func(string) (launch.Kernel, error) { return launch.AttnFwdWsKernel(attnWSInst(drop, d)) }
+			named[0] = func(string) (launch.Kernel, error) { return launch.AttnFwdWsKernel(attnWSFor(drop, d).inst()) }
 		}
 	case tc:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdTcKernel, launch.AttnBwdDkdvTcKernel, launch.AttnBwdDqTcKernel}, a.inst(attnD(d))

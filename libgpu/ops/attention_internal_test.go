@@ -9,7 +9,7 @@ import (
 // TestAttnPersistentGrid: the persistent forward's grid is one block per
 // multiprocessor, or one per tile when there are fewer tiles, and at least
 // one block; each mode takes attn_fwd_ws where it should, and the instance
-// attnWSInst names exists.
+// attnWSFor names exists.
 func TestAttnPersistentGrid(t *testing.T) {
 	for _, c := range []struct {
 		g    [3]uint32
@@ -27,22 +27,31 @@ func TestAttnPersistentGrid(t *testing.T) {
 		}
 	}
 	// Mode 4 is the persistent warp-specialised forward at both head
-	// dimensions, the default (1) at D = 64, never with dropout; dropout
-	// takes attn_fwd_ws in modes 1 and 3.
-	for mode, want := range map[int][2]bool{0: {}, 1: {true, false}, 2: {}, 3: {}, 4: {true, true}} {
+	// dimensions, the default (1) at D = 64, mode 6 at D = 64, never with
+	// dropout; modes 5 and 6 run three consumers at D = 64 without
+	// dropout; dropout takes attn_fwd_ws in modes 1, 3, 5 and 6. Each
+	// instance's tile, block and shared memory follow its consumers.
+	type want struct{ persist, c3 [2]bool }
+	for mode, w := range map[int]want{0: {}, 1: {persist: [2]bool{true, false}}, 2: {}, 3: {},
+		4: {persist: [2]bool{true, true}}, 5: {c3: [2]bool{true, false}},
+		6: {persist: [2]bool{true, false}, c3: [2]bool{true, false}}} {
 		restore := SetAttentionWGMMA(mode)
 		for i, d := range []int{64, 128} {
-			if got := attnWSPersistent(false, d); got != want[i] {
-				t.Errorf("attnWGMode %d, D %d: persistent %v, want %v", mode, d, got, want[i])
+			ws := attnWSFor(false, d)
+			if ws.persist != w.persist[i] || (ws.nc == 3) != w.c3[i] {
+				t.Errorf("attnWGMode %d, D %d: %+v, want persistent %v, three consumers %v", mode, d, ws, w.persist[i], w.c3[i])
 			}
-			if attnWSPersistent(true, d) {
-				t.Errorf("attnWGMode %d, D %d: persistent with dropout", mode, d)
+			if wd := attnWSFor(true, d); wd.persist || wd.nc != 2 {
+				t.Errorf("attnWGMode %d, D %d: with dropout %+v", mode, d, wd)
+			}
+			if ws.rows() != 64*ws.nc || ws.threads() != 128*(ws.nc+1) || ws.smem() != uint32((64*ws.nc+4*128)*d*2+1152) {
+				t.Errorf("attnWGMode %d, D %d: rows %d, threads %d, smem %d for %d consumers", mode, d, ws.rows(), ws.threads(), ws.smem(), ws.nc)
 			}
 		}
 		if got := attnWSOn(false); got != (mode == 1 || mode >= 3) {
 			t.Errorf("attnWGMode %d: attn_fwd_ws %v without dropout", mode, got)
 		}
-		if got := attnWSOn(true); got != (mode == 1 || mode == 3) {
+		if got := attnWSOn(true); got != (mode == 1 || mode == 3 || mode >= 5) {
 			t.Errorf("attnWGMode %d: attn_fwd_ws %v with dropout", mode, got)
 		}
 		// The instance launched is one attention.cu defines.
@@ -51,7 +60,7 @@ func TestAttnPersistentGrid(t *testing.T) {
 				continue
 			}
 			for _, d := range []int{64, 128} {
-				if _, err := launch.AttnFwdWsKernel(attnWSInst(drop, d)); err != nil {
+				if _, err := launch.AttnFwdWsKernel(attnWSFor(drop, d).inst()); err != nil {
 					t.Errorf("attnWGMode %d, dropout %v, D %d: %v", mode, drop, d, err)
 				}
 			}

@@ -458,10 +458,12 @@ func BenchmarkAttentionForwardBackward(b *testing.B) { benchAttention(b, "forwar
 var attnPaths = []attnPath{{"mma.sync", 0, -1, 0}, {"wgmma", 2, -1, 0}}
 
 // BenchmarkAttentionForwardPaths: the forward on each kernel family at
-// both shapes, and on the warp-specialised wgmma forward (mode 3) and its
-// persistent form (mode 4).
+// both shapes, and on the warp-specialised wgmma forward (mode 3), its
+// persistent form (mode 4), and both with three consumer warpgroups at
+// D = 64 (modes 5 and 6; D = 128 runs mode 3's kernel there).
 func BenchmarkAttentionForwardPaths(b *testing.B) {
-	benchAttention(b, "forward", append(attnPaths[:len(attnPaths):len(attnPaths)], attnPath{"ws", 3, -1, 0}, attnPath{"ws-persistent", 4, -1, 0})...)
+	benchAttention(b, "forward", append(attnPaths[:len(attnPaths):len(attnPaths)], attnPath{"ws", 3, -1, 0}, attnPath{"ws-persistent", 4, -1, 0},
+		attnPath{"ws-c3", 5, -1, 0}, attnPath{"ws-c3-persistent", 6, -1, 0})...)
 }
 
 // BenchmarkAttentionForwardDropout: the forward with dropout on P
@@ -581,9 +583,10 @@ func TestCUDAAttentionDropout(t *testing.T) {
 // TestCUDAAttentionLarge: on sm_90a the mma.sync forward at D = 128 and
 // attn_fwd_wg (mode 2; the default's forward takes attn_fwd_ws) at D = 64
 // and 128, attn_fwd_ws (mode 3) at D = 64 below attnWG64MinT, where the
-// default takes mma.sync, and the persistent attn_fwd_ws at both head
+// default takes mma.sync, the persistent attn_fwd_ws at both head
 // dimensions (mode 4; the default's at D = 64) with more tiles than
-// blocks. On an sm_90a device the wgmma kernels must be
+// blocks, and its three-consumer forms at D = 64 (modes 5 and 6; not
+// defaults). On an sm_90a device the wgmma kernels must be
 // there: a module compiled without them (the sm_90a guard off) fails.
 func TestCUDAAttentionPaths(t *testing.T) {
 	d := gpu(t)
@@ -621,6 +624,17 @@ func TestCUDAAttentionPaths(t *testing.T) {
 			{2, 4, 777, 128, false, tensor.BF16},
 			{1, 2, 1, 128, true, tensor.BF16},
 			{4, 6, 1000, 64, true, tensor.BF16},
+			{32, 12, 1024, 64, true, tensor.BF16},
+		}},
+		{attnPath{"ws-c3", 5, -1, 0}, []attnLarge{
+			{4, 6, 1000, 64, true, tensor.BF16},
+			{2, 4, 777, 64, false, tensor.BF16},
+			{1, 2, 1, 64, true, tensor.BF16},
+			{8, 32, 2048, 64, true, tensor.BF16},
+		}},
+		{attnPath{"ws-c3-persistent", 6, -1, 0}, []attnLarge{
+			{4, 6, 1000, 64, true, tensor.BF16},
+			{2, 4, 777, 64, false, tensor.BF16},
 			{32, 12, 1024, 64, true, tensor.BF16},
 		}},
 	} {

@@ -3,7 +3,7 @@
 // checks every kernel against a float64 naive attention (softmax(QKᵀ·scale
 // + mask)·V and its gradients), the *_drop instances against it with the
 // same dropout mask on P (an independent Philox). Usage:
-// scripts/cuda-emu.sh attention [quick|wg|drop|ws]
+// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3]
 #include "emu.h"
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 // philox.cuh (included by attention.cu) also holds a normal draw that needs it.
@@ -246,8 +246,9 @@ static void track(Buf& b) { emu::track(b.mem.data(), b.mem.size()); }
 
 // The kernels: CUDA cores, mma.sync (tc), wgmma (wg, sm_90a), and the
 // warp-specialised wgmma forward (ws; its backward is wg's), also
-// persistent (wsp: wsp_blocks blocks walk the tiles).
-enum Mode { SIMT, TC, WG, WS, WSP };
+// persistent (wsp: wsp_blocks blocks walk the tiles), and both with three
+// consumer warpgroups at D = 64 (ws3, wsp3).
+enum Mode { SIMT, TC, WG, WS, WSP, WS3, WSP3 };
 static unsigned wsp_blocks = 1;
 
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
@@ -261,7 +262,7 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   const bool tc = mode != SIMT;
   char name[160];
   snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g%s%s", B, Tq, Tk, H, D, causal,
-           bf16 ? "bf16" : "f32", mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
+           bf16 ? "bf16" : "f32", mode == WSP3 ? "wsp3" : mode == WS3 ? "ws3" : mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
            smul == 1 ? "" : smul < 0 ? " scale<0" : " scale=0", kramp ? " kramp" : "");
   emu::untrack();
   Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab;
@@ -361,7 +362,15 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   }
 
   // forward
-  if (mode == WS || mode == WSP) {
+  if (mode == WS3 || mode == WSP3) {
+    if (D != 64 || DR) abort();  // instances: attn_fwd_ws_c3[_pers]_d64, no dropout
+    size_t smem = (192 + 4 * 128) * D * 2 + 1024 + 128;  // ops/attention.go attnWSSmem
+    emu_dim3 grid = {(unsigned)H, (unsigned)B, (unsigned)((Tq + 191) / 192)};
+    if (mode == WSP3) grid = {wsp_blocks, 1, 1};
+    emu::launch(grid, {512, 1, 1}, smem, seed++, [&] {
+      mode == WSP3 ? attn_fwd_ws_c3_pers_d64(a) : attn_fwd_ws_c3_d64(a);
+    });
+  } else if (mode == WS || mode == WSP) {
     size_t smem = 5 * 128 * D * 2 + 1024 + 128;  // ops/attention.go attnWSSmem
     emu_dim3 grid = {(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)};
     if (mode == WSP) grid = {wsp_blocks, 1, 1};  // the persistent kernel has no dropout instance
@@ -590,6 +599,27 @@ static void run_decode(int B, int Tmax, int H, int D, int pos, bool bf16) {
   check(std::string(name) + " kv_write", kw, kx, 0);
 }
 
+// run_ws3: the warp-specialised forward with three consumer warpgroups
+// (attn_fwd_ws_c3[_pers]_d64).
+static void run_ws3() {
+  // Three consumers at D = 64 (192-row blocks: T not a multiple of 192,
+  // one row block, several; a key tile count of 1, 2 and more; Tq ≠ Tk;
+  // a negative scale; keys ramped so that maxima grow across tiles), and
+  // persistent over 1, 2, 5 and 64 blocks.
+  run(1, 17, 17, 2, 64, true, true, WS3, false);
+  run(1, 5, 70, 1, 64, false, true, WS3, true);
+  run(1, 1, 1, 1, 64, true, true, WS3, false);
+  run(2, 200, 200, 1, 64, true, true, WS3, true);
+  run(1, 400, 400, 2, 64, true, true, WS3, false, 0, 1, 8);
+  run(1, 130, 300, 1, 64, false, true, WS3, true, 0, -1);
+  run(1, 450, 450, 1, 64, false, true, WS3, false);
+  for (unsigned nb : {1u, 2u, 5u, 64u}) {
+    wsp_blocks = nb;
+    run(2, 400, 400, 2, 64, true, true, WSP3, false);
+    run(1, 130, 300, 3, 64, false, true, WSP3, true, 0, 1, 8);
+  }
+}
+
 // run_ws: the warp-specialised forward (its backward is wg's).
 static void run_ws() {
   for (int D : {64, 128}) {
@@ -620,12 +650,18 @@ static void run_ws() {
     wsp_blocks = 64;  // more blocks than tiles
     run(1, 200, 200, 1, D, true, true, WSP, false);
   }
+  run_ws3();
 }
 
 int main(int argc, char** argv) {
   bool quick = argc > 1 && std::string(argv[1]) == "quick";
   bool wgonly = argc > 1 && std::string(argv[1]) == "wg";
   bool droponly = argc > 1 && std::string(argv[1]) == "drop";
+  if (argc > 1 && std::string(argv[1]) == "ws3") {  // its three-consumer form alone
+    run_ws3();
+    printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
+    return failures ? 1 : 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "ws") {  // the warp-specialised forward alone
     run_ws();
     printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
