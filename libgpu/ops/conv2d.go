@@ -637,6 +637,19 @@ func (c *cudaImpl) conv2dOn(e *Engine, path int, y, x, w, b *tensor.Tensor, s *c
 		}
 		return e.Matmul(Matmul{A: x2, B: w2, D: y2, TransB: true, Bias: b})
 	}
+	return c.im2colChunks(e, x, s, func(r0, r1 int, col *tensor.Tensor) error {
+		d, err := y2.Rows(r0, r1)
+		if err != nil {
+			return err
+		}
+		return e.Matmul(Matmul{A: col, B: w2, D: d, TransB: true, Bias: b})
+	})
+}
+
+// im2colChunks runs f over the im2col columns of x for s a chunk of
+// images at a time (convChunk), in a scratch tensor: f gets the output
+// rows [r0, r1) the chunk covers and its columns, [r1−r0, s.k].
+func (c *cudaImpl) im2colChunks(e *Engine, x *tensor.Tensor, s *convShape, f func(r0, r1 int, col *tensor.Tensor) error) error {
 	nc := convChunk(s, x.DType.Size())
 	col, err := c.scratchTensor(e, "conv2d.col", x.DType, nc*s.outPerImg, s.k)
 	if err != nil {
@@ -648,15 +661,11 @@ func (c *cudaImpl) conv2dOn(e *Engine, path int, y, x, w, b *tensor.Tensor, s *c
 		if err := c.im2col(col, x, s, n0, m); err != nil {
 			return err
 		}
-		a, err := col.Rows(0, rows)
+		cm, err := col.Rows(0, rows)
 		if err != nil {
 			return err
 		}
-		d, err := y2.Rows(n0*s.outPerImg, n0*s.outPerImg+rows)
-		if err != nil {
-			return err
-		}
-		if err := e.Matmul(Matmul{A: a, B: w2, D: d, TransB: true, Bias: b}); err != nil {
+		if err := f(n0*s.outPerImg, n0*s.outPerImg+rows, cm); err != nil {
 			return err
 		}
 	}
@@ -741,30 +750,13 @@ func (c *cudaImpl) convBwdDW(e *Engine, p int, dw, dy, x *tensor.Tensor, s *conv
 	if err != nil {
 		return err
 	}
-	nc := convChunk(s, x.DType.Size())
-	col, err := c.scratchTensor(e, "conv2d.col", x.DType, nc*s.outPerImg, s.k)
-	if err != nil {
-		return err
-	}
-	for n0 := 0; n0 < s.n; n0 += nc {
-		m := min(nc, s.n-n0)
-		rows := m * s.outPerImg
-		if err := c.im2col(col, x, s, n0, m); err != nil {
-			return err
-		}
-		a, err := dy2.Rows(n0*s.outPerImg, n0*s.outPerImg+rows)
+	return c.im2colChunks(e, x, s, func(r0, r1 int, col *tensor.Tensor) error {
+		a, err := dy2.Rows(r0, r1)
 		if err != nil {
 			return err
 		}
-		bm, err := col.Rows(0, rows)
-		if err != nil {
-			return err
-		}
-		if err := e.Matmul(Matmul{A: a, B: bm, D: dw2, TransA: true, Accumulate: acc || n0 > 0}); err != nil {
-			return err
-		}
-	}
-	return nil
+		return e.Matmul(Matmul{A: a, B: col, D: dw2, TransA: true, Accumulate: acc || r0 > 0})
+	})
 }
 
 // convDXCandidates lists the paths of the input gradient of s under
