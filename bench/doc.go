@@ -14,5 +14,7 @@
 //   - the *.sh scripts drive whole runs: gpt.sh, unet.sh, moe.sh (models
 //     beside their PyTorch references), dp.sh, dp-sweep.sh and scale.sh
 //     (data parallel), optim-*.sh and roots.sh (optimizers), first-run.sh
-//     (compile cost of a first run).
+//     (compile cost of a first run), conv.sh (the convolution table beside
+//     cuDNN) and attention-kernels.sh (the attention forward kernels'
+//     registers, spills and timings per path, and ncu with NCU=1).
 package bench
