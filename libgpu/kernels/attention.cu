@@ -1688,6 +1688,248 @@ ATTN_WS_INSTANCE(c3_pers_d64, 64, true, false, 3)
   }
 ATTN_WG_INSTANCES(, false)
 ATTN_WG_INSTANCES(_drop, true)
+
+// attn_bwd_dkdv_ws: attn_bwd_dkdv_wg warp-specialised (FlashAttention-3's
+// producer and consumers, Shah et al. 2024, §3.1, applied to the dK/dV
+// pass), no dropout. 384 threads: warpgroup 0, the producer (setmaxnreg
+// 40; 24 at D = 128), copies K and V once and then Q, dO, lse·log2e and δ
+// of each query tile of 64 into a ring of two stages; a stage's "full"
+// mbarrier completes when every producer thread's cp.async have landed
+// (cp.async.mbarrier.arrive) and it has stored its statistics (an
+// ordinary arrive, release semantics): 2·128 arrivals. Warpgroups 1 and 2
+// (232 registers; 240 at D = 128) own keys 64(w−1)..64(w−1)+63 and do
+// attn_bwd_dkdv_wg's products in its order with no block barrier; a
+// consumer releases stage i−1 (its "empty" mbarrier, 2·128 arrivals) once
+// the wait after Sᵀ_i has retired dV_{i−1} and dK_{i−1}, the last readers
+// of its Q and dO. Grid and outputs as attn_bwd_dkdv_wg. Shared memory
+// (from a 1024-byte boundary): K and V [128][D], two stages of Q and dO
+// [64][D], two of lse·log2e and δ [64] f32, then 5 mbarriers.
+template <int D>
+__device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
+  constexpr int BN = 128, BM = 64, KD = D / 16, ND = D / 8, PT = 128, NS = 2;
+  constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned s0 = gpukit_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
+  const unsigned sK = base, sV = base + KT, sQ = base + 2 * KT, sO = sQ + NS * QT;  // sQ, sO: [NS]
+  float* sL = (float*)(attn_smem + (base - s0) + 2 * KT + 2 * NS * QT);           // [NS][64] lse·log2e
+  float* sD = sL + NS * BM;                                                        // [NS][64] δ
+  const unsigned kvfull = base + 2 * KT + 2 * NS * QT + 2 * NS * BM * 4, full = kvfull + 8, empty = full + 8 * NS;
+  const int wg = threadIdx.x >> 7;
+  const attn_pos pos = attn_block(a);
+  const int h = pos.h, b = pos.b, k0 = pos.z * BN;
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  const int qstart = a.causal ? k0 / BM : 0;  // causal: queries before k0 see none of these keys
+  const int n = max((a.Tq + BM - 1) / BM - qstart, 0);
+  if (threadIdx.x == 0) {
+    gpukit_mbar_init(kvfull, PT);
+    for (int st = 0; st < NS; st++) {
+      gpukit_mbar_init(full + 8 * st, 2 * PT);
+      gpukit_mbar_init(empty + 8 * st, 2 * 128);
+    }
+  }
+  __syncthreads();
+
+  // Registers (setmaxnreg; 168 at launch, P + 2·C = 3·168).
+  constexpr int PREG = D == 128 ? 24 : 40, CREG = (3 * 168 - PREG) / 2;
+  if (wg == 0) {  // the producer
+    gpukit_setmaxnreg_dec<PREG>();
+    const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
+    const gpukit_bf16* dO = attn_head<const gpukit_bf16>(a.dout, a.sdo, b, h);
+    attn_wg_load<D, BN, PT>(sK, attn_head<const gpukit_bf16>(a.k, a.sk, b, h), a.sk[1], k0, a.Tk);
+    attn_wg_load<D, BN, PT>(sV, attn_head<const gpukit_bf16>(a.v, a.sv, b, h), a.sv[1], k0, a.Tk);
+    gpukit_cp_mbar_arrive(kvfull);
+    for (int i = 0; i < n; i++) {
+      const int st = i % NS, qbase = (qstart + i) * BM;
+      if (i >= NS) gpukit_mbar_wait(empty + 8 * st, ((i / NS) & 1) ^ 1);  // tile i − NS released it
+      attn_wg_load<D, BM, PT>(sQ + st * QT, Q, a.sq[1], qbase, a.Tq);
+      attn_wg_load<D, BM, PT>(sO + st * QT, dO, a.sdo[1], qbase, a.Tq);
+      gpukit_cp_mbar_arrive(full + 8 * st);
+      attn_tile_stats(sL + st * BM, sD + st * BM, BM, qbase, bh, a);
+      gpukit_mbar_arrive(full + 8 * st);
+    }
+    gpukit_cp_wait0();  // nothing in flight at exit
+    return;
+  }
+
+  gpukit_setmaxnreg_inc<CREG>();
+  const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
+  const int krow0 = k0 + cw * 64 + warp * 16;  // this warp's first key
+  const int krow = krow0 + g;                  // this thread's keys: krow, krow + 8
+  const unsigned ka = sK + cw * 64 * 128, va = sV + cw * 64 * 128;  // this warpgroup's K and V rows
+  float dk[D / 2], dv[D / 2], st[BM / 2], dpt[BM / 2];
+  unsigned pp[BM / 16][4], ds[BM / 16][4];
+  attn_zero<D / 2>(dk);
+  attn_zero<D / 2>(dv);
+  attn_zero<BM / 2>(st);
+  attn_zero<BM / 2>(dpt);
+#pragma unroll
+  for (int i = 0; i < BM / 16; i++) pp[i][0] = pp[i][1] = pp[i][2] = pp[i][3] = ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  gpukit_mbar_wait(kvfull, 0);
+  for (int i = 0; i < n; i++) {
+    const int stg = i % NS, qbase = (qstart + i) * BM;
+    gpukit_mbar_wait(full + 8 * stg, (i / NS) & 1);
+    gpukit_fence_proxy_async();
+    const unsigned qt = sQ + stg * QT, ot = sO + stg * QT;
+    const float* lt = sL + stg * BM;
+    const float* dt = sD + stg * BM;
+
+    gpukit_keep_f<BM / 2>(st);
+    gpukit_keep_f<BM / 2>(dpt);
+    gpukit_wg_fence();
+    attn_wg_gemm_ss<BM, KD, BN, BM>(st, ka, qt);
+    gpukit_wg_commit();
+    attn_wg_gemm_ss<BM, KD, BN, BM>(dpt, va, ot);
+    gpukit_wg_commit();
+    gpukit_wg_wait<1>();
+    gpukit_keep_f<BM / 2>(st);
+    gpukit_keep_u<BM / 4>(&pp[0][0]);
+    gpukit_keep_u<BM / 4>(&ds[0][0]);
+    if (i > 0) gpukit_mbar_arrive(empty + 8 * ((i - 1) % NS));  // dV and dK of i − 1 have retired
+
+    // Pᵀ, zero where masked (causal: key after the query) and past Tq (lse +∞).
+    attn_bwd_pt<BM / 8, true>(st, lt, qbase, krow, a.causal && qbase < krow0 + 15, a);
+    attn_pack_frag<BM / 8>(pp, st);
+    gpukit_keep_u<BM / 4>(&pp[0][0]);
+    gpukit_wg_fence();
+    // dV += Pᵀ·dO (dO N-major: 16 queries per k-step).
+    attn_wg_gemm_rs<D, BM / 16, BM>(dv, pp, ot);
+    gpukit_wg_commit();
+    gpukit_wg_wait<1>();
+    gpukit_keep_f<BM / 2>(dpt);
+    // dSᵀ = Pᵀ ∘ (dPᵀ − δ), Pᵀ from its bf16 copy.
+    attn_bwd_dst<BM / 8, false>(dpt, pp, dt, 0ull, 1.0f);
+    attn_pack_frag<BM / 8>(ds, dpt);
+    gpukit_keep_u<BM / 4>(&ds[0][0]);
+    gpukit_wg_fence();
+    // dK += dSᵀ·Q (Q N-major).
+    attn_wg_gemm_rs<D, BM / 16, BM>(dk, ds, qt);
+    gpukit_wg_commit();
+  }
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<D / 2>(dk);
+  gpukit_keep_f<D / 2>(dv);
+
+  if (a.dk) attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dk, a.sdk, b, h), a.sdk[1], krow, a.Tk, dk, a.scale, a.acc_k);
+  if (a.dv) attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dv, a.sdv, b, h), a.sdv[1], krow, a.Tk, dv, 1.0f, a.acc_v);
+}
+// attn_bwd_dq_ws: attn_bwd_dq_wg warp-specialised, no dropout. 384
+// threads: warpgroup 0, the producer (40 registers), copies Q and dO of
+// the block's 128 queries once (their mbarrier completes through
+// cp.async) and then K_j and V_j, key tiles of 64, into a ring of three
+// stages; warpgroups 1 and 2 (232 registers) own queries 64(w−1).. and do
+// attn_bwd_dq_wg's products in its order with no block barrier: S_j, dP_j
+// and dQ += dS_{j−1}·K_{j−1} issued together, P while dP is on the tensor
+// cores, and stage j−1 released once the wait for dP_j has retired
+// dQ_{j−1} (three stages keep the producer a tile ahead). Grid and outputs
+// as attn_bwd_dq_wg. Shared memory (from a 1024-byte boundary): Q and dO
+// [128][D], three stages of K and V [64][D], then 7 mbarriers.
+template <int D>
+__device__ __forceinline__ void attn_bwd_dq_ws(const attn_args& a) {
+  constexpr int BM = 128, BN = 64, KD = D / 16, ND = D / 8, PT = 128, NS = 3;
+  constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
+  ATTN_DYN_SMEM(attn_smem);
+  const unsigned sQ = (gpukit_smem_addr(attn_smem) + 1023u) & ~1023u;
+  const unsigned sO = sQ + QT, sK = sQ + 2 * QT, sV = sK + NS * KT;  // sK, sV: [NS]
+  const unsigned qfull = sV + NS * KT, full = qfull + 8, empty = full + 8 * NS;
+  const int wg = threadIdx.x >> 7;
+  const attn_pos pos = attn_block(a);
+  const int h = pos.h, b = pos.b;
+  const int q0 = attn_qblock(BM, pos);
+  const int n = attn_key_tiles(q0, BM, BN, a);
+  if (threadIdx.x == 0) {
+    gpukit_mbar_init(qfull, PT);
+    for (int st = 0; st < NS; st++) {
+      gpukit_mbar_init(full + 8 * st, PT);
+      gpukit_mbar_init(empty + 8 * st, 2 * 128);
+    }
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // the producer
+    gpukit_setmaxnreg_dec<40>();
+    const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, b, h);
+    const gpukit_bf16* V = attn_head<const gpukit_bf16>(a.v, a.sv, b, h);
+    attn_wg_load<D, BM, PT>(sQ, attn_head<const gpukit_bf16>(a.q, a.sq, b, h), a.sq[1], q0, a.Tq);
+    attn_wg_load<D, BM, PT>(sO, attn_head<const gpukit_bf16>(a.dout, a.sdo, b, h), a.sdo[1], q0, a.Tq);
+    gpukit_cp_mbar_arrive(qfull);
+    for (int j = 0; j < n; j++) {
+      const int st = j % NS;
+      if (j >= NS) gpukit_mbar_wait(empty + 8 * st, ((j / NS) & 1) ^ 1);  // tile j − NS released it
+      attn_wg_load<D, BN, PT>(sK + st * KT, K, a.sk[1], j * BN, a.Tk);
+      attn_wg_load<D, BN, PT>(sV + st * KT, V, a.sv[1], j * BN, a.Tk);
+      gpukit_cp_mbar_arrive(full + 8 * st);
+    }
+    gpukit_cp_wait0();  // nothing in flight at exit
+    return;
+  }
+
+  gpukit_setmaxnreg_inc<232>();
+  const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
+  const int row0 = q0 + cw * 64 + warp * 16;  // this warp's first query
+  const int qrow = row0 + g;                  // this thread's queries: qrow, qrow + 8
+  const unsigned qa = sQ + cw * 64 * 128, oa = sO + cw * 64 * 128;
+  const long long bh = ((long long)b * a.H + h) * a.Tq;
+  float lse2[2], dl[2];
+  attn_row_stats(lse2, dl, qrow, bh, a);
+  float dq[D / 2], s[BN / 2], dp[BN / 2];
+  unsigned ds[BN / 16][4];
+  attn_zero<D / 2>(dq);
+  attn_zero<BN / 2>(s);
+  attn_zero<BN / 2>(dp);
+#pragma unroll
+  for (int i = 0; i < BN / 16; i++) ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  gpukit_mbar_wait(qfull, 0);
+  for (int j = 0; j < n; j++) {
+    const int stg = j % NS, kbase = j * BN;
+    gpukit_mbar_wait(full + 8 * stg, (j / NS) & 1);
+    gpukit_fence_proxy_async();
+    const unsigned kt = sK + stg * KT, vt = sV + stg * KT;
+
+    gpukit_keep_f<BN / 2>(s);
+    gpukit_keep_f<BN / 2>(dp);
+    gpukit_keep_f<D / 2>(dq);
+    gpukit_keep_u<BN / 4>(&ds[0][0]);
+    gpukit_wg_fence();
+    attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, kt);
+    gpukit_wg_commit();
+    attn_wg_gemm_ss<BN, KD, BM, BN>(dp, oa, vt);
+    gpukit_wg_commit();
+    // dQ += dS_{j−1}·K_{j−1} (K N-major: 16 keys per k-step).
+    if (j > 0) attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, sK + ((j - 1) % NS) * KT);
+    gpukit_wg_commit();
+    gpukit_wg_wait<2>();
+    gpukit_keep_f<BN / 2>(s);
+    // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
+    attn_bwd_p<BN / 8, true>(s, lse2, kbase, row0, qrow, a);
+    gpukit_wg_wait<0>();
+    gpukit_keep_f<BN / 2>(dp);
+    gpukit_keep_f<D / 2>(dq);
+    gpukit_keep_u<BN / 4>(&ds[0][0]);
+    if (j > 0) gpukit_mbar_arrive(empty + 8 * ((j - 1) % NS));  // dQ_{j−1} has read K_{j−1}
+    attn_bwd_ds<BN / 8, false>(dp, s, dl, 0ull, 1.0f);
+    attn_pack_frag<BN / 8>(ds, dp);
+  }
+  if (n > 0) {
+    gpukit_keep_u<BN / 4>(&ds[0][0]);
+    gpukit_keep_f<D / 2>(dq);
+    gpukit_wg_fence();
+    attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, sK + ((n - 1) % NS) * KT);
+    gpukit_wg_commit();
+  }
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<D / 2>(dq);
+  attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dq, a.sdq, b, h), a.sdq[1], qrow, a.Tq, dq, a.scale, a.acc_q);
+}
+// Instances: attn_bwd_dkdv_ws_d<D>, attn_bwd_dq_ws_d<D>.
+#define ATTN_BWD_WS_INSTANCE(D)                                                                   \
+  extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_dkdv_ws_d##D(const attn_args a) { \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_ws_d##D)) attn_bwd_dkdv_ws<D>(a);                     \
+  }                                                                                               \
+  extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_dq_ws_d##D(const attn_args a) {   \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_ws_d##D)) attn_bwd_dq_ws<D>(a);                         \
+  }
+ATTN_BWD_WS_INSTANCE(64)
+ATTN_BWD_WS_INSTANCE(128)
 #else
 // Not sm_90a: the symbols exist (one module for every GPU) but are never
 // launched (ops/attention.go launches them only on sm_90a, and only when
@@ -1701,6 +1943,10 @@ extern "C" __global__ void attn_fwd_ws_drop_d64(const attn_args) { asm volatile(
 extern "C" __global__ void attn_fwd_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_ws_c3_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_ws_c3_pers_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_ws_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_ws_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_ws_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_ws_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile("trap;"); }

@@ -921,6 +921,10 @@ func attnKernels(dt tensor.DType, d int, drop, wg, backward bool) []launch.Kerne
 		if attnWSOn(drop) {
 			named[0] = func(string) (launch.Kernel, error) { return launch.AttnFwdWsKernel(attnWSFor(drop, d).inst()) }
 		}
+		if attnBwdWSOn(drop) {
+			named[1] = func(string) (launch.Kernel, error) { return launch.AttnBwdDkdvWsDKernel(strconv.Itoa(d)) }
+			named[2] = func(string) (launch.Kernel, error) { return launch.AttnBwdDqWsDKernel(strconv.Itoa(d)) }
+		}
 	case tc:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdTcKernel, launch.AttnBwdDkdvTcKernel, launch.AttnBwdDqTcKernel}, a.inst(attnD(d))
 	}
@@ -1014,10 +1018,15 @@ func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
 
 // attnBwdDKDVTC launches attn_bwd_dkdv_wg_d{64,128} (wgmma, 128-key
 // blocks: K and V, 3 stages of 64-query Q and dO tiles and of lse and δ)
-// where attnWG says so, else attn_bwd_dkdv_tc_d{64,128} (mma.sync: K, V, 2
-// Q and 2 dO tiles, and 2 × 64 lse and δ values).
+// where attnWG says so — attn_bwd_dkdv_ws_d{64,128} where attnBwdWSOn (a
+// producer warpgroup and two stages, 384 threads) —
+// else attn_bwd_dkdv_tc_d{64,128} (mma.sync: K, V, 2 Q and 2 dO tiles, and
+// 2 × 64 lse and δ values).
 func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
+		if attnBwdWSOn(a.DropP > 0) {
+			return launch.AttnBwdDkdvWsD(c, strconv.Itoa(s.d), attnGrid(s, s.tk, attnWGRows), block1(attnBwdWSThreads), attnBwdWSSmem(s.d), a.k())
+		}
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 6*64*4 + 1024)
 		return launch.AttnBwdDkdvWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tk, attnWGRows),
 			block1(attnWGThreads), smem, a.k())
@@ -1026,11 +1035,38 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 		block1(attnThreads), 6*attnTCTile(s.d)+4*attnTCRows*4, a.k())
 }
 
+// attnBwdWS runs the backward's two passes warp-specialised
+// (attn_bwd_dkdv_ws, attn_bwd_dq_ws; no dropout) where they run on wgmma.
+// Not the default: not yet run on a GPU (2026-11-29). Tests and
+// benchmarks change it (SetAttentionBwdWS).
+var attnBwdWS = false
+
+// attnBwdWSOn reports whether the backward takes the warp-specialised
+// kernels.
+func attnBwdWSOn(drop bool) bool { return attnBwdWS && !drop }
+
+// The warp-specialised backward's block: a producer and two consumer
+// warpgroups.
+const attnBwdWSThreads = 384
+
+// attnBwdWSSmem is attn_bwd_dkdv_ws's shared memory: K and V [128][D], two
+// stages of Q and dO [64][D] and of lse and δ [64] f32 from a 1024-byte
+// boundary, then 5 mbarriers (40 bytes, 64 reserved).
+func attnBwdWSSmem(d int) uint32 { return uint32(2*attnWGRows*d*2 + 4*64*d*2 + 4*64*4 + 1024 + 64) }
+
+// attnBwdWSSmemDQ is attn_bwd_dq_ws's: Q and dO [128][D], three stages of
+// K and V [64][D] from a 1024-byte boundary, then 7 mbarriers (56 bytes,
+// 64 reserved).
+func attnBwdWSSmemDQ(d int) uint32 { return uint32(2*attnWGRows*d*2 + 6*64*d*2 + 1024 + 64) }
+
 // attnBwdDQTC launches attn_bwd_dq_wg_d{64,128} (wgmma, 128-query blocks: Q,
 // dO, 3 stages of 64-key K and V tiles) where attnWG says so, else
 // attn_bwd_dq_tc_d{64,128} (mma.sync: Q, dO, 2 K and 2 V tiles).
 func (c *cudaImpl) attnBwdDQTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
+		if attnBwdWSOn(a.DropP > 0) {
+			return launch.AttnBwdDqWsD(c, strconv.Itoa(s.d), attnGrid(s, s.tq, attnWGRows), block1(attnBwdWSThreads), attnBwdWSSmemDQ(s.d), a.k())
+		}
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 1024)
 		return launch.AttnBwdDqWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows),
 			block1(attnWGThreads), smem, a.k())

@@ -12,6 +12,14 @@ func SetAttentionWGMMA(mode int) (restore func()) {
 	return func() { attnWGMode = old }
 }
 
+// SetAttentionBwdWS runs the dK/dV pass on attn_bwd_dkdv_ws (on or off)
+// from now on and returns a func that restores the previous setting.
+func SetAttentionBwdWS(on bool) (restore func()) {
+	old := attnBwdWS
+	attnBwdWS = on
+	return func() { attnBwdWS = old }
+}
+
 // SetAttentionL2Budget sets the L2 bytes per group of heads in the
 // attention kernels' launch order (0: no groups, the order before them).
 func SetAttentionL2Budget(bytes int) (restore func()) {

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"gpukit/libgpu/kernels/launch"
+	"gpukit/libgpu/tensor"
 )
 
 // TestAttnPersistentGrid: the persistent forward's grid is one block per
@@ -66,5 +67,24 @@ func TestAttnPersistentGrid(t *testing.T) {
 			}
 		}
 		restore()
+	}
+}
+
+// TestAttnBwdWSKernels: with attnBwdWS the backward's passes a graph
+// prefetches are attn_bwd_dkdv_ws and attn_bwd_dq_ws at both head
+// dimensions, without dropout only.
+func TestAttnBwdWSKernels(t *testing.T) {
+	defer SetAttentionBwdWS(true)()
+	for _, d := range []int{64, 128} {
+		for _, drop := range []bool{false, true} {
+			ks := attnKernels(tensor.BF16, d, drop, true, true)
+			want := [2]string{"attn_bwd_dkdv_wg_drop_" + attnD(d), "attn_bwd_dq_wg_drop_" + attnD(d)}
+			if !drop {
+				want = [2]string{"attn_bwd_dkdv_ws_" + attnD(d), "attn_bwd_dq_ws_" + attnD(d)}
+			}
+			if len(ks) < 3 || ks[1].Name != want[0] || ks[2].Name != want[1] {
+				t.Errorf("D %d, dropout %v: kernels %v, want %v second and third", d, drop, ks, want)
+			}
+		}
 	}
 }

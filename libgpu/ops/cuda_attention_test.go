@@ -499,6 +499,17 @@ func BenchmarkAttentionL2Order(b *testing.B) {
 // for), per kernel family; TFLOP/s counts the pass's 4 products.
 func BenchmarkAttentionBackwardDKDV(b *testing.B) { benchAttention(b, "backward dK,dV", attnPaths...) }
 
+// BenchmarkAttentionBackwardWS: the backward, and each of its passes
+// alone, on the warp-specialised kernels (attn_bwd_dkdv_ws, attn_bwd_dq_ws;
+// compare with the wgmma path of BenchmarkAttentionBackwardPaths,
+// BenchmarkAttentionBackwardDKDV and BenchmarkAttentionBackwardDQ).
+func BenchmarkAttentionBackwardWS(b *testing.B) {
+	defer ops.SetAttentionBwdWS(true)()
+	for _, pass := range []string{"backward", "backward dK,dV", "backward dQ"} {
+		b.Run(strings.ReplaceAll(pass, " ", "-"), func(b *testing.B) { benchAttention(b, pass, attnPath{"wgmma-ws", 2, -1, 0}) })
+	}
+}
+
 // BenchmarkAttentionBackwardDQ: δ and the dQ pass alone (no dk, dv), per
 // kernel family; TFLOP/s counts the pass's 3 products.
 func BenchmarkAttentionBackwardDQ(b *testing.B) { benchAttention(b, "backward dQ", attnPaths...) }
@@ -585,8 +596,8 @@ func TestCUDAAttentionDropout(t *testing.T) {
 // and 128, attn_fwd_ws (mode 3) at D = 64 below attnWG64MinT, where the
 // default takes mma.sync, the persistent attn_fwd_ws at both head
 // dimensions (mode 4; the default's at D = 64) with more tiles than
-// blocks, and its three-consumer forms at D = 64 (modes 5 and 6; not
-// defaults). On an sm_90a device the wgmma kernels must be
+// blocks, its three-consumer forms at D = 64 (modes 5 and 6; not
+// defaults), and the warp-specialised backward (not a default). On an sm_90a device the wgmma kernels must be
 // there: a module compiled without them (the sm_90a guard off) fails.
 func TestCUDAAttentionPaths(t *testing.T) {
 	d := gpu(t)
@@ -645,5 +656,21 @@ func TestCUDAAttentionPaths(t *testing.T) {
 				attnLargeCheck(t, e, a, r, c)
 			})
 		}
+	}
+	// The warp-specialised backward (attn_bwd_dkdv_ws, attn_bwd_dq_ws; not
+	// a default).
+	for _, c := range []attnLarge{
+		{8, 16, 2048, 128, true, tensor.BF16},
+		{2, 4, 777, 128, false, tensor.BF16},
+		{1, 2, 1, 128, true, tensor.BF16},
+		{4, 6, 1000, 64, true, tensor.BF16},
+		{2, 4, 777, 64, false, tensor.BF16},
+	} {
+		t.Run("bwd-ws/"+c.String(), func(t *testing.T) {
+			cudatest.RequireGPU(t)
+			defer ops.SetAttentionWGMMA(2)()
+			defer ops.SetAttentionBwdWS(true)()
+			attnLargeCheck(t, e, a, r, c)
+		})
 	}
 }

@@ -3,7 +3,7 @@
 // checks every kernel against a float64 naive attention (softmax(QKᵀ·scale
 // + mask)·V and its gradients), the *_drop instances against it with the
 // same dropout mask on P (an independent Philox). Usage:
-// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3]
+// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3|bws]
 #include "emu.h"
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 // philox.cuh (included by attention.cu) also holds a normal draw that needs it.
@@ -249,6 +249,8 @@ static void track(Buf& b) { emu::track(b.mem.data(), b.mem.size()); }
 // persistent (wsp: wsp_blocks blocks walk the tiles), and both with three
 // consumer warpgroups at D = 64 (ws3, wsp3).
 enum Mode { SIMT, TC, WG, WS, WSP, WS3, WSP3 };
+// bwd_ws: the dK/dV pass on attn_bwd_dkdv_ws (modes from WG on).
+static bool bwd_ws = false;
 static unsigned wsp_blocks = 1;
 
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
@@ -262,7 +264,7 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   const bool tc = mode != SIMT;
   char name[160];
   snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g%s%s", B, Tq, Tk, H, D, causal,
-           bf16 ? "bf16" : "f32", mode == WSP3 ? "wsp3" : mode == WS3 ? "ws3" : mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
+           bf16 ? "bf16" : "f32", bwd_ws ? "bwd-ws" : mode == WSP3 ? "wsp3" : mode == WS3 ? "ws3" : mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
            smul == 1 ? "" : smul < 0 ? " scale<0" : " scale=0", kramp ? " kramp" : "");
   emu::untrack();
   Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab;
@@ -460,16 +462,27 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
         }
     check(std::string(name) + (L > 0 ? " delta (v)" : " delta"), got, want, 1e-5);
   }
+  if (mode >= WG && bwd_ws) {
+    if (DR) abort();  // attn_bwd_dkdv_ws has no dropout
+    size_t smem = 2 * 128 * D * 2 + 4 * 64 * D * 2 + 4 * 64 * 4 + 1024 + 64;  // ops/attention.go attnBwdWSSmem
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
+      D == 64 ? attn_bwd_dkdv_ws_d64(a) : attn_bwd_dkdv_ws_d128(a);
+    });
+    smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 1024 + 64;  // attnBwdWSSmemDQ
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
+      D == 64 ? attn_bwd_dq_ws_d64(a) : attn_bwd_dq_ws_d128(a);
+    });
+  }
   if (mode >= WG) {
     size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024;  // ops/attention.go
-    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
+    if (!bwd_ws) emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
       if (D == 64)
         DR ? attn_bwd_dkdv_wg_drop_d64(a) : attn_bwd_dkdv_wg_d64(a);
       else
         DR ? attn_bwd_dkdv_wg_drop_d128(a) : attn_bwd_dkdv_wg_d128(a);
     });
     smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 1024;
-    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
+    if (!bwd_ws) emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {256, 1, 1}, smem, seed++, [&] {
       if (D == 64)
         DR ? attn_bwd_dq_wg_drop_d64(a) : attn_bwd_dq_wg_d64(a);
       else
@@ -620,6 +633,24 @@ static void run_ws3() {
   }
 }
 
+// run_bws: the warp-specialised backward (attn_bwd_dkdv_ws, attn_bwd_dq_ws), behind the
+// wgmma forward: one query tile and many (the two stages turn over), T not
+// a multiple of 64 or 128, Tq ≠ Tk, causal and not, a negative scale,
+// accumulation into dK and dV.
+static void run_bws() {
+  bwd_ws = true;
+  for (int D : {64, 128}) {
+    run(1, 17, 17, 2, D, true, true, WG, false);
+    run(1, 5, 70, 1, D, false, true, WG, true);
+    run(1, 1, 1, 1, D, true, true, WG, false);
+    run(2, 130, 130, 1, D, true, true, WG, true);
+    run(1, 300, 300, 2, D, true, true, WG, false, 0, -1);
+    run(1, 200, 77, 1, D, false, true, WG, false);
+    run(1, 450, 450, 1, D, false, true, WG, true);
+  }
+  bwd_ws = false;
+}
+
 // run_ws: the warp-specialised forward (its backward is wg's).
 static void run_ws() {
   for (int D : {64, 128}) {
@@ -657,6 +688,11 @@ int main(int argc, char** argv) {
   bool quick = argc > 1 && std::string(argv[1]) == "quick";
   bool wgonly = argc > 1 && std::string(argv[1]) == "wg";
   bool droponly = argc > 1 && std::string(argv[1]) == "drop";
+  if (argc > 1 && std::string(argv[1]) == "bws") {  // the warp-specialised dK/dV pass alone
+    run_bws();
+    printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
+    return failures ? 1 : 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "ws3") {  // its three-consumer form alone
     run_ws3();
     printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
@@ -723,7 +759,10 @@ int main(int argc, char** argv) {
       }
     }
   }
-  if (!quick) run_ws();
+  if (!quick) {
+    run_ws();
+    run_bws();
+  }
   for (bool bf16 : {false, true}) {
     if (wgonly) break;
     run_decode(2, 20, 3, 24, 0, bf16);

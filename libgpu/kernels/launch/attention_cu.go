@@ -271,6 +271,56 @@ func AttnBwdDqWgKernel(inst string) (Kernel, error) {
 	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dq_wg_", inst)
 }
 
+// AttnBwdDkdvWsD launches attn_bwd_dkdv_ws_d<inst> of attention.cu, inst one of "64", "128":
+//
+//	attn_bwd_dkdv_ws_d64(const attn_args a)
+func AttnBwdDkdvWsD(l Launcher, inst string, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
+	kn, kerr := AttnBwdDkdvWsDKernel(inst)
+	if kerr != nil {
+		return kerr
+	}
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// AttnBwdDkdvWsDKernel is instance inst of attn_bwd_dkdv_ws_d<inst> (AttnBwdDkdvWsD), for Prefetch.
+func AttnBwdDkdvWsDKernel(inst string) (Kernel, error) {
+	switch inst {
+	case "64":
+		return Kernel{File: "attention.cu", Name: "attn_bwd_dkdv_ws_d64"}, nil
+	case "128":
+		return Kernel{File: "attention.cu", Name: "attn_bwd_dkdv_ws_d128"}, nil
+	}
+	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dkdv_ws_d", inst)
+}
+
+// AttnBwdDqWsD launches attn_bwd_dq_ws_d<inst> of attention.cu, inst one of "64", "128":
+//
+//	attn_bwd_dq_ws_d64(const attn_args a)
+func AttnBwdDqWsD(l Launcher, inst string, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
+	kn, kerr := AttnBwdDqWsDKernel(inst)
+	if kerr != nil {
+		return kerr
+	}
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// AttnBwdDqWsDKernel is instance inst of attn_bwd_dq_ws_d<inst> (AttnBwdDqWsD), for Prefetch.
+func AttnBwdDqWsDKernel(inst string) (Kernel, error) {
+	switch inst {
+	case "64":
+		return Kernel{File: "attention.cu", Name: "attn_bwd_dq_ws_d64"}, nil
+	case "128":
+		return Kernel{File: "attention.cu", Name: "attn_bwd_dq_ws_d128"}, nil
+	}
+	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dq_ws_d", inst)
+}
+
 // AttnFwdSimt launches attn_fwd_simt_<inst> of attention.cu, inst one of "f32", "bf16", "drop_f32", "drop_bf16":
 //
 //	attn_fwd_simt_f32(const attn_args a)
