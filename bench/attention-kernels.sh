@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # bench/attention-kernels.sh — what a GPU machine says about the attention
-# forward kernels (issue 25), in one go:
+# kernels on wgmma (issue 25), in one go:
 #
 #   resources  per instance: ptxas's registers at launch and stack, the
 #              SASS's instructions and local loads/stores (spills)
 #              (kernelc build --arch sm_90a, cuobjdump); KERNELS lists them
 #   paths      the forward on every kernel path (BenchmarkAttentionForwardPaths:
 #              mma.sync, wgmma, ws, ws-persistent, ws-c3, ws-c3-persistent),
-#              ms a call, the median of CUDA events
+#              and the backward and its passes on wgmma and warp-specialised
+#              (BenchmarkAttentionBackwardPaths, ...DKDV, ...DQ,
+#              ...BackwardWS), ms a call, the median of CUDA events
 #   ncu        (NCU=1) Nsight Compute's speed of light, warp states and
 #              instruction counts of one launch of each kernel named by
 #              NCU_PATHS at NCU_SHAPE (default: the persistent and
@@ -30,7 +32,7 @@ kc=$root/bin/kernelc
 src=${GPUKIT_KERNEL_SRC:-$here/kernels}
 [ -f "$src/attention.cu" ] || src=$here/kernels
 export GPUKIT_REQUIRE_GPU=1
-kernels=${KERNELS:-attn_fwd_ws_d128 attn_fwd_ws_pers_d128 attn_fwd_ws_d64 attn_fwd_ws_pers_d64 attn_fwd_ws_c3_d64 attn_fwd_ws_c3_pers_d64 attn_fwd_ws_drop_d128 attn_fwd_wg_d128}
+kernels=${KERNELS:-attn_fwd_ws_d128 attn_fwd_ws_pers_d128 attn_fwd_ws_d64 attn_fwd_ws_pers_d64 attn_fwd_ws_c3_d64 attn_fwd_ws_c3_pers_d64 attn_fwd_ws_drop_d128 attn_fwd_wg_d128 attn_bwd_dkdv_wg_d128 attn_bwd_dkdv_ws_d128 attn_bwd_dq_wg_d128 attn_bwd_dq_ws_d128 attn_bwd_dkdv_ws_d64 attn_bwd_dq_ws_d64}
 
 echo "== resources ($src/attention.cu)"
 work=$(mktemp -d)
@@ -48,7 +50,8 @@ done | sort | tee "$out/attention-resources.txt"
 wait
 
 echo "== paths (ms a call)"
-(cd "$root/tests/libgpu_ops.d" && "$t" -test.run '^$' -test.bench '^BenchmarkAttentionForwardPaths$' \
+(cd "$root/tests/libgpu_ops.d" && "$t" -test.run '^$' \
+	-test.bench '^BenchmarkAttention(ForwardPaths|BackwardPaths|BackwardDKDV|BackwardDQ|BackwardWS)$' \
 	-test.benchtime "${GPUKIT_BENCH_TIME:-20x}") | tee "$out/attention-paths.txt" |
 	awk '/^Benchmark/ { for (i = 1; i < NF; i++) if ($(i + 1) == "ms/call") print $1, $i }'
 
