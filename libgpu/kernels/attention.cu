@@ -1214,6 +1214,67 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
 }
 
 
+// attn_dkdv_tile is query tile qbase of the dK/dV pass on wgmma for one
+// warpgroup's 64 keys (attn_bwd_dkdv_wg's order, see there): Sᵀ and dPᵀ
+// from K and V rows ka, va and the tile's Q and dO at qt, ot; Pᵀ with the
+// tile's lse·log2e lt; dV += Pᵀ·dO; dSᵀ with its δ dt; dK += dSᵀ·Q, left in
+// flight. after_s runs once the wait after Sᵀ has retired the previous
+// tile's dV and dK (attn_bwd_dkdv_ws releases that tile's stage there).
+// BM = 64 queries, BN = 128 keys a block.
+template <int D, bool DROP, class AfterS>
+__device__ __forceinline__ void attn_dkdv_tile(float* dk, float* dv, float* st, float* dpt, unsigned pp[][4],
+                                               unsigned ds[][4], unsigned ka, unsigned va, unsigned qt, unsigned ot,
+                                               const float* lt, const float* dt, int qbase, int krow0,
+                                               const attn_dctx& dc, const attn_args& a, AfterS after_s) {
+  constexpr int BN = 128, BM = 64, KD = D / 16;
+  const int krow = krow0 + ((threadIdx.x & 31) >> 2);  // this thread's keys: krow, krow + 8
+  gpukit_keep_f<BM / 2>(st);
+  gpukit_keep_f<BM / 2>(dpt);
+  gpukit_wg_fence();
+  attn_wg_gemm_ss<BM, KD, BN, BM>(st, ka, qt);
+  gpukit_wg_commit();
+  attn_wg_gemm_ss<BM, KD, BN, BM>(dpt, va, ot);
+  gpukit_wg_commit();
+  // Dropout: the keep mask of Pᵀ (keys × queries: element index base +
+  // query·Tk + key), drawn while Sᵀ and dPᵀ are on the tensor cores.
+  const unsigned long long km = DROP ? attn_drop_bits<BM / 8>(dc, krow0, qbase, 1, a.Tk) : 0ull;
+  gpukit_wg_wait<1>();
+  gpukit_keep_f<BM / 2>(st);
+  gpukit_keep_u<BM / 4>(&pp[0][0]);
+  gpukit_keep_u<BM / 4>(&ds[0][0]);
+  after_s();
+
+  // Pᵀ, zero where masked (causal: key after the query) and past Tq (lse +∞).
+  attn_bwd_pt<BM / 8, true>(st, lt, qbase, krow, a.causal && qbase < krow0 + 15, a);
+  attn_pack_frag<BM / 8>(pp, st);
+  gpukit_keep_u<BM / 4>(&pp[0][0]);
+  if (DROP) {
+    // dV's A operand is the kept part of Pᵀ, in ds (free: dK of i−1 has
+    // retired); pp keeps all of Pᵀ for dS.
+    gpukit_keep_frag_mask<BM / 8>(ds, pp, km);
+    gpukit_keep_u<BM / 4>(&ds[0][0]);
+  }
+  gpukit_wg_fence();
+  // dV += Pᵀ·dO (dO N-major: 16 queries per k-step).
+  attn_wg_gemm_rs<D, BM / 16, BM>(dv, DROP ? ds : pp, ot);
+  gpukit_wg_commit();
+  if (DROP) {
+    gpukit_wg_wait<0>();  // dV has read ds before dS overwrites it
+    gpukit_keep_u<BM / 4>(&ds[0][0]);
+  } else {
+    gpukit_wg_wait<1>();
+  }
+  gpukit_keep_f<BM / 2>(dpt);
+  // dSᵀ = Pᵀ ∘ (dPᵀ − δ), Pᵀ from its bf16 copy.
+  attn_bwd_dst<BM / 8, DROP>(dpt, pp, dt, km, a.drop_scale);
+  attn_pack_frag<BM / 8>(ds, dpt);
+  gpukit_keep_u<BM / 4>(&ds[0][0]);
+  gpukit_wg_fence();
+  // dK += dSᵀ·Q (Q N-major).
+  attn_wg_gemm_rs<D, BM / 16, BM>(dk, ds, qt);
+  gpukit_wg_commit();
+}
+
 // attn_bwd_dkdv_wg: dV = Pᵀ·dO and dK = scale·dSᵀ·Q over query tiles of 64,
 // grid (H, B, ⌈Tk/128⌉) (key block 0, which sees every query under causal,
 // first). 256 threads: warpgroup w owns keys 64w..64w+63 of the block and
@@ -1232,7 +1293,7 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
 // next tile's start.
 template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
-  constexpr int BN = 128, BM = 64, KD = D / 16, ND = D / 8;
+  constexpr int BN = 128, BM = 64, ND = D / 8;
   constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned s0 = gpukit_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
@@ -1283,54 +1344,8 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
       attn_tile_stats(sL + nx * BM, sD + nx * BM, BM, qbase + BM, bh, a);
     }
     gpukit_cp_commit();
-    const unsigned qt = sQ + stg * QT, ot = sO + stg * QT;
-    const float* lt = sL + stg * BM;
-    const float* dt = sD + stg * BM;
-
-    gpukit_keep_f<BM / 2>(st);
-    gpukit_keep_f<BM / 2>(dpt);
-    gpukit_wg_fence();
-    attn_wg_gemm_ss<BM, KD, BN, BM>(st, ka, qt);
-    gpukit_wg_commit();
-    attn_wg_gemm_ss<BM, KD, BN, BM>(dpt, va, ot);
-    gpukit_wg_commit();
-    // Dropout: the keep mask of Pᵀ (keys × queries: element index base +
-    // query·Tk + key), drawn while Sᵀ and dPᵀ are on the tensor cores.
-    const unsigned long long km = DROP ? attn_drop_bits<BM / 8>(dc, krow0, qbase, 1, a.Tk) : 0ull;
-    gpukit_wg_wait<1>();
-    gpukit_keep_f<BM / 2>(st);
-    gpukit_keep_u<BM / 4>(&pp[0][0]);
-    gpukit_keep_u<BM / 4>(&ds[0][0]);
-
-    // Pᵀ, zero where masked (causal: key after the query) and past Tq (lse +∞).
-    attn_bwd_pt<BM / 8, true>(st, lt, qbase, krow, a.causal && qbase < krow0 + 15, a);
-    attn_pack_frag<BM / 8>(pp, st);
-    gpukit_keep_u<BM / 4>(&pp[0][0]);
-    if (DROP) {
-      // dV's A operand is the kept part of Pᵀ, in ds (free: dK of i−1 has
-      // retired); pp keeps all of Pᵀ for dS.
-      gpukit_keep_frag_mask<BM / 8>(ds, pp, km);
-      gpukit_keep_u<BM / 4>(&ds[0][0]);
-    }
-    gpukit_wg_fence();
-    // dV += Pᵀ·dO (dO N-major: 16 queries per k-step).
-    attn_wg_gemm_rs<D, BM / 16, BM>(dv, DROP ? ds : pp, ot);
-    gpukit_wg_commit();
-    if (DROP) {
-      gpukit_wg_wait<0>();  // dV has read ds before dS overwrites it
-      gpukit_keep_u<BM / 4>(&ds[0][0]);
-    } else {
-      gpukit_wg_wait<1>();
-    }
-    gpukit_keep_f<BM / 2>(dpt);
-    // dSᵀ = Pᵀ ∘ (dPᵀ − δ), Pᵀ from its bf16 copy.
-    attn_bwd_dst<BM / 8, DROP>(dpt, pp, dt, km, a.drop_scale);
-    attn_pack_frag<BM / 8>(ds, dpt);
-    gpukit_keep_u<BM / 4>(&ds[0][0]);
-    gpukit_wg_fence();
-    // dK += dSᵀ·Q (Q N-major).
-    attn_wg_gemm_rs<D, BM / 16, BM>(dk, ds, qt);
-    gpukit_wg_commit();
+    attn_dkdv_tile<D, DROP>(dk, dv, st, dpt, pp, ds, ka, va, sQ + stg * QT, sO + stg * QT, sL + stg * BM,
+                            sD + stg * BM, qbase, krow0, dc, a, [] {});
   }
   gpukit_wg_wait<0>();
   gpukit_keep_f<D / 2>(dk);
@@ -1340,6 +1355,48 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
   if (a.dv)
     attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dv, a.sdv, b, h), a.sdv[1], krow, a.Tk, dv,
                         DROP ? a.drop_scale : 1.0f, a.acc_v);
+}
+
+// attn_dq_tile is key tile kbase of the dQ pass on wgmma for one
+// warpgroup's 64 queries (attn_bwd_dq_wg's order, see there): S and dP
+// from the warpgroup's Q and dO rows qa, oa and the tile's K and V at kt,
+// vt, issued with dQ += dS_{j−1}·K_{j−1} when prev (the previous tile's K
+// at kprev); P with the rows' lse·log2e; dS with their δ
+// into ds. after_p runs once the wait after P has retired all three
+// (attn_bwd_dq_ws releases the previous tile's stage there). BM = 128
+// queries a block, BN = 64 keys a tile.
+template <int D, bool DROP, class AfterP>
+__device__ __forceinline__ void attn_dq_tile(float* dq, float* s, float* dp, unsigned ds[][4], unsigned qa, unsigned oa,
+                                             unsigned kt, unsigned vt, bool prev, unsigned kprev, const float lse2[2],
+                                             const float dl[2], int kbase, int row0, const attn_dctx& dc,
+                                             const attn_args& a, AfterP after_p) {
+  constexpr int BM = 128, BN = 64, KD = D / 16;
+  const int qrow = row0 + ((threadIdx.x & 31) >> 2);  // this thread's queries: qrow, qrow + 8
+  gpukit_keep_f<BN / 2>(s);
+  gpukit_keep_f<BN / 2>(dp);
+  gpukit_keep_f<D / 2>(dq);
+  gpukit_keep_u<BN / 4>(&ds[0][0]);
+  gpukit_wg_fence();
+  attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, kt);
+  gpukit_wg_commit();
+  attn_wg_gemm_ss<BN, KD, BM, BN>(dp, oa, vt);
+  gpukit_wg_commit();
+  // dQ += dS_{j−1}·K_{j−1} (K N-major: 16 keys per k-step).
+  if (prev) attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, kprev);
+  gpukit_wg_commit();
+  // Dropout: the keep mask, drawn while S and dP are on the tensor cores.
+  const unsigned long long km = DROP ? attn_drop_bits<BN / 8>(dc, row0, kbase, a.Tk, 1) : 0ull;
+  gpukit_wg_wait<2>();
+  gpukit_keep_f<BN / 2>(s);
+  // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
+  attn_bwd_p<BN / 8, true>(s, lse2, kbase, row0, qrow, a);
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<BN / 2>(dp);
+  gpukit_keep_f<D / 2>(dq);
+  gpukit_keep_u<BN / 4>(&ds[0][0]);
+  after_p();
+  attn_bwd_ds<BN / 8, DROP>(dp, s, dl, km, a.drop_scale);
+  attn_pack_frag<BN / 8>(ds, dp);
 }
 
 // attn_bwd_dq_wg: dQ = scale·dS·K over key tiles of 64, grid (H, B,
@@ -1358,7 +1415,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
 // and serialized every wgmma of the kernel (C7515, sm_90a SASS).
 template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
-  constexpr int BM = 128, BN = 64, KD = D / 16, ND = D / 8;
+  constexpr int BM = 128, BN = 64, ND = D / 8;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned sQ = (gpukit_smem_addr(attn_smem) + 1023u) & ~1023u;
@@ -1402,32 +1459,8 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
       attn_wg_load<D, BN>(sV + nx * KT, V, a.sv[1], kbase + BN, a.Tk);
     }
     gpukit_cp_commit();
-    const unsigned kt = sK + stg * KT, vt = sV + stg * KT;
-
-    gpukit_keep_f<BN / 2>(s);
-    gpukit_keep_f<BN / 2>(dp);
-    gpukit_keep_f<D / 2>(dq);
-    gpukit_keep_u<BN / 4>(&ds[0][0]);
-    gpukit_wg_fence();
-    attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, kt);
-    gpukit_wg_commit();
-    attn_wg_gemm_ss<BN, KD, BM, BN>(dp, oa, vt);
-    gpukit_wg_commit();
-    // dQ += dS_{j−1}·K_{j−1} (K N-major: 16 keys per k-step).
-    if (j > 0) attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, sK + ((j + 2) % 3) * KT);
-    gpukit_wg_commit();
-    // Dropout: the keep mask, drawn while S and dP are on the tensor cores.
-    const unsigned long long km = DROP ? attn_drop_bits<BN / 8>(dc, row0, kbase, a.Tk, 1) : 0ull;
-    gpukit_wg_wait<2>();
-    gpukit_keep_f<BN / 2>(s);
-    // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
-    attn_bwd_p<BN / 8, true>(s, lse2, kbase, row0, qrow, a);
-    gpukit_wg_wait<0>();
-    gpukit_keep_f<BN / 2>(dp);
-    gpukit_keep_f<D / 2>(dq);
-    gpukit_keep_u<BN / 4>(&ds[0][0]);
-    attn_bwd_ds<BN / 8, DROP>(dp, s, dl, km, a.drop_scale);
-    attn_pack_frag<BN / 8>(ds, dp);
+    attn_dq_tile<D, DROP>(dq, s, dp, ds, qa, oa, sK + stg * KT, sV + stg * KT, j > 0, sK + ((j + 2) % 3) * KT,
+                          lse2, dl, kbase, row0, dc, a, [] {});
   }
   if (n > 0) {
     gpukit_keep_u<BN / 4>(&ds[0][0]);
@@ -1706,7 +1739,7 @@ ATTN_WG_INSTANCES(_drop, true)
 // [64][D], two of lse·log2e and δ [64] f32, then 5 mbarriers.
 template <int D>
 __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
-  constexpr int BN = 128, BM = 64, KD = D / 16, ND = D / 8, PT = 128, NS = 2;
+  constexpr int BN = 128, BM = 64, ND = D / 8, PT = 128, NS = 2;
   constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned s0 = gpukit_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
@@ -1769,41 +1802,10 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
     const int stg = i % NS, qbase = (qstart + i) * BM;
     gpukit_mbar_wait(full + 8 * stg, (i / NS) & 1);
     gpukit_fence_proxy_async();
-    const unsigned qt = sQ + stg * QT, ot = sO + stg * QT;
-    const float* lt = sL + stg * BM;
-    const float* dt = sD + stg * BM;
-
-    gpukit_keep_f<BM / 2>(st);
-    gpukit_keep_f<BM / 2>(dpt);
-    gpukit_wg_fence();
-    attn_wg_gemm_ss<BM, KD, BN, BM>(st, ka, qt);
-    gpukit_wg_commit();
-    attn_wg_gemm_ss<BM, KD, BN, BM>(dpt, va, ot);
-    gpukit_wg_commit();
-    gpukit_wg_wait<1>();
-    gpukit_keep_f<BM / 2>(st);
-    gpukit_keep_u<BM / 4>(&pp[0][0]);
-    gpukit_keep_u<BM / 4>(&ds[0][0]);
-    if (i > 0) gpukit_mbar_arrive(empty + 8 * ((i - 1) % NS));  // dV and dK of i − 1 have retired
-
-    // Pᵀ, zero where masked (causal: key after the query) and past Tq (lse +∞).
-    attn_bwd_pt<BM / 8, true>(st, lt, qbase, krow, a.causal && qbase < krow0 + 15, a);
-    attn_pack_frag<BM / 8>(pp, st);
-    gpukit_keep_u<BM / 4>(&pp[0][0]);
-    gpukit_wg_fence();
-    // dV += Pᵀ·dO (dO N-major: 16 queries per k-step).
-    attn_wg_gemm_rs<D, BM / 16, BM>(dv, pp, ot);
-    gpukit_wg_commit();
-    gpukit_wg_wait<1>();
-    gpukit_keep_f<BM / 2>(dpt);
-    // dSᵀ = Pᵀ ∘ (dPᵀ − δ), Pᵀ from its bf16 copy.
-    attn_bwd_dst<BM / 8, false>(dpt, pp, dt, 0ull, 1.0f);
-    attn_pack_frag<BM / 8>(ds, dpt);
-    gpukit_keep_u<BM / 4>(&ds[0][0]);
-    gpukit_wg_fence();
-    // dK += dSᵀ·Q (Q N-major).
-    attn_wg_gemm_rs<D, BM / 16, BM>(dk, ds, qt);
-    gpukit_wg_commit();
+    attn_dkdv_tile<D, false>(dk, dv, st, dpt, pp, ds, ka, va, sQ + stg * QT, sO + stg * QT, sL + stg * BM,
+                             sD + stg * BM, qbase, krow0, attn_dctx{}, a, [&] {
+                               if (i > 0) gpukit_mbar_arrive(empty + 8 * ((i - 1) % NS));  // dV and dK of i − 1 have retired
+                             });
   }
   gpukit_wg_wait<0>();
   gpukit_keep_f<D / 2>(dk);
@@ -1825,7 +1827,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
 // [128][D], three stages of K and V [64][D], then 7 mbarriers.
 template <int D>
 __device__ __forceinline__ void attn_bwd_dq_ws(const attn_args& a) {
-  constexpr int BM = 128, BN = 64, KD = D / 16, ND = D / 8, PT = 128, NS = 3;
+  constexpr int BM = 128, BN = 64, ND = D / 8, PT = 128, NS = 3;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned sQ = (gpukit_smem_addr(attn_smem) + 1023u) & ~1023u;
@@ -1883,31 +1885,10 @@ __device__ __forceinline__ void attn_bwd_dq_ws(const attn_args& a) {
     const int stg = j % NS, kbase = j * BN;
     gpukit_mbar_wait(full + 8 * stg, (j / NS) & 1);
     gpukit_fence_proxy_async();
-    const unsigned kt = sK + stg * KT, vt = sV + stg * KT;
-
-    gpukit_keep_f<BN / 2>(s);
-    gpukit_keep_f<BN / 2>(dp);
-    gpukit_keep_f<D / 2>(dq);
-    gpukit_keep_u<BN / 4>(&ds[0][0]);
-    gpukit_wg_fence();
-    attn_wg_gemm_ss<BN, KD, BM, BN>(s, qa, kt);
-    gpukit_wg_commit();
-    attn_wg_gemm_ss<BN, KD, BM, BN>(dp, oa, vt);
-    gpukit_wg_commit();
-    // dQ += dS_{j−1}·K_{j−1} (K N-major: 16 keys per k-step).
-    if (j > 0) attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, sK + ((j - 1) % NS) * KT);
-    gpukit_wg_commit();
-    gpukit_wg_wait<2>();
-    gpukit_keep_f<BN / 2>(s);
-    // P = exp2(S·scale·log2e − lse·log2e); masked → 0.
-    attn_bwd_p<BN / 8, true>(s, lse2, kbase, row0, qrow, a);
-    gpukit_wg_wait<0>();
-    gpukit_keep_f<BN / 2>(dp);
-    gpukit_keep_f<D / 2>(dq);
-    gpukit_keep_u<BN / 4>(&ds[0][0]);
-    if (j > 0) gpukit_mbar_arrive(empty + 8 * ((j - 1) % NS));  // dQ_{j−1} has read K_{j−1}
-    attn_bwd_ds<BN / 8, false>(dp, s, dl, 0ull, 1.0f);
-    attn_pack_frag<BN / 8>(ds, dp);
+    attn_dq_tile<D, false>(dq, s, dp, ds, qa, oa, sK + stg * KT, sV + stg * KT, j > 0, sK + ((j + NS - 1) % NS) * KT,
+                           lse2, dl, kbase, row0, attn_dctx{}, a, [&] {
+                             if (j > 0) gpukit_mbar_arrive(empty + 8 * ((j - 1) % NS));  // dQ_{j−1} has read K_{j−1}
+                           });
   }
   if (n > 0) {
     gpukit_keep_u<BN / 4>(&ds[0][0]);
