@@ -673,16 +673,16 @@ func (c *cudaImpl) im2colChunks(e *Engine, x *tensor.Tensor, s *convShape, f fun
 }
 
 func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s *convShape, acc [3]bool) error {
-	rowsAll := s.n * s.outPerImg
-	dy2, err := dy.View(rowsAll, s.cout)
-	if err != nil {
-		return err
-	}
-	w2, err := w.View(s.cout, s.k)
-	if err != nil {
-		return err
-	}
 	if s.pointwise {
+		rowsAll := s.n * s.outPerImg
+		dy2, err := dy.View(rowsAll, s.cout)
+		if err != nil {
+			return err
+		}
+		w2, err := w.View(s.cout, s.k)
+		if err != nil {
+			return err
+		}
 		x2, err := x.View(rowsAll, s.cin)
 		if err != nil {
 			return err
@@ -706,7 +706,7 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 		return nil
 	}
 	if dw != nil {
-		p, err := c.convTunedPath(c.convTuneKey(x.DType, s, "bwd-dw", convBwdPath), c.convDWCandidates(dw, dy, x, s), !acc[1],
+		p, err := c.convTunedPath(func() string { return c.convTuneKey(x.DType, s, "bwd-dw", convBwdPath) }, c.convDWCandidates(dw, dy, x, s), !acc[1],
 			func(p int) error { return c.convBwdDW(e, p, dw, dy, x, s, false) })
 		if err != nil {
 			return err
@@ -718,7 +718,7 @@ func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s 
 	if dx == nil {
 		return nil
 	}
-	p, err := c.convTunedPath(c.convTuneKey(x.DType, s, "bwd-dx", convBwdPath), c.convDXCandidates(dx, dy, w, s), !acc[0],
+	p, err := c.convTunedPath(func() string { return c.convTuneKey(x.DType, s, "bwd-dx", convBwdPath) }, c.convDXCandidates(dx, dy, w, s), !acc[0],
 		func(p int) error { return c.convBwdDX(e, p, dx, dy, w, s, false) })
 	if err != nil {
 		return err

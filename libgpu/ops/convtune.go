@@ -81,21 +81,23 @@ func (c *cudaImpl) convTuneKey(dt tensor.DType, s *convShape, pass string, polic
 // convFwdPath is the path of the forward of s: convPath's choice, or with
 // convTune the fastest candidate (see the file comment).
 func (c *cudaImpl) convFwdPath(e *Engine, y, x, w, b *tensor.Tensor, s *convShape) (int, error) {
-	return c.convTunedPath(c.convTuneKey(x.DType, s, "fwd", convPath), c.convFwdCandidates(y, x, w, b, s), true,
+	return c.convTunedPath(func() string { return c.convTuneKey(x.DType, s, "fwd", convPath) }, c.convFwdCandidates(y, x, w, b, s), true,
 		func(p int) error { return c.conv2dOn(e, p, y, x, w, b, s) })
 }
 
-// convTunedPath is the path of the pass named key among cands (the
-// policy's own choice first): cands[0] without convTune; else the choice
+// convTunedPath is the path of the pass named key() among cands (the
+// policy's own choice first; the key is built only when there is a
+// choice to look up): cands[0] without convTune; else the choice
 // this engine or the table (gemm-algos.json) holds; else, when the pass
 // may be timed (canTime: it overwrites its output, so that running it
 // again leaves no trace) and the stream is not capturing, the fastest of
 // run(p) over cands, which is kept in both. A pass that may not be timed
 // yet runs cands[0] and is tuned at a later run that may.
-func (c *cudaImpl) convTunedPath(key string, cands []int, canTime bool, run func(p int) error) (int, error) {
+func (c *cudaImpl) convTunedPath(keyOf func() string, cands []int, canTime bool, run func(p int) error) (int, error) {
 	if len(cands) < 2 || !convTune {
 		return cands[0], nil
 	}
+	key := keyOf()
 	t := exec.StateOf[convTuner](c.CUDA)
 	if t.choice == nil {
 		t.choice = map[string]int{}
