@@ -19,19 +19,24 @@ import (
 // never reuses the embedded one's image.
 const SourceDirEnv = "GPUKIT_KERNEL_SRC"
 
-// readSource reads the kernel source name from $GPUKIT_KERNEL_SRC when it
-// holds one, else from the embedded set.
+// readSource reads the embedded kernel source name, or its replacement in
+// $GPUKIT_KERNEL_SRC when that holds one. It fails with ErrNoSource when
+// nothing of that name is embedded (a replacement alone is not read).
 func readSource(name string) ([]byte, error) {
+	b, err := embedded.ReadFile(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q", ErrNoSource, name)
+	}
 	if dir := os.Getenv(SourceDirEnv); dir != "" {
-		b, err := os.ReadFile(filepath.Join(dir, name))
+		o, err := os.ReadFile(filepath.Join(dir, name))
 		if err == nil {
-			return b, nil
+			return o, nil
 		}
 		if !os.IsNotExist(err) {
 			return nil, fmt.Errorf("kernels: %s=%s: %w", SourceDirEnv, dir, err)
 		}
 	}
-	return embedded.ReadFile(name)
+	return b, nil
 }
 
 // embedded holds every kernel source of this directory. The pattern needs at
@@ -60,9 +65,6 @@ func Sources() []string {
 // the headers there.
 func Embedded(name string) (Source, error) {
 	if path.Ext(name) != ".cu" || strings.Contains(name, "/") {
-		return Source{}, fmt.Errorf("%w: %q", ErrNoSource, name)
-	}
-	if _, err := embedded.ReadFile(name); err != nil {
 		return Source{}, fmt.Errorf("%w: %q", ErrNoSource, name)
 	}
 	b, err := readSource(name)
