@@ -747,7 +747,7 @@ func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
 func (c *cudaImpl) attnFwdTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
 		if drop := a.DropP > 0; attnWSOn(drop) {
-			w := attnWSFor(drop, s.d)
+			w := attnWSFor(drop, s.d, max(s.tq, s.tk))
 			grid := attnGrid(s, s.tq, w.rows())
 			if w.persist {
 				grid = attnPersistentGrid(grid, c.SMCount())
@@ -791,22 +791,32 @@ func attnWSOn(drop bool) bool {
 }
 
 // attnWSFor is the attn_fwd_ws instance the forward at head dimension d
-// runs where attnWSOn(drop). Persistent (never with dropout): in
-// attnWGMode 1 (the default) at D = 64, in mode 4 at both, in mode 6 at
-// D = 64 (one H200, 2026-11-29: at D = 64 the persistent forward took
-// 0.91–0.97× the time of the non-persistent one at causal T = 1024 and
-// 2048, 0.98–1.0× at non-causal; at D = 128 1.17× at causal
-// (8,16,2048,128) and 1.35–1.38× at (2,16,8192,128)). Three consumers
-// (D = 64 without dropout): modes 5 and 6 (not yet run on a GPU).
-func attnWSFor(drop bool, d int) attnWS {
-	c3 := !drop && d == 64 && attnWGMode >= 5
+// and sequence length t (the longer of Tq and Tk) runs where
+// attnWSOn(drop). Never persistent nor three consumers with dropout.
+// In attnWGMode 1 (the default): at D = 64 three consumers
+// (attn_fwd_ws_c3_d64) from attnC3MinT positions on, persistent below
+// (one H200, 2026-11-29: c3 0.95× the persistent kernel's time at causal
+// (8,32,2048,64) and 0.84× at non-causal, 1.15× at causal
+// (32,12,1024,64), 1.3× at (64,6,256,64); the persistent kernel 0.91–0.97×
+// the non-persistent one at causal T = 1024 and 2048); at D = 128 two
+// consumers, not persistent (persistent was 1.17× at causal
+// (8,16,2048,128) and 1.35–1.38× at (2,16,8192,128)). Mode 4: persistent
+// at both; 5: three consumers at D = 64; 6: as 5, persistent (the
+// persistent three-consumer kernel spills 21 words and was slower than
+// the non-persistent one at every measured shape).
+func attnWSFor(drop bool, d, t int) attnWS {
+	c3 := !drop && d == 64 && (attnWGMode >= 5 || attnWGMode == 1 && t >= attnC3MinT)
 	w := attnWS{d: d, nc: 2, drop: drop}
 	if c3 {
 		w.nc = 3
 	}
-	w.persist = !drop && (attnWGMode == 4 || attnWGMode == 1 && d == 64 || attnWGMode == 6 && c3)
+	w.persist = !drop && (attnWGMode == 4 || attnWGMode == 1 && d == 64 && !c3 || attnWGMode == 6 && c3)
 	return w
 }
+
+// attnC3MinT is the sequence length from which D = 64 takes the
+// three-consumer forward in attnWGMode 1.
+const attnC3MinT = 2048
 
 // inst is w's instance name: "[c3_][pers_|drop_]d<D>".
 func (w attnWS) inst() string {
@@ -845,7 +855,8 @@ func attnPersistentGrid(g [3]uint32, sms int) [3]uint32 {
 // 0 none (mma.sync everywhere);
 // 1 D = 128, and D = 64 from attnWG64MinT positions on (short sequences
 // favour the mma.sync kernel's smaller blocks), the forward on
-// attn_fwd_ws, persistent at D = 64 without dropout (attnWSFor) —
+// attn_fwd_ws, at D = 64 without dropout persistent or with three
+// consumers (attnWSFor) —
 // the default (one H200,
 // 2026-11-29: attn_fwd_ws 0.87× the time of attn_fwd_wg as of bdfc5f8
 // at causal (8,16,2048,128), 0.82× at (2,16,8192,128), 0.87–0.94× at
@@ -904,10 +915,10 @@ func (a *attnArgs) k() *launch.AttnArgs { return (*launch.AttnArgs)(a) }
 func attnD(d int) string { return "d" + strconv.Itoa(d) }
 
 // attnKernels are the attention.cu kernels attention over dt at head
-// dimension d launches (drop: with dropout), its tensors aligned as a
+// dimension d and sequence length t (the longer of Tq and Tk) launches (drop: with dropout), its tensors aligned as a
 // Graph's are: the forward, and with backward the δ, dK/dV and dQ
 // kernels; wg says the wgmma path is expected (attnWGOn on sm_90a).
-func attnKernels(dt tensor.DType, d int, drop, wg, backward bool) []launch.Kernel {
+func attnKernels(dt tensor.DType, d, t int, drop, wg, backward bool) []launch.Kernel {
 	a := attnArgs{}
 	if drop {
 		a.DropP = 1
@@ -919,10 +930,12 @@ func attnKernels(dt tensor.DType, d int, drop, wg, backward bool) []launch.Kerne
 	case tc && wg:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdWgKernel, launch.AttnBwdDkdvWgKernel, launch.AttnBwdDqWgKernel}, a.inst(attnD(d))
 		if attnWSOn(drop) {
-			named[0] = func(string) (launch.Kernel, error) { return launch.AttnFwdWsKernel(attnWSFor(drop, d).inst()) }
+			named[0] = func(string) (launch.Kernel, error) { return launch.AttnFwdWsKernel(attnWSFor(drop, d, t).inst()) }
 		}
-		if attnBwdWSOn(drop) {
+		if attnBwdWSOn(drop, d, true) {
 			named[1] = func(string) (launch.Kernel, error) { return launch.AttnBwdDkdvWsDKernel(strconv.Itoa(d)) }
+		}
+		if attnBwdWSOn(drop, d, false) {
 			named[2] = func(string) (launch.Kernel, error) { return launch.AttnBwdDqWsDKernel(strconv.Itoa(d)) }
 		}
 	case tc:
@@ -964,7 +977,7 @@ func (g *Graph) prefetchAttention(dt tensor.DType, d, t int, drop bool) {
 	if err != nil {
 		return
 	}
-	for _, k := range attnKernels(dt, d, drop, attnWGOn(d, t) && kc.Arch() == "sm_90a", g.opts.Train) {
+	for _, k := range attnKernels(dt, d, t, drop, attnWGOn(d, t) && kc.Arch() == "sm_90a", g.opts.Train) {
 		kc.Prefetch(k.File, k.Name)
 	}
 }
@@ -1019,12 +1032,12 @@ func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
 // attnBwdDKDVTC launches attn_bwd_dkdv_wg_d{64,128} (wgmma, 128-key
 // blocks: K and V, 3 stages of 64-query Q and dO tiles and of lse and δ)
 // where attnWG says so — attn_bwd_dkdv_ws_d{64,128} where attnBwdWSOn (a
-// producer warpgroup and two stages, 384 threads) —
+// producer warpgroup and two stages, 384 threads; D = 64 by default) —
 // else attn_bwd_dkdv_tc_d{64,128} (mma.sync: K, V, 2 Q and 2 dO tiles, and
 // 2 × 64 lse and δ values).
 func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
-		if attnBwdWSOn(a.DropP > 0) {
+		if attnBwdWSOn(a.DropP > 0, s.d, true) {
 			return launch.AttnBwdDkdvWsD(c, strconv.Itoa(s.d), attnGrid(s, s.tk, attnWGRows), block1(attnBwdWSThreads), attnBwdWSSmem(s.d), a.k())
 		}
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 6*64*4 + 1024)
@@ -1035,15 +1048,28 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 		block1(attnThreads), 6*attnTCTile(s.d)+4*attnTCRows*4, a.k())
 }
 
-// attnBwdWS runs the backward's two passes warp-specialised
-// (attn_bwd_dkdv_ws, attn_bwd_dq_ws; no dropout) where they run on wgmma.
-// Not the default: not yet run on a GPU (2026-11-29). Tests and
+// attnBwdWSMode says which of the backward's passes run warp-specialised
+// (attn_bwd_dkdv_ws, attn_bwd_dq_ws; never with dropout) where they run on
+// wgmma: 0 neither; 1 (the default) the dQ pass at both head dimensions,
+// the dK/dV pass at D = 64; 2 both at both. One H200, 2026-11-29, against
+// attn_bwd_*_wg in the same run: attn_bwd_dq_ws 0.77–0.85× the time at
+// (8,16,2048,128), (8,32,2048,64) and (2,16,8192,128), causal and not;
+// attn_bwd_dkdv_ws 0.88–0.93× at D = 64 but 1.03–1.08× at D = 128, where
+// its consumers hold dK, dV, Sᵀ and dPᵀ in 240 registers. Tests and
 // benchmarks change it (SetAttentionBwdWS).
-var attnBwdWS = false
+var attnBwdWSMode = 1
 
-// attnBwdWSOn reports whether the backward takes the warp-specialised
-// kernels.
-func attnBwdWSOn(drop bool) bool { return attnBwdWS && !drop }
+// attnBwdWSOn reports whether the backward's dK/dV pass (dkdv) or dQ pass
+// at head dimension d takes the warp-specialised kernel.
+func attnBwdWSOn(drop bool, d int, dkdv bool) bool {
+	switch {
+	case drop || attnBwdWSMode == 0:
+		return false
+	case attnBwdWSMode == 2:
+		return true
+	}
+	return !dkdv || d == 64
+}
 
 // The warp-specialised backward's block: a producer and two consumer
 // warpgroups.
@@ -1060,11 +1086,13 @@ func attnBwdWSSmem(d int) uint32 { return uint32(2*attnWGRows*d*2 + 4*64*d*2 + 4
 func attnBwdWSSmemDQ(d int) uint32 { return uint32(2*attnWGRows*d*2 + 6*64*d*2 + 1024 + 64) }
 
 // attnBwdDQTC launches attn_bwd_dq_wg_d{64,128} (wgmma, 128-query blocks: Q,
-// dO, 3 stages of 64-key K and V tiles) where attnWG says so, else
+// dO, 3 stages of 64-key K and V tiles) where attnWG says so —
+// attn_bwd_dq_ws_d{64,128} where attnBwdWSOn (a producer warpgroup and
+// three stages; the default without dropout) —, else
 // attn_bwd_dq_tc_d{64,128} (mma.sync: Q, dO, 2 K and 2 V tiles).
 func (c *cudaImpl) attnBwdDQTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
-		if attnBwdWSOn(a.DropP > 0) {
+		if attnBwdWSOn(a.DropP > 0, s.d, false) {
 			return launch.AttnBwdDqWsD(c, strconv.Itoa(s.d), attnGrid(s, s.tq, attnWGRows), block1(attnBwdWSThreads), attnBwdWSSmemDQ(s.d), a.k())
 		}
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 1024)

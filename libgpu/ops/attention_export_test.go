@@ -3,21 +3,22 @@ package ops
 // SetAttentionWGMMA sets which head dimensions take the sm_90a wgmma
 // attention kernels and which wgmma forward runs (attnWGMode: 0 none, 1
 // the default, 2 D = 64 and 128 on attn_fwd_wg, 3 D = 64 and 128 on
-// attn_fwd_ws, dropping too, 4 as 3 persistent without dropout) and
-// returns a
-// func that restores the previous setting. Read at every call.
+// attn_fwd_ws, dropping too, 4 as 3 persistent without dropout, 5 three
+// consumers at D = 64, 6 as 5 persistent) and returns a func that
+// restores the previous setting. Read at every call.
 func SetAttentionWGMMA(mode int) (restore func()) {
 	old := attnWGMode
 	attnWGMode = mode
 	return func() { attnWGMode = old }
 }
 
-// SetAttentionBwdWS runs the dK/dV pass on attn_bwd_dkdv_ws (on or off)
-// from now on and returns a func that restores the previous setting.
-func SetAttentionBwdWS(on bool) (restore func()) {
-	old := attnBwdWS
-	attnBwdWS = on
-	return func() { attnBwdWS = old }
+// SetAttentionBwdWS sets which backward passes run warp-specialised
+// (attnBwdWSMode: 0 neither, 1 the default, 2 both) from now on and
+// returns a func that restores the previous setting.
+func SetAttentionBwdWS(mode int) (restore func()) {
+	old := attnBwdWSMode
+	attnBwdWSMode = mode
+	return func() { attnBwdWSMode = old }
 }
 
 // SetAttentionL2Budget sets the L2 bytes per group of heads in the

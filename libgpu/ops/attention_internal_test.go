@@ -28,25 +28,33 @@ func TestAttnPersistentGrid(t *testing.T) {
 		}
 	}
 	// Mode 4 is the persistent warp-specialised forward at both head
-	// dimensions, the default (1) at D = 64, mode 6 at D = 64, never with
-	// dropout; modes 5 and 6 run three consumers at D = 64 without
-	// dropout; dropout takes attn_fwd_ws in modes 1, 3, 5 and 6. Each
-	// instance's tile, block and shared memory follow its consumers.
+	// dimensions; the default (1) runs at D = 64 persistent below
+	// attnC3MinT positions and with three consumers (not persistent) from
+	// there; modes 5 and 6 run three consumers at D = 64, 6 persistent;
+	// never with dropout. Dropout takes attn_fwd_ws in modes 1, 3, 5 and
+	// 6. Each instance's tile, block and shared memory follow its
+	// consumers.
 	type want struct{ persist, c3 [2]bool }
-	for mode, w := range map[int]want{0: {}, 1: {persist: [2]bool{true, false}}, 2: {}, 3: {},
-		4: {persist: [2]bool{true, true}}, 5: {c3: [2]bool{true, false}},
-		6: {persist: [2]bool{true, false}, c3: [2]bool{true, false}}} {
+	for mode, w := range map[int][2]want{
+		0: {}, 2: {}, 3: {},
+		1: {{persist: [2]bool{true, false}}, {c3: [2]bool{true, false}}},
+		4: {{persist: [2]bool{true, true}}, {persist: [2]bool{true, true}}},
+		5: {{c3: [2]bool{true, false}}, {c3: [2]bool{true, false}}},
+		6: {{persist: [2]bool{true, false}, c3: [2]bool{true, false}}, {persist: [2]bool{true, false}, c3: [2]bool{true, false}}},
+	} {
 		restore := SetAttentionWGMMA(mode)
-		for i, d := range []int{64, 128} {
-			ws := attnWSFor(false, d)
-			if ws.persist != w.persist[i] || (ws.nc == 3) != w.c3[i] {
-				t.Errorf("attnWGMode %d, D %d: %+v, want persistent %v, three consumers %v", mode, d, ws, w.persist[i], w.c3[i])
-			}
-			if wd := attnWSFor(true, d); wd.persist || wd.nc != 2 {
-				t.Errorf("attnWGMode %d, D %d: with dropout %+v", mode, d, wd)
-			}
-			if ws.rows() != 64*ws.nc || ws.threads() != 128*(ws.nc+1) || ws.smem() != uint32((64*ws.nc+4*128)*d*2+1152) {
-				t.Errorf("attnWGMode %d, D %d: rows %d, threads %d, smem %d for %d consumers", mode, d, ws.rows(), ws.threads(), ws.smem(), ws.nc)
+		for j, tt := range []int{attnC3MinT - 1, attnC3MinT} {
+			for i, d := range []int{64, 128} {
+				ws := attnWSFor(false, d, tt)
+				if ws.persist != w[j].persist[i] || (ws.nc == 3) != w[j].c3[i] {
+					t.Errorf("attnWGMode %d, D %d, T %d: %+v, want persistent %v, three consumers %v", mode, d, tt, ws, w[j].persist[i], w[j].c3[i])
+				}
+				if wd := attnWSFor(true, d, tt); wd.persist || wd.nc != 2 {
+					t.Errorf("attnWGMode %d, D %d, T %d: with dropout %+v", mode, d, tt, wd)
+				}
+				if ws.rows() != 64*ws.nc || ws.threads() != 128*(ws.nc+1) || ws.smem() != uint32((64*ws.nc+4*128)*d*2+1152) {
+					t.Errorf("attnWGMode %d, D %d: rows %d, threads %d, smem %d for %d consumers", mode, d, ws.rows(), ws.threads(), ws.smem(), ws.nc)
+				}
 			}
 		}
 		if got := attnWSOn(false); got != (mode == 1 || mode >= 3) {
@@ -61,8 +69,10 @@ func TestAttnPersistentGrid(t *testing.T) {
 				continue
 			}
 			for _, d := range []int{64, 128} {
-				if _, err := launch.AttnFwdWsKernel(attnWSFor(drop, d).inst()); err != nil {
-					t.Errorf("attnWGMode %d, dropout %v, D %d: %v", mode, drop, d, err)
+				for _, tt := range []int{attnC3MinT - 1, attnC3MinT} {
+					if _, err := launch.AttnFwdWsKernel(attnWSFor(drop, d, tt).inst()); err != nil {
+						t.Errorf("attnWGMode %d, dropout %v, D %d, T %d: %v", mode, drop, d, tt, err)
+					}
 				}
 			}
 		}
@@ -70,21 +80,32 @@ func TestAttnPersistentGrid(t *testing.T) {
 	}
 }
 
-// TestAttnBwdWSKernels: with attnBwdWS the backward's passes a graph
-// prefetches are attn_bwd_dkdv_ws and attn_bwd_dq_ws at both head
-// dimensions, without dropout only.
+// TestAttnBwdWSKernels: the backward's passes a graph prefetches follow
+// attnBwdWSMode: in mode 2 attn_bwd_dkdv_ws and attn_bwd_dq_ws at both
+// head dimensions, in mode 1 (the default) attn_bwd_dq_ws at both and
+// attn_bwd_dkdv_ws at D = 64, in mode 0 neither; never with dropout.
 func TestAttnBwdWSKernels(t *testing.T) {
-	defer SetAttentionBwdWS(true)()
-	for _, d := range []int{64, 128} {
-		for _, drop := range []bool{false, true} {
-			ks := attnKernels(tensor.BF16, d, drop, true, true)
-			want := [2]string{"attn_bwd_dkdv_wg_drop_" + attnD(d), "attn_bwd_dq_wg_drop_" + attnD(d)}
-			if !drop {
-				want = [2]string{"attn_bwd_dkdv_ws_" + attnD(d), "attn_bwd_dq_ws_" + attnD(d)}
-			}
-			if len(ks) < 3 || ks[1].Name != want[0] || ks[2].Name != want[1] {
-				t.Errorf("D %d, dropout %v: kernels %v, want %v second and third", d, drop, ks, want)
+	for mode, ws := range map[int][2][2]bool{0: {}, 1: {{true, true}, {false, true}}, 2: {{true, true}, {true, true}}} {
+		restore := SetAttentionBwdWS(mode)
+		for i, d := range []int{64, 128} {
+			for _, drop := range []bool{false, true} {
+				ks := attnKernels(tensor.BF16, d, 4096, drop, true, true)
+				var want [2]string
+				for p, pass := range []string{"dkdv", "dq"} {
+					switch {
+					case drop:
+						want[p] = "attn_bwd_" + pass + "_wg_drop_" + attnD(d)
+					case ws[i][p]:
+						want[p] = "attn_bwd_" + pass + "_ws_" + attnD(d)
+					default:
+						want[p] = "attn_bwd_" + pass + "_wg_" + attnD(d)
+					}
+				}
+				if len(ks) < 3 || ks[1].Name != want[0] || ks[2].Name != want[1] {
+					t.Errorf("mode %d, D %d, dropout %v: kernels %v, want %v second and third", mode, d, drop, ks, want)
+				}
 			}
 		}
+		restore()
 	}
 }

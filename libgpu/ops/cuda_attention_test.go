@@ -332,6 +332,7 @@ type attnPath struct {
 	mode int
 	l2   int
 	drop float32 // dropout probability on P (0: none)
+	bwd  int     // the backward's attnBwdWSMode (-1: the default)
 }
 
 // benchAttention times pass (forward, backward or both) the way
@@ -361,7 +362,7 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 	}
 	b.Cleanup(func() { ev0.Close(); ev1.Close() })
 	if len(paths) == 0 {
-		paths = []attnPath{{"", -1, -1, 0}}
+		paths = []attnPath{{"", -1, -1, 0, -1}}
 	} else if !ops.AttentionHopper(e) {
 		b.Log("not sm_90a (or attention.cu lacks its wgmma code): the wgmma paths run mma.sync")
 	}
@@ -400,6 +401,9 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 			restore := []func(){}
 			if p.mode >= 0 {
 				restore = append(restore, ops.SetAttentionWGMMA(p.mode))
+			}
+			if p.bwd >= 0 {
+				restore = append(restore, ops.SetAttentionBwdWS(p.bwd))
 			}
 			if p.l2 >= 0 {
 				restore = append(restore, ops.SetAttentionL2Budget(p.l2))
@@ -455,29 +459,29 @@ func BenchmarkAttentionForwardBackward(b *testing.B) { benchAttention(b, "forwar
 
 // attnPaths are the kernel families: mma.sync (sm_80 and later) and wgmma
 // (sm_90a) for D = 128 and D = 64.
-var attnPaths = []attnPath{{"mma.sync", 0, -1, 0}, {"wgmma", 2, -1, 0}}
+var attnPaths = []attnPath{{"mma.sync", 0, -1, 0, 0}, {"wgmma", 2, -1, 0, 0}}
 
 // BenchmarkAttentionForwardPaths: the forward on each kernel family at
 // both shapes, and on the warp-specialised wgmma forward (mode 3), its
 // persistent form (mode 4), and both with three consumer warpgroups at
 // D = 64 (modes 5 and 6; D = 128 runs mode 3's kernel there).
 func BenchmarkAttentionForwardPaths(b *testing.B) {
-	benchAttention(b, "forward", append(attnPaths[:len(attnPaths):len(attnPaths)], attnPath{"ws", 3, -1, 0}, attnPath{"ws-persistent", 4, -1, 0},
-		attnPath{"ws-c3", 5, -1, 0}, attnPath{"ws-c3-persistent", 6, -1, 0})...)
+	benchAttention(b, "forward", append(attnPaths[:len(attnPaths):len(attnPaths)], attnPath{"ws", 3, -1, 0, -1}, attnPath{"ws-persistent", 4, -1, 0, -1},
+		attnPath{"ws-c3", 5, -1, 0, -1}, attnPath{"ws-c3-persistent", 6, -1, 0, -1})...)
 }
 
 // BenchmarkAttentionForwardDropout: the forward with dropout on P
 // (p = 0.1) on its default kernel, the wgmma kernel (mode 2) and the
 // warp-specialised one (mode 3).
 func BenchmarkAttentionForwardDropout(b *testing.B) {
-	benchAttention(b, "forward", attnPath{"default", -1, -1, 0.1}, attnPath{"wgmma", 2, -1, 0.1}, attnPath{"ws", 3, -1, 0.1})
+	benchAttention(b, "forward", attnPath{"default", -1, -1, 0.1, -1}, attnPath{"wgmma", 2, -1, 0.1, 0}, attnPath{"ws", 3, -1, 0.1, -1})
 }
 
 // BenchmarkAttentionForwardBackwardDropout: forward then backward with
 // dropout on P (p = 0.1) on the default kernels, the keep mask drawn in
 // the forward and again in both backward passes.
 func BenchmarkAttentionForwardBackwardDropout(b *testing.B) {
-	benchAttention(b, "forward+backward", attnPath{"default", -1, -1, 0.1})
+	benchAttention(b, "forward+backward", attnPath{"default", -1, -1, 0.1, -1})
 }
 
 // BenchmarkAttentionBackwardPaths: the backward on each kernel family.
@@ -492,7 +496,7 @@ func BenchmarkAttentionForwardBackwardPaths(b *testing.B) {
 // the blocks launched in groups of heads whose operands fit in L2 (the
 // default) and without (every head's row blocks apart: the order before).
 func BenchmarkAttentionL2Order(b *testing.B) {
-	benchAttention(b, "forward+backward", attnPath{"l2-groups", -1, -1, 0}, attnPath{"no-groups", -1, 0, 0})
+	benchAttention(b, "forward+backward", attnPath{"l2-groups", -1, -1, 0, -1}, attnPath{"no-groups", -1, 0, 0, -1})
 }
 
 // BenchmarkAttentionBackwardDKDV: δ and the dK/dV pass alone (no dq asked
@@ -504,9 +508,8 @@ func BenchmarkAttentionBackwardDKDV(b *testing.B) { benchAttention(b, "backward 
 // compare with the wgmma path of BenchmarkAttentionBackwardPaths,
 // BenchmarkAttentionBackwardDKDV and BenchmarkAttentionBackwardDQ).
 func BenchmarkAttentionBackwardWS(b *testing.B) {
-	defer ops.SetAttentionBwdWS(true)()
 	for _, pass := range []string{"backward", "backward dK,dV", "backward dQ"} {
-		b.Run(strings.ReplaceAll(pass, " ", "-"), func(b *testing.B) { benchAttention(b, pass, attnPath{"wgmma-ws", 2, -1, 0}) })
+		b.Run(strings.ReplaceAll(pass, " ", "-"), func(b *testing.B) { benchAttention(b, pass, attnPath{"wgmma-ws", 2, -1, 0, 2}) })
 	}
 }
 
@@ -551,7 +554,7 @@ func TestCUDAAttentionDropout(t *testing.T) {
 		})
 	}
 	if ops.AttentionHopper(e) {
-		for _, p := range []attnPath{{"mma.sync", 0, -1, 0}, {"wgmma", 2, -1, 0}, {"ws", 3, -1, 0}} {
+		for _, p := range []attnPath{{"mma.sync", 0, -1, 0, 0}, {"wgmma", 2, -1, 0, 0}, {"ws", 3, -1, 0, -1}} {
 			for _, c := range cases[:4] {
 				t.Run(p.name+"/"+c.String(), func(t *testing.T) {
 					cudatest.RequireGPU(t)
@@ -596,9 +599,10 @@ func TestCUDAAttentionDropout(t *testing.T) {
 // and 128, attn_fwd_ws (mode 3) at D = 64 below attnWG64MinT, where the
 // default takes mma.sync, the persistent attn_fwd_ws at both head
 // dimensions (mode 4; the default's at D = 64) with more tiles than
-// blocks, its three-consumer forms at D = 64 (modes 5 and 6; not
-// defaults), and the warp-specialised backward (not a default). On an sm_90a device the wgmma kernels must be
-// there: a module compiled without them (the sm_90a guard off) fails.
+// blocks, its three-consumer forms at D = 64 (modes 5 and 6; the
+// default's from T = 2048), and the warp-specialised backward (both
+// passes; the default's dQ pass, and dK/dV at D = 64). On an sm_90a
+// device the wgmma kernels must be there: a module compiled without them (the sm_90a guard off) fails.
 func TestCUDAAttentionPaths(t *testing.T) {
 	d := gpu(t)
 	e := cudaEngine(t, d, ops.PrecTF32)
@@ -611,39 +615,39 @@ func TestCUDAAttentionPaths(t *testing.T) {
 		path  attnPath
 		cases []attnLarge
 	}{
-		{attnPath{"mma.sync", 0, -1, 0}, []attnLarge{
+		{attnPath{"mma.sync", 0, -1, 0, 0}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},
 			{1, 2, 1, 128, true, tensor.BF16},
 		}},
-		{attnPath{"wgmma", 2, -1, 0}, []attnLarge{
+		{attnPath{"wgmma", 2, -1, 0, 0}, []attnLarge{
 			{64, 6, 256, 64, true, tensor.BF16},
 			{4, 6, 1000, 64, true, tensor.BF16},
 			{2, 4, 777, 64, false, tensor.BF16},
 			{1, 2, 1, 64, true, tensor.BF16},
 			{3, 5, 130, 128, true, tensor.BF16},
 		}},
-		{attnPath{"ws", 3, -1, 0}, []attnLarge{
+		{attnPath{"ws", 3, -1, 0, -1}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},
 			{1, 2, 1, 128, true, tensor.BF16},
 			{4, 6, 1000, 64, true, tensor.BF16},
 			{2, 4, 777, 64, false, tensor.BF16},
 		}},
-		{attnPath{"ws-persistent", 4, -1, 0}, []attnLarge{
+		{attnPath{"ws-persistent", 4, -1, 0, -1}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},
 			{1, 2, 1, 128, true, tensor.BF16},
 			{4, 6, 1000, 64, true, tensor.BF16},
 			{32, 12, 1024, 64, true, tensor.BF16},
 		}},
-		{attnPath{"ws-c3", 5, -1, 0}, []attnLarge{
+		{attnPath{"ws-c3", 5, -1, 0, -1}, []attnLarge{
 			{4, 6, 1000, 64, true, tensor.BF16},
 			{2, 4, 777, 64, false, tensor.BF16},
 			{1, 2, 1, 64, true, tensor.BF16},
 			{8, 32, 2048, 64, true, tensor.BF16},
 		}},
-		{attnPath{"ws-c3-persistent", 6, -1, 0}, []attnLarge{
+		{attnPath{"ws-c3-persistent", 6, -1, 0, -1}, []attnLarge{
 			{4, 6, 1000, 64, true, tensor.BF16},
 			{2, 4, 777, 64, false, tensor.BF16},
 			{32, 12, 1024, 64, true, tensor.BF16},
@@ -653,12 +657,16 @@ func TestCUDAAttentionPaths(t *testing.T) {
 			t.Run(p.path.name+"/"+c.String(), func(t *testing.T) {
 				cudatest.RequireGPU(t)
 				defer ops.SetAttentionWGMMA(p.path.mode)()
+				if p.path.bwd >= 0 {
+					defer ops.SetAttentionBwdWS(p.path.bwd)()
+				}
 				attnLargeCheck(t, e, a, r, c)
 			})
 		}
 	}
-	// The warp-specialised backward (attn_bwd_dkdv_ws, attn_bwd_dq_ws; not
-	// a default).
+	// The warp-specialised backward, both passes (attn_bwd_dkdv_ws,
+	// attn_bwd_dq_ws; the default takes the dQ pass's, and the dK/dV
+	// pass's at D = 64, which the ws paths above check).
 	for _, c := range []attnLarge{
 		{8, 16, 2048, 128, true, tensor.BF16},
 		{2, 4, 777, 128, false, tensor.BF16},
@@ -669,7 +677,7 @@ func TestCUDAAttentionPaths(t *testing.T) {
 		t.Run("bwd-ws/"+c.String(), func(t *testing.T) {
 			cudatest.RequireGPU(t)
 			defer ops.SetAttentionWGMMA(2)()
-			defer ops.SetAttentionBwdWS(true)()
+			defer ops.SetAttentionBwdWS(2)()
 			attnLargeCheck(t, e, a, r, c)
 		})
 	}
