@@ -1726,7 +1726,8 @@ ATTN_WG_INSTANCES(_drop, true)
 // producer and consumers, Shah et al. 2024, §3.1, applied to the dK/dV
 // pass), no dropout. 384 threads: warpgroup 0, the producer (setmaxnreg
 // 40; 24 at D = 128), copies K and V once and then Q, dO, lse·log2e and δ
-// of each query tile of 64 into a ring of two stages; a stage's "full"
+// of each query tile of 64 into a ring of three stages (two were 1.04–1.08×
+// the time at D = 128, one H200, 2026-11-29); a stage's "full"
 // mbarrier completes when every producer thread's cp.async have landed
 // (cp.async.mbarrier.arrive) and it has stored its statistics (an
 // ordinary arrive, release semantics): 2·128 arrivals. Warpgroups 1 and 2
@@ -1735,11 +1736,11 @@ ATTN_WG_INSTANCES(_drop, true)
 // consumer releases stage i−1 (its "empty" mbarrier, 2·128 arrivals) once
 // the wait after Sᵀ_i has retired dV_{i−1} and dK_{i−1}, the last readers
 // of its Q and dO. Grid and outputs as attn_bwd_dkdv_wg. Shared memory
-// (from a 1024-byte boundary): K and V [128][D], two stages of Q and dO
-// [64][D], two of lse·log2e and δ [64] f32, then 5 mbarriers.
+// (from a 1024-byte boundary): K and V [128][D], three stages of Q and dO
+// [64][D], three of lse·log2e and δ [64] f32, then 7 mbarriers.
 template <int D>
 __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
-  constexpr int BN = 128, BM = 64, ND = D / 8, PT = 128, NS = 2;
+  constexpr int BN = 128, BM = 64, ND = D / 8, PT = 128, NS = 3;
   constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned s0 = gpukit_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;

@@ -1032,7 +1032,7 @@ func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
 // attnBwdDKDVTC launches attn_bwd_dkdv_wg_d{64,128} (wgmma, 128-key
 // blocks: K and V, 3 stages of 64-query Q and dO tiles and of lse and δ)
 // where attnWG says so — attn_bwd_dkdv_ws_d{64,128} where attnBwdWSOn (a
-// producer warpgroup and two stages, 384 threads; D = 64 by default) —
+// producer warpgroup and three stages, 384 threads; D = 64 by default) —
 // else attn_bwd_dkdv_tc_d{64,128} (mma.sync: K, V, 2 Q and 2 dO tiles, and
 // 2 × 64 lse and δ values).
 func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
@@ -1075,10 +1075,10 @@ func attnBwdWSOn(drop bool, d int, dkdv bool) bool {
 // warpgroups.
 const attnBwdWSThreads = 384
 
-// attnBwdWSSmem is attn_bwd_dkdv_ws's shared memory: K and V [128][D], two
+// attnBwdWSSmem is attn_bwd_dkdv_ws's shared memory: K and V [128][D], three
 // stages of Q and dO [64][D] and of lse and δ [64] f32 from a 1024-byte
-// boundary, then 5 mbarriers (40 bytes, 64 reserved).
-func attnBwdWSSmem(d int) uint32 { return uint32(2*attnWGRows*d*2 + 4*64*d*2 + 4*64*4 + 1024 + 64) }
+// boundary, then 7 mbarriers (56 bytes, 64 reserved).
+func attnBwdWSSmem(d int) uint32 { return uint32(2*attnWGRows*d*2 + 6*64*d*2 + 6*64*4 + 1024 + 64) }
 
 // attnBwdWSSmemDQ is attn_bwd_dq_ws's: Q and dO [128][D], three stages of
 // K and V [64][D] from a 1024-byte boundary, then 7 mbarriers (56 bytes,

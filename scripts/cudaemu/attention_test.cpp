@@ -464,7 +464,7 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   }
   if (mode >= WG && bwd_ws) {
     if (DR) abort();  // attn_bwd_dkdv_ws has no dropout
-    size_t smem = 2 * 128 * D * 2 + 4 * 64 * D * 2 + 4 * 64 * 4 + 1024 + 64;  // ops/attention.go attnBwdWSSmem
+    size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024 + 64;  // ops/attention.go attnBwdWSSmem
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
       D == 64 ? attn_bwd_dkdv_ws_d64(a) : attn_bwd_dkdv_ws_d128(a);
     });
