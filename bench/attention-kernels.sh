@@ -60,7 +60,7 @@ if [ "${NCU:-0}" = 1 ]; then
 	for p in ${NCU_PATHS:-ws ws-persistent}; do
 		echo "== ncu $p/$shape"
 		(cd "$root/tests/libgpu_ops.d" && ncu --section SpeedOfLight --section WarpStateStats --section InstructionStats \
-			--section ComputeWorkloadAnalysis --kernel-name regex:attn_fwd_ws --launch-skip 3 --launch-count 1 \
+			--section ComputeWorkloadAnalysis --kernel-name regex:attn_fwd_ws --launch-skip 4 --launch-count 1 \
 			"$t" -test.run '^$' -test.bench "^BenchmarkAttentionForwardPaths\$/^$p\$/^$shape\$" -test.benchtime 5x) \
 			>"$out/ncu-$p.txt" 2>&1 || true
 		grep -E 'Duration|Executed Instructions |Warp Cycles Per Issued|Issue Slots Busy|Compute \(SM\) Throughput|Memory Throughput' "$out/ncu-$p.txt" || tail -5 "$out/ncu-$p.txt"

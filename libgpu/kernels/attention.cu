@@ -1726,8 +1726,9 @@ ATTN_WG_INSTANCES(_drop, true)
 // producer and consumers, Shah et al. 2024, §3.1, applied to the dK/dV
 // pass), no dropout. 384 threads: warpgroup 0, the producer (setmaxnreg
 // 40; 24 at D = 128), copies K and V once and then Q, dO, lse·log2e and δ
-// of each query tile of 64 into a ring of three stages (two were 1.04–1.08×
-// the time at D = 128, one H200, 2026-11-29); a stage's "full"
+// of each query tile of 64 into a ring of three stages (one H200,
+// 2026-11-29: 0.95–0.97× the time of two at D = 64 from T = 1024, the same
+// at D = 128); a stage's "full"
 // mbarrier completes when every producer thread's cp.async have landed
 // (cp.async.mbarrier.arrive) and it has stored its statistics (an
 // ordinary arrive, release semantics): 2·128 arrivals. Warpgroups 1 and 2

@@ -1054,9 +1054,10 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 // the dK/dV pass at D = 64; 2 both at both. One H200, 2026-11-29, against
 // attn_bwd_*_wg in the same run: attn_bwd_dq_ws 0.77–0.85× the time at
 // (8,16,2048,128), (8,32,2048,64) and (2,16,8192,128), causal and not;
-// attn_bwd_dkdv_ws 0.88–0.93× at D = 64 but 1.03–1.08× at D = 128, where
-// its consumers hold dK, dV, Sᵀ and dPᵀ in 240 registers. Tests and
-// benchmarks change it (SetAttentionBwdWS).
+// attn_bwd_dkdv_ws 0.85–0.88× at D = 64 from T = 1024 (three stages) but
+// 1.04–1.06× at D = 128, where its consumers hold dK, dV, Sᵀ and dPᵀ in 240
+// registers (two stages timed the same there: not the producer's lead).
+// Tests and benchmarks change it (SetAttentionBwdWS).
 var attnBwdWSMode = 1
 
 // attnBwdWSOn reports whether the backward's dK/dV pass (dkdv) or dQ pass
