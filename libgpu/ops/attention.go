@@ -1055,7 +1055,7 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 // attn_bwd_*_wg in the same run: attn_bwd_dq_ws 0.77–0.85× the time at
 // (8,16,2048,128), (8,32,2048,64) and (2,16,8192,128), causal and not;
 // attn_bwd_dkdv_ws 0.85–0.88× at D = 64 from T = 1024 (three stages) but
-// 1.04–1.06× at D = 128, where its consumers hold dK, dV, Sᵀ and dPᵀ in 240
+// 1.04–1.07× at D = 128, where its consumers hold dK, dV, Sᵀ and dPᵀ in 240
 // registers (two stages timed the same there: not the producer's lead).
 // Tests and benchmarks change it (SetAttentionBwdWS).
 var attnBwdWSMode = 1
