@@ -11,9 +11,14 @@
 #              (BenchmarkAttentionBackwardPaths, ...DKDV, ...DQ,
 #              ...BackwardWS), ms a call, the median of CUDA events
 #   ncu        (NCU=1) Nsight Compute's speed of light, warp states and
-#              instruction counts of one launch of each kernel named by
-#              NCU_PATHS at NCU_SHAPE (default: the persistent and
-#              non-persistent forward at non-causal (2,16,8192,128))
+#              instruction counts of the first timed launch of the kernels
+#              matching NCU_KERNEL (a regex, default attn_fwd_ws) in
+#              benchmark NCU_BENCH (default BenchmarkAttentionForwardPaths)
+#              on each path of NCU_PATHS at NCU_SHAPE (default: the
+#              persistent and non-persistent forward at non-causal
+#              (2,16,8192,128)); e.g. the dK/dV passes at D = 128:
+#              NCU_BENCH=BenchmarkAttentionBackwardDKDV NCU_PATHS=wgmma
+#              NCU_KERNEL=attn_bwd_dkdv NCU_SHAPE=B8,H16,T2048,D128,noncausal
 #
 # A changed attention.cu is measured without rebuilding: point
 # GPUKIT_KERNEL_SRC at the directory holding it (the resources read it too).
@@ -57,11 +62,12 @@ echo "== paths (ms a call)"
 
 if [ "${NCU:-0}" = 1 ]; then
 	shape=${NCU_SHAPE:-B2,H16,T8192,D128,noncausal}
+	bench=${NCU_BENCH:-BenchmarkAttentionForwardPaths}
 	for p in ${NCU_PATHS:-ws ws-persistent}; do
 		echo "== ncu $p/$shape"
 		(cd "$root/tests/libgpu_ops.d" && ncu --section SpeedOfLight --section WarpStateStats --section InstructionStats \
-			--section ComputeWorkloadAnalysis --kernel-name regex:attn_fwd_ws --launch-skip 4 --launch-count 1 \
-			"$t" -test.run '^$' -test.bench "^BenchmarkAttentionForwardPaths\$/^$p\$/^$shape\$" -test.benchtime 5x) \
+			--section ComputeWorkloadAnalysis --kernel-name "regex:${NCU_KERNEL:-attn_fwd_ws}" --launch-skip 4 --launch-count 1 \
+			"$t" -test.run '^$' -test.bench "^$bench\$/^$p\$/^$shape\$" -test.benchtime 5x) \
 			>"$out/ncu-$p.txt" 2>&1 || true
 		grep -E 'Duration|Executed Instructions |Warp Cycles Per Issued|Issue Slots Busy|Compute \(SM\) Throughput|Memory Throughput' "$out/ncu-$p.txt" || tail -5 "$out/ncu-$p.txt"
 	done
