@@ -1054,21 +1054,26 @@ struct attn_wg_chunk {
 };
 template <int D, int R, int NT = ATTN_WG_THREADS>
 __device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, long long ld, int r0, int T) {
-  using C = attn_wg_chunk<D, R, NT>;
-  constexpr int RS = C::RS, N = C::N;
-  const C k;
-  const int r = k.r;
-  const unsigned so = s + k.so;
-  const gpukit_bf16* p = g + (long long)(r0 + r) * ld + k.ch * 8;
-  const long long step = (long long)RS * ld;
-  if (r0 + R <= T) {
+  if constexpr (D > 128) {  // D/128 tiles of 128 columns: two 64-column panels each
 #pragma unroll
-    for (int i = 0; i < N; i++) gpukit_cp16(so + i * (RS * 128), p + i * step, true);
+    for (int p = 0; p < D / 128; p++) attn_wg_load<128, R, NT>(s + p * 2 * (R * 128), g + p * 128, ld, r0, T);
   } else {
+    using C = attn_wg_chunk<D, R, NT>;
+    constexpr int RS = C::RS, N = C::N;
+    const C k;
+    const int r = k.r;
+    const unsigned so = s + k.so;
+    const gpukit_bf16* p = g + (long long)(r0 + r) * ld + k.ch * 8;
+    const long long step = (long long)RS * ld;
+    if (r0 + R <= T) {
 #pragma unroll
-    for (int i = 0; i < N; i++) {
-      const bool ok = r0 + r + i * RS < T;
-      gpukit_cp16(so + i * (RS * 128), ok ? p + i * step : g, ok);
+      for (int i = 0; i < N; i++) gpukit_cp16(so + i * (RS * 128), p + i * step, true);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; i++) {
+        const bool ok = r0 + r + i * RS < T;
+        gpukit_cp16(so + i * (RS * 128), ok ? p + i * step : g, ok);
+      }
     }
   }
 }
@@ -1079,13 +1084,18 @@ __device__ __forceinline__ void attn_wg_load(unsigned s, const gpukit_bf16* g, l
 // the fence and barrier that hand the tile to the tensor cores.
 template <int D, int R, int NT = ATTN_WG_THREADS>
 __device__ __forceinline__ void attn_wg_negate(unsigned char* base, unsigned sbase, unsigned s) {
-  using C = attn_wg_chunk<D, R, NT>;
-  const unsigned so = s - sbase + C().so;
+  if constexpr (D > 128) {  // as attn_wg_load
 #pragma unroll
-  for (int i = 0; i < C::N; i++) {
-    unsigned* x = (unsigned*)(base + so + i * (C::RS * 128));
+    for (int p = 0; p < D / 128; p++) attn_wg_negate<128, R, NT>(base, sbase, s + p * 2 * (R * 128));
+  } else {
+    using C = attn_wg_chunk<D, R, NT>;
+    const unsigned so = s - sbase + C().so;
 #pragma unroll
-    for (int w = 0; w < 4; w++) x[w] ^= 0x80008000u;  // the sign bits of 8 bf16
+    for (int i = 0; i < C::N; i++) {
+      unsigned* x = (unsigned*)(base + so + i * (C::RS * 128));
+#pragma unroll
+      for (int w = 0; w < 4; w++) x[w] ^= 0x80008000u;  // the sign bits of 8 bf16
+    }
   }
 }
 
@@ -1505,17 +1515,18 @@ __device__ __forceinline__ attn_pos attn_ws_tile(const attn_args& a, long long i
   return attn_pos{(int)(hb / X), (int)(hb % X), (int)(r / gs)};
 }
 
-// attn_ws_work is tile t's work in attn_fwd_ws, blocks of BM query rows:
-// its place, first query row and key tile count (PERSIST: tile t of nz row
-// blocks a head; else this block's, from blockIdx).
-template <bool PERSIST, int BM>
+// attn_ws_work is tile t's work in attn_fwd_ws, blocks of BM query rows
+// and key tiles of BN: its place, first query row and key tile count
+// (PERSIST: tile t of nz row blocks a head; else this block's, from
+// blockIdx).
+template <bool PERSIST, int BM, int BN>
 struct attn_ws_work {
   attn_pos pos;
   int q0, n;
   __device__ __forceinline__ attn_ws_work(const attn_args& a, long long t, int nz)
       : pos(PERSIST ? attn_ws_tile(a, t, nz) : attn_block(a)),
         q0(PERSIST ? (nz - 1 - pos.z) * BM : attn_qblock(BM, pos)),
-        n(attn_key_tiles(q0, BM, ATTN_WG_BN, a)) {}
+        n(attn_key_tiles(q0, BM, BN, a)) {}
 };
 
 // PERSIST (FlashAttention-3's persistent kernel, §3.1): the grid is at most
@@ -1534,10 +1545,16 @@ struct attn_ws_work {
 // head dimension 64: a K/V tile serves 192 queries, and with 3 consumers
 // taking turns two are in their softmax while one issues products). The
 // turn passes 0 → 1 → … → NC−1 → 0 through named barriers 1..NC.
+//
+// D = 256 (two consumers, not persistent, no dropout): key tiles of 64
+// (BN), so that a consumer's O (128 registers), S (32) and P (16) fit in
+// its 232 registers, and shared memory holds Q [128][256] and two stages
+// of K and V [64][256] (192 KiB); P·V is m64n256k16, the widest wgmma.
 template <int D, bool PERSIST = false, bool DROP = false, int NC = 2>
 __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   static_assert(NC == 2 || (NC == 3 && D == 64), "attn_fwd_ws: 2 consumers, or 3 at D = 64");
-  constexpr int BM = 64 * NC, BN = ATTN_WG_BN, KD = D / 16, ND = D / 8, PT = 128;
+  static_assert(D != 256 || (NC == 2 && !PERSIST && !DROP), "attn_fwd_ws: D = 256 has one instance");
+  constexpr int BM = 64 * NC, BN = D == 256 ? 64 : ATTN_WG_BN, KD = D / 16, ND = D / 8, PT = 128;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned s0 = gpukit_smem_addr(attn_smem);
@@ -1573,7 +1590,7 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
     unsigned gj = 0;  // K/V tiles copied so far
     long long it = 0;
     for (long long t = PERSIST ? blockIdx.x : 0; t < ntile; t += tstep, it++) {
-      const attn_ws_work<PERSIST, BM> w(a, t, nz);
+      const attn_ws_work<PERSIST, BM, BN> w(a, t, nz);
       const attn_pos pos = w.pos;
       const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, pos.b, pos.h);
       const gpukit_bf16* K = attn_head<const gpukit_bf16>(a.k, a.sk, pos.b, pos.h);
@@ -1607,7 +1624,7 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
   unsigned gj = 0;  // K/V tiles consumed so far
   long long it = 0;
   for (long long t = PERSIST ? blockIdx.x : 0; t < ntile; t += tstep, it++) {
-    const attn_ws_work<PERSIST, BM> w(a, t, nz);
+    const attn_ws_work<PERSIST, BM, BN> w(a, t, nz);
     const attn_pos pos = w.pos;
     const int n = w.n;
     const int row0 = w.q0 + cw * 64 + warp * 16;  // this warp's first query
@@ -1685,7 +1702,8 @@ __device__ __forceinline__ void attn_fwd_ws(const attn_args& a) {
 }
 // Instances: attn_fwd_ws_d<D>, attn_fwd_ws_pers_d<D> (PERSIST),
 // attn_fwd_ws_drop_d<D> (dropout on P, as attn_fwd_wg_drop), and
-// attn_fwd_ws_c3[_pers]_d64 (three consumer warpgroups, 512 threads).
+// attn_fwd_ws_c3[_pers]_d64 (three consumer warpgroups, 512 threads) and
+// attn_fwd_ws_d256 (key tiles of 64).
 #define ATTN_WS_INSTANCE(INST, D, PERSIST, DROP, NC)                                                            \
   extern "C" __global__ void __launch_bounds__(128 * ((NC) + 1), 1) attn_fwd_ws_##INST(const attn_args a) { \
     if constexpr (GPUKIT_KEEP(attn_fwd_ws_##INST)) attn_fwd_ws<D, PERSIST, DROP, NC>(a);                     \
@@ -1698,6 +1716,7 @@ ATTN_WS_INSTANCE(drop_d64, 64, false, true, 2)
 ATTN_WS_INSTANCE(drop_d128, 128, false, true, 2)
 ATTN_WS_INSTANCE(c3_d64, 64, false, false, 3)
 ATTN_WS_INSTANCE(c3_pers_d64, 64, true, false, 3)
+ATTN_WS_INSTANCE(d256, 256, false, false, 2)
 
 // Instances: attn_<fwd|bwd_dkdv|bwd_dq>_wg[_drop]_d<D> (_drop: dropout on P).
 #define ATTN_WG_INSTANCES(DROPSUF, DROP)                                                                                 \
@@ -1926,6 +1945,7 @@ extern "C" __global__ void attn_fwd_ws_drop_d64(const attn_args) { asm volatile(
 extern "C" __global__ void attn_fwd_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_ws_c3_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_ws_c3_pers_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_fwd_ws_d256(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dkdv_ws_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dkdv_ws_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dq_ws_d64(const attn_args) { asm volatile("trap;"); }

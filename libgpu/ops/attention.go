@@ -23,8 +23,25 @@ import (
 )
 
 // attnMaxD is the largest head dimension the kernels take (each lane of a
-// warp owns at most 4 of the columns).
-const attnMaxD = 128
+// warp owns at most 4 of the columns); attnWideD the one wider head
+// dimension the forward takes besides (FlashAttention-3's hdim 256): on
+// the host, and on a GPU through attn_fwd_ws_d256 (attnFwdWide).
+const (
+	attnMaxD  = 128
+	attnWideD = 256
+)
+
+// attnWide lets the GPU forward take head dimension attnWideD
+// (attn_fwd_ws_d256: bf16, sm_90a, no dropout). Off until it has run on a
+// GPU (emulator-checked, 2026-11-29); tests turn it on (SetAttentionWide).
+var attnWide = false
+
+// errAttnWide is the error of a call at head dimension attnWideD that no
+// kernel takes.
+func errAttnWide(what string) error {
+	return fmt.Errorf("%w: attention %s at head dimension %d: the GPU kernels take 1..%d; %d has a forward only, bf16 without dropout on an sm_90a GPU, or on the host",
+		ErrConfig, what, attnWideD, attnMaxD, attnWideD)
+}
 
 // attnShape is a validated attention call's geometry.
 type attnShape struct{ b, tq, tk, h, d int }
@@ -51,8 +68,8 @@ func (e *Engine) checkAttn(q, k, v *tensor.Tensor, causal bool, scale float32) (
 	if !tensor.SameShape(k.Shape, []int{s.b, s.tk, s.h, s.d}) || !tensor.SameShape(v.Shape, k.Shape) {
 		return s, fmt.Errorf("%w: attention q %v, k %v, v %v", tensor.ErrShape, q.Shape, k.Shape, v.Shape)
 	}
-	if s.d < 1 || s.d > attnMaxD {
-		return s, fmt.Errorf("%w: attention head dimension %d (want 1..%d)", tensor.ErrShape, s.d, attnMaxD)
+	if s.d < 1 || s.d > attnMaxD && s.d != attnWideD {
+		return s, fmt.Errorf("%w: attention head dimension %d (want 1..%d, or %d for the forward)", tensor.ErrShape, s.d, attnMaxD, attnWideD)
 	}
 	if causal && s.tq != s.tk {
 		return s, fmt.Errorf("%w: causal attention with %d queries and %d keys (want equal)", ErrConfig, s.tq, s.tk)
@@ -158,10 +175,14 @@ func (e *Engine) checkLSE(lse *tensor.Tensor, s attnShape) error {
 // with the last dimension contiguous (q, k, v are usually views of a fused
 // qkv projection [B,T,3,H,D]) — and lse [B,H,Tq] contiguous f32, saved for
 // AttentionBackward (nil: not stored). q, k, v, o are all f32 or all bf16;
-// arithmetic is f32. 1 ≤ D ≤ 128; causal needs Tq = Tk. scale is usually
-// 1/√D. o must not overlap the inputs. On CUDA, bf16 with D = 64 or 128
-// and 16-byte aligned rows (pointers and strides multiples of 8 elements)
-// runs on tensor cores; everything else on CUDA cores. drop is dropout on
+// arithmetic is f32. 1 ≤ D ≤ 128, or D = 256 (FlashAttention-3's widest
+// head; a forward only: AttentionBackward and AttentionDecode take
+// D ≤ 128); causal needs Tq = Tk. scale is usually 1/√D. o must not
+// overlap the inputs. On CUDA, bf16 with D = 64 or 128 and 16-byte
+// aligned rows (pointers and strides multiples of 8 elements) runs on
+// tensor cores; everything else on CUDA cores; D = 256 only on an sm_90a
+// GPU, bf16, aligned, without dropout, once enabled (attnWide: not yet
+// run on a GPU; until then, and elsewhere, ErrConfig). drop is dropout on
 // softmax(S) (AttnDropout; the zero value: none): o = (P∘mask/(1−p))·v,
 // lse still the undropped log-sum-exp. Errors wrap tensor.ErrShape,
 // tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or ErrConfig.
@@ -191,6 +212,9 @@ func (e *Engine) AttentionForward(o, lse, q, k, v *tensor.Tensor, causal bool, s
 			a.setQKV(q, k, v)
 			a.O, a.So = devPtr(o), attnStrides(o)
 			a.Lse = devPtr(lse)
+			if s.d > attnMaxD {
+				return c.attnFwdWide(&a, s, q.DType, q, k, v, o)
+			}
 			if attnTC(q.DType, s.d, q, k, v, o) {
 				return c.attnFwdTC(&a, s)
 			}
@@ -220,6 +244,9 @@ func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tenso
 	s, err := e.checkAttn(q, k, v, causal, scale)
 	if err != nil {
 		return err
+	}
+	if s.d > attnMaxD {
+		return errAttnWide("backward")
 	}
 	if err := e.checkAttnDropout(drop); err != nil {
 		return err
@@ -308,6 +335,9 @@ func (e *Engine) AttentionDecode(o, q, kcache, vcache, pos *tensor.Tensor, scale
 	s, err := e.checkAttn(q, kcache, vcache, false, scale)
 	if err != nil {
 		return err
+	}
+	if s.d > attnMaxD {
+		return errAttnWide("decode")
 	}
 	if s.tq != 1 || s.tk < 1 {
 		return fmt.Errorf("%w: attention decode q %v, cache %v (want one query, a cache of at least one step)", tensor.ErrShape, q.Shape, kcache.Shape)
@@ -701,13 +731,15 @@ func attnStrides(t *tensor.Tensor) [3]int64 {
 }
 
 // attnTC reports whether the tensor-core kernels take these tensors: bf16,
-// D = 64 or 128, every row 16-byte aligned (cp.async and ldmatrix move 16
-// bytes): base addresses and batch, time and head strides multiples of 8
-// elements.
+// D = 64 or 128, every row 16-byte aligned (attnAligned).
 func attnTC(dt tensor.DType, d int, ts ...*tensor.Tensor) bool {
-	if dt != tensor.BF16 || (d != 64 && d != 128) {
-		return false
-	}
+	return dt == tensor.BF16 && (d == 64 || d == 128) && attnAligned(ts...)
+}
+
+// attnAligned reports whether every row of ts is 16-byte aligned (cp.async
+// and ldmatrix move 16 bytes): base addresses and batch, time and head
+// strides multiples of 8 elements (bf16). Nil tensors are skipped.
+func attnAligned(ts ...*tensor.Tensor) bool {
 	for _, t := range ts {
 		if t == nil {
 			continue
@@ -739,6 +771,18 @@ func attnGrid(s attnShape, rows, per int) [3]uint32 {
 
 // attnTCTile is the bytes of one padded 64-row bf16 tile.
 func attnTCTile(d int) uint32 { return uint32(attnTCRows * (d + 8) * 2) }
+
+// attnFwdWide launches the forward at head dimension attnWideD:
+// attn_fwd_ws_d256 (attnWS: key tiles of 64) where attnWide is on, the
+// tensors are bf16 and aligned (attnAligned), there is no dropout and the
+// device runs the wgmma kernels; else errAttnWide.
+func (c *cudaImpl) attnFwdWide(a *attnArgs, s attnShape, dt tensor.DType, ts ...*tensor.Tensor) error {
+	if !attnWide || dt != tensor.BF16 || a.DropP > 0 || !attnAligned(ts...) || !c.attnHopper() {
+		return errAttnWide("forward")
+	}
+	w := attnWSFor(false, s.d, max(s.tq, s.tk))
+	return launch.AttnFwdWs(c, w.inst(), attnGrid(s, s.tq, w.rows()), block1(w.threads()), w.smem(), a.k())
+}
 
 // attnFwdTC launches the tensor-core forward: where attnWG says so, on
 // wgmma, attn_fwd_ws_* (attnWSOn, attnWSFor) or
@@ -810,7 +854,7 @@ func attnWSFor(drop bool, d, t int) attnWS {
 	if c3 {
 		w.nc = 3
 	}
-	w.persist = !drop && (attnWGMode == 4 || attnWGMode == 1 && d == 64 && !c3 || attnWGMode == 6 && c3)
+	w.persist = !drop && d != attnWideD && (attnWGMode == 4 || attnWGMode == 1 && d == 64 && !c3 || attnWGMode == 6 && c3)
 	return w
 }
 
@@ -838,9 +882,18 @@ func (w attnWS) rows() int    { return 64 * w.nc }
 func (w attnWS) threads() int { return 128 * (w.nc + 1) }
 
 // smem is w's dynamic shared memory: Q's tile and two K and two V tiles of
-// attnWGRows keys from a 1024-byte boundary (1 KiB of slack), then its 10
+// w.keys() keys from a 1024-byte boundary (1 KiB of slack), then its 10
 // mbarriers (80 bytes, 128 reserved).
-func (w attnWS) smem() uint32 { return uint32((w.rows()+4*attnWGRows)*w.d*2 + 1024 + 128) }
+func (w attnWS) smem() uint32 { return uint32((w.rows()+4*w.keys())*w.d*2 + 1024 + 128) }
+
+// keys is the rows of one of w's K and V tiles: attnWGRows, 64 at
+// D = attnWideD (attn_fwd_ws_d256).
+func (w attnWS) keys() int {
+	if w.d == attnWideD {
+		return 64
+	}
+	return attnWGRows
+}
 
 // attnPersistentGrid is the grid of a persistent kernel for the logical
 // grid g: one block per multiprocessor (sms), fewer when there are fewer
@@ -890,9 +943,9 @@ var attnWGMarker = launch.AttnWgUnavailableKernel
 
 // attnWGOn reports whether attnWGMode gives head dimension d at sequence
 // length t (the longer of Tq and Tk) the wgmma kernels (on a device that
-// has them).
+// has them); attnWide gives them D = attnWideD.
 func attnWGOn(d, t int) bool {
-	return (d == 128 && attnWGMode >= 1) || (d == 64 && (attnWGMode >= 2 || attnWGMode == 1 && t >= attnWG64MinT))
+	return (d == attnWideD && attnWide) || (d == 128 && attnWGMode >= 1) || (d == 64 && (attnWGMode >= 2 || attnWGMode == 1 && t >= attnWG64MinT))
 }
 
 // attnWG reports whether attention of shape s runs on wgmma.
@@ -919,6 +972,13 @@ func attnD(d int) string { return "d" + strconv.Itoa(d) }
 // Graph's are: the forward, and with backward the δ, dK/dV and dQ
 // kernels; wg says the wgmma path is expected (attnWGOn on sm_90a).
 func attnKernels(dt tensor.DType, d, t int, drop, wg, backward bool) []launch.Kernel {
+	if d == attnWideD { // a forward only (attnFwdWide)
+		k, err := launch.AttnFwdWsKernel(attnWSFor(false, d, t).inst())
+		if err != nil || dt != tensor.BF16 || drop || !wg {
+			return nil
+		}
+		return []launch.Kernel{k, attnWGMarker}
+	}
 	a := attnArgs{}
 	if drop {
 		a.DropP = 1

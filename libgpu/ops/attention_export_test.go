@@ -32,3 +32,12 @@ func SetAttentionL2Budget(bytes int) (restore func()) {
 // AttentionHopper reports whether e runs attention's wgmma kernels (a CUDA
 // engine on an sm_90a device whose attention.cu has its wgmma code).
 func AttentionHopper(e *Engine) bool { return e.c != nil && e.c.attnHopper() }
+
+// SetAttentionWide lets the GPU forward take head dimension 256
+// (attn_fwd_ws_d256; attnWide) and returns a func that restores the
+// previous setting.
+func SetAttentionWide(on bool) (restore func()) {
+	old := attnWide
+	attnWide = on
+	return func() { attnWide = old }
+}

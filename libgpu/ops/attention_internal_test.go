@@ -109,3 +109,40 @@ func TestAttnBwdWSKernels(t *testing.T) {
 		restore()
 	}
 }
+
+// TestAttnWide: head dimension 256 runs attn_fwd_ws_d256 in every
+// attnWGMode — two consumers, never persistent, key tiles of 64, its
+// shared memory within the 227 KiB a block can have — and a graph
+// prefetches it, a forward only, where attnWide allows it (bf16, no
+// dropout, sm_90a).
+func TestAttnWide(t *testing.T) {
+	for _, mode := range []int{0, 1, 2, 3, 4, 5, 6} {
+		restore := SetAttentionWGMMA(mode)
+		w := attnWSFor(false, attnWideD, 4096)
+		if w.inst() != "d256" || w.keys() != 64 || w.rows() != 128 || w.threads() != 384 {
+			t.Errorf("attnWGMode %d: %+v (%s, %d keys a tile)", mode, w, w.inst(), w.keys())
+		}
+		if w.smem() != (128+4*64)*256*2+1152 || w.smem() > 227*1024 {
+			t.Errorf("attnWGMode %d: shared memory %d", mode, w.smem())
+		}
+		if _, err := launch.AttnFwdWsKernel(w.inst()); err != nil {
+			t.Error(err)
+		}
+		restore()
+	}
+	for _, on := range []bool{false, true} {
+		restore := SetAttentionWide(on)
+		for _, c := range []struct {
+			dt         tensor.DType
+			drop, wg   bool
+			wantKernel bool
+		}{{tensor.BF16, false, true, true}, {tensor.BF16, true, true, false}, {tensor.F32, false, true, false}, {tensor.BF16, false, false, false}} {
+			ks := attnKernels(c.dt, attnWideD, 1024, c.drop, c.wg && attnWGOn(attnWideD, 1024), true)
+			want := on && c.wantKernel
+			if got := len(ks) == 2 && ks[0].Name == "attn_fwd_ws_d256" && ks[1] == attnWGMarker; got != want || !want && len(ks) > 0 {
+				t.Errorf("attnWide %v, %v, dropout %v, sm_90a %v: kernels %v", on, c.dt, c.drop, c.wg, ks)
+			}
+		}
+		restore()
+	}
+}

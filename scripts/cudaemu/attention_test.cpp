@@ -3,7 +3,7 @@
 // checks every kernel against a float64 naive attention (softmax(QKᵀ·scale
 // + mask)·V and its gradients), the *_drop instances against it with the
 // same dropout mask on P (an independent Philox). Usage:
-// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3|bws]
+// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3|bws|ws256]
 #include "emu.h"
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 // philox.cuh (included by attention.cu) also holds a normal draw that needs it.
@@ -372,6 +372,11 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
     emu::launch(grid, {512, 1, 1}, smem, seed++, [&] {
       mode == WSP3 ? attn_fwd_ws_c3_pers_d64(a) : attn_fwd_ws_c3_d64(a);
     });
+  } else if (mode == WS && D == 256) {
+    if (DR) abort();  // attn_fwd_ws_d256 has no dropout
+    size_t smem = (128 + 4 * 64) * D * 2 + 1024 + 128;  // ops/attention.go attnWSSmem: key tiles of 64
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {384, 1, 1}, smem, seed++,
+                [&] { attn_fwd_ws_d256(a); });
   } else if (mode == WS || mode == WSP) {
     size_t smem = 5 * 128 * D * 2 + 1024 + 128;  // ops/attention.go attnWSSmem
     emu_dim3 grid = {(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)};
@@ -416,6 +421,8 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   std::vector<double> lse;
   for (size_t i = 0; i < r.lse.size(); i++) lse.push_back(lseb.get(i));
   check(std::string(name) + " lse", lse, r.lse, bf16 ? 1e-3 : 1e-6);
+
+  if (D > 128) return;  // D = 256 has a forward only (attn_fwd_ws_d256)
 
   // backward: the reference gradients use the exact softmax; the kernels
   // use the stored o and lse (bf16 o is where most of the difference is).
@@ -651,8 +658,16 @@ static void run_bws() {
   bwd_ws = false;
 }
 
-// run_ws: the warp-specialised forward (its backward is wg's).
+// run_ws: the warp-specialised forward (its backward is wg's; none at
+// D = 256, whose key tiles are 64: one tile, several, T not a multiple of
+// 64, Tq ≠ Tk, the two stages turning over, a negative scale, maxima
+// growing across tiles).
 static void run_ws() {
+  run(1, 17, 17, 1, 256, true, true, WS, false);
+  run(1, 5, 70, 1, 256, false, true, WS, true);
+  run(1, 1, 1, 1, 256, true, true, WS, false);
+  run(1, 200, 200, 2, 256, true, true, WS, false, 0, -1);
+  run(1, 100, 300, 1, 256, false, true, WS, false, 0, 1, 8);
   for (int D : {64, 128}) {
     run(1, 17, 17, 2, D, true, true, WS, false);
     run(1, 5, 70, 1, D, false, true, WS, true);
@@ -695,6 +710,13 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "ws3") {  // its three-consumer form alone
     run_ws3();
+    printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
+    return failures ? 1 : 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "ws256") {  // its D = 256 instance alone
+    run(1, 17, 17, 1, 256, true, true, WS, false);
+    run(1, 5, 70, 1, 256, false, true, WS, true);
+    run(1, 200, 200, 2, 256, true, true, WS, false, 0, -1);
     printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
     return failures ? 1 : 0;
   }

@@ -55,6 +55,7 @@ var all = []Kernel{
 	{File: "attention.cu", Name: "attn_fwd_ws_drop_d128"},
 	{File: "attention.cu", Name: "attn_fwd_ws_c3_d64"},
 	{File: "attention.cu", Name: "attn_fwd_ws_c3_pers_d64"},
+	{File: "attention.cu", Name: "attn_fwd_ws_d256"},
 	{File: "attention.cu", Name: "attn_fwd_wg_d64"},
 	{File: "attention.cu", Name: "attn_fwd_wg_d128"},
 	{File: "attention.cu", Name: "attn_fwd_wg_drop_d64"},

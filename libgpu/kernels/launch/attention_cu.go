@@ -147,7 +147,7 @@ func AttnBwdDkdvTcKernel(inst string) (Kernel, error) {
 	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dkdv_tc_", inst)
 }
 
-// AttnFwdWs launches attn_fwd_ws_<inst> of attention.cu, inst one of "d64", "d128", "pers_d64", "pers_d128", "drop_d64", "drop_d128", "c3_d64", "c3_pers_d64":
+// AttnFwdWs launches attn_fwd_ws_<inst> of attention.cu, inst one of "d64", "d128", "pers_d64", "pers_d128", "drop_d64", "drop_d128", "c3_d64", "c3_pers_d64", "d256":
 //
 //	attn_fwd_ws_d64(const attn_args a)
 func AttnFwdWs(l Launcher, inst string, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
@@ -180,6 +180,8 @@ func AttnFwdWsKernel(inst string) (Kernel, error) {
 		return Kernel{File: "attention.cu", Name: "attn_fwd_ws_c3_d64"}, nil
 	case "c3_pers_d64":
 		return Kernel{File: "attention.cu", Name: "attn_fwd_ws_c3_pers_d64"}, nil
+	case "d256":
+		return Kernel{File: "attention.cu", Name: "attn_fwd_ws_d256"}, nil
 	}
 	return Kernel{}, errNoInstance("attention.cu", "attn_fwd_ws_", inst)
 }

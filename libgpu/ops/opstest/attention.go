@@ -1,9 +1,11 @@
 package opstest
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
+	"gpukit/libgpu/device"
 	"gpukit/libgpu/ops"
 	"gpukit/libgpu/tensor"
 )
@@ -228,6 +230,7 @@ func checkAttention(s *Suite) {
 				func(s *Suite) { selfAttentionGrad(s, dt, g.b, g.t, g.h, g.d, g.causal) })
 		}
 		s.Run(fmt.Sprintf("%v/decode", dt), func(s *Suite) { attnDecode(s, dt) })
+		s.Run(fmt.Sprintf("%v/D256", dt), func(s *Suite) { attnWide(s, dt) })
 		// Dropout on P: the float64 reference with the same mask, on every
 		// kernel family (CUDA cores, mma.sync D = 64 and 128; T not a
 		// multiple of any tile; Tq ≠ Tk).
@@ -517,6 +520,43 @@ func attnDecode(s *Suite, dt tensor.DType) {
 	}
 }
 
+// attnWide: head dimension 256 has a forward only. On the host it matches
+// the float64 reference (causal, T not a multiple of any tile, two heads,
+// strided views); on a GPU it runs only where a kernel takes it (bf16 on
+// sm_90a with ops' attnWide on: attn_fwd_ws_d256) and else fails with
+// ops.ErrConfig; the backward and decode fail with ops.ErrConfig
+// everywhere.
+func attnWide(s *Suite, dt tensor.DType) {
+	a := AttnShape{1, 70, 70, 2, 256}
+	scale := 1 / math.Sqrt(float64(a.D))
+	q, k, v, qv, kv, vv := attnInputs(s, dt, a, 8)
+	o := s.Empty(dt, a.B, a.Tq, a.H, a.D)
+	lse := s.Empty(tensor.F32, a.B, a.H, a.Tq)
+	err := s.E.AttentionForward(o, lse, q, k, v, true, float32(scale), ops.AttnDropout{})
+	switch {
+	case err == nil:
+		wantO, wantL := RefAttention(qv, kv, vv, a, true, scale)
+		termO, _ := RefAttention(qv, kv, Abs(vv), a, true, scale)
+		s.Close("o", s.Read(o), wantO, termO, s.Tol(dt))
+		s.Close("lse", s.Read(lse), wantL, attnLSETerms(qv, kv, wantL, a, true, scale), s.Tol(tensor.F32))
+	case s.A.Device().Kind() != device.KindHost && errors.Is(err, ops.ErrConfig):
+		s.T.Logf("no kernel takes D = 256 here: %v", err)
+	default:
+		s.T.Fatalf("forward at D = 256: %v", err)
+	}
+	if err := s.E.AttentionBackward(q, k, v, o, q, k, v, o, lse, true, float32(scale), [3]bool{}, ops.AttnDropout{}); !errors.Is(err, ops.ErrConfig) {
+		s.T.Errorf("backward at D = 256: %v, want ops.ErrConfig", err)
+	}
+	one := func(x *tensor.Tensor) *tensor.Tensor {
+		y, err := x.Narrow(1, 0, 1)
+		s.NoErr("narrow", err)
+		return y
+	}
+	if err := s.E.AttentionDecode(one(o), one(q), k, v, UploadI32(s.T, s.A, []int32{3}, 1), float32(scale)); !errors.Is(err, ops.ErrConfig) {
+		s.T.Errorf("decode at D = 256: %v, want ops.ErrConfig", err)
+	}
+}
+
 func attnValidation(s *Suite) {
 	f := func(shape ...int) *tensor.Tensor { return s.Empty(tensor.F32, shape...) }
 	q, k, v, o := f(2, 5, 3, 8), f(2, 5, 3, 8), f(2, 5, 3, 8), f(2, 5, 3, 8)
@@ -535,6 +575,7 @@ func attnValidation(s *Suite) {
 		{"bf16 lse", s.E.AttentionForward(o, s.Empty(tensor.BF16, 2, 3, 5), q, k, v, false, 1, ops.AttnDropout{})},
 		{"causal with Tq ≠ Tk", s.E.AttentionForward(f(2, 4, 3, 8), f(2, 3, 4), f(2, 4, 3, 8), k, v, true, 1, ops.AttnDropout{})},
 		{"D > 128", s.E.AttentionForward(f(1, 2, 1, 129), f(1, 1, 2), f(1, 2, 1, 129), f(1, 2, 1, 129), f(1, 2, 1, 129), false, 1, ops.AttnDropout{})},
+		{"D > 256", s.E.AttentionForward(f(1, 2, 1, 512), f(1, 1, 2), f(1, 2, 1, 512), f(1, 2, 1, 512), f(1, 2, 1, 512), false, 1, ops.AttnDropout{})},
 		{"NaN scale", s.E.AttentionForward(o, lse, q, k, v, false, float32(math.NaN()), ops.AttnDropout{})},
 		{"no keys", s.E.AttentionForward(o, lse, q, f(2, 0, 3, 8), f(2, 0, 3, 8), false, 1, ops.AttnDropout{})},
 		{"backward without lse", s.E.AttentionBackward(q, k, v, o, q, k, v, o, nil, false, 1, [3]bool{}, ops.AttnDropout{})},
