@@ -1743,8 +1743,8 @@ ATTN_WG_INSTANCES(_drop, true)
 
 // attn_bwd_dkdv_ws: attn_bwd_dkdv_wg warp-specialised (FlashAttention-3's
 // producer and consumers, Shah et al. 2024, §3.1, applied to the dK/dV
-// pass), no dropout. 384 threads: warpgroup 0, the producer (setmaxnreg
-// 40; 24 at D = 128), copies K and V once and then Q, dO, lse·log2e and δ
+// pass); DROP: dropout on P as attn_bwd_dkdv_wg_drop. 384 threads:
+// warpgroup 0, the producer (setmaxnreg 40; 24 at D = 128), copies K and V once and then Q, dO, lse·log2e and δ
 // of each query tile of 64 into a ring of three stages (one H200,
 // 2026-11-29: 0.95–0.97× the time of two at D = 64 from T = 1024, the same
 // at D = 128); a stage's "full"
@@ -1758,7 +1758,7 @@ ATTN_WG_INSTANCES(_drop, true)
 // of its Q and dO. Grid and outputs as attn_bwd_dkdv_wg. Shared memory
 // (from a 1024-byte boundary): K and V [128][D], three stages of Q and dO
 // [64][D], three of lse·log2e and δ [64] f32, then 7 mbarriers.
-template <int D>
+template <int D, bool DROP = false>
 __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
   constexpr int BN = 128, BM = 64, ND = D / 8, PT = 128, NS = 3;
   constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
@@ -1818,13 +1818,14 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
   attn_zero<BM / 2>(dpt);
 #pragma unroll
   for (int i = 0; i < BM / 16; i++) pp[i][0] = pp[i][1] = pp[i][2] = pp[i][3] = ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   gpukit_mbar_wait(kvfull, 0);
   for (int i = 0; i < n; i++) {
     const int stg = i % NS, qbase = (qstart + i) * BM;
     gpukit_mbar_wait(full + 8 * stg, (i / NS) & 1);
     gpukit_fence_proxy_async();
-    attn_dkdv_tile<D, false>(dk, dv, st, dpt, pp, ds, ka, va, sQ + stg * QT, sO + stg * QT, sL + stg * BM,
-                             sD + stg * BM, qbase, krow0, attn_dctx{}, a, [&] {
+    attn_dkdv_tile<D, DROP>(dk, dv, st, dpt, pp, ds, ka, va, sQ + stg * QT, sO + stg * QT, sL + stg * BM,
+                            sD + stg * BM, qbase, krow0, dc, a, [&] {
                                if (i > 0) gpukit_mbar_arrive(empty + 8 * ((i - 1) % NS));  // dV and dK of i − 1 have retired
                              });
   }
@@ -1833,10 +1834,12 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
   gpukit_keep_f<D / 2>(dv);
 
   if (a.dk) attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dk, a.sdk, b, h), a.sdk[1], krow, a.Tk, dk, a.scale, a.acc_k);
-  if (a.dv) attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dv, a.sdv, b, h), a.sdv[1], krow, a.Tk, dv, 1.0f, a.acc_v);
+  if (a.dv)
+    attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dv, a.sdv, b, h), a.sdv[1], krow, a.Tk, dv,
+                        DROP ? a.drop_scale : 1.0f, a.acc_v);
 }
-// attn_bwd_dq_ws: attn_bwd_dq_wg warp-specialised, no dropout. 384
-// threads: warpgroup 0, the producer (40 registers), copies Q and dO of
+// attn_bwd_dq_ws: attn_bwd_dq_wg warp-specialised (DROP: dropout on P as
+// attn_bwd_dq_wg_drop). 384 threads: warpgroup 0, the producer (40 registers), copies Q and dO of
 // the block's 128 queries once (their mbarrier completes through
 // cp.async) and then K_j and V_j, key tiles of 64, into a ring of three
 // stages; warpgroups 1 and 2 (232 registers) own queries 64(w−1).. and do
@@ -1846,7 +1849,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
 // dQ_{j−1} (three stages keep the producer a tile ahead). Grid and outputs
 // as attn_bwd_dq_wg. Shared memory (from a 1024-byte boundary): Q and dO
 // [128][D], three stages of K and V [64][D], then 7 mbarriers.
-template <int D>
+template <int D, bool DROP = false>
 __device__ __forceinline__ void attn_bwd_dq_ws(const attn_args& a) {
   constexpr int BM = 128, BN = 64, ND = D / 8, PT = 128, NS = 3;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
@@ -1901,13 +1904,14 @@ __device__ __forceinline__ void attn_bwd_dq_ws(const attn_args& a) {
   attn_zero<BN / 2>(dp);
 #pragma unroll
   for (int i = 0; i < BN / 16; i++) ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   gpukit_mbar_wait(qfull, 0);
   for (int j = 0; j < n; j++) {
     const int stg = j % NS, kbase = j * BN;
     gpukit_mbar_wait(full + 8 * stg, (j / NS) & 1);
     gpukit_fence_proxy_async();
-    attn_dq_tile<D, false>(dq, s, dp, ds, qa, oa, sK + stg * KT, sV + stg * KT, j > 0, sK + ((j + NS - 1) % NS) * KT,
-                           lse2, dl, kbase, row0, attn_dctx{}, a, [&] {
+    attn_dq_tile<D, DROP>(dq, s, dp, ds, qa, oa, sK + stg * KT, sV + stg * KT, j > 0, sK + ((j + NS - 1) % NS) * KT,
+                          lse2, dl, kbase, row0, dc, a, [&] {
                              if (j > 0) gpukit_mbar_arrive(empty + 8 * ((j - 1) % NS));  // dQ_{j−1} has read K_{j−1}
                            });
   }
@@ -1922,16 +1926,19 @@ __device__ __forceinline__ void attn_bwd_dq_ws(const attn_args& a) {
   gpukit_keep_f<D / 2>(dq);
   attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dq, a.sdq, b, h), a.sdq[1], qrow, a.Tq, dq, a.scale, a.acc_q);
 }
-// Instances: attn_bwd_dkdv_ws_d<D>, attn_bwd_dq_ws_d<D>.
-#define ATTN_BWD_WS_INSTANCE(D)                                                                   \
-  extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_dkdv_ws_d##D(const attn_args a) { \
-    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_ws_d##D)) attn_bwd_dkdv_ws<D>(a);                     \
-  }                                                                                               \
-  extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_dq_ws_d##D(const attn_args a) {   \
-    if constexpr (GPUKIT_KEEP(attn_bwd_dq_ws_d##D)) attn_bwd_dq_ws<D>(a);                         \
+// Instances: attn_bwd_dkdv_ws[_drop]_d<D>, attn_bwd_dq_ws[_drop]_d<D>
+// (_drop: dropout on P, as attn_bwd_*_wg_drop).
+#define ATTN_BWD_WS_INSTANCE(INST, D, DROP)                                                          \
+  extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_dkdv_ws_##INST(const attn_args a) { \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_ws_##INST)) attn_bwd_dkdv_ws<D, DROP>(a);                \
+  }                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_dq_ws_##INST(const attn_args a) {   \
+    if constexpr (GPUKIT_KEEP(attn_bwd_dq_ws_##INST)) attn_bwd_dq_ws<D, DROP>(a);                    \
   }
-ATTN_BWD_WS_INSTANCE(64)
-ATTN_BWD_WS_INSTANCE(128)
+ATTN_BWD_WS_INSTANCE(d64, 64, false)
+ATTN_BWD_WS_INSTANCE(d128, 128, false)
+ATTN_BWD_WS_INSTANCE(drop_d64, 64, true)
+ATTN_BWD_WS_INSTANCE(drop_d128, 128, true)
 #else
 // Not sm_90a: the symbols exist (one module for every GPU) but are never
 // launched (ops/attention.go launches them only on sm_90a, and only when
@@ -1950,6 +1957,10 @@ extern "C" __global__ void attn_bwd_dkdv_ws_d64(const attn_args) { asm volatile(
 extern "C" __global__ void attn_bwd_dkdv_ws_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dq_ws_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dq_ws_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_ws_drop_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_ws_drop_d64(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dq_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile("trap;"); }

@@ -993,10 +993,10 @@ func attnKernels(dt tensor.DType, d, t int, drop, wg, backward bool) []launch.Ke
 			named[0] = func(string) (launch.Kernel, error) { return launch.AttnFwdWsKernel(attnWSFor(drop, d, t).inst()) }
 		}
 		if attnBwdWSOn(drop, d, true) {
-			named[1] = func(string) (launch.Kernel, error) { return launch.AttnBwdDkdvWsDKernel(strconv.Itoa(d)) }
+			named[1] = launch.AttnBwdDkdvWsKernel
 		}
 		if attnBwdWSOn(drop, d, false) {
-			named[2] = func(string) (launch.Kernel, error) { return launch.AttnBwdDqWsDKernel(strconv.Itoa(d)) }
+			named[2] = launch.AttnBwdDqWsKernel
 		}
 	case tc:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdTcKernel, launch.AttnBwdDkdvTcKernel, launch.AttnBwdDqTcKernel}, a.inst(attnD(d))
@@ -1098,7 +1098,7 @@ func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
 func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
 		if attnBwdWSOn(a.DropP > 0, s.d, true) {
-			return launch.AttnBwdDkdvWsD(c, strconv.Itoa(s.d), attnGrid(s, s.tk, attnWGRows), block1(attnBwdWSThreads), attnBwdWSSmem(s.d), a.k())
+			return launch.AttnBwdDkdvWs(c, a.inst(attnD(s.d)), attnGrid(s, s.tk, attnWGRows), block1(attnBwdWSThreads), attnBwdWSSmem(s.d), a.k())
 		}
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 6*64*4 + 1024)
 		return launch.AttnBwdDkdvWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tk, attnWGRows),
@@ -1109,8 +1109,9 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 }
 
 // attnBwdWSMode says which of the backward's passes run warp-specialised
-// (attn_bwd_dkdv_ws, attn_bwd_dq_ws; never with dropout) where they run on
-// wgmma: 0 neither; 1 (the default) the dQ pass at both head dimensions,
+// (attn_bwd_dkdv_ws, attn_bwd_dq_ws; with dropout only where
+// attnBwdWSDrop) where they run on wgmma: 0 neither; 1 (the default) the
+// dQ pass at both head dimensions,
 // the dK/dV pass at D = 64; 2 both at both. One H200, 2026-11-29, against
 // attn_bwd_*_wg in the same run: attn_bwd_dq_ws 0.77–0.85× the time at
 // (8,16,2048,128), (8,32,2048,64) and (2,16,8192,128), causal and not;
@@ -1120,11 +1121,17 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 // Tests and benchmarks change it (SetAttentionBwdWS).
 var attnBwdWSMode = 1
 
+// attnBwdWSDrop lets a backward with dropout take the warp-specialised
+// kernels as attnBwdWSMode says (attn_bwd_*_ws_drop_d*). Off until they
+// have run on a GPU (emulator-checked, 2026-11-29); tests turn it on
+// (SetAttentionBwdWSDrop).
+var attnBwdWSDrop = false
+
 // attnBwdWSOn reports whether the backward's dK/dV pass (dkdv) or dQ pass
-// at head dimension d takes the warp-specialised kernel.
+// at head dimension d, dropping or not, takes the warp-specialised kernel.
 func attnBwdWSOn(drop bool, d int, dkdv bool) bool {
 	switch {
-	case drop || attnBwdWSMode == 0:
+	case drop && !attnBwdWSDrop || attnBwdWSMode == 0:
 		return false
 	case attnBwdWSMode == 2:
 		return true
@@ -1154,7 +1161,7 @@ func attnBwdWSSmemDQ(d int) uint32 { return uint32(2*attnWGRows*d*2 + 6*64*d*2 +
 func (c *cudaImpl) attnBwdDQTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
 		if attnBwdWSOn(a.DropP > 0, s.d, false) {
-			return launch.AttnBwdDqWsD(c, strconv.Itoa(s.d), attnGrid(s, s.tq, attnWGRows), block1(attnBwdWSThreads), attnBwdWSSmemDQ(s.d), a.k())
+			return launch.AttnBwdDqWs(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows), block1(attnBwdWSThreads), attnBwdWSSmemDQ(s.d), a.k())
 		}
 		smem := uint32(2*attnWGRows*s.d*2 + 6*64*s.d*2 + 1024)
 		return launch.AttnBwdDqWg(c, a.inst(attnD(s.d)), attnGrid(s, s.tq, attnWGRows),

@@ -41,3 +41,12 @@ func SetAttentionWide(on bool) (restore func()) {
 	attnWide = on
 	return func() { attnWide = old }
 }
+
+// SetAttentionBwdWSDrop lets a backward with dropout take the
+// warp-specialised kernels (attnBwdWSDrop) and returns a func that
+// restores the previous setting.
+func SetAttentionBwdWSDrop(on bool) (restore func()) {
+	old := attnBwdWSDrop
+	attnBwdWSDrop = on
+	return func() { attnBwdWSDrop = old }
+}

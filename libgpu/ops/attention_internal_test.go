@@ -83,30 +83,36 @@ func TestAttnPersistentGrid(t *testing.T) {
 // TestAttnBwdWSKernels: the backward's passes a graph prefetches follow
 // attnBwdWSMode: in mode 2 attn_bwd_dkdv_ws and attn_bwd_dq_ws at both
 // head dimensions, in mode 1 (the default) attn_bwd_dq_ws at both and
-// attn_bwd_dkdv_ws at D = 64, in mode 0 neither; never with dropout.
+// attn_bwd_dkdv_ws at D = 64, in mode 0 neither; with dropout their _drop
+// instances where attnBwdWSDrop allows, else attn_bwd_*_wg_drop.
 func TestAttnBwdWSKernels(t *testing.T) {
-	for mode, ws := range map[int][2][2]bool{0: {}, 1: {{true, true}, {false, true}}, 2: {{true, true}, {true, true}}} {
-		restore := SetAttentionBwdWS(mode)
-		for i, d := range []int{64, 128} {
-			for _, drop := range []bool{false, true} {
-				ks := attnKernels(tensor.BF16, d, 4096, drop, true, true)
-				var want [2]string
-				for p, pass := range []string{"dkdv", "dq"} {
-					switch {
-					case drop:
-						want[p] = "attn_bwd_" + pass + "_wg_drop_" + attnD(d)
-					case ws[i][p]:
-						want[p] = "attn_bwd_" + pass + "_ws_" + attnD(d)
-					default:
-						want[p] = "attn_bwd_" + pass + "_wg_" + attnD(d)
+	for _, wsDrop := range []bool{false, true} {
+		restoreDrop := SetAttentionBwdWSDrop(wsDrop)
+		for mode, ws := range map[int][2][2]bool{0: {}, 1: {{true, true}, {false, true}}, 2: {{true, true}, {true, true}}} {
+			restore := SetAttentionBwdWS(mode)
+			for i, d := range []int{64, 128} {
+				for _, drop := range []bool{false, true} {
+					ks := attnKernels(tensor.BF16, d, 4096, drop, true, true)
+					var want [2]string
+					for p, pass := range []string{"dkdv", "dq"} {
+						inst := attnD(d)
+						if drop {
+							inst = "drop_" + inst
+						}
+						kind := "_wg_"
+						if ws[i][p] && (!drop || wsDrop) {
+							kind = "_ws_"
+						}
+						want[p] = "attn_bwd_" + pass + kind + inst
+					}
+					if len(ks) < 3 || ks[1].Name != want[0] || ks[2].Name != want[1] {
+						t.Errorf("mode %d, ws with dropout %v, D %d, dropout %v: kernels %v, want %v second and third", mode, wsDrop, d, drop, ks, want)
 					}
 				}
-				if len(ks) < 3 || ks[1].Name != want[0] || ks[2].Name != want[1] {
-					t.Errorf("mode %d, D %d, dropout %v: kernels %v, want %v second and third", mode, d, drop, ks, want)
-				}
 			}
+			restore()
 		}
-		restore()
+		restoreDrop()
 	}
 }
 

@@ -408,7 +408,7 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 				restore = append(restore, ops.SetAttentionWGMMA(p.mode))
 			}
 			if p.bwd >= 0 {
-				restore = append(restore, ops.SetAttentionBwdWS(p.bwd))
+				restore = append(restore, ops.SetAttentionBwdWS(p.bwd), ops.SetAttentionBwdWSDrop(p.bwd > 0))
 			}
 			if p.l2 >= 0 {
 				restore = append(restore, ops.SetAttentionL2Budget(p.l2))
@@ -496,9 +496,11 @@ func BenchmarkAttentionForwardDropout(b *testing.B) {
 
 // BenchmarkAttentionForwardBackwardDropout: forward then backward with
 // dropout on P (p = 0.1) on the default kernels, the keep mask drawn in
-// the forward and again in both backward passes.
+// the forward and again in both backward passes; and with the
+// warp-specialised backward's dropping kernels as the default mix would
+// take them (bwd-ws: attnBwdWSMode 1 with SetAttentionBwdWSDrop).
 func BenchmarkAttentionForwardBackwardDropout(b *testing.B) {
-	benchAttention(b, "forward+backward", attnPath{"default", -1, -1, 0.1, -1})
+	benchAttention(b, "forward+backward", attnPath{"default", -1, -1, 0.1, -1}, attnPath{"bwd-ws", -1, -1, 0.1, 1})
 }
 
 // BenchmarkAttentionBackwardPaths: the backward on each kernel family.
@@ -541,8 +543,9 @@ func BenchmarkAttentionBackwardDQ(b *testing.B) { benchAttention(b, "backward dQ
 // not, T not a multiple of any tile, D = 80 (CUDA cores, bf16) — forward
 // and backward; two eager runs and a graph replay bitwise equal
 // (attnLargeCheckDrop); and on sm_90a the other tensor-core family too,
-// attn_fwd_wg_drop (mode 2) and the warp-specialised forward with dropout
-// (mode 3; the default's on wgmma).
+// attn_fwd_wg_drop (mode 2), the warp-specialised forward with dropout
+// (mode 3; the default's on wgmma) and behind it the warp-specialised
+// backward's dropping kernels (bwd-ws).
 // Then the step counter moving changes o, and moving back restores it.
 func TestCUDAAttentionDropout(t *testing.T) {
 	d := gpu(t)
@@ -571,11 +574,17 @@ func TestCUDAAttentionDropout(t *testing.T) {
 		})
 	}
 	if ops.AttentionHopper(e) {
-		for _, p := range []attnPath{{"mma.sync", 0, -1, 0, 0}, {"wgmma", 2, -1, 0, 0}, {"ws", 3, -1, 0, -1}} {
+		// bwd-ws: the warp-specialised backward's dropping kernels
+		// (attn_bwd_*_ws_drop; SetAttentionBwdWSDrop, not yet a default).
+		for _, p := range []attnPath{{"mma.sync", 0, -1, 0, 0}, {"wgmma", 2, -1, 0, 0}, {"ws", 3, -1, 0, -1}, {"bwd-ws", 3, -1, 0, 2}} {
 			for _, c := range cases[:4] {
 				t.Run(p.name+"/"+c.String(), func(t *testing.T) {
 					cudatest.RequireGPU(t)
 					defer ops.SetAttentionWGMMA(p.mode)()
+					if p.bwd >= 0 {
+						defer ops.SetAttentionBwdWS(p.bwd)()
+						defer ops.SetAttentionBwdWSDrop(p.bwd == 2)()
+					}
 					attnLargeCheckDrop(t, e, a, r, c, drop, step)
 				})
 			}

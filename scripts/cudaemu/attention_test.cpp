@@ -470,14 +470,19 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
     check(std::string(name) + (L > 0 ? " delta (v)" : " delta"), got, want, 1e-5);
   }
   if (mode >= WG && bwd_ws) {
-    if (DR) abort();  // attn_bwd_dkdv_ws has no dropout
     size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024 + 64;  // ops/attention.go attnBwdWSSmem
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
-      D == 64 ? attn_bwd_dkdv_ws_d64(a) : attn_bwd_dkdv_ws_d128(a);
+      if (D == 64)
+        DR ? attn_bwd_dkdv_ws_drop_d64(a) : attn_bwd_dkdv_ws_d64(a);
+      else
+        DR ? attn_bwd_dkdv_ws_drop_d128(a) : attn_bwd_dkdv_ws_d128(a);
     });
     smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 1024 + 64;  // attnBwdWSSmemDQ
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
-      D == 64 ? attn_bwd_dq_ws_d64(a) : attn_bwd_dq_ws_d128(a);
+      if (D == 64)
+        DR ? attn_bwd_dq_ws_drop_d64(a) : attn_bwd_dq_ws_d64(a);
+      else
+        DR ? attn_bwd_dq_ws_drop_d128(a) : attn_bwd_dq_ws_d128(a);
     });
   }
   if (mode >= WG) {
@@ -641,9 +646,9 @@ static void run_ws3() {
 }
 
 // run_bws: the warp-specialised backward (attn_bwd_dkdv_ws, attn_bwd_dq_ws), behind the
-// wgmma forward: one query tile and many (the two stages turn over), T not
+// wgmma forward: one query tile and many (the stages turn over), T not
 // a multiple of 64 or 128, Tq ≠ Tk, causal and not, a negative scale,
-// accumulation into dK and dV.
+// accumulation into dK and dV, dropout.
 static void run_bws() {
   bwd_ws = true;
   for (int D : {64, 128}) {
@@ -654,6 +659,10 @@ static void run_bws() {
     run(1, 300, 300, 2, D, true, true, WG, false, 0, -1);
     run(1, 200, 77, 1, D, false, true, WG, false);
     run(1, 450, 450, 1, D, false, true, WG, true);
+    // Dropout on P (attn_bwd_*_ws_drop): the same mask as the forward's.
+    run(2, 132, 132, 2, D, true, true, WG, false, 0.2f);
+    run(1, 36, 200, 1, D, false, true, WG, true, 0.5f);
+    run(1, 300, 300, 1, D, false, true, WG, false, 0.2f);
   }
   bwd_ws = false;
 }

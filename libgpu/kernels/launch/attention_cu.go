@@ -273,11 +273,11 @@ func AttnBwdDqWgKernel(inst string) (Kernel, error) {
 	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dq_wg_", inst)
 }
 
-// AttnBwdDkdvWsD launches attn_bwd_dkdv_ws_d<inst> of attention.cu, inst one of "64", "128":
+// AttnBwdDkdvWs launches attn_bwd_dkdv_ws_<inst> of attention.cu, inst one of "d64", "d128", "drop_d64", "drop_d128":
 //
 //	attn_bwd_dkdv_ws_d64(const attn_args a)
-func AttnBwdDkdvWsD(l Launcher, inst string, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
-	kn, kerr := AttnBwdDkdvWsDKernel(inst)
+func AttnBwdDkdvWs(l Launcher, inst string, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
+	kn, kerr := AttnBwdDkdvWsKernel(inst)
 	if kerr != nil {
 		return kerr
 	}
@@ -287,22 +287,26 @@ func AttnBwdDkdvWsD(l Launcher, inst string, grid, block [3]uint32, smem uint32,
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
 }
 
-// AttnBwdDkdvWsDKernel is instance inst of attn_bwd_dkdv_ws_d<inst> (AttnBwdDkdvWsD), for Prefetch.
-func AttnBwdDkdvWsDKernel(inst string) (Kernel, error) {
+// AttnBwdDkdvWsKernel is instance inst of attn_bwd_dkdv_ws_<inst> (AttnBwdDkdvWs), for Prefetch.
+func AttnBwdDkdvWsKernel(inst string) (Kernel, error) {
 	switch inst {
-	case "64":
+	case "d64":
 		return Kernel{File: "attention.cu", Name: "attn_bwd_dkdv_ws_d64"}, nil
-	case "128":
+	case "d128":
 		return Kernel{File: "attention.cu", Name: "attn_bwd_dkdv_ws_d128"}, nil
+	case "drop_d64":
+		return Kernel{File: "attention.cu", Name: "attn_bwd_dkdv_ws_drop_d64"}, nil
+	case "drop_d128":
+		return Kernel{File: "attention.cu", Name: "attn_bwd_dkdv_ws_drop_d128"}, nil
 	}
-	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dkdv_ws_d", inst)
+	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dkdv_ws_", inst)
 }
 
-// AttnBwdDqWsD launches attn_bwd_dq_ws_d<inst> of attention.cu, inst one of "64", "128":
+// AttnBwdDqWs launches attn_bwd_dq_ws_<inst> of attention.cu, inst one of "d64", "d128", "drop_d64", "drop_d128":
 //
 //	attn_bwd_dq_ws_d64(const attn_args a)
-func AttnBwdDqWsD(l Launcher, inst string, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
-	kn, kerr := AttnBwdDqWsDKernel(inst)
+func AttnBwdDqWs(l Launcher, inst string, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
+	kn, kerr := AttnBwdDqWsKernel(inst)
 	if kerr != nil {
 		return kerr
 	}
@@ -312,15 +316,19 @@ func AttnBwdDqWsD(l Launcher, inst string, grid, block [3]uint32, smem uint32, a
 	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
 }
 
-// AttnBwdDqWsDKernel is instance inst of attn_bwd_dq_ws_d<inst> (AttnBwdDqWsD), for Prefetch.
-func AttnBwdDqWsDKernel(inst string) (Kernel, error) {
+// AttnBwdDqWsKernel is instance inst of attn_bwd_dq_ws_<inst> (AttnBwdDqWs), for Prefetch.
+func AttnBwdDqWsKernel(inst string) (Kernel, error) {
 	switch inst {
-	case "64":
+	case "d64":
 		return Kernel{File: "attention.cu", Name: "attn_bwd_dq_ws_d64"}, nil
-	case "128":
+	case "d128":
 		return Kernel{File: "attention.cu", Name: "attn_bwd_dq_ws_d128"}, nil
+	case "drop_d64":
+		return Kernel{File: "attention.cu", Name: "attn_bwd_dq_ws_drop_d64"}, nil
+	case "drop_d128":
+		return Kernel{File: "attention.cu", Name: "attn_bwd_dq_ws_drop_d128"}, nil
 	}
-	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dq_ws_d", inst)
+	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dq_ws_", inst)
 }
 
 // AttnFwdSimt launches attn_fwd_simt_<inst> of attention.cu, inst one of "f32", "bf16", "drop_f32", "drop_bf16":
