@@ -39,6 +39,10 @@ var attnWide = false
 // errAttnWide is the error of a call at head dimension attnWideD that no
 // kernel takes.
 func errAttnWide(what string) error {
+	if what == "forward" && !attnWide {
+		return fmt.Errorf("%w: attention forward at head dimension %d: not yet enabled on a GPU (its kernel has not run on one); the GPU kernels take 1..%d, the host takes %d too",
+			ErrConfig, attnWideD, attnMaxD, attnWideD)
+	}
 	return fmt.Errorf("%w: attention %s at head dimension %d: the GPU kernels take 1..%d; %d has a forward only, bf16 without dropout on an sm_90a GPU, or on the host",
 		ErrConfig, what, attnWideD, attnMaxD, attnWideD)
 }
@@ -968,9 +972,10 @@ func (a *attnArgs) k() *launch.AttnArgs { return (*launch.AttnArgs)(a) }
 func attnD(d int) string { return "d" + strconv.Itoa(d) }
 
 // attnKernels are the attention.cu kernels attention over dt at head
-// dimension d and sequence length t (the longer of Tq and Tk) launches (drop: with dropout), its tensors aligned as a
-// Graph's are: the forward, and with backward the δ, dK/dV and dQ
-// kernels; wg says the wgmma path is expected (attnWGOn on sm_90a).
+// dimension d and sequence length t (the longer of Tq and Tk) launches
+// (drop: with dropout), its tensors aligned as a Graph's are: the forward,
+// and with backward the δ, dK/dV and dQ kernels (at D = attnWideD the
+// forward alone); wg says the wgmma path is expected (attnWGOn on sm_90a).
 func attnKernels(dt tensor.DType, d, t int, drop, wg, backward bool) []launch.Kernel {
 	if d == attnWideD { // a forward only (attnFwdWide)
 		k, err := launch.AttnFwdWsKernel(attnWSFor(false, d, t).inst())
@@ -1111,8 +1116,8 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 // attnBwdWSMode says which of the backward's passes run warp-specialised
 // (attn_bwd_dkdv_ws, attn_bwd_dq_ws; with dropout only where
 // attnBwdWSDrop) where they run on wgmma: 0 neither; 1 (the default) the
-// dQ pass at both head dimensions,
-// the dK/dV pass at D = 64; 2 both at both. One H200, 2026-11-29, against
+// dQ pass at both head dimensions, the dK/dV pass at D = 64; 2 both at
+// both. One H200, 2026-11-29, against
 // attn_bwd_*_wg in the same run: attn_bwd_dq_ws 0.77–0.85× the time at
 // (8,16,2048,128), (8,32,2048,64) and (2,16,8192,128), causal and not;
 // attn_bwd_dkdv_ws 0.85–0.88× at D = 64 from T = 1024 (three stages) but
