@@ -1744,10 +1744,10 @@ ATTN_WG_INSTANCES(_drop, true)
 // attn_bwd_dkdv_ws: attn_bwd_dkdv_wg warp-specialised (FlashAttention-3's
 // producer and consumers, Shah et al. 2024, §3.1, applied to the dK/dV
 // pass); DROP: dropout on P as attn_bwd_dkdv_wg_drop. 384 threads:
-// warpgroup 0, the producer (setmaxnreg 40; 24 at D = 128), copies K and V once and then Q, dO, lse·log2e and δ
-// of each query tile of 64 into a ring of three stages (one H200,
-// 2026-11-29: 0.95–0.97× the time of two at D = 64 from T = 1024, the same
-// at D = 128); a stage's "full"
+// warpgroup 0, the producer (setmaxnreg 40; 24 at D = 128), copies K and
+// V once and then Q, dO, lse·log2e and δ of each query tile of 64 into a
+// ring of three stages (one H200, 2026-11-29: 0.95–0.97× the time of two
+// at D = 64 from T = 1024, the same at D = 128); a stage's "full"
 // mbarrier completes when every producer thread's cp.async have landed
 // (cp.async.mbarrier.arrive) and it has stored its statistics (an
 // ordinary arrive, release semantics): 2·128 arrivals. Warpgroups 1 and 2
@@ -1826,8 +1826,8 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
     gpukit_fence_proxy_async();
     attn_dkdv_tile<D, DROP>(dk, dv, st, dpt, pp, ds, ka, va, sQ + stg * QT, sO + stg * QT, sL + stg * BM,
                             sD + stg * BM, qbase, krow0, dc, a, [&] {
-                               if (i > 0) gpukit_mbar_arrive(empty + 8 * ((i - 1) % NS));  // dV and dK of i − 1 have retired
-                             });
+                              if (i > 0) gpukit_mbar_arrive(empty + 8 * ((i - 1) % NS));  // dV and dK of i − 1 have retired
+                            });
   }
   gpukit_wg_wait<0>();
   gpukit_keep_f<D / 2>(dk);
@@ -1839,8 +1839,8 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
                         DROP ? a.drop_scale : 1.0f, a.acc_v);
 }
 // attn_bwd_dq_ws: attn_bwd_dq_wg warp-specialised (DROP: dropout on P as
-// attn_bwd_dq_wg_drop). 384 threads: warpgroup 0, the producer (40 registers), copies Q and dO of
-// the block's 128 queries once (their mbarrier completes through
+// attn_bwd_dq_wg_drop). 384 threads: warpgroup 0, the producer (40
+// registers), copies Q and dO of the block's 128 queries once (their mbarrier completes through
 // cp.async) and then K_j and V_j, key tiles of 64, into a ring of three
 // stages; warpgroups 1 and 2 (232 registers) own queries 64(w−1).. and do
 // attn_bwd_dq_wg's products in its order with no block barrier: S_j, dP_j
@@ -1912,8 +1912,8 @@ __device__ __forceinline__ void attn_bwd_dq_ws(const attn_args& a) {
     gpukit_fence_proxy_async();
     attn_dq_tile<D, DROP>(dq, s, dp, ds, qa, oa, sK + stg * KT, sV + stg * KT, j > 0, sK + ((j + NS - 1) % NS) * KT,
                           lse2, dl, kbase, row0, dc, a, [&] {
-                             if (j > 0) gpukit_mbar_arrive(empty + 8 * ((j - 1) % NS));  // dQ_{j−1} has read K_{j−1}
-                           });
+                            if (j > 0) gpukit_mbar_arrive(empty + 8 * ((j - 1) % NS));  // dQ_{j−1} has read K_{j−1}
+                          });
   }
   if (n > 0) {
     gpukit_keep_u<BN / 4>(&ds[0][0]);
