@@ -1840,9 +1840,9 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
 }
 // attn_bwd_dq_ws: attn_bwd_dq_wg warp-specialised (DROP: dropout on P as
 // attn_bwd_dq_wg_drop). 384 threads: warpgroup 0, the producer (40
-// registers), copies Q and dO of the block's 128 queries once (their mbarrier completes through
-// cp.async) and then K_j and V_j, key tiles of 64, into a ring of three
-// stages; warpgroups 1 and 2 (232 registers) own queries 64(w−1).. and do
+// registers), copies Q and dO of the block's 128 queries once (their
+// mbarrier completes through cp.async) and then K_j and V_j, key tiles of
+// 64, into a ring of three stages; warpgroups 1 and 2 (232 registers) own queries 64(w−1).. and do
 // attn_bwd_dq_wg's products in its order with no block barrier: S_j, dP_j
 // and dQ += dS_{j−1}·K_{j−1} issued together, P while dP is on the tensor
 // cores, and stage j−1 released once the wait for dP_j has retired
