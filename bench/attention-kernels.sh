@@ -46,7 +46,8 @@ for k in $kernels; do
 	(
 		"$kc" build --arch sm_90a --no-cache -I "$here/kernels" -D "GPUKIT_ONLY=$k" -o "$work/$k.cubin" "$src/attention.cu" >"$work/$k.log" 2>&1 || { echo "$k: kernelc failed: $(tail -1 "$work/$k.log")"; exit 0; }
 		cuobjdump -sass "$work/$k.cubin" >"$work/$k.sass" || true
-		res=$(cuobjdump -res-usage "$work/$k.cubin" | grep -A1 "Function $k\$" | tail -1 | awk '{print $1, $2}') || true
+		res=$(cuobjdump -res-usage "$work/$k.cubin" | grep -A1 -E "Function $k:?\$" | tail -1 | awk '{print $1, $2}') || true
+		grep C75 "$work/$k.log" | sort -u >"$out/ptxas-warnings-$k.txt" || true
 		awk -v fn="$k" -v res="$res" -v warn="$(grep -c C75 "$work/$k.log" || true)" '
 			/Function : / { on = ($3 == fn) }
 			on && /^[ \t]+\/\*[0-9a-f]+\*\/ / { n++; if ($0 ~ /STL|LDL/) spill++ }
@@ -54,6 +55,14 @@ for k in $kernels; do
 	) &
 done | sort | tee "$out/attention-resources.txt"
 wait
+# ptxas's C75xx warnings name why it serialised wgmma (the registers the
+# pipeline needed, a call, ...): one such kernel loses its overlap.
+for f in "$out"/ptxas-warnings-*.txt; do
+	if [ -s "$f" ]; then
+		echo "-- ${f##*/ptxas-warnings-}"
+		cut -c1-240 "$f"
+	fi
+done
 
 echo "== paths (ms a call)"
 (cd "$root/tests/libgpu_ops.d" && "$t" -test.run '^$' \
