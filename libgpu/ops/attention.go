@@ -845,13 +845,13 @@ func attnWSOn(drop bool) bool {
 // (attn_fwd_ws_c3_d64) from attnC3MinT positions on, persistent below
 // (one H200, 2026-11-29: c3 0.95× the persistent kernel's time at causal
 // (8,32,2048,64) and 0.84× at non-causal, 1.15× at causal
-// (32,12,1024,64), 1.3× at (64,6,256,64); the persistent kernel 0.91–0.97×
-// the non-persistent one at causal T = 1024 and 2048); at D = 128 two
-// consumers, not persistent (persistent was 1.17× at causal
+// (32,12,1024,64), 1.3–1.6× at (64,6,256,64); the persistent kernel
+// 0.91–0.97× the non-persistent one at causal T = 1024 and 2048); at
+// D = 128 two consumers, not persistent (persistent was 1.17× at causal
 // (8,16,2048,128) and 1.35–1.38× at (2,16,8192,128)). Mode 4: persistent
 // at both; 5: three consumers at D = 64; 6: as 5, persistent (the
-// persistent three-consumer kernel spills 21 words and was slower than
-// the non-persistent one at every measured shape).
+// persistent three-consumer kernel spills 21 words and was 1.08–1.19× the
+// non-persistent one's time from T = 1024, 0.90–0.95× at T = 256).
 func attnWSFor(drop bool, d, t int) attnWS {
 	c3 := !drop && d == 64 && (attnWGMode >= 5 || attnWGMode == 1 && t >= attnC3MinT)
 	w := attnWS{d: d, nc: 2, drop: drop}
