@@ -1230,13 +1230,14 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
 // tile's lse·log2e lt; dV += Pᵀ·dO; dSᵀ with its δ dt; dK += dSᵀ·Q, left in
 // flight. after_s runs once the wait after Sᵀ has retired the previous
 // tile's dV and dK (attn_bwd_dkdv_ws releases that tile's stage there).
-// BM = 64 queries, BN = 128 keys a block.
-template <int D, bool DROP, class AfterS>
+// BM queries a tile (64; 32 in attn_bwd_dkdv_ws_q32_d128), BN = 128 keys
+// a block.
+template <int D, bool DROP, int BM = 64, class AfterS>
 __device__ __forceinline__ void attn_dkdv_tile(float* dk, float* dv, float* st, float* dpt, unsigned pp[][4],
                                                unsigned ds[][4], unsigned ka, unsigned va, unsigned qt, unsigned ot,
                                                const float* lt, const float* dt, int qbase, int krow0,
                                                const attn_dctx& dc, const attn_args& a, AfterS after_s) {
-  constexpr int BN = 128, BM = 64, KD = D / 16;
+  constexpr int BN = 128, KD = D / 16;
   const int krow = krow0 + ((threadIdx.x & 31) >> 2);  // this thread's keys: krow, krow + 8
   gpukit_keep_f<BM / 2>(st);
   gpukit_keep_f<BM / 2>(dpt);
@@ -1758,15 +1759,20 @@ ATTN_WG_INSTANCES(_drop, true)
 // of its Q and dO. Grid and outputs as attn_bwd_dkdv_wg. Shared memory
 // (from a 1024-byte boundary): K and V [128][D], three stages of Q and dO
 // [64][D], three of lse·log2e and δ [64] f32, then 7 mbarriers.
-template <int D, bool DROP = false>
+//
+// BM = 32 (attn_bwd_dkdv_ws_q32_d128, not a default; four stages): query
+// tiles of 32, so that Sᵀ, dPᵀ, Pᵀ and dSᵀ take 48 registers fewer
+// (m64n32k16 for Sᵀ and dPᵀ) in consumers that hold dK and dV at D = 128.
+template <int D, bool DROP = false, int BM = 64>
 __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
-  constexpr int BN = 128, BM = 64, ND = D / 8, PT = 128, NS = 3;
+  static_assert(BM == 64 || (BM == 32 && !DROP), "attn_bwd_dkdv_ws: 64-query tiles, or 32 without dropout");
+  constexpr int BN = 128, ND = D / 8, PT = 128, NS = BM == 64 ? 3 : 4;
   constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned s0 = gpukit_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
   const unsigned sK = base, sV = base + KT, sQ = base + 2 * KT, sO = sQ + NS * QT;  // sQ, sO: [NS]
-  float* sL = (float*)(attn_smem + (base - s0) + 2 * KT + 2 * NS * QT);           // [NS][64] lse·log2e
-  float* sD = sL + NS * BM;                                                        // [NS][64] δ
+  float* sL = (float*)(attn_smem + (base - s0) + 2 * KT + 2 * NS * QT);           // [NS][BM] lse·log2e
+  float* sD = sL + NS * BM;                                                        // [NS][BM] δ
   const unsigned kvfull = base + 2 * KT + 2 * NS * QT + 2 * NS * BM * 4, full = kvfull + 8, empty = full + 8 * NS;
   const int wg = threadIdx.x >> 7;
   const attn_pos pos = attn_block(a);
@@ -1824,10 +1830,10 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
     const int stg = i % NS, qbase = (qstart + i) * BM;
     gpukit_mbar_wait(full + 8 * stg, (i / NS) & 1);
     gpukit_fence_proxy_async();
-    attn_dkdv_tile<D, DROP>(dk, dv, st, dpt, pp, ds, ka, va, sQ + stg * QT, sO + stg * QT, sL + stg * BM,
-                            sD + stg * BM, qbase, krow0, dc, a, [&] {
-                              if (i > 0) gpukit_mbar_arrive(empty + 8 * ((i - 1) % NS));  // dV and dK of i − 1 have retired
-                            });
+    attn_dkdv_tile<D, DROP, BM>(dk, dv, st, dpt, pp, ds, ka, va, sQ + stg * QT, sO + stg * QT, sL + stg * BM,
+                                sD + stg * BM, qbase, krow0, dc, a, [&] {
+                                  if (i > 0) gpukit_mbar_arrive(empty + 8 * ((i - 1) % NS));  // dV and dK of i − 1 have retired
+                                });
   }
   gpukit_wg_wait<0>();
   gpukit_keep_f<D / 2>(dk);
@@ -1939,6 +1945,9 @@ ATTN_BWD_WS_INSTANCE(d64, 64, false)
 ATTN_BWD_WS_INSTANCE(d128, 128, false)
 ATTN_BWD_WS_INSTANCE(drop_d64, 64, true)
 ATTN_BWD_WS_INSTANCE(drop_d128, 128, true)
+extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_dkdv_ws_q32_d128(const attn_args a) {
+  if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_ws_q32_d128)) attn_bwd_dkdv_ws<128, false, 32>(a);
+}
 #else
 // Not sm_90a: the symbols exist (one module for every GPU) but are never
 // launched (ops/attention.go launches them only on sm_90a, and only when
@@ -1961,6 +1970,7 @@ extern "C" __global__ void attn_bwd_dkdv_ws_drop_d64(const attn_args) { asm vola
 extern "C" __global__ void attn_bwd_dkdv_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dq_ws_drop_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dq_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_dkdv_ws_q32_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile("trap;"); }

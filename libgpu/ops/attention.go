@@ -1000,6 +1000,9 @@ func attnKernels(dt tensor.DType, d, t int, drop, wg, backward bool) []launch.Ke
 		if attnBwdWSOn(drop, d, true) {
 			named[1] = launch.AttnBwdDkdvWsKernel
 		}
+		if attnBwdDKDVQ32(drop, d) {
+			named[1] = func(string) (launch.Kernel, error) { return launch.AttnBwdDkdvWsQ32D128Kernel, nil }
+		}
 		if attnBwdWSOn(drop, d, false) {
 			named[2] = launch.AttnBwdDqWsKernel
 		}
@@ -1102,6 +1105,9 @@ func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
 // 2 × 64 lse and δ values).
 func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
+		if attnBwdDKDVQ32(a.DropP > 0, s.d) {
+			return launch.AttnBwdDkdvWsQ32D128(c, attnGrid(s, s.tk, attnWGRows), block1(attnBwdWSThreads), attnBwdWSSmemTiles(s.d, 32, 4), a.k())
+		}
 		if attnBwdWSOn(a.DropP > 0, s.d, true) {
 			return launch.AttnBwdDkdvWs(c, a.inst(attnD(s.d)), attnGrid(s, s.tk, attnWGRows), block1(attnBwdWSThreads), attnBwdWSSmem(s.d), a.k())
 		}
@@ -1117,7 +1123,9 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 // (attn_bwd_dkdv_ws, attn_bwd_dq_ws; with dropout only where
 // attnBwdWSDrop) where they run on wgmma: 0 neither; 1 (the default) the
 // dQ pass at both head dimensions, the dK/dV pass at D = 64; 2 both at
-// both. One H200, 2026-11-29, against
+// both; 3 as 2 with the dK/dV pass at D = 128 on 32-query tiles
+// (attn_bwd_dkdv_ws_q32_d128; not yet run on a GPU). One H200,
+// 2026-11-29, against
 // attn_bwd_*_wg in the same run: attn_bwd_dq_ws 0.77–0.85× the time at
 // (8,16,2048,128), (8,32,2048,64) and (2,16,8192,128), causal and not;
 // attn_bwd_dkdv_ws 0.85–0.88× at D = 64 from T = 1024 (three stages) but
@@ -1138,7 +1146,7 @@ func attnBwdWSOn(drop bool, d int, dkdv bool) bool {
 	switch {
 	case drop && !attnBwdWSDrop || attnBwdWSMode == 0:
 		return false
-	case attnBwdWSMode == 2:
+	case attnBwdWSMode >= 2:
 		return true
 	}
 	return !dkdv || d == 64
@@ -1151,7 +1159,19 @@ const attnBwdWSThreads = 384
 // attnBwdWSSmem is attn_bwd_dkdv_ws's shared memory: K and V [128][D], three
 // stages of Q and dO [64][D] and of lse and δ [64] f32 from a 1024-byte
 // boundary, then 7 mbarriers (56 bytes, 64 reserved).
-func attnBwdWSSmem(d int) uint32 { return uint32(2*attnWGRows*d*2 + 6*64*d*2 + 6*64*4 + 1024 + 64) }
+func attnBwdWSSmem(d int) uint32 { return attnBwdWSSmemTiles(d, 64, 3) }
+
+// attnBwdWSSmemTiles is attn_bwd_dkdv_ws's shared memory with ns stages
+// of bm queries: K and V [128][D], Q and dO [bm][D] and lse and δ [bm] f32
+// a stage, from a 1024-byte boundary, then 1 + 2·ns mbarriers (128 bytes
+// reserved).
+func attnBwdWSSmemTiles(d, bm, ns int) uint32 {
+	return uint32(2*attnWGRows*d*2 + 2*ns*bm*d*2 + 2*ns*bm*4 + 1024 + max(64, 8*(1+2*ns)))
+}
+
+// attnBwdDKDVQ32 reports whether the dK/dV pass at head dimension d runs
+// on attn_bwd_dkdv_ws_q32_d128 (attnBwdWSMode 3, D = 128, no dropout).
+func attnBwdDKDVQ32(drop bool, d int) bool { return attnBwdWSMode == 3 && d == 128 && !drop }
 
 // attnBwdWSSmemDQ is attn_bwd_dq_ws's: Q and dO [128][D], three stages of
 // K and V [64][D] from a 1024-byte boundary, then 7 mbarriers (56 bytes,

@@ -82,13 +82,21 @@ func TestAttnPersistentGrid(t *testing.T) {
 
 // TestAttnBwdWSKernels: the backward's passes a graph prefetches follow
 // attnBwdWSMode: in mode 2 attn_bwd_dkdv_ws and attn_bwd_dq_ws at both
-// head dimensions, in mode 1 (the default) attn_bwd_dq_ws at both and
-// attn_bwd_dkdv_ws at D = 64, in mode 0 neither; with dropout their _drop
-// instances where attnBwdWSDrop allows, else attn_bwd_*_wg_drop.
+// head dimensions, in mode 3 the same but attn_bwd_dkdv_ws_q32_d128 at
+// D = 128 without dropout, in mode 1 (the default) attn_bwd_dq_ws at both
+// and attn_bwd_dkdv_ws at D = 64, in mode 0 neither; with dropout their
+// _drop instances where attnBwdWSDrop allows, else attn_bwd_*_wg_drop.
+// The shared memory of the dK/dV pass's tilings stays within a block's.
 func TestAttnBwdWSKernels(t *testing.T) {
+	for _, c := range []struct{ d, bm, ns, want int }{{64, 64, 3, 2*128*64*2 + 6*64*64*2 + 6*64*4 + 1024 + 64},
+		{128, 64, 3, int(attnBwdWSSmem(128))}, {128, 32, 4, 2*128*128*2 + 8*32*128*2 + 8*32*4 + 1024 + 72}} {
+		if got := attnBwdWSSmemTiles(c.d, c.bm, c.ns); got != uint32(c.want) || got > 227*1024 {
+			t.Errorf("D %d, %d queries × %d stages: shared memory %d, want %d", c.d, c.bm, c.ns, got, c.want)
+		}
+	}
 	for _, wsDrop := range []bool{false, true} {
 		restoreDrop := SetAttentionBwdWSDrop(wsDrop)
-		for mode, ws := range map[int][2][2]bool{0: {}, 1: {{true, true}, {false, true}}, 2: {{true, true}, {true, true}}} {
+		for mode, ws := range map[int][2][2]bool{0: {}, 1: {{true, true}, {false, true}}, 2: {{true, true}, {true, true}}, 3: {{true, true}, {true, true}}} {
 			restore := SetAttentionBwdWS(mode)
 			for i, d := range []int{64, 128} {
 				for _, drop := range []bool{false, true} {
@@ -102,6 +110,9 @@ func TestAttnBwdWSKernels(t *testing.T) {
 						kind := "_wg_"
 						if ws[i][p] && (!drop || wsDrop) {
 							kind = "_ws_"
+						}
+						if mode == 3 && d == 128 && !drop && pass == "dkdv" {
+							inst = "q32_" + inst // attn_bwd_dkdv_ws_q32_d128
 						}
 						want[p] = "attn_bwd_" + pass + kind + inst
 					}

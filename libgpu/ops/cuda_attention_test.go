@@ -528,7 +528,9 @@ func BenchmarkAttentionBackwardDKDV(b *testing.B) { benchAttention(b, "backward 
 // BenchmarkAttentionBackwardDKDV and BenchmarkAttentionBackwardDQ).
 func BenchmarkAttentionBackwardWS(b *testing.B) {
 	for _, pass := range []string{"backward", "backward dK,dV", "backward dQ"} {
-		b.Run(strings.ReplaceAll(pass, " ", "-"), func(b *testing.B) { benchAttention(b, pass, attnPath{"wgmma-ws", 2, -1, 0, 2}) })
+		b.Run(strings.ReplaceAll(pass, " ", "-"), func(b *testing.B) {
+			benchAttention(b, pass, attnPath{"wgmma-ws", 2, -1, 0, 2}, attnPath{"wgmma-ws-q32", 2, -1, 0, 3})
+		})
 	}
 }
 
@@ -704,6 +706,20 @@ func TestCUDAAttentionPaths(t *testing.T) {
 			cudatest.RequireGPU(t)
 			defer ops.SetAttentionWGMMA(2)()
 			defer ops.SetAttentionBwdWS(2)()
+			attnLargeCheck(t, e, a, r, c)
+		})
+	}
+	// The dK/dV pass at D = 128 on 32-query tiles (attnBwdWSMode 3,
+	// attn_bwd_dkdv_ws_q32_d128; not a default).
+	for _, c := range []attnLarge{
+		{8, 16, 2048, 128, true, tensor.BF16},
+		{2, 4, 777, 128, false, tensor.BF16},
+		{1, 2, 1, 128, true, tensor.BF16},
+	} {
+		t.Run("bwd-ws-q32/"+c.String(), func(t *testing.T) {
+			cudatest.RequireGPU(t)
+			defer ops.SetAttentionWGMMA(2)()
+			defer ops.SetAttentionBwdWS(3)()
 			attnLargeCheck(t, e, a, r, c)
 		})
 	}

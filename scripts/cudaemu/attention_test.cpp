@@ -3,7 +3,7 @@
 // checks every kernel against a float64 naive attention (softmax(QKᵀ·scale
 // + mask)·V and its gradients), the *_drop instances against it with the
 // same dropout mask on P (an independent Philox). Usage:
-// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3|bws|ws256]
+// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3|bws|bws32|ws256]
 #include "emu.h"
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 // philox.cuh (included by attention.cu) also holds a normal draw that needs it.
@@ -251,6 +251,8 @@ static void track(Buf& b) { emu::track(b.mem.data(), b.mem.size()); }
 enum Mode { SIMT, TC, WG, WS, WSP, WS3, WSP3 };
 // bwd_ws: the dK/dV pass on attn_bwd_dkdv_ws (modes from WG on).
 static bool bwd_ws = false;
+// bwd_q32: with bwd_ws at D = 128, the dK/dV pass on attn_bwd_dkdv_ws_q32_d128.
+static bool bwd_q32 = false;
 static unsigned wsp_blocks = 1;
 
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
@@ -471,8 +473,12 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   }
   if (mode >= WG && bwd_ws) {
     size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024 + 64;  // ops/attention.go attnBwdWSSmem
+    if (bwd_q32) smem = 2 * 128 * D * 2 + 8 * 32 * D * 2 + 8 * 32 * 4 + 1024 + 72;  // attnBwdWSSmemTiles(D, 32, 4)
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
-      if (D == 64)
+      if (bwd_q32) {
+        if (D != 128 || DR) abort();  // one instance: attn_bwd_dkdv_ws_q32_d128
+        attn_bwd_dkdv_ws_q32_d128(a);
+      } else if (D == 64)
         DR ? attn_bwd_dkdv_ws_drop_d64(a) : attn_bwd_dkdv_ws_d64(a);
       else
         DR ? attn_bwd_dkdv_ws_drop_d128(a) : attn_bwd_dkdv_ws_d128(a);
@@ -667,6 +673,21 @@ static void run_bws() {
   bwd_ws = false;
 }
 
+// run_bws32: the dK/dV pass on 32-query tiles (attn_bwd_dkdv_ws_q32_d128,
+// four stages): one tile, many (the stages turn over), T not a multiple of
+// 32, Tq ≠ Tk, causal and not, a negative scale, accumulation.
+static void run_bws32() {
+  bwd_ws = bwd_q32 = true;
+  run(1, 17, 17, 2, 128, true, true, WG, false);
+  run(1, 5, 70, 1, 128, false, true, WG, true);
+  run(1, 1, 1, 1, 128, true, true, WG, false);
+  run(2, 130, 130, 1, 128, true, true, WG, true);
+  run(1, 300, 300, 2, 128, true, true, WG, false, 0, -1);
+  run(1, 200, 77, 1, 128, false, true, WG, false);
+  run(1, 450, 450, 1, 128, false, true, WG, true);
+  bwd_ws = bwd_q32 = false;
+}
+
 // run_ws: the warp-specialised forward (its backward is wg's; none at
 // D = 256, whose key tiles are 64: one tile, several, T not a multiple of
 // 64, Tq ≠ Tk, the two stages turning over, a negative scale, maxima
@@ -714,6 +735,11 @@ int main(int argc, char** argv) {
   bool droponly = argc > 1 && std::string(argv[1]) == "drop";
   if (argc > 1 && std::string(argv[1]) == "bws") {  // the warp-specialised dK/dV pass alone
     run_bws();
+    printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
+    return failures ? 1 : 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "bws32") {  // the dK/dV pass on 32-query tiles (D = 128)
+    run_bws32();
     printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
     return failures ? 1 : 0;
   }
@@ -793,6 +819,7 @@ int main(int argc, char** argv) {
   if (!quick) {
     run_ws();
     run_bws();
+    run_bws32();
   }
   for (bool bf16 : {false, true}) {
     if (wgonly) break;
