@@ -7,26 +7,20 @@ package ops
 // consumers at D = 64, 6 as 5 persistent) and returns a func that
 // restores the previous setting. Read at every call.
 func SetAttentionWGMMA(mode int) (restore func()) {
-	old := attnWGMode
-	attnWGMode = mode
-	return func() { attnWGMode = old }
+	return setVar(&attnWGMode, mode)
 }
 
 // SetAttentionBwdWS sets which backward passes run warp-specialised
 // (attnBwdWSMode: 0 neither, 1 the default, 2 both) from now on and
 // returns a func that restores the previous setting.
 func SetAttentionBwdWS(mode int) (restore func()) {
-	old := attnBwdWSMode
-	attnBwdWSMode = mode
-	return func() { attnBwdWSMode = old }
+	return setVar(&attnBwdWSMode, mode)
 }
 
 // SetAttentionL2Budget sets the L2 bytes per group of heads in the
 // attention kernels' launch order (0: no groups, the order before them).
 func SetAttentionL2Budget(bytes int) (restore func()) {
-	old := attnL2Budget
-	attnL2Budget = bytes
-	return func() { attnL2Budget = old }
+	return setVar(&attnL2Budget, bytes)
 }
 
 // AttentionHopper reports whether e runs attention's wgmma kernels (a CUDA
@@ -37,16 +31,12 @@ func AttentionHopper(e *Engine) bool { return e.c != nil && e.c.attnHopper() }
 // (attn_fwd_ws_d256; attnWide) and returns a func that restores the
 // previous setting.
 func SetAttentionWide(on bool) (restore func()) {
-	old := attnWide
-	attnWide = on
-	return func() { attnWide = old }
+	return setVar(&attnWide, on)
 }
 
 // SetAttentionBwdWSDrop lets a backward with dropout take the
 // warp-specialised kernels (attnBwdWSDrop) and returns a func that
 // restores the previous setting.
 func SetAttentionBwdWSDrop(on bool) (restore func()) {
-	old := attnBwdWSDrop
-	attnBwdWSDrop = on
-	return func() { attnBwdWSDrop = old }
+	return setVar(&attnBwdWSDrop, on)
 }

@@ -34,23 +34,17 @@ func ConvHopper(e *Engine) bool {
 // SetConvTune turns the per-shape timing of convolution paths (forward and
 // both backward passes) on or off from now on and returns a func that restores the previous setting.
 func SetConvTune(on bool) (restore func()) {
-	old := convTune
-	convTune = on
-	return func() { convTune = old }
+	return setVar(&convTune, on)
 }
 
 // SetConvFuseKernels lets Conv2DFused run on its fused kernels on CUDA (or
 // not) from now on and returns a func that restores the previous setting.
 func SetConvFuseKernels(on bool) (restore func()) {
-	old := convFuseKernels
-	convFuseKernels = on
-	return func() { convFuseKernels = old }
+	return setVar(&convFuseKernels, on)
 }
 
 // SetConvWS turns the warp-specialised wgmma forward (convWS) on or off
 // and returns a func that restores the previous setting.
 func SetConvWS(on bool) (restore func()) {
-	old := convWS
-	convWS = on
-	return func() { convWS = old }
+	return setVar(&convWS, on)
 }

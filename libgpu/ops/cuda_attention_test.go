@@ -692,36 +692,37 @@ func TestCUDAAttentionPaths(t *testing.T) {
 			})
 		}
 	}
-	// The warp-specialised backward, both passes (attn_bwd_dkdv_ws,
-	// attn_bwd_dq_ws; the default takes the dQ pass's, and the dK/dV
-	// pass's at D = 64, which the ws paths above check).
-	for _, c := range []attnLarge{
-		{8, 16, 2048, 128, true, tensor.BF16},
-		{2, 4, 777, 128, false, tensor.BF16},
-		{1, 2, 1, 128, true, tensor.BF16},
-		{4, 6, 1000, 64, true, tensor.BF16},
-		{2, 4, 777, 64, false, tensor.BF16},
+	// The warp-specialised backward, both passes (attnBwdWSMode 2:
+	// attn_bwd_dkdv_ws, attn_bwd_dq_ws; the default takes the dQ pass's,
+	// and the dK/dV pass's at D = 64, which the ws paths above check), and
+	// mode 3, the dK/dV pass at D = 128 on 32-query tiles
+	// (attn_bwd_dkdv_ws_q32_d128; not a default).
+	for _, p := range []struct {
+		name  string
+		mode  int
+		cases []attnLarge
+	}{
+		{"bwd-ws", 2, []attnLarge{
+			{8, 16, 2048, 128, true, tensor.BF16},
+			{2, 4, 777, 128, false, tensor.BF16},
+			{1, 2, 1, 128, true, tensor.BF16},
+			{4, 6, 1000, 64, true, tensor.BF16},
+			{2, 4, 777, 64, false, tensor.BF16},
+		}},
+		{"bwd-ws-q32", 3, []attnLarge{
+			{8, 16, 2048, 128, true, tensor.BF16},
+			{2, 4, 777, 128, false, tensor.BF16},
+			{1, 2, 1, 128, true, tensor.BF16},
+		}},
 	} {
-		t.Run("bwd-ws/"+c.String(), func(t *testing.T) {
-			cudatest.RequireGPU(t)
-			defer ops.SetAttentionWGMMA(2)()
-			defer ops.SetAttentionBwdWS(2)()
-			attnLargeCheck(t, e, a, r, c)
-		})
-	}
-	// The dK/dV pass at D = 128 on 32-query tiles (attnBwdWSMode 3,
-	// attn_bwd_dkdv_ws_q32_d128; not a default).
-	for _, c := range []attnLarge{
-		{8, 16, 2048, 128, true, tensor.BF16},
-		{2, 4, 777, 128, false, tensor.BF16},
-		{1, 2, 1, 128, true, tensor.BF16},
-	} {
-		t.Run("bwd-ws-q32/"+c.String(), func(t *testing.T) {
-			cudatest.RequireGPU(t)
-			defer ops.SetAttentionWGMMA(2)()
-			defer ops.SetAttentionBwdWS(3)()
-			attnLargeCheck(t, e, a, r, c)
-		})
+		for _, c := range p.cases {
+			t.Run(p.name+"/"+c.String(), func(t *testing.T) {
+				cudatest.RequireGPU(t)
+				defer ops.SetAttentionWGMMA(2)()
+				defer ops.SetAttentionBwdWS(p.mode)()
+				attnLargeCheck(t, e, a, r, c)
+			})
+		}
 	}
 	// Head dimension 256: attn_fwd_ws_d256 where SetAttentionWide allows it
 	// (a forward only; not yet a default), else an error naming what runs.

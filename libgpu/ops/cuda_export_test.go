@@ -5,9 +5,7 @@ import "gpukit/libgpu/cuda"
 // SetCUDAFusion turns cuBLASLt epilogue fusion on or off for CUDA engines
 // made afterwards and returns a func that restores the previous setting.
 func SetCUDAFusion(on bool) (restore func()) {
-	old := cudaFusion
-	cudaFusion = on
-	return func() { cudaFusion = old }
+	return setVar(&cudaFusion, on)
 }
 
 // CUDARejectedEpilogues lists the GEMM specs whose fused epilogue cuBLASLt
@@ -23,7 +21,5 @@ func CUDARejectedEpilogues(e *Engine) map[cuda.GemmSpec]error {
 // on CUDA
 // and returns a func that restores the previous count.
 func SetQRLanes(n int) (restore func()) {
-	old := solverLaneCount
-	solverLaneCount = n
-	return func() { solverLaneCount = old }
+	return setVar(&solverLaneCount, n)
 }

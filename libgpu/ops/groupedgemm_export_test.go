@@ -23,9 +23,7 @@ const (
 // SetGroupedPath chooses the kernels of bf16 grouped products on CUDA from
 // now on and returns a func that restores the previous choice.
 func SetGroupedPath(p int) (restore func()) {
-	old := groupedPath
-	groupedPath = p
-	return func() { groupedPath = old }
+	return setVar(&groupedPath, p)
 }
 
 // GroupedHopper reports whether e's CUDA backend runs the wgmma kernels.
