@@ -340,6 +340,27 @@ type attnPath struct {
 	bwd  int     // the backward's attnBwdWSMode (-1: the default)
 }
 
+// set applies p's kernel choices (each one that is not negative; bwd > 0
+// lets dropout take the warp-specialised backward too) and returns a func
+// that restores them.
+func (p attnPath) set() (restore func()) {
+	var rs []func()
+	if p.mode >= 0 {
+		rs = append(rs, ops.SetAttentionWGMMA(p.mode))
+	}
+	if p.bwd >= 0 {
+		rs = append(rs, ops.SetAttentionBwdWS(p.bwd), ops.SetAttentionBwdWSDrop(p.bwd > 0))
+	}
+	if p.l2 >= 0 {
+		rs = append(rs, ops.SetAttentionL2Budget(p.l2))
+	}
+	return func() {
+		for i := len(rs) - 1; i >= 0; i-- {
+			rs[i]()
+		}
+	}
+}
+
 // benchAttention times pass (forward, backward or both) the way
 // bench/reference/gpt.py times SDPA: each call between two CUDA events,
 // waited for before the next, and the median over b.N calls, reported as
@@ -403,16 +424,7 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 			if p.name != "" {
 				name = p.name + "/" + name
 			}
-			restore := []func(){}
-			if p.mode >= 0 {
-				restore = append(restore, ops.SetAttentionWGMMA(p.mode))
-			}
-			if p.bwd >= 0 {
-				restore = append(restore, ops.SetAttentionBwdWS(p.bwd), ops.SetAttentionBwdWSDrop(p.bwd > 0))
-			}
-			if p.l2 >= 0 {
-				restore = append(restore, ops.SetAttentionL2Budget(p.l2))
-			}
+			restore := p.set()
 			at.drop = ops.AttnDropout{}
 			if p.drop > 0 {
 				at.drop = ops.AttnDropout{P: p.drop, Seed: 0x9e3779b97f4a7c15, Counter: ctr}
@@ -447,9 +459,7 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 				b.ReportMetric(med, "ms/call")
 				b.ReportMetric(flops/(med*1e-3)/1e12, "TFLOP/s")
 			})
-			for _, f := range restore {
-				f()
-			}
+			restore()
 		}
 	}
 }
@@ -582,11 +592,7 @@ func TestCUDAAttentionDropout(t *testing.T) {
 			for _, c := range cases[:4] {
 				t.Run(p.name+"/"+c.String(), func(t *testing.T) {
 					cudatest.RequireGPU(t)
-					defer ops.SetAttentionWGMMA(p.mode)()
-					if p.bwd >= 0 {
-						defer ops.SetAttentionBwdWS(p.bwd)()
-						defer ops.SetAttentionBwdWSDrop(p.bwd == 2)()
-					}
+					defer p.set()()
 					attnLargeCheckDrop(t, e, a, r, c, drop, step)
 				})
 			}
@@ -629,8 +635,10 @@ func TestCUDAAttentionDropout(t *testing.T) {
 // dimensions (mode 4; the default's at D = 64) with more tiles than
 // blocks, its three-consumer forms at D = 64 (modes 5 and 6; the
 // default's from T = 2048), and the warp-specialised backward (both
-// passes; the default's dQ pass, and dK/dV at D = 64). On an sm_90a
-// device the wgmma kernels must be there: a module compiled without them (the sm_90a guard off) fails.
+// passes; the default's dQ pass, and dK/dV at D = 64; and the 32-query
+// dK/dV pass at D = 128), and the D = 256 forward. On an sm_90a device the
+// wgmma kernels must be there: a module compiled without them (the sm_90a
+// guard off) fails.
 func TestCUDAAttentionPaths(t *testing.T) {
 	d := gpu(t)
 	e := cudaEngine(t, d, ops.PrecTF32)
@@ -680,46 +688,27 @@ func TestCUDAAttentionPaths(t *testing.T) {
 			{2, 4, 777, 64, false, tensor.BF16},
 			{32, 12, 1024, 64, true, tensor.BF16},
 		}},
-	} {
-		for _, c := range p.cases {
-			t.Run(p.path.name+"/"+c.String(), func(t *testing.T) {
-				cudatest.RequireGPU(t)
-				defer ops.SetAttentionWGMMA(p.path.mode)()
-				if p.path.bwd >= 0 {
-					defer ops.SetAttentionBwdWS(p.path.bwd)()
-				}
-				attnLargeCheck(t, e, a, r, c)
-			})
-		}
-	}
-	// The warp-specialised backward, both passes (attnBwdWSMode 2:
-	// attn_bwd_dkdv_ws, attn_bwd_dq_ws; the default takes the dQ pass's,
-	// and the dK/dV pass's at D = 64, which the ws paths above check), and
-	// mode 3, the dK/dV pass at D = 128 on 32-query tiles
-	// (attn_bwd_dkdv_ws_q32_d128; not a default).
-	for _, p := range []struct {
-		name  string
-		mode  int
-		cases []attnLarge
-	}{
-		{"bwd-ws", 2, []attnLarge{
+		// The warp-specialised backward, both passes (attnBwdWSMode 2; the
+		// default takes the dQ pass's, and the dK/dV pass's at D = 64,
+		// which the ws paths above check), and mode 3, the dK/dV pass at
+		// D = 128 on 32-query tiles (attn_bwd_dkdv_ws_q32_d128).
+		{attnPath{"bwd-ws", 2, -1, 0, 2}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},
 			{1, 2, 1, 128, true, tensor.BF16},
 			{4, 6, 1000, 64, true, tensor.BF16},
 			{2, 4, 777, 64, false, tensor.BF16},
 		}},
-		{"bwd-ws-q32", 3, []attnLarge{
+		{attnPath{"bwd-ws-q32", 2, -1, 0, 3}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},
 			{1, 2, 1, 128, true, tensor.BF16},
 		}},
 	} {
 		for _, c := range p.cases {
-			t.Run(p.name+"/"+c.String(), func(t *testing.T) {
+			t.Run(p.path.name+"/"+c.String(), func(t *testing.T) {
 				cudatest.RequireGPU(t)
-				defer ops.SetAttentionWGMMA(2)()
-				defer ops.SetAttentionBwdWS(p.mode)()
+				defer p.path.set()()
 				attnLargeCheck(t, e, a, r, c)
 			})
 		}

@@ -654,37 +654,30 @@ static void run_ws3() {
 // run_bws: the warp-specialised backward (attn_bwd_dkdv_ws, attn_bwd_dq_ws), behind the
 // wgmma forward: one query tile and many (the stages turn over), T not
 // a multiple of 64 or 128, Tq ≠ Tk, causal and not, a negative scale,
-// accumulation into dK and dV, dropout.
-static void run_bws() {
+// accumulation into dK and dV, dropout; then (or with q32only alone) the
+// same shapes without dropout at D = 128 with the dK/dV pass on 32-query
+// tiles (attn_bwd_dkdv_ws_q32_d128, four stages).
+static void run_bws(bool q32only = false) {
   bwd_ws = true;
-  for (int D : {64, 128}) {
-    run(1, 17, 17, 2, D, true, true, WG, false);
-    run(1, 5, 70, 1, D, false, true, WG, true);
-    run(1, 1, 1, 1, D, true, true, WG, false);
-    run(2, 130, 130, 1, D, true, true, WG, true);
-    run(1, 300, 300, 2, D, true, true, WG, false, 0, -1);
-    run(1, 200, 77, 1, D, false, true, WG, false);
-    run(1, 450, 450, 1, D, false, true, WG, true);
-    // Dropout on P (attn_bwd_*_ws_drop): the same mask as the forward's.
-    run(2, 132, 132, 2, D, true, true, WG, false, 0.2f);
-    run(1, 36, 200, 1, D, false, true, WG, true, 0.5f);
-    run(1, 300, 300, 1, D, false, true, WG, false, 0.2f);
+  for (bool q32 : {false, true}) {
+    if (q32only && !q32) continue;
+    bwd_q32 = q32;
+    for (int D : {64, 128}) {
+      if (q32 && D != 128) continue;
+      run(1, 17, 17, 2, D, true, true, WG, false);
+      run(1, 5, 70, 1, D, false, true, WG, true);
+      run(1, 1, 1, 1, D, true, true, WG, false);
+      run(2, 130, 130, 1, D, true, true, WG, true);
+      run(1, 300, 300, 2, D, true, true, WG, false, 0, -1);
+      run(1, 200, 77, 1, D, false, true, WG, false);
+      run(1, 450, 450, 1, D, false, true, WG, true);
+      if (q32) continue;  // the 32-query instance has no dropout
+      // Dropout on P (attn_bwd_*_ws_drop): the same mask as the forward's.
+      run(2, 132, 132, 2, D, true, true, WG, false, 0.2f);
+      run(1, 36, 200, 1, D, false, true, WG, true, 0.5f);
+      run(1, 300, 300, 1, D, false, true, WG, false, 0.2f);
+    }
   }
-  bwd_ws = false;
-}
-
-// run_bws32: the dK/dV pass on 32-query tiles (attn_bwd_dkdv_ws_q32_d128,
-// four stages): one tile, many (the stages turn over), T not a multiple of
-// 32, Tq ≠ Tk, causal and not, a negative scale, accumulation.
-static void run_bws32() {
-  bwd_ws = bwd_q32 = true;
-  run(1, 17, 17, 2, 128, true, true, WG, false);
-  run(1, 5, 70, 1, 128, false, true, WG, true);
-  run(1, 1, 1, 1, 128, true, true, WG, false);
-  run(2, 130, 130, 1, 128, true, true, WG, true);
-  run(1, 300, 300, 2, 128, true, true, WG, false, 0, -1);
-  run(1, 200, 77, 1, 128, false, true, WG, false);
-  run(1, 450, 450, 1, 128, false, true, WG, true);
   bwd_ws = bwd_q32 = false;
 }
 
@@ -739,7 +732,7 @@ int main(int argc, char** argv) {
     return failures ? 1 : 0;
   }
   if (argc > 1 && std::string(argv[1]) == "bws32") {  // the dK/dV pass on 32-query tiles (D = 128)
-    run_bws32();
+    run_bws(true);
     printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
     return failures ? 1 : 0;
   }
@@ -819,7 +812,6 @@ int main(int argc, char** argv) {
   if (!quick) {
     run_ws();
     run_bws();
-    run_bws32();
   }
   for (bool bf16 : {false, true}) {
     if (wgonly) break;
