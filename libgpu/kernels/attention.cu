@@ -1224,6 +1224,66 @@ __device__ __forceinline__ void attn_fwd_wg(const attn_args& a) {
 }
 
 
+// attn_dkdv_regs is one warpgroup's registers in the dK/dV pass on wgmma
+// (attn_bwd_dkdv_wg, attn_bwd_dkdv_ws): the dK and dV accumulators of its
+// 64 keys, Sᵀ and dPᵀ of a BM-query tile, and packed Pᵀ and dSᵀ, zeroed
+// (the first tile's waits read them).
+template <int D, int BM>
+struct attn_dkdv_regs {
+  float dk[D / 2], dv[D / 2], st[BM / 2], dpt[BM / 2];
+  unsigned pp[BM / 16][4], ds[BM / 16][4];
+  __device__ __forceinline__ attn_dkdv_regs() {
+    attn_zero<D / 2>(dk);
+    attn_zero<D / 2>(dv);
+    attn_zero<BM / 2>(st);
+    attn_zero<BM / 2>(dpt);
+#pragma unroll
+    for (int i = 0; i < BM / 16; i++) pp[i][0] = pp[i][1] = pp[i][2] = pp[i][3] = ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  }
+  // store waits for the last dV and dK and writes them (rows krow,
+  // krow + 8; dK times scale, dV times 1/(1−p) with dropout).
+  template <bool DROP>
+  __device__ __forceinline__ void store(int krow, int b, int h, const attn_args& a) {
+    gpukit_wg_wait<0>();
+    gpukit_keep_f<D / 2>(dk);
+    gpukit_keep_f<D / 2>(dv);
+    if (a.dk) attn_store_frag<D / 8>(attn_head<gpukit_bf16>(a.dk, a.sdk, b, h), a.sdk[1], krow, a.Tk, dk, a.scale, a.acc_k);
+    if (a.dv)
+      attn_store_frag<D / 8>(attn_head<gpukit_bf16>(a.dv, a.sdv, b, h), a.sdv[1], krow, a.Tk, dv,
+                             DROP ? a.drop_scale : 1.0f, a.acc_v);
+  }
+};
+
+// attn_dq_regs is one warpgroup's registers in the dQ pass on wgmma
+// (attn_bwd_dq_wg, attn_bwd_dq_ws): the dQ accumulator of its 64 queries,
+// S and dP of a BN-key tile and packed dS, zeroed.
+template <int D, int BN>
+struct attn_dq_regs {
+  float dq[D / 2], s[BN / 2], dp[BN / 2];
+  unsigned ds[BN / 16][4];
+  __device__ __forceinline__ attn_dq_regs() {
+    attn_zero<D / 2>(dq);
+    attn_zero<BN / 2>(s);
+    attn_zero<BN / 2>(dp);
+#pragma unroll
+    for (int i = 0; i < BN / 16; i++) ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  }
+  // store issues the last dQ += dS·K (K of the last of n tiles at klast),
+  // waits, and writes dQ times scale (rows qrow, qrow + 8).
+  __device__ __forceinline__ void store(int n, unsigned klast, int qrow, int b, int h, const attn_args& a) {
+    if (n > 0) {
+      gpukit_keep_u<BN / 4>(&ds[0][0]);
+      gpukit_keep_f<D / 2>(dq);
+      gpukit_wg_fence();
+      attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, klast);
+      gpukit_wg_commit();
+    }
+    gpukit_wg_wait<0>();
+    gpukit_keep_f<D / 2>(dq);
+    attn_store_frag<D / 8>(attn_head<gpukit_bf16>(a.dq, a.sdq, b, h), a.sdq[1], qrow, a.Tq, dq, a.scale, a.acc_q);
+  }
+};
+
 // attn_dkdv_tile is query tile qbase of the dK/dV pass on wgmma for one
 // warpgroup's 64 keys (attn_bwd_dkdv_wg's order, see there): Sᵀ and dPᵀ
 // from K and V rows ka, va and the tile's Q and dO at qt, ot; Pᵀ with the
@@ -1304,7 +1364,7 @@ __device__ __forceinline__ void attn_dkdv_tile(float* dk, float* dv, float* st, 
 // next tile's start.
 template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
-  constexpr int BN = 128, BM = 64, ND = D / 8;
+  constexpr int BN = 128, BM = 64;
   constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned s0 = gpukit_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
@@ -1335,14 +1395,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
   }
   gpukit_cp_commit();
 
-  float dk[D / 2], dv[D / 2], st[BM / 2], dpt[BM / 2];
-  unsigned pp[BM / 16][4], ds[BM / 16][4];
-  attn_zero<D / 2>(dk);
-  attn_zero<D / 2>(dv);
-  attn_zero<BM / 2>(st);
-  attn_zero<BM / 2>(dpt);
-#pragma unroll
-  for (int i = 0; i < BM / 16; i++) pp[i][0] = pp[i][1] = pp[i][2] = pp[i][3] = ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  attn_dkdv_regs<D, BM> r;
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
   for (int i = 0; i < n; i++) {
@@ -1355,17 +1408,10 @@ __device__ __forceinline__ void attn_bwd_dkdv_wg(const attn_args& a) {
       attn_tile_stats(sL + nx * BM, sD + nx * BM, BM, qbase + BM, bh, a);
     }
     gpukit_cp_commit();
-    attn_dkdv_tile<D, DROP>(dk, dv, st, dpt, pp, ds, ka, va, sQ + stg * QT, sO + stg * QT, sL + stg * BM,
-                            sD + stg * BM, qbase, krow0, dc, a, [] {});
+    attn_dkdv_tile<D, DROP>(r.dk, r.dv, r.st, r.dpt, r.pp, r.ds, ka, va, sQ + stg * QT, sO + stg * QT,
+                            sL + stg * BM, sD + stg * BM, qbase, krow0, dc, a, [] {});
   }
-  gpukit_wg_wait<0>();
-  gpukit_keep_f<D / 2>(dk);
-  gpukit_keep_f<D / 2>(dv);
-
-  if (a.dk) attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dk, a.sdk, b, h), a.sdk[1], krow, a.Tk, dk, a.scale, a.acc_k);
-  if (a.dv)
-    attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dv, a.sdv, b, h), a.sdv[1], krow, a.Tk, dv,
-                        DROP ? a.drop_scale : 1.0f, a.acc_v);
+  r.template store<DROP>(krow, b, h, a);
 }
 
 // attn_dq_tile is key tile kbase of the dQ pass on wgmma for one
@@ -1426,7 +1472,7 @@ __device__ __forceinline__ void attn_dq_tile(float* dq, float* s, float* dp, uns
 // and serialized every wgmma of the kernel (C7515, sm_90a SASS).
 template <int D, bool DROP>
 __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
-  constexpr int BM = 128, BN = 64, ND = D / 8;
+  constexpr int BM = 128, BN = 64;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned sQ = (gpukit_smem_addr(attn_smem) + 1023u) & ~1023u;
@@ -1452,13 +1498,7 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   float lse2[2], dl[2];
   attn_row_stats(lse2, dl, qrow, bh, a);
-  float dq[D / 2], s[BN / 2], dp[BN / 2];
-  unsigned ds[BN / 16][4];
-  attn_zero<D / 2>(dq);
-  attn_zero<BN / 2>(s);
-  attn_zero<BN / 2>(dp);
-#pragma unroll
-  for (int i = 0; i < BN / 16; i++) ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  attn_dq_regs<D, BN> r;
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
 
   for (int j = 0; j < n; j++) {
@@ -1470,19 +1510,10 @@ __device__ __forceinline__ void attn_bwd_dq_wg(const attn_args& a) {
       attn_wg_load<D, BN>(sV + nx * KT, V, a.sv[1], kbase + BN, a.Tk);
     }
     gpukit_cp_commit();
-    attn_dq_tile<D, DROP>(dq, s, dp, ds, qa, oa, sK + stg * KT, sV + stg * KT, j > 0, sK + ((j + 2) % 3) * KT,
-                          lse2, dl, kbase, row0, dc, a, [] {});
+    attn_dq_tile<D, DROP>(r.dq, r.s, r.dp, r.ds, qa, oa, sK + stg * KT, sV + stg * KT, j > 0,
+                          sK + ((j + 2) % 3) * KT, lse2, dl, kbase, row0, dc, a, [] {});
   }
-  if (n > 0) {
-    gpukit_keep_u<BN / 4>(&ds[0][0]);
-    gpukit_keep_f<D / 2>(dq);
-    gpukit_wg_fence();
-    attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, sK + ((n - 1) % 3) * KT);
-    gpukit_wg_commit();
-  }
-  gpukit_wg_wait<0>();
-  gpukit_keep_f<D / 2>(dq);
-  attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dq, a.sdq, b, h), a.sdq[1], qrow, a.Tq, dq, a.scale, a.acc_q);
+  r.store(n, sK + ((n + 2) % 3) * KT, qrow, b, h, a);
 }
 
 // attn_fwd_ws: the forward warp-specialised (FlashAttention-3, Shah et al.
@@ -1766,7 +1797,7 @@ ATTN_WG_INSTANCES(_drop, true)
 template <int D, bool DROP = false, int BM = 64>
 __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
   static_assert(BM == 64 || (BM == 32 && !DROP), "attn_bwd_dkdv_ws: 64-query tiles, or 32 without dropout");
-  constexpr int BN = 128, ND = D / 8, PT = 128, NS = BM == 64 ? 3 : 4;
+  constexpr int BN = 128, PT = 128, NS = BM == 64 ? 3 : 4;
   constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned s0 = gpukit_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
@@ -1816,33 +1847,19 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
   const int krow0 = k0 + cw * 64 + warp * 16;  // this warp's first key
   const int krow = krow0 + g;                  // this thread's keys: krow, krow + 8
   const unsigned ka = sK + cw * 64 * 128, va = sV + cw * 64 * 128;  // this warpgroup's K and V rows
-  float dk[D / 2], dv[D / 2], st[BM / 2], dpt[BM / 2];
-  unsigned pp[BM / 16][4], ds[BM / 16][4];
-  attn_zero<D / 2>(dk);
-  attn_zero<D / 2>(dv);
-  attn_zero<BM / 2>(st);
-  attn_zero<BM / 2>(dpt);
-#pragma unroll
-  for (int i = 0; i < BM / 16; i++) pp[i][0] = pp[i][1] = pp[i][2] = pp[i][3] = ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  attn_dkdv_regs<D, BM> r;
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   gpukit_mbar_wait(kvfull, 0);
   for (int i = 0; i < n; i++) {
     const int stg = i % NS, qbase = (qstart + i) * BM;
     gpukit_mbar_wait(full + 8 * stg, (i / NS) & 1);
     gpukit_fence_proxy_async();
-    attn_dkdv_tile<D, DROP, BM>(dk, dv, st, dpt, pp, ds, ka, va, sQ + stg * QT, sO + stg * QT, sL + stg * BM,
-                                sD + stg * BM, qbase, krow0, dc, a, [&] {
+    attn_dkdv_tile<D, DROP, BM>(r.dk, r.dv, r.st, r.dpt, r.pp, r.ds, ka, va, sQ + stg * QT, sO + stg * QT,
+                                sL + stg * BM, sD + stg * BM, qbase, krow0, dc, a, [&] {
                                   if (i > 0) gpukit_mbar_arrive(empty + 8 * ((i - 1) % NS));  // dV and dK of i − 1 have retired
                                 });
   }
-  gpukit_wg_wait<0>();
-  gpukit_keep_f<D / 2>(dk);
-  gpukit_keep_f<D / 2>(dv);
-
-  if (a.dk) attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dk, a.sdk, b, h), a.sdk[1], krow, a.Tk, dk, a.scale, a.acc_k);
-  if (a.dv)
-    attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dv, a.sdv, b, h), a.sdv[1], krow, a.Tk, dv,
-                        DROP ? a.drop_scale : 1.0f, a.acc_v);
+  r.template store<DROP>(krow, b, h, a);
 }
 // attn_bwd_dq_ws: attn_bwd_dq_wg warp-specialised (DROP: dropout on P as
 // attn_bwd_dq_wg_drop). 384 threads: warpgroup 0, the producer (40
@@ -1857,7 +1874,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
 // [128][D], three stages of K and V [64][D], then 7 mbarriers.
 template <int D, bool DROP = false>
 __device__ __forceinline__ void attn_bwd_dq_ws(const attn_args& a) {
-  constexpr int BM = 128, BN = 64, ND = D / 8, PT = 128, NS = 3;
+  constexpr int BM = 128, BN = 64, PT = 128, NS = 3;
   constexpr unsigned QT = BM * D * 2, KT = BN * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned sQ = (gpukit_smem_addr(attn_smem) + 1023u) & ~1023u;
@@ -1903,34 +1920,19 @@ __device__ __forceinline__ void attn_bwd_dq_ws(const attn_args& a) {
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   float lse2[2], dl[2];
   attn_row_stats(lse2, dl, qrow, bh, a);
-  float dq[D / 2], s[BN / 2], dp[BN / 2];
-  unsigned ds[BN / 16][4];
-  attn_zero<D / 2>(dq);
-  attn_zero<BN / 2>(s);
-  attn_zero<BN / 2>(dp);
-#pragma unroll
-  for (int i = 0; i < BN / 16; i++) ds[i][0] = ds[i][1] = ds[i][2] = ds[i][3] = 0u;
+  attn_dq_regs<D, BN> r;
   const attn_dctx dc = DROP ? attn_dctx_make(a, b, h) : attn_dctx{};
   gpukit_mbar_wait(qfull, 0);
   for (int j = 0; j < n; j++) {
     const int stg = j % NS, kbase = j * BN;
     gpukit_mbar_wait(full + 8 * stg, (j / NS) & 1);
     gpukit_fence_proxy_async();
-    attn_dq_tile<D, DROP>(dq, s, dp, ds, qa, oa, sK + stg * KT, sV + stg * KT, j > 0, sK + ((j + NS - 1) % NS) * KT,
-                          lse2, dl, kbase, row0, dc, a, [&] {
+    attn_dq_tile<D, DROP>(r.dq, r.s, r.dp, r.ds, qa, oa, sK + stg * KT, sV + stg * KT, j > 0,
+                          sK + ((j + NS - 1) % NS) * KT, lse2, dl, kbase, row0, dc, a, [&] {
                             if (j > 0) gpukit_mbar_arrive(empty + 8 * ((j - 1) % NS));  // dQ_{j−1} has read K_{j−1}
                           });
   }
-  if (n > 0) {
-    gpukit_keep_u<BN / 4>(&ds[0][0]);
-    gpukit_keep_f<D / 2>(dq);
-    gpukit_wg_fence();
-    attn_wg_gemm_rs<D, BN / 16, BN>(dq, ds, sK + ((n - 1) % NS) * KT);
-    gpukit_wg_commit();
-  }
-  gpukit_wg_wait<0>();
-  gpukit_keep_f<D / 2>(dq);
-  attn_store_frag<ND>(attn_head<gpukit_bf16>(a.dq, a.sdq, b, h), a.sdq[1], qrow, a.Tq, dq, a.scale, a.acc_q);
+  r.store(n, sK + ((n + NS - 1) % NS) * KT, qrow, b, h, a);
 }
 // Instances: attn_bwd_dkdv_ws[_drop]_d<D>, attn_bwd_dq_ws[_drop]_d<D>
 // (_drop: dropout on P, as attn_bwd_*_wg_drop).
