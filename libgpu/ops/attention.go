@@ -978,8 +978,11 @@ func attnD(d int) string { return "d" + strconv.Itoa(d) }
 // forward alone); wg says the wgmma path is expected (attnWGOn on sm_90a).
 func attnKernels(dt tensor.DType, d, t int, drop, wg, backward bool) []launch.Kernel {
 	if d == attnWideD { // a forward only (attnFwdWide)
+		if dt != tensor.BF16 || drop || !wg {
+			return nil
+		}
 		k, err := launch.AttnFwdWsKernel(attnWSFor(false, d, t).inst())
-		if err != nil || dt != tensor.BF16 || drop || !wg {
+		if err != nil {
 			return nil
 		}
 		return []launch.Kernel{k, attnWGMarker}

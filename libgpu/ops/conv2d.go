@@ -43,6 +43,17 @@ type convShape struct {
 	outPerImg, colImg int  // Ho·Wo; Ho·Wo·K (elements of one image's columns)
 }
 
+// gemmViews are o (y or dy, [N,Ho,Wo,Cout]) and wt (w or dw,
+// [Cout,KH,KW,Cin]) as the matrices the GEMM formulation takes:
+// [N·Ho·Wo, Cout] and [Cout, K].
+func (s *convShape) gemmViews(o, wt *tensor.Tensor) (o2, wt2 *tensor.Tensor, err error) {
+	if o2, err = o.View(s.n*s.outPerImg, s.cout); err != nil {
+		return nil, nil, err
+	}
+	wt2, err = wt.View(s.cout, s.k)
+	return o2, wt2, err
+}
+
 // ConvOutSize is the output length of a convolution along one axis:
 // ⌊(in + 2·pad − k)/stride⌋ + 1 (0 when the padded input is shorter
 // than the kernel).
@@ -622,11 +633,7 @@ func (c *cudaImpl) conv2dOn(e *Engine, path int, y, x, w, b *tensor.Tensor, s *c
 	if !s.pointwise && igemmOK(path, s.cin, s.cout, x, w, y, b) {
 		return c.convIgemm(path, x, w, b, y, s.n, s.h, s.w, s.cin, s.ho, s.wo, s.cout, s.kh, s.kw, s.stride, s.pad, false)
 	}
-	y2, err := y.View(s.n*s.outPerImg, s.cout)
-	if err != nil {
-		return err
-	}
-	w2, err := w.View(s.cout, s.k)
+	y2, w2, err := s.gemmViews(y, w)
 	if err != nil {
 		return err
 	}
@@ -675,11 +682,7 @@ func (c *cudaImpl) im2colChunks(e *Engine, x *tensor.Tensor, s *convShape, f fun
 func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s *convShape, acc [3]bool) error {
 	if s.pointwise {
 		rowsAll := s.n * s.outPerImg
-		dy2, err := dy.View(rowsAll, s.cout)
-		if err != nil {
-			return err
-		}
-		w2, err := w.View(s.cout, s.k)
+		dy2, w2, err := s.gemmViews(dy, w)
 		if err != nil {
 			return err
 		}
@@ -742,11 +745,7 @@ func (c *cudaImpl) convBwdDW(e *Engine, p int, dw, dy, x *tensor.Tensor, s *conv
 	if p == convWG {
 		return c.convWgDW(e, dw, dy, x, s, acc)
 	}
-	dy2, err := dy.View(s.n*s.outPerImg, s.cout)
-	if err != nil {
-		return err
-	}
-	dw2, err := dw.View(s.cout, s.k)
+	dy2, dw2, err := s.gemmViews(dy, dw)
 	if err != nil {
 		return err
 	}
@@ -791,11 +790,7 @@ func (c *cudaImpl) convBwdDX(e *Engine, p int, dx, dy, w *tensor.Tensor, s *conv
 		}
 		return c.convIgemm(p, dy, wf, nil, dx, s.n, s.ho, s.wo, s.cout, s.h, s.w, s.cin, s.kh, s.kw, 1, s.kh-1-s.pad, acc)
 	}
-	dy2, err := dy.View(s.n*s.outPerImg, s.cout)
-	if err != nil {
-		return err
-	}
-	w2, err := w.View(s.cout, s.k)
+	dy2, w2, err := s.gemmViews(dy, w)
 	if err != nil {
 		return err
 	}
