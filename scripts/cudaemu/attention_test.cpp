@@ -726,32 +726,27 @@ int main(int argc, char** argv) {
   bool quick = argc > 1 && std::string(argv[1]) == "quick";
   bool wgonly = argc > 1 && std::string(argv[1]) == "wg";
   bool droponly = argc > 1 && std::string(argv[1]) == "drop";
-  if (argc > 1 && std::string(argv[1]) == "bws") {  // the warp-specialised dK/dV pass alone
-    run_bws();
-    printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
-    return failures ? 1 : 0;
-  }
-  if (argc > 1 && std::string(argv[1]) == "bws32") {  // the dK/dV pass on 32-query tiles (D = 128)
-    run_bws(true);
-    printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
-    return failures ? 1 : 0;
-  }
-  if (argc > 1 && std::string(argv[1]) == "ws3") {  // its three-consumer form alone
-    run_ws3();
-    printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
-    return failures ? 1 : 0;
-  }
-  if (argc > 1 && std::string(argv[1]) == "ws256") {  // its D = 256 instance alone
-    run(1, 17, 17, 1, 256, true, true, WS, false);
-    run(1, 5, 70, 1, 256, false, true, WS, true);
-    run(1, 200, 200, 2, 256, true, true, WS, false, 0, -1);
-    printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
-    return failures ? 1 : 0;
-  }
-  if (argc > 1 && std::string(argv[1]) == "ws") {  // the warp-specialised forward alone
-    run_ws();
-    printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
-    return failures ? 1 : 0;
+  // One group of kernels alone.
+  const struct {
+    const char* name;
+    void (*run)();
+  } alone[] = {
+      {"bws", [] { run_bws(); }},        // the warp-specialised backward
+      {"bws32", [] { run_bws(true); }},  // its dK/dV pass on 32-query tiles (D = 128)
+      {"ws3", run_ws3},                  // the three-consumer forward
+      {"ws256", [] {                     // the D = 256 forward
+         run(1, 17, 17, 1, 256, true, true, WS, false);
+         run(1, 5, 70, 1, 256, false, true, WS, true);
+         run(1, 200, 200, 2, 256, true, true, WS, false, 0, -1);
+       }},
+      {"ws", run_ws},  // the warp-specialised forward
+  };
+  for (const auto& g : alone) {
+    if (argc > 1 && std::string(argv[1]) == g.name) {
+      g.run();
+      printf(failures ? "FAIL: %d check(s)\n" : "PASS\n", failures);
+      return failures ? 1 : 0;
+    }
   }
   // Dropout on P (p = 0.2; 0.5 once): every kernel family.
   for (bool bf16 : {false, true}) {
