@@ -79,13 +79,18 @@ struct View {
   }
 };
 
-static double relerr(const std::vector<double>& got, const std::vector<double>& want) {
+// relerr is ‖got − want‖ / ‖want‖, or over ‖terms‖ when given: the size
+// of the terms each value sums, so that a sum that cancels to near 0
+// cannot fail a check by chance (DEVELOPERS.md).
+static double relerr(const std::vector<double>& got, const std::vector<double>& want,
+                     const std::vector<double>* terms = nullptr) {
   double num = 0, den = 0;
   for (size_t i = 0; i < got.size(); i++) {
     double d = got[i] - want[i];
     if (std::isnan(d)) return INFINITY;
     num += d * d;
-    den += want[i] * want[i];
+    const double w = terms ? (*terms)[i] : want[i];
+    den += w * w;
   }
   return den == 0 ? sqrt(num) : sqrt(num / den);
 }
@@ -103,8 +108,9 @@ static unsigned long long digest(const std::vector<double>& v) {
   return h;
 }
 
-static void check(const std::string& what, const std::vector<double>& got, const std::vector<double>& want, double tol) {
-  double e = relerr(got, want);
+static void check(const std::string& what, const std::vector<double>& got, const std::vector<double>& want, double tol,
+                  const std::vector<double>* terms = nullptr) {
+  double e = relerr(got, want, terms);
   bool ok = e <= tol;
   static const bool dig = getenv("ATTN_EMU_DIGEST") && *getenv("ATTN_EMU_DIGEST") == '1';
   if (dig)
@@ -460,16 +466,21 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
     });
   }
   {
-    std::vector<double> got, want;
+    std::vector<double> got, want, terms;  // terms: Σ_d |dO·O|, what δ's error is relative to
     for (int b = 0; b < B; b++)
       for (int h = 0; h < H; h++)
         for (int i = 0; i < Tq; i++) {
-          double s = 0;
-          for (int d = 0; d < D; d++) s += o.get(b, i, h, d) * dout.get(b, i, h, d);
+          double s = 0, t = 0;
+          for (int d = 0; d < D; d++) {
+            const double x = o.get(b, i, h, d) * dout.get(b, i, h, d);
+            s += x;
+            t += fabs(x);
+          }
           want.push_back(s);
+          terms.push_back(t);
           got.push_back(deltab.get(((size_t)b * H + h) * Tq + i));
         }
-    check(std::string(name) + (L > 0 ? " delta (v)" : " delta"), got, want, 1e-5);
+    check(std::string(name) + (L > 0 ? " delta (v)" : " delta"), got, want, 1e-5, &terms);
   }
   if (mode >= WG && bwd_ws) {
     size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024 + 64;  // ops/attention.go attnBwdWSSmem
