@@ -101,8 +101,10 @@ struct attn_args {
   float drop_p, drop_scale;
   unsigned drop_site;
   int pad2;
+  float* dq_acc;     // [B,H,Tq,D] f32: attn_bwd_ws_d128's partial sums of dQ (scratch)
+  int* dq_sem;       // [B,H,⌈Tq/64⌉,2]: attn_bwd_ws_d128's turns (query tile, warpgroup), zeroed before its launch
 };
-static_assert(sizeof(attn_args) == 360, "attn_args layout: launch.AttnArgs is generated from it (go generate ./libgpu/kernels/launch)");
+static_assert(sizeof(attn_args) == 376, "attn_args layout: launch.AttnArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 #ifndef ATTN_DYN_SMEM
 #define ATTN_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
@@ -1773,6 +1775,149 @@ ATTN_WS_INSTANCE(d256, 256, false, false, 2)
 ATTN_WG_INSTANCES(, false)
 ATTN_WG_INSTANCES(_drop, true)
 
+// attn_turn_wait spins until the turn counter at p reads want (ld.acquire:
+// what the previous holder wrote before passing the turn is then visible);
+// attn_turn_pass hands the turn on (st.release); attn_ld_l2 reads two f32
+// at L2 (ld.global.cg: never a stale L1 line). Under the emulator blocks
+// run one at a time in launch order, so a turn not yet come is an error.
+#ifndef GPUKIT_EMU
+__device__ __forceinline__ void attn_turn_wait(const int* p, int want) {
+  int v;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  } while (v != want);
+}
+__device__ __forceinline__ void attn_turn_pass(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void attn_ld_l2(const float* p, float& x, float& y) {
+  asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(x), "=f"(y) : "l"(p) : "memory");
+}
+__device__ __forceinline__ void attn_red_add2(float* p, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
+}
+#else
+inline void attn_turn_wait(const int* p, int want) {
+  if (*p != want) gpukit_emu_fail("attn_dq_turn: a query tile's turn has not come (its earlier key block has not run)");
+}
+inline void attn_turn_pass(int* p, int v) { *p = v; }
+inline void attn_red_add2(float* p, float x, float y) {
+  p[0] += x;
+  p[1] += y;
+}
+inline void attn_ld_l2(const float* p, float& x, float& y) {
+  x = p[0];
+  y = p[1];
+}
+#endif
+
+// attn_dq_turn is the one-pass backward's dQ step for query tile qbase
+// (attn_bwd_ws_d128, after attn_dkdv_tile): this key block's part of dQ,
+// dS·K over its 128 keys, added to the tile's sum in a fixed order, so
+// that the sum — and dQ — are the same bit for bit on every run (where
+// FlashAttention-2 and -3 add with float atomics in whatever order the
+// blocks arrive; FlashAttention-3's deterministic mode orders them with a
+// semaphore in the same way, Shah et al. 2024, §3.3 and its code).
+//   (1) dSᵀ (this warpgroup's 64 keys × 64 queries, packed bf16 A
+//       fragments ds) to s [128 keys][64 queries] (128-byte swizzle, the
+//       MN-major layout of an A operand; generic address sp), two of them
+//       alternating by tile so one barrier a tile keeps the other
+//       warpgroup's reads of the last-but-one safe; fence.proxy.async,
+//       barrier 1 over both consumers;
+//   (2) dQ[:, 64cw..64cw+63] = dS·K[:, 64cw..] (m64n64k16, A = dS
+//       MN-major from s, B = K's panel cw N-major), waited for;
+//   (3) the turn: the tile's key blocks that see it (all, or those
+//       nb ≤ qtile/2 under causal) add in descending order: the highest
+//       stores its part to dq_acc (f32 [B,H,Tq,D]), the middle ones add
+//       theirs there (red.add.v2, after attn_turn_wait for their turn, and
+//       pass it on after a fence and a barrier), and key block 0 adds the
+//       sum to its part and writes dQ = scale·sum (+ dq with acc_q); each
+//       warpgroup (64 columns) takes its turns apart (barriers 2 and 3).
+// The turn counters (dq_sem, two per query tile, zeroed by the host
+// before the launch) make a block wait for the key block above it; the
+// grid launches a head's key blocks together, highest first, and every
+// block waits only on blocks launched before it, so the waits end when
+// a head's blocks fit on the GPU at once (the host checks ⌈Tk/128⌉
+// against the multiprocessors).
+// Measured (one H200, 2026-11-29): correct and bitwise reproducible, but
+// 1.5–1.7× the two passes' time at D = 128 (1.547 against 1.002 ms at
+// causal (8,16,2048,128), 2.973 against 1.764 non-causal); ncu: tensor
+// pipe 25% busy, 14.9 cycles between a warp's instructions — the
+// consumers wait on the turns and on the fence after their adds (with one
+// turn a tile and scalar adds: 2× the time, L2 64% busy with the adds).
+// Not a default (attnBwdWSMode 4). The step that would hide the turns is
+// FlashAttention-3's: the consumers leave dQ in shared memory and a
+// separate warp adds it (cp.reduce.async.bulk) and takes the turns.
+template <int D>
+__device__ __forceinline__ void attn_dq_turn(const unsigned ds[][4], unsigned char* sp, unsigned s, unsigned sK, int cw,
+                                             int qbase, const attn_pos& pos, const attn_args& a) {
+  constexpr int BN = 128, BM = 64, PT = 128;
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int r0 = 64 * cw + 16 * warp + g;  // this thread's keys in the block: r0, r0 + 8 (r0 % 8 = g)
+#pragma unroll
+  for (int kk = 0; kk < BM / 16; kk++) {
+    const int c0 = ((2 * kk) ^ g) << 4, c1 = ((2 * kk + 1) ^ g) << 4;  // 16-byte chunks of queries 16kk.., 16kk+8..
+    *(unsigned*)(sp + r0 * 128 + c0 + 4 * t) = ds[kk][0];
+    *(unsigned*)(sp + (r0 + 8) * 128 + c0 + 4 * t) = ds[kk][1];
+    *(unsigned*)(sp + r0 * 128 + c1 + 4 * t) = ds[kk][2];
+    *(unsigned*)(sp + (r0 + 8) * 128 + c1 + 4 * t) = ds[kk][3];
+  }
+  gpukit_fence_proxy_async();
+  gpukit_bar_sync(1, 2 * PT);
+  float dq[BM / 2];
+  gpukit_wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++)
+    gpukit_wg_ss<64, 1, 1>::mma(dq, gpukit_wg_desc(s + kk * 2048, BN * 128, 1024),
+                                gpukit_wg_desc(sK + cw * (BN * 128) + kk * 2048, BN * 128, 1024), kk > 0);
+  gpukit_wg_commit();
+  gpukit_wg_wait<0>();
+  gpukit_keep_f<BM / 2>(dq);
+
+  const int N = gridDim.x, nb = pos.z, qt = qbase / BM, M = (a.Tq + BM - 1) / BM;
+  const int top = a.causal ? min(N - 1, qt * BM / BN) : N - 1;  // the highest key block that sees this tile
+  const long long bh = (long long)pos.b * a.H + pos.h;
+  int* sem = a.dq_sem + (bh * M + qt) * 2 + cw;  // a turn per warpgroup: its 64 columns of dQ
+  const bool lead = (threadIdx.x & (PT - 1)) == 0;
+  if (nb < top) {  // not the first: wait for the turn
+    if (lead) attn_turn_wait(sem, top - nb);
+    gpukit_bar_sync(2 + cw, PT);
+  }
+  const int qr = 16 * warp + g;  // this thread's rows of the tile: qr, qr + 8
+  float* acc = a.dq_acc + (bh * a.Tq + qbase) * D + 64 * cw + 2 * t;
+#pragma unroll
+  for (int e = 0; e < 2; e++) {
+    if (qbase + qr + 8 * e >= a.Tq) continue;
+    float* p = acc + (long long)(qr + 8 * e) * D;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      float& x = dq[4 * j + 2 * e];
+      float& y = dq[4 * j + 2 * e + 1];
+      if (nb == top) {
+        if (nb > 0) {
+          p[8 * j] = x;
+          p[8 * j + 1] = y;
+        }
+      } else if (nb > 0) {
+        attn_red_add2(p + 8 * j, x, y);
+      } else {
+        float px, py;
+        attn_ld_l2(p + 8 * j, px, py);
+        x = px + x;
+        y = py + y;
+      }
+    }
+  }
+  if (nb == 0) {
+    attn_store_frag<BM / 8>(attn_head<gpukit_bf16>(a.dq, a.sdq, pos.b, pos.h) + 64 * cw, a.sdq[1], qbase + qr, a.Tq, dq,
+                            a.scale, a.acc_q);
+  } else {
+    __threadfence();
+    gpukit_bar_sync(2 + cw, PT);
+    if (lead) attn_turn_pass(sem, top - nb + 1);
+  }
+}
+
 // attn_bwd_dkdv_ws: attn_bwd_dkdv_wg warp-specialised (FlashAttention-3's
 // producer and consumers, Shah et al. 2024, §3.1, applied to the dK/dV
 // pass); DROP: dropout on P as attn_bwd_dkdv_wg_drop. 384 threads:
@@ -1794,19 +1939,23 @@ ATTN_WG_INSTANCES(_drop, true)
 // BM = 32 (attn_bwd_dkdv_ws_q32_d128, not a default; four stages): query
 // tiles of 32, so that Sᵀ, dPᵀ, Pᵀ and dSᵀ take 48 registers fewer
 // (m64n32k16 for Sᵀ and dPᵀ) in consumers that hold dK and dV at D = 128.
-template <int D, bool DROP = false, int BM = 64>
+template <int D, bool DROP = false, int BM = 64, bool DQ = false>
 __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
   static_assert(BM == 64 || (BM == 32 && !DROP), "attn_bwd_dkdv_ws: 64-query tiles, or 32 without dropout");
+  static_assert(!DQ || (D == 128 && BM == 64 && !DROP), "attn_bwd_ws: D = 128, 64-query tiles, no dropout");
   constexpr int BN = 128, PT = 128, NS = BM == 64 ? 3 : 4;
-  constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
+  constexpr unsigned KT = BN * D * 2, QT = BM * D * 2, ST = DQ ? BN * BM * 2 : 0;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned s0 = gpukit_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
   const unsigned sK = base, sV = base + KT, sQ = base + 2 * KT, sO = sQ + NS * QT;  // sQ, sO: [NS]
-  float* sL = (float*)(attn_smem + (base - s0) + 2 * KT + 2 * NS * QT);           // [NS][BM] lse·log2e
+  const unsigned sS = sO + NS * QT;                                                // DQ: dSᵀ [2][BN][BM]
+  float* sL = (float*)(attn_smem + (base - s0) + 2 * KT + 2 * NS * QT + 2 * ST);  // [NS][BM] lse·log2e
   float* sD = sL + NS * BM;                                                        // [NS][BM] δ
-  const unsigned kvfull = base + 2 * KT + 2 * NS * QT + 2 * NS * BM * 4, full = kvfull + 8, empty = full + 8 * NS;
+  const unsigned kvfull = base + 2 * KT + 2 * NS * QT + 2 * ST + 2 * NS * BM * 4, full = kvfull + 8, empty = full + 8 * NS;
   const int wg = threadIdx.x >> 7;
-  const attn_pos pos = attn_block(a);
+  // DQ: grid (⌈Tk/128⌉, H, B), a head's key blocks launched together, the
+  // last first (the order attn_dq_turn's turns follow).
+  const attn_pos pos = DQ ? attn_pos{(int)blockIdx.z, (int)blockIdx.y, (int)(gridDim.x - 1 - blockIdx.x)} : attn_block(a);
   const int h = pos.h, b = pos.b, k0 = pos.z * BN;
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   const int qstart = a.causal ? k0 / BM : 0;  // causal: queries before k0 see none of these keys
@@ -1858,6 +2007,8 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
                                 sL + stg * BM, sD + stg * BM, qbase, krow0, dc, a, [&] {
                                   if (i > 0) gpukit_mbar_arrive(empty + 8 * ((i - 1) % NS));  // dV and dK of i − 1 have retired
                                 });
+    if constexpr (DQ)
+      attn_dq_turn<D>(r.ds, attn_smem + (sS - s0) + (i & 1) * ST, sS + (i & 1) * ST, sK, cw, qbase, pos, a);
   }
   r.template store<DROP>(krow, b, h, a);
 }
@@ -1950,6 +2101,11 @@ ATTN_BWD_WS_INSTANCE(drop_d128, 128, true)
 extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_dkdv_ws_q32_d128(const attn_args a) {
   if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_ws_q32_d128)) attn_bwd_dkdv_ws<128, false, 32>(a);
 }
+// attn_bwd_ws_d128: the backward in one pass, dK and dV as
+// attn_bwd_dkdv_ws_d128 and dQ through attn_dq_turn (grid (⌈Tk/128⌉, H, B)).
+extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_ws_d128(const attn_args a) {
+  if constexpr (GPUKIT_KEEP(attn_bwd_ws_d128)) attn_bwd_dkdv_ws<128, false, 64, true>(a);
+}
 #else
 // Not sm_90a: the symbols exist (one module for every GPU) but are never
 // launched (ops/attention.go launches them only on sm_90a, and only when
@@ -1973,6 +2129,7 @@ extern "C" __global__ void attn_bwd_dkdv_ws_drop_d128(const attn_args) { asm vol
 extern "C" __global__ void attn_bwd_dq_ws_drop_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dq_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dkdv_ws_q32_d128(const attn_args) { asm volatile("trap;"); }
+extern "C" __global__ void attn_bwd_ws_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile("trap;"); }

@@ -17,6 +17,7 @@ import (
 
 	"gonum.org/v1/gonum/blas"
 
+	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
@@ -302,6 +303,10 @@ func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tenso
 			}
 		}
 		tc := attnTC(q.DType, s.d, q, k, v, do, dq, dk, dv) // δ's kernel reads o at any alignment
+		if tc && dq != nil && dk != nil && dv != nil && s.tq > 0 && s.tk > 0 && c.attnWG(s) &&
+			attnBwdOnePass(a.DropP > 0, s.d, s.tk, c.SMCount()) {
+			return c.attnBwdOnePass(&a, s)
+		}
 		if dk != nil || dv != nil {
 			var err error
 			if tc {
@@ -1009,6 +1014,9 @@ func attnKernels(dt tensor.DType, d, t int, drop, wg, backward bool) []launch.Ke
 		if attnBwdWSOn(drop, d, false) {
 			named[2] = launch.AttnBwdDqWsKernel
 		}
+		if attnBwdOnePass(drop, d, t, math.MaxInt) {
+			named = append(named, func(string) (launch.Kernel, error) { return launch.AttnBwdWsD128Kernel, nil })
+		}
 	case tc:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdTcKernel, launch.AttnBwdDkdvTcKernel, launch.AttnBwdDqTcKernel}, a.inst(attnD(d))
 	}
@@ -1127,7 +1135,10 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 // attnBwdWSDrop) where they run on wgmma: 0 neither; 1 (the default) the
 // dQ pass at both head dimensions, the dK/dV pass at D = 64; 2 both at
 // both; 3 as 2 with the dK/dV pass at D = 128 on 32-query tiles
-// (attn_bwd_dkdv_ws_q32_d128; not yet run on a GPU). One H200,
+// (attn_bwd_dkdv_ws_q32_d128: 1.02–1.05× attn_bwd_dkdv_ws_d128's time,
+// one H200, 2026-11-29); 4 as 1, and the whole backward at D = 128 in one
+// pass (attn_bwd_ws_d128, attnBwdOnePass: 1.5–1.7× the two passes' time,
+// same GPU and day; see attn_dq_turn). One H200,
 // 2026-11-29, against
 // attn_bwd_*_wg in the same run: attn_bwd_dq_ws 0.77–0.85× the time at
 // (8,16,2048,128), (8,32,2048,64) and (2,16,8192,128), causal and not;
@@ -1149,7 +1160,7 @@ func attnBwdWSOn(drop bool, d int, dkdv bool) bool {
 	switch {
 	case drop && !attnBwdWSDrop || attnBwdWSMode == 0:
 		return false
-	case attnBwdWSMode >= 2:
+	case attnBwdWSMode == 2 || attnBwdWSMode == 3:
 		return true
 	}
 	return !dkdv || d == 64
@@ -1175,6 +1186,38 @@ func attnBwdWSSmemTiles(d, bm, ns int) uint32 {
 // attnBwdDKDVQ32 reports whether the dK/dV pass at head dimension d runs
 // on attn_bwd_dkdv_ws_q32_d128 (attnBwdWSMode 3, D = 128, no dropout).
 func attnBwdDKDVQ32(drop bool, d int) bool { return attnBwdWSMode == 3 && d == 128 && !drop }
+
+// attnBwdOnePass reports whether a backward at head dimension d with tk
+// keys (drop: with dropout) that wants dq, dk and dv runs in one pass,
+// attn_bwd_ws_d128 (attnBwdWSMode 4): D = 128, no dropout, and a head's
+// ⌈Tk/128⌉ key blocks no more than the sms multiprocessors (a block takes
+// one; its dQ turns wait on the key block above it, launched before it).
+func attnBwdOnePass(drop bool, d, tk, sms int) bool {
+	return attnBwdWSMode == 4 && d == 128 && !drop && (tk+attnWGRows-1)/attnWGRows <= sms
+}
+
+// attnBwdOnePass launches attn_bwd_ws_d128 over grid (⌈Tk/128⌉, H, B):
+// dK and dV as attn_bwd_dkdv_ws_d128, dQ summed over the key blocks in a
+// fixed order (attn_dq_turn) through scratch of B·H·Tq·D f32 partial sums
+// and 2·B·H·⌈Tq/64⌉ turn counters, zeroed here. Shared memory: attnBwdWSSmem
+// and two dSᵀ tiles [128][64] bf16.
+func (c *cudaImpl) attnBwdOnePass(a *attnArgs, s attnShape) error {
+	tiles := 2 * int64(s.b) * int64(s.h) * int64((s.tq+63)/64) // a turn per query tile and warpgroup
+	acc, err := c.Scratch("attention.dq_acc", 4*int64(s.b)*int64(s.h)*int64(s.tq)*int64(s.d))
+	if err != nil {
+		return err
+	}
+	sem, err := c.Scratch("attention.dq_sem", 4*tiles)
+	if err != nil {
+		return err
+	}
+	if err := cuda.MemsetD32Async(sem, 0, tiles, c.Stream()); err != nil {
+		return err
+	}
+	a.DqAcc, a.DqSem = acc, sem
+	grid := [3]uint32{uint32((s.tk + attnWGRows - 1) / attnWGRows), uint32(s.h), uint32(s.b)}
+	return launch.AttnBwdWsD128(c, grid, block1(attnBwdWSThreads), attnBwdWSSmem(s.d)+2*attnWGRows*64*2, a.k())
+}
 
 // attnBwdWSSmemDQ is attn_bwd_dq_ws's: Q and dO [128][D], three stages of
 // K and V [64][D] from a 1024-byte boundary, then 7 mbarriers (56 bytes,

@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"slices"
 	"testing"
 
 	"gpukit/libgpu/kernels/launch"
@@ -86,8 +87,25 @@ func TestAttnPersistentGrid(t *testing.T) {
 // D = 128 without dropout, in mode 1 (the default) attn_bwd_dq_ws at both
 // and attn_bwd_dkdv_ws at D = 64, in mode 0 neither; with dropout their
 // _drop instances where attnBwdWSDrop allows, else attn_bwd_*_wg_drop.
-// The shared memory of the dK/dV pass's tilings stays within a block's.
+// In mode 4, as mode 1 and attn_bwd_ws_d128 at D = 128 without dropout
+// where a head's key blocks fit on the multiprocessors. The shared memory
+// of the dK/dV pass's tilings stays within a block's.
 func TestAttnBwdWSKernels(t *testing.T) {
+	restore := SetAttentionBwdWS(4)
+	for _, c := range []struct {
+		drop       bool
+		d, tk, sms int
+		want       bool
+	}{{false, 128, 2048, 132, true}, {false, 128, 128 * 132, 132, true}, {false, 128, 128*132 + 1, 132, false},
+		{true, 128, 2048, 132, false}, {false, 64, 2048, 132, false}} {
+		if got := attnBwdOnePass(c.drop, c.d, c.tk, c.sms); got != c.want {
+			t.Errorf("one pass, dropout %v, D %d, Tk %d, %d multiprocessors: %v, want %v", c.drop, c.d, c.tk, c.sms, got, c.want)
+		}
+	}
+	restore()
+	if got := attnBwdWSSmem(128) + 2*128*64*2; got > 227*1024 {
+		t.Errorf("attn_bwd_ws_d128's shared memory %d, more than a block's", got)
+	}
 	for _, c := range []struct{ d, bm, ns, want int }{{64, 64, 3, 2*128*64*2 + 6*64*64*2 + 6*64*4 + 1024 + 64},
 		{128, 64, 3, int(attnBwdWSSmem(128))}, {128, 32, 4, 2*128*128*2 + 8*32*128*2 + 8*32*4 + 1024 + 72}} {
 		if got := attnBwdWSSmemTiles(c.d, c.bm, c.ns); got != uint32(c.want) || got > 227*1024 {
@@ -96,7 +114,7 @@ func TestAttnBwdWSKernels(t *testing.T) {
 	}
 	for _, wsDrop := range []bool{false, true} {
 		restoreDrop := SetAttentionBwdWSDrop(wsDrop)
-		for mode, ws := range map[int][2][2]bool{0: {}, 1: {{true, true}, {false, true}}, 2: {{true, true}, {true, true}}, 3: {{true, true}, {true, true}}} {
+		for mode, ws := range map[int][2][2]bool{0: {}, 1: {{true, true}, {false, true}}, 2: {{true, true}, {true, true}}, 3: {{true, true}, {true, true}}, 4: {{true, true}, {false, true}}} {
 			restore := SetAttentionBwdWS(mode)
 			for i, d := range []int{64, 128} {
 				for _, drop := range []bool{false, true} {
@@ -118,6 +136,10 @@ func TestAttnBwdWSKernels(t *testing.T) {
 					}
 					if len(ks) < 3 || ks[1].Name != want[0] || ks[2].Name != want[1] {
 						t.Errorf("mode %d, ws with dropout %v, D %d, dropout %v: kernels %v, want %v second and third", mode, wsDrop, d, drop, ks, want)
+					}
+					onePass := mode == 4 && d == 128 && !drop // attn_bwd_ws_d128 besides the two passes
+					if got := slices.ContainsFunc(ks, func(k launch.Kernel) bool { return k.Name == "attn_bwd_ws_d128" }); got != onePass {
+						t.Errorf("mode %d, D %d, dropout %v: kernels %v, attn_bwd_ws_d128 among them %v, want %v", mode, d, drop, ks, got, onePass)
 					}
 				}
 			}

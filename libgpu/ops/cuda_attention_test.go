@@ -544,6 +544,18 @@ func BenchmarkAttentionBackwardWS(b *testing.B) {
 	}
 }
 
+// BenchmarkAttentionBackwardOnePass: the backward, and forward then
+// backward, on the default kernels (two passes) and with the backward at
+// D = 128 in one pass (attn_bwd_ws_d128, attnBwdWSMode 4; D = 64 shapes
+// run the default there).
+func BenchmarkAttentionBackwardOnePass(b *testing.B) {
+	for _, pass := range []string{"backward", "forward+backward"} {
+		b.Run(strings.ReplaceAll(pass, " ", "-"), func(b *testing.B) {
+			benchAttention(b, pass, attnPath{"two-pass", -1, -1, 0, -1}, attnPath{"one-pass", -1, -1, 0, 4})
+		})
+	}
+}
+
 // BenchmarkAttentionBackwardDQ: δ and the dQ pass alone (no dk, dv), per
 // kernel family; TFLOP/s counts the pass's 3 products.
 func BenchmarkAttentionBackwardDQ(b *testing.B) { benchAttention(b, "backward dQ", attnPaths...) }
@@ -702,6 +714,16 @@ func TestCUDAAttentionPaths(t *testing.T) {
 		{attnPath{"bwd-ws-q32", 2, -1, 0, 3}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},
+			{1, 2, 1, 128, true, tensor.BF16},
+		}},
+		// Mode 4: the backward at D = 128 in one pass (attn_bwd_ws_d128,
+		// dQ summed over key blocks in turns); the bitwise checks of
+		// attnLargeCheck hold it to one order of the sums.
+		{attnPath{"bwd-onepass", 2, -1, 0, 4}, []attnLarge{
+			{8, 16, 2048, 128, true, tensor.BF16},
+			{2, 16, 2048, 128, false, tensor.BF16},
+			{2, 4, 777, 128, false, tensor.BF16},
+			{3, 5, 130, 128, true, tensor.BF16},
 			{1, 2, 1, 128, true, tensor.BF16},
 		}},
 	} {

@@ -3,7 +3,7 @@
 // checks every kernel against a float64 naive attention (softmax(QKᵀ·scale
 // + mask)·V and its gradients), the *_drop instances against it with the
 // same dropout mask on P (an independent Philox). Usage:
-// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3|bws|bws32|ws256]
+// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3|bws|bws32|bwsf|ws256]
 #include "emu.h"
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 // philox.cuh (included by attention.cu) also holds a normal draw that needs it.
@@ -39,7 +39,9 @@ static_assert(offsetof(attn_args, drop_b0) == 336, "attn_args");
 static_assert(offsetof(attn_args, drop_p) == 344, "attn_args");
 static_assert(offsetof(attn_args, drop_scale) == 348, "attn_args");
 static_assert(offsetof(attn_args, drop_site) == 352, "attn_args");
-static_assert(sizeof(attn_args) == 360, "attn_args");
+static_assert(offsetof(attn_args, dq_acc) == 360, "attn_args");
+static_assert(offsetof(attn_args, dq_sem) == 368, "attn_args");
+static_assert(sizeof(attn_args) == 376, "attn_args");
 static_assert(sizeof(attn_dec_strides) == 96, "attn_dec_strides");
 
 static int failures = 0;
@@ -259,6 +261,9 @@ enum Mode { SIMT, TC, WG, WS, WSP, WS3, WSP3 };
 static bool bwd_ws = false;
 // bwd_q32: with bwd_ws at D = 128, the dK/dV pass on attn_bwd_dkdv_ws_q32_d128.
 static bool bwd_q32 = false;
+// bwd_fused: with bwd_ws at D = 128, the backward in one pass
+// (attn_bwd_ws_d128: dQ summed in turns through dq_acc and dq_sem).
+static bool bwd_fused = false;
 static unsigned wsp_blocks = 1;
 
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
@@ -272,10 +277,10 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   const bool tc = mode != SIMT;
   char name[160];
   snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g%s%s", B, Tq, Tk, H, D, causal,
-           bf16 ? "bf16" : "f32", bwd_ws ? "bwd-ws" : mode == WSP3 ? "wsp3" : mode == WS3 ? "ws3" : mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
+           bf16 ? "bf16" : "f32", bwd_fused ? "bwd-fused" : bwd_q32 ? "bwd-ws-q32" : bwd_ws ? "bwd-ws" : mode == WSP3 ? "wsp3" : mode == WS3 ? "ws3" : mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
            smul == 1 ? "" : smul < 0 ? " scale<0" : " scale=0", kramp ? " kramp" : "");
   emu::untrack();
-  Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab;
+  Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab, accb, semb;
   View q, k, v, o, dout, dq, dk, dv;
   const int pad = 8;  // extra elements per row: strided views
   if (Tq == Tk) {
@@ -306,10 +311,13 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   dob.alloc((size_t)B * Tq * H * D, bf16);
   lseb.alloc((size_t)B * H * Tq, false);
   deltab.alloc((size_t)B * H * Tq, false);
+  const int Mq = (Tq + 63) / 64;                 // attn_bwd_ws_d128's query tiles
+  accb.alloc((size_t)B * H * Tq * D, false);     // NaN: the first turn must store, not add
+  semb.alloc((size_t)B * H * Mq * 2, false);     // zeroed before the launch
   long long os[3] = {(long long)Tq * H * D, (long long)H * D, D};
   o = {&ob, 0, {os[0], os[1], os[2]}, B, Tq, H, D};
   dout = {&dob, 0, {os[0], os[1], os[2]}, B, Tq, H, D};
-  for (Buf* b : {&qkv, &kvb, &ob, &lseb, &dob, &dqkv, &dkvb, &deltab})
+  for (Buf* b : {&qkv, &kvb, &ob, &lseb, &dob, &dqkv, &dkvb, &deltab, &accb, &semb})
     if (!b->mem.empty()) track(*b);
   fill(q, 1);
   fill(k, 1);
@@ -333,6 +341,8 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   a.dk = dk.ptr();
   a.dv = dv.ptr();
   a.delta = (float*)deltab.ptr();
+  a.dq_acc = (float*)accb.ptr();
+  a.dq_sem = (int*)semb.ptr();
   strides(a, 0, q);
   strides(a, 1, k);
   strides(a, 2, v);
@@ -485,6 +495,13 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   if (mode >= WG && bwd_ws) {
     size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024 + 64;  // ops/attention.go attnBwdWSSmem
     if (bwd_q32) smem = 2 * 128 * D * 2 + 8 * 32 * D * 2 + 8 * 32 * 4 + 1024 + 72;  // attnBwdWSSmemTiles(D, 32, 4)
+    if (bwd_fused) {
+      if (D != 128 || DR) abort();  // one instance: attn_bwd_ws_d128
+      memset(semb.ptr(), 0, semb.mem.size());
+      // grid (⌈Tk/128⌉, H, B); attnBwdWSSmem + two dSᵀ tiles [128][64]
+      emu::launch({(unsigned)((Tk + 127) / 128), (unsigned)H, (unsigned)B}, {384, 1, 1}, smem + 2 * 128 * 64 * 2, seed++,
+                  [&] { attn_bwd_ws_d128(a); });
+    } else
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
       if (bwd_q32) {
         if (D != 128 || DR) abort();  // one instance: attn_bwd_dkdv_ws_q32_d128
@@ -495,7 +512,7 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
         DR ? attn_bwd_dkdv_ws_drop_d128(a) : attn_bwd_dkdv_ws_d128(a);
     });
     smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 1024 + 64;  // attnBwdWSSmemDQ
-    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
+    if (!bwd_fused) emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
       if (D == 64)
         DR ? attn_bwd_dq_ws_drop_d64(a) : attn_bwd_dq_ws_d64(a);
       else
@@ -668,13 +685,15 @@ static void run_ws3() {
 // accumulation into dK and dV, dropout; then (or with q32only alone) the
 // same shapes without dropout at D = 128 with the dK/dV pass on 32-query
 // tiles (attn_bwd_dkdv_ws_q32_d128, four stages).
-static void run_bws(bool q32only = false) {
+static void run_bws(bool q32only = false, bool fusedonly = false) {
   bwd_ws = true;
-  for (bool q32 : {false, true}) {
-    if (q32only && !q32) continue;
+  for (int variant : {0, 1, 2}) {  // the two passes; q32; fused
+    const bool q32 = variant == 1;
+    if ((q32only && !q32) || (fusedonly && variant != 2)) continue;
     bwd_q32 = q32;
+    bwd_fused = variant == 2;
     for (int D : {64, 128}) {
-      if (q32 && D != 128) continue;
+      if (variant > 0 && D != 128) continue;
       run(1, 17, 17, 2, D, true, true, WG, false);
       run(1, 5, 70, 1, D, false, true, WG, true);
       run(1, 1, 1, 1, D, true, true, WG, false);
@@ -682,14 +701,14 @@ static void run_bws(bool q32only = false) {
       run(1, 300, 300, 2, D, true, true, WG, false, 0, -1);
       run(1, 200, 77, 1, D, false, true, WG, false);
       run(1, 450, 450, 1, D, false, true, WG, true);
-      if (q32) continue;  // the 32-query instance has no dropout
+      if (variant > 0) continue;  // the 32-query and one-pass instances have no dropout
       // Dropout on P (attn_bwd_*_ws_drop): the same mask as the forward's.
       run(2, 132, 132, 2, D, true, true, WG, false, 0.2f);
       run(1, 36, 200, 1, D, false, true, WG, true, 0.5f);
       run(1, 300, 300, 1, D, false, true, WG, false, 0.2f);
     }
   }
-  bwd_ws = bwd_q32 = false;
+  bwd_ws = bwd_q32 = bwd_fused = false;
 }
 
 // run_ws: the warp-specialised forward (its backward is wg's; none at
@@ -744,6 +763,7 @@ int main(int argc, char** argv) {
   } alone[] = {
       {"bws", [] { run_bws(); }},        // the warp-specialised backward
       {"bws32", [] { run_bws(true); }},  // its dK/dV pass on 32-query tiles (D = 128)
+      {"bwsf", [] { run_bws(false, true); }},  // the one-pass backward (D = 128)
       {"ws3", run_ws3},                  // the three-consumer forward
       {"ws256", [] {                     // the D = 256 forward
          run(1, 17, 17, 1, 256, true, true, WS, false);

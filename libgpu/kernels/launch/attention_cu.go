@@ -8,7 +8,7 @@ import (
 	"gpukit/libgpu/cuda"
 )
 
-// AttnArgs is struct attn_args of attention.cu (360 bytes, alignment 8).
+// AttnArgs is struct attn_args of attention.cu (376 bytes, alignment 8).
 type AttnArgs struct {
 	Q           cuda.DevicePtr // void*
 	K           cuda.DevicePtr // void*
@@ -47,10 +47,12 @@ type AttnArgs struct {
 	DropScale   float32        // float
 	DropSite    uint32         // unsigned
 	Pad2        int32          // int
+	DqAcc       cuda.DevicePtr // float*
+	DqSem       cuda.DevicePtr // int*
 }
 
 // The Go layout is the C one: a difference does not compile.
-var _ [360]byte = [unsafe.Sizeof(AttnArgs{})]byte{}
+var _ [376]byte = [unsafe.Sizeof(AttnArgs{})]byte{}
 
 // AttnDecStrides is struct attn_dec_strides of attention.cu (96 bytes, alignment 8).
 type AttnDecStrides struct {
@@ -344,6 +346,20 @@ func AttnBwdDkdvWsQ32D128(l Launcher, grid, block [3]uint32, smem uint32, a *Att
 
 // AttnBwdDkdvWsQ32D128Kernel is attn_bwd_dkdv_ws_q32_d128 of attention.cu (AttnBwdDkdvWsQ32D128), for Prefetch.
 var AttnBwdDkdvWsQ32D128Kernel = Kernel{File: "attention.cu", Name: "attn_bwd_dkdv_ws_q32_d128"}
+
+// AttnBwdWsD128 launches attn_bwd_ws_d128 of attention.cu:
+//
+//	attn_bwd_ws_d128(const attn_args a)
+func AttnBwdWsD128(l Launcher, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
+	kn := AttnBwdWsD128Kernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// AttnBwdWsD128Kernel is attn_bwd_ws_d128 of attention.cu (AttnBwdWsD128), for Prefetch.
+var AttnBwdWsD128Kernel = Kernel{File: "attention.cu", Name: "attn_bwd_ws_d128"}
 
 // AttnFwdSimt launches attn_fwd_simt_<inst> of attention.cu, inst one of "f32", "bf16", "drop_f32", "drop_bf16":
 //
