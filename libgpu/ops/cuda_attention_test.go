@@ -468,9 +468,8 @@ func benchAttention(b *testing.B, pass string, paths ...attnPath) {
 func BenchmarkAttentionForward(b *testing.B) { benchAttention(b, "forward") }
 
 // BenchmarkAttentionForwardWide: the forward at head dimension 256
-// (attn_fwd_ws_d256, which SetAttentionWide enables), causal and not.
+// (attn_fwd_ws_d256), causal and not.
 func BenchmarkAttentionForwardWide(b *testing.B) {
-	defer ops.SetAttentionWide(true)()
 	old := attnBenchShapes
 	attnBenchShapes = []attnLarge{{4, 16, 2048, 256, true, tensor.BF16}, {4, 16, 2048, 256, false, tensor.BF16}}
 	defer func() { attnBenchShapes = old }()
@@ -735,8 +734,8 @@ func TestCUDAAttentionPaths(t *testing.T) {
 			})
 		}
 	}
-	// Head dimension 256: attn_fwd_ws_d256 where SetAttentionWide allows it
-	// (a forward only; not yet a default), else an error naming what runs.
+	// Head dimension 256: attn_fwd_ws_d256 (a forward only) where attnWide
+	// allows it (the default), else an error naming what runs.
 	for _, c := range []attnLarge{
 		{2, 8, 1024, 256, true, tensor.BF16},
 		{2, 4, 777, 256, false, tensor.BF16},
@@ -745,10 +744,12 @@ func TestCUDAAttentionPaths(t *testing.T) {
 		t.Run("wide/"+c.String(), func(t *testing.T) {
 			cudatest.RequireGPU(t)
 			at := newAttnTensors(t, a, r, c)
-			if err := at.forward(e, c); !errors.Is(err, ops.ErrConfig) {
+			off := ops.SetAttentionWide(false)
+			err := at.forward(e, c)
+			off()
+			if !errors.Is(err, ops.ErrConfig) {
 				t.Fatalf("D = 256 with SetAttentionWide off: %v, want ErrConfig", err)
 			}
-			defer ops.SetAttentionWide(true)()
 			if err := at.backward(e, c); !errors.Is(err, ops.ErrConfig) {
 				t.Fatalf("D = 256 backward: %v, want ErrConfig", err)
 			}
