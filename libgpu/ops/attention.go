@@ -241,8 +241,11 @@ func (e *Engine) AttentionForward(o, lse, q, k, v *tensor.Tensor, causal bool, s
 // (i = 0, 1, 2) instead of overwriting it (fan-out); a nil dq, dk or dv is
 // not computed. dq, dk, dv must not overlap each other or the inputs.
 // Deterministic: the CUDA kernels sum in a fixed order (a pass over key
-// blocks for dk and dv, a second over query blocks for dq) with no atomics,
-// so results are bitwise reproducible. Scratch: B·H·Tq f32 for δ. drop
+// blocks for dk and dv, a second over query blocks for dq, with no
+// atomics; or, in the one-pass kernel of attnBwdWSMode 4, not a default,
+// dq's atomic adds taken in turns in a fixed order), so results are
+// bitwise reproducible. Scratch: B·H·Tq f32 for δ (the one pass: and
+// B·H·Tq·D f32 and 2·B·H·⌈Tq/64⌉ i32). drop
 // must be the forward's (same p, seed, site, B0 and counter value: run the
 // backward before the counter moves); with Z = mask/(1−p) the gradients
 // are dv = (P∘Z)ᵀ·do and dS = P∘(Z∘(do·vᵀ) − δ), δ from the dropped o.
@@ -304,8 +307,8 @@ func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tenso
 			}
 		}
 		tc := attnTC(q.DType, s.d, q, k, v, do, dq, dk, dv) // δ's kernel reads o at any alignment
-		if tc && dq != nil && dk != nil && dv != nil && s.tq > 0 && s.tk > 0 && c.attnWG(s) &&
-			attnBwdOnePass(a.DropP > 0, s.d, s.tk, c.SMCount()) {
+		if tc && dq != nil && dk != nil && dv != nil && s.tq > 0 && s.tk > 0 && s.h <= 65535 && s.b <= 65535 && c.attnWG(s) &&
+			attnBwdOnePass(a.DropP > 0, s.d, s.tk, c.SMCount()) { // grid (⌈Tk/128⌉, H, B)
 			return c.attnBwdOnePass(&a, s)
 		}
 		if dk != nil || dv != nil {
@@ -1194,7 +1197,9 @@ func attnBwdDKDVQ32(drop bool, d int) bool { return attnBwdWSMode == 3 && d == 1
 // keys (drop: with dropout) that wants dq, dk and dv runs in one pass,
 // attn_bwd_ws_d128 (attnBwdWSMode 4): D = 128, no dropout, and a head's
 // ⌈Tk/128⌉ key blocks no more than the sms multiprocessors (a block takes
-// one; its dQ turns wait on the key block above it, launched before it).
+// one; its dQ turns wait on the key block above it, launched before it,
+// so a kernel on another stream that held multiprocessors for good while
+// waiting on this one would stall it).
 func attnBwdOnePass(drop bool, d, tk, sms int) bool {
 	return attnBwdWSMode == 4 && d == 128 && !drop && (tk+attnWGRows-1)/attnWGRows <= sms
 }
