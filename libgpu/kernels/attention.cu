@@ -1816,8 +1816,8 @@ inline void attn_ld_l2(const float* p, float& x, float& y) {
 // dS·K over its 128 keys, added to the tile's sum in a fixed order, so
 // that the sum — and dQ — are the same bit for bit on every run (where
 // FlashAttention-2 and -3 add with float atomics in whatever order the
-// blocks arrive; FlashAttention-3's deterministic mode orders them with a
-// semaphore in the same way, Shah et al. 2024, §3.3 and its code).
+// blocks arrive; FlashAttention-3's code has a deterministic backward that
+// orders them with a semaphore in the same way).
 //   (1) dSᵀ (this warpgroup's 64 keys × 64 queries, packed bf16 A
 //       fragments ds) to s [128 keys][64 queries] (128-byte swizzle, the
 //       MN-major layout of an A operand; generic address sp), two of them
