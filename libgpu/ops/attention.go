@@ -1019,7 +1019,11 @@ func attnKernels(dt tensor.DType, d, t int, drop, wg, backward bool) []launch.Ke
 			named[2] = launch.AttnBwdDqWsKernel
 		}
 		if attnBwdOnePass(drop, d, t, math.MaxInt) {
-			named = append(named, func(string) (launch.Kernel, error) { return launch.AttnBwdWsD128Kernel, nil })
+			k := launch.AttnBwdWsD128Kernel
+			if attnBwdWSMode == 5 {
+				k = launch.AttnBwdWswD128Kernel
+			}
+			named = append(named, func(string) (launch.Kernel, error) { return k, nil })
 		}
 	case tc:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdTcKernel, launch.AttnBwdDkdvTcKernel, launch.AttnBwdDqTcKernel}, a.inst(attnD(d))
@@ -1142,7 +1146,9 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 // (attn_bwd_dkdv_ws_q32_d128: 1.02–1.05× attn_bwd_dkdv_ws_d128's time,
 // one H200, 2026-11-29); 4 as 1, and the whole backward at D = 128 in one
 // pass (attn_bwd_ws_d128, attnBwdOnePass: 1.5–1.7× the two passes' time,
-// same GPU and day; see attn_dq_turn). One H200,
+// same GPU and day; see attn_dq_turn); 5 as 4 with the dQ turns taken by a
+// writer warpgroup (attn_bwd_wsw_d128; written after the device time ran
+// out: not yet run on a GPU). One H200,
 // 2026-11-29, against
 // attn_bwd_*_wg in the same run: attn_bwd_dq_ws 0.77–0.85× the time at
 // (8,16,2048,128), (8,32,2048,64) and (2,16,8192,128), causal and not;
@@ -1201,14 +1207,15 @@ func attnBwdDKDVQ32(drop bool, d int) bool { return attnBwdWSMode == 3 && d == 1
 // so a kernel on another stream that held multiprocessors for good while
 // waiting on this one would stall it).
 func attnBwdOnePass(drop bool, d, tk, sms int) bool {
-	return attnBwdWSMode == 4 && d == 128 && !drop && (tk+attnWGRows-1)/attnWGRows <= sms
+	return (attnBwdWSMode == 4 || attnBwdWSMode == 5) && d == 128 && !drop && (tk+attnWGRows-1)/attnWGRows <= sms
 }
 
 // attnBwdOnePass launches attn_bwd_ws_d128 over grid (⌈Tk/128⌉, H, B):
 // dK and dV as attn_bwd_dkdv_ws_d128, dQ summed over the key blocks in a
 // fixed order (attn_dq_turn) through scratch of B·H·Tq·D f32 partial sums
 // and 2·B·H·⌈Tq/64⌉ turn counters, zeroed here. Shared memory: attnBwdWSSmem
-// and two dSᵀ tiles [128][64] bf16.
+// and two dSᵀ tiles [128][64] bf16. In attnBwdWSMode 5, attn_bwd_wsw_d128
+// (512 threads, attnBwdWriterSmem).
 func (c *cudaImpl) attnBwdOnePass(a *attnArgs, s attnShape) error {
 	tiles := 2 * int64(s.b) * int64(s.h) * int64((s.tq+63)/64) // a turn per query tile and warpgroup
 	acc, err := c.Scratch("attention.dq_acc", 4*int64(s.b)*int64(s.h)*int64(s.tq)*int64(s.d))
@@ -1224,7 +1231,17 @@ func (c *cudaImpl) attnBwdOnePass(a *attnArgs, s attnShape) error {
 	}
 	a.DqAcc, a.DqSem = acc, sem
 	grid := [3]uint32{uint32((s.tk + attnWGRows - 1) / attnWGRows), uint32(s.h), uint32(s.b)}
+	if attnBwdWSMode == 5 {
+		return launch.AttnBwdWswD128(c, grid, block1(4*128), attnBwdWriterSmem(s.d), a.k())
+	}
 	return launch.AttnBwdWsD128(c, grid, block1(attnBwdWSThreads), attnBwdWSSmem(s.d)+2*attnWGRows*64*2, a.k())
+}
+
+// attnBwdWriterSmem is attn_bwd_wsw_d128's shared memory: two stages
+// (attnBwdWSSmemTiles), two dSᵀ tiles [128][64] bf16, and the writer's
+// buffer of 64 f32 rows of 528 bytes (ATTN_DQ_ROW).
+func attnBwdWriterSmem(d int) uint32 {
+	return attnBwdWSSmemTiles(d, 64, 2) + 2*attnWGRows*64*2 + 64*528
 }
 
 // attnBwdWSSmemDQ is attn_bwd_dq_ws's: Q and dO [128][D], three stages of

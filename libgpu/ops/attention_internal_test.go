@@ -106,6 +106,9 @@ func TestAttnBwdWSKernels(t *testing.T) {
 	if got := attnBwdWSSmem(128) + 2*128*64*2; got > 227*1024 {
 		t.Errorf("attn_bwd_ws_d128's shared memory %d, more than a block's", got)
 	}
+	if got, want := attnBwdWriterSmem(128), uint32(2*128*128*2+4*64*128*2+4*64*4+1024+64+2*128*64*2+64*528); got != want || got > 227*1024 {
+		t.Errorf("attn_bwd_wsw_d128's shared memory %d, want %d within a block's", got, want)
+	}
 	for _, c := range []struct{ d, bm, ns, want int }{{64, 64, 3, 2*128*64*2 + 6*64*64*2 + 6*64*4 + 1024 + 64},
 		{128, 64, 3, int(attnBwdWSSmem(128))}, {128, 32, 4, 2*128*128*2 + 8*32*128*2 + 8*32*4 + 1024 + 72}} {
 		if got := attnBwdWSSmemTiles(c.d, c.bm, c.ns); got != uint32(c.want) || got > 227*1024 {
@@ -114,7 +117,7 @@ func TestAttnBwdWSKernels(t *testing.T) {
 	}
 	for _, wsDrop := range []bool{false, true} {
 		restoreDrop := SetAttentionBwdWSDrop(wsDrop)
-		for mode, ws := range map[int][2][2]bool{0: {}, 1: {{true, true}, {false, true}}, 2: {{true, true}, {true, true}}, 3: {{true, true}, {true, true}}, 4: {{true, true}, {false, true}}} {
+		for mode, ws := range map[int][2][2]bool{0: {}, 1: {{true, true}, {false, true}}, 2: {{true, true}, {true, true}}, 3: {{true, true}, {true, true}}, 4: {{true, true}, {false, true}}, 5: {{true, true}, {false, true}}} {
 			restore := SetAttentionBwdWS(mode)
 			for i, d := range []int{64, 128} {
 				for _, drop := range []bool{false, true} {
@@ -137,9 +140,11 @@ func TestAttnBwdWSKernels(t *testing.T) {
 					if len(ks) < 3 || ks[1].Name != want[0] || ks[2].Name != want[1] {
 						t.Errorf("mode %d, ws with dropout %v, D %d, dropout %v: kernels %v, want %v second and third", mode, wsDrop, d, drop, ks, want)
 					}
-					onePass := mode == 4 && d == 128 && !drop // attn_bwd_ws_d128 besides the two passes
-					if got := slices.ContainsFunc(ks, func(k launch.Kernel) bool { return k.Name == "attn_bwd_ws_d128" }); got != onePass {
-						t.Errorf("mode %d, D %d, dropout %v: kernels %v, attn_bwd_ws_d128 among them %v, want %v", mode, d, drop, ks, got, onePass)
+					for m, name := range map[int]string{4: "attn_bwd_ws_d128", 5: "attn_bwd_wsw_d128"} {
+						onePass := mode == m && d == 128 && !drop // besides the two passes
+						if got := slices.ContainsFunc(ks, func(k launch.Kernel) bool { return k.Name == name }); got != onePass {
+							t.Errorf("mode %d, D %d, dropout %v: kernels %v, %s among them %v, want %v", mode, d, drop, ks, name, got, onePass)
+						}
 					}
 				}
 			}

@@ -545,12 +545,14 @@ func BenchmarkAttentionBackwardWS(b *testing.B) {
 
 // BenchmarkAttentionBackwardOnePass: the backward, and forward then
 // backward, on the default kernels (two passes) and with the backward at
-// D = 128 in one pass (attn_bwd_ws_d128, attnBwdWSMode 4; D = 64 shapes
-// run the default there).
+// D = 128 in one pass (attn_bwd_ws_d128, attnBwdWSMode 4; with the writer
+// warpgroup, attn_bwd_wsw_d128, mode 5; D = 64 shapes run the default
+// there).
 func BenchmarkAttentionBackwardOnePass(b *testing.B) {
 	for _, pass := range []string{"backward", "forward+backward"} {
 		b.Run(strings.ReplaceAll(pass, " ", "-"), func(b *testing.B) {
-			benchAttention(b, pass, attnPath{"two-pass", -1, -1, 0, -1}, attnPath{"one-pass", -1, -1, 0, 4})
+			benchAttention(b, pass, attnPath{"two-pass", -1, -1, 0, -1}, attnPath{"one-pass", -1, -1, 0, 4},
+				attnPath{"one-pass-writer", -1, -1, 0, 5})
 		})
 	}
 }
@@ -719,6 +721,15 @@ func TestCUDAAttentionPaths(t *testing.T) {
 		// dQ summed over key blocks in turns); the bitwise checks of
 		// attnLargeCheck hold it to one order of the sums.
 		{attnPath{"bwd-onepass", 2, -1, 0, 4}, []attnLarge{
+			{8, 16, 2048, 128, true, tensor.BF16},
+			{2, 16, 2048, 128, false, tensor.BF16},
+			{2, 4, 777, 128, false, tensor.BF16},
+			{3, 5, 130, 128, true, tensor.BF16},
+			{1, 2, 1, 128, true, tensor.BF16},
+		}},
+		// Mode 5: the same with the turns taken by a writer warpgroup
+		// (attn_bwd_wsw_d128).
+		{attnPath{"bwd-onepass-writer", 2, -1, 0, 5}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 16, 2048, 128, false, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},

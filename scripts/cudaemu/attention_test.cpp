@@ -262,8 +262,9 @@ static bool bwd_ws = false;
 // bwd_q32: with bwd_ws at D = 128, the dK/dV pass on attn_bwd_dkdv_ws_q32_d128.
 static bool bwd_q32 = false;
 // bwd_fused: with bwd_ws at D = 128, the backward in one pass
-// (attn_bwd_ws_d128: dQ summed in turns through dq_acc and dq_sem).
-static bool bwd_fused = false;
+// (attn_bwd_ws_d128: dQ summed in turns through dq_acc and dq_sem; 2:
+// attn_bwd_wsw_d128, the turns taken by a writer warpgroup).
+static int bwd_fused = 0;
 static unsigned wsp_blocks = 1;
 
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
@@ -277,7 +278,7 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   const bool tc = mode != SIMT;
   char name[160];
   snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g%s%s", B, Tq, Tk, H, D, causal,
-           bf16 ? "bf16" : "f32", bwd_fused ? "bwd-fused" : bwd_q32 ? "bwd-ws-q32" : bwd_ws ? "bwd-ws" : mode == WSP3 ? "wsp3" : mode == WS3 ? "ws3" : mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
+           bf16 ? "bf16" : "f32", bwd_fused == 2 ? "bwd-writer" : bwd_fused ? "bwd-fused" : bwd_q32 ? "bwd-ws-q32" : bwd_ws ? "bwd-ws" : mode == WSP3 ? "wsp3" : mode == WS3 ? "ws3" : mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
            smul == 1 ? "" : smul < 0 ? " scale<0" : " scale=0", kramp ? " kramp" : "");
   emu::untrack();
   Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab, accb, semb;
@@ -496,11 +497,17 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
     size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024 + 64;  // ops/attention.go attnBwdWSSmem
     if (bwd_q32) smem = 2 * 128 * D * 2 + 8 * 32 * D * 2 + 8 * 32 * 4 + 1024 + 72;  // attnBwdWSSmemTiles(D, 32, 4)
     if (bwd_fused) {
-      if (D != 128 || DR) abort();  // one instance: attn_bwd_ws_d128
+      if (D != 128 || DR) abort();  // one instance each: attn_bwd_ws_d128, attn_bwd_wsw_d128
       memset(semb.ptr(), 0, semb.mem.size());
-      // grid (⌈Tk/128⌉, H, B); attnBwdWSSmem + two dSᵀ tiles [128][64]
-      emu::launch({(unsigned)((Tk + 127) / 128), (unsigned)H, (unsigned)B}, {384, 1, 1}, smem + 2 * 128 * 64 * 2, seed++,
-                  [&] { attn_bwd_ws_d128(a); });
+      // grid (⌈Tk/128⌉, H, B); attnBwdWSSmem + two dSᵀ tiles [128][64];
+      // the writer's: two stages (attnBwdWSSmemTiles(D, 64, 2)) and its
+      // buffer of 64 rows of 528 bytes
+      const emu_dim3 grid{(unsigned)((Tk + 127) / 128), (unsigned)H, (unsigned)B};
+      if (bwd_fused == 2)
+        emu::launch(grid, {512, 1, 1}, 2 * 128 * D * 2 + 4 * 64 * D * 2 + 4 * 64 * 4 + 1024 + 64 + 2 * 128 * 64 * 2 + 64 * 528,
+                    seed++, [&] { attn_bwd_wsw_d128(a); });
+      else
+        emu::launch(grid, {384, 1, 1}, smem + 2 * 128 * 64 * 2, seed++, [&] { attn_bwd_ws_d128(a); });
     } else
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
       if (bwd_q32) {
@@ -687,11 +694,11 @@ static void run_ws3() {
 // tiles (attn_bwd_dkdv_ws_q32_d128, four stages).
 static void run_bws(bool q32only = false, bool fusedonly = false) {
   bwd_ws = true;
-  for (int variant : {0, 1, 2}) {  // the two passes; q32; fused
+  for (int variant : {0, 1, 2, 3}) {  // the two passes; q32; one pass; one pass with the writer
     const bool q32 = variant == 1;
-    if ((q32only && !q32) || (fusedonly && variant != 2)) continue;
+    if ((q32only && !q32) || (fusedonly && variant < 2)) continue;
     bwd_q32 = q32;
-    bwd_fused = variant == 2;
+    bwd_fused = variant >= 2 ? variant - 1 : 0;
     for (int D : {64, 128}) {
       if (variant > 0 && D != 128) continue;
       run(1, 17, 17, 2, D, true, true, WG, false);
@@ -708,7 +715,8 @@ static void run_bws(bool q32only = false, bool fusedonly = false) {
       run(1, 300, 300, 1, D, false, true, WG, false, 0.2f);
     }
   }
-  bwd_ws = bwd_q32 = bwd_fused = false;
+  bwd_ws = bwd_q32 = false;
+  bwd_fused = 0;
 }
 
 // run_ws: the warp-specialised forward (its backward is wg's; none at

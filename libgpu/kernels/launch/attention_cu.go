@@ -361,6 +361,20 @@ func AttnBwdWsD128(l Launcher, grid, block [3]uint32, smem uint32, a *AttnArgs) 
 // AttnBwdWsD128Kernel is attn_bwd_ws_d128 of attention.cu (AttnBwdWsD128), for Prefetch.
 var AttnBwdWsD128Kernel = Kernel{File: "attention.cu", Name: "attn_bwd_ws_d128"}
 
+// AttnBwdWswD128 launches attn_bwd_wsw_d128 of attention.cu:
+//
+//	attn_bwd_wsw_d128(const attn_args a)
+func AttnBwdWswD128(l Launcher, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
+	kn := AttnBwdWswD128Kernel
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
+}
+
+// AttnBwdWswD128Kernel is attn_bwd_wsw_d128 of attention.cu (AttnBwdWswD128), for Prefetch.
+var AttnBwdWswD128Kernel = Kernel{File: "attention.cu", Name: "attn_bwd_wsw_d128"}
+
 // AttnFwdSimt launches attn_fwd_simt_<inst> of attention.cu, inst one of "f32", "bf16", "drop_f32", "drop_bf16":
 //
 //	attn_fwd_simt_f32(const attn_args a)
