@@ -1820,13 +1820,27 @@ inline void attn_red_add2(float* p, float x, float y) {
   p[0] += x;
   p[1] += y;
 }
-// The emulator does a bulk copy when it is issued.
-inline void attn_bulk_add(float* p, unsigned s, unsigned bytes) {
-  const float* x = (const float*)gpukit_emu_smem_ptr(s, bytes);
-  for (unsigned i = 0; i < bytes / 4; i++) p[i] += x[i];
+// The emulator queues a thread's bulk copies and does them in
+// attn_bulk_done after letting the other warps run for 64 scheduling
+// rounds, reading shared memory then: a buffer its producers overwrite
+// before the copy has read it (a missing wait on the writer) changes the
+// result. (Blocks run one at a time, so one queue serves.)
+struct attn_emu_bulk {
+  float* p;
+  unsigned s, bytes;
+  bool add;
+};
+inline std::vector<attn_emu_bulk> attn_emu_bulks;
+inline void attn_bulk_add(float* p, unsigned s, unsigned bytes) { attn_emu_bulks.push_back({p, s, bytes, true}); }
+inline void attn_bulk_store(float* p, unsigned s, unsigned bytes) { attn_emu_bulks.push_back({p, s, bytes, false}); }
+inline void attn_bulk_done() {
+  for (int i = 0; i < 64; i++) gpukit_emu_yield();
+  for (const attn_emu_bulk& o : attn_emu_bulks) {
+    const float* x = (const float*)gpukit_emu_smem_ptr(o.s, o.bytes);
+    for (unsigned i = 0; i < o.bytes / 4; i++) o.p[i] = o.add ? o.p[i] + x[i] : x[i];
+  }
+  attn_emu_bulks.clear();
 }
-inline void attn_bulk_store(float* p, unsigned s, unsigned bytes) { memcpy(p, gpukit_emu_smem_ptr(s, bytes), bytes); }
-inline void attn_bulk_done() {}
 inline void attn_ld_l2(const float* p, float& x, float& y) {
   x = p[0];
   y = p[1];

@@ -845,6 +845,13 @@ using std::max;
 using std::min;
 
 inline unsigned gpukit_emu_smem_addr(const void* p) { return emu::smem_addr(p); }
+// gpukit_emu_yield: this thread sits out the rest of the scheduling round
+// (the other warps run to their next switch points), counted as progress.
+inline void gpukit_emu_yield() {
+  emu::g.progress++;
+  emu::g.cur->parked = true;
+  emu::yield();
+}
 // gpukit_emu_smem_ptr: the n bytes of dynamic shared memory at shared
 // address a (a bulk copy's source), checked to lie inside it.
 inline unsigned char* gpukit_emu_smem_ptr(unsigned a, unsigned n) {
