@@ -2083,6 +2083,13 @@ __device__ __forceinline__ void attn_dq_writer(int n, int qstart, const unsigned
 // BM = 32 (attn_bwd_dkdv_ws_q32_d128, not a default; four stages): query
 // tiles of 32, so that Sᵀ, dPᵀ, Pᵀ and dSᵀ take 48 registers fewer
 // (m64n32k16 for Sᵀ and dPᵀ) in consumers that hold dK and dV at D = 128.
+//
+// DQ 1 and 2 (attn_bwd_ws_d128, attn_bwd_wsw_d128; D = 128, not defaults):
+// the whole backward in one pass, dQ's part of each tile added in turns
+// (attn_dq_turn; with DQ 2 by a fourth warpgroup, attn_dq_writer, and two
+// stages), over grid (⌈Tk/128⌉, H, B) with a head's key blocks launched
+// together, highest first; two dSᵀ tiles [128][64] after the stages, and
+// with DQ 2 the writer's buffer, 64 f32 rows of ATTN_DQ_ROW bytes.
 template <int D, bool DROP = false, int BM = 64, int DQ = 0>
 __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
   static_assert(BM == 64 || (BM == 32 && !DROP), "attn_bwd_dkdv_ws: 64-query tiles, or 32 without dropout");
