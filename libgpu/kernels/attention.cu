@@ -1865,10 +1865,17 @@ __device__ __forceinline__ void attn_ds_to_smem(const unsigned ds[][4], unsigned
   }
 }
 
-// attn_dq_mma: dQ[:, 64cw..64cw+63] = dS·K[:, 64cw..] (m64n64k16, A = dS
-// MN-major from the dSᵀ tile at s, B = K's panel cw N-major), waited for.
+// attn_dq_part is this key block's part of dQ for the warpgroup's 64
+// columns: dSᵀ to the tile at s (generic address sp, attn_ds_to_smem),
+// fence.proxy.async and barrier 1 over both consumers, then
+// dQ[:, 64cw..64cw+63] = dS·K[:, 64cw..] (m64n64k16, A = dS MN-major from
+// the dSᵀ tile, B = K's panel cw N-major), waited for.
 template <int BN, int BM>
-__device__ __forceinline__ void attn_dq_mma(float* dq, unsigned s, unsigned sK, int cw) {
+__device__ __forceinline__ void attn_dq_part(float* dq, const unsigned ds[][4], unsigned char* sp, unsigned s,
+                                             unsigned sK, int cw) {
+  attn_ds_to_smem<BM>(ds, sp, cw);
+  gpukit_fence_proxy_async();
+  gpukit_bar_sync(1, 256);
   gpukit_wg_fence();
 #pragma unroll
   for (int kk = 0; kk < BN / 16; kk++)
@@ -1921,11 +1928,8 @@ __device__ __forceinline__ void attn_dq_turn(const unsigned ds[][4], unsigned ch
                                              int qbase, const attn_pos& pos, const attn_args& a) {
   constexpr int BN = 128, BM = 64, PT = 128;
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  attn_ds_to_smem<BM>(ds, sp, cw);
-  gpukit_fence_proxy_async();
-  gpukit_bar_sync(1, 2 * PT);
   float dq[BM / 2];
-  attn_dq_mma<BN, BM>(dq, s, sK, cw);
+  attn_dq_part<BN, BM>(dq, ds, sp, s, sK, cw);
 
   const int N = gridDim.x, nb = pos.z, qt = qbase / BM, M = (a.Tq + BM - 1) / BM;
   const int top = a.causal ? min(N - 1, qt * BM / BN) : N - 1;  // the highest key block that sees this tile
@@ -1981,13 +1985,10 @@ __device__ __forceinline__ void attn_dq_turn(const unsigned ds[][4], unsigned ch
 template <int D>
 __device__ __forceinline__ void attn_dq_tile_out(const unsigned ds[][4], unsigned char* sp, unsigned s, unsigned sK,
                                                  int cw, int i, unsigned char* bp, unsigned qf, unsigned qe) {
-  constexpr int BN = 128, BM = 64, PT = 128;
+  constexpr int BN = 128, BM = 64;
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  attn_ds_to_smem<BM>(ds, sp, cw);
-  gpukit_fence_proxy_async();
-  gpukit_bar_sync(1, 2 * PT);
   float dq[BM / 2];
-  attn_dq_mma<BN, BM>(dq, s, sK, cw);
+  attn_dq_part<BN, BM>(dq, ds, sp, s, sK, cw);
   if (i > 0) gpukit_mbar_wait(qe, (i - 1) & 1);
   const int qr = 16 * warp + g;
 #pragma unroll
