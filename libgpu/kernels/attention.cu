@@ -1292,14 +1292,13 @@ struct attn_dq_regs {
 // tile's lse·log2e lt; dV += Pᵀ·dO; dSᵀ with its δ dt; dK += dSᵀ·Q, left in
 // flight. after_s runs once the wait after Sᵀ has retired the previous
 // tile's dV and dK (attn_bwd_dkdv_ws releases that tile's stage there).
-// BM queries a tile (64; 32 in attn_bwd_dkdv_ws_q32_d128), BN = 128 keys
-// a block.
-template <int D, bool DROP, int BM = 64, class AfterS>
+// BM = 64 queries a tile, BN = 128 keys a block.
+template <int D, bool DROP, class AfterS>
 __device__ __forceinline__ void attn_dkdv_tile(float* dk, float* dv, float* st, float* dpt, unsigned pp[][4],
                                                unsigned ds[][4], unsigned ka, unsigned va, unsigned qt, unsigned ot,
                                                const float* lt, const float* dt, int qbase, int krow0,
                                                const attn_dctx& dc, const attn_args& a, AfterS after_s) {
-  constexpr int BN = 128, KD = D / 16;
+  constexpr int BM = 64, BN = 128, KD = D / 16;
   const int krow = krow0 + ((threadIdx.x & 31) >> 2);  // this thread's keys: krow, krow + 8
   gpukit_keep_f<BM / 2>(st);
   gpukit_keep_f<BM / 2>(dpt);
@@ -1920,7 +1919,7 @@ __device__ __forceinline__ void attn_dq_part(float* dq, const unsigned ds[][4], 
 // pipe 25% busy, 14.9 cycles between a warp's instructions — the
 // consumers wait on the turns and on the fence after their adds (with one
 // turn a tile and scalar adds: 2× the time, L2 64% busy with the adds).
-// Not a default (attnBwdWSMode 4). The step that would hide the turns is
+// Not a default (attnBwdWSMode 3). The step that would hide the turns is
 // FlashAttention-3's: the consumers leave dQ in shared memory and a
 // separate warp adds it (cp.reduce.async.bulk) and takes the turns.
 template <int D>
@@ -2081,21 +2080,16 @@ __device__ __forceinline__ void attn_dq_writer(int n, int qstart, const unsigned
 // (from a 1024-byte boundary): K and V [128][D], three stages of Q and dO
 // [64][D], three of lse·log2e and δ [64] f32, then 7 mbarriers.
 //
-// BM = 32 (attn_bwd_dkdv_ws_q32_d128, not a default; four stages): query
-// tiles of 32, so that Sᵀ, dPᵀ, Pᵀ and dSᵀ take 48 registers fewer
-// (m64n32k16 for Sᵀ and dPᵀ) in consumers that hold dK and dV at D = 128.
-//
 // DQ 1 and 2 (attn_bwd_ws_d128, attn_bwd_wsw_d128; D = 128, not defaults):
 // the whole backward in one pass, dQ's part of each tile added in turns
 // (attn_dq_turn; with DQ 2 by a fourth warpgroup, attn_dq_writer, and two
 // stages), over grid (⌈Tk/128⌉, H, B) with a head's key blocks launched
 // together, highest first; two dSᵀ tiles [128][64] after the stages, and
 // with DQ 2 the writer's buffer, 64 f32 rows of ATTN_DQ_ROW bytes.
-template <int D, bool DROP = false, int BM = 64, int DQ = 0>
+template <int D, bool DROP = false, int DQ = 0>
 __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
-  static_assert(BM == 64 || (BM == 32 && !DROP), "attn_bwd_dkdv_ws: 64-query tiles, or 32 without dropout");
-  static_assert(!DQ || (D == 128 && BM == 64 && !DROP), "attn_bwd_ws: D = 128, 64-query tiles, no dropout");
-  constexpr int BN = 128, PT = 128, NS = DQ == 2 ? 2 : BM == 64 ? 3 : 4;
+  static_assert(!DQ || (D == 128 && !DROP), "attn_bwd_ws: D = 128, no dropout");
+  constexpr int BM = 64, BN = 128, PT = 128, NS = DQ == 2 ? 2 : 3;
   constexpr unsigned KT = BN * D * 2, QT = BM * D * 2, ST = DQ ? BN * BM * 2 : 0, WT = DQ == 2 ? BM * ATTN_DQ_ROW : 0;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned s0 = gpukit_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
@@ -2169,7 +2163,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
     const int stg = i % NS, qbase = (qstart + i) * BM;
     gpukit_mbar_wait(full + 8 * stg, (i / NS) & 1);
     gpukit_fence_proxy_async();
-    attn_dkdv_tile<D, DROP, BM>(r.dk, r.dv, r.st, r.dpt, r.pp, r.ds, ka, va, sQ + stg * QT, sO + stg * QT,
+    attn_dkdv_tile<D, DROP>(r.dk, r.dv, r.st, r.dpt, r.pp, r.ds, ka, va, sQ + stg * QT, sO + stg * QT,
                                 sL + stg * BM, sD + stg * BM, qbase, krow0, dc, a, [&] {
                                   if (i > 0) gpukit_mbar_arrive(empty + 8 * ((i - 1) % NS));  // dV and dK of i − 1 have retired
                                 });
@@ -2266,19 +2260,16 @@ ATTN_BWD_WS_INSTANCE(d64, 64, false)
 ATTN_BWD_WS_INSTANCE(d128, 128, false)
 ATTN_BWD_WS_INSTANCE(drop_d64, 64, true)
 ATTN_BWD_WS_INSTANCE(drop_d128, 128, true)
-extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_dkdv_ws_q32_d128(const attn_args a) {
-  if constexpr (GPUKIT_KEEP(attn_bwd_dkdv_ws_q32_d128)) attn_bwd_dkdv_ws<128, false, 32>(a);
-}
 // attn_bwd_ws_d128: the backward in one pass, dK and dV as
 // attn_bwd_dkdv_ws_d128 and dQ through attn_dq_turn (grid (⌈Tk/128⌉, H, B)).
 extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_ws_d128(const attn_args a) {
-  if constexpr (GPUKIT_KEEP(attn_bwd_ws_d128)) attn_bwd_dkdv_ws<128, false, 64, 1>(a);
+  if constexpr (GPUKIT_KEEP(attn_bwd_ws_d128)) attn_bwd_dkdv_ws<128, false, 1>(a);
 }
 // attn_bwd_wsw_d128: the one pass with its dQ turns taken by a fourth
 // warpgroup, the writer (attn_dq_tile_out, attn_dq_writer; FlashAttention-3's
 // dQ writer): 512 threads, two stages of Q and dO, grid as attn_bwd_ws_d128.
 extern "C" __global__ void __launch_bounds__(512, 1) attn_bwd_wsw_d128(const attn_args a) {
-  if constexpr (GPUKIT_KEEP(attn_bwd_wsw_d128)) attn_bwd_dkdv_ws<128, false, 64, 2>(a);
+  if constexpr (GPUKIT_KEEP(attn_bwd_wsw_d128)) attn_bwd_dkdv_ws<128, false, 2>(a);
 }
 #else
 // Not sm_90a: the symbols exist (one module for every GPU) but are never
@@ -2302,7 +2293,6 @@ extern "C" __global__ void attn_bwd_dkdv_ws_drop_d64(const attn_args) { asm vola
 extern "C" __global__ void attn_bwd_dkdv_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dq_ws_drop_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dq_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
-extern "C" __global__ void attn_bwd_dkdv_ws_q32_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_ws_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_wsw_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }

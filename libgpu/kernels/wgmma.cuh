@@ -63,19 +63,6 @@ template <int N, int TA, int TB>
 struct gpukit_wg_ss;
 
 template <int TA, int TB>
-struct gpukit_wg_ss<32, TA, TB> {
-  static __device__ __forceinline__ void mma(float* d, gpukit_u64 da, gpukit_u64 db, int scale_d) {
-    asm volatile(
-        "{ .reg .pred p; setp.ne.b32 p, %18, 0; "
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "%16, %17, p, 1, 1, %19, %20; }"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(TA), "n"(TB));
-  }
-};
-
-template <int TA, int TB>
 struct gpukit_wg_ss<64, TA, TB> {
   static __device__ __forceinline__ void mma(float* d, gpukit_u64 da, gpukit_u64 db, int scale_d) {
     asm volatile(

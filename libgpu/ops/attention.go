@@ -242,7 +242,7 @@ func (e *Engine) AttentionForward(o, lse, q, k, v *tensor.Tensor, causal bool, s
 // not computed. dq, dk, dv must not overlap each other or the inputs.
 // Deterministic: the CUDA kernels sum in a fixed order (a pass over key
 // blocks for dk and dv, a second over query blocks for dq, with no
-// atomics; or, in the one-pass kernel of attnBwdWSMode 4, not a default,
+// atomics; or, in the one-pass kernels of attnBwdWSMode 3 and 4, not defaults,
 // dq's atomic adds taken in turns in a fixed order), so results are
 // bitwise reproducible. Scratch: B·H·Tq f32 for δ (the one pass: and
 // B·H·Tq·D f32 and 2·B·H·⌈Tq/64⌉ i32). drop
@@ -307,8 +307,7 @@ func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tenso
 			}
 		}
 		tc := attnTC(q.DType, s.d, q, k, v, do, dq, dk, dv) // δ's kernel reads o at any alignment
-		if tc && dq != nil && dk != nil && dv != nil && s.tq > 0 && s.tk > 0 && s.h <= 65535 && s.b <= 65535 && c.attnWG(s) &&
-			attnBwdOnePass(a.DropP > 0, s.d, s.tk, c.SMCount()) { // grid (⌈Tk/128⌉, H, B)
+		if tc && dq != nil && dk != nil && dv != nil && c.attnWG(s) && attnBwdOnePass(a.DropP > 0, s, c.SMCount()) {
 			return c.attnBwdOnePass(&a, s)
 		}
 		if dk != nil || dv != nil {
@@ -1012,15 +1011,12 @@ func attnKernels(dt tensor.DType, d, t int, drop, wg, backward bool) []launch.Ke
 		if attnBwdWSOn(drop, d, true) {
 			named[1] = launch.AttnBwdDkdvWsKernel
 		}
-		if attnBwdDKDVQ32(drop, d) {
-			named[1] = func(string) (launch.Kernel, error) { return launch.AttnBwdDkdvWsQ32D128Kernel, nil }
-		}
 		if attnBwdWSOn(drop, d, false) {
 			named[2] = launch.AttnBwdDqWsKernel
 		}
-		if attnBwdOnePass(drop, d, t, math.MaxInt) {
+		if attnBwdOnePass(drop, attnShape{b: 1, tq: t, tk: t, h: 1, d: d}, math.MaxInt) {
 			k := launch.AttnBwdWsD128Kernel
-			if attnBwdWSMode == 5 {
+			if attnBwdWriter() {
 				k = launch.AttnBwdWswD128Kernel
 			}
 			named = append(named, func(string) (launch.Kernel, error) { return k, nil })
@@ -1124,9 +1120,6 @@ func attnDeltaLanes(dt tensor.DType, d int, ts ...*tensor.Tensor) int {
 // 2 × 64 lse and δ values).
 func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 	if c.attnWG(s) {
-		if attnBwdDKDVQ32(a.DropP > 0, s.d) {
-			return launch.AttnBwdDkdvWsQ32D128(c, attnGrid(s, s.tk, attnWGRows), block1(attnBwdWSThreads), attnBwdWSSmemTiles(s.d, 32, 4), a.k())
-		}
 		if attnBwdWSOn(a.DropP > 0, s.d, true) {
 			return launch.AttnBwdDkdvWs(c, a.inst(attnD(s.d)), attnGrid(s, s.tk, attnWGRows), block1(attnBwdWSThreads), attnBwdWSSmem(s.d), a.k())
 		}
@@ -1142,13 +1135,12 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 // (attn_bwd_dkdv_ws, attn_bwd_dq_ws; with dropout only where
 // attnBwdWSDrop) where they run on wgmma: 0 neither; 1 (the default) the
 // dQ pass at both head dimensions, the dK/dV pass at D = 64; 2 both at
-// both; 3 as 2 with the dK/dV pass at D = 128 on 32-query tiles
-// (attn_bwd_dkdv_ws_q32_d128: 1.02–1.05× attn_bwd_dkdv_ws_d128's time,
-// one H200, 2026-11-29); 4 as 1, and the whole backward at D = 128 in one
-// pass (attn_bwd_ws_d128, attnBwdOnePass: 1.5–1.7× the two passes' time,
-// same GPU and day; see attn_dq_turn); 5 as 4 with the dQ turns taken by a
+// both; 3 as 1, and the whole backward at D = 128 in one pass
+// (attn_bwd_ws_d128, attnBwdOnePass: 1.5–1.7× the two passes' time, one
+// H200, 2026-11-29; see attn_dq_turn); 4 as 3 with the dQ turns taken by a
 // writer warpgroup (attn_bwd_wsw_d128; written after the device time ran
-// out: not yet run on a GPU). One H200,
+// out: not yet run on a GPU). (A dK/dV pass on 32-query tiles, 1.02–1.05×
+// attn_bwd_dkdv_ws_d128's time the same day, was removed.) One H200,
 // 2026-11-29, against
 // attn_bwd_*_wg in the same run: attn_bwd_dq_ws 0.77–0.85× the time at
 // (8,16,2048,128), (8,32,2048,64) and (2,16,8192,128), causal and not;
@@ -1172,7 +1164,7 @@ func attnBwdWSOn(drop bool, d int, dkdv bool) bool {
 	switch {
 	case drop && !attnBwdWSDrop || attnBwdWSMode == 0:
 		return false
-	case attnBwdWSMode == 2 || attnBwdWSMode == 3:
+	case attnBwdWSMode == 2:
 		return true
 	}
 	return !dkdv || d == 64
@@ -1185,37 +1177,49 @@ const attnBwdWSThreads = 384
 // attnBwdWSSmem is attn_bwd_dkdv_ws's shared memory: K and V [128][D], three
 // stages of Q and dO [64][D] and of lse and δ [64] f32 from a 1024-byte
 // boundary, then 7 mbarriers (56 bytes, 64 reserved).
-func attnBwdWSSmem(d int) uint32 { return attnBwdWSSmemTiles(d, 64, 3) }
+func attnBwdWSSmem(d int) uint32 { return attnBwdWSSmemStages(d, 3) }
 
-// attnBwdWSSmemTiles is attn_bwd_dkdv_ws's shared memory with ns stages
-// of bm queries: K and V [128][D], Q and dO [bm][D] and lse and δ [bm] f32
-// a stage, from a 1024-byte boundary, then 1 + 2·ns mbarriers (128 bytes
-// reserved).
-func attnBwdWSSmemTiles(d, bm, ns int) uint32 {
-	return uint32(2*attnWGRows*d*2 + 2*ns*bm*d*2 + 2*ns*bm*4 + 1024 + max(64, 8*(1+2*ns)))
+// attnBwdWSSmemStages is attn_bwd_dkdv_ws's shared memory with ns stages:
+// K and V [128][D], Q and dO [64][D] and lse and δ [64] f32 a stage, from
+// a 1024-byte boundary, then 1 + 2·ns mbarriers and the one pass's
+// writer's two (64 bytes reserved).
+func attnBwdWSSmemStages(d, ns int) uint32 {
+	return uint32(2*attnWGRows*d*2 + 2*ns*64*d*2 + 2*ns*64*4 + 1024 + 64)
 }
 
-// attnBwdDKDVQ32 reports whether the dK/dV pass at head dimension d runs
-// on attn_bwd_dkdv_ws_q32_d128 (attnBwdWSMode 3, D = 128, no dropout).
-func attnBwdDKDVQ32(drop bool, d int) bool { return attnBwdWSMode == 3 && d == 128 && !drop }
-
-// attnBwdOnePass reports whether a backward at head dimension d with tk
-// keys (drop: with dropout) that wants dq, dk and dv runs in one pass,
-// attn_bwd_ws_d128 (attnBwdWSMode 4): D = 128, no dropout, and a head's
-// ⌈Tk/128⌉ key blocks no more than the sms multiprocessors (a block takes
-// one; its dQ turns wait on the key block above it, launched before it,
-// so a kernel on another stream that held multiprocessors for good while
-// waiting on this one would stall it).
-func attnBwdOnePass(drop bool, d, tk, sms int) bool {
-	return (attnBwdWSMode == 4 || attnBwdWSMode == 5) && d == 128 && !drop && (tk+attnWGRows-1)/attnWGRows <= sms
+// attnBwdOnePass reports whether a backward of shape s (drop: with
+// dropout) that wants dq, dk and dv runs in one pass (attnBwdWSMode 3:
+// attn_bwd_ws_d128; 4: attn_bwd_wsw_d128, attnBwdWriter): D = 128, no
+// dropout, a grid (⌈Tk/128⌉, H, B) within its limits, and a head's ⌈Tk/128⌉
+// key blocks no more than the sms multiprocessors (a block takes one; its
+// dQ turns wait on the key block above it, launched before it, so a kernel
+// on another stream that held multiprocessors for good while waiting on
+// this one would stall it).
+func attnBwdOnePass(drop bool, s attnShape, sms int) bool {
+	return (attnBwdWSMode == 3 || attnBwdWriter()) && s.d == 128 && !drop && s.tq > 0 && s.tk > 0 &&
+		s.h <= 65535 && s.b <= 65535 && (s.tk+attnWGRows-1)/attnWGRows <= sms
 }
 
-// attnBwdOnePass launches attn_bwd_ws_d128 over grid (⌈Tk/128⌉, H, B):
-// dK and dV as attn_bwd_dkdv_ws_d128, dQ summed over the key blocks in a
-// fixed order (attn_dq_turn) through scratch of B·H·Tq·D f32 partial sums
-// and 2·B·H·⌈Tq/64⌉ turn counters, zeroed here. Shared memory: attnBwdWSSmem
-// and two dSᵀ tiles [128][64] bf16. In attnBwdWSMode 5, attn_bwd_wsw_d128
-// (512 threads, attnBwdWriterSmem).
+// attnBwdWriter reports whether the one pass takes its turns in a writer
+// warpgroup (attnBwdWSMode 4: attn_bwd_wsw_d128).
+func attnBwdWriter() bool { return attnBwdWSMode == 4 }
+
+// attnBwdOnePassSmem is the one-pass kernels' shared memory: the stages of
+// attn_bwd_dkdv_ws (three; two with the writer) and two dSᵀ tiles
+// [128][64] bf16, and with the writer its buffer of 64 f32 rows of 528
+// bytes (ATTN_DQ_ROW).
+func attnBwdOnePassSmem(d int, writer bool) uint32 {
+	if writer {
+		return attnBwdWSSmemStages(d, 2) + 2*attnWGRows*64*2 + 64*528
+	}
+	return attnBwdWSSmem(d) + 2*attnWGRows*64*2
+}
+
+// attnBwdOnePass launches attn_bwd_ws_d128 (attn_bwd_wsw_d128 where
+// attnBwdWriter: 512 threads) over grid (⌈Tk/128⌉, H, B): dK and dV as
+// attn_bwd_dkdv_ws_d128, dQ summed over the key blocks in a fixed order
+// (attn_dq_turn, attn_dq_writer) through scratch of B·H·Tq·D f32 partial
+// sums and 2·B·H·⌈Tq/64⌉ turn counters, zeroed here.
 func (c *cudaImpl) attnBwdOnePass(a *attnArgs, s attnShape) error {
 	tiles := 2 * int64(s.b) * int64(s.h) * int64((s.tq+63)/64) // a turn per query tile and warpgroup
 	acc, err := c.Scratch("attention.dq_acc", 4*int64(s.b)*int64(s.h)*int64(s.tq)*int64(s.d))
@@ -1231,17 +1235,10 @@ func (c *cudaImpl) attnBwdOnePass(a *attnArgs, s attnShape) error {
 	}
 	a.DqAcc, a.DqSem = acc, sem
 	grid := [3]uint32{uint32((s.tk + attnWGRows - 1) / attnWGRows), uint32(s.h), uint32(s.b)}
-	if attnBwdWSMode == 5 {
-		return launch.AttnBwdWswD128(c, grid, block1(4*128), attnBwdWriterSmem(s.d), a.k())
+	if attnBwdWriter() {
+		return launch.AttnBwdWswD128(c, grid, block1(4*128), attnBwdOnePassSmem(s.d, true), a.k())
 	}
-	return launch.AttnBwdWsD128(c, grid, block1(attnBwdWSThreads), attnBwdWSSmem(s.d)+2*attnWGRows*64*2, a.k())
-}
-
-// attnBwdWriterSmem is attn_bwd_wsw_d128's shared memory: two stages
-// (attnBwdWSSmemTiles), two dSᵀ tiles [128][64] bf16, and the writer's
-// buffer of 64 f32 rows of 528 bytes (ATTN_DQ_ROW).
-func attnBwdWriterSmem(d int) uint32 {
-	return attnBwdWSSmemTiles(d, 64, 2) + 2*attnWGRows*64*2 + 64*528
+	return launch.AttnBwdWsD128(c, grid, block1(attnBwdWSThreads), attnBwdOnePassSmem(s.d, false), a.k())
 }
 
 // attnBwdWSSmemDQ is attn_bwd_dq_ws's: Q and dO [128][D], three stages of

@@ -538,21 +538,21 @@ func BenchmarkAttentionBackwardDKDV(b *testing.B) { benchAttention(b, "backward 
 func BenchmarkAttentionBackwardWS(b *testing.B) {
 	for _, pass := range []string{"backward", "backward dK,dV", "backward dQ"} {
 		b.Run(strings.ReplaceAll(pass, " ", "-"), func(b *testing.B) {
-			benchAttention(b, pass, attnPath{"wgmma-ws", 2, -1, 0, 2}, attnPath{"wgmma-ws-q32", 2, -1, 0, 3})
+			benchAttention(b, pass, attnPath{"wgmma-ws", 2, -1, 0, 2})
 		})
 	}
 }
 
 // BenchmarkAttentionBackwardOnePass: the backward, and forward then
 // backward, on the default kernels (two passes) and with the backward at
-// D = 128 in one pass (attn_bwd_ws_d128, attnBwdWSMode 4; with the writer
-// warpgroup, attn_bwd_wsw_d128, mode 5; D = 64 shapes run the default
+// D = 128 in one pass (attn_bwd_ws_d128, attnBwdWSMode 3; with the writer
+// warpgroup, attn_bwd_wsw_d128, mode 4; D = 64 shapes run the default
 // there).
 func BenchmarkAttentionBackwardOnePass(b *testing.B) {
 	for _, pass := range []string{"backward", "forward+backward"} {
 		b.Run(strings.ReplaceAll(pass, " ", "-"), func(b *testing.B) {
-			benchAttention(b, pass, attnPath{"two-pass", -1, -1, 0, -1}, attnPath{"one-pass", -1, -1, 0, 4},
-				attnPath{"one-pass-writer", -1, -1, 0, 5})
+			benchAttention(b, pass, attnPath{"two-pass", -1, -1, 0, -1}, attnPath{"one-pass", -1, -1, 0, 3},
+				attnPath{"one-pass-writer", -1, -1, 0, 4})
 		})
 	}
 }
@@ -648,8 +648,9 @@ func TestCUDAAttentionDropout(t *testing.T) {
 // dimensions (mode 4; the default's at D = 64) with more tiles than
 // blocks, its three-consumer forms at D = 64 (modes 5 and 6; the
 // default's from T = 2048), and the warp-specialised backward (both
-// passes; the default's dQ pass, and dK/dV at D = 64; and the 32-query
-// dK/dV pass at D = 128), and the D = 256 forward. On an sm_90a device the
+// passes; the default's dQ pass, and dK/dV at D = 64), the one-pass
+// backward at D = 128 (with and without its writer warpgroup), and the
+// D = 256 forward. On an sm_90a device the
 // wgmma kernels must be there: a module compiled without them (the sm_90a
 // guard off) fails.
 func TestCUDAAttentionPaths(t *testing.T) {
@@ -703,8 +704,7 @@ func TestCUDAAttentionPaths(t *testing.T) {
 		}},
 		// The warp-specialised backward, both passes (attnBwdWSMode 2; the
 		// default takes the dQ pass's, and the dK/dV pass's at D = 64,
-		// which the ws paths above check), and mode 3, the dK/dV pass at
-		// D = 128 on 32-query tiles (attn_bwd_dkdv_ws_q32_d128).
+		// which the ws paths above check).
 		{attnPath{"bwd-ws", 2, -1, 0, 2}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},
@@ -712,24 +712,19 @@ func TestCUDAAttentionPaths(t *testing.T) {
 			{4, 6, 1000, 64, true, tensor.BF16},
 			{2, 4, 777, 64, false, tensor.BF16},
 		}},
-		{attnPath{"bwd-ws-q32", 2, -1, 0, 3}, []attnLarge{
-			{8, 16, 2048, 128, true, tensor.BF16},
-			{2, 4, 777, 128, false, tensor.BF16},
-			{1, 2, 1, 128, true, tensor.BF16},
-		}},
-		// Mode 4: the backward at D = 128 in one pass (attn_bwd_ws_d128,
+		// Mode 3: the backward at D = 128 in one pass (attn_bwd_ws_d128,
 		// dQ summed over key blocks in turns); the bitwise checks of
 		// attnLargeCheck hold it to one order of the sums.
-		{attnPath{"bwd-onepass", 2, -1, 0, 4}, []attnLarge{
+		{attnPath{"bwd-onepass", 2, -1, 0, 3}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 16, 2048, 128, false, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},
 			{3, 5, 130, 128, true, tensor.BF16},
 			{1, 2, 1, 128, true, tensor.BF16},
 		}},
-		// Mode 5: the same with the turns taken by a writer warpgroup
+		// Mode 4: the same with the turns taken by a writer warpgroup
 		// (attn_bwd_wsw_d128).
-		{attnPath{"bwd-onepass-writer", 2, -1, 0, 5}, []attnLarge{
+		{attnPath{"bwd-onepass-writer", 2, -1, 0, 4}, []attnLarge{
 			{8, 16, 2048, 128, true, tensor.BF16},
 			{2, 16, 2048, 128, false, tensor.BF16},
 			{2, 4, 777, 128, false, tensor.BF16},

@@ -3,7 +3,7 @@
 // checks every kernel against a float64 naive attention (softmax(QKᵀ·scale
 // + mask)·V and its gradients), the *_drop instances against it with the
 // same dropout mask on P (an independent Philox). Usage:
-// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3|bws|bws32|bwsf|ws256]
+// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3|bws|bwsf|ws256]
 #include "emu.h"
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 // philox.cuh (included by attention.cu) also holds a normal draw that needs it.
@@ -259,8 +259,6 @@ static void track(Buf& b) { emu::track(b.mem.data(), b.mem.size()); }
 enum Mode { SIMT, TC, WG, WS, WSP, WS3, WSP3 };
 // bwd_ws: the dK/dV pass on attn_bwd_dkdv_ws (modes from WG on).
 static bool bwd_ws = false;
-// bwd_q32: with bwd_ws at D = 128, the dK/dV pass on attn_bwd_dkdv_ws_q32_d128.
-static bool bwd_q32 = false;
 // bwd_fused: with bwd_ws at D = 128, the backward in one pass
 // (attn_bwd_ws_d128: dQ summed in turns through dq_acc and dq_sem; 2:
 // attn_bwd_wsw_d128, the turns taken by a writer warpgroup).
@@ -278,7 +276,7 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   const bool tc = mode != SIMT;
   char name[160];
   snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g%s%s", B, Tq, Tk, H, D, causal,
-           bf16 ? "bf16" : "f32", bwd_fused == 2 ? "bwd-writer" : bwd_fused ? "bwd-fused" : bwd_q32 ? "bwd-ws-q32" : bwd_ws ? "bwd-ws" : mode == WSP3 ? "wsp3" : mode == WS3 ? "ws3" : mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
+           bf16 ? "bf16" : "f32", bwd_fused == 2 ? "bwd-writer" : bwd_fused ? "bwd-fused" : bwd_ws ? "bwd-ws" : mode == WSP3 ? "wsp3" : mode == WS3 ? "ws3" : mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
            smul == 1 ? "" : smul < 0 ? " scale<0" : " scale=0", kramp ? " kramp" : "");
   emu::untrack();
   Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab, accb, semb;
@@ -495,7 +493,6 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   }
   if (mode >= WG && bwd_ws) {
     size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024 + 64;  // ops/attention.go attnBwdWSSmem
-    if (bwd_q32) smem = 2 * 128 * D * 2 + 8 * 32 * D * 2 + 8 * 32 * 4 + 1024 + 72;  // attnBwdWSSmemTiles(D, 32, 4)
     if (bwd_fused) {
       if (D != 128 || DR) abort();  // one instance each: attn_bwd_ws_d128, attn_bwd_wsw_d128
       memset(semb.ptr(), 0, semb.mem.size());
@@ -510,10 +507,7 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
         emu::launch(grid, {384, 1, 1}, smem + 2 * 128 * 64 * 2, seed++, [&] { attn_bwd_ws_d128(a); });
     } else
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
-      if (bwd_q32) {
-        if (D != 128 || DR) abort();  // one instance: attn_bwd_dkdv_ws_q32_d128
-        attn_bwd_dkdv_ws_q32_d128(a);
-      } else if (D == 64)
+      if (D == 64)
         DR ? attn_bwd_dkdv_ws_drop_d64(a) : attn_bwd_dkdv_ws_d64(a);
       else
         DR ? attn_bwd_dkdv_ws_drop_d128(a) : attn_bwd_dkdv_ws_d128(a);
@@ -689,16 +683,14 @@ static void run_ws3() {
 // run_bws: the warp-specialised backward (attn_bwd_dkdv_ws, attn_bwd_dq_ws), behind the
 // wgmma forward: one query tile and many (the stages turn over), T not
 // a multiple of 64 or 128, Tq ≠ Tk, causal and not, a negative scale,
-// accumulation into dK and dV, dropout; then (or with q32only alone) the
-// same shapes without dropout at D = 128 with the dK/dV pass on 32-query
-// tiles (attn_bwd_dkdv_ws_q32_d128, four stages).
-static void run_bws(bool q32only = false, bool fusedonly = false) {
+// accumulation into dK and dV, dropout; then (or with fusedonly alone)
+// the same shapes without dropout at D = 128 in one pass
+// (attn_bwd_ws_d128, attn_bwd_wsw_d128).
+static void run_bws(bool fusedonly = false) {
   bwd_ws = true;
-  for (int variant : {0, 1, 2, 3}) {  // the two passes; q32; one pass; one pass with the writer
-    const bool q32 = variant == 1;
-    if ((q32only && !q32) || (fusedonly && variant < 2)) continue;
-    bwd_q32 = q32;
-    bwd_fused = variant >= 2 ? variant - 1 : 0;
+  for (int variant : {0, 1, 2}) {  // the two passes; one pass; one pass with the writer
+    if (fusedonly && variant == 0) continue;
+    bwd_fused = variant;
     for (int D : {64, 128}) {
       if (variant > 0 && D != 128) continue;
       run(1, 17, 17, 2, D, true, true, WG, false);
@@ -708,14 +700,14 @@ static void run_bws(bool q32only = false, bool fusedonly = false) {
       run(1, 300, 300, 2, D, true, true, WG, false, 0, -1);
       run(1, 200, 77, 1, D, false, true, WG, false);
       run(1, 450, 450, 1, D, false, true, WG, true);
-      if (variant > 0) continue;  // the 32-query and one-pass instances have no dropout
+      if (variant > 0) continue;  // the one-pass instances have no dropout
       // Dropout on P (attn_bwd_*_ws_drop): the same mask as the forward's.
       run(2, 132, 132, 2, D, true, true, WG, false, 0.2f);
       run(1, 36, 200, 1, D, false, true, WG, true, 0.5f);
       run(1, 300, 300, 1, D, false, true, WG, false, 0.2f);
     }
   }
-  bwd_ws = bwd_q32 = false;
+  bwd_ws = false;
   bwd_fused = 0;
 }
 
@@ -770,8 +762,7 @@ int main(int argc, char** argv) {
     void (*run)();
   } alone[] = {
       {"bws", [] { run_bws(); }},        // the warp-specialised backward
-      {"bws32", [] { run_bws(true); }},  // its dK/dV pass on 32-query tiles (D = 128)
-      {"bwsf", [] { run_bws(false, true); }},  // the one-pass backward (D = 128)
+      {"bwsf", [] { run_bws(true); }},  // the one-pass backward (D = 128)
       {"ws3", run_ws3},                  // the three-consumer forward
       {"ws256", [] {                     // the D = 256 forward
          run(1, 17, 17, 1, 256, true, true, WS, false);

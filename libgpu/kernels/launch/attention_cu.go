@@ -333,20 +333,6 @@ func AttnBwdDqWsKernel(inst string) (Kernel, error) {
 	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dq_ws_", inst)
 }
 
-// AttnBwdDkdvWsQ32D128 launches attn_bwd_dkdv_ws_q32_d128 of attention.cu:
-//
-//	attn_bwd_dkdv_ws_q32_d128(const attn_args a)
-func AttnBwdDkdvWsQ32D128(l Launcher, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
-	kn := AttnBwdDkdvWsQ32D128Kernel
-	if a == nil {
-		return errNilArgs(kn)
-	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
-}
-
-// AttnBwdDkdvWsQ32D128Kernel is attn_bwd_dkdv_ws_q32_d128 of attention.cu (AttnBwdDkdvWsQ32D128), for Prefetch.
-var AttnBwdDkdvWsQ32D128Kernel = Kernel{File: "attention.cu", Name: "attn_bwd_dkdv_ws_q32_d128"}
-
 // AttnBwdWsD128 launches attn_bwd_ws_d128 of attention.cu:
 //
 //	attn_bwd_ws_d128(const attn_args a)
