@@ -38,7 +38,7 @@ kc=$root/bin/kernelc
 src=${GPUKIT_KERNEL_SRC:-$here/kernels}
 [ -f "$src/attention.cu" ] || src=$here/kernels
 export GPUKIT_REQUIRE_GPU=1
-kernels=${KERNELS:-attn_fwd_ws_d128 attn_fwd_ws_pers_d128 attn_fwd_ws_d64 attn_fwd_ws_pers_d64 attn_fwd_ws_c3_d64 attn_fwd_ws_c3_pers_d64 attn_fwd_ws_drop_d128 attn_fwd_wg_d128 attn_bwd_dkdv_wg_d128 attn_bwd_dkdv_ws_d128 attn_bwd_dq_wg_d128 attn_bwd_dq_ws_d128 attn_bwd_dkdv_ws_d64 attn_bwd_dq_ws_d64 attn_fwd_ws_d256 attn_bwd_dkdv_ws_drop_d128 attn_bwd_dq_ws_drop_d128 attn_bwd_ws_d128 attn_bwd_wsw_d128}
+kernels=${KERNELS:-attn_fwd_ws_d128 attn_fwd_ws_pers_d128 attn_fwd_ws_d64 attn_fwd_ws_pers_d64 attn_fwd_ws_c3_d64 attn_fwd_ws_c3_pers_d64 attn_fwd_ws_drop_d128 attn_fwd_wg_d128 attn_bwd_dkdv_wg_d128 attn_bwd_dkdv_ws_d128 attn_bwd_dq_wg_d128 attn_bwd_dq_ws_d128 attn_bwd_dkdv_ws_d64 attn_bwd_dq_ws_d64 attn_fwd_ws_d256 attn_bwd_dkdv_ws_drop_d128 attn_bwd_dq_ws_drop_d128}
 
 echo "== resources ($src/attention.cu)"
 work=$(mktemp -d)

@@ -101,10 +101,8 @@ struct attn_args {
   float drop_p, drop_scale;
   unsigned drop_site;
   int pad2;
-  float* dq_acc;     // [B,H,Tq,D] f32: attn_bwd_ws_d128's partial sums of dQ (scratch)
-  int* dq_sem;       // [B,H,⌈Tq/64⌉,2]: attn_bwd_ws_d128's turns (query tile, warpgroup), zeroed before its launch
 };
-static_assert(sizeof(attn_args) == 376, "attn_args layout: launch.AttnArgs is generated from it (go generate ./libgpu/kernels/launch)");
+static_assert(sizeof(attn_args) == 360, "attn_args layout: launch.AttnArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
 #ifndef ATTN_DYN_SMEM
 #define ATTN_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
@@ -1774,294 +1772,6 @@ ATTN_WS_INSTANCE(d256, 256, false, false, 2)
 ATTN_WG_INSTANCES(, false)
 ATTN_WG_INSTANCES(_drop, true)
 
-// attn_turn_wait spins until the turn counter at p reads want (ld.acquire:
-// what the previous holder wrote before passing the turn is then visible);
-// attn_turn_pass hands the turn on (st.release); attn_ld_l2 reads two f32
-// at L2 (ld.global.cg: never a stale L1 line). Under the emulator blocks
-// run one at a time in launch order, so a turn not yet come is an error.
-#ifndef GPUKIT_EMU
-__device__ __forceinline__ void attn_turn_wait(const int* p, int want) {
-  int v;
-  do {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  } while (v != want);
-}
-__device__ __forceinline__ void attn_turn_pass(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void attn_ld_l2(const float* p, float& x, float& y) {
-  asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(x), "=f"(y) : "l"(p) : "memory");
-}
-__device__ __forceinline__ void attn_red_add2(float* p, float x, float y) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
-}
-// attn_bulk_add / attn_bulk_store: bytes (a multiple of 16) of f32 from
-// shared address s added to / stored at p by the copy engine
-// (cp.reduce.async.bulk .add.f32, cp.async.bulk; PTX ISA 8.0, sm_90);
-// attn_bulk_done commits this thread's bulk copies and waits until they
-// have completed and their writes are visible to the generic proxy.
-__device__ __forceinline__ void attn_bulk_add(float* p, unsigned s, unsigned bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(p), "r"(s), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void attn_bulk_store(float* p, unsigned s, unsigned bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(p), "r"(s), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void attn_bulk_done() {
-  asm volatile("cp.async.bulk.commit_group;\n\tcp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;" ::: "memory");
-}
-#else
-inline void attn_turn_wait(const int* p, int want) {
-  if (*p != want) gpukit_emu_fail("attn_dq_turn: a query tile's turn has not come (its earlier key block has not run)");
-}
-inline void attn_turn_pass(int* p, int v) { *p = v; }
-inline void attn_red_add2(float* p, float x, float y) {
-  p[0] += x;
-  p[1] += y;
-}
-// The emulator queues a thread's bulk copies and does them in
-// attn_bulk_done after letting the other warps run for 64 scheduling
-// rounds, reading shared memory then: a buffer its producers overwrite
-// before the copy has read it (a missing wait on the writer) changes the
-// result. (Blocks run one at a time, so one queue serves.)
-struct attn_emu_bulk {
-  float* p;
-  unsigned s, bytes;
-  bool add;
-};
-inline std::vector<attn_emu_bulk> attn_emu_bulks;
-inline void attn_bulk_add(float* p, unsigned s, unsigned bytes) { attn_emu_bulks.push_back({p, s, bytes, true}); }
-inline void attn_bulk_store(float* p, unsigned s, unsigned bytes) { attn_emu_bulks.push_back({p, s, bytes, false}); }
-inline void attn_bulk_done() {
-  for (int i = 0; i < 64; i++) gpukit_emu_yield();
-  for (const attn_emu_bulk& o : attn_emu_bulks) {
-    const float* x = (const float*)gpukit_emu_smem_ptr(o.s, o.bytes);
-    for (unsigned i = 0; i < o.bytes / 4; i++) o.p[i] = o.add ? o.p[i] + x[i] : x[i];
-  }
-  attn_emu_bulks.clear();
-}
-inline void attn_ld_l2(const float* p, float& x, float& y) {
-  x = p[0];
-  y = p[1];
-}
-#endif
-
-// attn_ds_to_smem stores this warpgroup's dSᵀ (64 keys × BM queries,
-// packed bf16 A fragments ds) in rows 64cw.. of the tile at generic
-// address sp [128 keys][BM queries] (128-byte swizzle: the MN-major layout
-// of dS as an A operand).
-template <int BM>
-__device__ __forceinline__ void attn_ds_to_smem(const unsigned ds[][4], unsigned char* sp, int cw) {
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int r0 = 64 * cw + 16 * warp + g;  // this thread's keys in the block: r0, r0 + 8 (r0 % 8 = g)
-#pragma unroll
-  for (int kk = 0; kk < BM / 16; kk++) {
-    const int c0 = ((2 * kk) ^ g) << 4, c1 = ((2 * kk + 1) ^ g) << 4;  // 16-byte chunks of queries 16kk.., 16kk+8..
-    *(unsigned*)(sp + r0 * 128 + c0 + 4 * t) = ds[kk][0];
-    *(unsigned*)(sp + (r0 + 8) * 128 + c0 + 4 * t) = ds[kk][1];
-    *(unsigned*)(sp + r0 * 128 + c1 + 4 * t) = ds[kk][2];
-    *(unsigned*)(sp + (r0 + 8) * 128 + c1 + 4 * t) = ds[kk][3];
-  }
-}
-
-// attn_dq_part is this key block's part of dQ for the warpgroup's 64
-// columns: dSᵀ to the tile at s (generic address sp, attn_ds_to_smem),
-// fence.proxy.async and barrier 1 over both consumers, then
-// dQ[:, 64cw..64cw+63] = dS·K[:, 64cw..] (m64n64k16, A = dS MN-major from
-// the dSᵀ tile, B = K's panel cw N-major), waited for.
-template <int BN, int BM>
-__device__ __forceinline__ void attn_dq_part(float* dq, const unsigned ds[][4], unsigned char* sp, unsigned s,
-                                             unsigned sK, int cw) {
-  attn_ds_to_smem<BM>(ds, sp, cw);
-  gpukit_fence_proxy_async();
-  gpukit_bar_sync(1, 256);
-  gpukit_wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; kk++)
-    gpukit_wg_ss<64, 1, 1>::mma(dq, gpukit_wg_desc(s + kk * 2048, BN * 128, 1024),
-                                gpukit_wg_desc(sK + cw * (BN * 128) + kk * 2048, BN * 128, 1024), kk > 0);
-  gpukit_wg_commit();
-  gpukit_wg_wait<0>();
-  gpukit_keep_f<BM / 2>(dq);
-}
-
-// attn_dq_turn is the one-pass backward's dQ step for query tile qbase
-// (attn_bwd_ws_d128, after attn_dkdv_tile): this key block's part of dQ,
-// dS·K over its 128 keys, added to the tile's sum in a fixed order, so
-// that the sum — and dQ — are the same bit for bit on every run (where
-// FlashAttention-2 and -3 add with float atomics in whatever order the
-// blocks arrive; FlashAttention-3's code has a deterministic backward that
-// orders them with a semaphore in the same way).
-//   (1) dSᵀ (this warpgroup's 64 keys × 64 queries, packed bf16 A
-//       fragments ds) to s [128 keys][64 queries] (128-byte swizzle, the
-//       MN-major layout of an A operand; generic address sp), two of them
-//       alternating by tile so one barrier a tile keeps the other
-//       warpgroup's reads of the last-but-one safe; fence.proxy.async,
-//       barrier 1 over both consumers;
-//   (2) dQ[:, 64cw..64cw+63] = dS·K[:, 64cw..] (m64n64k16, A = dS
-//       MN-major from s, B = K's panel cw N-major), waited for;
-//   (3) the turn: the tile's key blocks that see it (all, or those
-//       nb ≤ qtile/2 under causal) add in descending order: the highest
-//       stores its part to dq_acc (f32 [B,H,Tq,D]), the middle ones add
-//       theirs there (red.add.v2, after attn_turn_wait for their turn, and
-//       pass it on after a fence and a barrier), and key block 0 adds the
-//       sum to its part and writes dQ = scale·sum (+ dq with acc_q); each
-//       warpgroup (64 columns) takes its turns apart (barriers 2 and 3).
-// The turn counters (dq_sem, two per query tile, zeroed by the host
-// before the launch) make a block wait for the key block above it; the
-// grid launches a head's key blocks together, highest first, and every
-// block waits only on blocks launched before it, so the waits end when
-// a head's blocks fit on the GPU at once (the host checks ⌈Tk/128⌉
-// against the multiprocessors).
-// Measured (one H200, 2026-11-29): correct and bitwise reproducible, but
-// 1.5–1.7× the two passes' time at D = 128 (1.547 against 1.002 ms at
-// causal (8,16,2048,128), 2.973 against 1.764 non-causal); ncu: tensor
-// pipe 25% busy, 14.9 cycles between a warp's instructions — the
-// consumers wait on the turns and on the fence after their adds (with one
-// turn a tile and scalar adds: 2× the time, L2 64% busy with the adds).
-// Not a default (attnBwdWSMode 3). The step that would hide the turns is
-// FlashAttention-3's: the consumers leave dQ in shared memory and a
-// separate warp adds it (cp.reduce.async.bulk) and takes the turns.
-template <int D>
-__device__ __forceinline__ void attn_dq_turn(const unsigned ds[][4], unsigned char* sp, unsigned s, unsigned sK, int cw,
-                                             int qbase, const attn_pos& pos, const attn_args& a) {
-  constexpr int BN = 128, BM = 64, PT = 128;
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  float dq[BM / 2];
-  attn_dq_part<BN, BM>(dq, ds, sp, s, sK, cw);
-
-  const int N = gridDim.x, nb = pos.z, qt = qbase / BM, M = (a.Tq + BM - 1) / BM;
-  const int top = a.causal ? min(N - 1, qt * BM / BN) : N - 1;  // the highest key block that sees this tile
-  const long long bh = (long long)pos.b * a.H + pos.h;
-  int* sem = a.dq_sem + (bh * M + qt) * 2 + cw;  // a turn per warpgroup: its 64 columns of dQ
-  const bool lead = (threadIdx.x & (PT - 1)) == 0;
-  if (nb < top) {  // not the first: wait for the turn
-    if (lead) attn_turn_wait(sem, top - nb);
-    gpukit_bar_sync(2 + cw, PT);
-  }
-  const int qr = 16 * warp + g;  // this thread's rows of the tile: qr, qr + 8
-  float* acc = a.dq_acc + (bh * a.Tq + qbase) * D + 64 * cw + 2 * t;
-#pragma unroll
-  for (int e = 0; e < 2; e++) {
-    if (qbase + qr + 8 * e >= a.Tq) continue;
-    float* p = acc + (long long)(qr + 8 * e) * D;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      float& x = dq[4 * j + 2 * e];
-      float& y = dq[4 * j + 2 * e + 1];
-      if (nb == top) {
-        if (nb > 0) {
-          p[8 * j] = x;
-          p[8 * j + 1] = y;
-        }
-      } else if (nb > 0) {
-        attn_red_add2(p + 8 * j, x, y);
-      } else {
-        float px, py;
-        attn_ld_l2(p + 8 * j, px, py);
-        x = px + x;
-        y = py + y;
-      }
-    }
-  }
-  if (nb == 0) {
-    attn_store_frag<BM / 8>(attn_head<gpukit_bf16>(a.dq, a.sdq, pos.b, pos.h) + 64 * cw, a.sdq[1], qbase + qr, a.Tq, dq,
-                            a.scale, a.acc_q);
-  } else {
-    __threadfence();
-    gpukit_bar_sync(2 + cw, PT);
-    if (lead) attn_turn_pass(sem, top - nb + 1);
-  }
-}
-
-// attn_dq_tile_out is attn_dq_turn's (1) and (2) for attn_bwd_wsw_d128,
-// whose consumers then hand dQ's part to the writer warpgroup: they wait
-// until the writer has read the last tile's (mbarrier qe, phase of tile
-// i − 1), store theirs, f32 [64 queries][128] with rows ATTN_DQ_ROW bytes
-// apart at generic address bp, fence.proxy.async (the copy engine reads
-// it) and arrive on qf.
-#define ATTN_DQ_ROW 528  // 512 bytes of a row and 16 of padding (8-way bank conflicts to 2-way)
-template <int D>
-__device__ __forceinline__ void attn_dq_tile_out(const unsigned ds[][4], unsigned char* sp, unsigned s, unsigned sK,
-                                                 int cw, int i, unsigned char* bp, unsigned qf, unsigned qe) {
-  constexpr int BN = 128, BM = 64;
-  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  float dq[BM / 2];
-  attn_dq_part<BN, BM>(dq, ds, sp, s, sK, cw);
-  if (i > 0) gpukit_mbar_wait(qe, (i - 1) & 1);
-  const int qr = 16 * warp + g;
-#pragma unroll
-  for (int e = 0; e < 2; e++) {
-    float* p = (float*)(bp + (qr + 8 * e) * ATTN_DQ_ROW) + 64 * cw + 2 * t;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      p[8 * j] = dq[4 * j + 2 * e];
-      p[8 * j + 1] = dq[4 * j + 2 * e + 1];
-    }
-  }
-  gpukit_fence_proxy_async();
-  gpukit_mbar_arrive(qf);
-}
-
-// attn_dq_writer is attn_bwd_wsw_d128's fourth warpgroup (128 threads, 24
-// registers): for each of the block's n query tiles from qstart, once both
-// consumers have left dQ's part in the buffer (bp generic, b shared; mbarrier
-// qf), it takes the tile's turn as attn_dq_turn's (3) does — the highest
-// key block that sees the tile stores the part to dq_acc, the ones below
-// add it (one thread: a bulk copy or bulk add per row, waited for, then
-// the turn passed on), and key block 0 adds the sum and writes dQ (all 128
-// threads, a row half each) — and frees the buffer (qe, 128 arrivals).
-template <int D>
-__device__ __forceinline__ void attn_dq_writer(int n, int qstart, const unsigned char* bp, unsigned b, unsigned qf,
-                                               unsigned qe, const attn_pos& pos, const attn_args& a) {
-  constexpr int BN = 128, BM = 64, PT = 128;
-  const int tid = threadIdx.x & (PT - 1);
-  const int N = gridDim.x, nb = pos.z, M = (a.Tq + BM - 1) / BM;
-  const long long bh = (long long)pos.b * a.H + pos.h;
-  for (int i = 0; i < n; i++) {
-    const int qt = qstart + i, qbase = qt * BM, rows = min(BM, a.Tq - qbase);
-    const int top = a.causal ? min(N - 1, qt * BM / BN) : N - 1;
-    int* sem = a.dq_sem + (bh * M + qt) * 2;
-    float* acc = a.dq_acc + (bh * a.Tq + qbase) * D;
-    gpukit_mbar_wait(qf, i & 1);
-    if (nb < top && tid == 0) attn_turn_wait(sem, top - nb);
-    if (nb > 0) {
-      if (tid == 0) {
-        for (int r = 0; r < rows; r++) {
-          if (nb == top)
-            attn_bulk_store(acc + (long long)r * D, b + r * ATTN_DQ_ROW, D * 4);
-          else
-            attn_bulk_add(acc + (long long)r * D, b + r * ATTN_DQ_ROW, D * 4);
-        }
-        attn_bulk_done();
-        __threadfence();
-        attn_turn_pass(sem, top - nb + 1);
-      }
-      gpukit_bar_sync(4, PT);
-    } else {
-      gpukit_bar_sync(4, PT);  // the turn has come (key block 0 is the last)
-      const int r = tid >> 1, c0 = (tid & 1) * (D / 2);
-      if (r < rows) {
-        const float* x = (const float*)(bp + r * ATTN_DQ_ROW) + c0;
-        const float* y = acc + (long long)r * D + c0;
-        gpukit_bf16* o = attn_head<gpukit_bf16>(a.dq, a.sdq, pos.b, pos.h) + (long long)(qbase + r) * a.sdq[1] + c0;
-#pragma unroll 1
-        for (int c = 0; c < D / 2; c += 2) {
-          float u = x[c], v = x[c + 1];
-          if (top > 0) {
-            float pu, pv;
-            attn_ld_l2(y + c, pu, pv);
-            u = pu + u;
-            v = pv + v;
-          }
-          attn_store_pair(o + c, u * a.scale, v * a.scale, a.acc_q);
-        }
-      }
-    }
-    gpukit_mbar_arrive(qe);  // this thread is done with the buffer
-  }
-}
-
 // attn_bwd_dkdv_ws: attn_bwd_dkdv_wg warp-specialised (FlashAttention-3's
 // producer and consumers, Shah et al. 2024, §3.1, applied to the dK/dV
 // pass); DROP: dropout on P as attn_bwd_dkdv_wg_drop. 384 threads:
@@ -2079,31 +1789,18 @@ __device__ __forceinline__ void attn_dq_writer(int n, int qstart, const unsigned
 // of its Q and dO. Grid and outputs as attn_bwd_dkdv_wg. Shared memory
 // (from a 1024-byte boundary): K and V [128][D], three stages of Q and dO
 // [64][D], three of lse·log2e and δ [64] f32, then 7 mbarriers.
-//
-// DQ 1 and 2 (attn_bwd_ws_d128, attn_bwd_wsw_d128; D = 128, not defaults):
-// the whole backward in one pass, dQ's part of each tile added in turns
-// (attn_dq_turn; with DQ 2 by a fourth warpgroup, attn_dq_writer, and two
-// stages), over grid (⌈Tk/128⌉, H, B) with a head's key blocks launched
-// together, highest first; two dSᵀ tiles [128][64] after the stages, and
-// with DQ 2 the writer's buffer, 64 f32 rows of ATTN_DQ_ROW bytes.
-template <int D, bool DROP = false, int DQ = 0>
+template <int D, bool DROP = false>
 __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
-  static_assert(!DQ || (D == 128 && !DROP), "attn_bwd_ws: D = 128, no dropout");
-  constexpr int BM = 64, BN = 128, PT = 128, NS = DQ == 2 ? 2 : 3;
-  constexpr unsigned KT = BN * D * 2, QT = BM * D * 2, ST = DQ ? BN * BM * 2 : 0, WT = DQ == 2 ? BM * ATTN_DQ_ROW : 0;
+  constexpr int BM = 64, BN = 128, PT = 128, NS = 3;
+  constexpr unsigned KT = BN * D * 2, QT = BM * D * 2;
   ATTN_DYN_SMEM(attn_smem);
   const unsigned s0 = gpukit_smem_addr(attn_smem), base = (s0 + 1023u) & ~1023u;
   const unsigned sK = base, sV = base + KT, sQ = base + 2 * KT, sO = sQ + NS * QT;  // sQ, sO: [NS]
-  const unsigned sS = sO + NS * QT;      // DQ: dSᵀ [2][BN][BM]
-  const unsigned sW = sS + 2 * ST;       // DQ 2: dQ's part for the writer, f32 [BM] rows of ATTN_DQ_ROW bytes
-  float* sL = (float*)(attn_smem + (sW + WT - s0));  // [NS][BM] lse·log2e
-  float* sD = sL + NS * BM;                          // [NS][BM] δ
-  const unsigned kvfull = sW + WT + 2 * NS * BM * 4, full = kvfull + 8, empty = full + 8 * NS;
-  const unsigned qf = empty + 8 * NS, qe = qf + 8;  // DQ 2: the writer's buffer full (consumers) and empty (writer)
+  float* sL = (float*)(attn_smem + (sO + NS * QT - s0));                           // [NS][BM] lse·log2e
+  float* sD = sL + NS * BM;                                                         // [NS][BM] δ
+  const unsigned kvfull = sO + NS * QT + 2 * NS * BM * 4, full = kvfull + 8, empty = full + 8 * NS;
   const int wg = threadIdx.x >> 7;
-  // DQ: grid (⌈Tk/128⌉, H, B), a head's key blocks launched together, the
-  // last first (the order attn_dq_turn's turns follow).
-  const attn_pos pos = DQ ? attn_pos{(int)blockIdx.z, (int)blockIdx.y, (int)(gridDim.x - 1 - blockIdx.x)} : attn_block(a);
+  const attn_pos pos = attn_block(a);
   const int h = pos.h, b = pos.b, k0 = pos.z * BN;
   const long long bh = ((long long)b * a.H + h) * a.Tq;
   const int qstart = a.causal ? k0 / BM : 0;  // causal: queries before k0 see none of these keys
@@ -2114,23 +1811,11 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
       gpukit_mbar_init(full + 8 * st, 2 * PT);
       gpukit_mbar_init(empty + 8 * st, 2 * 128);
     }
-    if (DQ == 2) {
-      gpukit_mbar_init(qf, 2 * PT);
-      gpukit_mbar_init(qe, PT);
-    }
   }
   __syncthreads();
 
-  // Registers (setmaxnreg; 168 at launch, P + 2·C = 3·168; DQ 2: 128 at
-  // launch, producer and writer 24, consumers 232: 24 + 24 + 2·232 = 4·128).
-  constexpr int PREG = D == 128 ? 24 : 40, CREG = DQ == 2 ? 232 : (3 * 168 - PREG) / 2;
-  if constexpr (DQ == 2) {
-    if (wg == 3) {  // the writer
-      gpukit_setmaxnreg_dec<24>();
-      attn_dq_writer<D>(n, qstart, attn_smem + (sW - s0), sW, qf, qe, pos, a);
-      return;
-    }
-  }
+  // Registers (setmaxnreg; 168 at launch, P + 2·C = 3·168).
+  constexpr int PREG = D == 128 ? 24 : 40, CREG = (3 * 168 - PREG) / 2;
   if (wg == 0) {  // the producer
     gpukit_setmaxnreg_dec<PREG>();
     const gpukit_bf16* Q = attn_head<const gpukit_bf16>(a.q, a.sq, b, h);
@@ -2167,10 +1852,6 @@ __device__ __forceinline__ void attn_bwd_dkdv_ws(const attn_args& a) {
                                 sL + stg * BM, sD + stg * BM, qbase, krow0, dc, a, [&] {
                                   if (i > 0) gpukit_mbar_arrive(empty + 8 * ((i - 1) % NS));  // dV and dK of i − 1 have retired
                                 });
-    if constexpr (DQ == 1)
-      attn_dq_turn<D>(r.ds, attn_smem + (sS - s0) + (i & 1) * ST, sS + (i & 1) * ST, sK, cw, qbase, pos, a);
-    if constexpr (DQ == 2)
-      attn_dq_tile_out<D>(r.ds, attn_smem + (sS - s0) + (i & 1) * ST, sS + (i & 1) * ST, sK, cw, i, attn_smem + (sW - s0), qf, qe);
   }
   r.template store<DROP>(krow, b, h, a);
 }
@@ -2260,17 +1941,6 @@ ATTN_BWD_WS_INSTANCE(d64, 64, false)
 ATTN_BWD_WS_INSTANCE(d128, 128, false)
 ATTN_BWD_WS_INSTANCE(drop_d64, 64, true)
 ATTN_BWD_WS_INSTANCE(drop_d128, 128, true)
-// attn_bwd_ws_d128: the backward in one pass, dK and dV as
-// attn_bwd_dkdv_ws_d128 and dQ through attn_dq_turn (grid (⌈Tk/128⌉, H, B)).
-extern "C" __global__ void __launch_bounds__(384, 1) attn_bwd_ws_d128(const attn_args a) {
-  if constexpr (GPUKIT_KEEP(attn_bwd_ws_d128)) attn_bwd_dkdv_ws<128, false, 1>(a);
-}
-// attn_bwd_wsw_d128: the one pass with its dQ turns taken by a fourth
-// warpgroup, the writer (attn_dq_tile_out, attn_dq_writer; FlashAttention-3's
-// dQ writer): 512 threads, two stages of Q and dO, grid as attn_bwd_ws_d128.
-extern "C" __global__ void __launch_bounds__(512, 1) attn_bwd_wsw_d128(const attn_args a) {
-  if constexpr (GPUKIT_KEEP(attn_bwd_wsw_d128)) attn_bwd_dkdv_ws<128, false, 2>(a);
-}
 #else
 // Not sm_90a: the symbols exist (one module for every GPU) but are never
 // launched (ops/attention.go launches them only on sm_90a, and only when
@@ -2293,8 +1963,6 @@ extern "C" __global__ void attn_bwd_dkdv_ws_drop_d64(const attn_args) { asm vola
 extern "C" __global__ void attn_bwd_dkdv_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dq_ws_drop_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dq_ws_drop_d128(const attn_args) { asm volatile("trap;"); }
-extern "C" __global__ void attn_bwd_ws_d128(const attn_args) { asm volatile("trap;"); }
-extern "C" __global__ void attn_bwd_wsw_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d64(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_fwd_wg_d128(const attn_args) { asm volatile("trap;"); }
 extern "C" __global__ void attn_bwd_dkdv_wg_d64(const attn_args) { asm volatile("trap;"); }

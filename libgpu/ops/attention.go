@@ -17,7 +17,6 @@ import (
 
 	"gonum.org/v1/gonum/blas"
 
-	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels/launch"
 	"gpukit/libgpu/tensor"
@@ -242,10 +241,8 @@ func (e *Engine) AttentionForward(o, lse, q, k, v *tensor.Tensor, causal bool, s
 // not computed. dq, dk, dv must not overlap each other or the inputs.
 // Deterministic: the CUDA kernels sum in a fixed order (a pass over key
 // blocks for dk and dv, a second over query blocks for dq, with no
-// atomics; or, in the one-pass kernels of attnBwdWSMode 3 and 4, not defaults,
-// dq's atomic adds taken in turns in a fixed order), so results are
-// bitwise reproducible. Scratch: B·H·Tq f32 for δ (the one pass: and
-// B·H·Tq·D f32 and 2·B·H·⌈Tq/64⌉ i32). drop
+// atomics), so results are bitwise reproducible. Scratch: B·H·Tq f32 for
+// δ. drop
 // must be the forward's (same p, seed, site, B0 and counter value: run the
 // backward before the counter moves); with Z = mask/(1−p) the gradients
 // are dv = (P∘Z)ᵀ·do and dS = P∘(Z∘(do·vᵀ) − δ), δ from the dropped o.
@@ -307,9 +304,6 @@ func (e *Engine) AttentionBackward(dq, dk, dv, do, q, k, v, o, lse *tensor.Tenso
 			}
 		}
 		tc := attnTC(q.DType, s.d, q, k, v, do, dq, dk, dv) // δ's kernel reads o at any alignment
-		if tc && dq != nil && dk != nil && dv != nil && c.attnWG(s) && attnBwdOnePass(a.DropP > 0, s, c.SMCount()) {
-			return c.attnBwdOnePass(&a, s)
-		}
 		if dk != nil || dv != nil {
 			var err error
 			if tc {
@@ -1014,13 +1008,6 @@ func attnKernels(dt tensor.DType, d, t int, drop, wg, backward bool) []launch.Ke
 		if attnBwdWSOn(drop, d, false) {
 			named[2] = launch.AttnBwdDqWsKernel
 		}
-		if attnBwdOnePass(drop, attnShape{b: 1, tq: t, tk: t, h: 1, d: d}, math.MaxInt) {
-			k := launch.AttnBwdWsD128Kernel
-			if attnBwdWriter() {
-				k = launch.AttnBwdWswD128Kernel
-			}
-			named = append(named, func(string) (launch.Kernel, error) { return k, nil })
-		}
 	case tc:
 		named, inst = []func(string) (launch.Kernel, error){launch.AttnFwdTcKernel, launch.AttnBwdDkdvTcKernel, launch.AttnBwdDqTcKernel}, a.inst(attnD(d))
 	}
@@ -1135,13 +1122,13 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 // (attn_bwd_dkdv_ws, attn_bwd_dq_ws; with dropout only where
 // attnBwdWSDrop) where they run on wgmma: 0 neither; 1 (the default) the
 // dQ pass at both head dimensions, the dK/dV pass at D = 64; 2 both at
-// both; 3 as 1, and the whole backward at D = 128 in one pass
-// (attn_bwd_ws_d128, attnBwdOnePass: 1.5–1.7× the two passes' time, one
-// H200, 2026-11-29; see attn_dq_turn); 4 as 3 with the dQ turns taken by a
-// writer warpgroup (attn_bwd_wsw_d128; written after the device time ran
-// out: not yet run on a GPU). (A dK/dV pass on 32-query tiles, 1.02–1.05×
-// attn_bwd_dkdv_ws_d128's time the same day, was removed.) One H200,
-// 2026-11-29, against
+// both. (Removed after they were measured on one H200, 2026-11-29: a dK/dV
+// pass on 32-query tiles, 1.02–1.05× attn_bwd_dkdv_ws_d128's time, and
+// the whole backward at D = 128 in one pass, dQ's parts added across key
+// blocks in a fixed order by the consumers or by a writer warpgroup, 1.5–1.7×
+// and 2.1–2.2× the two passes' time, and 1.3–1.4× with its ordering taken
+// out: BENCHMARKS.md, bench/notes/attention.md.) One H200, 2026-11-29,
+// against
 // attn_bwd_*_wg in the same run: attn_bwd_dq_ws 0.77–0.85× the time at
 // (8,16,2048,128), (8,32,2048,64) and (2,16,8192,128), causal and not;
 // attn_bwd_dkdv_ws 0.85–0.88× at D = 64 from T = 1024 (three stages) but
@@ -1177,69 +1164,7 @@ const attnBwdWSThreads = 384
 // attnBwdWSSmem is attn_bwd_dkdv_ws's shared memory: K and V [128][D], three
 // stages of Q and dO [64][D] and of lse and δ [64] f32 from a 1024-byte
 // boundary, then 7 mbarriers (56 bytes, 64 reserved).
-func attnBwdWSSmem(d int) uint32 { return attnBwdWSSmemStages(d, 3) }
-
-// attnBwdWSSmemStages is attn_bwd_dkdv_ws's shared memory with ns stages:
-// K and V [128][D], Q and dO [64][D] and lse and δ [64] f32 a stage, from
-// a 1024-byte boundary, then 1 + 2·ns mbarriers and the one pass's
-// writer's two (64 bytes reserved).
-func attnBwdWSSmemStages(d, ns int) uint32 {
-	return uint32(2*attnWGRows*d*2 + 2*ns*64*d*2 + 2*ns*64*4 + 1024 + 64)
-}
-
-// attnBwdOnePass reports whether a backward of shape s (drop: with
-// dropout) that wants dq, dk and dv runs in one pass (attnBwdWSMode 3:
-// attn_bwd_ws_d128; 4: attn_bwd_wsw_d128, attnBwdWriter): D = 128, no
-// dropout, a grid (⌈Tk/128⌉, H, B) within its limits, and a head's ⌈Tk/128⌉
-// key blocks no more than the sms multiprocessors (a block takes one; its
-// dQ turns wait on the key block above it, launched before it, so a kernel
-// on another stream that held multiprocessors for good while waiting on
-// this one would stall it).
-func attnBwdOnePass(drop bool, s attnShape, sms int) bool {
-	return (attnBwdWSMode == 3 || attnBwdWriter()) && s.d == 128 && !drop && s.tq > 0 && s.tk > 0 &&
-		s.h <= 65535 && s.b <= 65535 && (s.tk+attnWGRows-1)/attnWGRows <= sms
-}
-
-// attnBwdWriter reports whether the one pass takes its turns in a writer
-// warpgroup (attnBwdWSMode 4: attn_bwd_wsw_d128).
-func attnBwdWriter() bool { return attnBwdWSMode == 4 }
-
-// attnBwdOnePassSmem is the one-pass kernels' shared memory: the stages of
-// attn_bwd_dkdv_ws (three; two with the writer) and two dSᵀ tiles
-// [128][64] bf16, and with the writer its buffer of 64 f32 rows of 528
-// bytes (ATTN_DQ_ROW).
-func attnBwdOnePassSmem(d int, writer bool) uint32 {
-	if writer {
-		return attnBwdWSSmemStages(d, 2) + 2*attnWGRows*64*2 + 64*528
-	}
-	return attnBwdWSSmem(d) + 2*attnWGRows*64*2
-}
-
-// attnBwdOnePass launches attn_bwd_ws_d128 (attn_bwd_wsw_d128 where
-// attnBwdWriter: 512 threads) over grid (⌈Tk/128⌉, H, B): dK and dV as
-// attn_bwd_dkdv_ws_d128, dQ summed over the key blocks in a fixed order
-// (attn_dq_turn, attn_dq_writer) through scratch of B·H·Tq·D f32 partial
-// sums and 2·B·H·⌈Tq/64⌉ turn counters, zeroed here.
-func (c *cudaImpl) attnBwdOnePass(a *attnArgs, s attnShape) error {
-	tiles := 2 * int64(s.b) * int64(s.h) * int64((s.tq+63)/64) // a turn per query tile and warpgroup
-	acc, err := c.Scratch("attention.dq_acc", 4*int64(s.b)*int64(s.h)*int64(s.tq)*int64(s.d))
-	if err != nil {
-		return err
-	}
-	sem, err := c.Scratch("attention.dq_sem", 4*tiles)
-	if err != nil {
-		return err
-	}
-	if err := cuda.MemsetD32Async(sem, 0, tiles, c.Stream()); err != nil {
-		return err
-	}
-	a.DqAcc, a.DqSem = acc, sem
-	grid := [3]uint32{uint32((s.tk + attnWGRows - 1) / attnWGRows), uint32(s.h), uint32(s.b)}
-	if attnBwdWriter() {
-		return launch.AttnBwdWswD128(c, grid, block1(4*128), attnBwdOnePassSmem(s.d, true), a.k())
-	}
-	return launch.AttnBwdWsD128(c, grid, block1(attnBwdWSThreads), attnBwdOnePassSmem(s.d, false), a.k())
-}
+func attnBwdWSSmem(d int) uint32 { return uint32(2*attnWGRows*d*2 + 6*64*d*2 + 6*64*4 + 1024 + 64) }
 
 // attnBwdWSSmemDQ is attn_bwd_dq_ws's: Q and dO [128][D], three stages of
 // K and V [64][D] from a 1024-byte boundary, then 7 mbarriers (56 bytes,

@@ -11,8 +11,7 @@ func SetAttentionWGMMA(mode int) (restore func()) {
 }
 
 // SetAttentionBwdWS sets which backward passes run warp-specialised
-// (attnBwdWSMode: 0 neither, 1 the default, 2 both; 3 and 4 the one-pass
-// kernels) from now on and
+// (attnBwdWSMode: 0 neither, 1 the default, 2 both) from now on and
 // returns a func that restores the previous setting.
 func SetAttentionBwdWS(mode int) (restore func()) {
 	return setVar(&attnBwdWSMode, mode)

@@ -1,7 +1,6 @@
 package ops
 
 import (
-	"slices"
 	"testing"
 
 	"gpukit/libgpu/kernels/launch"
@@ -85,44 +84,18 @@ func TestAttnPersistentGrid(t *testing.T) {
 // attnBwdWSMode: in mode 2 attn_bwd_dkdv_ws and attn_bwd_dq_ws at both
 // head dimensions, in mode 1 (the default) attn_bwd_dq_ws at both and
 // attn_bwd_dkdv_ws at D = 64, in mode 0 neither; with dropout their _drop
-// instances where attnBwdWSDrop allows, else attn_bwd_*_wg_drop. In modes
-// 3 and 4, as mode 1 and attn_bwd_ws_d128 (mode 4: attn_bwd_wsw_d128) at
-// D = 128 without dropout where the grid fits and a head's key blocks fit
-// on the multiprocessors. The shared memory of the tilings stays within
-// a block's.
+// instances where attnBwdWSDrop allows, else attn_bwd_*_wg_drop. The
+// dK/dV pass's shared memory stays within a block's.
 func TestAttnBwdWSKernels(t *testing.T) {
-	for _, mode := range []int{3, 4} {
-		restore := SetAttentionBwdWS(mode)
-		for _, c := range []struct {
-			drop bool
-			s    attnShape
-			sms  int
-			want bool
-		}{{false, attnShape{8, 2048, 2048, 16, 128}, 132, true}, {false, attnShape{1, 128 * 132, 128 * 132, 1, 128}, 132, true},
-			{false, attnShape{1, 128*132 + 1, 128*132 + 1, 1, 128}, 132, false}, {true, attnShape{8, 2048, 2048, 16, 128}, 132, false},
-			{false, attnShape{8, 2048, 2048, 16, 64}, 132, false}, {false, attnShape{8, 2048, 2048, 65536, 128}, 132, false},
-			{false, attnShape{65536, 2048, 2048, 1, 128}, 132, false}, {false, attnShape{8, 0, 0, 16, 128}, 132, false}} {
-			if got := attnBwdOnePass(c.drop, c.s, c.sms); got != c.want {
-				t.Errorf("mode %d, one pass, dropout %v, shape %+v, %d multiprocessors: %v, want %v", mode, c.drop, c.s, c.sms, got, c.want)
-			}
-		}
-		restore()
-	}
-	if got := attnBwdOnePassSmem(128, false); got != attnBwdWSSmem(128)+2*128*64*2 || got > 227*1024 {
-		t.Errorf("attn_bwd_ws_d128's shared memory %d, more than a block's", got)
-	}
-	if got, want := attnBwdOnePassSmem(128, true), uint32(2*128*128*2+4*64*128*2+4*64*4+1024+64+2*128*64*2+64*528); got != want || got > 227*1024 {
-		t.Errorf("attn_bwd_wsw_d128's shared memory %d, want %d within a block's", got, want)
-	}
-	for _, c := range []struct{ d, ns, want int }{{64, 3, 2*128*64*2 + 6*64*64*2 + 6*64*4 + 1024 + 64},
-		{128, 3, int(attnBwdWSSmem(128))}, {128, 2, 2*128*128*2 + 4*64*128*2 + 4*64*4 + 1024 + 64}} {
-		if got := attnBwdWSSmemStages(c.d, c.ns); got != uint32(c.want) || got > 227*1024 {
-			t.Errorf("D %d, %d stages: shared memory %d, want %d", c.d, c.ns, got, c.want)
+	for _, c := range []struct{ d, want int }{{64, 2*128*64*2 + 6*64*64*2 + 6*64*4 + 1024 + 64},
+		{128, 2*128*128*2 + 6*64*128*2 + 6*64*4 + 1024 + 64}} {
+		if got := attnBwdWSSmem(c.d); got != uint32(c.want) || got > 227*1024 {
+			t.Errorf("D %d: shared memory %d, want %d within a block's", c.d, got, c.want)
 		}
 	}
 	for _, wsDrop := range []bool{false, true} {
 		restoreDrop := SetAttentionBwdWSDrop(wsDrop)
-		for mode, ws := range map[int][2][2]bool{0: {}, 1: {{true, true}, {false, true}}, 2: {{true, true}, {true, true}}, 3: {{true, true}, {false, true}}, 4: {{true, true}, {false, true}}} {
+		for mode, ws := range map[int][2][2]bool{0: {}, 1: {{true, true}, {false, true}}, 2: {{true, true}, {true, true}}} {
 			restore := SetAttentionBwdWS(mode)
 			for i, d := range []int{64, 128} {
 				for _, drop := range []bool{false, true} {
@@ -141,12 +114,6 @@ func TestAttnBwdWSKernels(t *testing.T) {
 					}
 					if len(ks) < 3 || ks[1].Name != want[0] || ks[2].Name != want[1] {
 						t.Errorf("mode %d, ws with dropout %v, D %d, dropout %v: kernels %v, want %v second and third", mode, wsDrop, d, drop, ks, want)
-					}
-					for m, name := range map[int]string{3: "attn_bwd_ws_d128", 4: "attn_bwd_wsw_d128"} {
-						onePass := mode == m && d == 128 && !drop // besides the two passes
-						if got := slices.ContainsFunc(ks, func(k launch.Kernel) bool { return k.Name == name }); got != onePass {
-							t.Errorf("mode %d, D %d, dropout %v: kernels %v, %s among them %v, want %v", mode, d, drop, ks, name, got, onePass)
-						}
 					}
 				}
 			}

@@ -17,7 +17,7 @@ func TestAttentionArgsLayout(t *testing.T) {
 		what      string
 		got, want uintptr
 	}{
-		{"sizeof(attn_args)", unsafe.Sizeof(a), 376},
+		{"sizeof(attn_args)", unsafe.Sizeof(a), 360},
 		{"offsetof(attn_args, delta)", unsafe.Offsetof(a.Delta), 72},
 		{"offsetof(attn_args, sq)", unsafe.Offsetof(a.Sq), 80},
 		{"offsetof(attn_args, sdv)", unsafe.Offsetof(a.Sdv), 248},
@@ -33,8 +33,6 @@ func TestAttentionArgsLayout(t *testing.T) {
 		{"offsetof(attn_args, drop_p)", unsafe.Offsetof(a.DropP), 344},
 		{"offsetof(attn_args, drop_scale)", unsafe.Offsetof(a.DropScale), 348},
 		{"offsetof(attn_args, drop_site)", unsafe.Offsetof(a.DropSite), 352},
-		{"offsetof(attn_args, dq_acc)", unsafe.Offsetof(a.DqAcc), 360},
-		{"offsetof(attn_args, dq_sem)", unsafe.Offsetof(a.DqSem), 368},
 		{"sizeof(attn_dec_strides)", unsafe.Sizeof(launch.AttnDecStrides{}), 96},
 	}
 	for _, c := range checks {

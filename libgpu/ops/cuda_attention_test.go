@@ -543,20 +543,6 @@ func BenchmarkAttentionBackwardWS(b *testing.B) {
 	}
 }
 
-// BenchmarkAttentionBackwardOnePass: the backward, and forward then
-// backward, on the default kernels (two passes) and with the backward at
-// D = 128 in one pass (attn_bwd_ws_d128, attnBwdWSMode 3; with the writer
-// warpgroup, attn_bwd_wsw_d128, mode 4; D = 64 shapes run the default
-// there).
-func BenchmarkAttentionBackwardOnePass(b *testing.B) {
-	for _, pass := range []string{"backward", "forward+backward"} {
-		b.Run(strings.ReplaceAll(pass, " ", "-"), func(b *testing.B) {
-			benchAttention(b, pass, attnPath{"two-pass", -1, -1, 0, -1}, attnPath{"one-pass", -1, -1, 0, 3},
-				attnPath{"one-pass-writer", -1, -1, 0, 4})
-		})
-	}
-}
-
 // BenchmarkAttentionBackwardDQ: δ and the dQ pass alone (no dk, dv), per
 // kernel family; TFLOP/s counts the pass's 3 products.
 func BenchmarkAttentionBackwardDQ(b *testing.B) { benchAttention(b, "backward dQ", attnPaths...) }
@@ -648,9 +634,8 @@ func TestCUDAAttentionDropout(t *testing.T) {
 // dimensions (mode 4; the default's at D = 64) with more tiles than
 // blocks, its three-consumer forms at D = 64 (modes 5 and 6; the
 // default's from T = 2048), and the warp-specialised backward (both
-// passes; the default's dQ pass, and dK/dV at D = 64), the one-pass
-// backward at D = 128 (with and without its writer warpgroup), and the
-// D = 256 forward. On an sm_90a device the
+// passes; the default's dQ pass, and dK/dV at D = 64), and the D = 256
+// forward. On an sm_90a device the
 // wgmma kernels must be there: a module compiled without them (the sm_90a
 // guard off) fails.
 func TestCUDAAttentionPaths(t *testing.T) {
@@ -711,25 +696,6 @@ func TestCUDAAttentionPaths(t *testing.T) {
 			{1, 2, 1, 128, true, tensor.BF16},
 			{4, 6, 1000, 64, true, tensor.BF16},
 			{2, 4, 777, 64, false, tensor.BF16},
-		}},
-		// Mode 3: the backward at D = 128 in one pass (attn_bwd_ws_d128,
-		// dQ summed over key blocks in turns); the bitwise checks of
-		// attnLargeCheck hold it to one order of the sums.
-		{attnPath{"bwd-onepass", 2, -1, 0, 3}, []attnLarge{
-			{8, 16, 2048, 128, true, tensor.BF16},
-			{2, 16, 2048, 128, false, tensor.BF16},
-			{2, 4, 777, 128, false, tensor.BF16},
-			{3, 5, 130, 128, true, tensor.BF16},
-			{1, 2, 1, 128, true, tensor.BF16},
-		}},
-		// Mode 4: the same with the turns taken by a writer warpgroup
-		// (attn_bwd_wsw_d128).
-		{attnPath{"bwd-onepass-writer", 2, -1, 0, 4}, []attnLarge{
-			{8, 16, 2048, 128, true, tensor.BF16},
-			{2, 16, 2048, 128, false, tensor.BF16},
-			{2, 4, 777, 128, false, tensor.BF16},
-			{3, 5, 130, 128, true, tensor.BF16},
-			{1, 2, 1, 128, true, tensor.BF16},
 		}},
 	} {
 		for _, c := range p.cases {

@@ -3,7 +3,7 @@
 // checks every kernel against a float64 naive attention (softmax(QKᵀ·scale
 // + mask)·V and its gradients), the *_drop instances against it with the
 // same dropout mask on P (an independent Philox). Usage:
-// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3|bws|bwsf|ws256]
+// scripts/cuda-emu.sh attention [quick|wg|drop|ws|ws3|bws|ws256]
 #include "emu.h"
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
 // philox.cuh (included by attention.cu) also holds a normal draw that needs it.
@@ -39,9 +39,7 @@ static_assert(offsetof(attn_args, drop_b0) == 336, "attn_args");
 static_assert(offsetof(attn_args, drop_p) == 344, "attn_args");
 static_assert(offsetof(attn_args, drop_scale) == 348, "attn_args");
 static_assert(offsetof(attn_args, drop_site) == 352, "attn_args");
-static_assert(offsetof(attn_args, dq_acc) == 360, "attn_args");
-static_assert(offsetof(attn_args, dq_sem) == 368, "attn_args");
-static_assert(sizeof(attn_args) == 376, "attn_args");
+static_assert(sizeof(attn_args) == 360, "attn_args");
 static_assert(sizeof(attn_dec_strides) == 96, "attn_dec_strides");
 
 static int failures = 0;
@@ -259,10 +257,6 @@ static void track(Buf& b) { emu::track(b.mem.data(), b.mem.size()); }
 enum Mode { SIMT, TC, WG, WS, WSP, WS3, WSP3 };
 // bwd_ws: the dK/dV pass on attn_bwd_dkdv_ws (modes from WG on).
 static bool bwd_ws = false;
-// bwd_fused: with bwd_ws at D = 128, the backward in one pass
-// (attn_bwd_ws_d128: dQ summed in turns through dq_acc and dq_sem; 2:
-// attn_bwd_wsw_d128, the turns taken by a writer warpgroup).
-static int bwd_fused = 0;
 static unsigned wsp_blocks = 1;
 
 // run tests one configuration: fused qkv layout [B,T,3,H,D] (+pad columns)
@@ -276,10 +270,10 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   const bool tc = mode != SIMT;
   char name[160];
   snprintf(name, sizeof name, "B%d Tq%d Tk%d H%d D%d causal=%d %s %s acc=%d drop=%g%s%s", B, Tq, Tk, H, D, causal,
-           bf16 ? "bf16" : "f32", bwd_fused == 2 ? "bwd-writer" : bwd_fused ? "bwd-fused" : bwd_ws ? "bwd-ws" : mode == WSP3 ? "wsp3" : mode == WS3 ? "ws3" : mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
+           bf16 ? "bf16" : "f32", bwd_ws ? "bwd-ws" : mode == WSP3 ? "wsp3" : mode == WS3 ? "ws3" : mode == WSP ? "wsp" : mode == WS ? "ws" : mode == WG ? "wg" : tc ? "tc" : "simt", acc, pdrop,
            smul == 1 ? "" : smul < 0 ? " scale<0" : " scale=0", kramp ? " kramp" : "");
   emu::untrack();
-  Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab, accb, semb;
+  Buf qkv, kvb, ob, lseb, dob, dqkv, dkvb, deltab;
   View q, k, v, o, dout, dq, dk, dv;
   const int pad = 8;  // extra elements per row: strided views
   if (Tq == Tk) {
@@ -310,13 +304,10 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   dob.alloc((size_t)B * Tq * H * D, bf16);
   lseb.alloc((size_t)B * H * Tq, false);
   deltab.alloc((size_t)B * H * Tq, false);
-  const int Mq = (Tq + 63) / 64;                 // attn_bwd_ws_d128's query tiles
-  accb.alloc((size_t)B * H * Tq * D, false);     // NaN: the first turn must store, not add
-  semb.alloc((size_t)B * H * Mq * 2, false);     // zeroed before the launch
   long long os[3] = {(long long)Tq * H * D, (long long)H * D, D};
   o = {&ob, 0, {os[0], os[1], os[2]}, B, Tq, H, D};
   dout = {&dob, 0, {os[0], os[1], os[2]}, B, Tq, H, D};
-  for (Buf* b : {&qkv, &kvb, &ob, &lseb, &dob, &dqkv, &dkvb, &deltab, &accb, &semb})
+  for (Buf* b : {&qkv, &kvb, &ob, &lseb, &dob, &dqkv, &dkvb, &deltab})
     if (!b->mem.empty()) track(*b);
   fill(q, 1);
   fill(k, 1);
@@ -340,8 +331,6 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   a.dk = dk.ptr();
   a.dv = dv.ptr();
   a.delta = (float*)deltab.ptr();
-  a.dq_acc = (float*)accb.ptr();
-  a.dq_sem = (int*)semb.ptr();
   strides(a, 0, q);
   strides(a, 1, k);
   strides(a, 2, v);
@@ -493,19 +482,6 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
   }
   if (mode >= WG && bwd_ws) {
     size_t smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 6 * 64 * 4 + 1024 + 64;  // ops/attention.go attnBwdWSSmem
-    if (bwd_fused) {
-      if (D != 128 || DR) abort();  // one instance each: attn_bwd_ws_d128, attn_bwd_wsw_d128
-      memset(semb.ptr(), 0, semb.mem.size());
-      // grid (⌈Tk/128⌉, H, B); attnBwdWSSmem + two dSᵀ tiles [128][64];
-      // the writer's: two stages (attnBwdWSSmemTiles(D, 64, 2)) and its
-      // buffer of 64 rows of 528 bytes
-      const emu_dim3 grid{(unsigned)((Tk + 127) / 128), (unsigned)H, (unsigned)B};
-      if (bwd_fused == 2)
-        emu::launch(grid, {512, 1, 1}, 2 * 128 * D * 2 + 4 * 64 * D * 2 + 4 * 64 * 4 + 1024 + 64 + 2 * 128 * 64 * 2 + 64 * 528,
-                    seed++, [&] { attn_bwd_wsw_d128(a); });
-      else
-        emu::launch(grid, {384, 1, 1}, smem + 2 * 128 * 64 * 2, seed++, [&] { attn_bwd_ws_d128(a); });
-    } else
     emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tk + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
       if (D == 64)
         DR ? attn_bwd_dkdv_ws_drop_d64(a) : attn_bwd_dkdv_ws_d64(a);
@@ -513,7 +489,7 @@ static void run(int B, int Tq, int Tk, int H, int D, bool causal, bool bf16, Mod
         DR ? attn_bwd_dkdv_ws_drop_d128(a) : attn_bwd_dkdv_ws_d128(a);
     });
     smem = 2 * 128 * D * 2 + 6 * 64 * D * 2 + 1024 + 64;  // attnBwdWSSmemDQ
-    if (!bwd_fused) emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
+    emu::launch({(unsigned)H, (unsigned)B, (unsigned)((Tq + 127) / 128)}, {384, 1, 1}, smem, seed++, [&] {
       if (D == 64)
         DR ? attn_bwd_dq_ws_drop_d64(a) : attn_bwd_dq_ws_d64(a);
       else
@@ -683,32 +659,23 @@ static void run_ws3() {
 // run_bws: the warp-specialised backward (attn_bwd_dkdv_ws, attn_bwd_dq_ws), behind the
 // wgmma forward: one query tile and many (the stages turn over), T not
 // a multiple of 64 or 128, Tq ≠ Tk, causal and not, a negative scale,
-// accumulation into dK and dV, dropout; then (or with fusedonly alone)
-// the same shapes without dropout at D = 128 in one pass
-// (attn_bwd_ws_d128, attn_bwd_wsw_d128).
-static void run_bws(bool fusedonly = false) {
+// accumulation into dK and dV, dropout.
+static void run_bws() {
   bwd_ws = true;
-  for (int variant : {0, 1, 2}) {  // the two passes; one pass; one pass with the writer
-    if (fusedonly && variant == 0) continue;
-    bwd_fused = variant;
-    for (int D : {64, 128}) {
-      if (variant > 0 && D != 128) continue;
-      run(1, 17, 17, 2, D, true, true, WG, false);
-      run(1, 5, 70, 1, D, false, true, WG, true);
-      run(1, 1, 1, 1, D, true, true, WG, false);
-      run(2, 130, 130, 1, D, true, true, WG, true);
-      run(1, 300, 300, 2, D, true, true, WG, false, 0, -1);
-      run(1, 200, 77, 1, D, false, true, WG, false);
-      run(1, 450, 450, 1, D, false, true, WG, true);
-      if (variant > 0) continue;  // the one-pass instances have no dropout
-      // Dropout on P (attn_bwd_*_ws_drop): the same mask as the forward's.
-      run(2, 132, 132, 2, D, true, true, WG, false, 0.2f);
-      run(1, 36, 200, 1, D, false, true, WG, true, 0.5f);
-      run(1, 300, 300, 1, D, false, true, WG, false, 0.2f);
-    }
+  for (int D : {64, 128}) {
+    run(1, 17, 17, 2, D, true, true, WG, false);
+    run(1, 5, 70, 1, D, false, true, WG, true);
+    run(1, 1, 1, 1, D, true, true, WG, false);
+    run(2, 130, 130, 1, D, true, true, WG, true);
+    run(1, 300, 300, 2, D, true, true, WG, false, 0, -1);
+    run(1, 200, 77, 1, D, false, true, WG, false);
+    run(1, 450, 450, 1, D, false, true, WG, true);
+    // Dropout on P (attn_bwd_*_ws_drop): the same mask as the forward's.
+    run(2, 132, 132, 2, D, true, true, WG, false, 0.2f);
+    run(1, 36, 200, 1, D, false, true, WG, true, 0.5f);
+    run(1, 300, 300, 1, D, false, true, WG, false, 0.2f);
   }
   bwd_ws = false;
-  bwd_fused = 0;
 }
 
 // run_ws: the warp-specialised forward (its backward is wg's; none at
@@ -761,8 +728,7 @@ int main(int argc, char** argv) {
     const char* name;
     void (*run)();
   } alone[] = {
-      {"bws", [] { run_bws(); }},        // the warp-specialised backward
-      {"bwsf", [] { run_bws(true); }},  // the one-pass backward (D = 128)
+      {"bws", run_bws},                  // the warp-specialised backward
       {"ws3", run_ws3},                  // the three-consumer forward
       {"ws256", [] {                     // the D = 256 forward
          run(1, 17, 17, 1, 256, true, true, WS, false);

@@ -845,20 +845,6 @@ using std::max;
 using std::min;
 
 inline unsigned gpukit_emu_smem_addr(const void* p) { return emu::smem_addr(p); }
-// gpukit_emu_yield: this thread sits out the rest of the scheduling round
-// (the other warps run to their next switch points), counted as progress.
-inline void gpukit_emu_yield() {
-  emu::g.progress++;
-  emu::g.cur->parked = true;
-  emu::yield();
-}
-// gpukit_emu_smem_ptr: the n bytes of dynamic shared memory at shared
-// address a (a bulk copy's source), checked to lie inside it.
-inline unsigned char* gpukit_emu_smem_ptr(unsigned a, unsigned n) {
-  unsigned char* p = emu::smem_ptr(a);
-  if ((size_t)(p - emu::g.smem.data()) + n > emu::g.smem.size()) emu::fail("bulk copy reads outside the dynamic shared memory");
-  return p;
-}
 inline void gpukit_emu_ldsm_x4(unsigned r[4], unsigned addr, bool trans) { emu::ldsm_x4(r, addr, trans); }
 inline void gpukit_emu_mma_bf16_16816(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
   emu::mma16816(c, a, b0, b1);

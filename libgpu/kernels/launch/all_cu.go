@@ -76,8 +76,6 @@ var all = []Kernel{
 	{File: "attention.cu", Name: "attn_bwd_dq_ws_d128"},
 	{File: "attention.cu", Name: "attn_bwd_dq_ws_drop_d64"},
 	{File: "attention.cu", Name: "attn_bwd_dq_ws_drop_d128"},
-	{File: "attention.cu", Name: "attn_bwd_ws_d128"},
-	{File: "attention.cu", Name: "attn_bwd_wsw_d128"},
 	{File: "attention.cu", Name: "attn_fwd_simt_f32"},
 	{File: "attention.cu", Name: "attn_fwd_simt_bf16"},
 	{File: "attention.cu", Name: "attn_fwd_simt_drop_f32"},

@@ -8,7 +8,7 @@ import (
 	"gpukit/libgpu/cuda"
 )
 
-// AttnArgs is struct attn_args of attention.cu (376 bytes, alignment 8).
+// AttnArgs is struct attn_args of attention.cu (360 bytes, alignment 8).
 type AttnArgs struct {
 	Q           cuda.DevicePtr // void*
 	K           cuda.DevicePtr // void*
@@ -47,12 +47,10 @@ type AttnArgs struct {
 	DropScale   float32        // float
 	DropSite    uint32         // unsigned
 	Pad2        int32          // int
-	DqAcc       cuda.DevicePtr // float*
-	DqSem       cuda.DevicePtr // int*
 }
 
 // The Go layout is the C one: a difference does not compile.
-var _ [376]byte = [unsafe.Sizeof(AttnArgs{})]byte{}
+var _ [360]byte = [unsafe.Sizeof(AttnArgs{})]byte{}
 
 // AttnDecStrides is struct attn_dec_strides of attention.cu (96 bytes, alignment 8).
 type AttnDecStrides struct {
@@ -332,34 +330,6 @@ func AttnBwdDqWsKernel(inst string) (Kernel, error) {
 	}
 	return Kernel{}, errNoInstance("attention.cu", "attn_bwd_dq_ws_", inst)
 }
-
-// AttnBwdWsD128 launches attn_bwd_ws_d128 of attention.cu:
-//
-//	attn_bwd_ws_d128(const attn_args a)
-func AttnBwdWsD128(l Launcher, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
-	kn := AttnBwdWsD128Kernel
-	if a == nil {
-		return errNilArgs(kn)
-	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
-}
-
-// AttnBwdWsD128Kernel is attn_bwd_ws_d128 of attention.cu (AttnBwdWsD128), for Prefetch.
-var AttnBwdWsD128Kernel = Kernel{File: "attention.cu", Name: "attn_bwd_ws_d128"}
-
-// AttnBwdWswD128 launches attn_bwd_wsw_d128 of attention.cu:
-//
-//	attn_bwd_wsw_d128(const attn_args a)
-func AttnBwdWswD128(l Launcher, grid, block [3]uint32, smem uint32, a *AttnArgs) error {
-	kn := AttnBwdWswD128Kernel
-	if a == nil {
-		return errNilArgs(kn)
-	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(a))
-}
-
-// AttnBwdWswD128Kernel is attn_bwd_wsw_d128 of attention.cu (AttnBwdWswD128), for Prefetch.
-var AttnBwdWswD128Kernel = Kernel{File: "attention.cu", Name: "attn_bwd_wsw_d128"}
 
 // AttnFwdSimt launches attn_fwd_simt_<inst> of attention.cu, inst one of "f32", "bf16", "drop_f32", "drop_bf16":
 //
