@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"image/gif"
 	"os"
 	"strconv"
 	"testing"
@@ -26,12 +27,13 @@ func TestMain(m *testing.M) {
 
 // TestScripts runs testdata/script/*.txtar against the real sampler command
 // line (status, jsonlines: see libgpu/cli/clitest; mkunet, mkmlp, mkgpt:
-// small model files).
+// small model files; gifframes: an animated GIF's frames).
 func TestScripts(t *testing.T) {
 	cmds := clitest.Cmds()
 	cmds["mkunet"] = mkUNet
 	cmds["mkmlp"] = mkMLP
 	cmds["mkgpt"] = mkGPT
+	cmds["gifframes"] = gifFrames
 	testscript.Run(t, testscript.Params{Dir: "testdata/script", Cmds: cmds})
 }
 
@@ -84,4 +86,36 @@ func mkGPT(ts *testscript.TestScript, neg bool, args []string) {
 	}
 	ts.Check(ckpt.WriteFile(ts.MkAbs(args[0]), []ckpt.Entry{
 		{Name: "transformer.wte.weight", DType: tensor.F32, Shape: []int{4, 2}, Data: make([]byte, 32)}}, map[string]string{"model": "gpt"}))
+}
+
+// gifframes FILE N W H: FILE is a GIF (image/gif decodes it) of N frames
+// of W×H pixels.
+func gifFrames(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 4 {
+		ts.Fatalf("usage: gifframes FILE N W H")
+	}
+	f, err := os.Open(ts.MkAbs(args[0]))
+	ts.Check(err)
+	defer f.Close()
+	g, err := gif.DecodeAll(f)
+	if err != nil {
+		ts.Fatalf("gifframes: %s: %v", args[0], err)
+	}
+	n, w, h := atoi(ts, args[1]), atoi(ts, args[2]), atoi(ts, args[3])
+	if len(g.Image) != n {
+		ts.Fatalf("gifframes: %s holds %d frames, want %d", args[0], len(g.Image), n)
+	}
+	for i, p := range g.Image {
+		if b := p.Bounds(); b.Dx() != w || b.Dy() != h {
+			ts.Fatalf("gifframes: %s frame %d is %v, want %dx%d", args[0], i, b, w, h)
+		}
+	}
+}
+
+func atoi(ts *testscript.TestScript, s string) int {
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		ts.Fatalf("%q is not a count", s)
+	}
+	return v
 }

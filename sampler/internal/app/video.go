@@ -23,7 +23,8 @@ func videoCommand() *cli.Command {
 			"one re-noised to --strength (a fraction of the T timesteps) and is denoised in --steps steps, its\n" +
 			"predicted x0 blended with the previous frame by --blend inside the fused step (temporal blending).\n" +
 			"--class all morphs through the classes (frame f gets class f·10/frames). Writes an animated GIF\n" +
-			"(--out, played at --fps) and, with --frames-dir, one PNG per frame. JSON lines: one per frame\n" +
+			"(--out, played at --fps) frame by frame as the frames are made (a run that fails leaves a GIF of\n" +
+			"the frames made so far) and, with --frames-dir, one PNG per frame. JSON lines: one per frame\n" +
 			"{frame, class, gpu_ms, wall_ms} and a summary {frames, frames_per_s, frame_ms (median), out}.\n" +
 			"One image per frame: the latency of a frame is that of a batch-1 guided sampling loop; --streams B\n" +
 			"samples B videos together (a batch of B a step, differing by their noise), each output frame their\n" +
@@ -84,9 +85,9 @@ func videoCommand() *cli.Command {
 			defer v.Close()
 			cfg := v.m.Config.UNet
 			frames, streams := c.Int("frames"), c.Int("streams")
-			// Every frame is kept for the GIF (one byte a pixel) and passes
-			// through f32 once.
-			if err := checkMemory("frames", int64(frames), 5*int64(streams)*int64(cfg.Size*cfg.Size*cfg.InChannels)); err != nil {
+			// Frames are written as they come and not kept; each keeps its
+			// time (8 bytes) for the summary's median.
+			if err := checkMemory("frames", int64(frames), 8); err != nil {
 				return err
 			}
 			if dir != "" {
@@ -111,9 +112,22 @@ func videoCommand() *cli.Command {
 				defer f.Close()
 				rawOut = f
 			}
+			// The GIF is written frame by frame: a frame is in the file
+			// once OnFrame returns, and the trailer is written however the
+			// run ends, so the file is a GIF of the frames made.
+			var anim *sample.Animation
+			if out := c.String("out"); out != "" {
+				f, err := os.Create(out)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				anim = sample.NewAnimation(f, fps)
+				defer anim.Close()
+			}
 			bar := newBar(c, "video", first.Steps+(frames-1)*po.Steps)
 			defer bar.Done()
-			anim := sample.NewAnimation(fps)
+			made := 0
 			var times []float64
 			start := time.Now()
 			err = sample.Video(v.m, sample.VideoOptions{Engine: v.e, Alloc: v.a, First: first, Next: next, Frames: frames, Streams: streams,
@@ -123,7 +137,12 @@ func videoCommand() *cli.Command {
 					if streams > 1 {
 						g = sample.Grid(img, streams, cfg.Size, streams)
 					}
-					anim.Add(g)
+					made++
+					if anim != nil {
+						if err := anim.Add(g); err != nil {
+							return fmt.Errorf("--out: %w", err)
+						}
+					}
 					if rawOut != nil {
 						if _, err := rawOut.Write(g.Pix); err != nil {
 							return fmt.Errorf("--raw: %w", err)
@@ -143,15 +162,15 @@ func videoCommand() *cli.Command {
 				return usageErr(err)
 			}
 			bar.Done()
-			if c.String("out") != "" {
-				if err := anim.Write(c.String("out")); err != nil {
-					return err
+			if anim != nil {
+				if err := anim.Close(); err != nil {
+					return fmt.Errorf("--out: %w", err)
 				}
 			}
 			elapsed := time.Since(start).Seconds()
 			med := median(times)
-			if err := kit.JSONLine(jsonOut, map[string]any{"frames": anim.Frames(), "frames_per_s": round(float64(anim.Frames())/elapsed, 2),
-				"streams": streams, "images_per_s": round(float64(streams*anim.Frames())/elapsed, 2),
+			if err := kit.JSONLine(jsonOut, map[string]any{"frames": made, "frames_per_s": round(float64(made)/elapsed, 2),
+				"streams": streams, "images_per_s": round(float64(streams*made)/elapsed, 2),
 				"frame_ms": round(med, 3), "steps": po.Steps, "strength": next.Strength, "blend": next.Blend, "out": c.String("out"),
 				"source": v.m.Source}); err != nil {
 				return err
@@ -168,7 +187,7 @@ func videoCommand() *cli.Command {
 				wrote = append(wrote, raw+" (raw)")
 			}
 			fmt.Fprintf(c.App.ErrWriter, "sampler: %d frames (%d steps each after the first; median %.2f ms a frame) on %v; wrote %s\n",
-				anim.Frames(), po.Steps, med, v.a.Device(), strings.Join(wrote, " and "))
+				made, po.Steps, med, v.a.Device(), strings.Join(wrote, " and "))
 			return nil
 		},
 	}

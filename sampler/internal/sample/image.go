@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"image"
-	"image/color"
-	"image/gif"
 	"image/png"
 	"math"
 	"os"
@@ -58,56 +56,6 @@ func WritePNG(path string, img image.Image) error {
 	}
 	bw := bufio.NewWriter(f)
 	if err := png.Encode(bw, img); err != nil {
-		f.Close()
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if err := bw.Flush(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-// grayPalette is the 256 grey levels.
-var grayPalette = func() color.Palette {
-	p := make(color.Palette, 256)
-	for i := range p {
-		p[i] = color.Gray{Y: uint8(i)}
-	}
-	return p
-}()
-
-// Animation collects video frames for an animated GIF.
-type Animation struct {
-	g     gif.GIF
-	delay int // hundredths of a second per frame
-}
-
-// NewAnimation starts an animation played at fps frames per second
-// (GIF delays are whole hundredths of a second), looping forever.
-func NewAnimation(fps float64) *Animation {
-	return &Animation{delay: max(1, int(math.Round(100/fps)))}
-}
-
-// Add appends a grey frame.
-func (a *Animation) Add(img *image.Gray) {
-	p := image.NewPaletted(img.Rect, grayPalette)
-	copy(p.Pix, img.Pix)
-	a.g.Image = append(a.g.Image, p)
-	a.g.Delay = append(a.g.Delay, a.delay)
-}
-
-// Frames is the number of frames so far.
-func (a *Animation) Frames() int { return len(a.g.Image) }
-
-// Write encodes the GIF (image/gif) to path.
-func (a *Animation) Write(path string) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	bw := bufio.NewWriter(f)
-	if err := gif.EncodeAll(bw, &a.g); err != nil {
 		f.Close()
 		return fmt.Errorf("%s: %w", path, err)
 	}

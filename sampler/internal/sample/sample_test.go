@@ -1,11 +1,13 @@
 package sample
 
 import (
+	"bytes"
+	"errors"
+	"image"
+	"image/color"
 	"image/gif"
 	"math"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"gonum.org/v1/gonum/mat"
@@ -88,7 +90,7 @@ func TestMoments(t *testing.T) {
 	}
 }
 
-func TestGridAndAnimation(t *testing.T) {
+func TestGrid(t *testing.T) {
 	const size = 4
 	samples := make([]float32, 3*size*size)
 	for i := range samples {
@@ -101,28 +103,68 @@ func TestGridAndAnimation(t *testing.T) {
 	if g.Pix[0] != 128 || g.Pix[2*g.Stride+2] != Pixel(samples[0]) {
 		t.Error("grid border or first pixel wrong")
 	}
-	a := NewAnimation(8)
-	for i := 0; i < 3; i++ {
-		a.Add(Gray(samples, i, size))
+}
+
+// TestAnimationStreams: the GIF written frame by frame decodes (image/gif)
+// to the frames given, pixel for pixel (random grey levels, so the LZW
+// codes grow past 9 bits and the data spans many sub-blocks), with the
+// delay asked and looping forever; after each Add the bytes written so
+// far plus a trailer decode to the frames added so far (a frame reaches
+// the writer when Add returns); a frame of another size fails and writes
+// nothing; Close after no frame writes nothing.
+func TestAnimationStreams(t *testing.T) {
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 7))
+	const w, h, n = 37, 23, 4
+	var buf bytes.Buffer
+	a := NewAnimation(&buf, 8)
+	var want []*image.Gray
+	for f := 0; f < n; f++ {
+		g := image.NewGray(image.Rect(0, 0, w, h))
+		for i := range g.Pix {
+			g.Pix[i] = uint8(r.IntN(256))
+		}
+		if f == 1 {
+			for i := range g.Pix {
+				g.Pix[i] = uint8(i / 7) // long runs: codes reused
+			}
+		}
+		if err := a.Add(g); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, g)
+		d, err := gif.DecodeAll(bytes.NewReader(append(bytes.Clone(buf.Bytes()), 0x3B)))
+		if err != nil || len(d.Image) != f+1 {
+			t.Fatalf("after frame %d: %v (%d frames)", f, err, len(d.Image))
+		}
 	}
-	p := filepath.Join(t.TempDir(), "a.gif")
-	if err := a.Write(p); err != nil {
+	if err := a.Add(image.NewGray(image.Rect(0, 0, w+1, h))); !errors.Is(err, ErrFrameSize) {
+		t.Errorf("a frame of another size: %v, want ErrFrameSize", err)
+	}
+	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	fh, err := os.Open(p)
+	d, err := gif.DecodeAll(bytes.NewReader(buf.Bytes()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer fh.Close()
-	d, err := gif.DecodeAll(fh)
-	if err != nil {
-		t.Fatal(err)
+	if len(d.Image) != n || d.LoopCount != 0 || d.Config.Width != w || d.Config.Height != h {
+		t.Fatalf("%d frames, loop %d, %dx%d", len(d.Image), d.LoopCount, d.Config.Width, d.Config.Height)
 	}
-	if len(d.Image) != 3 || d.Delay[0] != 13 { // 100/8 = 12.5 → 13 hundredths
-		t.Errorf("%d frames, delay %d", len(d.Image), d.Delay[0])
+	for f, p := range d.Image {
+		if d.Delay[f] != 13 { // 100/8 = 12.5 → 13 hundredths
+			t.Errorf("frame %d: delay %d", f, d.Delay[f])
+		}
+		for i, v := range p.Pix {
+			if y := p.Palette[v].(color.RGBA).R; y != want[f].Pix[i] {
+				t.Fatalf("frame %d, pixel %d: %d, want %d", f, i, y, want[f].Pix[i])
+			}
+		}
 	}
-	if got := d.Image[1].Pix[size+1]; got != Gray(samples, 1, size).Pix[size+1] {
-		t.Errorf("frame pixel %d", got)
+	var empty bytes.Buffer
+	if err := NewAnimation(&empty, 10).Close(); err != nil || empty.Len() != 0 {
+		t.Errorf("no frames: %v, %d bytes", err, empty.Len())
 	}
 }
 
