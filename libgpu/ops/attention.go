@@ -1126,7 +1126,7 @@ func (c *cudaImpl) attnBwdDKDVTC(a *attnArgs, s attnShape) error {
 // pass on 32-query tiles, 1.02–1.05× attn_bwd_dkdv_ws_d128's time, and
 // the whole backward at D = 128 in one pass, dQ's parts added across key
 // blocks in a fixed order by the consumers or by a writer warpgroup, 1.5–1.7×
-// and 2.1–2.2× the two passes' time, and 1.3–1.4× with its ordering taken
+// and 2.1–2.2× the two passes' time, and 1.30–1.45× with its ordering taken
 // out: BENCHMARKS.md, bench/notes/attention.md.) One H200, 2026-11-29,
 // against
 // attn_bwd_*_wg in the same run: attn_bwd_dq_ws 0.77–0.85× the time at
