@@ -835,11 +835,6 @@ inline int atomicAdd(int* p, int v) {
   *p = old + v;
   return old;
 }
-inline float atomicAdd(float* p, float v) {
-  float old = *p;
-  *p = old + v;
-  return old;
-}
 inline void __threadfence() {}
 using std::max;
 using std::min;
@@ -859,7 +854,6 @@ inline void gpukit_emu_wgmma(float* d, int N, const unsigned* areg, uint64_t da,
   emu::wgmma(d, N, areg, da, db, scale_d, trans_a, trans_b);
 }
 inline void gpukit_emu_wg_fence() { emu::wg_fence(); }
-[[noreturn]] inline void gpukit_emu_fail(const char* what) { emu::fail(what); }
 inline void gpukit_emu_bar(int id, int count, bool wait) { emu::bar_arrive_n(id, count, wait); }
 inline void gpukit_emu_mbar_init(unsigned addr, int count) { emu::mbar_init(addr, count); }
 inline void gpukit_emu_mbar_arrive(unsigned addr) { emu::mbar_arrive(addr); }
