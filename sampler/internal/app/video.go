@@ -127,7 +127,6 @@ func videoCommand() *cli.Command {
 			}
 			bar := newBar(c, "video", first.Steps+(frames-1)*po.Steps)
 			defer bar.Done()
-			made := 0
 			var times []float64
 			start := time.Now()
 			err = sample.Video(v.m, sample.VideoOptions{Engine: v.e, Alloc: v.a, First: first, Next: next, Frames: frames, Streams: streams,
@@ -137,7 +136,6 @@ func videoCommand() *cli.Command {
 					if streams > 1 {
 						g = sample.Grid(img, streams, cfg.Size, streams)
 					}
-					made++
 					if anim != nil {
 						if err := anim.Add(g); err != nil {
 							return fmt.Errorf("--out: %w", err)
@@ -169,8 +167,8 @@ func videoCommand() *cli.Command {
 			}
 			elapsed := time.Since(start).Seconds()
 			med := median(times)
-			if err := kit.JSONLine(jsonOut, map[string]any{"frames": made, "frames_per_s": round(float64(made)/elapsed, 2),
-				"streams": streams, "images_per_s": round(float64(streams*made)/elapsed, 2),
+			if err := kit.JSONLine(jsonOut, map[string]any{"frames": frames, "frames_per_s": round(float64(frames)/elapsed, 2),
+				"streams": streams, "images_per_s": round(float64(streams*frames)/elapsed, 2),
 				"frame_ms": round(med, 3), "steps": po.Steps, "strength": next.Strength, "blend": next.Blend, "out": c.String("out"),
 				"source": v.m.Source}); err != nil {
 				return err
@@ -187,7 +185,7 @@ func videoCommand() *cli.Command {
 				wrote = append(wrote, raw+" (raw)")
 			}
 			fmt.Fprintf(c.App.ErrWriter, "sampler: %d frames (%d steps each after the first; median %.2f ms a frame) on %v; wrote %s\n",
-				made, po.Steps, med, v.a.Device(), strings.Join(wrote, " and "))
+				frames, po.Steps, med, v.a.Device(), strings.Join(wrote, " and "))
 			return nil
 		},
 	}

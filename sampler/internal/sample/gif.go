@@ -94,9 +94,6 @@ func (a *Animation) Add(img *image.Gray) error {
 	return a.err
 }
 
-// Frames is the number of frames written.
-func (a *Animation) Frames() int { return a.frames }
-
 // Close writes the trailer (after at least one frame; an animation with
 // none writes nothing) and flushes. It does not close the writer.
 func (a *Animation) Close() error {
