@@ -20,10 +20,11 @@ from the same checkpoint, seed and settings.
       Prints one JSON line per mode: ms per step (median, CUDA events) and
       images/s of a --steps-step run.
 
-  unet.py video [--steps 4 --modes eager,graph,compile]
-      Batch-1 video frame latency: re-noise the previous frame to strength
-      0.5, then --steps guided steps with temporal blending; one JSON line
-      per mode (ms per frame).
+  unet.py video [--steps 4 --batch 1 --config C --residual-guidance G --modes eager,graph,compile]
+      Video frame latency: re-noise the previous frame to strength 0.5, then
+      --steps guided steps with temporal blending (classifier-free guidance
+      at 3, or R-CFG at G: one U-Net pass a step); one JSON line per mode
+      (ms per frame).
 
   unet.py train-bench [--batch 128 --modes eager,compile]
       One training step (q_sample, forward, MSE, backward, AdamW, EMA) in bf16
@@ -206,11 +207,12 @@ def timesteps(tmax, n):
 
 
 # Row fields (ops.Coef*).
-A, S, CX, CX0, CEPS, CD, SIGMA, G, TNEXT, BLEND, CLIP = range(11)
+A, S, CX, CX0, CEPS, CD, SIGMA, G, TNEXT, BLEND, CLIP, RESID = range(12)
 
 
-def plan(ab, scheduler, steps, eta=0.0, guidance=1.0, clip=True, strength=1.0, blend=0.0):
-    """libgpu/diffusion.NewPlan: rows of 12 coefficients, row 0 the start."""
+def plan(ab, scheduler, steps, eta=0.0, guidance=1.0, clip=True, strength=1.0, blend=0.0, residual=False):
+    """libgpu/diffusion.NewPlan: rows of 12 coefficients, row 0 the start;
+    residual: R-CFG (ops.CoefResidual) at every step."""
     T = len(ab)
     ts = timesteps(int(round(strength * T)), steps)
     abar = lambda i: 1.0 if i >= len(ts) else ab[ts[i]]  # noqa: E731
@@ -226,6 +228,7 @@ def plan(ab, scheduler, steps, eta=0.0, guidance=1.0, clip=True, strength=1.0, b
         Aa, Ss, An, Sn = math.sqrt(a), math.sqrt(1 - a), math.sqrt(an), math.sqrt(1 - an)
         r[A], r[S], r[G], r[CLIP], r[BLEND] = Aa, Ss, guidance, 1 if clip else 0, blend
         r[TNEXT] = ts[i + 1] if i + 1 < len(ts) else ts[i]
+        r[RESID] = 1 if residual else 0
         if scheduler == "ddpm":
             bp = 1 - a / an
             r[CX0] = math.sqrt(an) * bp / (1 - a)
@@ -285,6 +288,9 @@ def step_update(row, x, eps, d, prev, z, passes):
     e = eps[:n]
     if passes == 2:
         u = eps[n:]
+        e = u + row[G] * (e - u)
+    elif prev is not None and row[RESID] != 0:
+        u = (x - row[A] * prev) / row[S]  # R-CFG's residual noise (ops.CoefResidual)
         e = u + row[G] * (e - u)
     x0 = (x - row[S] * e) / row[A]
     if row[CLIP] != 0:
@@ -438,7 +444,9 @@ def cmd_video(a):
     of the default U-Net, or with --config of a U-Net of random weights at
     that model configuration (a checkpoint's JSON, as `sampler video
     --random-init` takes it); --batch B streams in one batch, as `sampler
-    video --streams B`."""
+    video --streams B`; --residual-guidance G guides by R-CFG at scale G
+    (one U-Net pass of B images a step), as `sampler video
+    --residual-guidance G`, else by classifier-free guidance at 3 (2B)."""
     if a.config:
         torch.manual_seed(1)
         with open(a.config) as f:
@@ -450,16 +458,19 @@ def cmd_video(a):
         model, C, side = default_model(), 1, 32
     n, B = C * side * side, a.batch
     ab = schedule("linear", 1000)
-    _, rows = plan(ab, "dpmsolver++", a.steps, guidance=3.0, strength=0.5, blend=0.2)
+    resid = a.residual_guidance > 0
+    _, rows = plan(ab, "dpmsolver++", a.steps, guidance=a.residual_guidance if resid else 3.0, strength=0.5, blend=0.2,
+                   residual=resid)
     r0 = [float(v) for v in rows[0]]
+    passes = 1 if resid else 2
 
     def make():
         prev = torch.rand(B * n, device="cuda") * 2 - 1
         x = torch.zeros(B * n, device="cuda")
         d = torch.zeros_like(x)
         zs = [torch.randn(B * n, device="cuda") for _ in rows]
-        y = torch.tensor([3] * B + [10] * B, device="cuda")
-        ts = [torch.full((2 * B,), int(r[TNEXT]), device="cuda") for r in rows]
+        y = torch.tensor([3] * B + [10] * B * (passes - 1), device="cuda")
+        ts = [torch.full((passes * B,), int(r[TNEXT]), device="cuda") for r in rows]
 
         def frame():
             with torch.no_grad():
@@ -467,8 +478,10 @@ def cmd_video(a):
                 for i in range(1, len(rows)):
                     with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
                         xin = x.view(B, C, side, side)
-                        eps = model(torch.cat([xin, xin]), ts[i - 1], y).float().reshape(-1)
-                    xn, x0 = step_update(rows[i], x, eps, d, prev, zs[i], 2)
+                        if passes == 2:
+                            xin = torch.cat([xin, xin])
+                        eps = model(xin, ts[i - 1], y).float().reshape(-1)
+                    xn, x0 = step_update(rows[i], x, eps, d, prev, zs[i], passes)
                     x.copy_(xn)
                     d.copy_(x0)
                 prev.copy_(x)
@@ -476,6 +489,7 @@ def cmd_video(a):
 
     params = sum(p.numel() for p in model.parameters())
     run_modes(a.modes, make, "unet-video-frame", lambda ms: {"steps": a.steps, "streams": B, "params": params,
+                                                             "guidance": "rcfg" if resid else "cfg",
                                                              "frames_per_s": 1000 / ms, "images_per_s": B * 1000 / ms})
 
 
@@ -531,6 +545,7 @@ def main():
     q.add_argument("--steps", type=int, default=4)
     q.add_argument("--config", help="a model configuration JSON (random weights at that size)")
     q.add_argument("--batch", type=int, default=1, help="video streams sampled together")
+    q.add_argument("--residual-guidance", type=float, default=0, help="R-CFG at this scale (0: CFG at 3)")
     q.add_argument("--modes", default="eager,graph,compile")
     q = sub.add_parser("train-bench")
     q.add_argument("--batch", type=int, default=128)

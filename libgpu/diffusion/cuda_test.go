@@ -237,6 +237,53 @@ func TestCUDASamplerMatchesHost(t *testing.T) {
 	}
 }
 
+// TestCUDASamplerResidualMatchesHost: a video with residual guidance
+// (R-CFG) on a guided sampler — its first frame with two passes, the later
+// frames on the batch-N model — on the GPU (f32; frame 2 a replay of the
+// captured loop) against the host backend.
+func TestCUDASamplerResidualMatchesHost(t *testing.T) {
+	d := gpuDevice(t)
+	cfg := nn.UNetConfig{Channels: []int{32, 64, 64}, InChannels: 1, Size: 32, Classes: 10, Groups: 8, Heads: 2}
+	flat := randomWeights(t, cfg, 6)
+	first, err := NewPlan(Cosine(1000), PlanOptions{Scheduler: DDIM, Steps: 3, Guidance: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := NewPlan(Cosine(1000), PlanOptions{Scheduler: DPMSolverPP, Steps: 3, Guidance: 1.5, Strength: 0.5, Blend: 0.2, Residual: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	video := func(dev device.Device) [][]float32 {
+		a := device.Local{Dev: dev}
+		e := engineOn(t, dev, ops.PrecF32)
+		s, err := NewSampler(e, a, unetOn(t, a, cfg, flat), SamplerOptions{N: 2, Guidance: true, Residual: true, Graph: true, Seed: 8, MaxSteps: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Free()
+		if _, err := s.Run(first, RunOptions{Labels: []int32{2, 9}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SetPrevious(); err != nil {
+			t.Fatal(err)
+		}
+		var out [][]float32
+		for f := 1; f <= 2; f++ {
+			if _, err := s.Run(next, RunOptions{Labels: []int32{3, 9}, Run: f, Video: true}); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, readImages(t, s))
+		}
+		return out
+	}
+	gpu, host := video(d), video(device.NewHost())
+	for f := range gpu {
+		if e := relErr(gpu[f], host[f]); e > 1e-3 {
+			t.Errorf("frame %d: GPU vs host relative error %.3g", f+1, e)
+		}
+	}
+}
+
 // benchSampler times runs of plan on the default U-Net in bf16 with the
 // loop captured as one graph: the mean GPU milliseconds of a run.
 func benchSampler(b *testing.B, n int, plan *Plan, video bool) float64 {
@@ -245,7 +292,8 @@ func benchSampler(b *testing.B, n int, plan *Plan, video bool) float64 {
 	cfg := nn.DefaultUNet()
 	m := unetOn(b, a, cfg, randomWeights(b, cfg, 1))
 	e := engineOn(b, d, ops.PrecBF16)
-	s, err := NewSampler(e, a, m, SamplerOptions{N: n, Guidance: true, Autocast: tensor.BF16, Graph: true, Seed: 1, MaxSteps: len(plan.Rows) - 1})
+	s, err := NewSampler(e, a, m, SamplerOptions{N: n, Guidance: true, Residual: plan.Options.Residual, Autocast: tensor.BF16, Graph: true,
+		Seed: 1, MaxSteps: len(plan.Rows) - 1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -291,6 +339,18 @@ func BenchmarkGuidedStep256(b *testing.B) {
 // launch; GPU milliseconds per frame.
 func BenchmarkVideoFrame(b *testing.B) {
 	p, err := NewPlan(Linear(1000), PlanOptions{Scheduler: DPMSolverPP, Steps: 4, Guidance: 3, Strength: 0.5, Blend: 0.2})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ms := benchSampler(b, 1, p, true)
+	b.ReportMetric(ms, "ms/frame")
+}
+
+// BenchmarkVideoFrameResidual is BenchmarkVideoFrame guided by R-CFG at
+// scale 1.5 (PlanOptions.Residual): one U-Net pass of one image a step
+// instead of two.
+func BenchmarkVideoFrameResidual(b *testing.B) {
+	p, err := NewPlan(Linear(1000), PlanOptions{Scheduler: DPMSolverPP, Steps: 4, Guidance: 1.5, Strength: 0.5, Blend: 0.2, Residual: true})
 	if err != nil {
 		b.Fatal(err)
 	}

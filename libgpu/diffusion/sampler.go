@@ -15,6 +15,12 @@ import (
 type SamplerOptions struct {
 	N        int          // images per run
 	Guidance bool         // classifier-free guidance: conditional and unconditional passes as one batch of 2N
+	// Residual also records the model at batch N (sharing the weights)
+	// for video runs of plans with PlanOptions.Residual (R-CFG: one pass
+	// a step), so a guided sampler runs its first frame with two passes
+	// and the later frames with one. Without Guidance the model is
+	// already at batch N and Residual adds nothing.
+	Residual bool
 	Autocast tensor.DType // the U-Net's activation dtype (tensor.BF16 on a GPU)
 	Graph    bool         // capture each loop as one CUDA graph (GPU only)
 	Seed     uint64       // the noise's Philox key
@@ -43,7 +49,8 @@ type Sampler struct {
 	m       *nn.UNet
 	o       SamplerOptions
 	passes  int
-	eval    *nn.UNetEval
+	eval    *nn.UNetEval // batch passes·N
+	evalR   *nn.UNetEval // batch N, for R-CFG video runs of a guided sampler (SamplerOptions.Residual)
 	x, d    *tensor.Tensor // f32 [N, S, S, C]: the sample, the previous x̂0
 	prev    *tensor.Tensor // f32: the previous frame (video)
 	coef    *tensor.Tensor // f32 [MaxSteps+1, CoefWidth]
@@ -57,8 +64,8 @@ type Sampler struct {
 }
 
 type loopKey struct {
-	steps int
-	video bool
+	steps           int
+	video, residual bool
 }
 
 // NewSampler allocates a sampler for m (whose weights o.Weights are used
@@ -124,6 +131,11 @@ func NewSampler(e *ops.Engine, a device.Allocator, m *nn.UNet, o SamplerOptions)
 	if s.eval, err = m.RecordEval(e, a, o.Prefix, s.passes*o.N, ops.GraphOptions{Autocast: o.Autocast}, w); err != nil {
 		return s, err
 	}
+	if o.Residual && s.passes == 2 {
+		if s.evalR, err = m.RecordEval(e, a, o.Prefix+"/rcfg", o.N, ops.GraphOptions{Autocast: o.Autocast}, w); err != nil {
+			return s, err
+		}
+	}
 	if s.stage, err = e.NewStaging(s.stageSize()); err != nil {
 		return s, err
 	}
@@ -152,8 +164,10 @@ func (s *Sampler) Free() error {
 		errs = append(errs, g.Close())
 	}
 	s.graphs = nil
-	if s.eval != nil {
-		errs = append(errs, s.eval.Free())
+	for _, v := range []*nn.UNetEval{s.eval, s.evalR} {
+		if v != nil {
+			errs = append(errs, v.Free())
+		}
 	}
 	for _, v := range []*exec.Event{s.done, s.t0, s.t1} {
 		if v != nil {
@@ -174,7 +188,8 @@ func (s *Sampler) Free() error {
 // S, C], in [−1, 1] when clipping).
 func (s *Sampler) Images() *tensor.Tensor { return s.x }
 
-// Eval is the model graph the loop evaluates (batch passes·N).
+// Eval is the model graph the loop evaluates (batch passes·N; R-CFG video
+// runs of a guided sampler evaluate another, at batch N).
 func (s *Sampler) Eval() *nn.UNetEval { return s.eval }
 
 // RunOptions are one run's inputs.
@@ -195,7 +210,10 @@ type RunOptions struct {
 // Run queues one sampling run of plan p and waits for it; the images are
 // then in Images. A sampler without Guidance evaluates only the labels
 // given (the null class samples unconditionally) and ignores the plan's
-// guidance scale. It returns the run's GPU time in milliseconds (0 on the
+// guidance scale. A plan with PlanOptions.Residual runs only as a video run
+// (R-CFG needs the previous frame), on one pass of N images (the batch-N
+// model of SamplerOptions.Residual, or the one model of an unguided
+// sampler). It returns the run's GPU time in milliseconds (0 on the
 // host). The first run of a loop length runs eagerly (warming kernels,
 // scratch buffers and GEMM choices); with Graph, later runs of that length
 // replay one captured graph.
@@ -213,6 +231,17 @@ func (s *Sampler) Run(p *Plan, r RunOptions) (float32, error) {
 			return 0, fmt.Errorf("%w: label %d (want 0..%d)", ErrConfig, l, null)
 		}
 	}
+	residual := p.Options.Residual
+	if residual && !r.Video {
+		return 0, fmt.Errorf("%w: a residual-guidance (R-CFG) plan in a run without a previous frame (want a video run)", ErrConfig)
+	}
+	ev := s.eval
+	if residual && s.passes == 2 {
+		if s.evalR == nil {
+			return 0, fmt.Errorf("%w: a residual-guidance (R-CFG) plan on a guided sampler made without SamplerOptions.Residual", ErrConfig)
+		}
+		ev = s.evalR
+	}
 	if err := s.done.Wait(); err != nil { // the staging memory is free again
 		return 0, err
 	}
@@ -226,7 +255,7 @@ func (s *Sampler) Run(p *Plan, r RunOptions) (float32, error) {
 	tab := tensor.BytesAs[float32](b[s.coefOff() : s.coefOff()+s.coef.Bytes()])
 	clear(tab)
 	copy(tab, p.Table())
-	key := loopKey{steps: steps, video: r.Video}
+	key := loopKey{steps: steps, video: r.Video, residual: ev != s.eval}
 	s.onStep = nil
 	if !s.e.IsGraphCapable() {
 		s.onStep = r.OnStep
@@ -236,7 +265,7 @@ func (s *Sampler) Run(p *Plan, r RunOptions) (float32, error) {
 		if err := s.e.CopyIn(s.counter, s.stage, 0); err != nil {
 			return err
 		}
-		if err := s.e.CopyIn(s.eval.Y, s.stage, s.labelsOff()); err != nil {
+		if err := s.e.CopyIn(ev.Y, s.stage, s.labelsOff()); err != nil { // its first N labels are the conditional ones
 			return err
 		}
 		if err := s.e.CopyIn(s.coef, s.stage, s.coefOff()); err != nil {
@@ -252,7 +281,7 @@ func (s *Sampler) Run(p *Plan, r RunOptions) (float32, error) {
 				return fmt.Errorf("diffusion: sampling graph: %w", err)
 			}
 		default:
-			if err := s.loop(steps, r.Video); err != nil {
+			if err := s.loop(ev, steps, r.Video); err != nil {
 				return err
 			}
 		}
@@ -272,7 +301,7 @@ func (s *Sampler) Run(p *Plan, r RunOptions) (float32, error) {
 		return 0, err
 	}
 	if s.o.Graph && s.e.IsGraphCapable() && s.graphs[key] == nil {
-		g, err := s.e.Capture(func() error { return s.loop(steps, r.Video) })
+		g, err := s.e.Capture(func() error { return s.loop(ev, steps, r.Video) })
 		if err != nil {
 			return 0, fmt.Errorf("diffusion: capturing the sampling loop: %w", err)
 		}
@@ -281,9 +310,9 @@ func (s *Sampler) Run(p *Plan, r RunOptions) (float32, error) {
 	return ms, nil
 }
 
-// loop queues a run of the given length on the engine's stream.
-func (s *Sampler) loop(steps int, video bool) error {
-	st := ops.DiffusionStep{X: s.x, XIn: s.eval.X, TIn: s.eval.T, Coef: s.coef, Counter: s.counter, Seed: s.o.Seed}
+// loop queues a run of the given length of model ev on the engine's stream.
+func (s *Sampler) loop(ev *nn.UNetEval, steps int, video bool) error {
+	st := ops.DiffusionStep{X: s.x, XIn: ev.X, TIn: ev.T, Coef: s.coef, Counter: s.counter, Seed: s.o.Seed}
 	if video {
 		st.Prev = s.prev
 	}
@@ -291,11 +320,11 @@ func (s *Sampler) loop(steps int, video bool) error {
 		return err
 	}
 	for i := 1; i <= steps; i++ {
-		if err := s.eval.Graph.Forward(); err != nil {
+		if err := ev.Graph.Forward(); err != nil {
 			return err
 		}
 		step := st
-		step.D, step.Eps, step.Row, step.Stream = s.d, s.eval.Eps.Value, i, uint32(i)
+		step.D, step.Eps, step.Row, step.Stream = s.d, ev.Eps.Value, i, uint32(i)
 		if i == steps {
 			step.XIn, step.TIn = nil, nil // nothing evaluates the last sample
 		}

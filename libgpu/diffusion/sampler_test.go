@@ -1,6 +1,7 @@
 package diffusion
 
 import (
+	"math"
 	"testing"
 
 	"gpukit/libgpu/device"
@@ -153,6 +154,85 @@ func TestSamplerVideo(t *testing.T) {
 	}
 	if s.Images().DType != tensor.F32 {
 		t.Error("images not f32")
+	}
+}
+
+// TestSamplerResidualGuidance: R-CFG (PlanOptions.Residual) on a guided
+// sampler. With one final DPM-Solver++ step and no clipping a frame is
+// x̂0 blended with the previous frame, and R-CFG's x̂0 is prev +
+// g·(x̂0_c − prev), so (frame − prev) at scale g is g times (frame −
+// prev) at scale 1 (conditional only) from the same noise; and a
+// residual plan is refused outside a video run and by a guided sampler
+// made without Residual.
+func TestSamplerResidualGuidance(t *testing.T) {
+	_, m := tinySampler(t, 2, false) // a model with non-zero output layers
+	h := device.NewHost()
+	a := device.Local{Dev: h}
+	e, err := ops.NewEngine(h, ops.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := NewPlan(Linear(1000), PlanOptions{Scheduler: DDIM, Steps: 3, Guidance: 2})
+	frame := func(g float64) (prev, cur []float32) {
+		s, err := NewSampler(e, a, m, SamplerOptions{N: 2, Guidance: true, Residual: true, Seed: 3, MaxSteps: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Free()
+		if _, err := s.Run(first, RunOptions{Labels: []int32{0, 1}}); err != nil {
+			t.Fatal(err)
+		}
+		prev = images(t, s)
+		if err := s.SetPrevious(); err != nil {
+			t.Fatal(err)
+		}
+		next, err := NewPlan(Linear(1000), PlanOptions{Scheduler: DPMSolverPP, Steps: 1, Guidance: g, Strength: 0.5, Blend: 0.25,
+			NoClip: true, Residual: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Run(next, RunOptions{Labels: []int32{1, 2}, Run: 1, Video: true}); err != nil {
+			t.Fatal(err)
+		}
+		return prev, images(t, s)
+	}
+	const g = 2.5
+	prev, c1 := frame(1)
+	prev2, cg := frame(g)
+	if !same(prev, prev2) {
+		t.Fatal("the first frames differ")
+	}
+	var moved float64
+	for i := range prev {
+		d1, dg := float64(c1[i]-prev[i]), float64(cg[i]-prev[i])
+		moved = max(moved, math.Abs(d1))
+		if math.Abs(dg-g*d1) > 1e-4*(1+math.Abs(dg)) {
+			t.Fatalf("element %d: frame − prev is %v at scale %v, %v at scale 1 (want %v times it)", i, dg, g, d1, g)
+		}
+	}
+	if moved < 1e-3 {
+		t.Fatalf("the frame did not move from the previous one (%v): the check is vacuous", moved)
+	}
+
+	s, err := NewSampler(e, a, m, SamplerOptions{N: 2, Guidance: true, Seed: 3, MaxSteps: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Free()
+	res, _ := NewPlan(Linear(1000), PlanOptions{Scheduler: DDIM, Steps: 2, Guidance: 2, Strength: 0.5, Residual: true})
+	if _, err := s.Run(res, RunOptions{Labels: []int32{0, 1}, Run: 1, Video: true}); err == nil {
+		t.Error("a guided sampler without Residual ran a residual plan")
+	}
+	r, err := NewSampler(e, a, m, SamplerOptions{N: 2, Guidance: true, Residual: true, Seed: 3, MaxSteps: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Free()
+	if _, err := r.Run(res, RunOptions{Labels: []int32{0, 1}, Run: 1}); err == nil {
+		t.Error("a residual plan ran without a previous frame")
+	}
+	if _, err := r.Run(res, RunOptions{Labels: []int32{0, 1}, Run: 1, Video: true}); err != nil {
+		t.Errorf("a video run of a residual plan: %v", err)
 	}
 }
 

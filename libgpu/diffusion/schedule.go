@@ -163,6 +163,15 @@ type PlanOptions struct {
 	// Blend is the weight of the previous frame in x̂0 at every step
 	// (temporal blending; 0: none).
 	Blend float64
+	// Residual guides by residual classifier-free guidance (R-CFG, the
+	// self-negative form of StreamDiffusion: Kodaira et al. 2023, arXiv
+	// 2312.12491 §3.3) instead of an unconditional pass: the
+	// unconditional prediction is the noise that takes the previous frame
+	// to the current sample, (x − √ᾱ·prev)/√(1−ᾱ), so x̂0 = prev +
+	// Guidance·(x̂0_c − prev) before clipping and blending, and each step
+	// evaluates the model once. It needs a previous frame: a Sampler runs
+	// such a plan only in video runs (RunOptions.Video).
+	Residual bool
 }
 
 // Plan is a sampling run's coefficient table: row 0 starts the run
@@ -241,6 +250,9 @@ func NewPlan(s Schedule, o PlanOptions) (*Plan, error) {
 			r[ops.CoefClip] = 1
 		}
 		r[ops.CoefBlend] = o.Blend
+		if o.Residual {
+			r[ops.CoefResidual] = 1
+		}
 		if i+1 < len(ts) {
 			r[ops.CoefTNext] = float64(ts[i+1])
 		} else {

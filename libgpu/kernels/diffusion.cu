@@ -4,8 +4,10 @@
 //   diff_noise:   out[i] = z_i                               (standard normal)
 //   diff_qsample: eps[i] = z_i;  xt[i] = sab[t_n]·x0[i] + s1mab[t_n]·z_i
 //   diff_start:   x = A·prev + S·z; every pass of the model input = x; t = T'
-//   diff_step:    ε = ε_u + g·(ε_c − ε_u);  x̂0 = clip((x − S·ε)/A) blended
-//                 with the previous frame; ε' = (x − A·x̂0)/S;
+//   diff_step:    ε = ε_u + g·(ε_c − ε_u), ε_u the unconditional pass or, with
+//                 one pass and R ≠ 0, the residual noise (x − A·prev)/S of
+//                 the previous frame (R-CFG); x̂0 = clip((x − S·ε)/A)
+//                 blended with the previous frame; ε' = (x − A·x̂0)/S;
 //                 x' = cX·x + cX0·x̂0 + cE·ε' + cD·d + σ·z;  d = x̂0
 //   diff_ema:     ema = decay·ema + (1 − decay)·p
 //
@@ -49,6 +51,7 @@ static_assert(sizeof(diff_args) == 96, "diff_args layout: launch.DiffArgs is gen
 #define DIFF_TNEXT 8
 #define DIFF_BLEND 9
 #define DIFF_CLIP 10
+#define DIFF_RESID 11
 
 __device__ __forceinline__ unsigned int diff_step_of(const int* counter) {
   return counter ? (unsigned int)*counter : 0u;
@@ -114,6 +117,7 @@ __device__ void diff_step(const diff_args a) {
   const float A = c[DIFF_A], S = c[DIFF_S], cX = c[DIFF_X], cX0 = c[DIFF_X0], cE = c[DIFF_EPS], cD = c[DIFF_D];
   const float sigma = c[DIFF_SIGMA], g = c[DIFF_G], blend = c[DIFF_BLEND];
   const bool clip = c[DIFF_CLIP] != 0.0f;
+  const bool resid = a.passes == 1 && a.prev && c[DIFF_RESID] != 0.0f;
   const TE* eps = (const TE*)a.eps;
   TI* xin = (TI*)a.xin;
   GPUKIT_GRID_STRIDE(q, (a.n + 3) / 4) {
@@ -130,6 +134,9 @@ __device__ void diff_step(const diff_args a) {
       float e = gpukit_ld(eps + i);
       if (a.passes == 2) {
         const float u = gpukit_ld(eps + a.n + i);
+        e = u + g * (e - u);
+      } else if (resid) {
+        const float u = (x - A * a.prev[i]) / S;  // the residual noise of R-CFG's self-negative form
         e = u + g * (e - u);
       }
       float x0 = (x - S * e) / A;

@@ -210,6 +210,8 @@ func (e *Engine) QSample(xt, eps, x0, t, sab, s1mab *tensor.Tensor, seed uint64,
 // CoefTNext. Row i ≥ 1 is step i (DiffusionStep):
 //
 //	ε  = ε_u + CoefGuidance·(ε_c − ε_u)      (ε_c alone with one pass)
+//	     where ε_u is the unconditional pass, or with one pass, a previous
+//	     frame and CoefResidual ≠ 0, the residual noise (x − CoefA·prev)/CoefS
 //	x̂0 = (x − CoefS·ε)/CoefA, clipped to [−1, 1] when CoefClip ≠ 0,
 //	     then (1 − CoefBlend)·x̂0 + CoefBlend·prev with a previous frame
 //	ε' = (x − CoefA·x̂0)/CoefS                 (ε consistent with x̂0)
@@ -230,6 +232,14 @@ const (
 	CoefTNext    = 8  // the model's next timestep
 	CoefBlend    = 9  // weight of the previous frame in x̂0 (video)
 	CoefClip     = 10 // clip x̂0 to [−1, 1] when ≠ 0
+	// CoefResidual ≠ 0 guides a one-pass step with a previous frame by
+	// residual classifier-free guidance (R-CFG, the self-negative form of
+	// StreamDiffusion, Kodaira et al. 2023, arXiv 2312.12491 §3.3): the
+	// unconditional prediction is replaced by the noise that takes the
+	// previous frame to x, ε̄ = (x − √ᾱ·prev)/√(1−ᾱ), so that before
+	// clipping and blending x̂0 = prev + CoefGuidance·(x̂0_c − prev): the
+	// conditional prediction pushed away from the frame it started from.
+	CoefResidual = 11
 	CoefWidth    = 12 // floats per row (48 bytes)
 )
 
@@ -434,8 +444,12 @@ func hostDiffusion(s *DiffusionStep, passes int, start bool) error {
 // diff_update), writing x̂0 into d[i] when d is not nil.
 func diffUpdate(row []float32, x float32, eps []float32, i, n, passes int, d, prev []float32, z float32) float32 {
 	e := eps[i]
-	if passes == 2 {
+	switch {
+	case passes == 2:
 		u := eps[n+i]
+		e = u + row[CoefGuidance]*(e-u)
+	case prev != nil && row[CoefResidual] != 0:
+		u := (x - row[CoefA]*prev[i]) / row[CoefS]
 		e = u + row[CoefGuidance]*(e-u)
 	}
 	x0 := (x - row[CoefS]*e) / row[CoefA]

@@ -14,13 +14,19 @@ func init() { Register(Family{Name: "diffusion", Check: checkDiffusion}) }
 // rows): given x, the model outputs eps (passes·n values: conditional,
 // then unconditional), the previous data prediction d (nil: none), the
 // previous frame prev (nil: none) and the noise z, it returns x' and x̂0.
+// With one pass, a previous frame and CoefResidual ≠ 0 the unconditional
+// prediction is R-CFG's residual noise (x − A·prev)/S (ops.CoefResidual).
 func RefDiffusionStep(row []float64, x, eps, d, prev, z []float64, passes int) (xn, x0 []float64) {
 	n := len(x)
 	xn, x0 = make([]float64, n), make([]float64, n)
 	for i := range x {
 		e := eps[i]
-		if passes == 2 {
+		switch {
+		case passes == 2:
 			u := eps[n+i]
+			e = u + row[ops.CoefGuidance]*(e-u)
+		case prev != nil && row[ops.CoefResidual] != 0:
+			u := (x[i] - row[ops.CoefA]*prev[i]) / row[ops.CoefS]
 			e = u + row[ops.CoefGuidance]*(e-u)
 		}
 		h := (x[i] - row[ops.CoefS]*e) / row[ops.CoefA]
@@ -187,9 +193,13 @@ func diffStep(s *Suite, dt tensor.DType, passes int) {
 	const N, H, W = 3, 5, 7
 	per := H * W
 	for _, c := range []struct {
-		clip, blend, useD bool
-	}{{false, false, false}, {true, false, true}, {true, true, true}, {false, true, false}} {
+		clip, blend, useD, resid bool
+	}{{false, false, false, false}, {true, false, true, false}, {true, true, true, false}, {false, true, false, false},
+		{true, true, true, true}, {false, true, false, true}} {
 		row := diffRow(s, c.clip, c.blend, 17)
+		if c.resid {
+			row[ops.CoefResidual] = 1 // R-CFG with one pass; ignored with two
+		}
 		rows := append(make([]float64, ops.CoefWidth), row...) // row 0: an unused start row
 		coef := s.Const(tensor.F32, rows, 2, ops.CoefWidth)
 		rowF := F64(F32(row)) // the f32 coefficients the device holds
@@ -210,10 +220,17 @@ func diffStep(s *Suite, dt tensor.DType, passes int) {
 		s.NoErr("step", s.E.DiffusionStep(st))
 		z := normals(77, 4, 5, N*per)
 		wx, wx0 := RefDiffusionStep(rowF, xv, epsv, dv, pv, z, passes)
-		name := fmt.Sprintf("clip=%v blend=%v d=%v", c.clip, c.blend, c.useD)
+		name := fmt.Sprintf("clip=%v blend=%v d=%v resid=%v", c.clip, c.blend, c.useD, c.resid)
 		// Dividing by A amplifies the rounding of x (and of S·ε): x̂0's
 		// terms are |x|/A, and x' sums x̂0 and ε with its coefficients.
 		tx0 := Scaled(1/rowF[ops.CoefA], xv)
+		if c.resid && passes == 1 {
+			// R-CFG: x̂0 = g·(x − S·ε_c)/A + (1 − g)·prev, before clipping.
+			g := rowF[ops.CoefGuidance]
+			for i := range tx0 {
+				tx0[i] = (math.Abs(g)*(math.Abs(xv[i])+rowF[ops.CoefS]*math.Abs(epsv[i])) + math.Abs(1-g)*(math.Abs(xv[i])+rowF[ops.CoefA]*math.Abs(pv[i]))) / rowF[ops.CoefA]
+			}
+		}
 		tx := Scaled(math.Abs(rowF[ops.CoefX0])+math.Abs(rowF[ops.CoefEps])+1, tx0)
 		s.Close("x' "+name, s.Read(x), wx, tx, 1e-5)
 		if c.useD {
