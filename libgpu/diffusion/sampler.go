@@ -13,8 +13,8 @@ import (
 
 // SamplerOptions configure a Sampler.
 type SamplerOptions struct {
-	N        int          // images per run
-	Guidance bool         // classifier-free guidance: conditional and unconditional passes as one batch of 2N
+	N        int  // images per run
+	Guidance bool // classifier-free guidance: conditional and unconditional passes as one batch of 2N
 	// Residual also records the model at batch N (sharing the weights)
 	// for video runs of plans with PlanOptions.Residual (R-CFG: one pass
 	// a step), so a guided sampler runs its first frame with two passes
@@ -49,8 +49,8 @@ type Sampler struct {
 	m       *nn.UNet
 	o       SamplerOptions
 	passes  int
-	eval    *nn.UNetEval // batch passes·N
-	evalR   *nn.UNetEval // batch N, for R-CFG video runs of a guided sampler (SamplerOptions.Residual)
+	eval    *nn.UNetEval   // batch passes·N
+	evalR   *nn.UNetEval   // batch N, for R-CFG video runs of a guided sampler (SamplerOptions.Residual)
 	x, d    *tensor.Tensor // f32 [N, S, S, C]: the sample, the previous x̂0
 	prev    *tensor.Tensor // f32: the previous frame (video)
 	coef    *tensor.Tensor // f32 [MaxSteps+1, CoefWidth]
