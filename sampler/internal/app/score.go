@@ -36,7 +36,7 @@ func scoreCommand() *cli.Command {
 			&cli.StringFlag{Name: "classifier", Usage: "(required) model.safetensors of a `trainer run` MLP"},
 			kit.IntAtLeast(&cli.IntFlag{Name: "n", Usage: "images (at least 2)", DefaultText: fmt.Sprintf("%d on a GPU, %d on the CPU", scoreGPU, scoreCPU)}, 2),
 			kit.IntAtLeast(&cli.IntFlag{Name: "batch", Value: 256, Usage: "images per sampling run"}, 1),
-			&cli.StringFlag{Name: "data", Value: data.DefaultDir, EnvVars: []string{"GPUKIT_DATA_DIR"}, Usage: "directory with the Fashion-MNIST IDX files"},
+			dataFlag,
 		),
 		Action: func(c *cli.Context) error {
 			if err := kit.Require(c, "classifier"); err != nil {
@@ -51,15 +51,11 @@ func scoreCommand() *cli.Command {
 				return err
 			}
 			defer v.Close()
-			cl, err := sample.LoadClassifier(v.e, v.a, c.String("classifier"))
+			cl, test, err := loadScorer(c, v)
 			if err != nil {
-				return fmt.Errorf("--classifier: %w", err)
+				return err
 			}
 			defer cl.Free()
-			test, err := data.Load(c.String("data"), data.Test)
-			if err != nil {
-				return fmt.Errorf("%w (install the Debian package dataset-fashion-mnist or pass --data)", err)
-			}
 			n := c.Int("n")
 			if !c.IsSet("n") {
 				n = scoreCPU
@@ -98,4 +94,22 @@ func scoreCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// dataFlag is the Fashion-MNIST directory of the scorers (score, video --classifier).
+var dataFlag = &cli.StringFlag{Name: "data", Value: data.DefaultDir, EnvVars: []string{"GPUKIT_DATA_DIR"}, Usage: "directory with the Fashion-MNIST IDX files"}
+
+// loadScorer loads --classifier and the test set of --data (FD-MLP's
+// reference), before any sampling.
+func loadScorer(c *cli.Context, v *env) (*sample.Classifier, *data.Set, error) {
+	cl, err := sample.LoadClassifier(v.e, v.a, c.String("classifier"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("--classifier: %w", err)
+	}
+	test, err := data.Load(c.String("data"), data.Test)
+	if err != nil {
+		cl.Free()
+		return nil, nil, fmt.Errorf("%w (install the Debian package dataset-fashion-mnist or pass --data)", err)
+	}
+	return cl, test, nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	kit "gpukit/libgpu/cli"
+	"gpukit/libgpu/data"
 	"gpukit/libgpu/diffusion"
 	"gpukit/sampler/internal/sample"
 )
@@ -32,7 +33,15 @@ func videoCommand() *cli.Command {
 			"--raw FILE streams each frame as it is made, as raw 8-bit gray pixels (S·S bytes a frame; - is\n" +
 			"stdout, and the JSON lines then go to stderr), e.g. for ffmpeg:\n" +
 			"  sampler video --ckpt m.safetensors --raw - | ffmpeg -f rawvideo -pix_fmt gray -s 32x32 -r 10 -i - v.mp4\n" +
-			"With --raw, --out is optional.",
+			"With --raw, --out is optional.\n" +
+			"--residual-guidance G guides every frame after the first by residual classifier-free guidance\n" +
+			"(R-CFG, StreamDiffusion's self-negative form: the unconditional prediction is the noise that takes\n" +
+			"the previous frame to the current sample, so x0 = prev + G·(x0_c − prev)) instead of an\n" +
+			"unconditional pass: one U-Net pass a step instead of two. G near 1 to 2 (1: conditional only); the\n" +
+			"first frame keeps --guidance-scale.\n" +
+			"--classifier M scores the frames as `sampler score` does (each image against its frame's class,\n" +
+			"FD-MLP of all frames' images against the test set of --data) and adds accuracy and fd_mlp to the\n" +
+			"summary.",
 		Flags: append(append(modelFlags(), planFlags()...),
 			classFlag, randomFlag,
 			kit.IntAtLeast(&cli.IntFlag{Name: "frames", Value: 40, Usage: "frames"}, 1),
@@ -44,6 +53,10 @@ func videoCommand() *cli.Command {
 			kit.FloatWhere(&cli.Float64Flag{Name: "blend", Value: 0.2, Usage: "weight of the previous frame in each step's predicted x0 (0 ≤ W < 1)"},
 				"want 0 ≤ W < 1", func(v float64) bool { return v >= 0 && v < 1 }),
 			kit.IntAtLeast(&cli.IntFlag{Name: "first-steps", Value: 20, Usage: "steps of the first frame"}, 1),
+			kit.FloatWhere(&cli.Float64Flag{Name: "residual-guidance", Usage: "guide the frames after the first by R-CFG at this scale G > 0, one U-Net pass a step (0: off)"},
+				"want G ≥ 0 (0: off)", nonNegative),
+			&cli.StringFlag{Name: "classifier", Usage: "score the frames with this `trainer run` MLP (model.safetensors): accuracy and fd_mlp in the summary"},
+			dataFlag,
 			&cli.StringFlag{Name: "out", Usage: "the animated GIF (required unless --raw is given)"},
 			&cli.StringFlag{Name: "raw", Usage: "also stream every frame as raw 8-bit gray pixels to this file as it is made (-: stdout)"},
 			&cli.StringFlag{Name: "frames-dir", Usage: "also write frame_NNNN.png files here"},
@@ -74,6 +87,9 @@ func videoCommand() *cli.Command {
 			first.Steps = c.Int("first-steps")
 			next := po
 			next.Strength, next.Blend = c.Float64("strength"), c.Float64("blend")
+			if g := c.Float64("residual-guidance"); g > 0 {
+				next.Guidance, next.Residual = g, true
+			}
 			dir := c.String("frames-dir")
 			if err := checkOutFile(c, "frames-dir"); err != nil {
 				return err
@@ -86,10 +102,23 @@ func videoCommand() *cli.Command {
 			cfg := v.m.Config.UNet
 			frames, streams := c.Int("frames"), c.Int("streams")
 			// Frames are written as they come and not kept; each keeps its
-			// time (8 bytes) for the summary's median.
-			if err := checkMemory("frames", int64(frames), 8); err != nil {
+			// time (8 bytes) for the summary's median, and with
+			// --classifier its images and labels for the score.
+			per := int64(8)
+			var scorer *sample.Classifier
+			var test *data.Set
+			if c.IsSet("classifier") {
+				per += int64(streams) * 4 * int64(cfg.Size*cfg.Size*cfg.InChannels+1)
+				if scorer, test, err = loadScorer(c, v); err != nil {
+					return err
+				}
+				defer scorer.Free()
+			}
+			if err := checkMemory("frames", int64(frames), per); err != nil {
 				return err
 			}
+			var kept []float32
+			var keptLabels []int32
 			if dir != "" {
 				// Made now, after every check, so a refused command leaves no directory.
 				if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -154,6 +183,12 @@ func videoCommand() *cli.Command {
 					if f > 0 {
 						times = append(times, st.MS())
 					}
+					if scorer != nil {
+						kept = append(kept, img...)
+						for range streams {
+							keptLabels = append(keptLabels, cl)
+						}
+					}
 					return kit.JSONLine(jsonOut, map[string]any{"frame": f, "class": cl, "gpu_ms": round(float64(st.GPUMS), 3), "wall_ms": round(st.WallMS, 3)})
 				}})
 			if err != nil {
@@ -167,10 +202,18 @@ func videoCommand() *cli.Command {
 			}
 			elapsed := time.Since(start).Seconds()
 			med := median(times)
-			if err := kit.JSONLine(jsonOut, map[string]any{"frames": frames, "frames_per_s": round(float64(frames)/elapsed, 2),
+			summary := map[string]any{"frames": frames, "frames_per_s": round(float64(frames)/elapsed, 2),
 				"streams": streams, "images_per_s": round(float64(streams*frames)/elapsed, 2),
-				"frame_ms": round(med, 3), "steps": po.Steps, "strength": next.Strength, "blend": next.Blend, "out": c.String("out"),
-				"source": v.m.Source}); err != nil {
+				"frame_ms": round(med, 3), "steps": po.Steps, "strength": next.Strength, "blend": next.Blend,
+				"guidance_scale": next.Guidance, "residual_guidance": next.Residual, "out": c.String("out"), "source": v.m.Source}
+			if scorer != nil {
+				r, err := sample.Score(scorer, kept, keptLabels, len(keptLabels), cfg.Size, test)
+				if err != nil {
+					return usageErr(err)
+				}
+				summary["accuracy"], summary["fd_mlp"] = round(r.Accuracy, 4), round(r.FD, 4)
+			}
+			if err := kit.JSONLine(jsonOut, summary); err != nil {
 				return err
 			}
 			var wrote []string

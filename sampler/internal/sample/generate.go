@@ -137,7 +137,10 @@ type VideoOptions struct {
 	Engine *ops.Engine
 	Alloc  device.Allocator
 	First  diffusion.PlanOptions // the first frame, sampled from noise
-	Next   diffusion.PlanOptions // every later frame: Strength and Blend set
+	// Next is every later frame's plan: Strength and Blend set, and with
+	// Residual, R-CFG (one model pass a step) instead of an unconditional
+	// pass.
+	Next   diffusion.PlanOptions
 	Frames int
 	// Streams is how many videos are sampled together, one batch of
 	// Streams images a step (0: one); they differ by their noise.
@@ -178,8 +181,9 @@ func Video(m *Model, o VideoOptions) error {
 		return fmt.Errorf("%w: %v", ErrUsage, err)
 	}
 	streams := max(o.Streams, 1)
-	s, err := diffusion.NewSampler(o.Engine, o.Alloc, m.UNet, diffusion.SamplerOptions{N: streams, Guidance: needsTwoPasses(o.Next.Guidance) || needsTwoPasses(o.First.Guidance),
-		Autocast: o.Autocast, Graph: o.Graph, Seed: o.Seed, Prefix: "sampler",
+	guided := needsTwoPasses(o.First.Guidance) || (needsTwoPasses(o.Next.Guidance) && !o.Next.Residual)
+	s, err := diffusion.NewSampler(o.Engine, o.Alloc, m.UNet, diffusion.SamplerOptions{N: streams, Guidance: guided,
+		Residual: o.Next.Residual, Autocast: o.Autocast, Graph: o.Graph, Seed: o.Seed, Prefix: "sampler",
 		MaxSteps: max(len(first.Rows), len(next.Rows)) - 1})
 	if err != nil {
 		return err
