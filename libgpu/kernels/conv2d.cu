@@ -16,6 +16,11 @@
 // conv_igemm_fwd is the forward as an implicit GEMM on tensor cores (bf16):
 // no column matrix, the gather folded into the tile loads (see below);
 // conv2d_wg.cu has the same products on Hopper's wgmma.
+//
+// conv_direct_fwd, conv_direct_dx and conv_direct_dw (at the end) compute
+// convolutions with a dilation or groups above 1 directly, one output
+// element a thread (the weight gradient: a warp): the general path, not
+// a tuned one.
 #include "common.cuh"
 #include "mma.cuh"
 #include "vec.cuh"
@@ -276,7 +281,141 @@ extern "C" __global__ void conv_flip_w(gpukit_bf16* wf, const gpukit_bf16* w, in
   }
 }
 
-// Instances: conv_im2col_<s|v>_<dt>, conv_col2im_<dt>.
+// ---- direct kernels: dilation and groups ----
+//
+// For stride s, padding p, dilation d and G groups (g the group of output
+// channel o, Cig = Cin/G and Cog = Cout/G channels a group; x [N,H,W,Cin],
+// w [Cout,KH,KW,Cig], y and dy [N,Ho,Wo,Cout], all contiguous):
+//
+//   fwd: y[n,i,j,o] (+)= bias[o] + Σ_{kh,kw,c<Cig} x[n, i·s−p+kh·d, j·s−p+kw·d, g·Cig+c]·w[o,kh,kw,c]
+//   dx:  dx[n,h,w,g·Cig+c] (+)= Σ_{kh,kw,o in g: h = i·s−p+kh·d, w = j·s−p+kw·d} dy[n,i,j,o]·w[o,kh,kw,c]
+//   dw:  dw[o,kh,kw,c] (+)= Σ_{n,i,j} dy[n,i,j,o]·x[n, i·s−p+kh·d, j·s−p+kw·d, g·Cig+c]
+//
+// (x is 0 off the image; (+)= adds with acc). One thread an element of y
+// or dx, summing its terms in the order written (kh, kw, then c or o) in
+// f32; one warp an element of dw, lane l summing positions l, l+32, ... in
+// order and gpukit_warp_sum adding the lanes in a fixed butterfly. No
+// atomics, so every result is deterministic. Correct at every shape, not
+// tuned (libgpu/ops runs its GEMM paths where d = 1 and G = 1).
+
+struct conv_direct_args {
+  int n, h, w, cin, cout;
+  int kh, kw, ho, wo;
+  int stride, pad, dil, groups, acc;
+};
+static_assert(sizeof(conv_direct_args) == 56, "conv_direct_args layout: launch.ConvDirectArgs is generated from it (go generate ./libgpu/kernels/launch)");
+
+template <typename T>
+__device__ void conv_direct_fwd(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
+                                const T* __restrict__ bias, const conv_direct_args a) {
+  const int cig = a.cin / a.groups, cog = a.cout / a.groups;
+  const long long taps = (long long)a.kh * a.kw * cig;
+  const long long total = (long long)a.n * a.ho * a.wo * a.cout;
+  GPUKIT_GRID_STRIDE(i, total) {
+    long long j = (long long)i;
+    const int o = (int)(j % a.cout);
+    j /= a.cout;
+    const int ow = (int)(j % a.wo);
+    j /= a.wo;
+    const int oh = (int)(j % a.ho);
+    const long long img = j / a.ho;
+    const int c0 = (o / cog) * cig;
+    const T* wrow = w + (long long)o * taps;
+    float s = 0.0f;
+    for (int kh = 0; kh < a.kh; kh++) {
+      const int h = oh * a.stride - a.pad + kh * a.dil;
+      if (h < 0 || h >= a.h) continue;
+      for (int kw = 0; kw < a.kw; kw++) {
+        const int ww = ow * a.stride - a.pad + kw * a.dil;
+        if (ww < 0 || ww >= a.w) continue;
+        const T* xr = x + ((img * a.h + h) * a.w + ww) * a.cin + c0;
+        const T* wr = wrow + (long long)(kh * a.kw + kw) * cig;
+        for (int c = 0; c < cig; c++) s += gpukit_ld(xr + c) * gpukit_ld(wr + c);
+      }
+    }
+    if (bias) s += gpukit_ld(bias + o);
+    if (a.acc) s += gpukit_ld(y + i);
+    gpukit_st(y + i, s);
+  }
+}
+
+template <typename T>
+__device__ void conv_direct_dx(T* __restrict__ dx, const T* __restrict__ dy, const T* __restrict__ w,
+                               const conv_direct_args a) {
+  const int cig = a.cin / a.groups, cog = a.cout / a.groups;
+  const long long taps = (long long)a.kh * a.kw * cig;  // w's elements per output channel
+  const long long total = (long long)a.n * a.h * a.w * a.cin;
+  GPUKIT_GRID_STRIDE(i, total) {
+    long long j = (long long)i;
+    const int ci = (int)(j % a.cin);
+    j /= a.cin;
+    const int ww = (int)(j % a.w);
+    j /= a.w;
+    const int h = (int)(j % a.h);
+    const long long img = j / a.h;
+    const int g = ci / cig, c = ci - g * cig;
+    float s = 0.0f;
+    for (int kh = 0; kh < a.kh; kh++) {
+      const int th = h + a.pad - kh * a.dil;
+      if (th < 0 || th % a.stride != 0) continue;
+      const int oh = th / a.stride;
+      if (oh >= a.ho) continue;
+      for (int kw = 0; kw < a.kw; kw++) {
+        const int tw = ww + a.pad - kw * a.dil;
+        if (tw < 0 || tw % a.stride != 0) continue;
+        const int ow = tw / a.stride;
+        if (ow >= a.wo) continue;
+        const T* dyr = dy + ((img * a.ho + oh) * a.wo + ow) * a.cout + (long long)g * cog;
+        const T* wr = w + (long long)g * cog * taps + (long long)(kh * a.kw + kw) * cig + c;
+        for (int o = 0; o < cog; o++) s += gpukit_ld(dyr + o) * gpukit_ld(wr + o * taps);
+      }
+    }
+    if (a.acc) s += gpukit_ld(dx + i);
+    gpukit_st(dx + i, s);
+  }
+}
+
+// conv_direct_dw: warp e of the grid (grid-stride over the warps) owns dw
+// element e; blockDim.x must be a multiple of 32 (every lane of a warp
+// runs the same iterations, so the shuffles see the whole warp).
+template <typename T, typename G>
+__device__ void conv_direct_dw(G* __restrict__ dw, const T* __restrict__ dy, const T* __restrict__ x,
+                               const conv_direct_args a) {
+  const int cig = a.cin / a.groups, cog = a.cout / a.groups;
+  const long long total = (long long)a.cout * a.kh * a.kw * cig;
+  const long long P = (long long)a.n * a.ho * a.wo;
+  const int lane = threadIdx.x & 31;
+  const long long wpb = blockDim.x >> 5;
+  for (long long e = (long long)blockIdx.x * wpb + (threadIdx.x >> 5); e < total; e += (long long)gridDim.x * wpb) {
+    long long j = e;
+    const int c = (int)(j % cig);
+    j /= cig;
+    const int kw = (int)(j % a.kw);
+    j /= a.kw;
+    const int kh = (int)(j % a.kh);
+    const int o = (int)(j / a.kh);
+    const int ci = (o / cog) * cig + c;
+    float s = 0.0f;
+    for (long long p = lane; p < P; p += 32) {
+      long long q = p;
+      const int ow = (int)(q % a.wo);
+      q /= a.wo;
+      const int oh = (int)(q % a.ho);
+      const long long img = q / a.ho;
+      const int h = oh * a.stride - a.pad + kh * a.dil, ww = ow * a.stride - a.pad + kw * a.dil;
+      if (h < 0 || h >= a.h || ww < 0 || ww >= a.w) continue;
+      s += gpukit_ld(dy + p * a.cout + o) * gpukit_ld(x + ((img * a.h + h) * a.w + ww) * a.cin + ci);
+    }
+    s = gpukit_warp_sum(s);
+    if (lane == 0) {
+      if (a.acc) s += gpukit_ld(dw + e);
+      gpukit_st(dw + e, s);
+    }
+  }
+}
+
+// Instances: conv_im2col_<s|v>_<dt>, conv_col2im_<dt>, conv_direct_fwd_<dt>,
+// conv_direct_dx_<dt>; conv_direct_dw_<dt>_<dw dt> (dw f32 or x's dtype).
 #define CONV_INSTANCE(DT, T)                                                                        \
   extern "C" __global__ void conv_im2col_s_##DT(T* col, const T* x, const conv_args a) {            \
     conv_im2col<T, 1>(col, x, a);                                                                   \
@@ -286,7 +425,24 @@ extern "C" __global__ void conv_flip_w(gpukit_bf16* wf, const gpukit_bf16* w, in
   }                                                                                                 \
   extern "C" __global__ void conv_col2im_##DT(T* dx, const T* dcol, const conv_args a) {            \
     conv_col2im<T>(dx, dcol, a);                                                                    \
+  }                                                                                                 \
+  extern "C" __global__ void conv_direct_fwd_##DT(T* y, const T* x, const T* w, const T* bias,      \
+                                                  const conv_direct_args a) {                       \
+    conv_direct_fwd<T>(y, x, w, bias, a);                                                           \
+  }                                                                                                 \
+  extern "C" __global__ void conv_direct_dx_##DT(T* dx, const T* dy, const T* w,                    \
+                                                 const conv_direct_args a) {                        \
+    conv_direct_dx<T>(dx, dy, w, a);                                                                \
+  }
+
+#define CONV_DIRECT_DW_INSTANCE(DT, T, GDT, G)                                                      \
+  extern "C" __global__ void conv_direct_dw_##DT##_##GDT(G* dw, const T* dy, const T* x,            \
+                                                         const conv_direct_args a) {                \
+    conv_direct_dw<T, G>(dw, dy, x, a);                                                             \
   }
 
 CONV_INSTANCE(f32, float)
 CONV_INSTANCE(bf16, gpukit_bf16)
+CONV_DIRECT_DW_INSTANCE(f32, float, f32, float)
+CONV_DIRECT_DW_INSTANCE(bf16, gpukit_bf16, bf16, gpukit_bf16)
+CONV_DIRECT_DW_INSTANCE(bf16, gpukit_bf16, f32, float)

@@ -27,6 +27,27 @@ type ConvArgs struct {
 // The Go layout is the C one: a difference does not compile.
 var _ [48]byte = [unsafe.Sizeof(ConvArgs{})]byte{}
 
+// ConvDirectArgs is struct conv_direct_args of conv2d.cu (56 bytes, alignment 4).
+type ConvDirectArgs struct {
+	N      int32 // int
+	H      int32 // int
+	W      int32 // int
+	Cin    int32 // int
+	Cout   int32 // int
+	Kh     int32 // int
+	Kw     int32 // int
+	Ho     int32 // int
+	Wo     int32 // int
+	Stride int32 // int
+	Pad    int32 // int
+	Dil    int32 // int
+	Groups int32 // int
+	Acc    int32 // int
+}
+
+// The Go layout is the C one: a difference does not compile.
+var _ [56]byte = [unsafe.Sizeof(ConvDirectArgs{})]byte{}
+
 // ConvIgemmArgs is struct conv_igemm_args of conv2d.cu (120 bytes, alignment 8).
 type ConvIgemmArgs struct {
 	X        cuda.DevicePtr // gpukit_bf16*
@@ -154,4 +175,81 @@ func ConvCol2imKernel(inst string) (Kernel, error) {
 		return Kernel{File: "conv2d.cu", Name: "conv_col2im_bf16"}, nil
 	}
 	return Kernel{}, errNoInstance("conv2d.cu", "conv_col2im_", inst)
+}
+
+// ConvDirectFwd launches conv_direct_fwd_<inst> of conv2d.cu, inst one of "f32", "bf16":
+//
+//	conv_direct_fwd_f32(float* y, const float* x, const float* w, const float* bias, const conv_direct_args a)
+func ConvDirectFwd(l Launcher, inst string, grid, block [3]uint32, smem uint32, y, x, w, bias cuda.DevicePtr, a *ConvDirectArgs) error {
+	kn, kerr := ConvDirectFwdKernel(inst)
+	if kerr != nil {
+		return kerr
+	}
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&y), unsafe.Pointer(&x), unsafe.Pointer(&w), unsafe.Pointer(&bias), unsafe.Pointer(a))
+}
+
+// ConvDirectFwdKernel is instance inst of conv_direct_fwd_<inst> (ConvDirectFwd), for Prefetch.
+func ConvDirectFwdKernel(inst string) (Kernel, error) {
+	switch inst {
+	case "f32":
+		return Kernel{File: "conv2d.cu", Name: "conv_direct_fwd_f32"}, nil
+	case "bf16":
+		return Kernel{File: "conv2d.cu", Name: "conv_direct_fwd_bf16"}, nil
+	}
+	return Kernel{}, errNoInstance("conv2d.cu", "conv_direct_fwd_", inst)
+}
+
+// ConvDirectDx launches conv_direct_dx_<inst> of conv2d.cu, inst one of "f32", "bf16":
+//
+//	conv_direct_dx_f32(float* dx, const float* dy, const float* w, const conv_direct_args a)
+func ConvDirectDx(l Launcher, inst string, grid, block [3]uint32, smem uint32, dx, dy, w cuda.DevicePtr, a *ConvDirectArgs) error {
+	kn, kerr := ConvDirectDxKernel(inst)
+	if kerr != nil {
+		return kerr
+	}
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&dx), unsafe.Pointer(&dy), unsafe.Pointer(&w), unsafe.Pointer(a))
+}
+
+// ConvDirectDxKernel is instance inst of conv_direct_dx_<inst> (ConvDirectDx), for Prefetch.
+func ConvDirectDxKernel(inst string) (Kernel, error) {
+	switch inst {
+	case "f32":
+		return Kernel{File: "conv2d.cu", Name: "conv_direct_dx_f32"}, nil
+	case "bf16":
+		return Kernel{File: "conv2d.cu", Name: "conv_direct_dx_bf16"}, nil
+	}
+	return Kernel{}, errNoInstance("conv2d.cu", "conv_direct_dx_", inst)
+}
+
+// ConvDirectDw launches conv_direct_dw_<inst> of conv2d.cu, inst one of "f32_f32", "bf16_bf16", "bf16_f32":
+//
+//	conv_direct_dw_f32_f32(float* dw, const float* dy, const float* x, const conv_direct_args a)
+func ConvDirectDw(l Launcher, inst string, grid, block [3]uint32, smem uint32, dw, dy, x cuda.DevicePtr, a *ConvDirectArgs) error {
+	kn, kerr := ConvDirectDwKernel(inst)
+	if kerr != nil {
+		return kerr
+	}
+	if a == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(&dw), unsafe.Pointer(&dy), unsafe.Pointer(&x), unsafe.Pointer(a))
+}
+
+// ConvDirectDwKernel is instance inst of conv_direct_dw_<inst> (ConvDirectDw), for Prefetch.
+func ConvDirectDwKernel(inst string) (Kernel, error) {
+	switch inst {
+	case "f32_f32":
+		return Kernel{File: "conv2d.cu", Name: "conv_direct_dw_f32_f32"}, nil
+	case "bf16_bf16":
+		return Kernel{File: "conv2d.cu", Name: "conv_direct_dw_bf16_bf16"}, nil
+	case "bf16_f32":
+		return Kernel{File: "conv2d.cu", Name: "conv_direct_dw_bf16_f32"}, nil
+	}
+	return Kernel{}, errNoInstance("conv2d.cu", "conv_direct_dw_", inst)
 }
