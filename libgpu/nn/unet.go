@@ -360,7 +360,9 @@ func (m *UNet) NumParams() int {
 func (m *UNet) Free() error { return m.owned.free() }
 
 // OIHWToKRSC reorders a conv weight from PyTorch's [Cout, Cin, KH, KW]
-// (shape) to [Cout, KH, KW, Cin].
+// (shape) to [Cout, KH, KW, Cin]. A grouped convolution's weight is the
+// same permutation of [Cout, Cin/G, KH, KW] (shape[1] = Cin/G) to
+// ops.Conv2D's [Cout, KH, KW, Cin/G].
 func OIHWToKRSC(v []float32, shape []int) []float32 {
 	o, ci, kh, kw := shape[0], shape[1], shape[2], shape[3]
 	out := make([]float32, len(v))
@@ -513,7 +515,7 @@ func (m *UNet) Forward(g *ops.Graph, w []Param, x, t, y *ops.Var) *ops.Var {
 		return g.Linear(h, p(name+".weight"), p(name+".bias"), ops.ActNone)
 	}
 	conv := func(g *ops.Graph, name string, h *ops.Var, k int) *ops.Var {
-		return g.Conv2D(h, p(name+".weight"), p(name+".bias"), 1, k/2)
+		return g.Conv2D(h, p(name+".weight"), p(name+".bias"), ops.Conv2DParams{Stride: 1, Pad: k / 2})
 	}
 	norm := func(g *ops.Graph, name string, h *ops.Var, silu bool) *ops.Var {
 		return g.GroupNorm(h, p(name+".weight"), p(name+".bias"), G, unetEps, silu)
@@ -523,7 +525,7 @@ func (m *UNet) Forward(g *ops.Graph, w []Param, x, t, y *ops.Var) *ops.Var {
 	// separate ops in a training graph.
 	normConv := func(g *ops.Graph, normName, convName string, h *ops.Var, k int, dropout float32, nbias, res *ops.Var) *ops.Var {
 		gn := &ops.ConvGN{W: p(normName + ".weight"), B: p(normName + ".bias"), Groups: G, Eps: unetEps, SiLU: true, Dropout: dropout}
-		return g.ConvBlock(h, gn, p(convName+".weight"), p(convName+".bias"), nbias, res, 1, k/2)
+		return g.ConvBlock(h, gn, p(convName+".weight"), p(convName+".bias"), nbias, res, ops.Conv2DParams{Stride: 1, Pad: k / 2})
 	}
 	// Embedding of t and y; SiLU(e) feeds every residual block.
 	C0 := c.Channels[0]
@@ -552,7 +554,7 @@ func (m *UNet) Forward(g *ops.Graph, w []Param, x, t, y *ops.Var) *ops.Var {
 		return s.Add(h, a)
 	}
 	L := len(c.Channels)
-	h := g.Scope("conv_in").Conv2D(x, p("conv_in.weight"), p("conv_in.bias"), 1, 1)
+	h := g.Scope("conv_in").Conv2D(x, p("conv_in.weight"), p("conv_in.bias"), ops.Conv2DParams{Stride: 1, Pad: 1})
 	skips := make([]*ops.Var, L)
 	for l := 0; l < L; l++ {
 		name := "down." + strconv.Itoa(l)

@@ -1,18 +1,18 @@
 package ops
 
 // The conv2d family: 2-D convolution over channels-last (NHWC) images with
-// padding and stride, forward and backward, as im2col + the GEMM family
-// (libgpu/kernels/conv2d.cu gathers the columns and scatters their
-// gradient back), and Graph.Conv2D. Reference and checks:
+// padding, stride, dilation and groups, forward and backward, as im2col +
+// the GEMM family (libgpu/kernels/conv2d.cu gathers the columns and
+// scatters their gradient back), and Graph.Conv2D. Reference and checks:
 // opstest/conv2d.go.
 //
 // Layouts: images x [N, H, W, Cin] and y [N, Ho, Wo, Cout] contiguous;
-// filters w [Cout, KH, KW, Cin] ("KRSC", the filter layout of
-// channels-last convolution: the im2col column of output position p is
+// filters w [Cout, KH, KW, Cin/G] for G groups ("KRSC", the filter layout
+// of channels-last convolution: the im2col column of output position p is
 // (kh, kw, ci) with ci fastest, so both the gather and the GEMM read rows
-// contiguous in ci). PyTorch stores Conv2d weights as [Cout, Cin, KH, KW];
-// nn.OIHW and nn.KRSC convert between the two when checkpoints are written
-// and read.
+// contiguous in ci). PyTorch stores Conv2d weights as [Cout, Cin/G, KH,
+// KW]; nn.OIHWToKRSC and nn.KRSCToOIHW convert between the two when
+// checkpoints are written and read (the same permutation at any G).
 
 import (
 	"fmt"
@@ -26,11 +26,26 @@ import (
 	"gpukit/libgpu/tensor"
 )
 
-// Conv2DParams are a convolution's stride and zero padding (the same on
-// both spatial axes, PyTorch's nn.Conv2d(stride=s, padding=p)).
+// Conv2DParams are a convolution's stride, zero padding, dilation and
+// groups, the same on both spatial axes: PyTorch's nn.Conv2d(stride=s,
+// padding=p, dilation=d, groups=G). The zero value of Dilation and of
+// Groups means 1, so Conv2DParams{Stride: s, Pad: p} is the convolution
+// it always was (no dilation, one group).
 type Conv2DParams struct {
 	Stride, Pad int
+	// Dilation d ≥ 0 (0 means 1) spaces the kernel's taps d apart: tap
+	// (kh, kw) of output (i, j) reads x at (i·s − p + kh·d, j·s − p + kw·d).
+	Dilation int
+	// Groups G ≥ 0 (0 means 1) splits the input and the output channels
+	// into G equal groups: output channel o (group o/(Cout/G)) sees only
+	// its group's Cin/G input channels, and w is [Cout, KH, KW, Cin/G].
+	// G = Cin = Cout is a depthwise convolution.
+	Groups int
 }
+
+// dilation and groups are p's Dilation and Groups with 0 read as 1.
+func (p Conv2DParams) dilation() int { return max(p.Dilation, 1) }
+func (p Conv2DParams) groups() int   { return max(p.Groups, 1) }
 
 // convShape is a validated convolution's geometry.
 type convShape struct {
@@ -38,14 +53,17 @@ type convShape struct {
 	cout, kh, kw      int
 	ho, wo            int
 	stride, pad       int
-	pointwise         bool // 1×1, stride 1, no padding: a plain GEMM
-	k                 int  // KH·KW·Cin, the GEMM's inner dimension
-	outPerImg, colImg int  // Ho·Wo; Ho·Wo·K (elements of one image's columns)
+	dil, groups       int  // ≥ 1
+	cing, coutg       int  // Cin/G, Cout/G: the channels of one group
+	direct            bool // dilation or groups > 1: CUDA runs the direct kernels (convDirect)
+	pointwise         bool // 1×1, stride 1, no padding: a plain GEMM (one a group)
+	k                 int  // KH·KW·Cin/G, the GEMM's inner dimension (one group's)
+	outPerImg, colImg int  // Ho·Wo; Ho·Wo·K (elements of one image's columns, one group's)
 }
 
 // gemmViews are o (y or dy, [N,Ho,Wo,Cout]) and wt (w or dw,
 // [Cout,KH,KW,Cin]) as the matrices the GEMM formulation takes:
-// [N·Ho·Wo, Cout] and [Cout, K].
+// [N·Ho·Wo, Cout] and [Cout, K] (one group: the CUDA GEMM paths).
 func (s *convShape) gemmViews(o, wt *tensor.Tensor) (o2, wt2 *tensor.Tensor, err error) {
 	if o2, err = o.View(s.n*s.outPerImg, s.cout); err != nil {
 		return nil, nil, err
@@ -56,7 +74,7 @@ func (s *convShape) gemmViews(o, wt *tensor.Tensor) (o2, wt2 *tensor.Tensor, err
 
 // ConvOutSize is the output length of a convolution along one axis:
 // ⌊(in + 2·pad − k)/stride⌋ + 1 (0 when the padded input is shorter
-// than the kernel).
+// than the kernel). ConvOutSizeDilated gives it for a dilated kernel.
 func ConvOutSize(in, k, stride, pad int) int {
 	if in+2*pad < k || stride < 1 {
 		return 0
@@ -64,64 +82,100 @@ func ConvOutSize(in, k, stride, pad int) int {
 	return (in+2*pad-k)/stride + 1
 }
 
+// ConvOutSizeDilated is the output length of a convolution with dilation
+// dil along one axis, PyTorch's nn.Conv2d formula:
+// ⌊(in + 2·pad − dil·(k−1) − 1)/stride⌋ + 1, 0 when the padded input is
+// shorter than the dilated kernel's extent dil·(k−1)+1 (or stride or dil
+// is below 1). At dil = 1 it is ConvOutSize.
+func ConvOutSizeDilated(in, k, stride, pad, dil int) int {
+	if dil < 1 {
+		return 0
+	}
+	return ConvOutSize(in, dil*(k-1)+1, stride, pad)
+}
+
 func (e *Engine) convGeometry(op string, x, w *tensor.Tensor, p Conv2DParams) (convShape, error) {
-	var s convShape
 	if err := e.checkView(op+" x", x, true, floatTypes); err != nil {
-		return s, err
+		return convShape{}, err
 	}
 	if err := e.checkView(op+" w", w, true, []tensor.DType{x.DType}); err != nil {
-		return s, err
+		return convShape{}, err
 	}
-	if x.Rank() != 4 || w.Rank() != 4 {
-		return s, fmt.Errorf("%w: %s x %v, w %v (want [N,H,W,Cin] and [Cout,KH,KW,Cin])", tensor.ErrShape, op, x.Shape, w.Shape)
+	return convShapeOf(op, x.Shape, w.Shape, p)
+}
+
+// convShapeOf validates a convolution of x (shape xs) by w (shape ws)
+// with p, before any work (Graph.Conv2D checks at recording what the
+// engine checks at run time).
+func convShapeOf(op string, xs, ws []int, p Conv2DParams) (convShape, error) {
+	var s convShape
+	if len(xs) != 4 || len(ws) != 4 {
+		return s, fmt.Errorf("%w: %s x %v, w %v (want [N,H,W,Cin] and [Cout,KH,KW,Cin/G])", tensor.ErrShape, op, xs, ws)
 	}
 	if p.Stride < 1 || p.Pad < 0 {
 		return s, fmt.Errorf("%w: %s stride %d, padding %d", ErrConfig, op, p.Stride, p.Pad)
 	}
-	s = convShape{n: x.Dim(0), h: x.Dim(1), w: x.Dim(2), cin: x.Dim(3), cout: w.Dim(0), kh: w.Dim(1), kw: w.Dim(2),
-		stride: p.Stride, pad: p.Pad}
-	if w.Dim(3) != s.cin {
-		return s, fmt.Errorf("%w: %s w %v for %d input channels", tensor.ErrShape, op, w.Shape, s.cin)
+	if p.Dilation < 0 || p.Groups < 0 {
+		return s, fmt.Errorf("%w: %s dilation %d, groups %d (want ≥ 0; 0 means 1)", ErrConfig, op, p.Dilation, p.Groups)
 	}
+	s = convShape{n: xs[0], h: xs[1], w: xs[2], cin: xs[3], cout: ws[0], kh: ws[1], kw: ws[2],
+		stride: p.Stride, pad: p.Pad, dil: p.dilation(), groups: p.groups()}
 	if s.cin < 1 || s.cout < 1 || s.kh < 1 || s.kw < 1 {
-		return s, fmt.Errorf("%w: %s x %v, w %v", tensor.ErrShape, op, x.Shape, w.Shape)
+		return s, fmt.Errorf("%w: %s x %v, w %v", tensor.ErrShape, op, xs, ws)
 	}
-	if p.Pad >= s.kh || p.Pad >= s.kw {
-		return s, fmt.Errorf("%w: %s padding %d with a %d×%d kernel (want pad < kernel)", ErrConfig, op, p.Pad, s.kh, s.kw)
+	if s.cin%s.groups != 0 || s.cout%s.groups != 0 {
+		return s, fmt.Errorf("%w: %s of %d input and %d output channels in %d groups (want a divisor of both)", ErrConfig, op, s.cin, s.cout, s.groups)
 	}
-	s.ho, s.wo = ConvOutSize(s.h, s.kh, s.stride, s.pad), ConvOutSize(s.w, s.kw, s.stride, s.pad)
+	s.cing, s.coutg = s.cin/s.groups, s.cout/s.groups
+	if ws[3] != s.cing {
+		return s, fmt.Errorf("%w: %s w %v for %d input channels in %d groups (want w [Cout,KH,KW,%d])", tensor.ErrShape, op, ws, s.cin, s.groups, s.cing)
+	}
+	if eh, ew := s.dil*(s.kh-1)+1, s.dil*(s.kw-1)+1; p.Pad >= eh || p.Pad >= ew {
+		return s, fmt.Errorf("%w: %s padding %d with a %d×%d kernel at dilation %d (want pad < the dilated kernel's %d×%d)",
+			ErrConfig, op, p.Pad, s.kh, s.kw, s.dil, eh, ew)
+	}
+	s.ho, s.wo = ConvOutSizeDilated(s.h, s.kh, s.stride, s.pad, s.dil), ConvOutSizeDilated(s.w, s.kw, s.stride, s.pad, s.dil)
 	if s.ho < 1 || s.wo < 1 {
-		return s, fmt.Errorf("%w: %s of a %d×%d image with a %d×%d kernel, padding %d", tensor.ErrShape, op, s.h, s.w, s.kh, s.kw, s.pad)
+		return s, fmt.Errorf("%w: %s of a %d×%d image with a %d×%d kernel, padding %d, dilation %d", tensor.ErrShape, op, s.h, s.w, s.kh, s.kw, s.pad, s.dil)
 	}
+	s.direct = s.dil > 1 || s.groups > 1
 	s.pointwise = s.kh == 1 && s.kw == 1 && s.stride == 1 && s.pad == 0
-	s.k = s.kh * s.kw * s.cin
+	s.k = s.kh * s.kw * s.cing
 	s.outPerImg = s.ho * s.wo
 	s.colImg = s.outPerImg * s.k
 	if int64(s.n)*int64(s.h)*int64(s.w)*int64(max(s.cin, s.cout)) > 1<<31-1 || int64(s.colImg) > 1<<31-1 {
-		return s, fmt.Errorf("%w: %s too large for 32-bit indexing (x %v, w %v)", tensor.ErrShape, op, x.Shape, w.Shape)
+		return s, fmt.Errorf("%w: %s too large for 32-bit indexing (x %v, w %v)", tensor.ErrShape, op, xs, ws)
 	}
 	return s, nil
 }
 
 // Conv2D computes the 2-D cross-correlation of PyTorch's nn.Conv2d with
-// channels-last tensors:
+// channels-last tensors, for stride s, padding p, dilation d and G groups
+// (Conv2DParams):
 //
-//	y[n,i,j,o] = b[o] + Σ_{kh,kw,c} x[n, i·s−p+kh, j·s−p+kw, c]·w[o,kh,kw,c]
+//	y[n,i,j,o] = b[o] + Σ_{kh,kw,c<Cin/G} x[n, i·s−p+kh·d, j·s−p+kw·d, g·Cin/G + c]·w[o,kh,kw,c],  g = ⌊o/(Cout/G)⌋
 //
-// (x taken as 0 outside the image), for x [N,H,W,Cin], w [Cout,KH,KW,Cin]
-// and y [N,Ho,Wo,Cout] with Ho = ConvOutSize(H, KH, s, p), all contiguous
-// and of one dtype (f32 or bf16); b [Cout] of that dtype, or nil. Padding
-// must be smaller than the kernel. Products accumulate in f32 (TF32 under
-// PrecTF32 for f32 data, as the GEMM family). A 1×1 kernel with stride 1
-// and no padding is one GEMM; on CUDA, bf16 convolutions with Cin a
-// multiple of 32 run as an implicit GEMM on tensor cores (the columns are
-// gathered into shared memory tile by tile, never stored) on mma.sync
-// (conv_igemm_fwd; conv2d_wg.cu's wgmma kernels are selectable, see
-// convPath); other kernels gather the columns (im2col, K =
-// KH·KW·Cin per output position) into scratch memory a few images at a
-// time and multiply them by wᵀ with the bias fused. Errors
-// wrap tensor.ErrShape, tensor.ErrDType, tensor.ErrLayout, exec.ErrDevice or
-// ErrConfig.
+// (x taken as 0 outside the image), for x [N,H,W,Cin], w
+// [Cout,KH,KW,Cin/G] and y [N,Ho,Wo,Cout] with Ho =
+// ConvOutSizeDilated(H, KH, s, p, d), all contiguous and of one dtype (f32
+// or bf16); b [Cout] of that dtype, or nil. G must divide Cin and Cout;
+// padding must be smaller than the dilated kernel, d·(KH−1)+1 (and
+// d·(KW−1)+1). Products accumulate in f32 (TF32 under PrecTF32 for f32
+// data, as the GEMM family). A 1×1 kernel with stride 1 and no padding is
+// one GEMM (a group); on CUDA, bf16 convolutions with Cin a multiple of 32
+// run as an implicit GEMM on tensor cores (the columns are gathered into
+// shared memory tile by tile, never stored) on mma.sync (conv_igemm_fwd;
+// conv2d_wg.cu's wgmma kernels are selectable, see convPath); other
+// kernels gather the columns (im2col, K = KH·KW·Cin per output position)
+// into scratch memory a few images at a time and multiply them by wᵀ with
+// the bias fused. Those fast paths are for d = 1, G = 1 only: on CUDA a
+// dilated or grouped convolution runs conv2d.cu's direct kernels
+// (convDirectFwd: a correct general path, not tuned), on the host one
+// im2col GEMM a group. Errors wrap tensor.ErrShape, tensor.ErrDType,
+// tensor.ErrLayout, exec.ErrDevice or ErrConfig (a stride below 1, a
+// negative padding, dilation or groups, groups not dividing Cin and Cout,
+// padding not below the dilated kernel; w's last dimension not Cin/G is
+// tensor.ErrShape).
 func (e *Engine) Conv2D(y, x, w, b *tensor.Tensor, p Conv2DParams) error {
 	s, err := e.convGeometry("conv2d", x, w, p)
 	if err != nil {
@@ -143,10 +197,10 @@ func (e *Engine) Conv2D(y, x, w, b *tensor.Tensor, p Conv2DParams) error {
 }
 
 // Conv2DBackward computes the gradients of Conv2D from dy [N,Ho,Wo,Cout]
-// (of x's dtype):
+// (of x's dtype), with g = ⌊o/(Cout/G)⌋ the group of output channel o:
 //
-//	dx[n,h,w,c] = Σ_{o,kh,kw: h = i·s−p+kh, w = j·s−p+kw} dy[n,i,j,o]·w[o,kh,kw,c]
-//	dw[o,kh,kw,c] = Σ_{n,i,j} dy[n,i,j,o]·x[n, i·s−p+kh, j·s−p+kw, c]
+//	dx[n,h,w,g·Cin/G+c] = Σ_{o in group g, kh,kw: h = i·s−p+kh·d, w = j·s−p+kw·d} dy[n,i,j,o]·w[o,kh,kw,c]
+//	dw[o,kh,kw,c] = Σ_{n,i,j} dy[n,i,j,o]·x[n, i·s−p+kh·d, j·s−p+kw·d, g·Cin/G + c]
 //	db[o] = Σ_{n,i,j} dy[n,i,j,o]
 //
 // dx of x's shape and dtype; dw of w's shape, f32 or x's dtype; db [Cout],
@@ -157,8 +211,11 @@ func (e *Engine) Conv2D(y, x, w, b *tensor.Tensor, p Conv2DParams) error {
 // is f32); dx is the GEMM dy·w into column gradients, which a gather
 // (col2im: each dx element sums its ≤ KH·KW terms in a fixed order, no
 // atomics) folds back into the image — or, on CUDA in bf16 at stride 1, the
-// forward's implicit GEMM on dy with the filters flipped. Errors as
-// Conv2D.
+// forward's implicit GEMM on dy with the filters flipped. On the host a
+// grouped convolution runs these GEMMs a group at a time; on CUDA a
+// dilated or grouped one runs conv2d.cu's direct kernels
+// (convDirectBackward), every element summing its terms in a fixed order.
+// Errors as Conv2D.
 func (e *Engine) Conv2DBackward(dx, dw, db, dy, x, w *tensor.Tensor, p Conv2DParams, acc [3]bool) error {
 	s, err := e.convGeometry("conv2d backward", x, w, p)
 	if err != nil {
@@ -238,24 +295,26 @@ func convChunk(s *convShape, elt int) int {
 // ---- host ----
 
 // hostIm2col writes the columns of images [n0, n0+nc) of x (row-major f32
-// [N,H,W,C]) into col [nc·Ho·Wo, K], K ordered (kh, kw, c).
-func hostIm2col(col, x []float32, s *convShape, n0, nc int) {
-	C := s.cin
+// [N,H,W,Cin]) for the group whose input channels start at c0 into col
+// [nc·Ho·Wo, K], K = KH·KW·Cin/G ordered (kh, kw, c): the taps of output
+// (oh, ow) read rows oh·s − p + kh·d, columns ow·s − p + kw·d.
+func hostIm2col(col, x []float32, s *convShape, n0, nc, c0 int) {
+	C := s.cing
 	i := 0
 	for n := n0; n < n0+nc; n++ {
 		for oh := 0; oh < s.ho; oh++ {
 			for ow := 0; ow < s.wo; ow++ {
 				for kh := 0; kh < s.kh; kh++ {
-					h := oh*s.stride - s.pad + kh
+					h := oh*s.stride - s.pad + kh*s.dil
 					for kw := 0; kw < s.kw; kw++ {
-						w := ow*s.stride - s.pad + kw
+						w := ow*s.stride - s.pad + kw*s.dil
 						dst := col[i : i+C]
 						i += C
 						if h < 0 || h >= s.h || w < 0 || w >= s.w {
 							clear(dst)
 							continue
 						}
-						copy(dst, x[((n*s.h+h)*s.w+w)*C:])
+						copy(dst, x[((n*s.h+h)*s.w+w)*s.cin+c0:])
 					}
 				}
 			}
@@ -263,24 +322,25 @@ func hostIm2col(col, x []float32, s *convShape, n0, nc int) {
 	}
 }
 
-// hostCol2im adds the column gradients dcol of images [n0, n0+nc) into dx
-// (row-major f32 [N,H,W,C], already holding what it must be added to).
-func hostCol2im(dx, dcol []float32, s *convShape, n0, nc int) {
-	C := s.cin
+// hostCol2im adds the column gradients dcol of images [n0, n0+nc) of the
+// group whose input channels start at c0 (hostIm2col's layout) into dx
+// (row-major f32 [N,H,W,Cin], already holding what it must be added to).
+func hostCol2im(dx, dcol []float32, s *convShape, n0, nc, c0 int) {
+	C := s.cing
 	i := 0
 	for n := n0; n < n0+nc; n++ {
 		for oh := 0; oh < s.ho; oh++ {
 			for ow := 0; ow < s.wo; ow++ {
 				for kh := 0; kh < s.kh; kh++ {
-					h := oh*s.stride - s.pad + kh
+					h := oh*s.stride - s.pad + kh*s.dil
 					for kw := 0; kw < s.kw; kw++ {
-						w := ow*s.stride - s.pad + kw
+						w := ow*s.stride - s.pad + kw*s.dil
 						src := dcol[i : i+C]
 						i += C
 						if h < 0 || h >= s.h || w < 0 || w >= s.w {
 							continue
 						}
-						dst := dx[((n*s.h+h)*s.w+w)*C:]
+						dst := dx[((n*s.h+h)*s.w+w)*s.cin+c0:]
 						for c, v := range src {
 							dst[c] += v
 						}
@@ -290,6 +350,13 @@ func hostCol2im(dx, dcol []float32, s *convShape, n0, nc int) {
 		}
 	}
 }
+
+// The host runs a convolution of G groups as G GEMMs over each chunk of
+// images: group g's columns are the (kh, kw, c ∈ group g) gather ([rows,
+// K], K = KH·KW·Cin/G; a pointwise convolution reads x's group-g columns
+// in place, leading dimension Cin), its filters rows g·Cout/G.. of w
+// viewed [Cout, K], its outputs y's columns g·Cout/G.. (leading dimension
+// Cout). At G = 1 that is one GEMM of the whole convolution.
 
 func (h *hostImpl) conv2d(y, x, w, b *tensor.Tensor, s *convShape) error {
 	ins, err := hostIns(x, w, b)
@@ -309,13 +376,15 @@ func (h *hostImpl) conv2d(y, x, w, b *tensor.Tensor, s *convShape) error {
 	for n0 := 0; n0 < s.n; n0 += nc {
 		m := min(nc, s.n-n0)
 		rows := m * s.outPerImg
-		a := xs[n0*s.outPerImg*s.cin:]
-		if !s.pointwise {
-			hostIm2col(col, xs, s, n0, m)
-			a = col
-		}
 		out := ys[n0*s.outPerImg*s.cout : (n0+m)*s.outPerImg*s.cout]
-		h.blas.Sgemm(blas.NoTrans, blas.Trans, rows, s.cout, s.k, 1, a, s.k, ws, s.k, 0, out, s.cout)
+		for g := 0; g < s.groups; g++ {
+			a, lda := xs[n0*s.outPerImg*s.cin+g*s.cing:], s.cin
+			if !s.pointwise {
+				hostIm2col(col, xs, s, n0, m, g*s.cing)
+				a, lda = col, s.k
+			}
+			h.blas.Sgemm(blas.NoTrans, blas.Trans, rows, s.coutg, s.k, 1, a, lda, ws[g*s.coutg*s.k:], s.k, 0, out[g*s.coutg:], s.cout)
+		}
 		if bs != nil {
 			for r := 0; r < rows; r++ {
 				row := out[r*s.cout : (r+1)*s.cout]
@@ -349,17 +418,20 @@ func (h *hostImpl) conv2dBackward(dx, dw, dy, x, w *tensor.Tensor, s *convShape,
 		}
 		for n0 := 0; n0 < s.n; n0 += nc {
 			m := min(nc, s.n-n0)
-			a := xs[n0*s.outPerImg*s.cin:]
-			if !s.pointwise {
-				hostIm2col(col, xs, s, n0, m)
-				a = col
-			}
 			beta := float32(1)
 			if n0 == 0 {
 				beta = 0
 			}
-			// dw[Cout, K] (+)= dyᵀ[Cout, rows]·col[rows, K]
-			h.blas.Sgemm(blas.Trans, blas.NoTrans, s.cout, s.k, m*s.outPerImg, 1, gs[n0*s.outPerImg*s.cout:], s.cout, a, s.k, beta, dws, s.k)
+			for g := 0; g < s.groups; g++ {
+				a, lda := xs[n0*s.outPerImg*s.cin+g*s.cing:], s.cin
+				if !s.pointwise {
+					hostIm2col(col, xs, s, n0, m, g*s.cing)
+					a, lda = col, s.k
+				}
+				// dw_g[Cout/G, K] (+)= dy_gᵀ[Cout/G, rows]·col_g[rows, K]
+				h.blas.Sgemm(blas.Trans, blas.NoTrans, s.coutg, s.k, m*s.outPerImg, 1, gs[n0*s.outPerImg*s.cout+g*s.coutg:], s.cout,
+					a, lda, beta, dws[g*s.coutg*s.k:], s.k)
+			}
 		}
 		if err := commit(); err != nil {
 			return err
@@ -377,8 +449,11 @@ func (h *hostImpl) conv2dBackward(dx, dw, dy, x, w *tensor.Tensor, s *convShape,
 		return err
 	}
 	if s.pointwise {
-		// dx[rows, Cin] = dy[rows, Cout]·w[Cout, Cin]
-		h.blas.Sgemm(blas.NoTrans, blas.NoTrans, s.n*s.outPerImg, s.cin, s.cout, 1, gs, s.cout, ws, s.cin, 0, dxs, s.cin)
+		// dx_g[rows, Cin/G] = dy_g[rows, Cout/G]·w_g[Cout/G, Cin/G]
+		for g := 0; g < s.groups; g++ {
+			h.blas.Sgemm(blas.NoTrans, blas.NoTrans, s.n*s.outPerImg, s.cing, s.coutg, 1, gs[g*s.coutg:], s.cout,
+				ws[g*s.coutg*s.cing:], s.cing, 0, dxs[g*s.cing:], s.cin)
+		}
 		return commit()
 	}
 	clear(dxs)
@@ -386,8 +461,11 @@ func (h *hostImpl) conv2dBackward(dx, dw, dy, x, w *tensor.Tensor, s *convShape,
 	dcol := make([]float32, nc*s.colImg)
 	for n0 := 0; n0 < s.n; n0 += nc {
 		m := min(nc, s.n-n0)
-		h.blas.Sgemm(blas.NoTrans, blas.NoTrans, m*s.outPerImg, s.k, s.cout, 1, gs[n0*s.outPerImg*s.cout:], s.cout, ws, s.k, 0, dcol, s.k)
-		hostCol2im(dxs, dcol, s, n0, m)
+		for g := 0; g < s.groups; g++ {
+			h.blas.Sgemm(blas.NoTrans, blas.NoTrans, m*s.outPerImg, s.k, s.coutg, 1, gs[n0*s.outPerImg*s.cout+g*s.coutg:], s.cout,
+				ws[g*s.coutg*s.k:], s.k, 0, dcol, s.k)
+			hostCol2im(dxs, dcol, s, n0, m, g*s.cing)
+		}
 	}
 	return commit()
 }
@@ -621,6 +699,9 @@ func (c *cudaImpl) convWgDW(e *Engine, dw, dy, x *tensor.Tensor, s *convShape, a
 }
 
 func (c *cudaImpl) conv2d(e *Engine, y, x, w, b *tensor.Tensor, s *convShape) error {
+	if s.direct {
+		return c.convDirectFwd(y, x, w, b, s)
+	}
 	path, err := c.convFwdPath(e, y, x, w, b, s)
 	if err != nil {
 		return err
@@ -680,6 +761,9 @@ func (c *cudaImpl) im2colChunks(e *Engine, x *tensor.Tensor, s *convShape, f fun
 }
 
 func (c *cudaImpl) conv2dBackward(e *Engine, dx, dw, dy, x, w *tensor.Tensor, s *convShape, acc [3]bool) error {
+	if s.direct {
+		return c.convDirectBackward(dx, dw, dy, x, w, s, acc)
+	}
 	if s.pointwise {
 		rowsAll := s.n * s.outPerImg
 		dy2, w2, err := s.gemmViews(dy, w)
@@ -855,28 +939,78 @@ func (c *cudaImpl) col2im(dx, dcol *tensor.Tensor, s *convShape, n0, nc int, acc
 	a := newConvArgs(s, n0, nc, acc)
 	n := int64(nc) * int64(s.h) * int64(s.w) * int64(s.cin)
 	return launch.ConvCol2im(c, dtName(dx.DType), gridFor(n, 256), block1(256), 0, devPtr(dx), devPtr(dcol), &a)
+}
 
+// The direct kernels (conv2d.cu's conv_direct_*) run every convolution
+// with a dilation or groups above 1 (convShape.direct) on CUDA: a correct
+// general path, not a tuned one — no tensor cores, no shared-memory
+// tiles; the fast paths above (implicit GEMM, im2col + cuBLASLt, the
+// pointwise GEMM, the flipped-filter input gradient, the tuned choice)
+// are for d = 1, G = 1. Every output element sums its terms in f32 in a
+// fixed order (deterministic, no atomics), so f32 data is computed in
+// full f32 whatever the engine's precision, and bf16 rounds once.
+
+// newConvDirectArgs is conv_direct_args for s.
+func newConvDirectArgs(s *convShape, acc bool) launch.ConvDirectArgs {
+	a := launch.ConvDirectArgs{N: int32(s.n), H: int32(s.h), W: int32(s.w), Cin: int32(s.cin), Cout: int32(s.cout),
+		Kh: int32(s.kh), Kw: int32(s.kw), Ho: int32(s.ho), Wo: int32(s.wo), Stride: int32(s.stride), Pad: int32(s.pad),
+		Dil: int32(s.dil), Groups: int32(s.groups)}
+	if acc {
+		a.Acc = 1
+	}
+	return a
+}
+
+// convDirectFwd launches conv_direct_fwd_<dt>: y = conv(x, w) + b, one
+// thread an output element summing (kh, kw, c) in order.
+func (c *cudaImpl) convDirectFwd(y, x, w, b *tensor.Tensor, s *convShape) error {
+	a := newConvDirectArgs(s, false)
+	n := int64(s.n) * int64(s.outPerImg) * int64(s.cout)
+	return launch.ConvDirectFwd(c, dtName(x.DType), gridFor(n, 256), block1(256), 0, devPtr(y), devPtr(x), devPtr(w), devPtr(b), &a)
+}
+
+// convDirectBackward writes (acc: adds) the input gradient with
+// conv_direct_dx_<dt> (one thread a dx element gathering the (kh, kw, o)
+// of its group whose taps land on it) and the weight gradient with
+// conv_direct_dw_<dt>_<dw dt> (one warp a dw element: each lane sums
+// every 32nd output position in order, then a fixed butterfly of
+// shuffles adds the lanes).
+func (c *cudaImpl) convDirectBackward(dx, dw, dy, x, w *tensor.Tensor, s *convShape, acc [3]bool) error {
+	if dw != nil {
+		a := newConvDirectArgs(s, acc[1])
+		n := int64(s.cout) * int64(s.k)
+		if err := launch.ConvDirectDw(c, dtName(x.DType)+"_"+dtName(dw.DType), gridFor(n, 256/32), block1(256), 0,
+			devPtr(dw), devPtr(dy), devPtr(x), &a); err != nil {
+			return err
+		}
+	}
+	if dx == nil {
+		return nil
+	}
+	a := newConvDirectArgs(s, acc[0])
+	n := int64(s.n) * int64(s.h) * int64(s.w) * int64(s.cin)
+	return launch.ConvDirectDx(c, dtName(dx.DType), gridFor(n, 256), block1(256), 0, devPtr(dx), devPtr(dy), devPtr(w), &a)
 }
 
 // ---- graph ----
 
-// Conv2D records y = conv2d(x, w) + b (Engine.Conv2D, PyTorch's
-// nn.Conv2d(Cin, Cout, (KH, KW), stride, padding) on channels-last
-// tensors): x [N,H,W,Cin], w [Cout,KH,KW,Cin] (an f32 master), b [Cout] or
-// nil; y [N,Ho,Wo,Cout] in the graph's activation dtype. Under bf16
-// autocast x, w and b are used through bf16 copies (Graph.Cast) whose
-// gradients land in the f32 masters.
-func (g *Graph) Conv2D(x, w, b *Var, stride, pad int) *Var {
+// Conv2D records y = conv2d(x, w) + b (Engine.Conv2D with p, PyTorch's
+// nn.Conv2d(Cin, Cout, (KH, KW), stride, padding, dilation, groups) on
+// channels-last tensors): x [N,H,W,Cin], w [Cout,KH,KW,Cin/G] (an f32
+// master), b [Cout] or nil; y [N,Ho,Wo,Cout] in the graph's activation
+// dtype. The geometry is checked as Engine.Conv2D checks it, at
+// recording. Under bf16 autocast x, w and b are used through bf16 copies
+// (Graph.Cast) whose gradients land in the f32 masters.
+func (g *Graph) Conv2D(x, w, b *Var, p Conv2DParams) *Var {
 	if !g.ok(x, w) {
 		return nil
 	}
 	g.prefetch("conv2d.cu")
-	xs, ws := x.Value.Shape, w.Value.Shape
-	if len(xs) != 4 || len(ws) != 4 || xs[3] != ws[3] || stride < 1 || pad < 0 {
-		g.Fail("conv2d", fmt.Errorf("%w: x %v, w %v, stride %d, padding %d", tensor.ErrShape, xs, ws, stride, pad))
+	s, err := convShapeOf("conv2d", x.Value.Shape, w.Value.Shape, p)
+	if err != nil {
+		g.Fail("conv2d", err)
 		return nil
 	}
-	ho, wo := ConvOutSize(xs[1], ws[1], stride, pad), ConvOutSize(xs[2], ws[2], stride, pad)
 	dt := g.ActDType()
 	x, w = g.Cast(x, dt), g.Cast(w, dt)
 	in := []*Var{x, w}
@@ -884,11 +1018,10 @@ func (g *Graph) Conv2D(x, w, b *Var, stride, pad int) *Var {
 		b = g.Cast(b, dt)
 		in = append(in, b)
 	}
-	y := g.NewOut("conv2d", dt, xs[0], ho, wo, ws[0])
+	y := g.NewOut("conv2d", dt, s.n, s.ho, s.wo, s.cout)
 	if !g.ok(y) {
 		return nil
 	}
-	p := Conv2DParams{Stride: stride, Pad: pad}
 	e := g.e
 	g.Record("conv2d", in, []*Var{y}, func(*Grads) error {
 		var bv *tensor.Tensor

@@ -32,18 +32,20 @@ type ConvFused struct {
 //
 //	y = Conv2D(m(x), w, b) + NBias[n] + Res,  m = SiLU∘GroupNorm (as f.Groups, f.SiLU) or the identity
 //
-// for Conv2D's tensors (f's as ConvFused says). The result is that of
-// GroupNorm, Conv2D, AddChannels and Add run one after another, but for
-// rounding: on CUDA in bf16, where the implicit GEMM takes the shape (Cin
-// a multiple of 32, Cout even, 16-byte aligned tensors; convFuseKernels),
-// one pass computes
+// for Conv2D's tensors and parameters (f's as ConvFused says; f.Groups are
+// the GroupNorm's groups, p.Groups the convolution's). The result is that
+// of GroupNorm, Conv2D, AddChannels and Add run one after another, but for
+// rounding: on CUDA in bf16, where the implicit GEMM takes the shape (no
+// dilation, one group, Cin a multiple of 32, Cout even, 16-byte aligned
+// tensors; convFuseKernels), one pass computes
 // the normalisation's per-sample scale and shift (gn_affine) and the
 // convolution applies them (and SiLU) to its input tiles as they arrive
 // and adds the terms in its epilogue (conv_igemm_args), so the normalised
 // input, the convolution's output before the additions and the sums are
 // never stored; the mapped input is rounded to bf16 as GroupNorm would
-// store it, the additions are made in f32 and rounded once. Elsewhere the
-// separate ops run on scratch memory. Forward only (no backward:
+// store it, the additions are made in f32 and rounded once. Elsewhere
+// (a dilated or grouped convolution among them) the separate ops run on
+// scratch memory. Forward only (no backward:
 // Graph.ConvBlock records the separate ops in a training graph). Errors as
 // Conv2D and GroupNorm.
 func (e *Engine) Conv2DFused(y, x, w, b *tensor.Tensor, p Conv2DParams, f ConvFused) error {
@@ -132,11 +134,13 @@ func (e *Engine) conv2dComposed(y, x, w, b *tensor.Tensor, p Conv2DParams, f Con
 var convFuseKernels = os.Getenv("GPUKIT_CONV_FUSE") == "1"
 
 // convFusedOK reports whether the implicit GEMM computes Conv2DFused for
-// these tensors: the fused kernels are on (convFuseKernels), the forward's
-// path is an implicit GEMM (igemmOK), Cout is even (the epilogue's pairs)
-// and the fused operands are 16-byte aligned.
+// these tensors: the fused kernels are on (convFuseKernels), no dilation
+// and one group (the fused kernel's only geometry), the forward's path is
+// an implicit GEMM (igemmOK), Cout is even (the epilogue's pairs) and the
+// fused operands are 16-byte aligned.
 func (c *cudaImpl) convFusedOK(x, w, y, b *tensor.Tensor, f ConvFused, s *convShape) bool {
-	return convFuseKernels && !s.pointwise && s.cout%2 == 0 && igemmOK(convPath, s.cin, s.cout, x, w, y, b, f.NBias, f.Res, f.NormW, f.NormB)
+	return convFuseKernels && !s.direct && !s.pointwise && s.cout%2 == 0 &&
+		igemmOK(convPath, s.cin, s.cout, x, w, y, b, f.NBias, f.Res, f.NormW, f.NormB)
 }
 
 // conv2dFused runs Conv2DFused on the implicit GEMM: gn_affine writes the
@@ -181,15 +185,17 @@ type ConvGN struct {
 	Dropout float32
 }
 
-// ConvBlock records y = Conv2D(m(x), w, b, stride, pad) + nbias[n] + res,
-// m the GroupNorm+SiLU(+dropout) gn (nil: the identity), nbias [N, Cout]
-// and res of y's shape (either nil: none). A forward-only graph
-// (GraphOptions.Eval) records one node, Engine.Conv2DFused, which on CUDA
-// maps the input inside the convolution's tile loads and adds the terms in
-// its epilogue; any other graph records the separate ops (GroupNorm,
-// Dropout, Conv2D, AddChannels, Add), whose gradients it has. Operands are cast to the graph's activation dtype as Conv2D
-// casts them (the norm's W and B stay f32).
-func (g *Graph) ConvBlock(x *Var, gn *ConvGN, w, b, nbias, res *Var, stride, pad int) *Var {
+// ConvBlock records y = Conv2D(m(x), w, b, p) + nbias[n] + res, m the
+// GroupNorm+SiLU(+dropout) gn (nil: the identity), nbias [N, Cout] and res
+// of y's shape (either nil: none); p as Graph.Conv2D takes it (dilation
+// and groups included). A forward-only graph (GraphOptions.Eval) records
+// one node, Engine.Conv2DFused, which on CUDA maps the input inside the
+// convolution's tile loads and adds the terms in its epilogue (for d = 1,
+// G = 1; otherwise it runs the separate ops); any other graph records the
+// separate ops (GroupNorm, Dropout, Conv2D, AddChannels, Add), whose
+// gradients it has. Operands are cast to the graph's activation dtype as
+// Conv2D casts them (the norm's W and B stay f32).
+func (g *Graph) ConvBlock(x *Var, gn *ConvGN, w, b, nbias, res *Var, p Conv2DParams) *Var {
 	if !g.ok(x, w) {
 		return nil
 	}
@@ -198,7 +204,7 @@ func (g *Graph) ConvBlock(x *Var, gn *ConvGN, w, b, nbias, res *Var, stride, pad
 		if gn != nil {
 			h = g.Dropout(g.GroupNorm(h, gn.W, gn.B, gn.Groups, gn.Eps, gn.SiLU), gn.Dropout)
 		}
-		y := g.Conv2D(h, w, b, stride, pad)
+		y := g.Conv2D(h, w, b, p)
 		if nbias != nil {
 			y = g.AddChannels(y, nbias)
 		}
@@ -208,9 +214,9 @@ func (g *Graph) ConvBlock(x *Var, gn *ConvGN, w, b, nbias, res *Var, stride, pad
 		return y
 	}
 	g.prefetch("conv2d.cu")
-	xs, ws := x.Value.Shape, w.Value.Shape
-	if len(xs) != 4 || len(ws) != 4 || xs[3] != ws[3] || stride < 1 || pad < 0 {
-		g.Fail("convblock", fmt.Errorf("%w: x %v, w %v, stride %d, padding %d", tensor.ErrShape, xs, ws, stride, pad))
+	s, err := convShapeOf("convblock", x.Value.Shape, w.Value.Shape, p)
+	if err != nil {
+		g.Fail("convblock", err)
 		return nil
 	}
 	dt := g.ActDType()
@@ -238,8 +244,7 @@ func (g *Graph) ConvBlock(x *Var, gn *ConvGN, w, b, nbias, res *Var, stride, pad
 		}
 		nw, nb = gn.W, gn.B
 	}
-	ho, wo := ConvOutSize(xs[1], ws[1], stride, pad), ConvOutSize(xs[2], ws[2], stride, pad)
-	y := g.NewOut("convblock", dt, xs[0], ho, wo, ws[0])
+	y := g.NewOut("convblock", dt, s.n, s.ho, s.wo, s.cout)
 	if !g.ok(y) || !g.ok(in...) {
 		return nil
 	}
@@ -249,7 +254,6 @@ func (g *Graph) ConvBlock(x *Var, gn *ConvGN, w, b, nbias, res *Var, stride, pad
 		}
 		return v.Value
 	}
-	p := Conv2DParams{Stride: stride, Pad: pad}
 	e := g.e
 	g.Record("convblock", in, []*Var{y}, func(*Grads) error {
 		f := f

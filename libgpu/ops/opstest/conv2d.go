@@ -1,8 +1,10 @@
 package opstest
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"gpukit/libgpu/device"
 
@@ -13,44 +15,78 @@ import (
 func init() { Register(Family{Name: "conv2d", Check: checkConv2D}) }
 
 // ConvGeom is a convolution's geometry for the references: x [N,H,W,Cin],
-// w [Cout,KH,KW,Cin], stride S, padding P.
+// w [Cout,KH,KW,Cin/G], stride S, padding P, dilation D and G groups (D
+// and G as ops.Conv2DParams has them: 0 means 1).
 type ConvGeom struct {
 	N, H, W, Cin, Cout, KH, KW, S, P int
+	D, G                             int
+}
+
+// Dil and Groups are D and G with 0 read as 1.
+func (g ConvGeom) Dil() int    { return max(g.D, 1) }
+func (g ConvGeom) Groups() int { return max(g.G, 1) }
+
+// CinG is Cin/G, w's last dimension.
+func (g ConvGeom) CinG() int { return g.Cin / g.Groups() }
+
+// Params are the geometry's ops.Conv2DParams.
+func (g ConvGeom) Params() ops.Conv2DParams {
+	return ops.Conv2DParams{Stride: g.S, Pad: g.P, Dilation: g.D, Groups: g.G}
 }
 
 // Out is (Ho, Wo).
 func (g ConvGeom) Out() (int, int) {
-	return ops.ConvOutSize(g.H, g.KH, g.S, g.P), ops.ConvOutSize(g.W, g.KW, g.S, g.P)
+	return ops.ConvOutSizeDilated(g.H, g.KH, g.S, g.P, g.Dil()), ops.ConvOutSizeDilated(g.W, g.KW, g.S, g.P, g.Dil())
+}
+
+// name is the geometry as a subtest name: x…/w…/sSpP, then dg().
+func (g ConvGeom) name() string {
+	return fmt.Sprintf("x%dx%dx%dx%d/w%dx%dx%d/s%dp%d%s", g.N, g.H, g.W, g.Cin, g.Cout, g.KH, g.KW, g.S, g.P, g.dg())
+}
+
+// dg is "dD" and "gG" for a dilation and groups other than 1, else "".
+func (g ConvGeom) dg() string {
+	n := ""
+	if g.Dil() != 1 {
+		n += fmt.Sprintf("d%d", g.Dil())
+	}
+	if g.Groups() != 1 {
+		n += fmt.Sprintf("g%d", g.Groups())
+	}
+	return n
 }
 
 // RefConv2D is the float64 reference of ops.Engine.Conv2D (PyTorch's
 // nn.Conv2d cross-correlation, channels-last): y[n,i,j,o] = b[o] +
-// Σ x[n, i·S−P+kh, j·S−P+kw, c]·w[o,kh,kw,c]. b may be nil.
+// Σ x[n, i·S−P+kh·D, j·S−P+kw·D, g·Cin/G + c]·w[o,kh,kw,c] over c <
+// Cin/G, g = ⌊o/(Cout/G)⌋ the group of o. b may be nil.
 func RefConv2D(x, w, b []float64, g ConvGeom) []float64 {
 	ho, wo := g.Out()
+	d, cig, cog := g.Dil(), g.CinG(), g.Cout/g.Groups()
 	y := make([]float64, g.N*ho*wo*g.Cout)
 	for n := 0; n < g.N; n++ {
 		for i := 0; i < ho; i++ {
 			for j := 0; j < wo; j++ {
 				out := y[((n*ho+i)*wo+j)*g.Cout:]
 				for o := 0; o < g.Cout; o++ {
+					c0 := o / cog * cig
 					var s float64
 					if b != nil {
 						s = b[o]
 					}
 					for kh := 0; kh < g.KH; kh++ {
-						h := i*g.S - g.P + kh
+						h := i*g.S - g.P + kh*d
 						if h < 0 || h >= g.H {
 							continue
 						}
 						for kw := 0; kw < g.KW; kw++ {
-							ww := j*g.S - g.P + kw
+							ww := j*g.S - g.P + kw*d
 							if ww < 0 || ww >= g.W {
 								continue
 							}
-							xr := x[((n*g.H+h)*g.W+ww)*g.Cin:]
-							wr := w[((o*g.KH+kh)*g.KW+kw)*g.Cin:]
-							for c := 0; c < g.Cin; c++ {
+							xr := x[((n*g.H+h)*g.W+ww)*g.Cin+c0:]
+							wr := w[((o*g.KH+kh)*g.KW+kw)*cig:]
+							for c := 0; c < cig; c++ {
 								s += xr[c] * wr[c]
 							}
 						}
@@ -68,6 +104,7 @@ func RefConv2D(x, w, b []float64, g ConvGeom) []float64 {
 // dy·w to x and dy·x to w; db sums dy over every position).
 func RefConv2DBackward(dy, x, w []float64, g ConvGeom) (dx, dw, db []float64) {
 	ho, wo := g.Out()
+	d, cig, cog := g.Dil(), g.CinG(), g.Cout/g.Groups()
 	dx = make([]float64, len(x))
 	dw = make([]float64, len(w))
 	db = make([]float64, g.Cout)
@@ -76,23 +113,24 @@ func RefConv2DBackward(dy, x, w []float64, g ConvGeom) (dx, dw, db []float64) {
 			for j := 0; j < wo; j++ {
 				gr := dy[((n*ho+i)*wo+j)*g.Cout:]
 				for o := 0; o < g.Cout; o++ {
-					d := gr[o]
-					db[o] += d
+					c0 := o / cog * cig
+					dv := gr[o]
+					db[o] += dv
 					for kh := 0; kh < g.KH; kh++ {
-						h := i*g.S - g.P + kh
+						h := i*g.S - g.P + kh*d
 						if h < 0 || h >= g.H {
 							continue
 						}
 						for kw := 0; kw < g.KW; kw++ {
-							ww := j*g.S - g.P + kw
+							ww := j*g.S - g.P + kw*d
 							if ww < 0 || ww >= g.W {
 								continue
 							}
-							xo := ((n*g.H+h)*g.W + ww) * g.Cin
-							wo := ((o*g.KH+kh)*g.KW + kw) * g.Cin
-							for c := 0; c < g.Cin; c++ {
-								dx[xo+c] += d * w[wo+c]
-								dw[wo+c] += d * x[xo+c]
+							xo := ((n*g.H+h)*g.W+ww)*g.Cin + c0
+							wo := ((o*g.KH+kh)*g.KW + kw) * cig
+							for c := 0; c < cig; c++ {
+								dx[xo+c] += dv * w[wo+c]
+								dw[wo+c] += dv * x[xo+c]
 							}
 						}
 					}
@@ -124,42 +162,89 @@ var convGeoms = []ConvGeom{
 	{N: 1, H: 7, W: 7, Cin: 64, Cout: 8, KH: 3, KW: 3, S: 2, P: 1},
 	{N: 2, H: 4, W: 5, Cin: 32, Cout: 32, KH: 3, KW: 3, S: 1, P: 1},
 	{N: 2, H: 4, W: 4, Cin: 64, Cout: 1, KH: 3, KW: 3, S: 1, P: 1},
+	// Dilation and groups (the host's GEMM a group; CUDA's direct
+	// kernels): dilation 2 at odd sizes with padding 2; padding 4 below a
+	// dilated 3×3 kernel's extent of 5 (as large as allowed); groups 2;
+	// depthwise (G = Cin = Cout); dilation, groups, stride 2, a
+	// non-square image and kernel at once; one input and three outputs a
+	// group; a grouped 1×1 (the host's pointwise GEMM a group); shapes the
+	// implicit GEMM would take in bf16 but for the dilation or the groups.
+	{N: 2, H: 7, W: 9, Cin: 3, Cout: 5, KH: 3, KW: 3, S: 1, P: 2, D: 2},
+	{N: 1, H: 5, W: 5, Cin: 2, Cout: 3, KH: 3, KW: 3, S: 1, P: 4, D: 2},
+	{N: 2, H: 5, W: 6, Cin: 4, Cout: 6, KH: 3, KW: 3, S: 1, P: 1, G: 2},
+	{N: 2, H: 6, W: 5, Cin: 8, Cout: 8, KH: 3, KW: 3, S: 1, P: 1, G: 8},
+	{N: 2, H: 9, W: 7, Cin: 6, Cout: 9, KH: 3, KW: 2, S: 2, P: 1, D: 2, G: 3},
+	{N: 1, H: 5, W: 5, Cin: 4, Cout: 12, KH: 3, KW: 3, S: 1, P: 1, G: 4},
+	{N: 2, H: 4, W: 3, Cin: 6, Cout: 4, KH: 1, KW: 1, S: 1, P: 0, G: 2},
+	{N: 2, H: 5, W: 6, Cin: 64, Cout: 32, KH: 3, KW: 3, S: 1, P: 1, G: 2},
+	{N: 1, H: 7, W: 7, Cin: 32, Cout: 8, KH: 3, KW: 3, S: 1, P: 2, D: 2},
+}
+
+// convGradCase is a finite-difference check of Graph.Conv2D at g, with a
+// bias or without, the op recorded once or twice (GradCase.Twice).
+type convGradCase struct {
+	name        string
+	g           ConvGeom
+	bias, twice bool
+}
+
+// convGradCases: 3×3 same padding, stride 2, dilation 2 (padding 2, odd
+// sizes), groups 2 (stride 2).
+var convGradCases = []convGradCase{
+	{"grad", ConvGeom{N: 2, H: 4, W: 3, Cin: 3, Cout: 2, KH: 3, KW: 3, S: 1, P: 1}, true, true},
+	{"grad-strided", ConvGeom{N: 1, H: 5, W: 5, Cin: 2, Cout: 3, KH: 3, KW: 3, S: 2, P: 1}, false, false},
+	{"grad-dilated", ConvGeom{N: 1, H: 6, W: 5, Cin: 2, Cout: 3, KH: 3, KW: 3, S: 1, P: 2, D: 2}, true, false},
+	{"grad-grouped", ConvGeom{N: 2, H: 4, W: 5, Cin: 4, Cout: 6, KH: 3, KW: 3, S: 2, P: 1, G: 2}, true, true},
+}
+
+// convGradCheck runs c through Suite.GradCheck: x in dt, w and b f32
+// masters (cast to dt by the graph).
+func convGradCheck(s *Suite, dt tensor.DType, c convGradCase) {
+	g := c.g
+	params := [][]int{{g.N, g.H, g.W, g.Cin}, {g.Cout, g.KH, g.KW, g.CinG()}}
+	pdts := []tensor.DType{0, tensor.F32}
+	if c.bias {
+		params, pdts = append(params, []int{g.Cout}), append(pdts, tensor.F32)
+	}
+	s.GradCheck(GradCase{
+		Name: "conv2d " + c.name, DType: dt, Params: params, PDTypes: pdts, Twice: c.twice,
+		TolB: convGradTol(s, dt), TolF: convFwdTol(s, dt),
+		Record: func(gr *ops.Graph, p, _ []*ops.Var) *ops.Var {
+			var b *ops.Var
+			if c.bias {
+				b = p[2]
+			}
+			return gr.Conv2D(p[0], p[1], b, g.Params())
+		},
+		Ref: func(p [][]float64) []float64 {
+			var b []float64
+			if c.bias {
+				b = p[2]
+			}
+			return RefConv2D(p[0], p[1], b, g)
+		},
+	})
 }
 
 func checkConv2D(s *Suite) {
 	for _, dt := range s.DTypes() {
 		for _, g := range convGeoms {
-			name := fmt.Sprintf("%v/x%dx%dx%dx%d/w%dx%dx%d/s%dp%d", dt, g.N, g.H, g.W, g.Cin, g.Cout, g.KH, g.KW, g.S, g.P)
-			s.Run(name, func(s *Suite) { convForwardBackward(s, dt, g) })
+			s.Run(fmt.Sprintf("%v/%s", dt, g.name()), func(s *Suite) { convForwardBackward(s, dt, g) })
 		}
-		s.Run(fmt.Sprintf("%v/grad", dt), func(s *Suite) {
-			g := ConvGeom{N: 2, H: 4, W: 3, Cin: 3, Cout: 2, KH: 3, KW: 3, S: 1, P: 1}
-			s.GradCheck(GradCase{
-				Name: "conv2d", DType: dt, Params: [][]int{{g.N, g.H, g.W, g.Cin}, {g.Cout, g.KH, g.KW, g.Cin}, {g.Cout}},
-				PDTypes: []tensor.DType{0, tensor.F32, tensor.F32}, Twice: true, TolB: convGradTol(s, dt),
-				Record: func(gr *ops.Graph, p, _ []*ops.Var) *ops.Var { return gr.Conv2D(p[0], p[1], p[2], g.S, g.P) },
-				Ref:    func(p [][]float64) []float64 { return RefConv2D(p[0], p[1], p[2], g) },
-				TolF:   convFwdTol(s, dt),
-			})
-		})
-		s.Run(fmt.Sprintf("%v/grad-strided", dt), func(s *Suite) {
-			g := ConvGeom{N: 1, H: 5, W: 5, Cin: 2, Cout: 3, KH: 3, KW: 3, S: 2, P: 1}
-			s.GradCheck(GradCase{
-				Name: "conv2d stride 2", DType: dt, Params: [][]int{{g.N, g.H, g.W, g.Cin}, {g.Cout, g.KH, g.KW, g.Cin}},
-				PDTypes: []tensor.DType{0, tensor.F32}, TolB: convGradTol(s, dt), TolF: convFwdTol(s, dt),
-				Record: func(gr *ops.Graph, p, _ []*ops.Var) *ops.Var { return gr.Conv2D(p[0], p[1], nil, g.S, g.P) },
-				Ref:    func(p [][]float64) []float64 { return RefConv2D(p[0], p[1], nil, g) },
-			})
-		})
+		for _, c := range convGradCases {
+			s.Run(fmt.Sprintf("%v/%s", dt, c.name), func(s *Suite) { convGradCheck(s, dt, c) })
+		}
 	}
 	for _, dt := range s.DTypes() {
 		for _, c := range convFusedCases {
-			s.Run(fmt.Sprintf("%v/fused/x%dx%dx%dx%d→%d/G%d/norm=%v/nbias=%v/res=%v", dt, c.g.N, c.g.H, c.g.W, c.g.Cin, c.g.Cout,
-				c.groups, c.norm, c.nbias, c.res), func(s *Suite) { convFused(s, dt, c) })
+			s.Run(fmt.Sprintf("%v/fused/x%dx%dx%dx%d→%d%s/G%d/norm=%v/nbias=%v/res=%v", dt, c.g.N, c.g.H, c.g.W, c.g.Cin, c.g.Cout,
+				c.g.dg(), c.groups, c.norm, c.nbias, c.res), func(s *Suite) { convFused(s, dt, c) })
 		}
 	}
 	for _, dt := range s.DTypes() {
-		s.Run(fmt.Sprintf("%v/convblock", dt), func(s *Suite) { convBlockGraphs(s, dt) })
+		for _, g := range convBlockGeoms {
+			s.Run(fmt.Sprintf("%v/convblock%s", dt, strings.TrimSuffix("-"+g.dg(), "-")), func(s *Suite) { convBlockGraphs(s, dt, g) })
+		}
 	}
 	s.Run("validation", convValidation)
 	s.Run("eval-graph-gradients", func(s *Suite) {
@@ -171,16 +256,23 @@ func checkConv2D(s *Suite) {
 	})
 }
 
+// convBlockGeoms are convBlockGraphs' geometries: the U-Net's 3×3 (the
+// fused kernel on CUDA), and a dilated grouped one (the separate ops in
+// both graphs).
+var convBlockGeoms = []ConvGeom{
+	{N: 2, H: 5, W: 6, Cin: 32, Cout: 24, KH: 3, KW: 3, S: 1, P: 1},
+	{N: 2, H: 5, W: 6, Cin: 32, Cout: 24, KH: 3, KW: 3, S: 1, P: 2, D: 2, G: 4},
+}
+
 // convBlockGraphs records Graph.ConvBlock (GroupNorm+SiLU, a per-sample
 // bias, a residual) in a forward-only graph (GraphOptions.Eval: one fused
 // node) and in a training graph (the separate ops) on the same tensors: the forward
 // outputs agree within the fused op's bound (bitwise on the host, where the
 // fused op runs the separate ops), and the training graph's backward runs.
-func convBlockGraphs(s *Suite, dt tensor.DType) {
-	g := ConvGeom{N: 2, H: 5, W: 6, Cin: 32, Cout: 24, KH: 3, KW: 3, S: 1, P: 1}
+func convBlockGraphs(s *Suite, dt tensor.DType, g ConvGeom) {
 	ho, wo := g.Out()
 	x, _ := s.Rand(dt, 1, g.N, g.H, g.W, g.Cin)
-	w, _ := s.Rand(dt, 0.5, g.Cout, g.KH, g.KW, g.Cin)
+	w, _ := s.Rand(dt, 0.5, g.Cout, g.KH, g.KW, g.CinG())
 	b, _ := s.Rand(dt, 1, g.Cout)
 	gw, _ := s.Rand(tensor.F32, 1, g.Cin)
 	gb, _ := s.Rand(tensor.F32, 1, g.Cin)
@@ -199,7 +291,7 @@ func convBlockGraphs(s *Suite, dt tensor.DType) {
 			return gr.Param(name, v, d)
 		}
 		y := gr.ConvBlock(param("x", x), &ops.ConvGN{W: param("gn.w", gw), B: param("gn.b", gb), Groups: 8, Eps: gnEps, SiLU: true},
-			param("w", w), param("b", b), param("nbias", nb), param("res", r), g.S, g.P)
+			param("w", w), param("b", b), param("nbias", nb), param("res", r), g.Params())
 		var out []float64
 		if train {
 			gr.MSELoss(y, gr.Input("target", s.Empty(dt, g.N, ho, wo, g.Cout)))
@@ -237,7 +329,8 @@ func convBlockGraphs(s *Suite, dt tensor.DType) {
 // convFusedCases reach Conv2DFused's CUDA paths in bf16: the implicit GEMM
 // with every fused term (Cin a multiple of 32, Cout even; stride 2; terms
 // left out), the composed ops where it does not apply (one output
-// channel, a small Cin), and every path in f32.
+// channel, a small Cin, a dilated grouped convolution), and every path
+// in f32.
 var convFusedCases = []struct {
 	g                ConvGeom
 	groups           int
@@ -248,6 +341,7 @@ var convFusedCases = []struct {
 	{ConvGeom{N: 2, H: 4, W: 5, Cin: 32, Cout: 32, KH: 3, KW: 3, S: 1, P: 1}, 4, false, true, false},
 	{ConvGeom{N: 2, H: 4, W: 4, Cin: 64, Cout: 1, KH: 3, KW: 3, S: 1, P: 1}, 32, true, true, true},
 	{ConvGeom{N: 1, H: 5, W: 5, Cin: 3, Cout: 4, KH: 3, KW: 3, S: 1, P: 1}, 1, true, true, true},
+	{ConvGeom{N: 2, H: 5, W: 6, Cin: 32, Cout: 24, KH: 3, KW: 3, S: 1, P: 2, D: 2, G: 2}, 8, true, true, true},
 }
 
 // convFused checks Engine.Conv2DFused against the float64 GroupNorm+SiLU,
@@ -261,7 +355,7 @@ func convFused(s *Suite, dt tensor.DType, c struct {
 	g := c.g
 	ho, wo := g.Out()
 	x, xv := s.Rand(dt, 1, g.N, g.H, g.W, g.Cin)
-	w, wv := s.Rand(dt, 0.5, g.Cout, g.KH, g.KW, g.Cin)
+	w, wv := s.Rand(dt, 0.5, g.Cout, g.KH, g.KW, g.CinG())
 	b, bv := s.Rand(dt, 1, g.Cout)
 	f := ops.ConvFused{}
 	act := xv
@@ -291,7 +385,7 @@ func convFused(s *Suite, dt tensor.DType, c struct {
 		}
 	}
 	y := s.Empty(dt, g.N, ho, wo, g.Cout)
-	s.NoErr("conv2d fused", s.E.Conv2DFused(y, x, w, b, ops.Conv2DParams{Stride: g.S, Pad: g.P}, f))
+	s.NoErr("conv2d fused", s.E.Conv2DFused(y, x, w, b, g.Params(), f))
 	// The normalised input is rounded to the activation dtype first, as a
 	// separate GroupNorm stores it: twice the convolution's bound.
 	s.Close("y", s.Read(y), want, terms, 2*convFwdTol(s, dt))
@@ -314,9 +408,9 @@ func convGradTol(s *Suite, dt tensor.DType) float64 {
 func convForwardBackward(s *Suite, dt tensor.DType, g ConvGeom) {
 	ho, wo := g.Out()
 	x, xv := s.Rand(dt, 1, g.N, g.H, g.W, g.Cin)
-	w, wv := s.Rand(dt, 0.5, g.Cout, g.KH, g.KW, g.Cin)
+	w, wv := s.Rand(dt, 0.5, g.Cout, g.KH, g.KW, g.CinG())
 	b, bv := s.Rand(dt, 1, g.Cout)
-	p := ops.Conv2DParams{Stride: g.S, Pad: g.P}
+	p := g.Params()
 	tol := convFwdTol(s, dt)
 	// Reduced precision rounds the operands: errors are bounded by the
 	// magnitude of the terms (the convolution of |x| with |w|).
@@ -341,7 +435,7 @@ func convForwardBackward(s *Suite, dt tensor.DType, g ConvGeom) {
 	}
 	for _, gdt := range []tensor.DType{tensor.F32, dt} {
 		dx := s.Empty(dt, g.N, g.H, g.W, g.Cin)
-		dw := s.Empty(gdt, g.Cout, g.KH, g.KW, g.Cin)
+		dw := s.Empty(gdt, g.Cout, g.KH, g.KW, g.CinG())
 		db := s.Empty(gdt, g.Cout)
 		s.NoErr("conv2d backward", s.E.Conv2DBackward(dx, dw, db, dy, x, w, p, [3]bool{}))
 		s.Close("dx", s.Read(dx), wdx, tdx, gtol)
@@ -351,7 +445,7 @@ func convForwardBackward(s *Suite, dt tensor.DType, g ConvGeom) {
 	// Accumulate onto what is there: each flag alone, then all.
 	for _, acc := range [][3]bool{{true, false, false}, {false, true, false}, {false, false, true}, {true, true, true}} {
 		dx0, dx0v := s.Rand(dt, 1, g.N, g.H, g.W, g.Cin)
-		dw0, dw0v := s.Rand(tensor.F32, 1, g.Cout, g.KH, g.KW, g.Cin)
+		dw0, dw0v := s.Rand(tensor.F32, 1, g.Cout, g.KH, g.KW, g.CinG())
 		db0, db0v := s.Rand(tensor.F32, 1, g.Cout)
 		s.NoErr("conv2d backward (acc)", s.E.Conv2DBackward(dx0, dw0, db0, dy, x, w, p, acc))
 		for i, c := range []struct {
@@ -370,7 +464,7 @@ func convForwardBackward(s *Suite, dt tensor.DType, g ConvGeom) {
 	dx1 := s.Empty(dt, g.N, g.H, g.W, g.Cin)
 	s.NoErr("conv2d backward (dx only)", s.E.Conv2DBackward(dx1, nil, nil, dy, x, w, p, [3]bool{}))
 	s.Close("dx (alone)", s.Read(dx1), wdx, tdx, gtol)
-	dw1 := s.Empty(tensor.F32, g.Cout, g.KH, g.KW, g.Cin)
+	dw1 := s.Empty(tensor.F32, g.Cout, g.KH, g.KW, g.CinG())
 	s.NoErr("conv2d backward (dw only)", s.E.Conv2DBackward(nil, dw1, nil, dy, x, w, p, [3]bool{}))
 	s.Close("dw (alone)", s.Read(dw1), wdw, tdw, gtol)
 }
@@ -413,7 +507,85 @@ func convValidation(s *Suite) {
 	}
 	gr := ops.NewGraph(s.E, s.A, "", ops.GraphOptions{})
 	defer gr.Free()
-	if gr.Conv2D(gr.Input("x", x), gr.Input("w", s.Empty(tensor.F32, 4, 3, 3, 2)), nil, 1, 1) != nil || gr.Err() == nil {
+	if gr.Conv2D(gr.Input("x", x), gr.Input("w", s.Empty(tensor.F32, 4, 3, 3, 2)), nil, ok) != nil || gr.Err() == nil {
 		s.T.Error("graph conv2d with mismatched channels was recorded")
+	}
+	convValidationDG(s)
+}
+
+// convValidationDG checks what dilation and groups add to the validation
+// (each error's sentinel and the values it names; the graph refusing at
+// recording, Conv2D and ConvBlock's evaluation node alike) and that the
+// largest padding a dilated kernel allows is accepted.
+func convValidationDG(s *Suite) {
+	x := s.Empty(tensor.F32, 2, 5, 5, 6)
+	w := s.Empty(tensor.F32, 4, 3, 3, 3) // two groups of three input channels
+	y := s.Empty(tensor.F32, 2, 5, 5, 4)
+	g2 := ops.Conv2DParams{Stride: 1, Pad: 1, Groups: 2}
+	s.NoErr("conv2d groups 2", s.E.Conv2D(y, x, w, nil, g2))
+	s.NoErr("conv2d dilation 2, padding 4 (below the extent 5)",
+		s.E.Conv2D(s.Empty(tensor.F32, 2, 9, 9, 4), x, w, nil, ops.Conv2DParams{Stride: 1, Pad: 4, Dilation: 2, Groups: 2}))
+	for _, c := range []struct {
+		what string
+		err  error
+		want error
+		says string // a part of the message: the bad values
+	}{
+		{"groups not dividing Cin", s.E.Conv2D(y, x, s.Empty(tensor.F32, 4, 3, 3, 1), nil, ops.Conv2DParams{Stride: 1, Pad: 1, Groups: 4}),
+			ops.ErrConfig, "6 input and 4 output channels in 4 groups"},
+		{"groups not dividing Cout", s.E.Conv2D(y, x, s.Empty(tensor.F32, 4, 3, 3, 2), nil, ops.Conv2DParams{Stride: 1, Pad: 1, Groups: 3}),
+			ops.ErrConfig, "6 input and 4 output channels in 3 groups"},
+		{"w's last dimension Cin, not Cin/G", s.E.Conv2D(y, x, s.Empty(tensor.F32, 4, 3, 3, 6), nil, g2),
+			tensor.ErrShape, "[4 3 3 6] for 6 input channels in 2 groups"},
+		{"w's last dimension not Cin/G", s.E.Conv2D(y, x, s.Empty(tensor.F32, 4, 3, 3, 2), nil, g2),
+			tensor.ErrShape, "want w [Cout,KH,KW,3]"},
+		{"negative dilation", s.E.Conv2D(y, x, w, nil, ops.Conv2DParams{Stride: 1, Pad: 1, Dilation: -1, Groups: 2}),
+			ops.ErrConfig, "dilation -1"},
+		{"negative groups", s.E.Conv2D(y, x, w, nil, ops.Conv2DParams{Stride: 1, Pad: 1, Groups: -2}),
+			ops.ErrConfig, "groups -2"},
+		{"padding as large as the dilated kernel", s.E.Conv2D(s.Empty(tensor.F32, 2, 11, 11, 4), x, w, nil,
+			ops.Conv2DParams{Stride: 1, Pad: 5, Dilation: 2, Groups: 2}), ops.ErrConfig, "padding 5 with a 3×3 kernel at dilation 2"},
+		{"padding as large as the dilated kernel's width", s.E.Conv2D(s.Empty(tensor.F32, 2, 7, 5, 4), x, s.Empty(tensor.F32, 4, 3, 1, 3), nil,
+			ops.Conv2DParams{Stride: 1, Pad: 1, Dilation: 2, Groups: 2}), ops.ErrConfig, "dilated kernel's 5×1"},
+		{"backward groups not dividing Cin", s.E.Conv2DBackward(nil, s.Empty(tensor.F32, 4, 3, 3, 1), nil, y, x, s.Empty(tensor.F32, 4, 3, 3, 1),
+			ops.Conv2DParams{Stride: 1, Pad: 1, Groups: 4}, [3]bool{}), ops.ErrConfig, "in 4 groups"},
+		{"backward dw of Cin channels at 2 groups", s.E.Conv2DBackward(nil, s.Empty(tensor.F32, 4, 3, 3, 6), nil, y, x, w, g2, [3]bool{}),
+			tensor.ErrShape, "backward dw"},
+		{"fused negative dilation", s.E.Conv2DFused(y, x, w, nil, ops.Conv2DParams{Stride: 1, Pad: 1, Dilation: -2, Groups: 2}, ops.ConvFused{}),
+			ops.ErrConfig, "dilation -2"},
+	} {
+		switch {
+		case c.err == nil:
+			s.T.Errorf("%s: accepted", c.what)
+		case !errors.Is(c.err, c.want):
+			s.T.Errorf("%s: %v, want %v", c.what, c.err, c.want)
+		case !strings.Contains(c.err.Error(), c.says):
+			s.T.Errorf("%s: %q does not say %q", c.what, c.err, c.says)
+		}
+	}
+	for _, c := range []struct {
+		what string
+		w    []int
+		p    ops.Conv2DParams
+		want error
+	}{
+		{"groups not dividing Cin", []int{4, 3, 3, 1}, ops.Conv2DParams{Stride: 1, Pad: 1, Groups: 4}, ops.ErrConfig},
+		{"w's last dimension not Cin/G", []int{4, 3, 3, 6}, g2, tensor.ErrShape},
+		{"negative dilation", []int{4, 3, 3, 3}, ops.Conv2DParams{Stride: 1, Pad: 1, Dilation: -1, Groups: 2}, ops.ErrConfig},
+		{"padding as large as the dilated kernel", []int{4, 3, 3, 3}, ops.Conv2DParams{Stride: 1, Pad: 5, Dilation: 2, Groups: 2}, ops.ErrConfig},
+	} {
+		for _, eval := range []bool{false, true} {
+			gr := ops.NewGraph(s.E, s.A, "", ops.GraphOptions{Eval: eval})
+			var v *ops.Var
+			if eval {
+				v = gr.ConvBlock(gr.Input("x", x), nil, gr.Input("w", s.Empty(tensor.F32, c.w...)), nil, nil, nil, c.p)
+			} else {
+				v = gr.Conv2D(gr.Input("x", x), gr.Input("w", s.Empty(tensor.F32, c.w...)), nil, c.p)
+			}
+			if v != nil || !errors.Is(gr.Err(), c.want) {
+				s.T.Errorf("graph (eval=%v) with %s: recorded %v, error %v (want %v)", eval, c.what, v != nil, gr.Err(), c.want)
+			}
+			gr.Free()
+		}
 	}
 }
