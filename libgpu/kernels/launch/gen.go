@@ -948,14 +948,25 @@ func (g *gen) declarations(file string, ts []tok) ([]*kernel, error) {
 				g.typedefs[ts[j-1].s] = ts[i+1 : j-1]
 			}
 			i = j
-		case t.s == "struct" && i+2 < len(ts) && ts[i+1].kind == tIdent && ts[i+2].s == "{" &&
-			!(i > 0 && ts[i-1].s == ">"):
-			end := matching(ts, i+2)
-			if end < 0 {
-				return nil, fmt.Errorf("struct %s: no closing brace", ts[i+1].s)
+		case t.s == "struct" && i+2 < len(ts) && !(i > 0 && ts[i-1].s == ">"):
+			// struct NAME { ... } or struct __align__(N) NAME { ... }
+			j, align := i+1, int64(1)
+			if ts[j].s == "__align__" && j+4 < len(ts) && ts[j+1].s == "(" && ts[j+3].s == ")" {
+				n, err := strconv.ParseInt(ts[j+2].s, 0, 64)
+				if err != nil || n < 1 || n&(n-1) != 0 {
+					return nil, fmt.Errorf("struct alignment %q", ts[j+2].s)
+				}
+				j, align = j+4, n
 			}
-			if _, dup := g.structs[ts[i+1].s]; !dup {
-				if err := g.parseStruct(file, ts[i+1].s, ts[i+3:end]); err != nil {
+			if j+1 >= len(ts) || ts[j].kind != tIdent || ts[j+1].s != "{" {
+				continue
+			}
+			end := matching(ts, j+1)
+			if end < 0 {
+				return nil, fmt.Errorf("struct %s: no closing brace", ts[j].s)
+			}
+			if _, dup := g.structs[ts[j].s]; !dup {
+				if err := g.parseStruct(file, ts[j].s, ts[j+2:end], align); err != nil {
 					return nil, err
 				}
 			}
@@ -1055,8 +1066,8 @@ func (g *gen) ctypeOf(ts []tok, named bool) (ctype, string, error) {
 	return ctype{}, "", fmt.Errorf("unknown type %q", c)
 }
 
-func (g *gen) parseStruct(file, name string, body []tok) error {
-	st := &cstruct{cname: name, goName: upperCamel(name), file: file, align: 1}
+func (g *gen) parseStruct(file, name string, body []tok, align int64) error {
+	st := &cstruct{cname: name, goName: upperCamel(name), file: file, align: align}
 	for len(body) > 0 {
 		j := 0
 		for j < len(body) && body[j].s != ";" {
@@ -1413,13 +1424,33 @@ func (g *gen) file(name string) ([]byte, error) {
 			return nil, fmt.Errorf("struct %s: %d bytes by the C layout rules, %d by its static_assert", st.cname, st.size, st.asserted)
 		}
 		fmt.Fprintf(&b, "// %s is struct %s of %s (%d bytes, alignment %d).\ntype %s struct {\n", st.goName, st.cname, name, st.size, st.align, st.goName)
+		// Go aligns to at most 8 bytes: a field or end that C aligns
+		// further (a struct __align__(N), N > 8) gets explicit padding.
+		var off, goOff int64
+		pad := func(to int64) {
+			if to > goOff {
+				fmt.Fprintf(&b, "\t_ [%d]byte // C alignment\n", to-goOff)
+				goOff = to
+			}
+		}
 		for _, f := range st.fields {
 			t := f.t.goType()
 			if f.n > 0 {
 				t = fmt.Sprintf("[%d]%s", f.n, t)
 			}
+			sz, al := f.t.size()
+			if f.n > 0 {
+				sz *= f.n
+			}
+			off = (off + al - 1) / al * al
+			goOff = (goOff + min(al, 8) - 1) / min(al, 8) * min(al, 8)
+			pad(off)
 			fmt.Fprintf(&b, "\t%s %s // %s\n", f.goName, t, f.t.c)
+			off += sz
+			goOff += sz
 		}
+		goOff = (goOff + min(st.align, 8) - 1) / min(st.align, 8) * min(st.align, 8)
+		pad(st.size)
 		fmt.Fprintf(&b, "}\n\n// The Go layout is the C one: a difference does not compile.\nvar _ [%d]byte = [unsafe.Sizeof(%s{})]byte{}\n\n", st.size, st.goName)
 	}
 	for _, gr := range groups {
