@@ -19,6 +19,6 @@ if [ "${CUDA_EMU_ASAN:-0}" = 1 ]; then
 	flags=(-O1 -fsanitize=address -fno-omit-frame-pointer)
 	export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_stack_use_after_return=0}
 fi
-"$cxx" -std=c++17 "${flags[@]}" -g -Wall -Wno-unused-function -Wno-unknown-pragmas -I scripts/cudaemu -I libgpu/kernels \
+"$cxx" -std=c++17 "${flags[@]}" -g -Wall -Wno-unused-function -Wno-unknown-pragmas -Wno-psabi -I scripts/cudaemu -I libgpu/kernels \
 	-o "$out" "scripts/cudaemu/${fam}_test.cpp"
 exec "$out" "$@"

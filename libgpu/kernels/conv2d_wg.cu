@@ -9,6 +9,7 @@
 #include "conv2d.cuh"
 #include "mbarrier.cuh"
 #include "mma.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 #ifndef CONV_DYN_SMEM
@@ -118,39 +119,54 @@ __device__ __forceinline__ void cw_mainloop(float* d, int nk, unsigned s0, Load 
 // ring: full[s] at s0 + STAGES·ST + 8s, empty[s] 8·STAGES bytes further
 // (ops/conv2d.go adds 128 bytes of shared memory). load runs in the
 // producer only, for ks = 0, 1, ... in order, with threadIdx.x < 128.
-// Returns false in the producer (d unset), true in a consumer with d its
-// warpgroup's 64 × BN product (rows 64·(warpgroup − 1)).
-template <int BN, int STAGES, int TA, int TB, typename Load, typename Pro>
+// With TMA the producer is one thread (threadIdx.x 0; the warpgroup's
+// other threads leave): load(ks, st, full) issues the stage's TMA copies
+// and the one expect-tx arrival that completes "full" once their bytes
+// land; pro is not called (no fused input map). Returns false in the
+// producer (d unset), true in a consumer with d its warpgroup's 64 × BN
+// product (rows 64·(warpgroup − 1)).
+template <int BN, int STAGES, int TA, int TB, bool TMA = false, typename Load, typename Pro>
 __device__ __forceinline__ bool cw_mainloop_ws(float* d, int nk, unsigned s0, bool pro_on, Load load, Pro pro) {
   constexpr unsigned AT = CW_BM * CW_BK * 2, ST = AT + BN * CW_BK * 2;
   const unsigned full = s0 + STAGES * ST, empty = full + 8 * STAGES;
   const int wg = threadIdx.x >> 7;
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; s++) {
-      gpukit_mbar_init(full + 8 * s, 128);
+      gpukit_mbar_init(full + 8 * s, TMA ? 1 : 128);
       gpukit_mbar_init(empty + 8 * s, 256);
     }
   }
   __syncthreads();
   if (wg == 0) {
     gpukit_setmaxnreg_dec<152>();
+    if constexpr (TMA) {
+      if (threadIdx.x == 0) {
 #pragma unroll 1
-    for (int ks = 0; ks < nk; ks++) {
-      const int s = ks % STAGES;
-      const unsigned st = s0 + s * ST;
-      if (ks >= STAGES) gpukit_mbar_wait(empty + 8 * s, ((ks / STAGES) - 1) & 1);  // released its last k-step
-      load(ks, st);
-      if (pro_on) {
-        gpukit_cp_commit();
-        gpukit_cp_wait0();
-        pro(ks, st);
-        gpukit_fence_proxy_async();
-        gpukit_mbar_arrive(full + 8 * s);
-      } else {
-        gpukit_cp_mbar_arrive(full + 8 * s);
+        for (int ks = 0; ks < nk; ks++) {
+          const int s = ks % STAGES;
+          if (ks >= STAGES) gpukit_mbar_wait(empty + 8 * s, ((ks / STAGES) - 1) & 1);  // released its last k-step
+          load(ks, s0 + s * ST, full + 8 * s);
+        }
       }
+    } else {
+#pragma unroll 1
+      for (int ks = 0; ks < nk; ks++) {
+        const int s = ks % STAGES;
+        const unsigned st = s0 + s * ST;
+        if (ks >= STAGES) gpukit_mbar_wait(empty + 8 * s, ((ks / STAGES) - 1) & 1);  // released its last k-step
+        load(ks, st);
+        if (pro_on) {
+          gpukit_cp_commit();
+          gpukit_cp_wait0();
+          pro(ks, st);
+          gpukit_fence_proxy_async();
+          gpukit_mbar_arrive(full + 8 * s);
+        } else {
+          gpukit_cp_mbar_arrive(full + 8 * s);
+        }
+      }
+      gpukit_cp_wait0();  // nothing in flight at exit
     }
-    gpukit_cp_wait0();  // nothing in flight at exit
     return false;
   }
   gpukit_setmaxnreg_inc<176>();
@@ -175,11 +191,30 @@ __device__ __forceinline__ bool cw_mainloop_ws(float* d, int nk, unsigned s0, bo
 // tile in 128-byte swizzle (wgmma.cuh).
 __device__ __forceinline__ unsigned cw_swz(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
+// conv_tma_args are conv_wg_fwd_tma_<BN>'s arguments: conv_igemm_args
+// (no fused input map: pro_scale null) and the tensor maps ops/conv2d.go
+// encodes for them — tx, an im2col map of x (64 channels × 128 pixels a
+// copy, traversal strides the convolution's, bounding box −pad ..
+// pad − (KH − 1)) and tw, a tiled map of w as [Cout, KH·KW·Cin] (boxes of
+// 64 × BN), both 128-byte swizzled.
+struct conv_tma_args {
+  gpukit_tmap tx;
+  gpukit_tmap tw;
+  conv_igemm_args a;
+};
+static_assert(sizeof(conv_tma_args) == 384, "conv_tma_args layout: launch.ConvTmaArgs is generated from it (go generate ./libgpu/kernels/launch)");
+
 // WS: on cw_mainloop_ws (conv_wg_fwd_ws_<BN>, 384 threads): the
 // producer's 128 threads copy (each CW_BM/16 A rows and BN/16 W rows) and
-// the consumers store rows 64·(warpgroup − 1).
-template <int BN, int STAGES, bool WS = false>
-__device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
+// the consumers store rows 64·(warpgroup − 1). TMA (with WS; t the
+// arguments' tensor maps): one producer thread issues each k-step's two
+// TMA copies, the A tile gathered by the im2col map from the block's first
+// output pixel's window at the k-step's filter tap (the hardware walks
+// the 128 pixels, zero-filling the padding and the rows past the last
+// image), the W tile from the tiled map (rows past Cout zeros).
+template <int BN, int STAGES, bool WS = false, bool TMA = false>
+__device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a, const conv_tma_args* t = nullptr) {
+  static_assert(!TMA || WS, "conv_wg_fwd: TMA loads need the warp-specialised mainloop");
   static_assert(BN % 32 == 0, "conv_wg_fwd tile");
   constexpr unsigned AT = CW_BM * CW_BK * 2;
   constexpr int RS = (WS ? 128 : CW_THREADS) / 8;  // rows one pass of the copying threads covers
@@ -232,7 +267,18 @@ __device__ __forceinline__ void conv_wg_fwd(const conv_igemm_args& a) {
         conv_prologue(conv_smem + (st - sbase) + cw_swz((ct >> 3) + RS * i, cc), a, arow[i].img, ci0 + 8 * cc);
     }
   };
-  if constexpr (WS) {
+  if constexpr (TMA) {
+    const int q0 = (int)(p0 % a.wo), o0 = (int)(p0 / a.wo % a.ho), n0 = (int)(p0 / ((long long)a.wo * a.ho));
+    const int w0 = q0 * a.stride - a.pad, h0 = o0 * a.stride - a.pad;
+    auto load_tma = [&](int ks, unsigned st, unsigned bar) {
+      const int tap = ks / cpt, ci0 = (ks - tap * cpt) * CW_BK;
+      const int dh = tap / a.kw, dw = tap - dh * a.kw;
+      gpukit_mbar_expect_tx(bar, AT + BN * CW_BK * 2);
+      gpukit_tma_im2col_4d(st, &t->tx, bar, ci0, w0, h0, n0, dw, dh);
+      gpukit_tma_tile_2d(st + AT, &t->tw, bar, ks * CW_BK, co0);
+    };
+    if (!cw_mainloop_ws<BN, STAGES, 0, 0, true>(d, K / CW_BK, s0, false, load_tma, pro)) return;  // the producer
+  } else if constexpr (WS) {
     if (!cw_mainloop_ws<BN, STAGES, 0, 0>(d, K / CW_BK, s0, a.pro_scale != nullptr, load, pro)) return;  // the producer
   } else {
     cw_mainloop<BN, STAGES, 0, 0>(d, K / CW_BK, s0, load, pro);
@@ -392,6 +438,17 @@ extern "C" __global__ void __launch_bounds__(CW_THREADS, 1) conv_wg_fwd_256(cons
 extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_ws_64(const conv_igemm_args a) { conv_wg_fwd<64, 4, true>(a); }
 extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_ws_128(const conv_igemm_args a) { conv_wg_fwd<128, 4, true>(a); }
 extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_ws_256(const conv_igemm_args a) { conv_wg_fwd<256, 4, true>(a); }
+// conv_wg_fwd_tma_<BN>: conv_wg_fwd_ws_<BN> with TMA loads (ops/conv2d.go's
+// convTMA; the shapes wgOK takes, without a fused input map).
+extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_tma_64(const __grid_constant__ conv_tma_args t) {
+  conv_wg_fwd<64, 4, true, true>(t.a, &t);
+}
+extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_tma_128(const __grid_constant__ conv_tma_args t) {
+  conv_wg_fwd<128, 4, true, true>(t.a, &t);
+}
+extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_tma_256(const __grid_constant__ conv_tma_args t) {
+  conv_wg_fwd<256, 4, true, true>(t.a, &t);
+}
 extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_dw_ws_64(const conv_wg_dw_args a) { conv_wg_dw<64, 4, true>(a); }
 extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_dw_ws_128(const conv_wg_dw_args a) { conv_wg_dw<128, 4, true>(a); }
 #else

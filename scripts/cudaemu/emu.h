@@ -48,8 +48,13 @@
 //     barriers: one warpgroup signalling another);
 //   - mbarrier.init, arrive and try_wait.parity (the mbarrier object is
 //     the 8 bytes at its shared address, modelled beside them: pending
-//     arrivals and completed phases; no transaction bytes: TMA is not
-//     emulated), and
+//     arrivals, pending transaction bytes and completed phases),
+//     mbarrier.arrive.expect_tx, and TMA's tensor copies
+//     (cp.async.bulk.tensor, kernels/tma.cuh: a 2-D tile and a 4-D im2col
+//     gather, both 128-byte swizzled, from a tensor map made by
+//     emu::tmap_tiled / emu::tmap_im2col), which land, and complete their
+//     bytes on the barrier, at a random later round like the cp.async
+//     arrivals below, and
 //     cp.async.mbarrier.arrive.noinc: the thread's cp.async copies issued
 //     so far land, and then count as one arrival, at a random later
 //     scheduling round (never before), so a consumer that reads a tile
@@ -160,6 +165,7 @@ struct Global {
   // mbarriers by shared address
   struct MBar {
     int expected = 0, pending = 0;
+    long tx = 0;                      // transaction bytes expected and not yet landed (may be < 0)
     unsigned phase = 0;               // completed phases
     std::vector<unsigned> landed[2];  // offsets landed by deferred copies in the phase of each parity
   };
@@ -168,6 +174,7 @@ struct Global {
     std::vector<Thread::Copy> copies;
     unsigned mbar;
     std::vector<unsigned> early;  // the thread's copies that had landed already, unfenced
+    long tx = 0;                  // > 0: a TMA copy, completing tx bytes instead of arriving
   };
   std::vector<Deferred> deferred;
 };
@@ -237,17 +244,26 @@ inline Global::MBar& mbar(unsigned addr) {
   fail("mbarrier used before mbarrier.init");
 }
 
-// mbar_arrive counts one arrival on the mbarrier at addr; the last one of
-// a phase completes it.
-inline void mbar_arrive(unsigned addr) {
-  Global::MBar& m = mbar(addr);
-  if (m.pending <= 0) fail("mbarrier arrival beyond its count");
-  g.progress++;
-  if (--m.pending == 0) {
+// mbar_complete ends m's phase once its arrivals and transaction bytes are
+// all in.
+inline void mbar_complete(Global::MBar& m) {
+  if (m.pending == 0 && m.tx == 0) {
     m.phase++;
     m.pending = m.expected;
     m.landed[m.phase & 1].clear();  // the phase now starting
   }
+}
+
+// mbar_arrive counts one arrival on the mbarrier at addr (with expect_tx,
+// after adding tx transaction bytes); the last one of a phase completes it
+// once its bytes have landed.
+inline void mbar_arrive(unsigned addr, long tx = 0) {
+  Global::MBar& m = mbar(addr);
+  if (m.pending <= 0) fail("mbarrier arrival beyond its count");
+  g.progress++;
+  m.tx += tx;
+  --m.pending;
+  mbar_complete(m);
   // The arriving thread sits out the rest of the scheduling round, so the
   // other warps (a producer waiting on this barrier) run and deferred
   // copies may land before it goes on: an arrival made before the reads it
@@ -279,6 +295,12 @@ inline void land_deferred(bool all) {
       unsigned off = (unsigned)(c.dst - g.smem.data());
       for (int i = 0; i < 16; i++) g.owner[off + i] = 0xffff;  // unfenced, landed through an mbarrier
       m.landed[m.phase & 1].push_back(off);
+    }
+    if (d.tx > 0) {
+      g.progress++;
+      m.tx -= d.tx;
+      mbar_complete(m);
+      continue;
     }
     mbar_arrive(d.mbar);
   }
@@ -560,6 +582,131 @@ inline bool mbar_try_wait(unsigned addr, unsigned parity) {
   for (unsigned off : m.landed[parity & 1]) g.cur->fresh.push_back(off);
   g.progress++;
   return true;
+}
+
+// A tensor map as the emulator reads it (in the 128 bytes of a
+// gpukit_tmap): emu::tmap_tiled and emu::tmap_im2col write it, the TMA
+// copies below read it. Only what kernels/tma.cuh's copies use: bf16
+// elements, 128-byte swizzle, rows of 128 bytes.
+struct Tmap {
+  const unsigned char* base;
+  int64_t dims[4];     // innermost first
+  int64_t strides[4];  // bytes; strides[0] = 2
+  int box0, box1;      // tiled: the box (elements innermost, rows)
+  int lower[2], upper[2], elem[4];  // im2col: W, H corners; traversal strides
+  int channels, pixels;
+};
+static_assert(sizeof(Tmap) <= 128, "emu::Tmap must fit a CUtensorMap");
+
+// tmap_tiled describes a 2-D bf16 tensor [rows, cols] (row stride in
+// elements) for tiled copies of box (cols_box ≤ 64, rows_box) boxes.
+inline void tmap_tiled(void* map, const void* base, int64_t cols, int64_t rows, int64_t stride, int cols_box, int rows_box) {
+  Tmap t{};
+  t.base = (const unsigned char*)base;
+  t.dims[0] = cols;
+  t.dims[1] = rows;
+  t.strides[0] = 2;
+  t.strides[1] = 2 * stride;
+  t.box0 = cols_box;
+  t.box1 = rows_box;
+  memcpy(map, &t, sizeof t);
+}
+
+// tmap_im2col describes a bf16 NHWC tensor for im2col copies (the
+// arguments of cuTensorMapEncodeIm2col, W before H).
+inline void tmap_im2col(void* map, const void* base, int n, int h, int w, int c, int lower_w, int lower_h, int upper_w,
+                        int upper_h, int channels, int pixels, int stride_w, int stride_h) {
+  Tmap t{};
+  t.base = (const unsigned char*)base;
+  t.dims[0] = c;
+  t.dims[1] = w;
+  t.dims[2] = h;
+  t.dims[3] = n;
+  t.strides[0] = 2;
+  t.strides[1] = 2LL * c;
+  t.strides[2] = 2LL * c * w;
+  t.strides[3] = 2LL * c * w * h;
+  t.lower[0] = lower_w;
+  t.lower[1] = lower_h;
+  t.upper[0] = upper_w;
+  t.upper[1] = upper_h;
+  t.elem[0] = 1;
+  t.elem[1] = stride_w;
+  t.elem[2] = stride_h;
+  t.elem[3] = 1;
+  t.channels = channels;
+  t.pixels = pixels;
+  memcpy(map, &t, sizeof t);
+}
+
+// tma_queue queues a TMA copy's 16-byte chunks (src null: zeros) into
+// shared memory at dst + row·128 with the 128-byte swizzle, completing
+// their bytes on the mbarrier at bar at a later round.
+inline void tma_queue(unsigned bar, std::vector<Thread::Copy>& copies, long bytes) {
+  mbar(bar);
+  Global::Deferred d{{}, bar, {}};
+  d.copies.swap(copies);
+  d.tx = bytes;
+  g.deferred.push_back(d);
+  g.progress++;
+}
+
+inline unsigned char* tma_dst(unsigned dst, int row, int chunk) {
+  unsigned off = dst + row * 128 + ((chunk ^ (row & 7)) << 4);
+  if (dst % 1024 || !in_smem(g.smem.data() + off, 16)) fail("TMA destination unaligned (128-byte swizzle: 1024) or outside shared memory");
+  return g.smem.data() + off;
+}
+
+// tma_tile_2d: cp.async.bulk.tensor.2d ... .tile of the box at element
+// (x, y) of the map into dst; chunks outside the tensor read zeros.
+inline void tma_tile_2d(unsigned dst, const void* map, unsigned bar, int x, int y) {
+  Tmap t;
+  memcpy(&t, map, sizeof t);
+  if (t.box0 * 2 != 128 || x % 8) fail("emulated TMA tile: rows of 128 bytes at 16-byte boundaries only");
+  std::vector<Thread::Copy> cs;
+  for (int r = 0; r < t.box1; r++)
+    for (int c = 0; c < 8; c++) {
+      const int64_t col = x + 8 * c, row = y + r;
+      const bool in = col >= 0 && col + 8 <= t.dims[0] && row >= 0 && row < t.dims[1];
+      if (!in && col < t.dims[0] && col + 8 > t.dims[0]) fail("emulated TMA tile: a chunk straddles the tensor's edge");
+      const unsigned char* src = in ? t.base + row * t.strides[1] + col * 2 : nullptr;
+      if (src) check_global(src, 16);
+      cs.push_back({tma_dst(dst, r, c), src, !in, 0});
+    }
+  tma_queue(bar, cs, (long)t.box1 * 128);
+}
+
+// tma_im2col_4d: cp.async.bulk.tensor.4d ... .im2col: t.pixels pixels from
+// the base position (w, h, n), walking W by its traversal stride within
+// the bounding box [lower, dim − 1 + upper], then H, then N, each pixel's
+// channels c.. read at (w + ow, h + oh, n) (zeros outside the tensor) into
+// a 128-byte row of dst.
+inline void tma_im2col_4d(unsigned dst, const void* map, unsigned bar, int c, int w, int h, int n, int ow, int oh) {
+  Tmap t;
+  memcpy(&t, map, sizeof t);
+  if (t.channels * 2 != 128 || c % 8) fail("emulated TMA im2col: 64 bf16 channels a pixel at 16-byte boundaries only");
+  if (w < t.lower[0] || w > t.dims[1] - 1 + t.upper[0] || h < t.lower[1] || h > t.dims[2] - 1 + t.upper[1])
+    fail("emulated TMA im2col: the start outside the bounding box");
+  std::vector<Thread::Copy> cs;
+  for (int p = 0; p < t.pixels; p++) {
+    const int64_t iw = w + ow, ih = h + oh;
+    const bool in = iw >= 0 && iw < t.dims[1] && ih >= 0 && ih < t.dims[2] && n >= 0 && n < t.dims[3] && c + 64 <= t.dims[0];
+    for (int k = 0; k < 8; k++) {
+      const unsigned char* src = in ? t.base + n * t.strides[3] + ih * t.strides[2] + iw * t.strides[1] + (c + 8 * k) * 2 : nullptr;
+      if (src) check_global(src, 16);
+      cs.push_back({tma_dst(dst, p, k), src, !in, 0});
+    }
+    w += t.elem[1];
+    if (w > t.dims[1] - 1 + t.upper[0]) {
+      w = t.lower[0];
+      h += t.elem[2];
+      if (h > t.dims[2] - 1 + t.upper[1]) {
+        h = t.lower[1];
+        n++;
+      }
+    }
+  }
+  tma_queue(bar, cs, (long)t.pixels * 128);
 }
 
 // cp_mbar_arrive (cp.async.mbarrier.arrive.noinc.shared::cta.b64): this
@@ -859,5 +1006,12 @@ inline void gpukit_emu_mbar_init(unsigned addr, int count) { emu::mbar_init(addr
 inline void gpukit_emu_mbar_arrive(unsigned addr) { emu::mbar_arrive(addr); }
 inline bool gpukit_emu_mbar_try_wait(unsigned addr, unsigned parity) { return emu::mbar_try_wait(addr, parity); }
 inline void gpukit_emu_cp_mbar_arrive(unsigned addr) { emu::cp_mbar_arrive(addr); }
+inline void gpukit_emu_mbar_expect_tx(unsigned addr, unsigned bytes) { emu::mbar_arrive(addr, bytes); }
+inline void gpukit_emu_tma_tile_2d(unsigned dst, const void* map, unsigned bar, int x, int y) {
+  emu::tma_tile_2d(dst, map, bar, x, y);
+}
+inline void gpukit_emu_tma_im2col_4d(unsigned dst, const void* map, unsigned bar, int c, int w, int h, int n, int ow, int oh) {
+  emu::tma_im2col_4d(dst, map, bar, c, w, h, n, ow, oh);
+}
 inline void gpukit_emu_wg_commit() { emu::wg_commit(); }
 inline void gpukit_emu_wg_wait(int n) { emu::wg_wait(n); }

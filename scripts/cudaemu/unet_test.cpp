@@ -206,7 +206,8 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
   // path 0 is conv_igemm_fwd, 64, 128 and 256 conv_wg_fwd_<BN> (sm_90a's
   // wgmma), each with ops/conv2d.go's geometry.
   int path = 0;
-  bool ws = false;  // conv_wg_fwd_ws_<BN> (the warp-specialised forward) instead
+  bool ws = false;   // conv_wg_fwd_ws_<BN> (the warp-specialised forward) instead
+  bool tma = false;  // conv_wg_fwd_tma_<BN> (ws with TMA loads, tensor maps as ops/conv2d.go's convTMAArgs) instead
   auto launch = [&](const gpukit_bf16* in, const gpukit_bf16* wt, const gpukit_bf16* bias, gpukit_bf16* out, int h, int wd,
                     int cin, int oh, int ow, int cout, int stride, int pad, int acc) {
     conv_igemm_args a{in, wt, bias, out, N, h, wd, cin, oh, ow, cout, K, K, stride, pad, acc};
@@ -222,6 +223,16 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
     if (path == 0) {
       emu::launch({(unsigned)((p + 127) / 128), (unsigned)((cout + 63) / 64), 1}, {128, 1, 1}, 2 * (128 + 64) * 40 * 2, seed++,
                   [&] { conv_igemm_fwd(a); });
+      return;
+    }
+    if (tma) {
+      conv_tma_args t{};
+      t.a = a;
+      emu::tmap_im2col(&t.tx, in, N, h, wd, cin, -pad, -pad, pad - (K - 1), pad - (K - 1), 64, 128, stride, stride);
+      emu::tmap_tiled(&t.tw, wt, (long long)K * K * cin, cout, (long long)K * K * cin, 64, path);
+      emu::launch({(unsigned)((p + 127) / 128), (unsigned)((cout + path - 1) / path), 1}, {CW_WS_THREADS, 1, 1},
+                  4 * (128 + path) * 128 + 1024 + 128, seed++,
+                  [&] { path == 64 ? conv_wg_fwd_tma_64(t) : path == 128 ? conv_wg_fwd_tma_128(t) : conv_wg_fwd_tma_256(t); });
       return;
     }
     if (ws) {
@@ -299,13 +310,16 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
       }
     }
   }
-  for (int pv : {0, 64, 128, 256, -64, -128, -256}) {  // negative: warp-specialised
-    const int pth = pv < 0 ? -pv : pv;
+  // kind 0: conv_igemm_fwd (pth 0) or conv_wg_fwd_<pth>; 1: warp-specialised; 2: with TMA loads.
+  for (auto [pth, kind] : std::vector<std::pair<int, int>>{{0, 0}, {64, 0}, {128, 0}, {256, 0}, {64, 1}, {128, 1}, {256, 1},
+                                                             {64, 2}, {128, 2}, {256, 2}}) {
     // conv_wg_fwd needs Cin a multiple of 64 and Cout of 8 (ops/conv2d.go's wgOK).
     if (pth && (C % 64 || Co % 8)) continue;
+    if (getenv("EMU_TMA_ONLY") && kind != 2) continue;
     path = pth;
-    ws = pv < 0;
-    std::string pname = name + (pth == 0 ? "" : (ws ? " ws" : " wg") + std::to_string(pth));
+    ws = kind == 1;
+    tma = kind == 2;
+    std::string pname = name + (pth == 0 ? "" : (tma ? " tma" : ws ? " ws" : " wg") + std::to_string(pth));
     Buf y(rows * Co, true);
     launch(x.h(), w.h(), b.h(), y.h(), H, W, C, Ho, Wo, Co, S, P, 0);
     check(pname + " y", y.read(), want, 1e-2);
@@ -314,7 +328,7 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
     auto want3 = want2;
     for (size_t i = 0; i < want3.size(); i++) want3[i] += old[i];
     check(pname + " y (acc, no bias)", y.read(), want3, 1e-2);
-    if (Co % 2 == 0) {
+    if (Co % 2 == 0 && !tma) {  // (TMA loads take no fused input map: ops/conv2d.go runs those shapes without)
       // Fused: y = conv(SiLU(x·scale + shift) in the image, 0 in the
       // padding; rounded to bf16) + b + nbias[n] + res.
       Buf sc(N * C, false), sh(N * C, false), nb(N * Co, true), rs(rows * Co, true), yf(rows * Co, true);

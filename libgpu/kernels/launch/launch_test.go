@@ -83,3 +83,16 @@ func TestStructArgumentIsPassedByValue(t *testing.T) {
 		t.Fatal("a nil struct launched")
 	}
 }
+
+// TestAlignedStructLayout: a struct __align__(64) (gpukit_tmap, a
+// CUtensorMap) keeps C's offsets in Go, which aligns to 8 at most: gen.go
+// pads before the fields and at the end that C aligns further.
+func TestAlignedStructLayout(t *testing.T) {
+	var a ConvTmaArgs
+	if off := [3]uintptr{unsafe.Offsetof(a.Tx), unsafe.Offsetof(a.Tw), unsafe.Offsetof(a.A)}; off != [3]uintptr{0, 128, 256} {
+		t.Fatalf("offsets of tx, tw, a: %v, want C's 0, 128, 256", off)
+	}
+	if unsafe.Sizeof(a) != 384 || unsafe.Sizeof(GpukitTmap{}) != 128 {
+		t.Fatalf("sizes %d and %d, want 384 and 128", unsafe.Sizeof(a), unsafe.Sizeof(GpukitTmap{}))
+	}
+}
