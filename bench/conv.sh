@@ -2,13 +2,13 @@
 # bench/conv.sh — issue 24's convolution table on a GPU machine: gpukit's
 # bf16 3×3 convolutions (Go benchmark BenchmarkConv2D in libgpu/ops: the
 # mma.sync implicit GEMM, the wgmma kernels of conv2d_wg.cu on sm_90a —
-# the default —, the same warp-specialised (ws) and
+# the default —, the same warp-specialised (ws), ws with TMA loads (tma) and
 # im2col + cuBLASLt; forward with bias, and
 # backward: input and weight gradients)
 # beside PyTorch's cuDNN at the same shapes (bench/reference/conv.py,
 # channels-last, cudnn.benchmark) in the same run. JSON lines on stdout
 # (and $BENCH_OUT/conv.jsonl when set), then a Markdown table on stderr:
-# TFLOP/s per path and the mma, wg and ws paths over cuDNN (target ≥ 0.9).
+# TFLOP/s per path and the mma, wg, ws and tma paths over cuDNN (target ≥ 0.9).
 #
 # usage: bench/conv.sh   (inside the GPU bundle: tests/libgpu_ops.test;
 #        GPUKIT_BENCH_TIME sets -test.benchtime, default 20x)

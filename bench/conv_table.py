@@ -6,10 +6,11 @@ conv_table.py go     reads `go test -bench BenchmarkConv2D` output and
                      ({"shape", "pass", "impl": "gpukit-<path>", "ms",
                      "TFLOP/s"});
 conv_table.py table  reads those lines and conv.py's and prints a
-                     Markdown table: TFLOP/s of each gpukit path (mma: the
-                     default, mma.sync; wg: wgmma; im2col) and of cuDNN
-                     per shape and pass, and gpukit's mma and wg paths
-                     over cuDNN.
+                     Markdown table: TFLOP/s of each gpukit path (mma:
+                     mma.sync; wg: wgmma, the default; ws: wgmma
+                     warp-specialised; tma: ws with TMA loads; im2col) and
+                     of cuDNN per shape and pass, and the wgmma paths over
+                     cuDNN.
 """
 import json
 import re
@@ -36,11 +37,11 @@ def table():
     for l in sys.stdin:
         d = json.loads(l)
         rows.setdefault((d["shape"], d["pass"]), {})[d["impl"]] = d["TFLOP/s"]
-    print("| shape (N×H×W×Cin→Cout, 3×3) | pass | " + " | ".join(impls) + " | mma / cuDNN | wg / cuDNN | ws / cuDNN |")
-    print("| --- | --- |" + " ---: |" * (len(impls) + 3))
+    print("| shape (N×H×W×Cin→Cout, 3×3) | pass | " + " | ".join(impls) + " | mma / cuDNN | wg / cuDNN | ws / cuDNN | tma / cuDNN |")
+    print("| --- | --- |" + " ---: |" * (len(impls) + 4))
     for (shape, p), r in rows.items():
         cells = [f"{r[i]:.1f}" if i in r else "–" for i in impls]
-        ratios = [f"{r[i] / r['cudnn']:.2f}" if i in r and r.get("cudnn") else "–" for i in ("gpukit-mma", "gpukit-wg", "gpukit-ws")]
+        ratios = [f"{r[i] / r['cudnn']:.2f}" if i in r and r.get("cudnn") else "–" for i in ("gpukit-mma", "gpukit-wg", "gpukit-ws", "gpukit-tma")]
         print(f"| {shape} | {p} | " + " | ".join(cells + ratios) + " |")
 
 

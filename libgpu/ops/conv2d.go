@@ -20,6 +20,7 @@ import (
 
 	"gonum.org/v1/gonum/blas"
 
+	"gpukit/libgpu/cuda"
 	"gpukit/libgpu/device"
 	"gpukit/libgpu/exec"
 	"gpukit/libgpu/kernels/launch"
@@ -513,6 +514,16 @@ var convPath = convPathFromEnv(os.Getenv("GPUKIT_CONV_PATH"))
 // free them. GPUKIT_CONV_WS=1 turns it on for a process.
 var convWS = os.Getenv("GPUKIT_CONV_WS") == "1"
 
+// convTMA runs the wgmma forward (and the input gradient, a forward) with
+// TMA loads — conv_wg_fwd_tma_<BN>: cw_mainloop_ws with one producer
+// thread issuing each k-step's two copies, the A tile gathered by an
+// im2col tensor map and the filter tile by a tiled one, encoded for each
+// launch (convTMAArgs) — where wgOK holds, no fused input map is asked for
+// and the stride is at most 8 (TMA's traversal strides). Not the default
+// until it has been measured against the wgmma kernels. GPUKIT_CONV_TMA=1
+// turns it on for a process.
+var convTMA = os.Getenv("GPUKIT_CONV_TMA") == "1"
+
 // convBwdPath chooses the kernels of the backward (input and weight
 // gradients) as convPath does the forward's. By default it is convWG
 // (which runs mma.sync and im2col where wgOK does not hold): on an H200
@@ -636,6 +647,20 @@ func (c *cudaImpl) convIgemmLaunch(path int, a *launch.ConvIgemmArgs) error {
 		case 128:
 			f, fws = launch.ConvWgFwd128, launch.ConvWgFwdWs128
 		}
+		if convTMA && a.ProScale == 0 && a.Stride <= 8 {
+			t, err := convTMAArgs(a, bn)
+			if err != nil {
+				return err
+			}
+			f := launch.ConvWgFwdTma64
+			switch bn {
+			case 256:
+				f = launch.ConvWgFwdTma256
+			case 128:
+				f = launch.ConvWgFwdTma128
+			}
+			return f(c, grid, block1(384), smem+128, t) // + its 2·stages mbarriers
+		}
 		if convWS {
 			return fws(c, grid, block1(384), smem+128, a) // + its 2·stages mbarriers
 		}
@@ -643,6 +668,31 @@ func (c *cudaImpl) convIgemmLaunch(path int, a *launch.ConvIgemmArgs) error {
 	}
 	grid := [3]uint32{rowBlocks, uint32((cout + 63) / 64), 1}
 	return launch.ConvIgemmFwd(c, grid, block1(128), 2*(128+64)*40*2, a)
+}
+
+// convTMAArgs are conv_wg_fwd_tma_<bn>'s arguments for a: x's im2col
+// tensor map (NHWC as {Cin, W, H, N}; 64 channels × 128 output pixels a
+// copy; traversal strides the convolution's; bounding box of the filter's
+// top-left tap from −pad to pad − (K − 1) past the image's last row and
+// column) and w's tiled map (as [Cout, KH·KW·Cin], boxes of 64 × bn), both
+// 128-byte swizzled as the kernel's shared tiles are (cw_swz).
+func convTMAArgs(a *launch.ConvIgemmArgs, bn int64) (*launch.ConvTmaArgs, error) {
+	t := &launch.ConvTmaArgs{A: *a}
+	cin, w, h, n := uint64(a.Cin), uint64(a.W_), uint64(a.H), uint64(a.N)
+	var m cuda.TensorMap
+	if err := cuda.EncodeIm2col(&m, cuda.TensorMapBF16, a.X, []uint64{cin, w, h, n}, []uint64{2 * cin, 2 * cin * w, 2 * cin * w * h},
+		[]int32{-a.Pad, -a.Pad}, []int32{a.Pad - (a.Kw - 1), a.Pad - (a.Kh - 1)}, 64, 128,
+		[]uint32{1, uint32(a.Stride), uint32(a.Stride), 1}, cuda.TensorMapSwizzle128); err != nil {
+		return nil, fmt.Errorf("conv2d: the im2col tensor map of x [%d,%d,%d,%d]: %w", n, h, w, cin, err)
+	}
+	t.Tx = launch.GpukitTmap{V: m}
+	k := uint64(a.Kh) * uint64(a.Kw) * cin
+	if err := cuda.EncodeTiled(&m, cuda.TensorMapBF16, a.W, []uint64{k, uint64(a.Cout)}, []uint64{2 * k},
+		[]uint32{64, uint32(bn)}, cuda.TensorMapSwizzle128); err != nil {
+		return nil, fmt.Errorf("conv2d: the tensor map of w [%d,%d]: %w", a.Cout, k, err)
+	}
+	t.Tw = launch.GpukitTmap{V: m}
+	return t, nil
 }
 
 // convWgDW computes dw (+)= the weight gradient (f32 [Cout, KH·KW·Cin])

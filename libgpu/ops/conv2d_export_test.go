@@ -48,3 +48,9 @@ func SetConvFuseKernels(on bool) (restore func()) {
 func SetConvWS(on bool) (restore func()) {
 	return setVar(&convWS, on)
 }
+
+// SetConvTMA turns the wgmma forward with TMA loads (convTMA) on or off
+// and returns a func that restores the previous setting.
+func SetConvTMA(on bool) (restore func()) {
+	return setVar(&convTMA, on)
+}

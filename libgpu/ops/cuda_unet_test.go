@@ -341,22 +341,27 @@ func timeGPU(b *testing.B, e *ops.Engine, f func() error) float64 {
 	return float64(ms) / float64(b.N)
 }
 
+// convPaths are the bf16 convolution kernel paths the tests and
+// benchmarks compare: mma.sync, wgmma (the default), wgmma
+// warp-specialised (ws), ws with TMA loads (tma: the forward and the input
+// gradient; the weight gradient stays wgmma's) and im2col + cuBLASLt.
+var convPaths = []struct {
+	name    string
+	path    int
+	ws, tma bool
+}{{"mma", ops.ConvMMA, false, false}, {"wg", ops.ConvWG, false, false}, {"ws", ops.ConvWG, true, false},
+	{"tma", ops.ConvWG, false, true}, {"im2col", ops.ConvIm2col, false, false}}
+
 // The U-Net's heaviest convolutions at a guided batch of 256 (512
 // images), and issue 24's larger U-Net shapes (16×64²×320, 16×32²×640,
 // 64×32²×256, 128×32²×128; 3×3, stride 1, Cin = Cout), each on the
-// mma.sync implicit GEMM, wgmma (sm_90a; the default), wgmma
-// warp-specialised (ws) and im2col + cuBLASLt; bench/conv.sh runs
-// them beside PyTorch's cuDNN.
+// paths of convPaths; bench/conv.sh runs them beside PyTorch's cuDNN.
 func BenchmarkConv2D(b *testing.B) {
 	for _, s := range []struct{ n, hw, cin, cout int }{
 		{512, 32, 64, 64}, {512, 32, 192, 64}, {512, 16, 384, 128}, {512, 8, 256, 256},
 		{16, 64, 320, 320}, {16, 32, 640, 640}, {64, 32, 256, 256}, {128, 32, 128, 128},
 	} {
-		for _, p := range []struct {
-			name string
-			path int
-			ws   bool
-		}{{"mma", ops.ConvMMA, false}, {"wg", ops.ConvWG, false}, {"ws", ops.ConvWG, true}, {"im2col", ops.ConvIm2col, false}} {
+		for _, p := range convPaths {
 			for _, bwd := range []bool{false, true} {
 				pass := "fwd"
 				if bwd {
@@ -364,6 +369,7 @@ func BenchmarkConv2D(b *testing.B) {
 				}
 				b.Run(fmt.Sprintf("%dx%dx%dx%dto%d/%s/%s", s.n, s.hw, s.hw, s.cin, s.cout, pass, p.name), func(b *testing.B) {
 					defer ops.SetConvWS(p.ws)()
+					defer ops.SetConvTMA(p.tma)()
 					benchConv(b, s.n, s.hw, s.cin, s.cout, 3, bwd, p.path)
 				})
 			}
@@ -396,24 +402,22 @@ func BenchmarkGroupNormSiLU_512x32x32x64(b *testing.B) {
 // references with their terms, the fused op, the two graphs, gradients by
 // finite differences) on each bf16 kernel path with the fused kernels on:
 // mma.sync and, on sm_90a, wgmma (forward, input and weight gradients),
-// wgmma warp-specialised (ws: all three; not a default) and im2col +
-// cuBLASLt; every precision, as TestCUDAFamilies runs the default path.
+// wgmma warp-specialised (ws: all three; not a default), ws with TMA
+// loads (tma; not a default) and im2col + cuBLASLt (convPaths); every
+// precision, as TestCUDAFamilies runs the default path.
 // The per-shape timing (convtune.go) is off, so that each path runs its
 // own kernels.
 func TestCUDAConvKernelPaths(t *testing.T) {
 	d := gpu(t)
 	defer ops.SetConvFuseKernels(true)()
 	defer ops.SetConvTune(false)()
-	for _, path := range []struct {
-		name string
-		path int
-		ws   bool
-	}{{"mma", ops.ConvMMA, false}, {"wg", ops.ConvWG, false}, {"ws", ops.ConvWG, true}, {"im2col", ops.ConvIm2col, false}} {
+	for _, path := range convPaths {
 		for _, p := range precs {
 			t.Run(path.name+"/"+p.name, func(t *testing.T) {
 				cudatest.RequireGPU(t)
 				defer ops.SetConvPath(path.path)()
 				defer ops.SetConvWS(path.ws)()
+				defer ops.SetConvTMA(path.tma)()
 				opstest.CheckFamily(t, "conv2d", d, ops.Options{Precision: p.prec}, func(t *testing.T) { cudatest.RequireGPU(t) })
 			})
 		}

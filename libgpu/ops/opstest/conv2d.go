@@ -162,6 +162,15 @@ var convGeoms = []ConvGeom{
 	{N: 1, H: 7, W: 7, Cin: 64, Cout: 8, KH: 3, KW: 3, S: 2, P: 1},
 	{N: 2, H: 4, W: 5, Cin: 32, Cout: 32, KH: 3, KW: 3, S: 1, P: 1},
 	{N: 2, H: 4, W: 4, Cin: 64, Cout: 1, KH: 3, KW: 3, S: 1, P: 1},
+	// Shapes Hopper's wgmma kernels take (Cin a multiple of 64, Cout of 8),
+	// with TMA loads too (ops' convTMA): 189 output pixels (a second, partial
+	// row block whose rows run past the last image) and 72 channels (a
+	// partial channel block); the input gradient through flipped filters on
+	// the same kernels (Cin and Cout 64); a non-square kernel without
+	// padding (the im2col map's bounding box per axis).
+	{N: 3, H: 9, W: 7, Cin: 128, Cout: 72, KH: 3, KW: 3, S: 1, P: 1},
+	{N: 2, H: 6, W: 5, Cin: 64, Cout: 64, KH: 3, KW: 3, S: 1, P: 1},
+	{N: 2, H: 5, W: 6, Cin: 64, Cout: 16, KH: 1, KW: 3, S: 1, P: 0},
 	// Dilation and groups (the host's GEMM a group; CUDA's direct
 	// kernels): dilation 2 at odd sizes with padding 2; padding 4 below a
 	// dilated 3×3 kernel's extent of 5 (as large as allowed); groups 2;
