@@ -683,13 +683,13 @@ func convTMAArgs(a *launch.ConvIgemmArgs, bn int64) (*launch.ConvTmaArgs, error)
 	if err := cuda.EncodeIm2col(&m, cuda.TensorMapBF16, a.X, []uint64{cin, w, h, n}, []uint64{2 * cin, 2 * cin * w, 2 * cin * w * h},
 		[]int32{-a.Pad, -a.Pad}, []int32{a.Pad - (a.Kw - 1), a.Pad - (a.Kh - 1)}, 64, 128,
 		[]uint32{1, uint32(a.Stride), uint32(a.Stride), 1}, cuda.TensorMapSwizzle128); err != nil {
-		return nil, fmt.Errorf("conv2d: the im2col tensor map of x [%d,%d,%d,%d]: %w", n, h, w, cin, err)
+		return nil, fmt.Errorf("the im2col tensor map of x [%d,%d,%d,%d]: %w", n, h, w, cin, err)
 	}
 	t.Tx = launch.GpukitTmap{V: m}
 	k := uint64(a.Kh) * uint64(a.Kw) * cin
 	if err := cuda.EncodeTiled(&m, cuda.TensorMapBF16, a.W, []uint64{k, uint64(a.Cout)}, []uint64{2 * k},
 		[]uint32{64, uint32(bn)}, cuda.TensorMapSwizzle128); err != nil {
-		return nil, fmt.Errorf("conv2d: the tensor map of w [%d,%d]: %w", a.Cout, k, err)
+		return nil, fmt.Errorf("the tensor map of w [%d,%d]: %w", a.Cout, k, err)
 	}
 	t.Tw = launch.GpukitTmap{V: m}
 	return t, nil
