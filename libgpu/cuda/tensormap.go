@@ -21,9 +21,9 @@ type TensorMap [16]uint64
 // The tensor map fields EncodeTiled and EncodeIm2col take
 // (CUtensorMapDataType, CUtensorMapSwizzle, ...: cuda.h's values).
 const (
-	TensorMapBF16       = 9  // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-	TensorMapSwizzle128 = 3  // CU_TENSOR_MAP_SWIZZLE_128B: 16-byte chunk c of row r at chunk c ^ (r mod 8)
-	tensorMapL2_128     = 2  // CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+	TensorMapBF16       = 9 // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+	TensorMapSwizzle128 = 3 // CU_TENSOR_MAP_SWIZZLE_128B: 16-byte chunk c of row r at chunk c ^ (r mod 8)
+	tensorMapL2_128     = 2 // CU_TENSOR_MAP_L2_PROMOTION_L2_128B
 )
 
 // EncodeTiled describes a rank-r tensor at addr (16-byte aligned) for
