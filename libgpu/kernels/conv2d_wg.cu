@@ -135,6 +135,7 @@ __device__ __forceinline__ bool cw_mainloop_ws(float* d, int nk, unsigned s0, bo
       gpukit_mbar_init(full + 8 * s, TMA ? 1 : 128);
       gpukit_mbar_init(empty + 8 * s, 256);
     }
+    if constexpr (TMA) gpukit_fence_mbar_init();  // the TMA unit completes "full"
   }
   __syncthreads();
   if (wg == 0) {

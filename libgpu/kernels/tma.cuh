@@ -11,6 +11,12 @@
 //                               aligned; a kernel takes it inside a
 //                               __grid_constant__ argument struct, so the
 //                               copies read it from parameter space;
+//   gpukit_fence_mbar_init():   fence.mbarrier_init — makes the mbarriers
+//                               this thread initialised visible to the
+//                               async proxy (the TMA unit completes their
+//                               transactions); before the block barrier
+//                               that publishes them (CUTLASS's
+//                               fence_barrier_init);
 //   gpukit_mbar_expect_tx(a, b): mbarrier.arrive.expect_tx — one arrival
 //                               on the mbarrier at shared address a, and b
 //                               more transaction bytes before its phase
@@ -42,6 +48,7 @@ struct __align__(64) gpukit_tmap {
 };
 
 #ifndef GPUKIT_EMU
+__device__ __forceinline__ void gpukit_fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 __device__ __forceinline__ void gpukit_mbar_expect_tx(unsigned a, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
 }
@@ -61,6 +68,7 @@ __device__ __forceinline__ void gpukit_tma_im2col_4d(unsigned dst, const gpukit_
       : "memory");
 }
 #else
+__device__ __forceinline__ void gpukit_fence_mbar_init() {}
 __device__ __forceinline__ void gpukit_mbar_expect_tx(unsigned a, unsigned bytes) { gpukit_emu_mbar_expect_tx(a, bytes); }
 __device__ __forceinline__ void gpukit_tma_tile_2d(unsigned dst, const gpukit_tmap* m, unsigned a, int x, int y) {
   gpukit_emu_tma_tile_2d(dst, m, a, x, y);
