@@ -139,7 +139,7 @@ __device__ __forceinline__ bool cw_mainloop_ws(float* d, int nk, unsigned s0, bo
   }
   __syncthreads();
   if (wg == 0) {
-    gpukit_setmaxnreg_dec<152>();
+    if constexpr (!TMA) gpukit_setmaxnreg_dec<152>();
     if constexpr (TMA) {
       if (threadIdx.x == 0) {
 #pragma unroll 1
@@ -170,7 +170,12 @@ __device__ __forceinline__ bool cw_mainloop_ws(float* d, int nk, unsigned s0, bo
     }
     return false;
   }
-  gpukit_setmaxnreg_inc<176>();
+  // The register split assumes ptxas gave the kernel 168 registers a
+  // thread (its launch bound), as the cp.async producer's code needs; the
+  // TMA kernel's needs fewer (154 at BN = 256), so it keeps what it has:
+  // its consumers' increase past the block's allocation faulted
+  // (CUDA_ERROR_ILLEGAL_INSTRUCTION) once blocks ran in waves.
+  if constexpr (!TMA) gpukit_setmaxnreg_inc<176>();
   const int cw = wg - 1;
 #pragma unroll
   for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
