@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"strings"
 	"testing"
 
 	"gpukit/libgpu/cuda/cudatest"
@@ -356,11 +358,25 @@ var convPaths = []struct {
 // images), and issue 24's larger U-Net shapes (16×64²×320, 16×32²×640,
 // 64×32²×256, 128×32²×128; 3×3, stride 1, Cin = Cout), each on the
 // paths of convPaths; bench/conv.sh runs them beside PyTorch's cuDNN.
+//
+// GPUKIT_CONV_BENCH_SHAPES (comma-separated NxHWxCINxCOUT, e.g.
+// 16x32x64x64) times those shapes instead.
 func BenchmarkConv2D(b *testing.B) {
-	for _, s := range []struct{ n, hw, cin, cout int }{
+	shapes := []struct{ n, hw, cin, cout int }{
 		{512, 32, 64, 64}, {512, 32, 192, 64}, {512, 16, 384, 128}, {512, 8, 256, 256},
 		{16, 64, 320, 320}, {16, 32, 640, 640}, {64, 32, 256, 256}, {128, 32, 128, 128},
-	} {
+	}
+	if v := os.Getenv("GPUKIT_CONV_BENCH_SHAPES"); v != "" {
+		shapes = shapes[:0]
+		for _, f := range strings.Split(v, ",") {
+			var s struct{ n, hw, cin, cout int }
+			if _, err := fmt.Sscanf(f, "%dx%dx%dx%d", &s.n, &s.hw, &s.cin, &s.cout); err != nil {
+				b.Fatalf("GPUKIT_CONV_BENCH_SHAPES %q: %v (want NxHWxCINxCOUT)", f, err)
+			}
+			shapes = append(shapes, s)
+		}
+	}
+	for _, s := range shapes {
 		for _, p := range convPaths {
 			for _, bwd := range []bool{false, true} {
 				pass := "fwd"
