@@ -21,6 +21,7 @@ struct float2 {
 // clang-format off
 #include "../../libgpu/kernels/conv2d.cu"
 #include "../../libgpu/kernels/conv2d_wg.cu"
+#include "../../libgpu/kernels/conv2d_tma.cu"
 #include "../../libgpu/kernels/chanbias.cu"
 #include "../../libgpu/kernels/groupnorm.cu"
 #include "../../libgpu/kernels/silu.cu"

@@ -8,17 +8,6 @@ import (
 	"gpukit/libgpu/cuda"
 )
 
-// ConvTmaArgs is struct conv_tma_args of conv2d_wg.cu (384 bytes, alignment 64).
-type ConvTmaArgs struct {
-	Tx GpukitTmap    // gpukit_tmap
-	Tw GpukitTmap    // gpukit_tmap
-	A  ConvIgemmArgs // conv_igemm_args
-	_  [8]byte       // C alignment
-}
-
-// The Go layout is the C one: a difference does not compile.
-var _ [384]byte = [unsafe.Sizeof(ConvTmaArgs{})]byte{}
-
 // ConvWgDwArgs is struct conv_wg_dw_args of conv2d_wg.cu (72 bytes, alignment 8).
 type ConvWgDwArgs struct {
 	X      cuda.DevicePtr // gpukit_bf16*
@@ -40,14 +29,6 @@ type ConvWgDwArgs struct {
 
 // The Go layout is the C one: a difference does not compile.
 var _ [72]byte = [unsafe.Sizeof(ConvWgDwArgs{})]byte{}
-
-// GpukitTmap is struct gpukit_tmap of conv2d_wg.cu (128 bytes, alignment 64).
-type GpukitTmap struct {
-	V [16]uint64 // unsigned long long
-}
-
-// The Go layout is the C one: a difference does not compile.
-var _ [128]byte = [unsafe.Sizeof(GpukitTmap{})]byte{}
 
 // ConvWgDw64 launches conv_wg_dw_64 of conv2d_wg.cu:
 //
@@ -160,48 +141,6 @@ func ConvWgFwdWs256(l Launcher, grid, block [3]uint32, smem uint32, a *ConvIgemm
 
 // ConvWgFwdWs256Kernel is conv_wg_fwd_ws_256 of conv2d_wg.cu (ConvWgFwdWs256), for Prefetch.
 var ConvWgFwdWs256Kernel = Kernel{File: "conv2d_wg.cu", Name: "conv_wg_fwd_ws_256"}
-
-// ConvWgFwdTma64 launches conv_wg_fwd_tma_64 of conv2d_wg.cu:
-//
-//	conv_wg_fwd_tma_64(const __grid_constant__ conv_tma_args t)
-func ConvWgFwdTma64(l Launcher, grid, block [3]uint32, smem uint32, t *ConvTmaArgs) error {
-	kn := ConvWgFwdTma64Kernel
-	if t == nil {
-		return errNilArgs(kn)
-	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(t))
-}
-
-// ConvWgFwdTma64Kernel is conv_wg_fwd_tma_64 of conv2d_wg.cu (ConvWgFwdTma64), for Prefetch.
-var ConvWgFwdTma64Kernel = Kernel{File: "conv2d_wg.cu", Name: "conv_wg_fwd_tma_64"}
-
-// ConvWgFwdTma128 launches conv_wg_fwd_tma_128 of conv2d_wg.cu:
-//
-//	conv_wg_fwd_tma_128(const __grid_constant__ conv_tma_args t)
-func ConvWgFwdTma128(l Launcher, grid, block [3]uint32, smem uint32, t *ConvTmaArgs) error {
-	kn := ConvWgFwdTma128Kernel
-	if t == nil {
-		return errNilArgs(kn)
-	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(t))
-}
-
-// ConvWgFwdTma128Kernel is conv_wg_fwd_tma_128 of conv2d_wg.cu (ConvWgFwdTma128), for Prefetch.
-var ConvWgFwdTma128Kernel = Kernel{File: "conv2d_wg.cu", Name: "conv_wg_fwd_tma_128"}
-
-// ConvWgFwdTma256 launches conv_wg_fwd_tma_256 of conv2d_wg.cu:
-//
-//	conv_wg_fwd_tma_256(const __grid_constant__ conv_tma_args t)
-func ConvWgFwdTma256(l Launcher, grid, block [3]uint32, smem uint32, t *ConvTmaArgs) error {
-	kn := ConvWgFwdTma256Kernel
-	if t == nil {
-		return errNilArgs(kn)
-	}
-	return l.Launch(kn, grid, block, smem, unsafe.Pointer(t))
-}
-
-// ConvWgFwdTma256Kernel is conv_wg_fwd_tma_256 of conv2d_wg.cu (ConvWgFwdTma256), for Prefetch.
-var ConvWgFwdTma256Kernel = Kernel{File: "conv2d_wg.cu", Name: "conv_wg_fwd_tma_256"}
 
 // ConvWgDwWs64 launches conv_wg_dw_ws_64 of conv2d_wg.cu:
 //

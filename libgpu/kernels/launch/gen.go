@@ -1253,6 +1253,11 @@ func (g *gen) parseKernel(file string, ts []tok, i int) (*kernel, int, error) {
 			return nil, close, fmt.Errorf("kernel %s parameter %d: %v", k.name, n+1, err)
 		}
 		if ct.st != nil {
+			if !ct.st.used {
+				// A struct of a header several files include is emitted
+				// with the first (in file order) of the kernels taking it.
+				ct.st.file = file
+			}
 			ct.st.used = true
 		}
 		k.params = append(k.params, param{cname: pname, t: ct})
@@ -1396,8 +1401,11 @@ func (g *gen) file(name string) ([]byte, error) {
 		}
 	}
 	for _, st := range g.structs {
+		if st.file != name || (!st.used && !g.nested(st)) {
+			continue // not emitted here
+		}
 		for _, f := range st.fields {
-			usesCUDA = usesCUDA || (st.file == name && f.t.ptr)
+			usesCUDA = usesCUDA || f.t.ptr
 		}
 	}
 	if usesCUDA {

@@ -1,0 +1,27 @@
+// conv2d_tma.cu: the wgmma forward convolution with TMA loads,
+// conv_wg_fwd_tma_<BN> (conv2d_wg.cuh's conv_wg_fwd on cw_mainloop_ws with
+// one producer thread issuing the im2col and tiled copies; tma.cuh), in a
+// module of its own: on a GPU machine (2026-11-29) it faulted
+// (CUDA_ERROR_ILLEGAL_INSTRUCTION) whenever another kernel of
+// conv2d_wg.cu's module had run before it in the process, and ran alone.
+// ops/conv2d.go's convTMA launches it (not the default); scripts/
+// cuda-check.sh compiles the wgmma code with GPUKIT_CHECK_SM90 defined.
+#include "conv2d_wg.cuh"
+
+#ifdef GPUKIT_WGMMA
+// conv_wg_fwd_tma_<BN>: conv_wg_fwd_ws_<BN> with TMA loads (ops/conv2d.go's
+// convTMA; the shapes wgOK takes, without a fused input map).
+extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_tma_64(const __grid_constant__ conv_tma_args t) {
+  conv_wg_fwd<64, 4, true, true>(t.a, &t);
+}
+extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_tma_128(const __grid_constant__ conv_tma_args t) {
+  conv_wg_fwd<128, 4, true, true>(t.a, &t);
+}
+extern "C" __global__ void __launch_bounds__(CW_WS_THREADS, 1) conv_wg_fwd_tma_256(const __grid_constant__ conv_tma_args t) {
+  conv_wg_fwd<256, 4, true, true>(t.a, &t);
+}
+#else
+// Compiled for a target without wgmma: ops/conv2d.go launches these only
+// where conv2d_wg.cu's kernels exist (the same target).
+extern "C" __global__ void conv_tma_unavailable() {}
+#endif  // GPUKIT_WGMMA
