@@ -170,9 +170,8 @@ __device__ __forceinline__ bool cw_mainloop_ws(float* d, int nk, unsigned s0, bo
   }
   // The register split assumes ptxas gave the kernel 168 registers a
   // thread (its launch bound), as the cp.async producer's code needs; the
-  // TMA kernel's needs fewer (154 at BN = 256), so it keeps what it has:
-  // its consumers' increase past the block's allocation faulted
-  // (CUDA_ERROR_ILLEGAL_INSTRUCTION) once blocks ran in waves.
+  // TMA kernel needs fewer (154 at BN = 256), so it keeps what it has
+  // rather than ask for more than the block holds.
   if constexpr (!TMA) gpukit_setmaxnreg_inc<176>();
   const int cw = wg - 1;
 #pragma unroll

@@ -519,9 +519,13 @@ var convWS = os.Getenv("GPUKIT_CONV_WS") == "1"
 // thread issuing each k-step's two copies, the A tile gathered by an
 // im2col tensor map and the filter tile by a tiled one, encoded for each
 // launch (convTMAArgs) — where wgOK holds, no fused input map is asked for
-// and the stride is at most 8 (TMA's traversal strides). Not the default
-// until it has been measured against the wgmma kernels. GPUKIT_CONV_TMA=1
-// turns it on for a process.
+// and the stride is at most 8 (TMA's traversal strides). On an H200
+// (2026-11-29, BENCHMARKS.md) its forward ran at 1.40–1.94× the wgmma
+// kernel's TFLOP/s and 0.72–1.16× cuDNN's. Not the default: a process
+// whose first TMA launch came after any conv2d_wg.cu kernel faulted
+// (illegal instruction; the cause is not known), one whose first
+// convolution ran on it did not. GPUKIT_CONV_TMA=1 turns it on for a
+// process.
 var convTMA = os.Getenv("GPUKIT_CONV_TMA") == "1"
 
 // convBwdPath chooses the kernels of the backward (input and weight
