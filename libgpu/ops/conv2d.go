@@ -73,26 +73,17 @@ func (s *convShape) gemmViews(o, wt *tensor.Tensor) (o2, wt2 *tensor.Tensor, err
 	return o2, wt2, err
 }
 
-// ConvOutSize is the output length of a convolution along one axis:
-// ⌊(in + 2·pad − k)/stride⌋ + 1 (0 when the padded input is shorter
-// than the kernel). ConvOutSizeDilated gives it for a dilated kernel.
-func ConvOutSize(in, k, stride, pad int) int {
-	if in+2*pad < k || stride < 1 {
-		return 0
-	}
-	return (in+2*pad-k)/stride + 1
-}
-
-// ConvOutSizeDilated is the output length of a convolution with dilation
-// dil along one axis, PyTorch's nn.Conv2d formula:
+// ConvOutSize is the output length of a convolution along one axis with
+// dilation dil (1: none), PyTorch's nn.Conv2d formula:
 // ⌊(in + 2·pad − dil·(k−1) − 1)/stride⌋ + 1, 0 when the padded input is
 // shorter than the dilated kernel's extent dil·(k−1)+1 (or stride or dil
-// is below 1). At dil = 1 it is ConvOutSize.
-func ConvOutSizeDilated(in, k, stride, pad, dil int) int {
-	if dil < 1 {
+// is below 1).
+func ConvOutSize(in, k, stride, pad, dil int) int {
+	ext := dil*(k-1) + 1
+	if dil < 1 || stride < 1 || in+2*pad < ext {
 		return 0
 	}
-	return ConvOutSize(in, dil*(k-1)+1, stride, pad)
+	return (in+2*pad-ext)/stride + 1
 }
 
 func (e *Engine) convGeometry(op string, x, w *tensor.Tensor, p Conv2DParams) (convShape, error) {
@@ -135,7 +126,7 @@ func convShapeOf(op string, xs, ws []int, p Conv2DParams) (convShape, error) {
 		return s, fmt.Errorf("%w: %s padding %d with a %d×%d kernel at dilation %d (want pad < the dilated kernel's %d×%d)",
 			ErrConfig, op, p.Pad, s.kh, s.kw, s.dil, eh, ew)
 	}
-	s.ho, s.wo = ConvOutSizeDilated(s.h, s.kh, s.stride, s.pad, s.dil), ConvOutSizeDilated(s.w, s.kw, s.stride, s.pad, s.dil)
+	s.ho, s.wo = ConvOutSize(s.h, s.kh, s.stride, s.pad, s.dil), ConvOutSize(s.w, s.kw, s.stride, s.pad, s.dil)
 	if s.ho < 1 || s.wo < 1 {
 		return s, fmt.Errorf("%w: %s of a %d×%d image with a %d×%d kernel, padding %d, dilation %d", tensor.ErrShape, op, s.h, s.w, s.kh, s.kw, s.pad, s.dil)
 	}
@@ -158,7 +149,7 @@ func convShapeOf(op string, xs, ws []int, p Conv2DParams) (convShape, error) {
 //
 // (x taken as 0 outside the image), for x [N,H,W,Cin], w
 // [Cout,KH,KW,Cin/G] and y [N,Ho,Wo,Cout] with Ho =
-// ConvOutSizeDilated(H, KH, s, p, d), all contiguous and of one dtype (f32
+// ConvOutSize(H, KH, s, p, d), all contiguous and of one dtype (f32
 // or bf16); b [Cout] of that dtype, or nil. G must divide Cin and Cout;
 // padding must be smaller than the dilated kernel, d·(KH−1)+1 (and
 // d·(KW−1)+1). Products accumulate in f32 (TF32 under PrecTF32 for f32

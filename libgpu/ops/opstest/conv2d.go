@@ -36,7 +36,7 @@ func (g ConvGeom) Params() ops.Conv2DParams {
 
 // Out is (Ho, Wo).
 func (g ConvGeom) Out() (int, int) {
-	return ops.ConvOutSizeDilated(g.H, g.KH, g.S, g.P, g.Dil()), ops.ConvOutSizeDilated(g.W, g.KW, g.S, g.P, g.Dil())
+	return ops.ConvOutSize(g.H, g.KH, g.S, g.P, g.Dil()), ops.ConvOutSize(g.W, g.KW, g.S, g.P, g.Dil())
 }
 
 // name is the geometry as a subtest name: x…/w…/sSpP, then dg().
