@@ -150,7 +150,8 @@ type VideoOptions struct {
 	Graph    bool
 	Autocast tensor.DType
 	// OnFrame is called with each frame (f32 [Streams, S, S, C]: the
-	// streams' frame f) as it comes.
+	// streams' frame f, read back into a slice of its own, which OnFrame
+	// may keep) as it comes.
 	OnFrame func(f int, class int32, img []float32, st BatchStat) error
 	// OnStep is GenOptions.OnStep for the frames' sampling steps.
 	OnStep func()
@@ -217,7 +218,7 @@ func Video(m *Model, o VideoOptions) error {
 		}
 		if o.OnFrame != nil {
 			st := BatchStat{Batch: f, Images: streams, GPUMS: ms, WallMS: float64(time.Since(start).Microseconds()) / 1000}
-			if err := o.OnFrame(f, class, append([]float32(nil), img...), st); err != nil {
+			if err := o.OnFrame(f, class, img, st); err != nil {
 				return err
 			}
 		}
