@@ -795,3 +795,62 @@ func TestInterprocessEventOrdersChild(t *testing.T) {
 		t.Log("the parent's kernel had already finished when the child began waiting; ordering was not exercised")
 	}
 }
+
+// TestTensorMapEncodeFromFreshGoroutines encodes the same im2col and tiled
+// tensor maps on a grown stack and in many new goroutines (whose small
+// stacks grow, and move, during the call chain down to the driver) and
+// asks for the same non-zero bytes. Before encodeAligned pinned its buffer
+// the driver wrote some maps into a stack that had since moved, and they
+// came back as zeros (a GPU machine, 2026-11-29: the convolution's TMA
+// copies then faulted with CUDA_ERROR_ILLEGAL_INSTRUCTION).
+func TestTensorMapEncodeFromFreshGoroutines(t *testing.T) {
+	cudatest.RequireGPU(t)
+	const c, w, h, n = 64, 32, 32, 16
+	x, err := cuda.MemAlloc(2 * c * w * h * n)
+	must(t, err)
+	defer cuda.MemFree(x)
+	encode := func() (im, ti cuda.TensorMap, err error) {
+		err = cuda.EncodeIm2col(&im, cuda.TensorMapBF16, x, []uint64{c, w, h, n}, []uint64{2 * c, 2 * c * w, 2 * c * w * h},
+			[]int32{-1, -1}, []int32{-1, -1}, 64, 128, []uint32{1, 1, 1, 1}, cuda.TensorMapSwizzle128)
+		if err == nil {
+			err = cuda.EncodeTiled(&ti, cuda.TensorMapBF16, x, []uint64{9 * c, 64}, []uint64{2 * 9 * c}, []uint32{64, 64},
+				cuda.TensorMapSwizzle128)
+		}
+		return im, ti, err
+	}
+	var grow func(int) (cuda.TensorMap, cuda.TensorMap, error)
+	grow = func(d int) (cuda.TensorMap, cuda.TensorMap, error) {
+		var pad [512]byte
+		if d > 0 {
+			a, b, err := grow(d - 1)
+			return a, b, err
+		}
+		runtime.KeepAlive(pad)
+		return encode()
+	}
+	wantIm, wantTi, err := grow(64) // a stack of 32 KiB and more: no growth during the calls
+	must(t, err)
+	if wantIm == (cuda.TensorMap{}) || wantTi == (cuda.TensorMap{}) {
+		t.Fatalf("maps encoded on a grown stack are zero: im2col %x, tiled %x", wantIm, wantTi)
+	}
+	const workers = 64
+	errs := make(chan error, workers)
+	for i := 0; i < workers; i++ {
+		go func() {
+			im, ti, err := encode()
+			switch {
+			case err != nil:
+			case im != wantIm:
+				err = fmt.Errorf("im2col map %x, want %x", im, wantIm)
+			case ti != wantTi:
+				err = fmt.Errorf("tiled map %x, want %x", ti, wantTi)
+			}
+			errs <- err
+		}()
+	}
+	for i := 0; i < workers; i++ {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}

@@ -188,15 +188,15 @@ func (g Graph) AddConditionalNode(deps []GraphNode, edges []GraphEdgeData, h Gra
 	}
 	p := graphNodeParams{typ: graphNodeTypeConditional,
 		cond: conditionalNodeParams{handle: h, typ: typ, size: uint32(size), ctx: ctx.Handle()}}
-	var dp, ep uintptr
+	var dp, ep unsafe.Pointer // converted to uintptr only in the call's argument list (package doc)
 	if len(deps) > 0 {
-		dp = uintptr(unsafe.Pointer(&deps[0]))
+		dp = unsafe.Pointer(&deps[0])
 		if len(edges) > 0 {
-			ep = uintptr(unsafe.Pointer(&edges[0]))
+			ep = unsafe.Pointer(&edges[0])
 		}
 	}
 	var node GraphNode
-	if err := pGraphAddNode.cu(uintptr(unsafe.Pointer(&node)), uintptr(g), dp, ep, uintptr(len(deps)), uintptr(unsafe.Pointer(&p))); err != nil {
+	if err := pGraphAddNode.cu(uintptr(unsafe.Pointer(&node)), uintptr(g), uintptr(dp), uintptr(ep), uintptr(len(deps)), uintptr(unsafe.Pointer(&p))); err != nil {
 		return 0, nil, err
 	}
 	if p.cond.graphs == nil {

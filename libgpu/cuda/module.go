@@ -117,7 +117,7 @@ func LaunchKernel(f Function, grid, block [3]uint32, sharedMem uint32, s Stream,
 			params[i] = a
 		}
 		pin.Pin(&params[0])
-		kp = uintptr(unsafe.Pointer(&params[0]))
+		kp = uintptr(unsafe.Pointer(&params[0])) // pinned above
 	}
 	return pLaunchKernel.cu(uintptr(f),
 		uintptr(grid[0]), uintptr(grid[1]), uintptr(grid[2]),

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"runtime"
 	"unsafe"
 )
@@ -42,13 +43,13 @@ func EncodeTiled(m *TensorMap, dtype int, addr DevicePtr, dims, strides []uint64
 	for i := range elem {
 		elem[i] = 1
 	}
-	var sp uintptr
+	var sp unsafe.Pointer // nil for rank 1
 	if r > 1 {
-		sp = uintptr(unsafe.Pointer(&strides[0]))
+		sp = unsafe.Pointer(&strides[0])
 	}
-	return encodeAligned(m, func(p uintptr) error {
-		return pTensorMapEncodeTiled.cu(p, uintptr(dtype), uintptr(r), uintptr(addr),
-			uintptr(unsafe.Pointer(&dims[0])), sp, uintptr(unsafe.Pointer(&box[0])), uintptr(unsafe.Pointer(&elem[0])),
+	return encodeAligned(m, func(p unsafe.Pointer) error {
+		return pTensorMapEncodeTiled.cu(uintptr(p), uintptr(dtype), uintptr(r), uintptr(addr),
+			uintptr(unsafe.Pointer(&dims[0])), uintptr(sp), uintptr(unsafe.Pointer(&box[0])), uintptr(unsafe.Pointer(&elem[0])),
 			0, uintptr(swizzle), tensorMapL2_128, 0)
 	})
 }
@@ -69,8 +70,8 @@ func EncodeIm2col(m *TensorMap, dtype int, addr DevicePtr, dims, strides []uint6
 		return badArg("EncodeIm2col: rank %d with %d strides, corners of %d and %d, %d element strides",
 			r, len(strides), len(lower), len(upper), len(elem))
 	}
-	return encodeAligned(m, func(p uintptr) error {
-		return pTensorMapEncodeIm2col.cu(p, uintptr(dtype), uintptr(r), uintptr(addr),
+	return encodeAligned(m, func(p unsafe.Pointer) error {
+		return pTensorMapEncodeIm2col.cu(uintptr(p), uintptr(dtype), uintptr(r), uintptr(addr),
 			uintptr(unsafe.Pointer(&dims[0])), uintptr(unsafe.Pointer(&strides[0])),
 			uintptr(unsafe.Pointer(&lower[0])), uintptr(unsafe.Pointer(&upper[0])), uintptr(channels), uintptr(pixels),
 			uintptr(unsafe.Pointer(&elem[0])), 0, uintptr(swizzle), tensorMapL2_128, 0)
@@ -78,16 +79,28 @@ func EncodeIm2col(m *TensorMap, dtype int, addr DevicePtr, dims, strides []uint6
 }
 
 // encodeAligned runs encode on a 64-byte-aligned TensorMap (the driver's
-// requirement; a Go value is 8-byte aligned) and copies it into m.
-func encodeAligned(m *TensorMap, encode func(p uintptr) error) error {
-	buf := new([TensorMapBytes + 64]byte) // on the heap: it does not move while C writes it
-	off := (64 - uintptr(unsafe.Pointer(&buf[0]))%64) % 64
-	err := encode(uintptr(unsafe.Pointer(&buf[off])))
-	if err == nil {
-		*m = *(*TensorMap)(unsafe.Pointer(&buf[off]))
+// requirement; a Go value is 8-byte aligned) and copies it into m. The
+// buffer is pinned, which also puts it on the heap: a buffer on the
+// goroutine's stack moves when the stack grows, and the stack may grow
+// between taking its address and the C call — on a GPU machine
+// (2026-11-29) the driver then wrote the map into the old stack, the copy
+// read zeros and the kernel's TMA copies faulted with
+// CUDA_ERROR_ILLEGAL_INSTRUCTION (issue 24). encode converts p to uintptr
+// only in the argument list of its //go:uintptrescapes call.
+func encodeAligned(m *TensorMap, encode func(p unsafe.Pointer) error) error {
+	buf := new([TensorMapBytes + 64]byte)
+	var pin runtime.Pinner
+	pin.Pin(buf)
+	defer pin.Unpin()
+	off := (64 - uintptr(unsafe.Pointer(&buf[0]))%64) % 64 // pinned
+	if err := encode(unsafe.Pointer(&buf[off])); err != nil {
+		return err
 	}
-	runtime.KeepAlive(buf)
-	return err
+	*m = *(*TensorMap)(unsafe.Pointer(&buf[off]))
+	if *m == (TensorMap{}) {
+		return errors.New("cuda: cuTensorMapEncode reported success but left the tensor map zero")
+	}
+	return nil
 }
 
 // TensorMapBytes is the size of a TensorMap.

@@ -39,7 +39,7 @@ func (h *Host) Alloc(size int64) (*Buffer, error) {
 		return nil, err
 	}
 	share := Shareable{Kind: ShareMemfd, FD: fd, SlabSize: slab, Offset: 0, Size: size}
-	return NewBuffer(h, uintptr(unsafe.Pointer(&mem[0])), size, mem[:size:size], share, func() error {
+	return NewBuffer(h, uintptr(unsafe.Pointer(&mem[0])), size, mem[:size:size], share, func() error { // mmap'd, not Go memory
 		err1 := unix.Munmap(mem)
 		err2 := unix.Close(fd)
 		if err1 != nil {

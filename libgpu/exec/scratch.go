@@ -19,7 +19,7 @@ func (e *Engine) ScratchTensor(name string, dt tensor.DType, shape ...int) (*ten
 	var buf *device.Buffer
 	err := e.Dispatch(func(h *Host) error {
 		b := h.Scratch(name, size)
-		buf = device.NewBuffer(e.dev, uintptr(unsafe.Pointer(&b[0])), size, b, device.Shareable{FD: -1}, nil)
+		buf = device.NewBuffer(e.dev, uintptr(unsafe.Pointer(&b[0])), size, b, device.Shareable{FD: -1}, nil) // b: on the heap (made), kept by the Buffer
 		return nil
 	}, func(c *CUDA) error {
 		p, err := c.Scratch(name, size)

@@ -476,7 +476,7 @@ func (c *Client) mapSlab(s *slabMap, l Lease) error {
 		if err != nil {
 			return err
 		}
-		s.mem, s.base = mem, uintptr(unsafe.Pointer(&mem[0]))
+		s.mem, s.base = mem, uintptr(unsafe.Pointer(&mem[0])) // mmap'd, not Go memory
 		return nil
 	case device.ShareVMM:
 		if c.cdev == nil {
