@@ -1,12 +1,10 @@
 // conv2d_tma.cu: the wgmma forward convolution with TMA loads,
 // conv_wg_fwd_tma_<BN> (conv2d_wg.cuh's conv_wg_fwd on cw_mainloop_ws with
 // one producer thread issuing the im2col and tiled copies; tma.cuh), in a
-// module of its own. ops/conv2d.go's convTMA launches it, not by default:
-// on a GPU machine (2026-11-29) its first launch in a process faulted
-// (CUDA_ERROR_ILLEGAL_INSTRUCTION) when a kernel of conv2d_wg.cu had run
-// before it, in that module or in this one, and ran when it came first
-// (BENCHMARKS.md, issue 24's TMA section). scripts/cuda-check.sh compiles
-// the wgmma code with GPUKIT_CHECK_SM90 defined.
+// module of its own. ops/conv2d.go's convTMA launches it by default where
+// the wgmma kernels run (GPUKIT_CONV_TMA=0: not), with the tensor maps
+// libgpu/cuda encodes for each launch. scripts/cuda-check.sh compiles the
+// wgmma code with GPUKIT_CHECK_SM90 defined.
 #include "conv2d_wg.cuh"
 
 #ifdef GPUKIT_WGMMA

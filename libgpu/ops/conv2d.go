@@ -509,15 +509,13 @@ var convWS = os.Getenv("GPUKIT_CONV_WS") == "1"
 // TMA loads — conv_wg_fwd_tma_<BN>: cw_mainloop_ws with one producer
 // thread issuing each k-step's two copies, the A tile gathered by an
 // im2col tensor map and the filter tile by a tiled one, encoded for each
-// launch (convTMAArgs) — where wgOK holds, no fused input map is asked for
-// and the stride is at most 8 (TMA's traversal strides). On an H200
+// launch (convTMAArgs) — where wgOK holds, no fused input map is asked for,
+// the stride is at most 8 (TMA's traversal strides) and the padding at
+// most 127 (a 4-D im2col map's bounding-box corners are 8-bit). On an H200
 // (2026-11-29, BENCHMARKS.md) its forward ran at 1.40–1.94× the wgmma
-// kernel's TFLOP/s and 0.72–1.16× cuDNN's. Not the default: a process
-// whose first TMA launch came after any conv2d_wg.cu kernel faulted
-// (illegal instruction; the cause is not known), one whose first
-// convolution ran on it did not. GPUKIT_CONV_TMA=1 turns it on for a
-// process.
-var convTMA = os.Getenv("GPUKIT_CONV_TMA") == "1"
+// kernel's TFLOP/s and 0.72–1.16× cuDNN's. The default;
+// GPUKIT_CONV_TMA=0 turns it off for a process.
+var convTMA = os.Getenv("GPUKIT_CONV_TMA") != "0"
 
 // convBwdPath chooses the kernels of the backward (input and weight
 // gradients) as convPath does the forward's. By default it is convWG
@@ -642,7 +640,7 @@ func (c *cudaImpl) convIgemmLaunch(path int, a *launch.ConvIgemmArgs) error {
 		case 128:
 			f, fws = launch.ConvWgFwd128, launch.ConvWgFwdWs128
 		}
-		if convTMA && a.ProScale == 0 && a.Stride <= 8 {
+		if convTMA && a.ProScale == 0 && a.Stride <= 8 && a.Pad <= 127 { // TMA's traversal strides and 4-D im2col corners
 			t, err := convTMAArgs(a, bn)
 			if err != nil {
 				return err

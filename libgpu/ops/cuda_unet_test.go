@@ -344,18 +344,68 @@ func timeGPU(b *testing.B, e *ops.Engine, f func() error) float64 {
 }
 
 // convPaths are the bf16 convolution kernel paths the tests and
-// benchmarks compare: mma.sync, wgmma warp-specialised with TMA loads
-// (tma: the forward and the input gradient; the weight gradient stays
-// wgmma's), wgmma (the default), wgmma warp-specialised (ws) and im2col +
-// cuBLASLt. tma runs before wg and ws: on a GPU machine (2026-11-29) the
-// TMA kernel faulted (illegal instruction) in a process where a kernel of
-// conv2d_wg.cu had run before it, and ran after mma.sync's.
+// benchmarks compare: mma.sync, wgmma (cp.async-fed), wgmma
+// warp-specialised (ws), wgmma warp-specialised with TMA loads (tma, the
+// default: the forward and the input gradient; the weight gradient is
+// wgmma's) and im2col + cuBLASLt.
 var convPaths = []struct {
 	name    string
 	path    int
 	ws, tma bool
-}{{"mma", ops.ConvMMA, false, false}, {"tma", ops.ConvWG, false, true}, {"wg", ops.ConvWG, false, false},
-	{"ws", ops.ConvWG, true, false}, {"im2col", ops.ConvIm2col, false, false}}
+}{{"mma", ops.ConvMMA, false, false}, {"wg", ops.ConvWG, false, false}, {"ws", ops.ConvWG, true, false},
+	{"tma", ops.ConvWG, false, true}, {"im2col", ops.ConvIm2col, false, false}}
+
+// TestCUDAConvTMAEqualsWG runs the default wgmma forward (conv2d_wg.cu) and
+// then the TMA forward (conv2d_tma.cu) on the same inputs and asks for the
+// same output, at shapes whose first TMA launch in a process faulted on a
+// GPU machine before libgpu/cuda's encodeAligned pinned its buffer (issue
+// 24: the tensor map came back zero). Both kernels take the same k-steps
+// in the same order, so they agree to rounding.
+func TestCUDAConvTMAEqualsWG(t *testing.T) {
+	d := gpu(t)
+	e := cudaEngine(t, d, ops.PrecBF16)
+	if !ops.ConvHopper(e) {
+		t.Skip("no wgmma convolution on this GPU")
+	}
+	defer ops.SetConvTune(false)()
+	defer ops.SetConvPath(ops.ConvWG)()
+	a := device.Local{Dev: d}
+	for i, s := range []struct{ n, hw, cin, cout int }{{16, 32, 64, 64}, {16, 32, 256, 256}, {4, 16, 64, 64}, {512, 8, 256, 256}} {
+		seed := uint64(7 + i)
+		t.Logf("seed %d: %d×%d²×%d→%d", seed, s.n, s.hw, s.cin, s.cout)
+		r := rand.New(rand.NewPCG(seed, 1))
+		up := func(shape ...int) *tensor.Tensor {
+			x := opstest.Empty(t, a, tensor.BF16, shape...)
+			if err := x.WriteFloat32(opstest.Rand(r, x.Numel())); err != nil {
+				t.Fatal(err)
+			}
+			return x
+		}
+		x, w, bias := up(s.n, s.hw, s.hw, s.cin), up(s.cout, 3, 3, s.cin), up(s.cout)
+		run := func(tma bool) []float32 {
+			defer ops.SetConvTMA(tma)()
+			y := up(s.n, s.hw, s.hw, s.cout) // poisoned by its random values
+			if err := e.Conv2D(y, x, w, bias, ops.Conv2DParams{Stride: 1, Pad: 1}); err != nil {
+				t.Fatalf("tma=%v: %v", tma, err)
+			}
+			v, err := y.ReadFloat32()
+			if err != nil {
+				t.Fatalf("tma=%v: %v", tma, err)
+			}
+			return v
+		}
+		want, got := run(false), run(true)
+		var worst, scale float64
+		for i := range want {
+			worst = math.Max(worst, math.Abs(float64(got[i]-want[i])))
+			scale = math.Max(scale, math.Abs(float64(want[i])))
+		}
+		if worst > 1e-2*scale {
+			t.Errorf("%d×%d²×%d→%d: the TMA forward differs from the wgmma forward by %.3g (largest output %.3g)",
+				s.n, s.hw, s.cin, s.cout, worst, scale)
+		}
+	}
+}
 
 // The U-Net's heaviest convolutions at a guided batch of 256 (512
 // images), and issue 24's larger U-Net shapes (16×64²×320, 16×32²×640,
