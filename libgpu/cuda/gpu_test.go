@@ -798,8 +798,8 @@ func TestInterprocessEventOrdersChild(t *testing.T) {
 
 // TestTensorMapEncodeFromFreshGoroutines encodes the same im2col and tiled
 // tensor maps on a grown stack and in many new goroutines (whose small
-// stacks grow, and move, during the call chain down to the driver) and
-// asks for the same non-zero bytes. Before encodeAligned pinned its buffer
+// stacks grow, and move, at different depths of the call chain down to
+// the driver) and asks for the same non-zero bytes. Before encodeAligned pinned its buffer
 // the driver wrote some maps into a stack that had since moved, and they
 // came back as zeros (a GPU machine, 2026-11-29: the convolution's TMA
 // copies then faulted with CUDA_ERROR_ILLEGAL_INSTRUCTION).
@@ -820,24 +820,46 @@ func TestTensorMapEncodeFromFreshGoroutines(t *testing.T) {
 	}
 	var grow func(int) (cuda.TensorMap, cuda.TensorMap, error)
 	grow = func(d int) (cuda.TensorMap, cuda.TensorMap, error) {
-		var pad [512]byte
+		var pad [64]uint64
 		if d > 0 {
+			pad[d%64] = uint64(d)
 			a, b, err := grow(d - 1)
+			runtime.KeepAlive(pad)
 			return a, b, err
 		}
-		runtime.KeepAlive(pad)
 		return encode()
 	}
-	wantIm, wantTi, err := grow(64) // a stack of 32 KiB and more: no growth during the calls
+	wantIm, wantTi, err := grow(64) // a stack of 32 KiB and more, grown before the calls
 	must(t, err)
 	if wantIm == (cuda.TensorMap{}) || wantTi == (cuda.TensorMap{}) {
 		t.Fatalf("maps encoded on a grown stack are zero: im2col %x, tiled %x", wantIm, wantTi)
 	}
+	// Each goroutine makes the context current (the encoder needs one),
+	// then calls down i frames of about 300 bytes first, so that across
+	// the goroutines the stack's first growth falls at every depth of the
+	// encode's call chain.
 	const workers = 64
 	errs := make(chan error, workers)
+	var down func(int) (cuda.TensorMap, cuda.TensorMap, error)
+	down = func(d int) (cuda.TensorMap, cuda.TensorMap, error) {
+		var pad [32]uint64
+		if d > 0 {
+			pad[d%32] = uint64(d)
+			a, b, err := down(d - 1)
+			runtime.KeepAlive(pad)
+			return a, b, err
+		}
+		return encode()
+	}
 	for i := 0; i < workers; i++ {
 		go func() {
-			im, ti, err := encode()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			if err := cudatest.Context().SetCurrent(); err != nil {
+				errs <- err
+				return
+			}
+			im, ti, err := down(i)
 			switch {
 			case err != nil:
 			case im != wantIm:
