@@ -330,12 +330,31 @@ struct conv_wg_dw_args {
 };
 static_assert(sizeof(conv_wg_dw_args) == 72, "conv_wg_dw_args layout: launch.ConvWgDwArgs is generated from it (go generate ./libgpu/kernels/launch)");
 
+// conv_tma_dw_args are conv_wg_dw_tma_<BN>'s arguments: conv_wg_dw_args and
+// the tensor maps ops/conv2d.go encodes for them — tdy, a tiled map of dY
+// as [P, Cout] (boxes of 64 channels × 64 pixels), and tx, an im2col map
+// of x (64 channels × 64 pixels a copy; traversal strides and bounding box
+// as conv_tma_args' tx), both 128-byte swizzled.
+struct conv_tma_dw_args {
+  gpukit_tmap tdy;
+  gpukit_tmap tx;
+  conv_wg_dw_args a;
+};
+static_assert(sizeof(conv_tma_dw_args) == 384, "conv_tma_dw_args layout: launch.ConvTmaDwArgs is generated from it (go generate ./libgpu/kernels/launch)");
+
 // WS: on cw_mainloop_ws (conv_wg_dw_ws_<BN>, 384 threads): the producer's
 // 128 threads copy, the consumers store output channel rows
-// 64·(warpgroup − 1).
-template <int BN, int STAGES, bool WS = false>
-__device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
+// 64·(warpgroup − 1). TMA (with WS; t the arguments' tensor maps): one
+// producer thread issues each k-step's copies — dY's two 64-channel panels
+// from the tiled map, the gathered input's BN/64 panels from the im2col
+// map, whose walk over the k-step's 64 output pixels (from the first one's
+// window at the block's tap) zero-fills the padding and the pixels past
+// the last image. The split boundaries are multiples of 64 pixels, so
+// only the last k-step of all runs past P, where both maps read zeros.
+template <int BN, int STAGES, bool WS = false, bool TMA = false>
+__device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a, const conv_tma_dw_args* t = nullptr) {
   static_assert(BN % 64 == 0, "conv_wg_dw tile");
+  static_assert(!TMA || WS, "conv_wg_dw: TMA loads need the warp-specialised mainloop");
   constexpr unsigned AT = CW_BK * CW_BM * 2;
   CONV_DYN_SMEM(conv_smem);
   const unsigned s0 = (gpukit_smem_addr(conv_smem) + 1023u) & ~1023u;
@@ -405,7 +424,34 @@ __device__ __forceinline__ void conv_wg_dw(const conv_wg_dw_args& a) {
       }
     }
   };
-  if constexpr (WS) {
+  if constexpr (TMA) {
+    // The k-step's first output pixel as (image, row, column), stepped by
+    // CW_BK pixels a k-step (the producer thread alone runs load_tma, for
+    // ks = 0, 1, ... in order).
+    const conv_pix q0 = conv_pixel(a, pbeg);
+    int qi = q0.img, qy = (q0.ih0 + a.pad) / a.stride, qx = (q0.iw0 + a.pad) / a.stride;
+    auto load_tma = [&](int ks, unsigned st, unsigned bar) {
+      const int pk = (int)(pbeg + (long long)ks * CW_BK);
+      gpukit_mbar_expect_tx(bar, AT + BN * CW_BK * 2);
+#pragma unroll
+      for (int h = 0; h < CW_BM / 64; h++) gpukit_tma_tile_2d(st + h * (CW_BK * 128), &t->tdy, bar, m0 + 64 * h, pk);
+#pragma unroll
+      for (int h = 0; h < BN / 64; h++)
+        gpukit_tma_im2col_4d(st + AT + h * (CW_BK * 128), &t->tx, bar, ci0 + 64 * h, qx * a.stride - a.pad, qy * a.stride - a.pad,
+                             qi, dw, dh);
+      qx += sx;
+      qy += sy;
+      if (qx >= a.wo) {
+        qx -= a.wo;
+        qy++;
+      }
+      while (qy >= a.ho) {
+        qy -= a.ho;
+        qi++;
+      }
+    };
+    if (!cw_mainloop_ws<BN, STAGES, 1, 1, true>(d, nk, s0, false, load_tma, [](int, unsigned) {})) return;  // the producer
+  } else if constexpr (WS) {
     if (!cw_mainloop_ws<BN, STAGES, 1, 1>(d, nk, s0, false, load, [](int, unsigned) {})) return;  // the producer
   } else {
     cw_mainloop<BN, STAGES, 1, 1>(d, nk, s0, load, [](int, unsigned) {});

@@ -688,8 +688,31 @@ func convTMAArgs(a *launch.ConvIgemmArgs, bn int64) (*launch.ConvTmaArgs, error)
 	return t, nil
 }
 
+// convTMADWArgs are conv_wg_dw_tma_<BN>'s arguments for a (dy [P, Cout]
+// and x [N, H, W, Cin] bf16, dense): dy's tiled map (boxes of 64 channels
+// × 64 pixels) and x's im2col map as convTMAArgs' but 64 pixels a copy.
+func convTMADWArgs(a *launch.ConvWgDwArgs, dy, x *tensor.Tensor) (*launch.ConvTmaDwArgs, error) {
+	t := &launch.ConvTmaDwArgs{A: *a}
+	pixels := uint64(a.N) * uint64(a.Ho) * uint64(a.Wo)
+	var m cuda.TensorMap
+	if err := cuda.EncodeTiled(&m, cuda.TensorMapBF16, devPtr(dy), []uint64{uint64(a.Cout), pixels}, []uint64{2 * uint64(a.Cout)},
+		[]uint32{64, 64}, cuda.TensorMapSwizzle128); err != nil {
+		return nil, fmt.Errorf("the tensor map of dy %v: %w", dy.Shape, err)
+	}
+	t.Tdy = launch.GpukitTmap{V: m}
+	cin, w, h, n := uint64(a.Cin), uint64(a.W_), uint64(a.H), uint64(a.N)
+	if err := cuda.EncodeIm2col(&m, cuda.TensorMapBF16, devPtr(x), []uint64{cin, w, h, n}, []uint64{2 * cin, 2 * cin * w, 2 * cin * w * h},
+		[]int32{-a.Pad, -a.Pad}, []int32{a.Pad - (a.Kw - 1), a.Pad - (a.Kh - 1)}, 64, 64,
+		[]uint32{1, uint32(a.Stride), uint32(a.Stride), 1}, cuda.TensorMapSwizzle128); err != nil {
+		return nil, fmt.Errorf("the im2col tensor map of x %v: %w", x.Shape, err)
+	}
+	t.Tx = launch.GpukitTmap{V: m}
+	return t, nil
+}
+
 // convWgDW computes dw (+)= the weight gradient (f32 [Cout, KH·KW·Cin])
-// with conv_wg_dw_<BN> (BN = 128 when Cin is a multiple of 128, else 64)
+// with conv_wg_dw_<BN> (BN = 128 when Cin is a multiple of 128, else 64;
+// conv_wg_dw_tma_<BN> with convTMA, conv_wg_dw_ws_<BN> with convWS)
 // over splits of the output pixels, enough for two blocks a
 // multiprocessor, then conv_dw_reduce adds the splits' partial sums in
 // order into dw (one split not accumulating writes dw directly).
@@ -722,6 +745,16 @@ func (c *cudaImpl) convWgDW(e *Engine, dw, dy, x *tensor.Tensor, s *convShape, a
 	smem := uint32(4*(128+bn)*128 + 1024)
 	var err error
 	switch {
+	case convTMA && s.stride <= 8 && s.pad <= 127 && pixels < 1<<31: // as convIgemmLaunch's; the tiled map's pixel coordinate is 32-bit
+		var t *launch.ConvTmaDwArgs
+		if t, err = convTMADWArgs(&a, dy, x); err != nil {
+			return err
+		}
+		if bn == 128 {
+			err = launch.ConvWgDwTma128(c, grid, block1(384), smem+128, t) // + its 2·stages mbarriers
+		} else {
+			err = launch.ConvWgDwTma64(c, grid, block1(384), smem+128, t)
+		}
 	case convWS && bn == 128:
 		err = launch.ConvWgDwWs128(c, grid, block1(384), smem+128, &a) // + its 2·stages mbarriers
 	case convWS:

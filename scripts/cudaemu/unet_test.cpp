@@ -290,15 +290,23 @@ static void igemm(int N, int H, int W, int C, int Co, int K, int S, int P) {
         emu::untrack();
         emu::track(x.h(), (size_t)N * H * W * C * 2);
         emu::track(dy.h(), (size_t)rows * Co * 2);
-        for (bool dws : {false, true}) {  // conv_wg_dw_ws_<BN>: warp-specialised
+        for (int dk : {0, 1, 2}) {  // conv_wg_dw_<BN>, conv_wg_dw_ws_<BN> (warp-specialised), conv_wg_dw_tma_<BN> (TMA loads)
+          const bool dws = dk == 1;
           std::fill(part.mem.begin(), part.mem.end(), 0xff);  // NaN: every partial sum must be written
-          if (dws)
+          if (dk == 2) {
+            conv_tma_dw_args dt{};  // ops/conv2d.go's convTMADWArgs
+            dt.a = da;
+            emu::tmap_tiled(&dt.tdy, dy.h(), Co, rows, Co, 64, 64);
+            emu::tmap_im2col(&dt.tx, x.h(), N, H, W, C, -P, -P, P - (K - 1), P - (K - 1), 64, 64, S, S);
+            emu::launch({(unsigned)((Co + 127) / 128), (unsigned)(Kk / bn), (unsigned)splits}, {CW_WS_THREADS, 1, 1},
+                        4 * (128 + bn) * 128 + 1024 + 128, seed++, [&] { bn == 64 ? conv_wg_dw_tma_64(dt) : conv_wg_dw_tma_128(dt); });
+          } else if (dws)
             emu::launch({(unsigned)((Co + 127) / 128), (unsigned)(Kk / bn), (unsigned)splits}, {CW_WS_THREADS, 1, 1},
                         4 * (128 + bn) * 128 + 1024 + 128, seed++, [&] { bn == 64 ? conv_wg_dw_ws_64(da) : conv_wg_dw_ws_128(da); });
           else
             emu::launch({(unsigned)((Co + 127) / 128), (unsigned)(Kk / bn), (unsigned)splits}, {CW_THREADS, 1, 1},
                         4 * (128 + bn) * 128 + 1024, seed++, [&] { bn == 64 ? conv_wg_dw_64(da) : conv_wg_dw_128(da); });
-          std::string dname = name + (dws ? " ws dw" : " wg dw") + std::to_string(bn) + " " + std::to_string(splits) + " split(s)";
+          std::string dname = name + (dk == 2 ? " tma dw" : dws ? " ws dw" : " wg dw") + std::to_string(bn) + " " + std::to_string(splits) + " split(s)";
           long long n = (long long)Co * Kk;
           for (int acc : {0, 1}) {
             auto prev = acc ? dw.read() : std::vector<double>();

@@ -134,6 +134,8 @@ var all = []Kernel{
 	{File: "conv2d_tma.cu", Name: "conv_wg_fwd_tma_64"},
 	{File: "conv2d_tma.cu", Name: "conv_wg_fwd_tma_128"},
 	{File: "conv2d_tma.cu", Name: "conv_wg_fwd_tma_256"},
+	{File: "conv2d_tma.cu", Name: "conv_wg_dw_tma_64"},
+	{File: "conv2d_tma.cu", Name: "conv_wg_dw_tma_128"},
 	{File: "conv2d_tma.cu", Name: "conv_tma_unavailable"},
 	{File: "conv2d_wg.cu", Name: "conv_wg_dw_64"},
 	{File: "conv2d_wg.cu", Name: "conv_wg_dw_128"},

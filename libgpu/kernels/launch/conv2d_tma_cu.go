@@ -2,7 +2,11 @@
 
 package launch
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"gpukit/libgpu/cuda"
+)
 
 // ConvTmaArgs is struct conv_tma_args of conv2d_tma.cu (384 bytes, alignment 64).
 type ConvTmaArgs struct {
@@ -14,6 +18,39 @@ type ConvTmaArgs struct {
 
 // The Go layout is the C one: a difference does not compile.
 var _ [384]byte = [unsafe.Sizeof(ConvTmaArgs{})]byte{}
+
+// ConvTmaDwArgs is struct conv_tma_dw_args of conv2d_tma.cu (384 bytes, alignment 64).
+type ConvTmaDwArgs struct {
+	Tdy GpukitTmap   // gpukit_tmap
+	Tx  GpukitTmap   // gpukit_tmap
+	A   ConvWgDwArgs // conv_wg_dw_args
+	_   [56]byte     // C alignment
+}
+
+// The Go layout is the C one: a difference does not compile.
+var _ [384]byte = [unsafe.Sizeof(ConvTmaDwArgs{})]byte{}
+
+// ConvWgDwArgs is struct conv_wg_dw_args of conv2d_tma.cu (72 bytes, alignment 8).
+type ConvWgDwArgs struct {
+	X      cuda.DevicePtr // gpukit_bf16*
+	Dy     cuda.DevicePtr // gpukit_bf16*
+	Part   cuda.DevicePtr // float*
+	N      int32          // int
+	H      int32          // int
+	W_     int32          // int
+	Cin    int32          // int
+	Ho     int32          // int
+	Wo     int32          // int
+	Cout   int32          // int
+	Kh     int32          // int
+	Kw     int32          // int
+	Stride int32          // int
+	Pad    int32          // int
+	Chunk  int32          // int
+}
+
+// The Go layout is the C one: a difference does not compile.
+var _ [72]byte = [unsafe.Sizeof(ConvWgDwArgs{})]byte{}
 
 // GpukitTmap is struct gpukit_tmap of conv2d_tma.cu (128 bytes, alignment 64).
 type GpukitTmap struct {
@@ -64,6 +101,34 @@ func ConvWgFwdTma256(l Launcher, grid, block [3]uint32, smem uint32, t *ConvTmaA
 
 // ConvWgFwdTma256Kernel is conv_wg_fwd_tma_256 of conv2d_tma.cu (ConvWgFwdTma256), for Prefetch.
 var ConvWgFwdTma256Kernel = Kernel{File: "conv2d_tma.cu", Name: "conv_wg_fwd_tma_256"}
+
+// ConvWgDwTma64 launches conv_wg_dw_tma_64 of conv2d_tma.cu:
+//
+//	conv_wg_dw_tma_64(const __grid_constant__ conv_tma_dw_args t)
+func ConvWgDwTma64(l Launcher, grid, block [3]uint32, smem uint32, t *ConvTmaDwArgs) error {
+	kn := ConvWgDwTma64Kernel
+	if t == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(t))
+}
+
+// ConvWgDwTma64Kernel is conv_wg_dw_tma_64 of conv2d_tma.cu (ConvWgDwTma64), for Prefetch.
+var ConvWgDwTma64Kernel = Kernel{File: "conv2d_tma.cu", Name: "conv_wg_dw_tma_64"}
+
+// ConvWgDwTma128 launches conv_wg_dw_tma_128 of conv2d_tma.cu:
+//
+//	conv_wg_dw_tma_128(const __grid_constant__ conv_tma_dw_args t)
+func ConvWgDwTma128(l Launcher, grid, block [3]uint32, smem uint32, t *ConvTmaDwArgs) error {
+	kn := ConvWgDwTma128Kernel
+	if t == nil {
+		return errNilArgs(kn)
+	}
+	return l.Launch(kn, grid, block, smem, unsafe.Pointer(t))
+}
+
+// ConvWgDwTma128Kernel is conv_wg_dw_tma_128 of conv2d_tma.cu (ConvWgDwTma128), for Prefetch.
+var ConvWgDwTma128Kernel = Kernel{File: "conv2d_tma.cu", Name: "conv_wg_dw_tma_128"}
 
 // ConvTmaUnavailable launches conv_tma_unavailable of conv2d_tma.cu:
 //

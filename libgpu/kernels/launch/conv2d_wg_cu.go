@@ -8,28 +8,6 @@ import (
 	"gpukit/libgpu/cuda"
 )
 
-// ConvWgDwArgs is struct conv_wg_dw_args of conv2d_wg.cu (72 bytes, alignment 8).
-type ConvWgDwArgs struct {
-	X      cuda.DevicePtr // gpukit_bf16*
-	Dy     cuda.DevicePtr // gpukit_bf16*
-	Part   cuda.DevicePtr // float*
-	N      int32          // int
-	H      int32          // int
-	W_     int32          // int
-	Cin    int32          // int
-	Ho     int32          // int
-	Wo     int32          // int
-	Cout   int32          // int
-	Kh     int32          // int
-	Kw     int32          // int
-	Stride int32          // int
-	Pad    int32          // int
-	Chunk  int32          // int
-}
-
-// The Go layout is the C one: a difference does not compile.
-var _ [72]byte = [unsafe.Sizeof(ConvWgDwArgs{})]byte{}
-
 // ConvWgDw64 launches conv_wg_dw_64 of conv2d_wg.cu:
 //
 //	conv_wg_dw_64(const conv_wg_dw_args a)

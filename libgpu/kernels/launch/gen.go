@@ -897,6 +897,10 @@ type cstruct struct {
 	size, align         int64
 	asserted            int64 // the static_assert's size, 0: none
 	used                bool
+	// emitted: written into its file's output already (as a struct nested
+	// in another file's kernel arguments, before a later file's kernel
+	// took it directly); it stays there.
+	emitted bool
 }
 
 type param struct {
@@ -1253,7 +1257,7 @@ func (g *gen) parseKernel(file string, ts []tok, i int) (*kernel, int, error) {
 			return nil, close, fmt.Errorf("kernel %s parameter %d: %v", k.name, n+1, err)
 		}
 		if ct.st != nil {
-			if !ct.st.used {
+			if !ct.st.used && !ct.st.emitted {
 				// A struct of a header several files include is emitted
 				// with the first (in file order) of the kernels taking it.
 				ct.st.file = file
@@ -1428,6 +1432,7 @@ func (g *gen) file(name string) ([]byte, error) {
 		if err := g.claim(st.goName, "struct "+st.cname); err != nil {
 			return nil, err
 		}
+		st.emitted = true
 		if st.asserted != 0 && st.asserted != st.size {
 			return nil, fmt.Errorf("struct %s: %d bytes by the C layout rules, %d by its static_assert", st.cname, st.size, st.asserted)
 		}
