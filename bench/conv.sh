@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # bench/conv.sh — issue 24's convolution table on a GPU machine: gpukit's
 # bf16 3×3 convolutions (Go benchmark BenchmarkConv2D in libgpu/ops: the
-# mma.sync implicit GEMM, the wgmma kernels of conv2d_wg.cu on sm_90a —
-# the default —, the same warp-specialised (ws), ws with TMA loads (tma) and
-# im2col + cuBLASLt; forward with bias, and
+# mma.sync implicit GEMM, the wgmma kernels of conv2d_wg.cu on sm_90a,
+# the same warp-specialised (ws), ws with TMA loads (tma: conv2d_tma.cu,
+# the default) and im2col + cuBLASLt; forward with bias, and
 # backward: input and weight gradients)
 # beside PyTorch's cuDNN at the same shapes (bench/reference/conv.py,
 # channels-last, cudnn.benchmark) in the same run. JSON lines on stdout
