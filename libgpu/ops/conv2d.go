@@ -350,6 +350,18 @@ func hostCol2im(dx, dcol []float32, s *convShape, n0, nc, c0 int) {
 // viewed [Cout, K], its outputs y's columns g·Cout/G.. (leading dimension
 // Cout). At G = 1 that is one GEMM of the whole convolution.
 
+// hostGroupCols is group g's GEMM operand for images [n0, n0+m) of xs and
+// its leading dimension: a pointwise convolution reads x's group-g
+// channels in place (Cin), any other gathers them into col (hostIm2col,
+// K).
+func hostGroupCols(col, xs []float32, s *convShape, n0, m, g int) ([]float32, int) {
+	if s.pointwise {
+		return xs[n0*s.outPerImg*s.cin+g*s.cing:], s.cin
+	}
+	hostIm2col(col, xs, s, n0, m, g*s.cing)
+	return col, s.k
+}
+
 func (h *hostImpl) conv2d(y, x, w, b *tensor.Tensor, s *convShape) error {
 	ins, err := hostIns(x, w, b)
 	if err != nil {
@@ -370,11 +382,7 @@ func (h *hostImpl) conv2d(y, x, w, b *tensor.Tensor, s *convShape) error {
 		rows := m * s.outPerImg
 		out := ys[n0*s.outPerImg*s.cout : (n0+m)*s.outPerImg*s.cout]
 		for g := 0; g < s.groups; g++ {
-			a, lda := xs[n0*s.outPerImg*s.cin+g*s.cing:], s.cin
-			if !s.pointwise {
-				hostIm2col(col, xs, s, n0, m, g*s.cing)
-				a, lda = col, s.k
-			}
+			a, lda := hostGroupCols(col, xs, s, n0, m, g)
 			h.blas.Sgemm(blas.NoTrans, blas.Trans, rows, s.coutg, s.k, 1, a, lda, ws[g*s.coutg*s.k:], s.k, 0, out[g*s.coutg:], s.cout)
 		}
 		if bs != nil {
@@ -415,11 +423,7 @@ func (h *hostImpl) conv2dBackward(dx, dw, dy, x, w *tensor.Tensor, s *convShape,
 				beta = 0
 			}
 			for g := 0; g < s.groups; g++ {
-				a, lda := xs[n0*s.outPerImg*s.cin+g*s.cing:], s.cin
-				if !s.pointwise {
-					hostIm2col(col, xs, s, n0, m, g*s.cing)
-					a, lda = col, s.k
-				}
+				a, lda := hostGroupCols(col, xs, s, n0, m, g)
 				// dw_g[Cout/G, K] (+)= dy_gᵀ[Cout/G, rows]·col_g[rows, K]
 				h.blas.Sgemm(blas.Trans, blas.NoTrans, s.coutg, s.k, m*s.outPerImg, 1, gs[n0*s.outPerImg*s.cout+g*s.coutg:], s.cout,
 					a, lda, beta, dws[g*s.coutg*s.k:], s.k)
